@@ -1,0 +1,66 @@
+"""Names shared by the agent, the operator and users' scripts.
+
+This module is the operator↔agent contract of DESIGN.md in code: flag names,
+environment variables, label keys and well-known ports. The operator may import
+it; it imports nothing else from kelastic, so it is safe to import anywhere.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DEFAULT_HEALTH_PORT",
+    "DEFAULT_RDZV_PORT",
+    "ENV_NODE_NAME",
+    "ENV_PROGRESS_FILE",
+    "LABEL_JOB_NAME",
+    "LABEL_REPLICA_INDEX",
+    "LABEL_ROLE",
+    "PET_PREFIX",
+    "ROLE_RENDEZVOUS",
+    "ROLE_WORKER",
+    "WORKER_ENV_VARS",
+]
+
+#: Variables every worker process receives, exactly as torchrun sets them, so a
+#: script written for torchrun runs unchanged.
+WORKER_ENV_VARS: tuple[str, ...] = (
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE",
+)
+
+#: Set by the agent for each worker: the file that ``kelastic.agent.progress.update``
+#: writes the worker's latest progress report to.
+ENV_PROGRESS_FILE = "KELASTIC_PROGRESS_FILE"
+
+#: The agent's identity in a rendezvous. The operator sets it to the pod name
+#: (downward API) so the membership it publishes names the same nodes the agents
+#: join as. Without it the agent uses ``<hostname>_<pid>``.
+ENV_NODE_NAME = "KELASTIC_NODE_NAME"
+
+#: torchrun/Kubeflow convention: ``PET_NNODES`` is the fallback for ``--nnodes``.
+PET_PREFIX = "PET_"
+
+#: Labels the operator puts on everything it creates.
+LABEL_JOB_NAME = "kelastic.dev/job-name"
+LABEL_REPLICA_INDEX = "kelastic.dev/replica-index"
+LABEL_ROLE = "kelastic.dev/role"
+ROLE_WORKER = "worker"
+ROLE_RENDEZVOUS = "rendezvous"
+
+#: The rendezvous store's port (torchrun's default rendezvous port).
+DEFAULT_RDZV_PORT = 29400
+#: ``kelastic-agent --health-port`` as the operator configures it for probes.
+DEFAULT_HEALTH_PORT = 8081
