@@ -1,0 +1,94 @@
+{{/* Names and labels shared by every kelastic template. */}}
+
+{{- define "kelastic.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release-scoped name of everything the chart creates (63 chars at most). */}}
+{{- define "kelastic.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kelastic.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kelastic.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kelastic.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "kelastic.labels" -}}
+helm.sh/chart: {{ include "kelastic.chart" . }}
+{{ include "kelastic.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kelastic
+{{- end }}
+
+{{- define "kelastic.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kelastic.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false: name an existing ServiceAccount" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "kelastic.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+The namespaces the operator watches when it is not cluster-wide: the
+watchNamespaces value, or the release namespace when that list is empty.
+Rendered as a JSON list so templates can `fromJsonArray` it.
+*/}}
+{{- define "kelastic.watchNamespaces" -}}
+{{- if .Values.watchNamespaces }}
+{{- .Values.watchNamespaces | uniq | toJson }}
+{{- else }}
+{{- list .Release.Namespace | toJson }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator's permissions on the objects it manages. Shared by the
+namespaced Role and the cluster-wide ClusterRole so both grant the same verbs.
+*/}}
+{{- define "kelastic.operatorRules" -}}
+# ElasticJobs: read them, record finalizers/annotations, write status.
+- apiGroups: ["kelastic.dev"]
+  resources: ["elasticjobs"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+- apiGroups: ["kelastic.dev"]
+  resources: ["elasticjobs/status"]
+  verbs: ["get", "patch", "update"]
+# Worker pods and the rendezvous store pod and Service it owns.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+# Events for every action and failure.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+# Leader election between operator replicas.
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "list", "watch", "create", "update", "patch"]
+{{- end }}

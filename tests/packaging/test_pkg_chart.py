@@ -1,0 +1,181 @@
+"""The Helm chart, rendered and linted by the real Helm library (helm-python-sdk).
+
+Renders run offline: no cluster is contacted. The e2e suite applies the same
+rendered manifests to a cluster.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+helm = pytest.importorskip(
+    "helm_python", reason="helm-python-sdk is a dev dependency: pip install -e '.[dev]'"
+)
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "kelastic"
+CRD = REPO / "crds" / "elasticjob.yaml"
+RELEASE = "kel"
+NAMESPACE = "kelastic-system"
+
+
+def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every object the chart's templates produce for ``values``, in template order."""
+    helm.disable_logging()
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    objects: list[dict[str, Any]] = []
+    for path in sorted(manifests):
+        if not path.endswith((".yaml", ".yml")):
+            continue
+        objects.extend(doc for doc in yaml.safe_load_all(manifests[path]) if doc)
+    return objects
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def operator_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = by_kind(objects, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_lint_is_clean_for_default_and_cluster_wide_values() -> None:
+    for values in ({}, {"clusterWide": True}, {"watchNamespaces": ["team-a", "team-b"]}):
+        report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE)
+        problems = [m for m in report["messages"] if m["severity"] >= 2]
+        assert report["errors"] == [] and problems == [], (values, report)
+
+
+def test_default_render_is_namespaced_least_privilege() -> None:
+    objects = render()
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == ["Deployment", "Role", "RoleBinding", "ServiceAccount"]
+    (role,) = by_kind(objects, "Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+        # The operator never reads secrets nor changes RBAC.
+        assert not {"secrets", "roles", "rolebindings", "clusterroles"} & set(rule["resources"])
+    granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert {
+        ("kelastic.dev", "elasticjobs"),
+        ("kelastic.dev", "elasticjobs/status"),
+        ("", "pods"),
+        ("", "services"),
+        ("", "events"),
+    } <= granted
+    (binding,) = by_kind(objects, "RoleBinding")
+    (sa,) = by_kind(objects, "ServiceAccount")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    assert f"--namespace={NAMESPACE}" in operator_container(objects)["args"]
+
+
+def test_watch_namespaces_get_one_role_each_bound_to_the_release_service_account() -> None:
+    objects = render({"watchNamespaces": ["team-a", "team-b"]})
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(objects, "Role")) == ["team-a", "team-b"]
+    bindings = by_kind(objects, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert all(b["subjects"][0]["namespace"] == NAMESPACE for b in bindings)
+    args = operator_container(objects)["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
+
+
+def test_cluster_wide_render_uses_a_cluster_role_and_watches_all_namespaces() -> None:
+    objects = render({"clusterWide": True})
+    assert by_kind(objects, "Role") == [] and by_kind(objects, "RoleBinding") == []
+    (role,) = by_kind(objects, "ClusterRole")
+    (binding,) = by_kind(objects, "ClusterRoleBinding")
+    assert "namespace" not in role["metadata"]
+    assert (
+        binding["roleRef"]["kind"] == "ClusterRole" and binding["roleRef"]["name"] == role["metadata"]["name"]
+    )
+    resources = {r for rule in role["rules"] for r in rule["resources"]}
+    assert {"elasticjobs", "pods", "services", "customresourcedefinitions"} <= resources
+    args = operator_container(objects)["args"]
+    assert "--all-namespaces" in args and not any(a.startswith("--namespace") for a in args)
+
+
+def test_operator_deployment_runs_non_root_with_probes_resources_and_values() -> None:
+    objects = render(
+        {
+            "image": {"repository": "registry.example/kelastic", "tag": "1.2.3"},
+            "operator": {"logLevel": "debug"},
+        }
+    )
+    (deployment,) = by_kind(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    container = operator_container(objects)
+    assert container["image"] == "registry.example/kelastic:1.2.3"
+    assert container["command"] == ["kelastic-operator"]
+    assert "--log-level=debug" in container["args"]
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/healthz"
+        assert container[probe]["httpGet"]["port"] == "health"
+    assert container["ports"][0]["containerPort"] == 8080
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert pod["serviceAccountName"] == by_kind(objects, "ServiceAccount")[0]["metadata"]["name"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_default_image_tag_is_the_app_version() -> None:
+    helm.disable_logging()
+    with helm.Chart.load(CHART) as chart:
+        app_version = chart.metadata["appVersion"]
+    assert operator_container(render())["image"] == f"kelastic:{app_version}"
+
+
+def test_existing_service_account_must_be_named() -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"serviceAccount\.name is required"):
+        render({"serviceAccount": {"create": False}})
+    objects = render({"serviceAccount": {"create": False, "name": "ops"}})
+    assert by_kind(objects, "ServiceAccount") == []
+    assert by_kind(objects, "RoleBinding")[0]["subjects"][0]["name"] == "ops"
+
+
+def test_chart_crd_is_the_repository_crd() -> None:
+    """One source of truth: the chart ships crds/elasticjob.yaml itself (a symlink that Helm follows)."""
+    link = CHART / "crds" / "elasticjob.yaml"
+    assert link.is_symlink() and link.resolve() == CRD.resolve(), (
+        "helm/kelastic/crds/elasticjob.yaml must link to crds/elasticjob.yaml"
+    )
+    helm.disable_logging()
+    with helm.Chart.load(CHART) as chart:
+        shipped = chart.crds
+    assert [c["name"] for c in shipped] == ["crds/elasticjob.yaml"]
+    assert shipped[0]["data"] == CRD.read_text()
+    (crd,) = [d for d in yaml.safe_load_all(shipped[0]["data"]) if d]
+    assert crd["kind"] == "CustomResourceDefinition" and crd["spec"]["group"] == "kelastic.dev"
+
+
+def test_packaged_chart_carries_the_crd_contents(tmp_path: Path) -> None:
+    helm.disable_logging()
+    archive = helm.package(CHART, destination=tmp_path)
+    with helm.Chart.load(archive) as chart:
+        assert chart.crds[0]["data"] == CRD.read_text()
+
+
+def test_notes_name_the_watched_namespaces() -> None:
+    helm.disable_logging()
+    with helm.Chart.load(CHART) as chart:
+        notes = chart.render({"watchNamespaces": ["team-a"]}, name=RELEASE, namespace=NAMESPACE)[
+            "kelastic/templates/NOTES.txt"
+        ]
+    assert "- team-a" in notes and f"deployment/{RELEASE}-kelastic" in notes
