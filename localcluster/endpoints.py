@@ -1,0 +1,209 @@
+"""The endpoints controller: keeps each Service's Endpoints object current.
+
+For every Service with a selector, the Endpoints object of the same name lists
+the pods the selector matches that have an IP and are not terminating or
+finished: ready pods under ``addresses``, the others under
+``notReadyAddresses`` (or under ``addresses`` when the service sets
+``publishNotReadyAddresses``), with each service port resolved to the pod's
+port (named ``targetPort`` looked up in the pod's container ports). Pods whose
+ports resolve alike share one subset. Headless services (``clusterIP: None``)
+are handled the same way: their endpoints list the pod IPs. Services without a
+selector are left alone (their Endpoints are the user's).
+
+:func:`compute_subsets` is the pure rule; :class:`EndpointsController` applies
+it through the API on every service or pod change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .client import ApiClient, ApiError, Informer
+
+__all__ = ["EndpointsController", "compute_subsets", "pod_is_ready", "selector_matches"]
+
+log = logging.getLogger(__name__)
+
+
+def selector_matches(selector: Mapping[str, str], labels: Mapping[str, str] | None) -> bool:
+    """A Service selector (equality on every key) against a pod's labels."""
+    labels = labels or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def pod_is_ready(pod: Mapping[str, Any]) -> bool:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return False
+
+
+def _target_port(port: Mapping[str, Any], pod: Mapping[str, Any]) -> int | None:
+    target = port.get("targetPort", port.get("port"))
+    if isinstance(target, int) or (isinstance(target, str) and target.isdigit()):
+        return int(target)
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for cport in container.get("ports") or []:
+            if cport.get("name") == target and cport.get("protocol", "TCP") == port.get("protocol", "TCP"):
+                return int(cport["containerPort"])
+    return None
+
+
+def compute_subsets(service: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The ``subsets`` of the service's Endpoints, deterministic (sorted) for comparison."""
+    spec = service.get("spec") or {}
+    selector = spec.get("selector") or {}
+    namespace = (service.get("metadata") or {}).get("namespace", "default")
+    publish_not_ready = bool(spec.get("publishNotReadyAddresses"))
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        status = pod.get("status") or {}
+        if meta.get("namespace", "default") != namespace or not selector_matches(
+            selector, meta.get("labels")
+        ):
+            continue
+        ip = status.get("podIP")
+        if not ip or status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        if meta.get("deletionTimestamp") and not publish_not_ready:
+            continue
+        ports: list[dict[str, Any]] = []
+        for port in spec.get("ports") or []:
+            number = _target_port(port, pod)
+            if number is None:
+                continue
+            entry: dict[str, Any] = {"port": number, "protocol": port.get("protocol", "TCP")}
+            if port.get("name"):
+                entry["name"] = port["name"]
+            ports.append(entry)
+        if spec.get("ports") and not ports:
+            continue
+        address: dict[str, Any] = {
+            "ip": ip,
+            "targetRef": {
+                "kind": "Pod",
+                "namespace": namespace,
+                "name": meta.get("name"),
+                "uid": meta.get("uid"),
+            },
+        }
+        if (pod.get("spec") or {}).get("nodeName"):
+            address["nodeName"] = pod["spec"]["nodeName"]
+        key = tuple(sorted((p.get("name", ""), p["port"], p["protocol"]) for p in ports))
+        subset = groups.setdefault(key, {"addresses": [], "notReadyAddresses": [], "ports": ports})
+        ready = pod_is_ready(pod) or publish_not_ready
+        subset["addresses" if ready else "notReadyAddresses"].append(address)
+    subsets = []
+    for key in sorted(groups):
+        subset = groups[key]
+        out: dict[str, Any] = {}
+        for field in ("addresses", "notReadyAddresses"):
+            if subset[field]:
+                out[field] = sorted(subset[field], key=lambda a: (a["ip"], a["targetRef"]["name"]))
+        if out:
+            out["ports"] = sorted(subset["ports"], key=lambda p: (p.get("name", ""), p["port"]))
+            subsets.append(out)
+    return subsets
+
+
+class EndpointsController:
+    """Writes Endpoints for every selector Service; start and stop in one event loop."""
+
+    def __init__(self, client: ApiClient) -> None:
+        self.client = client
+        self.services = Informer(client, "/api/v1/services", self._on_service)
+        self.pods = Informer(client, "/api/v1/pods", self._on_pod)
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, timeout: float = 30.0) -> None:
+        self.services.start()
+        self.pods.start()
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(self.services.synced.wait(), self.pods.synced.wait()), timeout
+            )
+        except asyncio.TimeoutError:
+            raise TimeoutError(
+                f"the endpoints controller could not list services and pods within {timeout}s"
+            ) from None
+        self._dirty.update(self.services.cache)
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="endpoints controller")
+        self._wake.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.services.stop()
+        await self.pods.stop()
+
+    def _on_service(self, etype: str, key: str, obj: dict[str, Any]) -> None:
+        self._dirty.add(key)
+        self._wake.set()
+
+    def _on_pod(self, etype: str, key: str, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        ns = meta.get("namespace", "default")
+        for skey, svc in self.services.cache.items():
+            selector = (svc.get("spec") or {}).get("selector")
+            if selector and skey.startswith(ns + "/"):
+                # A label change can move a pod out of a service: mark services that
+                # match now or list it already.
+                self._dirty.add(skey)
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            dirty, self._dirty = self._dirty, set()
+            for key in sorted(dirty):
+                try:
+                    await self._sync(key)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("could not update endpoints %s: %s", key, exc)
+                    self._dirty.add(key)
+            if self._dirty:
+                await asyncio.sleep(0.5)
+                self._wake.set()
+
+    async def _sync(self, key: str) -> None:
+        ns, name = key.split("/", 1)
+        path = f"/api/v1/namespaces/{ns}/endpoints/{name}"
+        service = self.services.cache.get(key)
+        if service is None:
+            with contextlib.suppress(ApiError):
+                await self.client.delete(path)
+            return
+        if not (service.get("spec") or {}).get("selector"):
+            return
+        subsets = compute_subsets(service, self.pods.cache.values())
+        labels = dict((service.get("metadata") or {}).get("labels") or {})
+        try:
+            current = await self.client.get(path)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            body = {
+                "apiVersion": "v1",
+                "kind": "Endpoints",
+                "metadata": {"name": name, "namespace": ns, "labels": labels},
+                "subsets": subsets,
+            }
+            await self.client.post(f"/api/v1/namespaces/{ns}/endpoints", body)
+            return
+        if (current.get("subsets") or []) == subsets and (current["metadata"].get("labels") or {}) == labels:
+            return
+        current["subsets"] = subsets
+        current["metadata"]["labels"] = labels
+        await self.client.put(path, current)

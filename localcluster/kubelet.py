@@ -1,0 +1,787 @@
+"""The process kubelet: runs the pods of the one local node as local processes.
+
+A client of the API server like a real node agent: it watches pods, binds
+unscheduled ones to its node (it is the scheduler too), and for each pod bound
+to it runs one :class:`PodWorker` that
+
+- gives the pod an address in ``127.1.0.0/16`` (``status.podIP``),
+- prepares its volumes (see :mod:`kelastic.localcluster.volumes`),
+- runs the init containers one after another, then the containers, each as a
+  process group of the current Python environment (see
+  :mod:`kelastic.localcluster.podenv` for env and argv), logging to
+  ``<data_dir>/pods/<namespace>_<pod>_<uid>/<container>/<restartCount>.log``,
+- restarts exited containers per ``restartPolicy`` with exponential back-off
+  (``CrashLoopBackOff``), runs startup/readiness/liveness probes,
+- writes the status a real kubelet writes (phase, conditions, container
+  statuses) and posts Events,
+- on graceful deletion (``deletionTimestamp``) sends SIGTERM to every
+  container's process group, waits up to the grace period, sends SIGKILL, then
+  deletes the pod with grace period 0; when the pod disappears at once (force
+  deletion) it kills the processes immediately.
+
+The kubelet is level-based: every pod event only wakes the pod's worker, which
+compares what runs with what the latest pod object asks for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import platform
+import shutil
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .client import ApiClient, ApiError, Informer
+from .ipam import IpAllocator, IpExhaustedError
+from .podenv import ContainerConfigError, PodContext, resolve_command, resolve_env
+from .podstatus import (
+    ContainerRecord,
+    ContainerState,
+    CrashBackoff,
+    PodFacts,
+    PodPhase,
+    Terminated,
+    exit_reason,
+    pod_phase,
+    pod_status,
+    rfc3339,
+    should_restart,
+)
+from .probes import ProbeResult, ProbeSpec, ProbeTracker, run_probe
+from .runtime import ContainerProcess, ExitStatus, spawn
+from .volumes import mount_env, prepare_volumes
+
+__all__ = ["DEFAULT_NODE_NAME", "Kubelet", "KubeletConfig", "pod_log_dir"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NODE_NAME = "kelastic-local"
+#: How often a container that cannot be configured (missing configmap...) is retried.
+CONFIG_RETRY_S = 2.0
+
+
+def pod_log_dir(data_dir: Path, namespace: str, name: str, uid: str) -> Path:
+    """The directory of a pod's container logs: ``<data_dir>/pods/<ns>_<name>_<uid>``."""
+    return data_dir / "pods" / f"{namespace}_{name}_{uid}"
+
+
+@dataclass
+class KubeletConfig:
+    """How the kubelet runs pods."""
+
+    data_dir: Path
+    node_name: str = DEFAULT_NODE_NAME
+    #: Working directory of containers that set no ``workingDir``.
+    workdir: Path = field(default_factory=Path.cwd)
+    host_ip: str = "127.0.0.1"
+    backoff_base: float = 10.0
+    backoff_cap: float = 300.0
+    #: Grace given to pods when the kubelet itself shuts down.
+    shutdown_grace: float = 2.0
+    #: Environment every container starts from (the current one by default:
+    #: containers are processes of this Python environment).
+    base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+class _Container:
+    """Runtime state of one container of a pod."""
+
+    def __init__(self, spec: Mapping[str, Any], init: bool) -> None:
+        self.spec = spec
+        self.name: str = spec.get("name", "")
+        self.record = ContainerRecord(name=self.name, image=str(spec.get("image", "")), init=init)
+        if init:
+            self.record.waiting_reason = "PodInitializing"
+        self.process: ContainerProcess | None = None
+        self.exit_task: asyncio.Task[None] | None = None
+        self.probe_tasks: list[asyncio.Task[None]] = []
+        self.restart_due: float | None = None
+        self.env: dict[str, str] = {}
+        self.cwd: str = ""
+        self.readiness: ProbeTracker | None = None
+        self.startup: ProbeTracker | None = None
+        self.liveness: ProbeTracker | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and not self.process.exited
+
+    def cancel_probes(self) -> None:
+        for task in self.probe_tasks:
+            task.cancel()
+        self.probe_tasks.clear()
+
+
+class PodWorker:
+    """Owns one pod (by UID) from binding to deletion; see the module docstring."""
+
+    def __init__(self, kubelet: Kubelet, uid: str, key: str) -> None:
+        self.kubelet = kubelet
+        self.uid = uid
+        self.key = key
+        self.namespace, self.name = key.split("/", 1)
+        self.wake = asyncio.Event()
+        self.init: list[_Container] = []
+        self.containers: list[_Container] = []
+        self.pod_ip: str | None = None
+        self.start_time: float | None = None
+        self.last_status: dict[str, Any] | None = None
+        self.volumes: dict[str, Path] = {}
+        self.volume_error = ""
+        self.facts_reason = ""
+        self.facts_message = ""
+        self.backoff = CrashBackoff(kubelet.config.backoff_base, kubelet.config.backoff_cap)
+        self.task: asyncio.Task[None] | None = None
+
+    # -- helpers ------------------------------------------------------------
+    @property
+    def pod(self) -> dict[str, Any] | None:
+        pod = self.kubelet.pods.get(self.key)
+        if pod is None or pod["metadata"].get("uid") != self.uid:
+            return None
+        return pod
+
+    @property
+    def path(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/pods/{self.name}"
+
+    @property
+    def pod_dir(self) -> Path:
+        return pod_log_dir(self.kubelet.config.data_dir, self.namespace, self.name, self.uid)
+
+    def all_containers(self) -> list[_Container]:
+        return self.init + self.containers
+
+    def restart_policy(self, pod: Mapping[str, Any]) -> str:
+        return str(pod["spec"].get("restartPolicy") or "Always")
+
+    # -- main loop ----------------------------------------------------------
+    async def run(self) -> None:
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("pod worker for %s failed", self.key)
+        finally:
+            await self._kill_all(0.0)
+            if self.pod_ip:
+                self.kubelet.ipam.release(self.pod_ip)
+            shutil.rmtree(self.pod_dir / "volumes", ignore_errors=True)
+            self.kubelet.workers.pop(self.uid, None)
+
+    async def _run(self) -> None:
+        pod = self.pod
+        if pod is None:
+            return
+        while not pod["spec"].get("nodeName"):
+            try:
+                await self.kubelet.bind(pod)
+            except Exception as exc:
+                log.warning("could not bind pod %s to %s: %s", self.key, self.kubelet.config.node_name, exc)
+                await asyncio.sleep(1.0)
+            pod = self.pod
+            if pod is None:
+                return
+        self._load(pod)
+        while True:
+            pod = self.pod
+            if pod is None:
+                # Gone without a grace period (force deletion): kill at once.
+                await self._kill_all(0.0)
+                return
+            if pod["metadata"].get("deletionTimestamp"):
+                await self._terminate(pod)
+                return
+            if pod["spec"].get("nodeName") == self.kubelet.config.node_name:
+                due = await self._sync(pod)
+            else:
+                due = None
+            self.wake.clear()
+            timeout = None if due is None else max(0.0, due - time.time())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout)
+
+    def _load(self, pod: Mapping[str, Any]) -> None:
+        """Build container state, carrying over what a previous kubelet reported."""
+        spec = pod["spec"]
+        status = pod.get("status") or {}
+        self.init = [_Container(c, init=True) for c in spec.get("initContainers") or []]
+        self.containers = [_Container(c, init=False) for c in spec.get("containers") or []]
+        previous = {
+            s.get("name"): s
+            for s in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
+        }
+        for c in self.all_containers():
+            prev = previous.get(c.name)
+            if not prev:
+                continue
+            c.record.restart_count = int(prev.get("restartCount", 0))
+            state = prev.get("state") or {}
+            if "terminated" in state:
+                t = state["terminated"]
+                c.record.state = ContainerState.TERMINATED
+                c.record.terminated = Terminated(
+                    exit_code=int(t.get("exitCode", 0)),
+                    reason=str(t.get("reason", "")),
+                    started_at=None,
+                    finished_at=time.time(),
+                )
+            elif "running" in state:
+                # Its process died with the previous kubelet.
+                c.record.state = ContainerState.TERMINATED
+                c.record.terminated = Terminated(
+                    exit_code=137,
+                    reason="ContainerStatusUnknown",
+                    started_at=None,
+                    finished_at=time.time(),
+                    message="the kubelet restarted and the container's process was gone",
+                )
+                if should_restart(self.restart_policy(pod), 137, init=c.record.init):
+                    c.restart_due = time.time()
+        ip = status.get("podIP")
+        if ip and self.kubelet.ipam.reserve(ip, self.uid):
+            self.pod_ip = ip
+        if status.get("startTime"):
+            self.start_time = time.time()
+        self.last_status = status or None
+
+    # -- reconciliation -----------------------------------------------------
+    async def _sync(self, pod: dict[str, Any]) -> float | None:
+        """Move the pod one step towards its spec; return when to look again (or None)."""
+        now = time.time()
+        policy = self.restart_policy(pod)
+        if self.start_time is None:
+            self.start_time = now
+            self.kubelet.event(
+                pod, "Scheduled", f"Successfully assigned {self.key} to {self.kubelet.config.node_name}"
+            )
+        if self.pod_ip is None:
+            try:
+                self.pod_ip = self.kubelet.ipam.allocate(self.uid)
+                self.facts_reason = self.facts_message = ""
+            except IpExhaustedError as exc:
+                self.facts_reason, self.facts_message = "NoPodIP", str(exc)
+                await self._write_status(pod)
+                return now + CONFIG_RETRY_S
+        due: list[float] = []
+        phase = pod_phase(policy, [c.record for c in self.init], [c.record for c in self.containers])
+        if phase not in (PodPhase.SUCCEEDED, PodPhase.FAILED) and not self.kubelet.stopping:
+            await self._progress(pod, policy, now, due)
+        for c in self.all_containers():
+            self._refresh_ready(c)
+        await self._write_status(pod)
+        return min(due) if due else None
+
+    async def _progress(self, pod: dict[str, Any], policy: str, now: float, due: list[float]) -> None:
+        # Init containers: one at a time, in order; the next starts when the previous succeeded.
+        for c in self.init:
+            rec = c.record
+            if c.running:
+                return
+            if rec.state is ContainerState.TERMINATED and rec.terminated and rec.terminated.exit_code == 0:
+                continue
+            if rec.state is ContainerState.TERMINATED and c.restart_due is None:
+                return  # failed for good: the pod has failed
+            await self._start_if_due(pod, c, policy, now, due)
+            return
+        for c in self.containers:
+            if c.running:
+                continue
+            rec = c.record
+            if rec.state is ContainerState.TERMINATED and c.restart_due is None:
+                continue  # finished for good
+            await self._start_if_due(pod, c, policy, now, due)
+
+    async def _start_if_due(
+        self, pod: dict[str, Any], c: _Container, policy: str, now: float, due: list[float]
+    ) -> None:
+        if c.restart_due is not None and c.restart_due > now:
+            due.append(c.restart_due)
+            return
+        if c.record.state is ContainerState.TERMINATED or c.record.last_terminated is not None:
+            if c.record.state is ContainerState.TERMINATED and c.record.terminated is not None:
+                c.record.last_terminated = c.record.terminated
+            if c.restart_due is not None:
+                c.record.restart_count += 1
+        c.restart_due = None
+        retry = await self._start(pod, c)
+        if retry is not None:
+            due.append(retry)
+
+    async def _start(self, pod: dict[str, Any], c: _Container) -> float | None:
+        """Start one container run; return a retry time if it could not be configured."""
+        config = self.kubelet.config
+        rec = c.record
+        try:
+            configmaps, secrets = await self.kubelet.fetch_sources(self.namespace, pod, c.spec)
+            if not self.volumes:
+                self.volumes = prepare_volumes(pod, self.pod_dir, configmaps, secrets)
+            provided = {
+                "HOSTNAME": self.name,
+                "PYTHONUNBUFFERED": "1",
+                **mount_env(pod, c.spec, self.volumes),
+            }
+            ctx = PodContext(
+                pod_ip=self.pod_ip or "",
+                node_name=config.node_name,
+                host_ip=config.host_ip,
+                configmaps=configmaps,
+                secrets=secrets,
+                provided=provided,
+            )
+            defined = resolve_env(pod, c.spec, ctx)
+            argv = resolve_command(c.spec, defined)
+        except (ContainerConfigError, ApiError, OSError) as exc:
+            rec.state = ContainerState.WAITING
+            rec.waiting_reason = "CreateContainerConfigError"
+            rec.waiting_message = str(exc)
+            c.restart_due = None
+            self.kubelet.event(pod, "Failed", f"Error: {exc}", warning=True)
+            return time.time() + CONFIG_RETRY_S
+        env = {**config.base_env, **defined}
+        workdir = c.spec.get("workingDir")
+        cwd = Path(workdir) if workdir else config.workdir
+        log_path = self.pod_dir / c.name / f"{rec.restart_count}.log"
+        try:
+            cwd.mkdir(parents=True, exist_ok=True)
+            process = spawn(argv, env, str(cwd), log_path)
+        except OSError as exc:
+            now = time.time()
+            message = f"failed to start {argv[0]!r}: {exc.strerror or exc}"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "ab") as f:
+                f.write((message + "\n").encode())
+            self.kubelet.event(pod, "Failed", f"Error: {message}", warning=True)
+            self._exited(pod, c, Terminated(128, "StartError", now, now, message=message))
+            return None
+        c.process = process
+        c.env = env
+        c.cwd = str(cwd)
+        rec.state = ContainerState.RUNNING
+        rec.started_at = process.started_at
+        rec.container_id = f"kelastic://{process.pid}"
+        rec.waiting_message = ""
+        self.kubelet.event(pod, "Started", f"Started container {c.name}")
+        c.exit_task = asyncio.get_running_loop().create_task(self._watch_exit(c, process))
+        self._start_probes(pod, c)
+        return None
+
+    async def _watch_exit(self, c: _Container, process: ContainerProcess) -> None:
+        status: ExitStatus = await process.wait()
+        c.cancel_probes()
+        pod = self.pod
+        term = Terminated(
+            exit_code=status.exit_code,
+            reason=exit_reason(status.exit_code),
+            started_at=process.started_at,
+            finished_at=status.finished_at,
+            signal=status.signal,
+            container_id=f"kelastic://{process.pid}",
+        )
+        if pod is not None:
+            self._exited(pod, c, term)
+        else:
+            c.record.state = ContainerState.TERMINATED
+            c.record.terminated = term
+        self.wake.set()
+
+    def _exited(self, pod: Mapping[str, Any], c: _Container, term: Terminated) -> None:
+        rec = c.record
+        rec.state = ContainerState.TERMINATED
+        rec.terminated = term
+        rec.ready = False
+        if pod["metadata"].get("deletionTimestamp"):
+            return
+        policy = self.restart_policy(pod)
+        if not should_restart(policy, term.exit_code, init=c in self.init):
+            return
+        delay = self.backoff.delay_after_exit(
+            c.name, term.finished_at - (term.started_at or term.finished_at)
+        )
+        c.restart_due = time.time() + delay
+        if delay > 0:
+            rec.last_terminated = term
+            rec.terminated = None
+            rec.state = ContainerState.WAITING
+            rec.waiting_reason = "CrashLoopBackOff"
+            rec.waiting_message = (
+                f"back-off {delay:g}s restarting failed container={c.name} "
+                f"pod={self.name}_{self.namespace}({self.uid})"
+            )
+            self.kubelet.event(pod, "BackOff", "Back-off restarting failed container", warning=True)
+
+    # -- probes -------------------------------------------------------------
+    def _start_probes(self, pod: Mapping[str, Any], c: _Container) -> None:
+        spec = c.spec
+        try:
+            startup = ProbeSpec.parse(spec.get("startupProbe"))
+            readiness = ProbeSpec.parse(spec.get("readinessProbe"))
+            liveness = ProbeSpec.parse(spec.get("livenessProbe"))
+        except ValueError as exc:
+            self.kubelet.event(pod, "Unhealthy", str(exc), warning=True)
+            startup = readiness = liveness = None
+        c.startup = ProbeTracker(startup, initial=False) if startup else None
+        c.readiness = ProbeTracker(readiness, initial=False) if readiness else None
+        c.liveness = ProbeTracker(liveness, initial=True) if liveness else None
+        loop = asyncio.get_running_loop()
+        for tracker, kind in ((c.startup, "Startup"), (c.readiness, "Readiness"), (c.liveness, "Liveness")):
+            if tracker is not None:
+                c.probe_tasks.append(loop.create_task(self._probe_loop(c, tracker, kind)))
+
+    async def _probe_loop(self, c: _Container, tracker: ProbeTracker, kind: str) -> None:
+        spec = tracker.spec
+        await asyncio.sleep(spec.initial_delay)
+        while c.running:
+            if kind != "Startup" and c.startup is not None and not c.startup.ok:
+                await asyncio.sleep(min(spec.period, 0.5))
+                continue
+            result = await run_probe(
+                spec,
+                pod_ip=self.pod_ip or "",
+                env=c.env,
+                cwd=c.cwd,
+                container_ports=c.spec.get("ports") or [],
+            )
+            pod = self.pod
+            if result is ProbeResult.FAILURE and pod is not None:
+                self.kubelet.event(
+                    pod, "Unhealthy", f"{kind} probe failed for container {c.name}", warning=True
+                )
+            changed = tracker.record(result)
+            if kind == "Startup" and tracker.ok:
+                self.wake.set()
+                return  # a startup probe stops once it succeeded
+            if not tracker.ok and kind in ("Liveness", "Startup") and c.process is not None:
+                if pod is not None:
+                    self.kubelet.event(
+                        pod, "Killing", f"Container {c.name} failed {kind.lower()} probe, will be restarted"
+                    )
+                await c.process.stop(self._grace(pod))
+                return
+            if changed:
+                self.wake.set()
+            await asyncio.sleep(spec.period)
+
+    def _refresh_ready(self, c: _Container) -> None:
+        rec = c.record
+        started = c.running and (c.startup is None or c.startup.ok)
+        rec.started = bool(started)
+        if c.record.init:
+            rec.ready = rec.state is ContainerState.TERMINATED and bool(
+                rec.terminated and rec.terminated.exit_code == 0
+            )
+            return
+        rec.ready = bool(started and (c.readiness is None or c.readiness.ok))
+
+    # -- status -------------------------------------------------------------
+    async def _write_status(self, pod: Mapping[str, Any]) -> None:
+        previous = (self.last_status or {}).get("conditions") or []
+        facts = PodFacts(
+            restart_policy=self.restart_policy(pod),
+            pod_ip=self.pod_ip,
+            host_ip=self.kubelet.config.host_ip,
+            start_time=self.start_time,
+            previous_conditions=previous,
+            reason=self.facts_reason,
+            message=self.facts_message,
+        )
+        status = pod_status(
+            facts, [c.record for c in self.init], [c.record for c in self.containers], time.time()
+        )
+        if status == self.last_status:
+            return
+        body: dict[str, Any] = {"status": dict(status)}
+        for optional in ("reason", "message", "podIP", "podIPs"):
+            body["status"].setdefault(optional, None)
+        try:
+            await self.kubelet.client.merge_patch(self.path + "/status", body)
+            self.last_status = status
+        except ApiError as exc:
+            if exc.status != 404:
+                log.warning("could not write status of pod %s: %s", self.key, exc)
+        except Exception as exc:  # the API server is going away
+            log.debug("could not write status of pod %s: %s", self.key, exc)
+
+    # -- stopping -----------------------------------------------------------
+    def _grace(self, pod: Mapping[str, Any] | None) -> float:
+        if pod is None:
+            return 0.0
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionGracePeriodSeconds") is not None:
+            return float(meta["deletionGracePeriodSeconds"])
+        value = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+        return 30.0 if value is None else float(value)
+
+    async def _kill_all(self, grace: float) -> None:
+        procs = [c for c in self.all_containers() if c.process is not None and not c.process.exited]
+        for c in self.all_containers():
+            c.cancel_probes()
+        if procs:
+            await asyncio.gather(*(c.process.stop(grace) for c in procs if c.process is not None))
+        for c in self.all_containers():
+            if c.exit_task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(c.exit_task, 5.0)
+
+    async def _terminate(self, pod: dict[str, Any]) -> None:
+        """Graceful deletion: stop every container within the grace period, then remove the pod."""
+        grace = self._grace(pod)
+        running = [c for c in self.all_containers() if c.running]
+        for c in running:
+            self.kubelet.event(pod, "Killing", f"Stopping container {c.name}")
+        # Containers that were waiting to restart stay stopped.
+        for c in self.all_containers():
+            c.restart_due = None
+        stopping = asyncio.ensure_future(self._kill_all(grace))
+        # Force deletion while waiting for the grace period kills at once.
+        while not stopping.done():
+            self.wake.clear()
+            waiter = asyncio.ensure_future(self.wake.wait())
+            await asyncio.wait({stopping, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if self.pod is None and not stopping.done():
+                for c in self.all_containers():
+                    if c.process is not None:
+                        c.process.kill_group(9)
+        await stopping
+        current = self.pod or pod
+        await self._write_status(current)
+        try:
+            await self.kubelet.client.delete(
+                self.path,
+                {
+                    "apiVersion": "v1",
+                    "kind": "DeleteOptions",
+                    "gracePeriodSeconds": 0,
+                    "preconditions": {"uid": self.uid},
+                },
+            )
+        except ApiError as exc:
+            if exc.status not in (404, 409):
+                log.warning("could not remove pod %s after stopping it: %s", self.key, exc)
+
+
+class Kubelet:
+    """Runs the pods bound to one node; create, ``await start()``, ``await stop()`` in one loop."""
+
+    def __init__(self, client: ApiClient, config: KubeletConfig) -> None:
+        self.client = client
+        self.config = config
+        self.ipam = IpAllocator()
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.workers: dict[str, PodWorker] = {}
+        self._informer = Informer(client, "/api/v1/pods", self._on_pod)
+        self._background: set[asyncio.Task[Any]] = set()
+        self.stopping = False
+
+    async def start(self, timeout: float = 30.0) -> None:
+        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        await self.register_node()
+        self._informer.start()
+        try:
+            await asyncio.wait_for(self._informer.synced.wait(), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(
+                f"the kubelet could not list pods from {self.client.base_url} within {timeout}s"
+            ) from None
+
+    async def stop(self) -> None:
+        """Stop watching and kill every pod process (SIGTERM, a short grace, SIGKILL)."""
+        self.stopping = True
+        await self._informer.stop()
+        workers = list(self.workers.values())
+        await asyncio.gather(
+            *(w._kill_all(self.config.shutdown_grace) for w in workers), return_exceptions=True
+        )
+        for w in workers:
+            if w.task is not None:
+                w.task.cancel()
+        await asyncio.gather(*(w.task for w in workers if w.task is not None), return_exceptions=True)
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+    def _on_pod(self, etype: str, key: str, pod: dict[str, Any]) -> None:
+        if etype == "DELETED":
+            current = self.pods.get(key)
+            if current is not None and current["metadata"].get("uid") == pod["metadata"].get("uid"):
+                del self.pods[key]
+        else:
+            self.pods[key] = pod
+        uid = pod["metadata"].get("uid", "")
+        worker = self.workers.get(uid)
+        if worker is not None:
+            worker.wake.set()
+            return
+        if etype == "DELETED" or self.stopping:
+            return
+        node = pod["spec"].get("nodeName")
+        if node and node != self.config.node_name:
+            return
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") and not pod["metadata"].get(
+            "deletionTimestamp"
+        ):
+            return  # finished before this kubelet started: nothing to run
+        worker = PodWorker(self, uid, key)
+        self.workers[uid] = worker
+        worker.task = asyncio.get_running_loop().create_task(worker.run(), name=f"pod {key}")
+
+    # -- API helpers ----------------------------------------------------------
+    async def bind(self, pod: Mapping[str, Any]) -> None:
+        meta = pod["metadata"]
+        ns, name = meta.get("namespace", "default"), meta["name"]
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": ns, "uid": meta.get("uid")},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": self.config.node_name},
+        }
+        try:
+            await self.client.post(f"/api/v1/namespaces/{ns}/pods/{name}/binding", binding)
+        except ApiError as exc:
+            if exc.status == 409:
+                return  # already bound
+            # Servers without the binding subresource: set the field directly.
+            await self.client.merge_patch(
+                f"/api/v1/namespaces/{ns}/pods/{name}", {"spec": {"nodeName": self.config.node_name}}
+            )
+        self.pods.setdefault(f"{ns}/{name}", dict(pod))["spec"]["nodeName"] = self.config.node_name
+
+    async def fetch_sources(
+        self, namespace: str, pod: Mapping[str, Any], container: Mapping[str, Any]
+    ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+        """The configmaps and secrets the container or the pod's volumes refer to, by name."""
+        wanted: dict[str, set[str]] = {"configmaps": set(), "secrets": set()}
+        for source in container.get("envFrom") or []:
+            if source.get("configMapRef"):
+                wanted["configmaps"].add(source["configMapRef"].get("name", ""))
+            if source.get("secretRef"):
+                wanted["secrets"].add(source["secretRef"].get("name", ""))
+        for var in container.get("env") or []:
+            ref = var.get("valueFrom") or {}
+            if ref.get("configMapKeyRef"):
+                wanted["configmaps"].add(ref["configMapKeyRef"].get("name", ""))
+            if ref.get("secretKeyRef"):
+                wanted["secrets"].add(ref["secretKeyRef"].get("name", ""))
+        for vol in (pod.get("spec") or {}).get("volumes") or []:
+            if vol.get("configMap"):
+                wanted["configmaps"].add(vol["configMap"].get("name", ""))
+            if vol.get("secret"):
+                wanted["secrets"].add(vol["secret"].get("secretName", ""))
+        found: dict[str, dict[str, dict[str, str]]] = {"configmaps": {}, "secrets": {}}
+        for resource, names in wanted.items():
+            for name in names:
+                try:
+                    obj = await self.client.get(f"/api/v1/namespaces/{namespace}/{resource}/{name}")
+                except ApiError as exc:
+                    if exc.status == 404:
+                        continue
+                    raise
+                found[resource][name] = dict(obj.get("data") or {})
+        return found["configmaps"], found["secrets"]
+
+    async def register_node(self) -> None:
+        """Create (or refresh) this node's Node object; servers without nodes are tolerated."""
+        now = rfc3339(time.time())
+        cpus = str(os.cpu_count() or 1)
+        try:
+            memory = f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') // 1024}Ki"
+        except (ValueError, OSError):
+            memory = "0"
+        capacity = {"cpu": cpus, "memory": memory, "pods": "1000"}
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.config.node_name,
+                "labels": {
+                    "kubernetes.io/hostname": self.config.node_name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": platform.machine(),
+                },
+            },
+            "spec": {},
+            "status": {
+                "capacity": capacity,
+                "allocatable": capacity,
+                "addresses": [
+                    {"type": "InternalIP", "address": self.config.host_ip},
+                    {"type": "Hostname", "address": self.config.node_name},
+                ],
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "kelastic local kubelet is posting ready status",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+                "nodeInfo": {
+                    "kubeletVersion": "v1.32.0-kelastic",
+                    "containerRuntimeVersion": "kelastic-process://1",
+                    "operatingSystem": "linux",
+                    "architecture": platform.machine(),
+                    "osImage": platform.platform(),
+                    "kernelVersion": platform.release(),
+                    "machineID": "",
+                    "systemUUID": "",
+                    "bootID": "",
+                    "kubeProxyVersion": "",
+                },
+            },
+        }
+        try:
+            await self.client.post("/api/v1/nodes", node)
+        except ApiError as exc:
+            if exc.status == 409:
+                with contextlib.suppress(ApiError):
+                    await self.client.merge_patch(
+                        f"/api/v1/nodes/{self.config.node_name}/status", {"status": node["status"]}
+                    )
+            else:
+                log.debug("node registration not supported by the API server: %s", exc)
+
+    def event(self, pod: Mapping[str, Any], reason: str, message: str, warning: bool = False) -> None:
+        """Post a core/v1 Event about ``pod`` in the background (best effort)."""
+        meta = pod.get("metadata") or {}
+        ns = meta.get("namespace", "default")
+        now = rfc3339(time.time())
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta.get('name')}.{uuid.uuid4().hex[:16]}", "namespace": ns},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": meta.get("name"),
+                "namespace": ns,
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "kubelet", "host": self.config.node_name},
+            "reportingComponent": "kubelet",
+            "reportingInstance": self.config.node_name,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+
+        async def post() -> None:
+            with contextlib.suppress(Exception):
+                await self.client.post(f"/api/v1/namespaces/{ns}/events", body)
+
+        task = asyncio.get_running_loop().create_task(post())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

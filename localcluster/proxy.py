@@ -1,0 +1,172 @@
+"""The service proxy: makes every ClusterIP Service reachable at ``clusterIP:port``.
+
+A userspace TCP forwarder (what kube-proxy's userspace mode did): for each TCP
+port of each Service that has a cluster IP (``127.2.x.y``, allocated by the API
+server), it listens on that address and port and forwards each connection to
+one of the ready addresses of the Service's Endpoints, round-robin, trying the
+next one when a backend refuses. A connection to a Service without ready
+endpoints is closed at once (a client sees a reset/EOF, as with a real
+service without endpoints). Headless services (``clusterIP: None``) get no
+listener: clients use the pod IPs from their Endpoints. UDP is not proxied.
+
+There is no cluster DNS in kelastic local: clients reach services by their
+cluster IP (e.g. from the Service's ``spec.clusterIP`` or, as in a real
+cluster, the ``<NAME>_SERVICE_HOST`` convention set by whoever builds the pod).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from .client import ApiClient, Informer
+
+__all__ = ["ServiceProxy", "ready_backends", "service_listeners"]
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 3.0
+_CHUNK = 1 << 16
+
+
+def service_listeners(service: Mapping[str, Any]) -> dict[tuple[str, int], str]:
+    """``(clusterIP, port) → port name`` for every TCP port the proxy serves for ``service``."""
+    spec = service.get("spec") or {}
+    ip = spec.get("clusterIP")
+    if not ip or ip == "None" or spec.get("type") == "ExternalName":
+        return {}
+    out: dict[tuple[str, int], str] = {}
+    for port in spec.get("ports") or []:
+        if port.get("protocol", "TCP") == "TCP" and port.get("port"):
+            out[(str(ip), int(port["port"]))] = str(port.get("name", ""))
+    return out
+
+
+def ready_backends(endpoints: Mapping[str, Any] | None, port_name: str) -> list[tuple[str, int]]:
+    """Ready ``(ip, port)`` pairs of the Endpoints for the service port named ``port_name``."""
+    backends: list[tuple[str, int]] = []
+    for subset in (endpoints or {}).get("subsets") or []:
+        ports = [p for p in subset.get("ports") or [] if str(p.get("name", "")) == port_name]
+        if not ports:
+            continue
+        for address in subset.get("addresses") or []:
+            backends.append((str(address["ip"]), int(ports[0]["port"])))
+    return backends
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while True:
+            data = await reader.read(_CHUNK)
+            if not data:
+                break
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (ConnectionError, OSError):
+        pass
+
+
+class ServiceProxy:
+    """Listeners for every ClusterIP service port; start and stop in one event loop."""
+
+    def __init__(self, client: ApiClient) -> None:
+        self.client = client
+        self.services = Informer(client, "/api/v1/services", self._changed)
+        self.endpoints = Informer(client, "/api/v1/endpoints")
+        self._servers: dict[tuple[str, int], asyncio.Server] = {}
+        self._targets: dict[tuple[str, int], tuple[str, str]] = {}
+        self._rr = itertools.count()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def start(self, timeout: float = 30.0) -> None:
+        self.services.start()
+        self.endpoints.start()
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(self.services.synced.wait(), self.endpoints.synced.wait()), timeout
+            )
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"the service proxy could not list services within {timeout}s") from None
+        await self._reconcile()
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="service proxy")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for server in self._servers.values():
+            server.close()
+        self._servers.clear()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        await self.services.stop()
+        await self.endpoints.stop()
+
+    def _changed(self, etype: str, key: str, obj: dict[str, Any]) -> None:
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self._reconcile()
+
+    async def _reconcile(self) -> None:
+        desired: dict[tuple[str, int], tuple[str, str]] = {}
+        for key, service in self.services.cache.items():
+            for addr, port_name in service_listeners(service).items():
+                desired[addr] = (key, port_name)
+        for addr in list(self._servers):
+            if addr not in desired:
+                self._servers.pop(addr).close()
+        self._targets = desired
+        for addr in desired:
+            if addr in self._servers:
+                continue
+            try:
+                self._servers[addr] = await asyncio.start_server(
+                    lambda r, w, a=addr: self._accept(a, r, w), host=addr[0], port=addr[1], reuse_address=True
+                )
+            except OSError as exc:
+                log.warning("cannot listen on service address %s:%d: %s", addr[0], addr[1], exc)
+
+    def _accept(
+        self, addr: tuple[str, int], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.get_running_loop().create_task(self._forward(addr, reader, writer))
+        self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
+
+    async def _forward(
+        self, addr: tuple[str, int], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            target = self._targets.get(addr)
+            backends = ready_backends(self.endpoints.cache.get(target[0]), target[1]) if target else []
+            if not backends:
+                return
+            start = next(self._rr) % len(backends)
+            for ip, port in backends[start:] + backends[:start]:
+                try:
+                    up_reader, up_writer = await asyncio.wait_for(
+                        asyncio.open_connection(ip, port), CONNECT_TIMEOUT_S
+                    )
+                except (OSError, asyncio.TimeoutError):
+                    continue
+                try:
+                    await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+                finally:
+                    up_writer.close()
+                return
+        finally:
+            writer.close()
