@@ -1,0 +1,670 @@
+"""The elastic agent's contract: worker specs, worker groups, run results, and the agent loop.
+
+An *agent* runs on every node. It takes part in a rendezvous with the other
+agents, learns its group rank and the group's size, assigns ranks to its local
+workers, starts them, and watches them until the job succeeds, fails, or the
+membership of the group changes.
+
+The pieces a caller may rely on:
+
+* :class:`WorkerSpec` describes identical local workers; it validates itself on
+  construction and raises :class:`ValueError` naming the bad field.
+* :func:`assign_ranks` is the pure rank-assignment rule: global ranks are
+  offsets by group rank (agent ``g`` owns ``[sum of local_world_size of agents
+  before g, ... + its own)``), role ranks are the same rule applied over the
+  agents of one role, sorted by (role, group rank). Agents may have different
+  ``local_world_size``. :func:`exchange_rank_assignments` is its store I/O:
+  every agent publishes its role info, group rank 0 computes all assignments
+  once and publishes them, every agent reads its own (O(1) per agent, O(n) on
+  rank 0).
+* :class:`SimpleElasticAgent` implements the monitor loop:
+
+  - SUCCEEDED: wait at the exit barrier (bounded by ``exit_barrier_timeout``;
+    a timeout is logged, not fatal) and return the result;
+  - FAILED/UNHEALTHY: if the rendezvous membership changed (a peer died, left
+    or joined; checked for up to ``membership_grace`` seconds, since a peer's
+    death usually shows up first as a failed collective) restart *without*
+    spending a restart; else restart while restarts remain, else stop the
+    workers and return the failure;
+  - HEALTHY: with a handler that can watch membership (kelastic's, which has
+    ``wait_membership_change``) the loop blocks on the store instead of
+    sleeping and restarts at once, without spending a restart, when the
+    membership changed; with torch's handlers (``c10d``, ``static``) it sleeps
+    ``monitor_interval`` and restarts when ``num_nodes_waiting() > 0``.
+
+  A :class:`~kelastic.agent.multiprocessing.SignalException` raised while the
+  agent runs (SIGTERM, SIGINT, ... delivered to the agent) stops the workers
+  with that same signal and is re-raised.
+* Events (:mod:`kelastic.agent.events`) and metrics (:mod:`kelastic.agent.metrics`)
+  go to pluggable sinks given to the agent.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import Enum
+from typing import Any
+
+from torch.distributed import Store
+from torch.distributed.elastic.rendezvous import RendezvousHandler
+from torch.distributed.elastic.rendezvous.api import RendezvousGracefulExitError
+
+from kelastic.agent.events import Event, EventSink, EventSource, LogSink, record
+from kelastic.agent.metrics import Metrics
+from kelastic.agent.multiprocessing import ProcessFailure, SignalException, Std
+
+__all__ = [
+    "DEFAULT_ROLE",
+    "ElasticAgent",
+    "RankAssignment",
+    "RoleInstanceInfo",
+    "RunResult",
+    "SimpleElasticAgent",
+    "Worker",
+    "WorkerGroup",
+    "WorkerSpec",
+    "WorkerState",
+    "assign_ranks",
+    "exchange_rank_assignments",
+    "exit_barrier",
+]
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_ROLE = "default"
+
+_ROLE_INFO_PREFIX = "kelastic/role_info/"
+_ASSIGNED_PREFIX = "kelastic/assigned_ranks/"
+_EXIT_BARRIER_PREFIX = "kelastic/exit_barrier/"
+
+
+@dataclass
+class WorkerSpec:
+    """What to run on this node: ``local_world_size`` identical workers of one ``role``.
+
+    ``entrypoint`` is a program path/binary (``str``, run with ``args``) or a
+    Python callable (called with ``args`` in a child process). ``master_addr``/
+    ``master_port`` override what the rendezvous hands out (static setups).
+    ``redirects``/``tee`` are :class:`~kelastic.agent.multiprocessing.Std`
+    values or per-local-rank maps of them.
+    """
+
+    role: str
+    local_world_size: int
+    rdzv_handler: RendezvousHandler
+    entrypoint: Callable[..., Any] | str | None = None
+    args: tuple[Any, ...] = ()
+    max_restarts: int = 3
+    monitor_interval: float = 0.1
+    master_port: int | None = None
+    master_addr: str | None = None
+    local_addr: str | None = None
+    redirects: Std | dict[int, Std] = Std.NONE
+    tee: Std | dict[int, Std] = Std.NONE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.role, str) or not self.role:
+            raise ValueError(f"WorkerSpec.role must be a non-empty string, got {self.role!r}")
+        if isinstance(self.local_world_size, bool) or not isinstance(self.local_world_size, int):
+            raise ValueError(
+                f"WorkerSpec.local_world_size must be an int (processes on this node), got {self.local_world_size!r}"
+            )
+        if self.local_world_size < 1:
+            raise ValueError(f"WorkerSpec.local_world_size must be >= 1, got {self.local_world_size}")
+        if self.rdzv_handler is None or not callable(getattr(self.rdzv_handler, "next_rendezvous", None)):
+            raise ValueError(
+                "WorkerSpec.rdzv_handler must be a RendezvousHandler (it has no next_rendezvous())"
+            )
+        if self.entrypoint is None or (isinstance(self.entrypoint, str) and not self.entrypoint.strip()):
+            raise ValueError("WorkerSpec.entrypoint is required: a program path or a Python callable")
+        if not isinstance(self.entrypoint, str) and not callable(self.entrypoint):
+            raise ValueError(
+                f"WorkerSpec.entrypoint must be a str or a callable, got {type(self.entrypoint).__name__}"
+            )
+        self.args = tuple(self.args)
+        if (
+            isinstance(self.max_restarts, bool)
+            or not isinstance(self.max_restarts, int)
+            or self.max_restarts < 0
+        ):
+            raise ValueError(f"WorkerSpec.max_restarts must be an int >= 0, got {self.max_restarts!r}")
+        if not isinstance(self.monitor_interval, (int, float)) or not self.monitor_interval > 0:
+            raise ValueError(
+                f"WorkerSpec.monitor_interval must be > 0 seconds, got {self.monitor_interval!r}"
+            )
+        if self.master_port is not None and not (0 < int(self.master_port) < 65536):
+            raise ValueError(f"WorkerSpec.master_port must be in 1..65535, got {self.master_port!r}")
+
+    def get_entrypoint_name(self) -> str:
+        """The program's name for logs: the path's basename or the callable's ``__qualname__``."""
+        if isinstance(self.entrypoint, str):
+            return os.path.basename(self.entrypoint)
+        return getattr(self.entrypoint, "__qualname__", repr(self.entrypoint))
+
+
+@dataclass
+class Worker:
+    """One local worker; ranks are -1 until a rendezvous assigned them. ``id`` is its pid once started."""
+
+    local_rank: int
+    global_rank: int = -1
+    role_rank: int = -1
+    world_size: int = -1
+    role_world_size: int = -1
+    id: Any = None
+
+
+class WorkerState(str, Enum):
+    """State of a worker group (all workers of one agent, as a unit)."""
+
+    UNKNOWN = "UNKNOWN"
+    INIT = "INIT"
+    HEALTHY = "HEALTHY"
+    UNHEALTHY = "UNHEALTHY"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+    @staticmethod
+    def is_running(state: WorkerState) -> bool:
+        """True when the workers exist and may be doing work (HEALTHY or UNHEALTHY)."""
+        return state in (WorkerState.HEALTHY, WorkerState.UNHEALTHY)
+
+
+@dataclass
+class WorkerGroup:
+    """The workers of one spec on this node, with what the last rendezvous told them."""
+
+    spec: WorkerSpec
+    workers: list[Worker] = field(default_factory=list)
+    store: Store | None = None
+    group_rank: int | None = None
+    group_world_size: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    state: WorkerState = WorkerState.INIT
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            self.workers = [Worker(local_rank=i) for i in range(self.spec.local_world_size)]
+
+
+@dataclass
+class RunResult:
+    """Outcome of a worker group, all-or-nothing.
+
+    On success ``return_values`` maps global rank → return value (callables)
+    or ``None`` (programs). On failure ``failures`` maps global rank →
+    :class:`~kelastic.agent.multiprocessing.ProcessFailure` of every failed worker.
+    """
+
+    state: WorkerState
+    return_values: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, ProcessFailure] = field(default_factory=dict)
+
+    def is_failed(self) -> bool:
+        return self.state == WorkerState.FAILED
+
+
+# --- rank assignment -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RoleInstanceInfo:
+    """What one agent tells the others before ranks are assigned."""
+
+    role: str
+    rank: int  # group rank of the agent
+    local_world_size: int
+
+    def to_json(self) -> str:
+        return json.dumps([self.role, self.rank, self.local_world_size])
+
+    @staticmethod
+    def from_json(data: str | bytes) -> RoleInstanceInfo:
+        role, rank, lws = json.loads(data)
+        return RoleInstanceInfo(str(role), int(rank), int(lws))
+
+
+@dataclass(frozen=True)
+class RankAssignment:
+    """An agent's share of ranks: its workers get ``base_* + local_rank``."""
+
+    base_global_rank: int
+    global_world_size: int
+    base_role_rank: int
+    role_world_size: int
+
+    def to_json(self) -> str:
+        return json.dumps(
+            [self.base_global_rank, self.global_world_size, self.base_role_rank, self.role_world_size]
+        )
+
+    @staticmethod
+    def from_json(data: str | bytes) -> RankAssignment:
+        a, b, c, d = json.loads(data)
+        return RankAssignment(int(a), int(b), int(c), int(d))
+
+
+def assign_ranks(infos: Sequence[RoleInstanceInfo]) -> dict[int, RankAssignment]:
+    """Rank assignment for a whole group, keyed by group rank (pure).
+
+    ``infos`` must hold exactly group ranks ``0..n-1``. Global ranks follow
+    group rank order; role ranks follow (role, group rank) order within a role.
+    """
+    by_rank = sorted(infos, key=lambda i: i.rank)
+    ranks = [i.rank for i in by_rank]
+    if ranks != list(range(len(by_rank))):
+        raise ValueError(f"rank assignment needs group ranks 0..{len(by_rank) - 1}, got {ranks}")
+    global_size = sum(i.local_world_size for i in by_rank)
+    role_sizes: dict[str, int] = {}
+    for info in by_rank:
+        role_sizes[info.role] = role_sizes.get(info.role, 0) + info.local_world_size
+
+    base_global: dict[int, int] = {}
+    offset = 0
+    for info in by_rank:
+        base_global[info.rank] = offset
+        offset += info.local_world_size
+
+    base_role: dict[int, int] = {}
+    role_offsets: dict[str, int] = {}
+    for info in sorted(by_rank, key=lambda i: (i.role, i.rank)):
+        base_role[info.rank] = role_offsets.get(info.role, 0)
+        role_offsets[info.role] = base_role[info.rank] + info.local_world_size
+
+    return {
+        info.rank: RankAssignment(
+            base_global_rank=base_global[info.rank],
+            global_world_size=global_size,
+            base_role_rank=base_role[info.rank],
+            role_world_size=role_sizes[info.role],
+        )
+        for info in by_rank
+    }
+
+
+def _wait_keys(store: Store, keys: list[str], timeout: float, what: str) -> None:
+    try:
+        store.wait(keys, timedelta(seconds=timeout))
+    except Exception as e:
+        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}: {e}") from e
+
+
+def exchange_rank_assignments(
+    store: Store,
+    group_rank: int,
+    group_world_size: int,
+    role: str,
+    local_world_size: int,
+    timeout: float = 300.0,
+) -> RankAssignment:
+    """Publish this agent's role info, let group rank 0 assign all ranks, return this agent's share.
+
+    ``store`` must be private to the current rendezvous round (the handlers'
+    ``RendezvousInfo.store`` is). Raises :class:`TimeoutError` naming what it
+    waited for when peers do not show up within ``timeout`` seconds.
+    """
+    me = RoleInstanceInfo(role, group_rank, local_world_size)
+    store.set(f"{_ROLE_INFO_PREFIX}{group_rank}", me.to_json())
+    if group_rank == 0:
+        keys = [f"{_ROLE_INFO_PREFIX}{i}" for i in range(group_world_size)]
+        _wait_keys(store, keys, timeout, f"role info of all {group_world_size} agents")
+        infos = [RoleInstanceInfo.from_json(v) for v in store.multi_get(keys)]
+        assignments = assign_ranks(infos)
+        store.multi_set(
+            [f"{_ASSIGNED_PREFIX}{r}" for r in range(group_world_size)],
+            [assignments[r].to_json() for r in range(group_world_size)],
+        )
+        return assignments[0]
+    key = f"{_ASSIGNED_PREFIX}{group_rank}"
+    _wait_keys(store, [key], timeout, "rank assignment from group rank 0")
+    return RankAssignment.from_json(store.get(key))
+
+
+def workers_for(assignment: RankAssignment, local_world_size: int) -> list[Worker]:
+    """The local workers an assignment describes."""
+    return [
+        Worker(
+            local_rank=lr,
+            global_rank=assignment.base_global_rank + lr,
+            role_rank=assignment.base_role_rank + lr,
+            world_size=assignment.global_world_size,
+            role_world_size=assignment.role_world_size,
+        )
+        for lr in range(local_world_size)
+    ]
+
+
+def exit_barrier(store: Store, world_size: int, timeout: float) -> bool:
+    """Block until ``world_size`` agents arrived (each calls once per round); False on timeout."""
+    arrived = store.add(f"{_EXIT_BARRIER_PREFIX}count", 1)
+    if arrived >= world_size:
+        store.set(f"{_EXIT_BARRIER_PREFIX}done", "1")
+    try:
+        store.wait([f"{_EXIT_BARRIER_PREFIX}done"], timedelta(seconds=timeout))
+    except Exception:
+        return False
+    return True
+
+
+# --- agents ----------------------------------------------------------------------------
+
+
+class ElasticAgent(abc.ABC):
+    """Runs one node's workers of a distributed job; ``run`` blocks until they finish."""
+
+    @abc.abstractmethod
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        """Run the workers; return the group's outcome.
+
+        Raises :class:`~kelastic.agent.multiprocessing.SignalException` when the
+        agent itself was told to stop (after stopping the workers with the signal).
+        """
+
+    @abc.abstractmethod
+    def get_worker_group(self, role: str = DEFAULT_ROLE) -> WorkerGroup:
+        """The worker group of ``role`` (a single role per agent for now)."""
+
+
+class SimpleElasticAgent(ElasticAgent):
+    """The rendezvous/monitor/restart algorithm; subclasses say how workers start and stop.
+
+    Subclasses implement ``_start_workers`` (returns local rank → worker id),
+    ``_stop_workers``, ``_monitor_workers`` (a :class:`RunResult` whose state is
+    HEALTHY while they run) and ``_shutdown`` (stop everything, with a signal).
+    Hooks ``_on_rendezvous`` and ``_on_monitor_tick`` let them react to a new
+    round and publish progress.
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        *,
+        exit_barrier_timeout: float = 300.0,
+        membership_grace: float = 3.0,
+        event_sink: EventSink | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._worker_group = WorkerGroup(spec)
+        self._remaining_restarts = spec.max_restarts
+        self._store: Store | None = None
+        self._exit_barrier_timeout = exit_barrier_timeout
+        self._membership_grace = membership_grace
+        self._event_sink: EventSink = event_sink if event_sink is not None else LogSink()
+        self.metrics = metrics if metrics is not None else Metrics()
+        self._total_execution_time = 0.0
+        self._attempt = -1  # bumped on every start, restarts of either kind included
+        self._in_exit_barrier = False
+
+    # subclass interface -----------------------------------------------------------
+    @abc.abstractmethod
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]: ...
+
+    @abc.abstractmethod
+    def _stop_workers(self, worker_group: WorkerGroup) -> None: ...
+
+    @abc.abstractmethod
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult: ...
+
+    @abc.abstractmethod
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM) -> None: ...
+
+    def _on_rendezvous(self, worker_group: WorkerGroup) -> None:
+        """Called after each completed rendezvous, before workers start."""
+
+    def _on_monitor_tick(self, worker_group: WorkerGroup) -> None:
+        """Called on every turn of the monitor loop while workers run."""
+
+    # public -----------------------------------------------------------------------
+    def get_worker_group(self, role: str = DEFAULT_ROLE) -> WorkerGroup:
+        return self._worker_group
+
+    @property
+    def restart_count(self) -> int:
+        """Restarts spent so far (TORCHELASTIC_RESTART_COUNT of the current workers)."""
+        return self._worker_group.spec.max_restarts - self._remaining_restarts
+
+    @property
+    def attempt(self) -> int:
+        """How many times workers were started before the current start (0-based)."""
+        return self._attempt
+
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        start = time.monotonic()
+        shutdown_called = False
+        try:
+            result = self._invoke_run(role)
+            self._total_execution_time = time.monotonic() - start
+            self._record_worker_events(result)
+            self._event(
+                "kelastic.agent.succeeded" if not result.is_failed() else "kelastic.agent.failed",
+                state=result.state.value,
+                total_run_time=round(self._total_execution_time, 3),
+            )
+            return result
+        except RendezvousGracefulExitError as e:
+            _log.info("rendezvous exited gracefully: %s", e)
+            return RunResult(state=WorkerState.SUCCEEDED)
+        except SignalException as e:
+            _log.warning("agent received %s, stopping workers with it", e.sigval)
+            self._event("kelastic.agent.signal", signal=signal.Signals(e.sigval).name)
+            self._shutdown(e.sigval)
+            shutdown_called = True
+            raise
+        finally:
+            if not shutdown_called:
+                self._shutdown()
+            self._total_execution_time = time.monotonic() - start
+
+    # the algorithm --------------------------------------------------------------------
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        spec = worker_group.spec
+        with self.metrics.timer("agent", "rendezvous"):
+            info = spec.rdzv_handler.next_rendezvous()
+        store, group_rank, group_world_size = info.store, info.rank, info.world_size
+        boot = info.bootstrap_store_info
+        master_addr = spec.master_addr or (boot.master_addr if boot is not None else None)
+        master_port = spec.master_port or (boot.master_port if boot is not None else None)
+        if master_addr is None or master_port is None:
+            raise RuntimeError(
+                f"rendezvous backend {spec.rdzv_handler.get_backend()!r} gave no master address/port; "
+                "pass --master-addr and --master-port"
+            )
+        self._store = store
+        with self.metrics.timer("agent", "assign_ranks"):
+            assignment = exchange_rank_assignments(
+                store, group_rank, group_world_size, spec.role, spec.local_world_size
+            )
+        worker_group.workers = workers_for(assignment, spec.local_world_size)
+        worker_group.store = store
+        worker_group.group_rank = group_rank
+        worker_group.group_world_size = group_world_size
+        worker_group.master_addr = master_addr
+        worker_group.master_port = int(master_port)
+        self._event(
+            "kelastic.agent.rendezvous",
+            group_rank=group_rank,
+            group_world_size=group_world_size,
+            world_size=assignment.global_world_size,
+            base_global_rank=assignment.base_global_rank,
+            master_addr=master_addr,
+            master_port=int(master_port),
+            restart_count=self.restart_count,
+        )
+        _log.info(
+            "[%s] rendezvous complete: group_rank=%d/%d global_ranks=%s world_size=%d master=%s:%s restart_count=%d",
+            spec.role,
+            group_rank,
+            group_world_size,
+            [w.global_rank for w in worker_group.workers],
+            assignment.global_world_size,
+            master_addr,
+            master_port,
+            self.restart_count,
+        )
+
+    def _initialize_workers(self, worker_group: WorkerGroup) -> None:
+        self._rendezvous(worker_group)
+        self._on_rendezvous(worker_group)
+        self._attempt += 1
+        with self.metrics.timer("agent", "start_workers"):
+            ids = self._start_workers(worker_group)
+        for local_rank, wid in ids.items():
+            worker = worker_group.workers[local_rank]
+            worker.id = wid
+        self._event(
+            "kelastic.agent.workers_started",
+            attempt=self._attempt,
+            pids=json.dumps({str(k): v for k, v in ids.items()}, default=str),
+        )
+        worker_group.state = WorkerState.HEALTHY
+
+    def _restart_workers(self, worker_group: WorkerGroup, reason: str) -> None:
+        _log.info("[%s] restarting workers: %s", worker_group.spec.role, reason)
+        self._event("kelastic.agent.restart", reason=reason, restart_count=self.restart_count)
+        with self.metrics.timer("agent", "stop_workers"):
+            self._stop_workers(worker_group)
+        worker_group.state = WorkerState.STOPPED
+        self._initialize_workers(worker_group)
+
+    def _watches_membership(self) -> bool:
+        return callable(getattr(self._worker_group.spec.rdzv_handler, "wait_membership_change", None))
+
+    def _wait_for_membership_change(self, timeout: float) -> bool:
+        """Block up to ``timeout`` s; True if the rendezvous membership changed meanwhile."""
+        handler = self._worker_group.spec.rdzv_handler
+        if self._watches_membership():
+            return bool(handler.wait_membership_change(timeout))  # type: ignore[attr-defined]
+        time.sleep(timeout)
+        return False
+
+    def _failure_was_membership_change(self) -> bool:
+        """After workers failed: did the group change (a peer died/left/joined) around it?"""
+        if not self._watches_membership():
+            return False
+        handler = self._worker_group.spec.rdzv_handler
+        if handler.membership_changed():  # type: ignore[attr-defined]
+            return True
+        return bool(handler.wait_membership_change(self._membership_grace))  # type: ignore[attr-defined]
+
+    def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        spec = self._worker_group.spec
+        handler = spec.rdzv_handler
+        _log.info("[%s] starting workers for entrypoint %s", spec.role, spec.get_entrypoint_name())
+        self._initialize_workers(self._worker_group)
+        watch = self._watches_membership()
+        while True:
+            changed = self._wait_for_membership_change(spec.monitor_interval)
+            result = self._monitor_workers(self._worker_group)
+            state = result.state
+            self._worker_group.state = state
+            self.metrics.put(f"workers.{spec.role}", "remaining_restarts", self._remaining_restarts)
+
+            if state == WorkerState.SUCCEEDED:
+                _log.info(
+                    "[%s] workers finished; waiting up to %.0fs for the other agents",
+                    spec.role,
+                    self._exit_barrier_timeout,
+                )
+                self._exit_barrier()
+                return result
+            if state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+                if changed or self._failure_was_membership_change():
+                    self.metrics.incr("agent", "membership_restarts")
+                    self._restart_workers(self._worker_group, "membership changed while workers failed")
+                elif self._remaining_restarts > 0:
+                    self._remaining_restarts -= 1
+                    self.metrics.incr("agent", "restarts")
+                    self._restart_workers(
+                        self._worker_group,
+                        f"workers {state.value}; {self._remaining_restarts}/{spec.max_restarts} restarts left after this",
+                    )
+                else:
+                    self._stop_workers(self._worker_group)
+                    self._worker_group.state = WorkerState.FAILED
+                    return result
+            elif state == WorkerState.HEALTHY:
+                self._on_monitor_tick(self._worker_group)
+                if watch:
+                    if changed:
+                        self.metrics.incr("agent", "membership_restarts")
+                        self._restart_workers(self._worker_group, "rendezvous membership changed")
+                else:
+                    waiting = handler.num_nodes_waiting()
+                    if waiting > 0:
+                        self.metrics.incr("agent", "membership_restarts")
+                        self._restart_workers(self._worker_group, f"{waiting} node(s) waiting to join")
+            else:
+                raise RuntimeError(f"[{spec.role}] worker group in unexpected state {state.value}")
+
+    def _exit_barrier(self) -> None:
+        wg = self._worker_group
+        if self._store is None or wg.group_world_size is None:
+            return
+        start = time.monotonic()
+        self._in_exit_barrier = True
+        try:
+            ok = exit_barrier(self._store, wg.group_world_size, self._exit_barrier_timeout)
+            if ok:
+                _log.info("all agents done after %.2fs at the exit barrier", time.monotonic() - start)
+            else:
+                _log.warning(
+                    "exit barrier: not all %d agents finished within %.0fs; exiting anyway",
+                    wg.group_world_size,
+                    self._exit_barrier_timeout,
+                )
+        except SignalException:
+            raise
+        except Exception as e:  # the job is done; a store gone at exit must not turn success into failure
+            _log.warning("exit barrier failed after %.2fs: %s", time.monotonic() - start, e)
+        finally:
+            self._in_exit_barrier = False
+
+    # events -------------------------------------------------------------------------
+    def _event(self, name: str, **metadata: Any) -> None:
+        wg = self._worker_group
+        spec = wg.spec
+        md: dict[str, Any] = {
+            "run_id": spec.rdzv_handler.get_run_id(),
+            "role": spec.role,
+            "group_rank": wg.group_rank,
+            "hostname": socket.gethostname(),
+            "rdzv_backend": spec.rdzv_handler.get_backend(),
+        }
+        md.update(metadata)
+        record(Event(name=name, source=EventSource.AGENT, metadata=md), self._event_sink)
+
+    def _record_worker_events(self, result: RunResult) -> None:
+        wg = self._worker_group
+        for worker in wg.workers:
+            failure = result.failures.get(worker.global_rank)
+            state = result.state.value if failure is None else WorkerState.FAILED.value
+            md: dict[str, Any] = {
+                "run_id": wg.spec.rdzv_handler.get_run_id(),
+                "role": wg.spec.role,
+                "global_rank": worker.global_rank,
+                "local_rank": worker.local_rank,
+                "group_rank": wg.group_rank,
+                "worker_id": str(worker.id),
+                "state": state,
+                "restart_count": self.restart_count,
+                "raw_error": None,
+                "exitcode": None,
+            }
+            if failure is not None:
+                md["exitcode"] = failure.exitcode
+                md["raw_error"] = json.dumps(failure.error_file_data) if failure.error_file_data else None
+            record(
+                Event(name=f"kelastic.worker.{state}", source=EventSource.WORKER, metadata=md),
+                self._event_sink,
+            )

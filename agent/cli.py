@@ -1,0 +1,382 @@
+"""``kelastic-agent`` (also ``python -m kelastic.agent``): a drop-in for ``torchrun``.
+
+Takes torchrun's flags with torchrun's defaults, except that the rendezvous
+backend defaults to ``kelastic``. Every flag also has its underscore spelling
+(``--nproc_per_node``) and falls back to the ``PET_<FLAG>`` environment
+variable (``PET_NNODES``, ``PET_NPROC_PER_NODE``, ...) when not given on the
+command line, the torchrun/Kubeflow convention. ``--health-port`` serves
+``/healthz`` and ``/readyz`` for Kubernetes probes.
+
+Exit status: 0 only when this node's workers succeeded. A worker failure
+prints a failure summary naming the root cause (rank, host, exit code or
+signal, error file and traceback) and exits 1; a rendezvous that cannot be
+reached or formed prints what it waited for and exits 1; a signal to the agent
+stops the workers with the same signal and exits ``128 + signal``; bad flags
+are usage errors (exit 2).
+
+Without ``--rdzv-endpoint``, a single-node run (``--nnodes 1``) and
+``--standalone`` host an embedded rendezvous store on loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import runpy
+import signal
+import socket
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kelastic.agent import contract
+from kelastic.agent.multiprocessing import Std
+
+__all__ = ["LaunchConfig", "build_parser", "config_from_args", "main", "parse_nnodes", "parse_nproc_per_node"]
+
+_log = logging.getLogger("kelastic.agent")
+
+_BACKENDS_HINT = "kelastic (default), c10d or static"
+
+
+@dataclass
+class LaunchConfig:
+    """Everything the agent needs, resolved from flags and ``PET_*`` variables."""
+
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    run_id: str
+    role: str = "default"
+    rdzv_backend: str = "kelastic"
+    rdzv_endpoint: str = ""
+    rdzv_configs: dict[str, Any] = field(default_factory=dict)
+    standalone: bool = False
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    start_method: str = "spawn"
+    log_dir: str | None = None
+    redirects: Std | dict[int, Std] = Std.NONE
+    tee: Std | dict[int, Std] = Std.NONE
+    local_ranks_filter: set[int] | None = None
+    local_addr: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    health_port: int | None = None
+    entrypoint: Callable[..., Any] | str = ""
+    args: tuple[Any, ...] = ()
+    entrypoint_name: str = ""
+
+
+# --- parsing (pure) -----------------------------------------------------------------------------
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """``"4"`` → (4, 4); ``"2:4"`` → (2, 4). ValueError unless 1 <= min <= max."""
+    parts = text.strip().split(":")
+    try:
+        if len(parts) == 1:
+            lo = hi = int(parts[0])
+        elif len(parts) == 2:
+            lo, hi = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"--nnodes must be N or MIN:MAX (integers), got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise ValueError(f"--nnodes needs 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
+def parse_nproc_per_node(text: str) -> int:
+    """An integer >= 1, or ``auto`` (accelerators if any, else CPUs), ``cpu`` or ``gpu``."""
+    text = text.strip()
+    if text.lstrip("-").isdigit():
+        n = int(text)
+        if n < 1:
+            raise ValueError(f"--nproc-per-node must be >= 1, got {n}")
+        return n
+    if text == "cpu":
+        return os.cpu_count() or 1
+    if text in ("gpu", "auto"):
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.device_count()
+        if text == "gpu":
+            raise ValueError(
+                "--nproc-per-node gpu: CUDA is not available on this node; use an integer, cpu or auto"
+            )
+        return os.cpu_count() or 1
+    raise ValueError(f"--nproc-per-node must be an integer, auto, cpu or gpu, got {text!r}")
+
+
+def parse_rdzv_conf(text: str) -> dict[str, str]:
+    """``"k=v,k2=v2"`` → dict; ValueError naming the bad pair."""
+    conf: dict[str, str] = {}
+    for pair in (p.strip() for p in text.split(",")):
+        if not pair:
+            continue
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--rdzv-conf expects key=value pairs separated by commas, got {pair!r}")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def parse_ranks_filter(text: str) -> set[int] | None:
+    if not text.strip():
+        return None
+    try:
+        ranks = {int(r) for r in text.split(",") if r.strip()}
+    except ValueError:
+        raise ValueError(
+            f"--local-ranks-filter must be comma-separated integers like 0,1,2, got {text!r}"
+        ) from None
+    if not ranks or min(ranks) < 0:
+        raise ValueError(f"--local-ranks-filter must name local ranks >= 0, got {text!r}")
+    return ranks
+
+
+def _env_default(dest: str, default: Any) -> Any:
+    return os.environ.get(f"{contract.PET_PREFIX}{dest.upper()}", default)
+
+
+def _env_flag(dest: str) -> bool:
+    value = os.environ.get(f"{contract.PET_PREFIX}{dest.upper()}", "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """torchrun's flags (dash and underscore spellings, ``PET_*`` fallbacks) plus ``--health-port``."""
+    p = argparse.ArgumentParser(
+        prog="kelastic-agent",
+        description="Start and supervise this node's workers of an elastic PyTorch job (torchrun-compatible).",
+    )
+
+    def names(name: str, short: str | None) -> tuple[str, list[str]]:
+        dest = name.replace("-", "_")
+        flags = ([short] if short else []) + [f"--{name}"] + ([f"--{dest}"] if dest != name else [])
+        return dest, flags
+
+    def opt(name: str, *, default: Any, help: str, short: str | None = None, **kw: Any) -> None:
+        dest, flags = names(name, short)
+        p.add_argument(*flags, dest=dest, default=_env_default(dest, default), help=help, **kw)
+
+    def flag(name: str, *, help: str, short: str | None = None) -> None:
+        dest, flags = names(name, short)
+        p.add_argument(*flags, dest=dest, action="store_true", default=_env_flag(dest), help=help)
+
+    opt("nnodes", default="1:1", type=str, help="number of nodes, N or MIN:MAX (default 1:1)")
+    opt(
+        "nproc-per-node",
+        default="1",
+        type=str,
+        help="workers per node: an integer, auto, cpu or gpu (default 1)",
+    )
+    opt("rdzv-backend", default="kelastic", type=str, help=f"rendezvous backend: {_BACKENDS_HINT}")
+    opt("rdzv-endpoint", default="", type=str, help="rendezvous store HOST:PORT")
+    opt("rdzv-id", default="none", type=str, help="job id shared by all nodes of a job")
+    opt(
+        "rdzv-conf",
+        default="",
+        type=str,
+        help="extra rendezvous settings, key=value,... (e.g. join_timeout=600)",
+    )
+    flag("standalone", help="single-node job with an embedded rendezvous store on a free port")
+    opt("max-restarts", default=0, type=int, help="worker group restarts before failing (default 0)")
+    opt("monitor-interval", default=0.1, type=float, help="seconds between worker checks (default 0.1)")
+    opt(
+        "start-method",
+        default="spawn",
+        type=str,
+        choices=["spawn", "fork", "forkserver"],
+        help="how callables are started (default spawn)",
+    )
+    opt("role", default="default", type=str, help="role of this node's workers")
+    flag("module", short="-m", help="run the script as a Python module (python -m)")
+    flag("no-python", help="run the script as a program, without prepending python")
+    flag("run-path", help="run the script with runpy.run_path in the worker instead of a new interpreter")
+    opt(
+        "log-dir",
+        default=None,
+        type=str,
+        help="base directory of worker logs (default: a temporary directory)",
+    )
+    opt(
+        "redirects",
+        short="-r",
+        default="0",
+        type=str,
+        help="redirect std streams to files: 0-3 or rank:0-3,...",
+    )
+    opt(
+        "tee",
+        short="-t",
+        default="0",
+        type=str,
+        help="tee std streams to files and console: 0-3 or rank:0-3,...",
+    )
+    opt(
+        "local-ranks-filter",
+        default="",
+        type=str,
+        help="show console output of these local ranks only (e.g. 0,1)",
+    )
+    opt("node-rank", default=0, type=int, help="this node's rank (static backend only)")
+    opt("master-addr", default="127.0.0.1", type=str, help="master address (static backend only)")
+    opt("master-port", default=29500, type=int, help="master port (static backend only)")
+    opt(
+        "local-addr",
+        default=None,
+        type=str,
+        help="address peers reach this node on (default: this host's name)",
+    )
+    opt("health-port", default=None, type=int, help="serve /healthz and /readyz on this port")
+    p.add_argument("training_script", type=str, help="the script (or module, or program) each worker runs")
+    p.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments of the script")
+    return p
+
+
+def _run_script_path(script: str, *args: str) -> None:
+    """Worker body of ``--run-path``: run ``script`` as ``__main__`` with ``args`` as argv."""
+    sys.argv = [script, *args]
+    runpy.run_path(script, run_name="__main__")
+
+
+def config_from_args(args: argparse.Namespace) -> LaunchConfig:
+    """Resolve parsed flags into a :class:`LaunchConfig`; ValueError names the bad flag."""
+    min_nodes, max_nodes = parse_nnodes(args.nnodes)
+    nproc = parse_nproc_per_node(args.nproc_per_node)
+    if args.max_restarts < 0:
+        raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if not args.monitor_interval > 0:
+        raise ValueError(f"--monitor-interval must be > 0, got {args.monitor_interval}")
+    if args.module and args.no_python:
+        raise ValueError("-m/--module and --no-python are mutually exclusive")
+    if args.run_path and (args.module or args.no_python):
+        raise ValueError("--run-path cannot be combined with -m/--module or --no-python")
+    if args.health_port is not None and not 0 <= args.health_port < 65536:
+        raise ValueError(f"--health-port must be in 0..65535, got {args.health_port}")
+    rdzv_conf: dict[str, Any] = parse_rdzv_conf(args.rdzv_conf)
+    backend = args.rdzv_backend.strip()
+    endpoint = args.rdzv_endpoint.strip()
+    run_id = args.rdzv_id
+    standalone = bool(args.standalone)
+    if standalone:
+        if backend not in ("kelastic", "c10d"):
+            raise ValueError(
+                f"--standalone uses the kelastic backend; it conflicts with --rdzv-backend {backend}"
+            )
+        backend, endpoint = "kelastic", ""
+        run_id = str(uuid.uuid4())
+    master_addr = master_port = None
+    if backend == "static":
+        rdzv_conf["rank"] = args.node_rank
+        if not endpoint:
+            endpoint = f"{args.master_addr}:{args.master_port}"
+        master_addr, master_port = None, None  # static's rendezvous hands them out
+    elif backend == "kelastic" and not endpoint:
+        if max_nodes > 1 and not standalone:
+            raise ValueError(
+                f"--rdzv-endpoint HOST:PORT is required with --rdzv-backend kelastic and --nnodes {args.nnodes}; "
+                "point it at a kelastic-rendezvous store, or use --standalone for a single node"
+            )
+        standalone = True
+    elif not endpoint:
+        raise ValueError(f"--rdzv-endpoint HOST:PORT is required with --rdzv-backend {backend}")
+    if endpoint and not standalone:
+        host, sep, port = endpoint.rpartition(":")
+        if backend != "c10d" and (not sep or not host or not port.isdigit()):
+            raise ValueError(f"--rdzv-endpoint must be HOST:PORT, got {endpoint!r}")
+
+    script = args.training_script
+    script_args = list(args.training_script_args)
+    entrypoint: Callable[..., Any] | str
+    if args.no_python:
+        entrypoint, cmd_args = script, script_args
+    elif args.module:
+        entrypoint, cmd_args = sys.executable, ["-u", "-m", script, *script_args]
+    elif args.run_path:
+        entrypoint, cmd_args = _run_script_path, [script, *script_args]
+    else:
+        entrypoint, cmd_args = sys.executable, ["-u", script, *script_args]
+
+    return LaunchConfig(
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        nproc_per_node=nproc,
+        run_id=run_id,
+        role=args.role,
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        rdzv_configs=rdzv_conf,
+        standalone=standalone,
+        max_restarts=args.max_restarts,
+        monitor_interval=args.monitor_interval,
+        start_method=args.start_method,
+        log_dir=args.log_dir,
+        redirects=Std.from_str(args.redirects),
+        tee=Std.from_str(args.tee),
+        local_ranks_filter=parse_ranks_filter(args.local_ranks_filter),
+        local_addr=args.local_addr,
+        master_addr=master_addr,
+        master_port=master_port,
+        health_port=args.health_port,
+        entrypoint=entrypoint,
+        args=tuple(cmd_args),
+        entrypoint_name=os.path.basename(script),
+    )
+
+
+# --- running --------------------------------------------------------------------------------------
+
+
+def run(config: LaunchConfig) -> int:
+    """Run the agent for ``config``; return the process exit status."""
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    from kelastic.agent.launch import launch_agent
+    from kelastic.agent.multiprocessing import SignalException, install_signal_handlers
+    from kelastic.agent.summary import format_failure_summary
+
+    # From here on SIGTERM & co. raise SignalException, so workers are stopped with the same signal.
+    install_signal_handlers()
+    try:
+        result = launch_agent(config)
+    except SignalException as e:
+        _log.warning("stopped by %s", signal.Signals(e.sigval).name)
+        return 128 + int(e.sigval)
+    except (RendezvousError, TimeoutError, ConnectionError, OSError, RuntimeError) as e:
+        print(f"kelastic-agent: {config.entrypoint_name} could not run: {e}", file=sys.stderr, flush=True)
+        return 1
+    if result.is_failed():
+        if result.failures:
+            print(
+                format_failure_summary(config.entrypoint_name, result.failures, socket.getfqdn()),
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            print(f"kelastic-agent: {config.entrypoint_name} FAILED", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point; exits with the status documented in the module docstring."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
+    logging.basicConfig(
+        level=os.environ.get("LOGLEVEL", "INFO").upper(),
+        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    sys.exit(run(config))

@@ -1,0 +1,97 @@
+"""HTTP health endpoints of the agent, for Kubernetes probes.
+
+``GET /healthz`` answers 200 while the agent process is alive and its serving
+thread runs (liveness). ``GET /readyz`` answers 200 while the agent's workers
+are running and 503 otherwise, e.g. during rendezvous or after the workers
+finished (readiness). Both bodies are small JSON documents; any other path is
+404. The server runs on a daemon thread and never blocks the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+__all__ = ["HealthServer"]
+
+_log = logging.getLogger(__name__)
+
+
+class HealthServer:
+    """Serves ``/healthz`` and ``/readyz`` on ``host:port`` (``port=0`` picks a free port).
+
+    ``is_ready`` is called on every ``/readyz`` request; ``detail`` (optional)
+    returns extra JSON-serialisable fields for both bodies (e.g. the worker state).
+    Binding happens in the constructor, so an address in use fails at once with
+    an ``OSError`` naming the port.
+    """
+
+    def __init__(
+        self,
+        port: int,
+        is_ready: Callable[[], bool],
+        *,
+        host: str = "0.0.0.0",
+        detail: Callable[[], dict[str, object]] | None = None,
+    ) -> None:
+        self._is_ready = is_ready
+        self._detail = detail or (lambda: {})
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/healthz":
+                    outer._reply(self, 200, {"status": "alive"})
+                elif path == "/readyz":
+                    try:
+                        ready = bool(outer._is_ready())
+                    except Exception as e:  # a broken callback means "not ready", not a crash
+                        _log.warning("readiness check raised: %s", e)
+                        ready = False
+                    outer._reply(self, 200 if ready else 503, {"status": "ready" if ready else "not ready"})
+                else:
+                    outer._reply(self, 404, {"error": f"unknown path {path}; use /healthz or /readyz"})
+
+            def log_message(self, format: str, *args: object) -> None:
+                return None  # probes every few seconds would flood the agent's log
+
+        try:
+            self._server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot serve health endpoints on {host}:{port}: {e.strerror}") from e
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    def _reply(self, handler: BaseHTTPRequestHandler, code: int, body: dict[str, object]) -> None:
+        try:
+            extra = self._detail()
+        except Exception:
+            extra = {}
+        data = json.dumps({**body, **extra}).encode()
+        handler.send_response(code)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> HealthServer:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="kelastic-health", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._server.server_close()

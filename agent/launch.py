@@ -1,0 +1,124 @@
+"""Compose one agent run from a :class:`~kelastic.agent.cli.LaunchConfig`.
+
+:func:`launch_agent` builds the rendezvous handler (kelastic's, or torch's
+``c10d``/``static`` unchanged), the worker spec and the local agent, serves the
+health endpoints when asked, runs the agent and tears everything down:
+
+* on a normal end (success or failure) the rendezvous is shut down, which
+  closes it for the job (peers waiting in it give up instead of waiting for a
+  node that will not come back);
+* when the agent is stopped by a signal (a pod being deleted) the rendezvous
+  is *not* closed: the other nodes carry on without this one.
+
+``--standalone`` (or a single-node run without an endpoint) hosts an embedded
+rendezvous store on a loopback port the agent bound itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+import kelastic.agent.rendezvous  # noqa: F401  (registers the "kelastic" backend with torch)
+from kelastic.agent.api import RunResult, WorkerSpec, WorkerState
+from kelastic.agent.health import HealthServer
+from kelastic.agent.local_agent import LocalElasticAgent
+from kelastic.agent.multiprocessing import SignalException
+
+if TYPE_CHECKING:
+    from kelastic.agent.cli import LaunchConfig
+
+__all__ = ["launch_agent"]
+
+_log = logging.getLogger(__name__)
+
+
+def _embedded_store() -> tuple[Any, str]:
+    """A TCPStore on a loopback port we bound ourselves, and its endpoint."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
+    return store, f"127.0.0.1:{store.port}"
+
+
+def launch_agent(config: LaunchConfig) -> RunResult:
+    """Run this node's agent to completion; see the module docstring for teardown rules.
+
+    Raises :class:`~kelastic.agent.multiprocessing.SignalException` when stopped by a
+    signal and rendezvous errors (closed, timed out, unreachable) as they come.
+    """
+    embedded = None
+    endpoint = config.rdzv_endpoint
+    if config.standalone:
+        embedded, endpoint = _embedded_store()
+    health: HealthServer | None = None
+    agent: LocalElasticAgent | None = None
+
+    def ready() -> bool:
+        return agent is not None and WorkerState.is_running(agent.get_worker_group().state)
+
+    if config.health_port is not None:
+        health = HealthServer(config.health_port, ready).start()
+        _log.info("serving /healthz and /readyz on port %d", health.port)
+    handler = None
+    shutdown_rdzv = True
+    try:
+        params = RendezvousParameters(
+            backend=config.rdzv_backend,
+            endpoint=endpoint,
+            run_id=config.run_id,
+            min_nodes=config.min_nodes,
+            max_nodes=config.max_nodes,
+            local_addr=config.local_addr,
+            **config.rdzv_configs,
+        )
+        handler = get_rendezvous_handler(params)
+        spec = WorkerSpec(
+            role=config.role,
+            local_world_size=config.nproc_per_node,
+            rdzv_handler=handler,
+            entrypoint=config.entrypoint,
+            args=config.args,
+            max_restarts=config.max_restarts,
+            monitor_interval=config.monitor_interval,
+            master_addr=config.master_addr,
+            master_port=config.master_port,
+            local_addr=config.local_addr,
+            redirects=config.redirects,
+            tee=config.tee,
+        )
+        agent = LocalElasticAgent(
+            spec,
+            start_method=config.start_method,
+            log_dir=config.log_dir,
+            local_ranks_filter=config.local_ranks_filter,
+            rdzv_endpoint=endpoint,
+        )
+        _log.info(
+            "agent for %s: nnodes=%d:%d nproc_per_node=%d backend=%s endpoint=%s run_id=%s logs=%s",
+            config.entrypoint_name,
+            config.min_nodes,
+            config.max_nodes,
+            config.nproc_per_node,
+            config.rdzv_backend,
+            endpoint,
+            config.run_id,
+            agent.run_log_dir,
+        )
+        return agent.run()
+    except SignalException:
+        shutdown_rdzv = False
+        raise
+    finally:
+        if handler is not None and shutdown_rdzv:
+            try:
+                handler.shutdown()
+            except Exception as e:  # best effort: the store may already be gone
+                _log.warning("rendezvous shutdown failed: %s", e)
+        if health is not None:
+            health.stop()
+        if embedded is not None:
+            del embedded

@@ -1,0 +1,304 @@
+"""``LocalElasticAgent``: runs this node's workers as local processes via ``start_processes``.
+
+Every worker gets torchrun's variables (:data:`kelastic.agent.contract.WORKER_ENV_VARS`,
+``TORCHELASTIC_USE_AGENT_STORE`` and ``KELASTIC_PROGRESS_FILE``); when several
+ranks share the node and ``OMP_NUM_THREADS`` is not set, it is set to 1 so the
+ranks do not oversubscribe the CPUs.
+
+Logs: ``<log_dir>/<run_id>/attempt_<n>/<local_rank>/`` where ``n`` counts every
+start of the workers on this node (restarts after failures and after membership
+changes alike), continuing after the attempts an earlier agent left in the same
+directory, so no log is ever overwritten. Without ``log_dir`` a temporary
+directory is used.
+
+Progress: the agent owns the node's one progress display
+(:mod:`kelastic.agent.progress`), pointed at the progress files of the current
+attempt. With the kelastic rendezvous backend it also publishes the node's
+progress (the slowest local rank's step) to the rendezvous store at most once
+per second, where the operator reads the job's progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kelastic.agent import contract
+from kelastic.agent.api import RunResult, SimpleElasticAgent, WorkerGroup, WorkerSpec, WorkerState
+from kelastic.agent.events import EventSink
+from kelastic.agent.metrics import Metrics
+from kelastic.agent.multiprocessing import PContext, Std, start_processes, to_std_map
+
+__all__ = ["LocalElasticAgent", "worker_env"]
+
+_log = logging.getLogger(__name__)
+
+_PROGRESS_PUBLISH_PERIOD = 1.0
+
+
+def worker_env(
+    spec: WorkerSpec,
+    group: WorkerGroup,
+    local_rank: int,
+    *,
+    restart_count: int,
+    run_id: str,
+    use_agent_store: bool,
+    progress_file: str,
+    base_env: Mapping[str, str],
+) -> dict[str, str]:
+    """The variables a worker gets on top of the agent's environment (pure)."""
+    worker = group.workers[local_rank]
+    env = {
+        "RANK": str(worker.global_rank),
+        "LOCAL_RANK": str(local_rank),
+        "GROUP_RANK": str(group.group_rank),
+        "ROLE_RANK": str(worker.role_rank),
+        "ROLE_NAME": spec.role,
+        "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+        "WORLD_SIZE": str(worker.world_size),
+        "GROUP_WORLD_SIZE": str(group.group_world_size),
+        "ROLE_WORLD_SIZE": str(worker.role_world_size),
+        "MASTER_ADDR": str(group.master_addr),
+        "MASTER_PORT": str(group.master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": str(use_agent_store),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": base_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        contract.ENV_PROGRESS_FILE: progress_file,
+    }
+    if "OMP_NUM_THREADS" in base_env:
+        env["OMP_NUM_THREADS"] = base_env["OMP_NUM_THREADS"]
+    elif spec.local_world_size > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _substitute_local_rank(args: tuple[Any, ...], local_rank: int) -> tuple[Any, ...]:
+    """torchrun's ``${local_rank}`` macro in string arguments."""
+    return tuple(a.replace("${local_rank}", str(local_rank)) if isinstance(a, str) else a for a in args)
+
+
+def node_name() -> str:
+    """This node's name in the rendezvous: ``$KELASTIC_NODE_NAME`` or ``<hostname>_<pid>``."""
+    return os.environ.get(contract.ENV_NODE_NAME) or f"{socket.gethostname()}_{os.getpid()}"
+
+
+class LocalElasticAgent(SimpleElasticAgent):
+    """Starts the workers with :func:`~kelastic.agent.multiprocessing.start_processes`.
+
+    ``local_ranks_filter`` limits console output to those local ranks: the
+    others are redirected to their log files only. ``progress`` turns the
+    node's progress display on (default). ``rdzv_endpoint`` is where progress
+    is published when the backend is kelastic.
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        *,
+        start_method: str = "spawn",
+        log_dir: str | os.PathLike[str] | None = None,
+        local_ranks_filter: set[int] | None = None,
+        exit_barrier_timeout: float = 300.0,
+        membership_grace: float = 3.0,
+        event_sink: EventSink | None = None,
+        metrics: Metrics | None = None,
+        progress: bool = True,
+        rdzv_endpoint: str | None = None,
+    ) -> None:
+        super().__init__(
+            spec,
+            exit_barrier_timeout=exit_barrier_timeout,
+            membership_grace=membership_grace,
+            event_sink=event_sink,
+            metrics=metrics,
+        )
+        self._start_method = start_method
+        base = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="kelastic_"))
+        self._run_log_dir = base / spec.rdzv_handler.get_run_id()
+        self._attempt_base: int | None = None
+        self._local_ranks_filter = local_ranks_filter
+        self._pcontext: PContext | None = None
+        self._progress_files: dict[int, str] = {}
+        self._display: Any = None
+        self._show_progress = progress
+        self._rdzv_endpoint = rdzv_endpoint
+        self._progress_store: Any = None
+        self._last_publish = 0.0
+        self._publish_failed_logged = False
+
+    @property
+    def run_log_dir(self) -> Path:
+        return self._run_log_dir
+
+    def _attempt_dir(self) -> Path:
+        if self._attempt_base is None:
+            used = [
+                int(m.group(1))
+                for p in (self._run_log_dir.iterdir() if self._run_log_dir.is_dir() else ())
+                if (m := re.fullmatch(r"attempt_(\d+)", p.name))
+            ]
+            self._attempt_base = max(used) + 1 if used else 0
+        return self._run_log_dir / f"attempt_{self._attempt_base + self.attempt}"
+
+    def _std_maps(self, nprocs: int) -> tuple[dict[int, Std], dict[int, Std]]:
+        spec = self._worker_group.spec
+        redirects = to_std_map(spec.redirects, nprocs)
+        tee = to_std_map(spec.tee, nprocs)
+        if self._local_ranks_filter is not None:
+            for lr in range(nprocs):
+                if lr not in self._local_ranks_filter:
+                    redirects[lr] = redirects[lr] | tee[lr] | Std.ALL
+                    tee[lr] = Std.NONE
+        return redirects, tee
+
+    # SimpleElasticAgent ---------------------------------------------------------------------
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        spec = worker_group.spec
+        attempt_dir = self._attempt_dir()
+        attempt_dir.parent.mkdir(parents=True, exist_ok=True)
+        handler = spec.rdzv_handler
+        run_id = handler.get_run_id()
+        use_agent_store = bool(getattr(handler, "use_agent_store", False))
+        base_env = dict(os.environ)
+        n = spec.local_world_size
+        self._progress_files = {lr: str(attempt_dir / str(lr) / "progress.json") for lr in range(n)}
+        envs = {
+            lr: worker_env(
+                spec,
+                worker_group,
+                lr,
+                restart_count=self.restart_count,
+                run_id=run_id,
+                use_agent_store=use_agent_store,
+                progress_file=self._progress_files[lr],
+                base_env=base_env,
+            )
+            for lr in range(n)
+        }
+        args = {lr: _substitute_local_rank(spec.args, lr) for lr in range(n)}
+        redirects, tee = self._std_maps(n)
+        display = self._ensure_display()
+        self._pcontext = start_processes(
+            name=spec.role,
+            entrypoint=spec.entrypoint,  # type: ignore[arg-type]
+            args=args,
+            envs=envs,
+            log_dir=str(attempt_dir),
+            start_method=self._start_method,
+            redirects=redirects,
+            tee=tee,
+            progbar_events=self._progbar_events(display),
+        )
+        self._point_display(display)
+        return dict(self._pcontext.pids())
+
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        self._close_workers(signal.SIGTERM)
+
+    def _close_workers(self, death_sig: signal.Signals) -> None:
+        if self._pcontext is not None:
+            pc, self._pcontext = self._pcontext, None
+            pc.close(death_sig=death_sig)
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        if self._pcontext is None:
+            return RunResult(state=WorkerState.UNKNOWN)
+        result = self._pcontext.wait(0)
+        if result is None:
+            return RunResult(state=WorkerState.HEALTHY)
+        by_local = {w.local_rank: w.global_rank for w in worker_group.workers}
+        if result.is_failed():
+            return RunResult(
+                state=WorkerState.FAILED,
+                failures={by_local[lr]: f for lr, f in result.failures.items()},
+            )
+        return RunResult(
+            state=WorkerState.SUCCEEDED,
+            return_values={by_local[lr]: v for lr, v in result.return_values.items()},
+        )
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM) -> None:
+        self._close_workers(death_sig)
+        self._stop_display()
+        if self._progress_store is not None:
+            self._progress_store = None
+
+    def _on_monitor_tick(self, worker_group: WorkerGroup) -> None:
+        now = time.monotonic()
+        if now - self._last_publish < _PROGRESS_PUBLISH_PERIOD:
+            return
+        self._last_publish = now
+        self._publish_progress()
+
+    # progress ---------------------------------------------------------------------------------
+    def _ensure_display(self) -> Any:
+        if not self._show_progress:
+            return None
+        if self._display is None:
+            from kelastic.agent.progress import ProgressDisplay
+
+            self._display = ProgressDisplay()
+            self._display.start()
+        return self._display
+
+    @staticmethod
+    def _progbar_events(display: Any) -> Any:
+        return None if display is None else display.progbar_events
+
+    def _point_display(self, display: Any) -> None:
+        if display is not None:
+            display.set_files(self._progress_files)
+
+    def _stop_display(self) -> None:
+        if self._display is not None:
+            display, self._display = self._display, None
+            display.stop()
+
+    def node_progress(self) -> tuple[int, int | None] | None:
+        """(slowest local rank's step, total) of the current attempt, or None before any report."""
+        from kelastic.agent.progress import read_report
+
+        reports = [read_report(p) for p in self._progress_files.values()]
+        got = [r for r in reports if r is not None]
+        if not got:
+            return None
+        totals = [r.total for r in got if r.total is not None]
+        return min(r.step for r in got), (max(totals) if totals else None)
+
+    def _publish_progress(self) -> None:
+        spec = self._worker_group.spec
+        if spec.rdzv_handler.get_backend() != "kelastic" or not self._rdzv_endpoint:
+            return
+        progress = self.node_progress()
+        if progress is None:
+            return
+        from kelastic.agent.rendezvous import control
+
+        try:
+            if self._progress_store is None:
+                self._progress_store = control.connect(self._rdzv_endpoint, timeout=2.0)
+            control.publish_progress(
+                self._progress_store,
+                spec.rdzv_handler.get_run_id(),
+                node_name(),
+                step=progress[0],
+                total=progress[1],
+                restarts=self.restart_count,
+            )
+            self._publish_failed_logged = False
+        except Exception as e:  # progress is best effort; the store may be restarting
+            self._progress_store = None
+            if not self._publish_failed_logged:
+                _log.warning("could not publish progress to %s: %s", self._rdzv_endpoint, e)
+                self._publish_failed_logged = True

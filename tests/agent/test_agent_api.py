@@ -1,0 +1,251 @@
+"""The agent's pure rank assignment, its store I/O, spec validation and the monitor-loop decisions."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
+from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
+
+from kelastic.agent.api import (
+    RankAssignment,
+    RoleInstanceInfo,
+    RunResult,
+    SimpleElasticAgent,
+    WorkerGroup,
+    WorkerSpec,
+    WorkerState,
+    assign_ranks,
+    exchange_rank_assignments,
+    exit_barrier,
+)
+from kelastic.agent.events import MemorySink
+from kelastic.agent.multiprocessing import ProcessFailure, SignalException
+
+
+def _store() -> TCPStore:
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+
+
+class OneNodeHandler(RendezvousHandler):
+    """A real single-node rendezvous over a real TCPStore; membership changes are scripted by the test."""
+
+    def __init__(self, changes: list[bool] | None = None) -> None:
+        self.store = _store()
+        self.rounds = 0
+        self.changes = list(changes or [])
+        self.shutdowns = 0
+
+    def get_backend(self) -> str:
+        return "test"
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        self.rounds += 1
+        from torch.distributed import PrefixStore
+
+        store = PrefixStore(f"round{self.rounds}", self.store)
+        return RendezvousInfo(store, 0, 1, RendezvousStoreInfo("127.0.0.1", 29999))
+
+    def is_closed(self) -> bool:
+        return False
+
+    def set_closed(self) -> None:
+        pass
+
+    def num_nodes_waiting(self) -> int:
+        return 0
+
+    def get_run_id(self) -> str:
+        return "run-test"
+
+    def shutdown(self) -> bool:
+        self.shutdowns += 1
+        return True
+
+    # kelastic's extension: membership watching
+    def membership_changed(self) -> bool:
+        return False
+
+    def wait_membership_change(self, timeout: float) -> bool:
+        return self.changes.pop(0) if self.changes else False
+
+
+class ScriptedAgent(SimpleElasticAgent):
+    """Workers whose states follow a script: exercises the loop's decisions, not processes."""
+
+    def __init__(self, spec: WorkerSpec, states: list[Any], **kw: Any) -> None:
+        super().__init__(spec, exit_barrier_timeout=5, membership_grace=0.01, event_sink=MemorySink(), **kw)
+        self.states = list(states)
+        self.starts: list[int] = []
+        self.shutdown_signals: list[signal.Signals] = []
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        self.starts.append(self.restart_count)
+        return {w.local_rank: 1000 + w.local_rank for w in worker_group.workers}
+
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        pass
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        state = self.states.pop(0)
+        if isinstance(state, BaseException):
+            raise state
+        if state == WorkerState.FAILED:
+            return RunResult(state, failures={0: ProcessFailure(0, 1000, 1, "")})
+        return RunResult(state)
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM) -> None:
+        self.shutdown_signals.append(death_sig)
+
+
+def _spec(handler: RendezvousHandler, **kw: Any) -> WorkerSpec:
+    return WorkerSpec(role="trainer", local_world_size=2, rdzv_handler=handler, entrypoint="python", **kw)
+
+
+def test_homogeneous_ranks_are_offsets_by_group_rank() -> None:
+    got = assign_ranks([RoleInstanceInfo("w", r, 2) for r in (2, 0, 1)])
+    assert got == {
+        0: RankAssignment(0, 6, 0, 6),
+        1: RankAssignment(2, 6, 2, 6),
+        2: RankAssignment(4, 6, 4, 6),
+    }
+
+
+def test_heterogeneous_ranks_and_role_ranks() -> None:
+    infos = [
+        RoleInstanceInfo("trainer", 0, 2),
+        RoleInstanceInfo("ps", 1, 1),
+        RoleInstanceInfo("trainer", 2, 3),
+    ]
+    got = assign_ranks(infos)
+    assert [got[r].base_global_rank for r in range(3)] == [0, 2, 3]
+    assert {a.global_world_size for a in got.values()} == {6}
+    assert (got[1].base_role_rank, got[1].role_world_size) == (0, 1)
+    assert (got[0].base_role_rank, got[0].role_world_size) == (0, 5)
+    assert (got[2].base_role_rank, got[2].role_world_size) == (2, 5)
+
+
+def test_ranks_need_contiguous_group_ranks() -> None:
+    with pytest.raises(ValueError, match=r"group ranks 0\.\.1"):
+        assign_ranks([RoleInstanceInfo("w", 0, 1), RoleInstanceInfo("w", 2, 1)])
+
+
+def test_exchange_over_a_real_store() -> None:
+    server = _store()
+    sizes = {0: 1, 1: 3, 2: 2}
+    out: dict[int, RankAssignment] = {}
+
+    def agent(rank: int) -> None:
+        client = TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=10))
+        out[rank] = exchange_rank_assignments(client, rank, 3, "w", sizes[rank], timeout=10)
+
+    threads = [threading.Thread(target=agent, args=(r,)) for r in (2, 1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert [out[r].base_global_rank for r in range(3)] == [0, 1, 4]
+    assert {a.global_world_size for a in out.values()} == {6}
+
+
+def test_exchange_names_what_it_waited_for() -> None:
+    with pytest.raises(TimeoutError, match="rank assignment from group rank 0"):
+        exchange_rank_assignments(_store(), 1, 2, "w", 1, timeout=0.3)
+
+
+def test_exit_barrier_releases_all_and_times_out_alone() -> None:
+    server = _store()
+    results: list[bool] = []
+
+    def agent() -> None:  # one client per agent, as in real life
+        client = TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=10))
+        results.append(exit_barrier(client, 2, 5))
+
+    threads = [threading.Thread(target=agent) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert results == [True, True]
+    assert exit_barrier(_store(), 2, 0.2) is False
+
+
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        ({"role": ""}, "role"),
+        ({"local_world_size": 0}, "local_world_size"),
+        ({"local_world_size": "2"}, "local_world_size"),
+        ({"entrypoint": None}, "entrypoint"),
+        ({"entrypoint": 3}, "entrypoint"),
+        ({"max_restarts": -1}, "max_restarts"),
+        ({"monitor_interval": 0}, "monitor_interval"),
+        ({"master_port": 70000}, "master_port"),
+        ({"rdzv_handler": None}, "rdzv_handler"),
+    ],
+)
+def test_spec_validation_names_the_field(kw: dict[str, Any], needle: str) -> None:
+    base: dict[str, Any] = {
+        "role": "w",
+        "local_world_size": 1,
+        "rdzv_handler": OneNodeHandler(),
+        "entrypoint": "python",
+    }
+    base.update(kw)
+    with pytest.raises(ValueError, match=needle):
+        WorkerSpec(**base)
+
+
+def test_is_running() -> None:
+    running = {s for s in WorkerState if WorkerState.is_running(s)}
+    assert running == {WorkerState.HEALTHY, WorkerState.UNHEALTHY}
+
+
+def test_failures_spend_restarts_until_exhausted() -> None:
+    H, F = WorkerState.HEALTHY, WorkerState.FAILED
+    agent = ScriptedAgent(_spec(OneNodeHandler(), max_restarts=1), [H, F, H, F])
+    result = agent.run()
+    assert result.is_failed() and 0 in result.failures
+    assert agent.starts == [0, 1]  # TORCHELASTIC_RESTART_COUNT seen by each start
+    assert agent.restart_count == 1
+
+
+def test_membership_change_restarts_without_spending() -> None:
+    H, S = WorkerState.HEALTHY, WorkerState.SUCCEEDED
+    handler = OneNodeHandler(changes=[False, True, False])
+    agent = ScriptedAgent(_spec(handler, max_restarts=0), [H, H, S])
+    result = agent.run()
+    assert result.state == S
+    assert agent.starts == [0, 0]
+    assert handler.rounds == 2
+    assert agent.metrics.counters()["agent.membership_restarts"] == 1
+
+
+def test_failure_during_membership_change_is_free() -> None:
+    F, S = WorkerState.FAILED, WorkerState.SUCCEEDED
+    handler = OneNodeHandler(changes=[True, False])
+    agent = ScriptedAgent(_spec(handler, max_restarts=0), [F, S])
+    assert agent.run().state == S
+    assert agent.starts == [0, 0]
+
+
+def test_signal_stops_workers_with_the_same_signal() -> None:
+    agent = ScriptedAgent(_spec(OneNodeHandler()), [SignalException("stop", sigval=signal.SIGHUP)])
+    with pytest.raises(SignalException):
+        agent.run()
+    assert agent.shutdown_signals == [signal.SIGHUP]
+
+
+def test_events_are_recorded() -> None:
+    agent = ScriptedAgent(_spec(OneNodeHandler()), [WorkerState.SUCCEEDED])
+    agent.run()
+    names = agent._event_sink.names()  # type: ignore[attr-defined]
+    assert names[0] == "kelastic.agent.rendezvous"
+    assert "kelastic.agent.workers_started" in names
+    assert names.count("kelastic.worker.SUCCEEDED") == 2
+    assert names[-1] == "kelastic.agent.succeeded"

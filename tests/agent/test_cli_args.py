@@ -1,0 +1,127 @@
+"""kelastic-agent's flags: torchrun's set, underscore spellings, PET_* fallbacks, clear usage errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kelastic.agent.cli import (
+    build_parser,
+    config_from_args,
+    parse_nnodes,
+    parse_nproc_per_node,
+    parse_rdzv_conf,
+)
+from kelastic.agent.multiprocessing import Std
+
+OPERATOR_ARGS = [
+    "--nnodes", "2:4", "--nproc-per-node", "2", "--rdzv-backend", "kelastic",
+    "--rdzv-endpoint", "127.2.0.5:29400", "--rdzv-id", "uid-1", "--max-restarts", "3",
+    "--local-addr", "127.1.0.7", "--health-port", "8081", "train.py", "--lr", "0.1",
+]  # fmt: skip
+
+
+def _config(argv: list[str]):
+    return config_from_args(build_parser().parse_args(argv))
+
+
+def test_operator_command_line() -> None:
+    c = _config(OPERATOR_ARGS)
+    assert (c.min_nodes, c.max_nodes, c.nproc_per_node) == (2, 4, 2)
+    assert (c.rdzv_backend, c.rdzv_endpoint, c.run_id) == ("kelastic", "127.2.0.5:29400", "uid-1")
+    assert (c.max_restarts, c.local_addr, c.health_port) == (3, "127.1.0.7", 8081)
+    assert c.entrypoint == sys.executable
+    assert c.args == ("-u", "train.py", "--lr", "0.1")
+    assert not c.standalone
+
+
+def test_underscore_spellings_and_short_flags() -> None:
+    c = _config(
+        ["--nproc_per_node", "3", "--max_restarts", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", "h:1",
+         "--monitor_interval", "0.5", "-r", "3", "-t", "0:1,1:2", "--local_ranks_filter", "0,2", "x.py"]
+    )  # fmt: skip
+    assert (c.nproc_per_node, c.max_restarts, c.rdzv_backend, c.monitor_interval) == (3, 1, "c10d", 0.5)
+    assert c.redirects == Std.ALL
+    assert c.tee == {0: Std.OUT, 1: Std.ERR}
+    assert c.local_ranks_filter == {0, 2}
+
+
+def test_pet_environment_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PET_NNODES", "1:3")
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "4")
+    monkeypatch.setenv("PET_RDZV_ENDPOINT", "store:29400")
+    monkeypatch.setenv("PET_RDZV_ID", "job-7")
+    monkeypatch.setenv("PET_MAX_RESTARTS", "5")
+    c = _config(["t.py"])
+    assert (c.min_nodes, c.max_nodes, c.nproc_per_node, c.run_id, c.max_restarts) == (1, 3, 4, "job-7", 5)
+    assert c.rdzv_endpoint == "store:29400"
+    # a flag on the command line beats the environment
+    assert _config(["--nproc-per-node", "2", "t.py"]).nproc_per_node == 2
+
+
+def test_entrypoint_kinds() -> None:
+    assert _config(["-m", "pkg.train", "a"]).args == ("-u", "-m", "pkg.train", "a")
+    c = _config(["--no-python", "/bin/echo", "hi"])
+    assert (c.entrypoint, c.args) == ("/bin/echo", ("hi",))
+    c = _config(["--run-path", "t.py", "a"])
+    assert callable(c.entrypoint) and c.args == ("t.py", "a")
+
+
+def test_single_node_without_endpoint_is_standalone() -> None:
+    assert _config(["t.py"]).standalone
+    c = _config(["--standalone", "--rdzv-id", "x", "t.py"])
+    assert c.standalone and c.rdzv_backend == "kelastic" and c.run_id != "x"
+
+
+def test_static_backend_uses_master_address() -> None:
+    c = _config(["--rdzv-backend", "static", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
+                 "--master-port", "1234", "t.py"])  # fmt: skip
+    assert c.rdzv_endpoint == "10.0.0.1:1234"
+    assert c.rdzv_configs["rank"] == 1
+
+
+def test_parsers() -> None:
+    assert parse_nnodes("3") == (3, 3)
+    assert parse_nnodes("2:4") == (2, 4)
+    for bad in ("0", "4:2", "a", "1:2:3", ""):
+        with pytest.raises(ValueError, match="--nnodes"):
+            parse_nnodes(bad)
+    assert parse_nproc_per_node("2") == 2
+    assert parse_nproc_per_node("cpu") >= 1
+    assert parse_nproc_per_node("auto") >= 1
+    with pytest.raises(ValueError, match="CUDA"):
+        parse_nproc_per_node("gpu")
+    for bad in ("0", "-1", "many"):
+        with pytest.raises(ValueError, match="--nproc-per-node"):
+            parse_nproc_per_node(bad)
+    assert parse_rdzv_conf("join_timeout=5, last_call_timeout=1") == {
+        "join_timeout": "5",
+        "last_call_timeout": "1",
+    }
+    with pytest.raises(ValueError, match="'oops'"):
+        parse_rdzv_conf("a=1,oops")
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--nnodes", "3:2", "t.py"], "--nnodes"),
+        (["--nproc-per-node", "lots", "t.py"], "--nproc-per-node"),
+        (["--max-restarts", "x", "t.py"], "--max-restarts"),
+        (["--start-method", "teleport", "t.py"], "--start-method"),
+        (["--nnodes", "2:4", "t.py"], "--rdzv-endpoint"),
+        (["-m", "--no-python", "t.py"], "mutually exclusive"),
+        (["-r", "7", "t.py"], "std stream mask"),
+        (["--rdzv-conf", "novalue", "t.py"], "--rdzv-conf"),
+        ([], "training_script"),
+    ],
+)
+def test_bad_flags_are_usage_errors(argv: list[str], needle: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "kelastic.agent", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "usage: kelastic-agent" in proc.stderr
+    assert needle in proc.stderr
