@@ -1,0 +1,147 @@
+"""examples/train.py: trains under torchrun and plain python, and resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "examples" / "train.py"
+
+
+def history(directory: Path) -> list[dict[str, Any]]:
+    path = directory / "history.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run(
+    cmd: list[str], timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=REPO
+    )
+    assert result.returncode == 0, (
+        f"{cmd} exited {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    )
+    return result
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (torchrun puts each worker in a session of its own)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, ppid in parents.items() if ppid == parent]
+        found.extend(children)
+        frontier.extend(children)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    for victim in [*descendants(pid), pid]:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def torchrun(nproc: int, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(TRAIN),
+        *args,
+    ]
+
+
+def test_single_process_run_without_kelastic_installed(tmp_path: Path) -> None:
+    """The progress import is guarded: the script runs where kelastic cannot be imported."""
+    blocker = (
+        "import runpy, sys; sys.modules['kelastic'] = None; "  # makes `import kelastic...` raise ImportError
+        f"sys.argv = [{str(TRAIN)!r}, '--steps', '30', '--checkpoint-dir', {str(tmp_path)!r}]; "
+        f"runpy.run_path({str(TRAIN)!r}, run_name='__main__')"
+    )
+    result = run([sys.executable, "-c", blocker], timeout=60)
+    assert "done: 30 steps" in result.stdout
+    events = history(tmp_path)
+    assert [e["event"] for e in events] == ["start", "checkpoint", "checkpoint", "done"]
+    assert events[0] == {**events[0], "step": 0, "world_size": 1}
+    assert [e["step"] for e in events if e["event"] == "checkpoint"] == [20, 30]
+    assert (tmp_path / "checkpoint.pt").exists()
+    assert not list(tmp_path.glob(".*.tmp")), "a temporary checkpoint file was left behind"
+
+
+def test_bad_arguments_name_the_flag() -> None:
+    result = subprocess.run(
+        [sys.executable, str(TRAIN), "--steps", "0"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and "--steps must be >= 1, got 0" in result.stderr
+
+
+@pytest.mark.slow
+def test_killed_group_resumes_from_last_checkpoint_at_another_world_size(tmp_path: Path) -> None:
+    """torchrun with 2 ranks is SIGKILLed mid-run; a 1-process run resumes at the last checkpoint."""
+    ckpt = tmp_path / "ckpt"
+    first = subprocess.Popen(
+        torchrun(
+            2,
+            "--steps",
+            "120",
+            "--step-delay",
+            "0.05",
+            "--checkpoint-every",
+            "10",
+            "--checkpoint-dir",
+            str(ckpt),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any(e["event"] == "checkpoint" and e["step"] >= 30 for e in history(ckpt)):
+            assert first.poll() is None, f"torchrun exited early:\n{first.communicate()[0]}"
+            assert time.monotonic() < deadline, (
+                f"no checkpoint at step >= 30 within 60 s; history: {history(ckpt)}"
+            )
+            time.sleep(0.1)
+    finally:
+        kill_tree(first.pid)
+        output = first.communicate(timeout=30)[0]
+    before = history(ckpt)
+    assert before[0]["event"] == "start" and before[0]["world_size"] == 2, output
+    assert not any(e["event"] == "done" for e in before), (
+        f"the first run finished before it was killed: {before}\n{output}"
+    )
+    last_checkpoint = max(e["step"] for e in before if e["event"] == "checkpoint")
+
+    result = run([sys.executable, str(TRAIN), "--steps", "120", "--checkpoint-dir", str(ckpt)], timeout=60)
+    assert f"resumed from checkpoint at step {last_checkpoint}" in result.stdout
+    after = history(ckpt)[len(before) :]
+    assert after[0] == {**after[0], "event": "start", "step": last_checkpoint, "world_size": 1}
+    assert after[-1]["event"] == "done" and after[-1]["step"] == 120
+    assert after[-1]["loss"] < 1.0, f"the model did not learn across the restart: {after[-1]}"
