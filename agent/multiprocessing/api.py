@@ -1,0 +1,344 @@
+"""``start_processes`` and the ``PContext`` contract shared by both kinds of rank.
+
+How the agent uses this module (one call per attempt of the local worker group)::
+
+    ctx = start_processes(
+        name="trainer", entrypoint="/usr/bin/python3", args={0: ("train.py",), 1: ("train.py",)},
+        envs={0: {...}, 1: {...}}, log_dir=attempt_dir, redirects=Std.ALL, tee=Std.ALL,
+        progbar_events=display.events,        # kelastic.agent.progress.ProgressDisplay
+    )
+    try:
+        while (result := ctx.wait(timeout=5)) is None:
+            ...                                # health checks, membership changes
+    except SignalException as e:
+        ctx.close(death_sig=e.sigval)          # stop ranks with the signal we got
+        raise
+    finally:
+        ctx.close()                            # idempotent; kills every rank's whole tree
+
+``start_processes`` returns an already started context. ``log_dir`` must be new or empty
+for every call (use one directory per attempt).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import os
+import select
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from threading import Event
+from typing import Any
+
+from .errors import ERROR_FILE_ENV, ProcessFailure, RunProcsResult
+from .proctree import descendants, is_alive, signal_trees
+from .signals import install_signal_handlers, restore_signal_handlers
+from .std import Std, to_std_map
+from .tail_log import TailLog
+
+__all__ = ["PContext", "RankLogs", "prepare_log_dir", "start_processes", "validate_rank_keys"]
+
+logger = logging.getLogger(__name__)
+
+START_METHODS = ("spawn", "fork", "forkserver")
+
+
+@dataclass(frozen=True)
+class RankLogs:
+    """Where one rank's streams and error file go. Empty path = stream not redirected."""
+
+    stdout: str
+    stderr: str
+    error_file: str
+    tee_stdout: bool
+    tee_stderr: bool
+
+
+def validate_rank_keys(args: Mapping[int, Any], envs: Mapping[int, Any]) -> int:
+    """Check that ``args`` and ``envs`` are both keyed by exactly ``0..n-1``; return ``n``.
+
+    ``n`` is ``len(args)``. Raises ``ValueError`` naming the missing and extra ranks.
+    """
+    nprocs = len(args)
+    expected = set(range(nprocs))
+    problems = []
+    for label, mapping in (("args", args), ("envs", envs)):
+        missing = sorted(expected - set(mapping))
+        extra = sorted(set(mapping) - expected, key=repr)
+        if missing:
+            problems.append(f"{label} is missing local ranks {missing}")
+        if extra:
+            problems.append(f"{label} has extra keys {extra}")
+    if problems:
+        raise ValueError(
+            f"args and envs must both be keyed by local ranks 0..{nprocs - 1} ({nprocs} ranks, from len(args)): "
+            + "; ".join(problems)
+        )
+    return nprocs
+
+
+def prepare_log_dir(log_dir: str | os.PathLike[str], nprocs: int) -> Path:
+    """Create ``log_dir`` and one sub-directory per rank; refuse one that already has content."""
+    path = Path(log_dir)
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"log_dir {path} exists and is not a directory; pass a new or empty directory")
+        if any(path.iterdir()):
+            raise ValueError(
+                f"log_dir {path} is not empty; pass a new or empty directory for every start_processes call "
+                "so that logs and error files of different attempts never mix"
+            )
+    for rank in range(nprocs):
+        (path / str(rank)).mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def rank_logs(log_dir: Path, redirects: Mapping[int, Std], tee: Mapping[int, Std], rank: int) -> RankLogs:
+    """Log paths for ``rank``: tee implies redirect (the console copy is read back from the file)."""
+    streams = redirects[rank] | tee[rank]
+    rank_dir = log_dir / str(rank)
+    return RankLogs(
+        stdout=str(rank_dir / "stdout.log") if streams & Std.OUT else "",
+        stderr=str(rank_dir / "stderr.log") if streams & Std.ERR else "",
+        error_file=str(rank_dir / "error.json"),
+        tee_stdout=bool(tee[rank] & Std.OUT),
+        tee_stderr=bool(tee[rank] & Std.ERR),
+    )
+
+
+class PContext(abc.ABC):
+    """A group of local ranks started together: ``start``, ``wait``, ``pids``, ``close``.
+
+    Guarantees: ``close`` (idempotent) leaves no process of any rank's tree alive and no
+    zombie of ours; ranks also die if the launching process is killed outright; when a
+    rank fails, ``wait`` stops the others (SIGTERM) and reports the failures.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        entrypoint: Callable[..., Any] | str,
+        args: Mapping[int, tuple[Any, ...]],
+        envs: Mapping[int, Mapping[str, str]],
+        logs: Mapping[int, RankLogs],
+        progbar_events: dict[str, Event] | None = None,
+    ) -> None:
+        self.name = name
+        self.entrypoint = entrypoint
+        self.args = dict(args)
+        self.envs = {rank: {**env, ERROR_FILE_ENV: logs[rank].error_file} for rank, env in envs.items()}
+        self.logs = dict(logs)
+        self.nprocs = len(args)
+        self.progbar_events = progbar_events
+        self._tails: list[TailLog] = []
+        self._prev_handlers: dict[signal.Signals, Any] | None = None
+        self._result: RunProcsResult | None = None
+        self._started = False
+        self._closed = False
+        out = {r: lg.stdout for r, lg in logs.items() if lg.tee_stdout}
+        err = {r: lg.stderr for r, lg in logs.items() if lg.tee_stderr}
+        if out:
+            self._tails.append(TailLog(name, out, sys.stdout, progbar_events=progbar_events))
+        if err:
+            self._tails.append(TailLog(name, err, sys.stderr, progbar_events=progbar_events))
+
+    # -- what each kind of rank provides -------------------------------------------------
+    @abc.abstractmethod
+    def _start(self) -> None:
+        """Start every rank."""
+
+    @abc.abstractmethod
+    def _exitcode(self, rank: int) -> int | None:
+        """Exit code of ``rank`` (reaping it), or None while it runs. Negative = signal."""
+
+    @abc.abstractmethod
+    def _sentinels(self) -> list[int]:
+        """File descriptors that become readable when a rank exits."""
+
+    @abc.abstractmethod
+    def _return_values(self) -> dict[int, Any]:
+        """Per-rank return values once every rank exited with code 0."""
+
+    @abc.abstractmethod
+    def pids(self) -> dict[int, int]:
+        """``{local_rank: pid}`` of the rank processes."""
+
+    def _release(self) -> None:  # noqa: B027 - optional hook
+        """Free per-context resources after every rank is gone."""
+
+    # -- the contract ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the ranks and the console tailers; in the main thread, install handlers
+        that turn SIGTERM/SIGINT/SIGHUP/SIGQUIT into ``SignalException``."""
+        if self._started:
+            raise RuntimeError(f"process context {self.name!r} was already started")
+        self._started = True
+        self._prev_handlers = install_signal_handlers()
+        self._start()
+        for tail in self._tails:
+            tail.start()
+
+    def _outcome(self) -> RunProcsResult | None:
+        codes = {rank: self._exitcode(rank) for rank in range(self.nprocs)}
+        stdouts = {r: lg.stdout for r, lg in self.logs.items()}
+        stderrs = {r: lg.stderr for r, lg in self.logs.items()}
+        pids = self.pids()
+        failed = {r: c for r, c in codes.items() if c is not None and c != 0}
+        if failed:
+            failures = {
+                r: ProcessFailure(local_rank=r, pid=pids[r], exitcode=c, error_file=self.logs[r].error_file)
+                for r, c in failed.items()
+            }
+            return RunProcsResult(failures=failures, stdouts=stdouts, stderrs=stderrs)
+        if all(c == 0 for c in codes.values()):
+            return RunProcsResult(return_values=self._return_values(), stdouts=stdouts, stderrs=stderrs)
+        return None
+
+    def wait(self, timeout: float = -1, period: float = 1) -> RunProcsResult | None:
+        """Wait for the run to finish: every rank succeeded, or one failed.
+
+        ``timeout`` 0 polls once; negative waits forever; otherwise up to ``timeout`` s.
+        Returns None if still running. On the first failure the other ranks are stopped
+        (``close()``) and the result lists the ranks that failed. Wakes as soon as a rank
+        exits; ``period`` only bounds how long one sleep may be.
+        """
+        if not self._started:
+            raise RuntimeError(f"process context {self.name!r} was not started; call start() first")
+        if self._result is not None:
+            return self._result
+        deadline = None if timeout < 0 else time.monotonic() + timeout
+        while True:
+            if self._closed:
+                return None  # closed by the caller while running: nothing more will finish
+            result = self._outcome()
+            if result is not None:
+                self._result = result
+                self.close()
+                return result
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            nap = max(period, 0.01) if remaining is None else min(max(period, 0.01), remaining)
+            try:
+                select.select(self._sentinels(), [], [], nap)
+            except (OSError, ValueError):
+                time.sleep(min(nap, 0.05))
+
+    def close(self, death_sig: signal.Signals | int = signal.SIGTERM, timeout: float = 30) -> None:
+        """Stop every rank and its whole process tree; idempotent.
+
+        Sends ``death_sig`` to each rank's process group and every descendant, waits up to
+        ``timeout`` s, then SIGKILLs whatever is left, reaps the ranks, and drains the
+        console tailers (every line the ranks wrote is printed before this returns).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._started:
+                self._terminate(int(death_sig), timeout)
+        finally:
+            for tail in self._tails:
+                tail.stop()
+            restore_signal_handlers(self._prev_handlers)
+            self._release()
+
+    def _live_ranks(self) -> list[int]:
+        return [pid for rank, pid in self.pids().items() if self._exitcode(rank) is None]
+
+    def _terminate(self, sig: int, timeout: float) -> None:
+        leaders = list(self.pids().values())
+        live = self._live_ranks()
+        tree = descendants(live) | set(live)
+        signal_trees(leaders, tree, sig)
+        deadline = time.monotonic() + max(timeout, 0)
+        while time.monotonic() < deadline:
+            if not self._live_ranks() and not any(is_alive(p) for p in tree):
+                break
+            time.sleep(0.02)
+        else:
+            live = self._live_ranks()
+            if live:
+                logger.warning(
+                    "%s: ranks with pids %s did not exit within %.1f s of %s; sending SIGKILL",
+                    self.name,
+                    live,
+                    timeout,
+                    signal.Signals(sig).name,
+                )
+        # Always finish with SIGKILL on what remains of the trees (including processes
+        # started after the first scan and ones that ignored death_sig).
+        tree |= descendants(self._live_ranks() + [p for p in tree if is_alive(p)])
+        signal_trees(leaders, [p for p in tree if is_alive(p)] + self._live_ranks(), signal.SIGKILL)
+        kill_deadline = time.monotonic() + 10
+        while self._live_ranks():
+            if time.monotonic() > kill_deadline:
+                logger.error("%s: ranks %s still alive 10 s after SIGKILL", self.name, self._live_ranks())
+                break
+            time.sleep(0.01)
+
+
+def start_processes(
+    name: str,
+    entrypoint: Callable[..., Any] | str,
+    args: Mapping[int, tuple[Any, ...]],
+    envs: Mapping[int, Mapping[str, str]],
+    log_dir: str | os.PathLike[str],
+    start_method: str = "spawn",
+    redirects: Std | int | Mapping[int, Std | int] = Std.NONE,
+    tee: Std | int | Mapping[int, Std | int] = Std.NONE,
+    progbar_events: dict[str, Event] | None = None,
+) -> PContext:
+    """Start ``len(args)`` local ranks and return the started :class:`PContext`.
+
+    - ``entrypoint``: a callable (run with ``multiprocessing`` using ``start_method``;
+      it must be picklable for spawn/forkserver; its return value comes back in
+      ``RunProcsResult.return_values``) or the path/name of a binary (run as a
+      subprocess; each argument is passed as ``str(arg)``).
+    - ``args``/``envs``: keyed by local rank, both exactly ``0..n-1``. ``envs[rank]`` is
+      added to the launcher's environment for that rank; ``TORCHELASTIC_ERROR_FILE``
+      is set to ``{log_dir}/{rank}/error.json``.
+    - ``redirects``/``tee``: ``Std`` masks for all ranks or ``{rank: Std}`` (missing
+      ranks = NONE). Redirected streams go to ``{log_dir}/{rank}/stdout.log`` /
+      ``stderr.log``; teed streams are redirected *and* printed to the launcher's
+      stdout/stderr with a ``[{name}{local_rank}]:`` header.
+    - ``progbar_events``: ``ProgressDisplay.events`` of the node's progress display, so
+      console lines never tear the bar; None when there is no display.
+
+    Raises ``ValueError`` for inconsistent ranks, an unknown start method, a missing
+    binary, or a ``log_dir`` that exists and is not empty; ``TypeError`` for an
+    entrypoint that is neither callable nor str.
+    """
+    from .multiprocess_context import MultiprocessContext
+    from .subprocess_context import SubprocessContext
+
+    nprocs = validate_rank_keys(args, envs)
+    if not isinstance(entrypoint, str) and not callable(entrypoint):
+        raise TypeError(
+            f"entrypoint must be a callable or a binary path (str), got {type(entrypoint).__name__}"
+        )
+    if isinstance(entrypoint, str) and shutil.which(entrypoint) is None:
+        raise ValueError(f"entrypoint binary {entrypoint!r} was not found or is not executable")
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {', '.join(START_METHODS)}; got {start_method!r}")
+    redirect_map = to_std_map(redirects, nprocs)
+    tee_map = to_std_map(tee, nprocs)
+    root = prepare_log_dir(log_dir, nprocs)
+    logs = {rank: rank_logs(root, redirect_map, tee_map, rank) for rank in range(nprocs)}
+    context: PContext
+    if isinstance(entrypoint, str):
+        context = SubprocessContext(name, entrypoint, args, envs, logs, progbar_events)
+    else:
+        context = MultiprocessContext(name, entrypoint, args, envs, logs, progbar_events, start_method)
+    try:
+        context.start()
+    except BaseException:
+        context.close(timeout=5)
+        raise
+    return context
