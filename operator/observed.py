@@ -1,0 +1,154 @@
+"""What the operator observes about one ElasticJob, as plain immutable values.
+
+The handlers turn API objects into these views (``pod_view``, ``service_view``) and
+the rendezvous store's answer into a :class:`RendezvousView`; the reconcile core
+only ever sees these, which keeps it pure and table-testable.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kelastic.agent import contract
+from kelastic.operator.spec import parse_time
+
+__all__ = ["Observed", "PodPhase", "PodView", "RendezvousView", "ServiceView", "pod_view", "service_view"]
+
+
+class PodPhase(str, enum.Enum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True)
+class PodView:
+    """A pod labelled as part of a job.
+
+    ``exit_code``/``signal``/``reason`` describe how the worker container ended
+    (None while it runs); ``finished_at`` is when it ended. ``owner_uid`` is the
+    uid of the controlling ElasticJob (a pod of an earlier job of the same name has
+    another one).
+    """
+
+    name: str
+    uid: str
+    role: str | None
+    index: int | None
+    phase: PodPhase
+    ready: bool = False
+    terminating: bool = False
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    finished_at: datetime | None = None
+    owner_uid: str | None = None
+    pod_ip: str | None = None
+
+    @property
+    def active(self) -> bool:
+        """Pending or Running and not being deleted."""
+        return not self.terminating and self.phase in (PodPhase.PENDING, PodPhase.RUNNING, PodPhase.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class ServiceView:
+    name: str
+    uid: str
+    cluster_ip: str | None
+    terminating: bool = False
+    owner_uid: str | None = None
+
+
+@dataclass(frozen=True)
+class RendezvousView:
+    """The store's view of the job (from ``kelastic.agent.rendezvous.control.read_status``)."""
+
+    world_size: int
+    restarts: int
+    members: tuple[str, ...] = ()
+    step: int | None = None
+    total: int | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    now: datetime
+    pods: Sequence[PodView] = ()
+    services: Sequence[ServiceView] = ()
+    #: None when the store was not asked or could not be reached.
+    rendezvous: RendezvousView | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _owner_uid(metadata: Mapping[str, Any]) -> str | None:
+    for ref in metadata.get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref.get("uid")
+    return None
+
+
+def pod_view(body: Mapping[str, Any], worker_container: str | None = None) -> PodView:
+    """Summarise a pod object; ``worker_container`` names the container whose end counts."""
+    metadata = body.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    status = body.get("status") or {}
+    index_label = labels.get(contract.LABEL_REPLICA_INDEX)
+    index = int(index_label) if isinstance(index_label, str) and index_label.isdigit() else None
+    try:
+        phase = PodPhase(status.get("phase") or "Pending")
+    except ValueError:
+        phase = PodPhase.UNKNOWN
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+    exit_code = signal = None
+    reason = status.get("reason")
+    finished_at = None
+    statuses = list(status.get("containerStatuses") or [])
+    if worker_container is None:
+        containers = (body.get("spec") or {}).get("containers") or []
+        worker_container = containers[0].get("name") if containers else None
+    statuses.sort(key=lambda s: s.get("name") != worker_container)
+    for cs in statuses:
+        term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+        if not term:
+            continue
+        exit_code = term.get("exitCode")
+        signal = term.get("signal")
+        reason = term.get("reason") or reason
+        finished_at = parse_time(term.get("finishedAt"))
+        break
+    return PodView(
+        name=str(metadata.get("name", "")),
+        uid=str(metadata.get("uid", "")),
+        role=labels.get(contract.LABEL_ROLE),
+        index=index,
+        phase=phase,
+        ready=ready,
+        terminating=bool(metadata.get("deletionTimestamp")),
+        exit_code=exit_code,
+        signal=signal,
+        reason=reason,
+        finished_at=finished_at,
+        owner_uid=_owner_uid(metadata),
+        pod_ip=status.get("podIP"),
+    )
+
+
+def service_view(body: Mapping[str, Any]) -> ServiceView:
+    metadata = body.get("metadata") or {}
+    cluster_ip = (body.get("spec") or {}).get("clusterIP")
+    return ServiceView(
+        name=str(metadata.get("name", "")),
+        uid=str(metadata.get("uid", "")),
+        cluster_ip=cluster_ip if cluster_ip and cluster_ip != "None" else None,
+        terminating=bool(metadata.get("deletionTimestamp")),
+        owner_uid=_owner_uid(metadata),
+    )

@@ -1,0 +1,648 @@
+"""The pure reconcile core: ``reconcile(job, observed, config) -> Decision``.
+
+Level-based: the decision depends only on the job (spec and last written status)
+and what is observed now, never on which event arrived. Running it twice on the
+same input gives the same result; applying its actions and running it again
+converges, so a lost or repeated event, or an operator restarted mid-job, changes
+nothing. Everything it must remember between passes lives in the status it
+returns (``backoffCount``, ``countedFailures``, ``belowMinSince``, ``scaledTo``,
+``startTime``), so several operator replicas or restarts agree.
+
+The handlers apply ``Decision.actions`` in order (Service before pods), post an
+Event for each, then write ``Decision.status`` when it differs from the old one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kelastic.agent import contract
+from kelastic.operator import builders
+from kelastic.operator.observed import Observed, PodPhase, PodView, ServiceView
+from kelastic.operator.spec import CleanPodPolicy, Job, JobSpec, RestartPolicy, format_time, parse_time
+from kelastic.operator.status import (
+    CONDITION_INVALID,
+    TERMINAL_PHASES,
+    Phase,
+    find_condition,
+    progress_text,
+    set_condition,
+    set_phase,
+)
+
+__all__ = [
+    "Action",
+    "CreatePod",
+    "CreateService",
+    "Decision",
+    "DeleteJob",
+    "DeletePod",
+    "DeleteService",
+    "Emit",
+    "PublishMembership",
+    "ReconcileConfig",
+    "reconcile",
+]
+
+# ---------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class Action:
+    """Something the handlers do to the cluster. ``reason``/``message`` become its Event."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CreateService(Action):
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CreatePod(Action):
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeletePod(Action):
+    name: str = ""
+    uid: str = ""
+
+
+@dataclass(frozen=True)
+class DeleteService(Action):
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class DeleteJob(Action):
+    pass
+
+
+@dataclass(frozen=True)
+class PublishMembership(Action):
+    """Tell the rendezvous which worker pods are alive and runnable now."""
+
+    endpoint: str = ""
+    run_id: str = ""
+    nodes: tuple[str, ...] = ()
+    min_nodes: int = 1
+    max_nodes: int = 1
+    #: Changes when the store restarts, so the handler republishes to the new one.
+    store_id: str = ""
+
+
+@dataclass(frozen=True)
+class Emit(Action):
+    """An Event without a cluster change (a state transition or a failure)."""
+
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class ReconcileConfig:
+    #: Fail the job when fewer than minReplicas workers ran for this long (seconds).
+    min_replicas_timeout: float = 300.0
+    #: After the first worker succeeded, how long the others get to finish (seconds).
+    success_grace: float = 30.0
+    build: builders.BuildConfig = field(default_factory=builders.BuildConfig)
+
+
+@dataclass(frozen=True)
+class Decision:
+    actions: tuple[Action, ...]
+    status: dict[str, Any]
+    #: Reconcile again after this many seconds at the latest (deadlines, TTL, grace).
+    requeue_after: float | None = None
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+@dataclass
+class _Pass:
+    """Mutable scratch state of one reconcile pass."""
+
+    job: Job
+    observed: Observed
+    config: ReconcileConfig
+    status: dict[str, Any]
+    actions: list[Action] = field(default_factory=list)
+    requeue: list[float] = field(default_factory=list)
+
+    @property
+    def now(self) -> datetime:
+        return self.observed.now
+
+    def conditions(self) -> list[dict[str, Any]]:
+        return list(self.status.get("conditions") or [])
+
+    def phase(self, phase: Phase, reason: str, message: str, *, warning: bool = False) -> None:
+        """Enter ``phase``; emits an Event when the phase or its reason changes."""
+        prior = self.job.status
+        prior_cond = find_condition(prior.get("conditions") or [], phase.value)
+        changed = (
+            prior.get("phase") != phase.value
+            or prior_cond is None
+            or prior_cond.get("status") != "True"
+            or prior_cond.get("reason") != reason
+        )
+        self.status["phase"] = phase.value
+        self.status["conditions"] = set_phase(self.conditions(), phase, reason, message, self.now)
+        if changed:
+            self.actions.append(Emit(reason=reason, message=message, warning=warning))
+
+    def after(self, seconds: float) -> None:
+        self.requeue.append(max(0.0, seconds))
+
+
+def _workers(p: _Pass) -> list[PodView]:
+    uid = p.job.meta.uid
+    return [
+        pod
+        for pod in p.observed.pods
+        if pod.role == contract.ROLE_WORKER and pod.index is not None and pod.owner_uid in (uid, None)
+    ]
+
+
+def _stores(p: _Pass) -> list[PodView]:
+    uid = p.job.meta.uid
+    return [
+        pod
+        for pod in p.observed.pods
+        if pod.role == contract.ROLE_RENDEZVOUS and pod.owner_uid in (uid, None)
+    ]
+
+
+def _service(p: _Pass) -> ServiceView | None:
+    name = builders.store_service_name(p.job.meta.name)
+    for svc in p.observed.services:
+        if svc.name == name:
+            return svc
+    return None
+
+
+def _seconds_since(now: datetime, then: datetime | None) -> float:
+    return (now - then).total_seconds() if then else 0.0
+
+
+def _retryable(pod: PodView, policy: RestartPolicy) -> bool:
+    """Whether a failed worker pod is recreated (True) or fails the job (False)."""
+    if policy is RestartPolicy.NEVER:
+        return False
+    if policy is RestartPolicy.ON_FAILURE:
+        return True
+    # ExitCode: no exit code (evicted, node lost) or a signal is infrastructure, not the program.
+    if pod.exit_code is None or pod.signal:
+        return True
+    return pod.exit_code >= 128 or pod.exit_code < 0
+
+
+def _describe_failure(pod: PodView) -> str:
+    parts = [f"worker pod {pod.name} (index {pod.index})"]
+    if pod.signal:
+        parts.append(f"was killed by signal {pod.signal}")
+    elif pod.exit_code is not None:
+        parts.append(f"exited with code {pod.exit_code}")
+    else:
+        parts.append("failed")
+    if pod.reason:
+        parts.append(f"({pod.reason})")
+    return " ".join(parts)
+
+
+def _replica_status(workers: Sequence[PodView], backoff_count: int) -> dict[str, int]:
+    permanent_failed = sum(1 for w in workers if w.phase is PodPhase.FAILED)
+    return {
+        "active": sum(1 for w in workers if w.active),
+        "ready": sum(1 for w in workers if w.active and w.ready),
+        "succeeded": sum(1 for w in workers if w.phase is PodPhase.SUCCEEDED),
+        "failed": backoff_count + permanent_failed,
+    }
+
+
+# ---------------------------------------------------------------------------- the core
+
+
+def reconcile(job: Job, observed: Observed, config: ReconcileConfig | None = None) -> Decision:
+    """Decide the actions and the status for ``job`` given ``observed``. Pure; never raises."""
+    config = config or ReconcileConfig()
+    prior = dict(job.status or {})
+    status: dict[str, Any] = dict(prior)
+    status["selector"] = builders.worker_selector(job.meta.name)
+    status["observedGeneration"] = job.meta.generation
+    p = _Pass(job=job, observed=observed, config=config, status=status)
+
+    if job.deleting:
+        # The API server's garbage collector removes what the job owns.
+        return Decision((), prior)
+
+    workers = _workers(p)
+
+    if job.spec is None:
+        _invalid(p, workers)
+    else:
+        spec = job.spec
+        invalid = find_condition(prior.get("conditions") or [], CONDITION_INVALID)
+        if invalid is not None and invalid.get("status") == "True":
+            # The spec was fixed: leave the Invalid failure behind and start afresh.
+            status["conditions"] = set_condition(
+                p.conditions(), CONDITION_INVALID, False, "SpecValid", "the spec passed validation", p.now
+            )
+            for key in ("completionTime", "startTime", "belowMinSince", "scaledTo"):
+                status.pop(key, None)
+            status["phase"] = Phase.CREATED.value
+            p.job = Job(job.meta, spec, None, {k: v for k, v in status.items() if k != "phase"}, job.deleting)
+        phase = status.get("phase")
+        if phase in {ph.value for ph in TERMINAL_PHASES}:
+            _finished(p, spec, workers)
+        elif spec.suspend:
+            _suspend(p, spec, workers)
+        else:
+            _active(p, spec, workers)
+
+    status = p.status
+    status["replicaStatuses"] = {"Worker": _replica_status(workers, int(status.get("backoffCount") or 0))}
+    _rendezvous_figures(p)
+    requeue = min(p.requeue) if p.requeue else None
+    return Decision(tuple(p.actions), status, requeue)
+
+
+def _rendezvous_figures(p: _Pass) -> None:
+    status = p.status
+    rdzv = p.observed.rendezvous
+    running = status.get("phase") in (Phase.RUNNING.value, Phase.SCALING.value, Phase.RESTARTING.value)
+    if rdzv is not None:
+        status["worldSize"] = rdzv.world_size if running else 0
+        text = progress_text(rdzv.step, rdzv.total)
+        if text is not None:
+            status["progress"] = text
+    elif not running:
+        status["worldSize"] = 0
+    status.setdefault("worldSize", 0)
+    agent_restarts = rdzv.restarts if rdzv is not None else 0
+    status["restarts"] = max(
+        int(status.get("restarts") or 0), int(status.get("backoffCount") or 0) + agent_restarts
+    )
+
+
+def _invalid(p: _Pass, workers: list[PodView]) -> None:
+    err = p.job.error
+    assert err is not None
+    message = f"invalid ElasticJob: {err}"
+    prior_invalid = find_condition(p.job.status.get("conditions") or [], CONDITION_INVALID)
+    p.status["conditions"] = set_condition(
+        p.conditions(), CONDITION_INVALID, True, "InvalidSpec", message, p.now
+    )
+    if (
+        prior_invalid is None
+        or prior_invalid.get("message") != message
+        or prior_invalid.get("status") != "True"
+    ):
+        p.actions.append(Emit(reason="InvalidSpec", message=message, warning=True))
+    p.status["phase"] = Phase.FAILED.value
+    p.status["conditions"] = set_phase(p.conditions(), Phase.FAILED, "InvalidSpec", message, p.now)
+    p.status.setdefault("completionTime", format_time(p.now))
+    # Without a valid spec there is no policy to follow: stop what still runs.
+    _cleanup(p, workers, CleanPodPolicy.RUNNING)
+
+
+def _cleanup(p: _Pass, workers: list[PodView], policy: CleanPodPolicy) -> None:
+    """Delete what a finished job no longer needs: the store always, workers per ``policy``."""
+    for pod in sorted(workers, key=lambda w: w.index or 0):
+        if pod.terminating or policy is CleanPodPolicy.NONE:
+            continue
+        if policy is CleanPodPolicy.ALL or pod.active:
+            p.actions.append(
+                DeletePod(
+                    reason="CleanPod",
+                    message=f"deleting worker pod {pod.name} (cleanPodPolicy {policy.value})",
+                    name=pod.name,
+                    uid=pod.uid,
+                )
+            )
+    for pod in _stores(p):
+        if not pod.terminating:
+            p.actions.append(
+                DeletePod(
+                    reason="DeleteStore",
+                    message=f"deleting rendezvous store pod {pod.name}",
+                    name=pod.name,
+                    uid=pod.uid,
+                )
+            )
+    svc = _service(p)
+    if svc is not None and not svc.terminating and svc.owner_uid in (p.job.meta.uid, None):
+        p.actions.append(
+            DeleteService(
+                reason="DeleteStore", message=f"deleting rendezvous Service {svc.name}", name=svc.name
+            )
+        )
+
+
+def _finish(p: _Pass, phase: Phase, reason: str, message: str, spec: JobSpec, workers: list[PodView]) -> None:
+    p.phase(phase, reason, message, warning=phase is Phase.FAILED)
+    p.status.setdefault("completionTime", format_time(p.now))
+    p.status.pop("belowMinSince", None)
+    _finished(p, spec, workers)
+
+
+def _finished(p: _Pass, spec: JobSpec, workers: list[PodView]) -> None:
+    _cleanup(p, workers, spec.clean_pod_policy)
+    done = parse_time(p.status.get("completionTime"))
+    if spec.ttl_seconds_after_finished is not None and done is not None:
+        left = spec.ttl_seconds_after_finished - _seconds_since(p.now, done)
+        if left <= 0:
+            p.actions.append(
+                DeleteJob(
+                    reason="TTLExpired",
+                    message=f"deleting the job {spec.ttl_seconds_after_finished}s after it finished (spec.ttlSecondsAfterFinished)",
+                )
+            )
+        else:
+            p.after(left)
+
+
+def _suspend(p: _Pass, spec: JobSpec, workers: list[PodView]) -> None:
+    for pod in [*workers, *_stores(p)]:
+        if not pod.terminating and pod.phase is not PodPhase.SUCCEEDED:
+            p.actions.append(
+                DeletePod(
+                    reason="Suspend",
+                    message=f"deleting pod {pod.name}: the job is suspended",
+                    name=pod.name,
+                    uid=pod.uid,
+                )
+            )
+    p.phase(Phase.SUSPENDED, "Suspended", "spec.suspend is true: pods removed, the job is kept")
+    # The active deadline counts active time only, as for a batch Job.
+    for key in ("startTime", "belowMinSince"):
+        p.status.pop(key, None)
+
+
+def _active(p: _Pass, spec: JobSpec, workers: list[PodView]) -> None:
+    """Drive a job that is neither finished nor suspended."""
+    now = p.now
+    status = p.status
+    start = parse_time(status.get("startTime"))
+    if start is None:
+        start = now
+        status["startTime"] = format_time(now)
+    if spec.active_deadline_seconds is not None:
+        left = spec.active_deadline_seconds - _seconds_since(now, start)
+        if left <= 0:
+            _finish(
+                p,
+                Phase.FAILED,
+                "DeadlineExceeded",
+                f"the job was active longer than spec.activeDeadlineSeconds={spec.active_deadline_seconds}",
+                spec,
+                workers,
+            )
+            return
+        p.after(left)
+
+    # --- success: the first worker to succeed ends the job; the others get a grace period.
+    succeeded = [w for w in workers if w.phase is PodPhase.SUCCEEDED]
+    if succeeded:
+        first = min((w.finished_at or now) for w in succeeded)
+        still = [w for w in workers if w.active]
+        waited = _seconds_since(now, first)
+        if not still or waited >= p.config.success_grace:
+            names = ", ".join(sorted(w.name for w in succeeded))
+            _finish(
+                p, Phase.SUCCEEDED, "JobSucceeded", f"training finished: {names} succeeded", spec, workers
+            )
+            return
+        p.after(p.config.success_grace - waited)
+        return
+
+    # --- failures
+    backoff = int(status.get("backoffCount") or 0)
+    present_uids = {w.uid for w in workers}
+    counted = [u for u in status.get("countedFailures") or [] if u in present_uids]
+    recreating: list[PodView] = []
+    for pod in sorted(workers, key=lambda w: w.index or 0):
+        if pod.phase is not PodPhase.FAILED or pod.terminating:
+            continue
+        what = _describe_failure(pod)
+        if not _retryable(pod, spec.restart_policy):
+            policy = spec.restart_policy.value
+            why = (
+                "restartPolicy ExitCode treats exit codes 1-127 as permanent"
+                if spec.restart_policy is RestartPolicy.EXIT_CODE
+                else f"restartPolicy {policy} does not recreate failed workers"
+            )
+            status["countedFailures"] = counted
+            status["backoffCount"] = backoff
+            _finish(p, Phase.FAILED, "WorkerFailed", f"{what}; {why}", spec, workers)
+            return
+        if pod.uid not in counted:
+            if backoff >= spec.backoff_limit:
+                status["countedFailures"] = counted
+                status["backoffCount"] = backoff
+                _finish(
+                    p,
+                    Phase.FAILED,
+                    "BackoffLimitExceeded",
+                    f"{what}; the job already recreated failed workers {backoff} times (spec.backoffLimit={spec.backoff_limit})",
+                    spec,
+                    workers,
+                )
+                return
+            backoff += 1
+            counted.append(pod.uid)
+        recreating.append(pod)
+        p.actions.append(
+            DeletePod(
+                reason="RecreateWorker",
+                message=f"{what}; recreating it ({backoff}/{spec.backoff_limit} of spec.backoffLimit used)",
+                name=pod.name,
+                uid=pod.uid,
+            )
+        )
+    status["countedFailures"] = counted
+    status["backoffCount"] = backoff
+
+    # --- the rendezvous store
+    endpoint, store_id = _ensure_store(p, spec)
+
+    # --- worker pods: indices [0, replicas); a name still taken (terminating, failed) waits.
+    by_index: dict[int, list[PodView]] = {}
+    for pod in workers:
+        assert pod.index is not None
+        by_index.setdefault(pod.index, []).append(pod)
+    for index in range(spec.replicas):
+        if index in by_index:
+            continue
+        if endpoint is None:
+            break  # the Service has no cluster IP yet; the next pass creates the workers
+        manifest = builders.worker_pod(p.job, index, endpoint=endpoint, config=p.config.build)
+        p.actions.append(
+            CreatePod(
+                reason="CreateWorker",
+                message=f"creating worker pod {manifest['metadata']['name']}",
+                manifest=manifest,
+            )
+        )
+    for pod in sorted(workers, key=lambda w: -(w.index or 0)):
+        if (
+            pod.index is not None
+            and pod.index >= spec.replicas
+            and not pod.terminating
+            and pod not in recreating
+        ):
+            p.actions.append(
+                DeletePod(
+                    reason="ScaleDown",
+                    message=f"deleting worker pod {pod.name}: spec.replicaSpecs.Worker.replicas is {spec.replicas}",
+                    name=pod.name,
+                    uid=pod.uid,
+                )
+            )
+
+    # --- membership: the running workers within range are the ones the rendezvous waits for.
+    running = sorted(
+        (
+            w
+            for w in workers
+            if w.phase is PodPhase.RUNNING
+            and not w.terminating
+            and w.index is not None
+            and w.index < spec.replicas
+        ),
+        key=lambda w: w.index or 0,
+    )
+    if endpoint is not None and builders.uses_control(spec) and store_id is not None:
+        p.actions.append(
+            PublishMembership(
+                reason="Membership",
+                message=f"expected members: {', '.join(w.name for w in running) or 'none'}",
+                endpoint=endpoint,
+                run_id=p.job.meta.uid,
+                nodes=tuple(w.name for w in running),
+                min_nodes=spec.min_replicas,
+                max_nodes=spec.max_replicas,
+                store_id=store_id,
+            )
+        )
+
+    # --- too few workers for too long
+    count = len(running)
+    if count < spec.min_replicas:
+        since = parse_time(status.get("belowMinSince"))
+        if since is None:
+            since = now
+            status["belowMinSince"] = format_time(now)
+        timeout = (
+            spec.min_replicas_timeout
+            if spec.min_replicas_timeout is not None
+            else p.config.min_replicas_timeout
+        )
+        waited = _seconds_since(now, since)
+        if waited >= timeout:
+            _finish(
+                p,
+                Phase.FAILED,
+                "NotEnoughWorkers",
+                f"only {count} of spec.minReplicas={spec.min_replicas} worker pods were running for {waited:.0f}s "
+                f"(limit {timeout:.0f}s)",
+                spec,
+                workers,
+            )
+            return
+        p.after(timeout - waited)
+    else:
+        status.pop("belowMinSince", None)
+
+    # --- phase
+    has_run = find_condition(p.job.status.get("conditions") or [], Phase.RUNNING.value) is not None
+    scaled_to = status.get("scaledTo")
+    if count < spec.min_replicas:
+        if has_run:
+            p.phase(
+                Phase.RESTARTING,
+                "NotEnoughWorkers",
+                f"{count} of spec.minReplicas={spec.min_replicas} worker pods running",
+            )
+        else:
+            p.phase(
+                Phase.CREATED,
+                "WaitingForWorkers",
+                f"{count} of spec.minReplicas={spec.min_replicas} worker pods running",
+            )
+    elif count == spec.replicas and not any(w.index >= spec.replicas for w in workers if w.index is not None):
+        status["scaledTo"] = spec.replicas
+        p.phase(Phase.RUNNING, "WorkersRunning", f"{count} worker pods running")
+    elif scaled_to is None:
+        p.phase(Phase.RUNNING, "WorkersRunning", f"{count} of {spec.replicas} worker pods running")
+    elif scaled_to != spec.replicas:
+        p.phase(
+            Phase.SCALING,
+            "Scaling",
+            f"scaling from {scaled_to} to {spec.replicas} worker pods ({count} running)",
+        )
+    else:
+        p.phase(
+            Phase.RESTARTING,
+            "ReplacingWorkers",
+            f"{count} of {spec.replicas} worker pods running; replacing the others",
+        )
+
+
+def _ensure_store(p: _Pass, spec: JobSpec) -> tuple[str | None, str | None]:
+    """Create or repair the store pod and Service. Returns (endpoint, store identity) or Nones."""
+    if spec.rdzv_endpoint:
+        p.status["rdzvEndpoint"] = spec.rdzv_endpoint
+        return spec.rdzv_endpoint, spec.rdzv_endpoint
+    build = p.config.build
+    endpoint: str | None = None
+    svc = _service(p)
+    if svc is None:
+        manifest = builders.store_service(p.job, config=build)
+        p.actions.append(
+            CreateService(
+                reason="CreateStoreService",
+                message=f"creating rendezvous Service {manifest['metadata']['name']}",
+                manifest=manifest,
+            )
+        )
+    elif svc.cluster_ip and not svc.terminating:
+        endpoint = f"{svc.cluster_ip}:{build.rdzv_port}"
+        p.status["rdzvEndpoint"] = endpoint
+
+    store_id: str | None = None
+    alive = False
+    for pod in _stores(p):
+        if pod.terminating:
+            alive = True  # wait until it is gone; its name is still taken
+            continue
+        if pod.phase in (PodPhase.FAILED, PodPhase.SUCCEEDED):
+            p.actions.append(
+                DeletePod(
+                    reason="StoreDied",
+                    message=f"rendezvous store pod {pod.name} ended ({pod.phase.value}); recreating it",
+                    name=pod.name,
+                    uid=pod.uid,
+                )
+            )
+            alive = True
+            continue
+        alive = True
+        if pod.phase is PodPhase.RUNNING:
+            store_id = pod.uid
+    if not alive:
+        manifest = builders.store_pod(p.job, config=build)
+        p.actions.append(
+            CreatePod(
+                reason="CreateStore",
+                message=f"creating rendezvous store pod {manifest['metadata']['name']}",
+                manifest=manifest,
+            )
+        )
+    return endpoint, store_id

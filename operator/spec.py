@@ -1,0 +1,400 @@
+"""Parse and validate an ElasticJob object into typed, immutable values.
+
+``parse_job(body)`` never raises: it returns a :class:`Job` whose ``spec`` is a
+:class:`JobSpec` when the object is valid, or ``None`` with ``error`` set to a
+:class:`SpecError` naming the offending field (``spec.maxReplicas`` …) and saying
+what to do. The CRD schema rejects most bad input at ``kubectl apply``; this module
+checks what a schema cannot say (``maxReplicas >= minReplicas``, ``replicas`` within
+``[minReplicas, maxReplicas]``, a worker container with a command) and re-applies the
+schema's defaults, so the operator behaves the same on an API server that does not
+default.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "VERSION",
+    "CleanPodPolicy",
+    "Job",
+    "JobMeta",
+    "JobSpec",
+    "RdzvBackend",
+    "RestartPolicy",
+    "SpecError",
+    "WorkerCommand",
+    "format_time",
+    "parse_job",
+    "parse_time",
+    "split_worker_command",
+]
+
+GROUP = "kelastic.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ElasticJob"
+PLURAL = "elasticjobs"
+
+#: Longest job name: the store Service is ``<name>-rendezvous`` and must fit the
+#: 63-character DNS label limit; label values have the same limit.
+MAX_NAME_LENGTH = 63 - len("-rendezvous")
+
+#: Annotation overriding the operator's ``--min-replicas-timeout`` for one job.
+ANNOTATION_MIN_REPLICAS_TIMEOUT = "kelastic.dev/min-replicas-timeout-seconds"
+
+_PYTHON_RE = re.compile(r"^python(\d+(\.\d+)*)?$")
+_ENDPOINT_RE = re.compile(r"^[^:\s]+:(\d{1,5})$")
+_NPROC_WORDS = ("auto", "cpu", "gpu")
+
+
+class RestartPolicy(str, enum.Enum):
+    """What a failed worker pod means (``spec.replicaSpecs.Worker.restartPolicy``)."""
+
+    EXIT_CODE = "ExitCode"  # signals and exit codes >= 128 are retried, 1-127 are permanent
+    ON_FAILURE = "OnFailure"  # every failure is retried, within backoffLimit
+    NEVER = "Never"  # every failure fails the job
+
+
+class CleanPodPolicy(str, enum.Enum):
+    """Which worker pods are deleted when the job finishes."""
+
+    ALL = "All"
+    RUNNING = "Running"
+    NONE = "None"
+
+
+class RdzvBackend(str, enum.Enum):
+    KELASTIC = "kelastic"
+    C10D = "c10d"
+
+
+class SpecError(ValueError):
+    """An invalid ElasticJob: ``field`` is the JSON path of the culprit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class WorkerCommand:
+    """The user's training command split for ``kelastic-agent``.
+
+    ``interpreter`` is the python the user named (``python``, ``python3.11`` …) or
+    ``None`` for a non-python command, which the agent runs with ``--no-python``.
+    ``interpreter_options`` are options for that interpreter placed before
+    ``-m kelastic.agent`` (``-u``, ``-X dev`` …). ``module`` is True for
+    ``python -m pkg.mod``. ``program`` and ``args`` are what the agent launches.
+    """
+
+    interpreter: str | None
+    interpreter_options: tuple[str, ...]
+    module: bool
+    program: str
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class JobMeta:
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    creation_timestamp: datetime | None
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated ElasticJob spec with every default applied."""
+
+    min_replicas: int
+    max_replicas: int
+    replicas: int
+    template: Mapping[str, Any]
+    command: WorkerCommand
+    image: str
+    restart_policy: RestartPolicy = RestartPolicy.EXIT_CODE
+    clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
+    ttl_seconds_after_finished: int | None = None
+    active_deadline_seconds: int | None = None
+    backoff_limit: int = 6
+    nproc_per_node: int | str = 1
+    max_restarts: int = 3
+    rdzv_backend: RdzvBackend = RdzvBackend.KELASTIC
+    rdzv_endpoint: str | None = None
+    rdzv_conf: Mapping[str, str] = field(default_factory=dict)
+    suspend: bool = False
+    min_replicas_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """An ElasticJob as the reconciler sees it: identity, validated spec, last status."""
+
+    meta: JobMeta
+    spec: JobSpec | None
+    error: SpecError | None
+    status: Mapping[str, Any]
+    deleting: bool = False
+
+
+def parse_time(value: Any) -> datetime | None:
+    """RFC 3339 timestamp (as the API server writes it) → aware datetime, else None."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def format_time(value: datetime) -> str:
+    """Aware datetime → the API's ``2024-01-02T03:04:05Z`` form."""
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_job(body: Mapping[str, Any]) -> Job:
+    """Turn an ElasticJob object into a :class:`Job`; never raises on bad input."""
+    metadata = body.get("metadata") or {}
+    meta = JobMeta(
+        name=str(metadata.get("name", "")),
+        namespace=str(metadata.get("namespace", "default")),
+        uid=str(metadata.get("uid", "")),
+        generation=int(metadata.get("generation") or 0),
+        creation_timestamp=parse_time(metadata.get("creationTimestamp")),
+        annotations=dict(metadata.get("annotations") or {}),
+    )
+    status = body.get("status") or {}
+    deleting = bool(metadata.get("deletionTimestamp"))
+    try:
+        spec = _parse_spec(meta, body.get("spec"))
+    except SpecError as err:
+        return Job(meta=meta, spec=None, error=err, status=status, deleting=deleting)
+    return Job(meta=meta, spec=spec, error=None, status=status, deleting=deleting)
+
+
+def _int(spec: Mapping[str, Any], key: str, path: str, *, default: int | None, minimum: int) -> int | None:
+    value = spec.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(path, f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise SpecError(path, f"must be at least {minimum}, got {value}")
+    return value
+
+
+def _enum(spec: Mapping[str, Any], key: str, path: str, kind: type[enum.Enum], default: enum.Enum) -> Any:
+    value = spec.get(key, default.value)
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(str(m.value) for m in kind)
+        raise SpecError(path, f"must be one of {allowed}, got {value!r}") from None
+
+
+def _parse_spec(meta: JobMeta, spec: Any) -> JobSpec:
+    if not meta.name:
+        raise SpecError("metadata.name", "is required")
+    if len(meta.name) > MAX_NAME_LENGTH:
+        raise SpecError(
+            "metadata.name",
+            f"is {len(meta.name)} characters; at most {MAX_NAME_LENGTH} fit the names of the "
+            "job's pods and Service",
+        )
+    if not isinstance(spec, Mapping):
+        raise SpecError("spec", "is required and must be an object")
+
+    min_r = _int(spec, "minReplicas", "spec.minReplicas", default=None, minimum=1)
+    if min_r is None:
+        raise SpecError("spec.minReplicas", "is required (the fewest worker pods the job trains with)")
+    max_r = _int(spec, "maxReplicas", "spec.maxReplicas", default=None, minimum=1)
+    if max_r is None:
+        raise SpecError("spec.maxReplicas", "is required (the most worker pods the job trains with)")
+    if max_r < min_r:
+        raise SpecError(
+            "spec.maxReplicas",
+            f"({max_r}) must be at least spec.minReplicas ({min_r}); raise maxReplicas or lower minReplicas",
+        )
+
+    replica_specs = spec.get("replicaSpecs")
+    if not isinstance(replica_specs, Mapping) or not isinstance(replica_specs.get("Worker"), Mapping):
+        raise SpecError(
+            "spec.replicaSpecs.Worker", "is required: the worker replica spec with a pod template"
+        )
+    worker = replica_specs["Worker"]
+    wpath = "spec.replicaSpecs.Worker"
+    replicas = _int(worker, "replicas", f"{wpath}.replicas", default=min_r, minimum=0)
+    assert replicas is not None
+    if not min_r <= replicas <= max_r:
+        raise SpecError(
+            f"{wpath}.replicas",
+            f"({replicas}) must be within [spec.minReplicas, spec.maxReplicas] = [{min_r}, {max_r}]",
+        )
+    restart_policy = _enum(
+        worker, "restartPolicy", f"{wpath}.restartPolicy", RestartPolicy, RestartPolicy.EXIT_CODE
+    )
+
+    template = worker.get("template")
+    if not isinstance(template, Mapping) or not template:
+        raise SpecError(f"{wpath}.template", "is required: the pod template of a worker")
+    pod_spec = template.get("spec")
+    if not isinstance(pod_spec, Mapping):
+        raise SpecError(f"{wpath}.template.spec", "is required: a pod spec with the training container")
+    containers = pod_spec.get("containers")
+    if not isinstance(containers, list) or not containers or not isinstance(containers[0], Mapping):
+        raise SpecError(
+            f"{wpath}.template.spec.containers",
+            "must list at least one container; the first one runs the training command",
+        )
+    container = containers[0]
+    cpath = f"{wpath}.template.spec.containers[0]"
+    image = container.get("image")
+    if not isinstance(image, str) or not image:
+        raise SpecError(f"{cpath}.image", "is required (the store pod runs the same image)")
+    argv = _argv(container, cpath)
+    command = split_worker_command(argv, f"{cpath}.command")
+
+    nproc = spec.get("nprocPerNode", 1)
+    if isinstance(nproc, bool) or not isinstance(nproc, int | str):
+        raise SpecError("spec.nprocPerNode", f"must be a positive integer or 'auto', got {nproc!r}")
+    if isinstance(nproc, str):
+        if nproc.isdigit():
+            nproc = int(nproc)
+        elif nproc not in _NPROC_WORDS:
+            raise SpecError("spec.nprocPerNode", f"must be a positive integer or 'auto', got {nproc!r}")
+    if isinstance(nproc, int) and nproc < 1:
+        raise SpecError("spec.nprocPerNode", f"must be at least 1, got {nproc}")
+
+    endpoint = spec.get("rdzvEndpoint") or None
+    if endpoint is not None:
+        match = _ENDPOINT_RE.match(str(endpoint))
+        if not match or not 0 < int(match.group(1)) < 65536:
+            raise SpecError("spec.rdzvEndpoint", f"must be HOST:PORT, got {endpoint!r}")
+
+    conf_raw = spec.get("rdzvConf") or {}
+    if not isinstance(conf_raw, Mapping):
+        raise SpecError("spec.rdzvConf", "must be an object of key: value settings")
+    rdzv_conf: dict[str, str] = {}
+    for key, value in conf_raw.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        if "," in text or "=" in str(key) or "," in str(key):
+            raise SpecError(f"spec.rdzvConf.{key}", "keys and values may not contain ',' (or '=' in keys)")
+        rdzv_conf[str(key)] = text
+
+    suspend = spec.get("suspend", False)
+    if not isinstance(suspend, bool):
+        raise SpecError("spec.suspend", f"must be true or false, got {suspend!r}")
+
+    timeout_raw = meta.annotations.get(ANNOTATION_MIN_REPLICAS_TIMEOUT)
+    timeout: float | None = None
+    if timeout_raw is not None:
+        try:
+            timeout = float(timeout_raw)
+        except ValueError:
+            timeout = -1.0
+        if timeout < 0:
+            raise SpecError(
+                f"metadata.annotations[{ANNOTATION_MIN_REPLICAS_TIMEOUT}]",
+                f"must be a number of seconds >= 0, got {timeout_raw!r}",
+            )
+
+    backoff = _int(spec, "backoffLimit", "spec.backoffLimit", default=6, minimum=0)
+    max_restarts = _int(spec, "maxRestarts", "spec.maxRestarts", default=3, minimum=0)
+    assert backoff is not None and max_restarts is not None
+    return JobSpec(
+        min_replicas=min_r,
+        max_replicas=max_r,
+        replicas=replicas,
+        template=template,
+        command=command,
+        image=image,
+        restart_policy=restart_policy,
+        clean_pod_policy=_enum(
+            spec, "cleanPodPolicy", "spec.cleanPodPolicy", CleanPodPolicy, CleanPodPolicy.RUNNING
+        ),
+        ttl_seconds_after_finished=_int(
+            spec, "ttlSecondsAfterFinished", "spec.ttlSecondsAfterFinished", default=None, minimum=0
+        ),
+        active_deadline_seconds=_int(
+            spec, "activeDeadlineSeconds", "spec.activeDeadlineSeconds", default=None, minimum=1
+        ),
+        backoff_limit=backoff,
+        nproc_per_node=nproc,
+        max_restarts=max_restarts,
+        rdzv_backend=_enum(spec, "rdzvBackend", "spec.rdzvBackend", RdzvBackend, RdzvBackend.KELASTIC),
+        rdzv_endpoint=endpoint,
+        rdzv_conf=rdzv_conf,
+        suspend=suspend,
+        min_replicas_timeout=timeout,
+    )
+
+
+def _argv(container: Mapping[str, Any], path: str) -> list[str]:
+    command = container.get("command") or []
+    args = container.get("args") or []
+    if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
+        raise SpecError(f"{path}.command", "must be a list of strings")
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise SpecError(f"{path}.args", "must be a list of strings")
+    if not command:
+        raise SpecError(
+            f"{path}.command",
+            "is required: the training command as you would run it on one machine "
+            "(e.g. [python, train.py]); the operator wraps it in kelastic-agent",
+        )
+    return [*command, *args]
+
+
+#: Python options that take a value as the next argument.
+_PY_OPTS_WITH_VALUE = ("-X", "-W")
+
+
+def split_worker_command(argv: list[str], path: str = "command") -> WorkerCommand:
+    """Split ``argv`` (container command + args) into what ``kelastic-agent`` needs.
+
+    Raises :class:`SpecError` (naming ``path``) for forms the agent cannot launch:
+    ``python -c CODE``, ``python`` without a script, or an empty command.
+    """
+    if not argv or not argv[0]:
+        raise SpecError(path, "is empty")
+    first = argv[0]
+    if not _PYTHON_RE.match(first.rsplit("/", 1)[-1]):
+        return WorkerCommand(None, (), False, first, tuple(argv[1:]))
+    options: list[str] = []
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-m":
+            if i + 1 >= len(argv):
+                raise SpecError(path, "'python -m' needs a module name")
+            return WorkerCommand(first, tuple(options), True, argv[i + 1], tuple(argv[i + 2 :]))
+        if arg.startswith("-m") and len(arg) > 2:
+            return WorkerCommand(first, tuple(options), True, arg[2:], tuple(argv[i + 1 :]))
+        if arg == "-c" or arg.startswith("-c"):
+            raise SpecError(path, "'python -c CODE' cannot be launched per rank; put the code in a script")
+        if arg in _PY_OPTS_WITH_VALUE:
+            if i + 1 >= len(argv):
+                raise SpecError(path, f"python option {arg} needs a value")
+            options += [arg, argv[i + 1]]
+            i += 2
+            continue
+        if arg == "-" or not arg.startswith("-"):
+            if arg == "-":
+                raise SpecError(path, "reading the script from stdin ('python -') is not supported")
+            return WorkerCommand(first, tuple(options), False, arg, tuple(argv[i + 1 :]))
+        options.append(arg)
+        i += 1
+    raise SpecError(path, f"{first!r} without a script to run; name the training script (e.g. train.py)")

@@ -1,0 +1,135 @@
+"""Pod and Service manifests: command wrapping, downward-API env, labels, owner references."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from kelastic.agent import contract
+from kelastic.operator.builders import (
+    BuildConfig,
+    agent_command,
+    store_pod,
+    store_service,
+    worker_pod,
+)
+from kelastic.operator.spec import Job, parse_job
+
+CFG = BuildConfig()
+
+
+def job_of(kit: SimpleNamespace, **kw: object) -> Job:
+    job = parse_job(kit.job_body(**kw))
+    assert job.spec is not None, job.error
+    return job
+
+
+def test_python_command_runs_under_its_interpreter(kit: SimpleNamespace) -> None:
+    job = job_of(
+        kit, command=["python3", "-u", "train.py", "--lr", "0.1"], rdzvConf={"b": 2, "a": "x"}, nprocPerNode=2
+    )
+    assert job.spec is not None
+    cmd = agent_command(job.spec, run_id="uid-demo", endpoint="127.2.0.5:29400", config=CFG)
+    assert cmd == [
+        "python3", "-u", "-m", "kelastic.agent",
+        "--nnodes", "2:4",
+        "--nproc-per-node", "2",
+        "--rdzv-backend", "kelastic",
+        "--rdzv-endpoint", "127.2.0.5:29400",
+        "--rdzv-id", "uid-demo",
+        "--max-restarts", "3",
+        "--local-addr", "$(POD_IP)",
+        "--health-port", "8081",
+        "--rdzv-conf", "a=x,b=2",
+        "train.py", "--lr", "0.1",
+    ]  # fmt: skip
+
+
+def test_module_and_non_python_commands(kit: SimpleNamespace) -> None:
+    mod = job_of(kit, command=["python", "-m", "pkg.train", "--x"]).spec
+    assert mod is not None
+    cmd = agent_command(mod, run_id="u", endpoint="h:1", config=CFG)
+    assert cmd[:3] == ["python", "-m", "kelastic.agent"] and cmd[-3:] == ["-m", "pkg.train", "--x"]
+    binary = job_of(kit, command=["bash", "-c", "echo $RANK"]).spec
+    assert binary is not None
+    cmd = agent_command(binary, run_id="u", endpoint="h:1", config=BuildConfig(agent_python="/opt/py"))
+    assert cmd[:3] == ["/opt/py", "-m", "kelastic.agent"] and cmd[-4:] == [
+        "--no-python",
+        "bash",
+        "-c",
+        "echo $RANK",
+    ]
+
+
+def test_worker_pod(kit: SimpleNamespace) -> None:
+    body = kit.job_body()
+    tmpl = body["spec"]["replicaSpecs"]["Worker"]["template"]
+    tmpl["metadata"] = {"labels": {"team": "ml"}, "annotations": {"a": "b"}, "name": "ignored"}
+    container = tmpl["spec"]["containers"][0]
+    container["env"] = [{"name": "LR", "value": "0.1"}, {"name": "POD_IP", "value": "spoofed"}]
+    container["args"] = ["--epochs", "3"]
+    tmpl["spec"]["containers"].append({"name": "sidecar", "image": "busybox", "command": ["sleep", "inf"]})
+    job = parse_job(body)
+    pod = worker_pod(job, 2, endpoint="127.2.0.5:29400", config=CFG)
+    meta = pod["metadata"]
+    assert meta["name"] == "demo-worker-2" and meta["namespace"] == "ns"
+    assert meta["labels"] == {
+        "team": "ml",
+        contract.LABEL_JOB_NAME: "demo",
+        contract.LABEL_ROLE: contract.ROLE_WORKER,
+        contract.LABEL_REPLICA_INDEX: "2",
+    }
+    assert meta["annotations"] == {"a": "b"}
+    (owner,) = meta["ownerReferences"]
+    assert owner == {
+        "apiVersion": "kelastic.dev/v1alpha1",
+        "kind": "ElasticJob",
+        "name": "demo",
+        "uid": "uid-demo",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never"
+    main, sidecar = spec["containers"]
+    assert sidecar["command"] == ["sleep", "inf"]
+    assert "args" not in main
+    assert main["command"][-5:] == ["train.py", "--lr", "0.1", "--epochs", "3"]
+    env = main["env"]
+    assert [e["name"] for e in env] == ["POD_IP", "POD_NAME", contract.ENV_NODE_NAME, "LR"]
+    assert env[0]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env[1]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env[2]["value"] == "$(POD_NAME)"
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8081}
+    # the job's template is not modified
+    assert "env" in container and container["env"][1]["value"] == "spoofed"
+    assert container["command"] == ["python", "train.py", "--lr", "0.1"]
+
+
+def test_store_pod_and_service(kit: SimpleNamespace) -> None:
+    body = kit.job_body()
+    body["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"] = {"pool": "cpu"}
+    job = parse_job(body)
+    pod = store_pod(job, config=CFG)
+    assert pod["metadata"]["name"] == "demo-rendezvous"
+    assert pod["metadata"]["labels"] == {
+        contract.LABEL_JOB_NAME: "demo",
+        contract.LABEL_ROLE: contract.ROLE_RENDEZVOUS,
+    }
+    (c,) = pod["spec"]["containers"]
+    assert c["image"] == "kelastic:dev"
+    assert c["command"] == ["kelastic-rendezvous", "--host", "$(POD_IP)", "--port", "29400"]
+    assert c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert pod["spec"]["nodeSelector"] == {"pool": "cpu"}
+    svc = store_service(job, config=CFG)
+    assert svc["spec"]["type"] == "ClusterIP"
+    assert svc["spec"]["selector"] == pod["metadata"]["labels"]
+    assert svc["spec"]["ports"][0]["port"] == 29400
+    assert svc["metadata"]["ownerReferences"][0]["uid"] == "uid-demo"
+
+
+@pytest.mark.parametrize("probe", [True, False])
+def test_readiness_probe_is_optional(kit: SimpleNamespace, probe: bool) -> None:
+    pod = worker_pod(job_of(kit), 0, endpoint="h:1", config=BuildConfig(readiness_probe=probe))
+    assert ("readinessProbe" in pod["spec"]["containers"][0]) is probe

@@ -1,0 +1,164 @@
+"""Sanity of crds/elasticjob.yaml: a structural schema whose defaults, enums and paths agree with the operator."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+from kelastic.operator.spec import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    CleanPodPolicy,
+    RdzvBackend,
+    RestartPolicy,
+    parse_job,
+)
+from kelastic.operator.status import Phase
+
+CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "elasticjob.yaml"
+
+# Keys a structural schema node may carry (apiextensions.k8s.io/v1 JSONSchemaProps we use or allow).
+ALLOWED = {
+    "type", "description", "properties", "required", "items", "additionalProperties", "enum", "default",
+    "minimum", "maximum", "pattern", "format", "nullable", "minItems", "maxItems", "minLength", "maxLength",
+    "x-kubernetes-preserve-unknown-fields", "x-kubernetes-int-or-string", "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys", "x-kubernetes-map-type", "anyOf",
+}  # fmt: skip
+TYPES = {"object", "array", "string", "integer", "number", "boolean"}
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict[str, Any]:
+    return yaml.safe_load(CRD_PATH.read_text())
+
+
+@pytest.fixture(scope="module")
+def version(crd: dict[str, Any]) -> dict[str, Any]:
+    (v,) = crd["spec"]["versions"]
+    return v
+
+
+def walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out = [(path, node)]
+    for name, sub in (node.get("properties") or {}).items():
+        out += walk(sub, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        out += walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        out += walk(node["additionalProperties"], f"{path}.*")
+    return out
+
+
+def check_value(schema: dict[str, Any], value: Any, where: str) -> None:
+    kind = schema.get("type")
+    if schema.get("x-kubernetes-int-or-string"):
+        assert isinstance(value, int | str), where
+    elif kind == "integer":
+        assert isinstance(value, int) and not isinstance(value, bool), where
+    elif kind == "string":
+        assert isinstance(value, str), where
+    elif kind == "boolean":
+        assert isinstance(value, bool), where
+    if "enum" in schema:
+        assert value in schema["enum"], where
+    if "minimum" in schema:
+        assert value >= schema["minimum"], where
+
+
+def test_identity(crd: dict[str, Any], version: dict[str, Any]) -> None:
+    assert crd["apiVersion"] == "apiextensions.k8s.io/v1" and crd["kind"] == "CustomResourceDefinition"
+    assert crd["metadata"]["name"] == f"{PLURAL}.{GROUP}"
+    names = crd["spec"]["names"]
+    assert (names["kind"], names["plural"], names["shortNames"], names["categories"]) == (
+        KIND,
+        PLURAL,
+        ["ej"],
+        ["all"],
+    )
+    assert crd["spec"]["scope"] == "Namespaced"
+    assert f"{crd['spec']['group']}/{version['name']}" == API_VERSION
+    assert version["served"] and version["storage"]
+
+
+def test_schema_is_structural(version: dict[str, Any]) -> None:
+    root = version["schema"]["openAPIV3Schema"]
+    assert root["type"] == "object"
+    for path, node in walk(root):
+        extra = set(node) - ALLOWED
+        assert not extra, f"{path}: keys not allowed in a structural schema: {extra}"
+        if node.get("x-kubernetes-int-or-string"):
+            assert "type" not in node, f"{path}: int-or-string must not set type"
+        else:
+            assert node.get("type") in TYPES, f"{path}: every node needs a type"
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            assert node.get("type") == "object", f"{path}"
+        for req in node.get("required") or []:
+            assert req in (node.get("properties") or {}), f"{path}: required {req!r} is not a property"
+        if "default" in node:
+            check_value(node, node["default"], path)
+        for value in node.get("enum") or []:
+            check_value({k: v for k, v in node.items() if k != "enum"}, value, path)
+    # metadata may only be a plain object at the root
+    assert root["properties"]["metadata"] == {"type": "object"}
+
+
+def test_enums_match_the_operator(version: dict[str, Any]) -> None:
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    worker = spec["replicaSpecs"]["properties"]["Worker"]["properties"]
+    assert worker["restartPolicy"]["enum"] == [p.value for p in RestartPolicy]
+    assert spec["cleanPodPolicy"]["enum"] == [p.value for p in CleanPodPolicy]
+    assert spec["rdzvBackend"]["enum"] == [b.value for b in RdzvBackend]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert status["phase"]["enum"] == [p.value for p in Phase]
+    assert spec["minReplicas"]["minimum"] == 1 and worker["replicas"]["minimum"] == 0
+
+
+def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """Default like the API server does: fill in missing properties that declare a default."""
+    if not isinstance(value, dict):
+        return value
+    out = dict(value)
+    for name, sub in (schema.get("properties") or {}).items():
+        if name not in out and "default" in sub:
+            out[name] = copy.deepcopy(sub["default"])
+        if name in out:
+            out[name] = apply_defaults(sub, out[name])
+    return out
+
+
+def test_schema_defaults_agree_with_the_operator(kit: SimpleNamespace, version: dict[str, Any]) -> None:
+    body = kit.job_body(replicas=3)
+    defaulted = apply_defaults(version["schema"]["openAPIV3Schema"], body)
+    assert defaulted != body, "the schema declares defaults"
+    assert parse_job(defaulted).spec == parse_job(body).spec
+
+
+def resolve(root: dict[str, Any], json_path: str) -> dict[str, Any]:
+    node = root
+    for part in json_path.strip(".").split("."):
+        node = node["properties"][part]
+    return node
+
+
+def test_printer_columns_and_scale_paths_exist(version: dict[str, Any]) -> None:
+    root = version["schema"]["openAPIV3Schema"]
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Min", "Max", "Desired", "Ready", "World", "Restarts", "Progress", "Age"]
+    for col in version["additionalPrinterColumns"]:
+        if col["jsonPath"] == ".metadata.creationTimestamp":
+            assert col["type"] == "date"
+            continue
+        node = resolve(root, col["jsonPath"])
+        assert node["type"] == col["type"], col
+    scale = version["subresources"]["scale"]
+    assert scale["specReplicasPath"] == ".spec.replicaSpecs.Worker.replicas"
+    for key in ("specReplicasPath", "statusReplicasPath", "labelSelectorPath"):
+        assert resolve(root, scale[key])["type"] in ("integer", "string"), key
+    assert version["subresources"]["status"] == {}
