@@ -79,6 +79,11 @@ class LocalCluster:
         self._thread: threading.Thread | None = None
 
     @property
+    def client(self) -> ApiClient | None:
+        """The node components' API client; use it only inside :meth:`call`."""
+        return self._client
+
+    @property
     def url(self) -> str:
         if self.apiserver is None:
             raise RuntimeError("the local cluster is not started")

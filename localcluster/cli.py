@@ -1,0 +1,407 @@
+"""``kelastic local up`` and ``kelastic local run``: a Kubernetes on this machine.
+
+``kelastic local up [--kubeconfig PATH] [--port N] [--state-dir DIR]`` runs the
+local cluster in the foreground: API server, process kubelet, endpoints
+controller and service proxy; it applies the CRDs of ``crds/``, starts the
+kelastic operator (``python -m kelastic.operator``) when it is installed,
+writes the kubeconfig and prints how to point kubectl at it. SIGTERM or Ctrl-C
+stops everything, pod processes included.
+
+``kelastic local run MANIFEST.yaml`` brings up a private cluster in a temporary
+directory, applies the manifest, relays the pods' logs prefixed by pod, waits
+until every workload in it has finished (pods: phase Succeeded/Failed; other
+kinds: see :mod:`kelastic.localcluster.completion`), prints a summary, and
+exits 0 only when all of them succeeded (1 when one failed or the wait timed
+out, 2 for bad input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from .apply import Applier, ManifestError, load_manifests
+from .cluster import LocalCluster
+from .completion import Outcome, outcome_of, waitable
+from .logrelay import LogFollower, LogRelay
+
+__all__ = ["find_crds_dir", "main", "operator_command"]
+
+#: Kinds applied before everything else: what other objects need to exist first.
+_FIRST = ("Namespace", "CustomResourceDefinition")
+
+
+def find_crds_dir() -> Path | None:
+    """The ``crds/`` directory: ``$KELASTIC_CRDS_DIR``, next to the package (source checkout), or ./crds."""
+    candidates = []
+    if os.environ.get("KELASTIC_CRDS_DIR"):
+        candidates.append(Path(os.environ["KELASTIC_CRDS_DIR"]))
+    candidates += [Path(__file__).resolve().parent.parent / "crds", Path.cwd() / "crds"]
+    for candidate in candidates:
+        if candidate.is_dir() and any(candidate.glob("*.yaml")):
+            return candidate
+    return None
+
+
+def operator_command() -> list[str] | None:
+    """How to start the kelastic operator, or None when it is not installed.
+
+    Looks for the module's files without importing it: the local cluster must
+    not depend on the operator.
+    """
+    try:
+        spec = importlib.util.find_spec("kelastic.operator")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None:
+        for location in spec.submodule_search_locations or []:
+            if (Path(location) / "__main__.py").is_file():
+                return [sys.executable, "-m", "kelastic.operator"]
+    exe = shutil.which("kelastic-operator")
+    return [exe] if exe else None
+
+
+class _Stopper:
+    """Turns SIGTERM/SIGINT into an event the foreground loop polls."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signal: int | None = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.signal = signum
+        self.event.set()
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_Stopper]:
+        previous = {sig: signal.signal(sig, self._handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+class _Operator:
+    """The operator subprocess (own process group, output to a log file)."""
+
+    def __init__(self, command: list[str], kubeconfig: Path, log_path: Path) -> None:
+        self.log_path = log_path
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def _apply_all(cluster: LocalCluster, objects: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    assert cluster.client is not None
+    applier = Applier(cluster.client)
+    ordered = sorted(objects, key=lambda o: 0 if o.get("kind") in _FIRST else 1)
+
+    async def run() -> list[dict[str, Any]]:
+        return [await applier.apply(obj) for obj in ordered]
+
+    return cluster.call(run(), timeout=60.0)
+
+
+def _apply_crds(cluster: LocalCluster, out: TextIO) -> int:
+    crds_dir = find_crds_dir()
+    if crds_dir is None:
+        return 0
+    crds = load_manifests(sorted(crds_dir.glob("*.yaml")))
+    _apply_all(cluster, crds)
+    print(f"kelastic: applied {len(crds)} CRD(s) from {crds_dir}", file=out, flush=True)
+    return len(crds)
+
+
+def _start_operator(cluster: LocalCluster, out: TextIO) -> _Operator | None:
+    command = operator_command()
+    if command is None:
+        return None
+    operator = _Operator(command, cluster.kubeconfig, cluster.data_dir / "operator.log")
+    print(
+        f"kelastic: started the operator (pid {operator.proc.pid}, log {operator.log_path})",
+        file=out,
+        flush=True,
+    )
+    return operator
+
+
+# -- up -------------------------------------------------------------------------------
+def cmd_up(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    state_dir = Path(args.state_dir).resolve() if args.state_dir else None
+    temp_dir: str | None = None
+    if args.data_dir:
+        data_dir = Path(args.data_dir)
+    elif state_dir is not None:
+        data_dir = state_dir / "data"
+    else:
+        temp_dir = tempfile.mkdtemp(prefix="kelastic-local-")
+        data_dir = Path(temp_dir)
+    cluster = LocalCluster(data_dir, port=args.port, state_dir=state_dir, kubeconfig=args.kubeconfig)
+    operator: _Operator | None = None
+    stopper = _Stopper()
+    try:
+        with stopper.installed():
+            cluster.start()
+            _apply_crds(cluster, out)
+            if not args.no_operator:
+                operator = _start_operator(cluster, out)
+            print(
+                f"kelastic local is up: API server {cluster.url}\n"
+                f"kubeconfig: {cluster.kubeconfig}\n"
+                f"  export KUBECONFIG={cluster.kubeconfig}\n"
+                "  kubectl get pods -A\n"
+                f"pod logs and volumes: {cluster.data_dir}\n"
+                "Stop with Ctrl-C or SIGTERM (pods are stopped with it).",
+                file=out,
+                flush=True,
+            )
+            reported = False
+            while not stopper.event.wait(1.0):
+                if operator is not None and not reported and operator.poll() is not None:
+                    print(
+                        f"kelastic: the operator exited with code {operator.poll()}; see {operator.log_path}",
+                        file=out,
+                        flush=True,
+                    )
+                    reported = True
+            print("kelastic: stopping", file=out, flush=True)
+    finally:
+        if operator is not None:
+            operator.stop()
+        cluster.stop()
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+    print("kelastic: stopped", file=out, flush=True)
+    return 0
+
+
+# -- run ------------------------------------------------------------------------------
+def _describe(obj: dict[str, Any]) -> str:
+    return f"{str(obj.get('kind', '')).lower()}/{obj['metadata']['name']}"
+
+
+def _poll_outcomes(
+    cluster: LocalCluster, applier: Applier, objects: Sequence[dict[str, Any]]
+) -> list[tuple[Outcome, str]]:
+    async def run() -> list[tuple[Outcome, str]]:
+        results = []
+        for obj in objects:
+            current = await applier.get(obj)
+            if current is None:
+                results.append((Outcome.FAILED, "deleted before it finished"))
+            else:
+                current.setdefault("apiVersion", obj.get("apiVersion"))
+                current.setdefault("kind", obj.get("kind"))
+                results.append(outcome_of(current))
+        return results
+
+    return cluster.call(run(), timeout=30.0)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    manifest = Path(args.manifest)
+    try:
+        objects = load_manifests([manifest])
+    except ManifestError as exc:
+        print(f"kelastic: {exc}", file=sys.stderr)
+        return 2
+    if not any(waitable(o) for o in objects):
+        print(
+            f"kelastic: {manifest} holds no workload to wait for (only {', '.join(sorted({o['kind'] for o in objects}))})",
+            file=sys.stderr,
+        )
+        return 2
+    temp_dir = Path(tempfile.mkdtemp(prefix="kelastic-run-"))
+    cluster = LocalCluster(temp_dir, workdir=Path.cwd(), backoff_base=args.backoff)
+    relay = LogRelay(write=out.write, tty=out.isatty(), interval=args.progress_interval)
+    operator: _Operator | None = None
+    stopper = _Stopper()
+    started = time.monotonic()
+    outcomes: list[tuple[Outcome, str]] = []
+    waited: list[dict[str, Any]] = []
+    timed_out = interrupted = False
+
+    def notice(text: str) -> None:
+        relay.line("kelastic", text)
+        out.flush()
+
+    try:
+        with stopper.installed():
+            cluster.start()
+            custom = [o for o in objects if "/" in str(o["apiVersion"]) and o["kind"] not in _FIRST]
+            if custom:
+                _apply_crds(cluster, out)
+                if not args.no_operator:
+                    operator = _start_operator(cluster, out)
+            try:
+                applied = _apply_all(cluster, objects)
+            except (ManifestError, Exception) as exc:
+                notice(f"could not apply {manifest}: {exc}")
+                return 2
+            waited = [o for o in applied if waitable(o)]
+            notice(f"applied {len(applied)} object(s); waiting for {', '.join(_describe(o) for o in waited)}")
+            assert cluster.client is not None
+            applier = Applier(cluster.client)
+            follower = LogFollower(cluster.data_dir, relay)
+            deadline = started + args.timeout
+            last_summary = ""
+            last_print = time.monotonic()
+            next_status = 0.0
+            while True:
+                now = time.monotonic()
+                follower.poll(time.time())
+                out.flush()
+                if now >= next_status:
+                    outcomes = _poll_outcomes(cluster, applier, waited)
+                    next_status = now + 0.5
+                    summary = ", ".join(
+                        f"{_describe(o)} {r[1]}" for o, r in zip(waited, outcomes, strict=True)
+                    )
+                    if all(r[0] is not Outcome.PENDING for r in outcomes):
+                        break
+                    if summary != last_summary or now - last_print >= args.progress_interval:
+                        notice(f"waiting ({now - started:.0f}s): {summary}")
+                        last_summary, last_print = summary, now
+                if now >= deadline:
+                    timed_out = True
+                    break
+                if stopper.event.wait(0.2):
+                    interrupted = True
+                    break
+            time.sleep(0.3)
+            follower.poll(time.time())
+            relay.flush()
+    finally:
+        if operator is not None:
+            operator.stop()
+        cluster.stop()
+        if not args.keep:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+    return _summarize(waited, outcomes, time.monotonic() - started, timed_out, interrupted, args, out)
+
+
+def _summarize(
+    waited: Sequence[dict[str, Any]],
+    outcomes: Sequence[tuple[Outcome, str]],
+    elapsed: float,
+    timed_out: bool,
+    interrupted: bool,
+    args: argparse.Namespace,
+    out: TextIO,
+) -> int:
+    print("kelastic: summary", file=out)
+    width = max((len(_describe(o)) for o in waited), default=0)
+    # Interrupted before the first look: report every object as not observed.
+    observed = list(outcomes) + [(Outcome.PENDING, "not observed")] * (len(waited) - len(outcomes))
+    for obj, (outcome, detail) in zip(waited, observed, strict=True):
+        print(f"  {_describe(obj):<{width}}  {outcome.value:<9}  {detail}", file=out)
+    ok = (
+        bool(outcomes) and all(r[0] is Outcome.SUCCEEDED for r in outcomes) and not (timed_out or interrupted)
+    )
+    if timed_out:
+        print(
+            f"kelastic: FAILED: still not finished after --timeout {args.timeout:g}s; raise it for longer jobs",
+            file=out,
+        )
+    elif interrupted:
+        print("kelastic: interrupted; everything was stopped", file=out)
+    else:
+        verdict = "succeeded" if ok else "FAILED"
+        print(f"kelastic: {verdict} in {elapsed:.1f}s", file=out)
+    out.flush()
+    return 0 if ok else 1
+
+
+# -- entry point ----------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kelastic", description="kelastic: elastic PyTorch training on Kubernetes"
+    )
+    groups = parser.add_subparsers(dest="group", required=True)
+    local = groups.add_parser("local", help="a Kubernetes on this machine (API server + process kubelet)")
+    commands = local.add_subparsers(dest="command", required=True)
+
+    up = commands.add_parser("up", help="run the local cluster in the foreground")
+    up.add_argument(
+        "--kubeconfig", type=Path, help="where to write the kubeconfig (default: <data dir>/kubeconfig)"
+    )
+    up.add_argument("--port", type=int, default=0, help="API server port on 127.0.0.1 (default: a free one)")
+    up.add_argument(
+        "--state-dir", type=Path, help="persist API objects here across restarts (default: memory)"
+    )
+    up.add_argument(
+        "--data-dir", type=Path, help="pod logs and volumes (default: <state dir>/data or a temp dir)"
+    )
+    up.add_argument("--no-operator", action="store_true", help="do not start the kelastic operator")
+    up.set_defaults(func=cmd_up)
+
+    run = commands.add_parser("run", help="run a manifest to completion on a private local cluster")
+    run.add_argument(
+        "manifest", help="YAML file with the objects to apply (pods, ElasticJobs, services, ...)"
+    )
+    run.add_argument(
+        "--timeout", type=float, default=3600.0, help="give up after this many seconds (default 3600)"
+    )
+    run.add_argument(
+        "--progress-interval",
+        type=float,
+        default=10.0,
+        help="seconds between repeated status lines and progress-bar lines when not on a terminal",
+    )
+    run.add_argument("--backoff", type=float, default=10.0, help="first CrashLoopBackOff delay in seconds")
+    run.add_argument(
+        "--keep", action="store_true", help="keep the temporary data directory (logs) afterwards"
+    )
+    run.add_argument("--no-operator", action="store_true", help="do not start the kelastic operator")
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except TimeoutError as exc:
+        print(f"kelastic: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

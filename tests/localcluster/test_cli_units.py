@@ -1,0 +1,94 @@
+"""Pure parts of the ``kelastic local`` CLI: log relaying, completion rules, manifests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kelastic.localcluster.apply import ManifestError, load_manifests
+from kelastic.localcluster.completion import Outcome, outcome_of, register_rule, waitable
+from kelastic.localcluster.logrelay import LogFollower, LogRelay
+
+
+def _relay(tty: bool, interval: float = 10.0) -> tuple[LogRelay, list[str]]:
+    out: list[str] = []
+    return LogRelay(write=out.append, tty=tty, interval=interval), out
+
+
+def test_lines_are_prefixed_and_carriage_returns_collapse() -> None:
+    relay, out = _relay(tty=False)
+    relay.feed("p", "hello\nwor", now=0)
+    relay.feed("p", "ld\n10%\r50%\r100%\n", now=0)
+    assert "".join(out) == "[p] hello\n[p] world\n[p] 100%\n"
+
+
+def test_progress_is_rate_limited_when_not_a_tty() -> None:
+    relay, out = _relay(tty=False, interval=10)
+    for i in range(100):
+        relay.feed("p", f"step {i}\r", now=i * 0.5)  # 50 s of redraws
+    relay.feed("p", "done\n", now=51)
+    lines = "".join(out).splitlines()
+    assert lines[0] == "[p] step 0"
+    assert 4 <= len(lines) <= 7 and lines[-1] == "[p] done"
+
+
+def test_progress_redraws_in_place_on_a_tty() -> None:
+    relay, out = _relay(tty=True)
+    relay.feed("p", "1/3\r", now=0)
+    relay.feed("p", "2/3\r", now=0.1)
+    relay.feed("q", "other line\n", now=0.2)
+    text = "".join(out)
+    assert "\r\x1b[K[p] 1/3" in text and "\r\x1b[K[p] 2/3" in text
+    assert text.endswith("[p] 2/3\n[q] other line\n")  # the open bar line is ended first
+
+
+def test_follower_reads_kubelet_layout(tmp_path: Path) -> None:
+    relay, out = _relay(tty=False)
+    follower = LogFollower(tmp_path, relay)
+    run0 = tmp_path / "pods" / "default_job_u1" / "main" / "0.log"
+    run0.parent.mkdir(parents=True)
+    run0.write_text("first\n")
+    follower.poll(0)
+    (run0.parent / "1.log").write_text("second\n")
+    other = tmp_path / "pods" / "team_w_u2"
+    for c in ("a", "b"):
+        (other / c).mkdir(parents=True)
+        (other / c / "0.log").write_text(f"from {c}\n")
+    follower.poll(1)
+    follower.poll(2)  # nothing new: nothing printed twice
+    assert "".join(out).splitlines() == [
+        "[job] first",
+        "[job] --- container restarted (run 1) ---",
+        "[job] second",
+        "[team/w/a] from a",
+        "[team/w/b] from b",
+    ]
+
+
+def test_completion_rules() -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "status": {"phase": "Failed", "containerStatuses": []}}
+    assert outcome_of(pod)[0] is Outcome.FAILED
+    job = {"apiVersion": "x.dev/v1", "kind": "Thing", "status": {"phase": "Running"}}
+    assert outcome_of(job)[0] is Outcome.PENDING
+    job["status"] = {"conditions": [{"type": "Succeeded", "status": "True", "message": "all done"}]}
+    assert outcome_of(job) == (Outcome.SUCCEEDED, "all done")
+    job["status"] = {"phase": "Failed", "message": "boom"}
+    assert outcome_of(job) == (Outcome.FAILED, "boom")
+    register_rule("x.dev/v1", "Odd", lambda obj: (Outcome.SUCCEEDED, "custom"))
+    assert outcome_of({"apiVersion": "x.dev/v1", "kind": "Odd"}) == (Outcome.SUCCEEDED, "custom")
+    assert waitable(job) and not waitable({"kind": "Service"})
+
+
+def test_manifest_errors_name_the_document(tmp_path: Path) -> None:
+    good = tmp_path / "ok.yaml"
+    good.write_text(
+        "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Pod, metadata: {name: a}}\n---\n"
+    )
+    assert [o["metadata"]["name"] for o in load_manifests([good])] == ["a"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: a}\n---\nkind: Pod\nmetadata: {name: b}\n")
+    with pytest.raises(ManifestError, match="document 2 has no apiVersion"):
+        load_manifests([bad])
+    with pytest.raises(ManifestError, match="cannot read"):
+        load_manifests([tmp_path / "missing.yaml"])
