@@ -1,0 +1,116 @@
+"""Container processes: logs, exit codes, process-group kills (grandchildren too)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from kelastic.localcluster.runtime import spawn
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purpose.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_file(path: Path, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} was not written within {timeout}s")
+
+
+def test_output_and_exit_code(tmp_path: Path) -> None:
+    async def main() -> None:
+        log = tmp_path / "c" / "0.log"
+        proc = spawn(
+            [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
+            dict(os.environ),
+            str(tmp_path),
+            log,
+        )
+        status = await asyncio.wait_for(proc.wait(), 20)
+        assert status.exit_code == 3 and status.signal is None
+        assert sorted(log.read_text().split()) == ["err", "out"]
+
+    asyncio.run(main())
+
+
+GRANDPARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(sys.argv[1], "w").write(str(child.pid))
+time.sleep(600)
+"""
+
+
+def test_stop_kills_the_whole_group_and_reports_the_signal(tmp_path: Path) -> None:
+    async def main() -> None:
+        pidfile = tmp_path / "grandchild.pid"
+        proc = spawn(
+            [sys.executable, "-c", GRANDPARENT, str(pidfile)],
+            dict(os.environ),
+            str(tmp_path),
+            tmp_path / "0.log",
+        )
+        grandchild = int(await asyncio.to_thread(_wait_file, pidfile))
+        assert _alive(grandchild)
+        status = await asyncio.wait_for(proc.stop(grace=5.0), 20)
+        assert status.exit_code == 128 + signal.SIGTERM and status.signal == signal.SIGTERM
+        deadline = time.monotonic() + 5
+        while _alive(grandchild) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not _alive(grandchild)
+
+    asyncio.run(main())
+
+
+def test_leftovers_die_with_the_main_process(tmp_path: Path) -> None:
+    script = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(sys.argv[1], "w").write(str(child.pid))
+"""
+
+    async def main() -> None:
+        pidfile = tmp_path / "left.pid"
+        proc = spawn(
+            [sys.executable, "-c", script, str(pidfile)], dict(os.environ), str(tmp_path), tmp_path / "0.log"
+        )
+        status = await asyncio.wait_for(proc.wait(), 20)
+        assert status.exit_code == 0
+        left = int(pidfile.read_text())
+        deadline = time.monotonic() + 5
+        while _alive(left) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not _alive(left)
+
+    asyncio.run(main())
+
+
+def test_sigterm_ignored_means_sigkill_after_grace(tmp_path: Path) -> None:
+    script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+
+    async def main() -> None:
+        log = tmp_path / "0.log"
+        proc = spawn([sys.executable, "-c", script], dict(os.environ), str(tmp_path), log)
+        await asyncio.to_thread(_wait_file, log)
+        start = time.monotonic()
+        status = await asyncio.wait_for(proc.stop(grace=1.0), 20)
+        assert status.exit_code == 137 and time.monotonic() - start >= 0.9
+
+    asyncio.run(main())
