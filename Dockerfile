@@ -1,0 +1,48 @@
+# kelastic: one image for the operator, the in-pod agent and the rendezvous store.
+#
+#   docker build -t kelastic:0.1.0 .
+#   docker build --build-arg TORCH_PIP_ARGS="--index-url <your CPU wheel index>" -t kelastic:0.1.0 .
+#
+# Entrypoints (console scripts on PATH; pods pick one with `command:`):
+#   kelastic-operator     the ElasticJob operator (the Helm chart runs this)
+#   kelastic-agent        the elastic agent the operator wraps around worker commands
+#                         (also `python -m kelastic.agent`)
+#   kelastic-rendezvous   the rendezvous store the operator runs for each job
+FROM python:3.11-slim
+
+ARG TORCH_VERSION=2.13.0
+# Extra pip flags for the torch install only, e.g. an index that serves the
+# CPU-only build; the default takes torch from the configured index.
+ARG TORCH_PIP_ARGS=""
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# torch first and pinned: the package only asks for torch>=2.4, so installing it
+# afterwards keeps this build instead of pulling another one. (hadolint takes
+# the pass-through flags for an unpinned package.)
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir ${TORCH_PIP_ARGS} "torch==${TORCH_VERSION}"
+
+WORKDIR /opt/kelastic
+COPY pyproject.toml ./
+COPY agent ./agent
+COPY operator ./operator
+COPY localcluster ./localcluster
+# The package itself: its dependency ranges live in pyproject.toml, not here.
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir . \
+    && rm -rf build ./*.egg-info
+
+# The example training script, so the examples run on the image as it is.
+COPY examples /opt/kelastic/examples
+
+# An unprivileged user with a fixed uid, matching the chart's runAsUser.
+RUN groupadd --system --gid 10001 kelastic \
+    && useradd --system --uid 10001 --gid kelastic --home-dir /home/kelastic --create-home --shell /usr/sbin/nologin kelastic
+USER 10001:10001
+WORKDIR /home/kelastic
+
+CMD ["kelastic-operator"]

