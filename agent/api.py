@@ -58,7 +58,7 @@ from torch.distributed import Store
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 from torch.distributed.elastic.rendezvous.api import RendezvousGracefulExitError
 
-from kelastic.agent.events import Event, EventSink, EventSource, LogSink, record
+from kelastic.agent.events import Event, EventSink, EventSource, default_sink, record
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import ProcessFailure, SignalException, Std
 
@@ -400,7 +400,7 @@ class SimpleElasticAgent(ElasticAgent):
         self._store: Store | None = None
         self._exit_barrier_timeout = exit_barrier_timeout
         self._membership_grace = membership_grace
-        self._event_sink: EventSink = event_sink if event_sink is not None else LogSink()
+        self._event_sink: EventSink = event_sink if event_sink is not None else default_sink()
         self.metrics = metrics if metrics is not None else Metrics()
         self._total_execution_time = 0.0
         self._attempt = -1  # bumped on every start, restarts of either kind included

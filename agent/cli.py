@@ -356,7 +356,7 @@ def run(config: LaunchConfig) -> int:
     if result.is_failed():
         if result.failures:
             print(
-                format_failure_summary(config.entrypoint_name, result.failures, socket.getfqdn()),
+                format_failure_summary(config.entrypoint_name, result.failures, socket.gethostname()),
                 file=sys.stderr,
                 flush=True,
             )

@@ -3,18 +3,23 @@
 An :class:`Event` is a name, a source (the agent or one worker), a timestamp
 and flat metadata. The agent hands every event to an :class:`EventSink`; the
 sink decides where it goes. :class:`LogSink` (the default) writes one JSON
-object per line to the ``kelastic.agent.events`` logger, :class:`FileSink`
+object per line to the ``kelastic.agent.events`` logger (at DEBUG level unless
+told otherwise), :class:`FileSink`
 appends JSON lines to a file, :class:`MemorySink` keeps them for inspection and
 :class:`NullSink` drops them. Any object with a ``record(event)`` method is a
 sink, so users can forward events to their own systems.
 
 A sink must never break the agent: :func:`record` swallows and logs sink errors.
+
+``kelastic-agent`` writes its events to the file named by ``$KELASTIC_EVENTS_FILE``
+(:data:`EVENTS_FILE_ENV`) when set, else to the log (see :func:`default_sink`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,6 +28,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 __all__ = [
+    "EVENTS_FILE_ENV",
     "Event",
     "EventMetadataValue",
     "EventSink",
@@ -31,6 +37,7 @@ __all__ = [
     "LogSink",
     "MemorySink",
     "NullSink",
+    "default_sink",
     "record",
 ]
 
@@ -88,7 +95,7 @@ class NullSink:
 class LogSink:
     """Writes each event as one JSON line to a logger (``kelastic.agent.events``)."""
 
-    def __init__(self, logger: logging.Logger | None = None, level: int = logging.INFO) -> None:
+    def __init__(self, logger: logging.Logger | None = None, level: int = logging.DEBUG) -> None:
         self._logger = logger or _log
         self._level = level
 
@@ -128,6 +135,16 @@ class MemorySink:
     def names(self) -> list[str]:
         with self._lock:
             return [e.name for e in self.events]
+
+
+#: Environment variable: append the agent's events as JSON lines to this file.
+EVENTS_FILE_ENV = "KELASTIC_EVENTS_FILE"
+
+
+def default_sink() -> EventSink:
+    """:class:`FileSink` on ``$KELASTIC_EVENTS_FILE`` if set, else :class:`LogSink`."""
+    path = os.environ.get(EVENTS_FILE_ENV)
+    return FileSink(path) if path else LogSink()
 
 
 def record(event: Event, sink: EventSink | None) -> None:

@@ -17,7 +17,7 @@ rendezvous store on a loopback port the agent bound itself.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
@@ -27,6 +27,7 @@ from kelastic.agent.api import RunResult, WorkerSpec, WorkerState
 from kelastic.agent.health import HealthServer
 from kelastic.agent.local_agent import LocalElasticAgent
 from kelastic.agent.multiprocessing import SignalException
+from kelastic.agent.rendezvous.server import RendezvousServer
 
 if TYPE_CHECKING:
     from kelastic.agent.cli import LaunchConfig
@@ -36,24 +37,17 @@ __all__ = ["launch_agent"]
 _log = logging.getLogger(__name__)
 
 
-def _embedded_store() -> tuple[Any, str]:
-    """A TCPStore on a loopback port we bound ourselves, and its endpoint."""
-    from torch.distributed import TCPStore
-
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
-    return store, f"127.0.0.1:{store.port}"
-
-
 def launch_agent(config: LaunchConfig) -> RunResult:
     """Run this node's agent to completion; see the module docstring for teardown rules.
 
     Raises :class:`~kelastic.agent.multiprocessing.SignalException` when stopped by a
     signal and rendezvous errors (closed, timed out, unreachable) as they come.
     """
-    embedded = None
+    embedded: RendezvousServer | None = None
     endpoint = config.rdzv_endpoint
     if config.standalone:
-        embedded, endpoint = _embedded_store()
+        embedded = RendezvousServer("127.0.0.1", 0).start()
+        endpoint = embedded.endpoint
     health: HealthServer | None = None
     agent: LocalElasticAgent | None = None
 
@@ -121,4 +115,4 @@ def launch_agent(config: LaunchConfig) -> RunResult:
         if health is not None:
             health.stop()
         if embedded is not None:
-            del embedded
+            embedded.stop()

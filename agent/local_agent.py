@@ -26,6 +26,7 @@ import re
 import signal
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,6 +37,7 @@ from kelastic.agent.api import RunResult, SimpleElasticAgent, WorkerGroup, Worke
 from kelastic.agent.events import EventSink
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import PContext, Std, start_processes, to_std_map
+from kelastic.agent.progress import NodeProgress, ProgressDisplay, aggregate, progress_file, read_report
 
 __all__ = ["LocalElasticAgent", "worker_env"]
 
@@ -130,7 +132,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._local_ranks_filter = local_ranks_filter
         self._pcontext: PContext | None = None
         self._progress_files: dict[int, str] = {}
-        self._display: Any = None
+        self._display: ProgressDisplay | None = None
         self._show_progress = progress
         self._rdzv_endpoint = rdzv_endpoint
         self._progress_store: Any = None
@@ -172,7 +174,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         use_agent_store = bool(getattr(handler, "use_agent_store", False))
         base_env = dict(os.environ)
         n = spec.local_world_size
-        self._progress_files = {lr: str(attempt_dir / str(lr) / "progress.json") for lr in range(n)}
+        self._progress_files = {lr: str(progress_file(attempt_dir, lr)) for lr in range(n)}
         envs = {
             lr: worker_env(
                 spec,
@@ -242,39 +244,32 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._publish_progress()
 
     # progress ---------------------------------------------------------------------------------
-    def _ensure_display(self) -> Any:
+    def _ensure_display(self) -> ProgressDisplay | None:
         if not self._show_progress:
             return None
         if self._display is None:
-            from kelastic.agent.progress import ProgressDisplay
-
-            self._display = ProgressDisplay()
-            self._display.start()
+            self._display = ProgressDisplay(name=self._worker_group.spec.role).start()
         return self._display
 
     @staticmethod
-    def _progbar_events(display: Any) -> Any:
-        return None if display is None else display.progbar_events
+    def _progbar_events(display: ProgressDisplay | None) -> dict[str, threading.Event] | None:
+        return None if display is None else display.events
 
-    def _point_display(self, display: Any) -> None:
+    def _point_display(self, display: ProgressDisplay | None) -> None:
         if display is not None:
-            display.set_files(self._progress_files)
+            display.set_progress_files(self._progress_files)
 
     def _stop_display(self) -> None:
         if self._display is not None:
             display, self._display = self._display, None
             display.stop()
 
-    def node_progress(self) -> tuple[int, int | None] | None:
-        """(slowest local rank's step, total) of the current attempt, or None before any report."""
-        from kelastic.agent.progress import read_report
-
-        reports = [read_report(p) for p in self._progress_files.values()]
-        got = [r for r in reports if r is not None]
-        if not got:
-            return None
-        totals = [r.total for r in got if r.total is not None]
-        return min(r.step for r in got), (max(totals) if totals else None)
+    def node_progress(self) -> NodeProgress | None:
+        """The current attempt's progress (slowest local rank), or None before any report."""
+        if self._display is not None:
+            return self._display.snapshot()
+        reports = {lr: read_report(p) for lr, p in self._progress_files.items()}
+        return aggregate({lr: r for lr, r in reports.items() if r is not None})
 
     def _publish_progress(self) -> None:
         spec = self._worker_group.spec
@@ -292,8 +287,8 @@ class LocalElasticAgent(SimpleElasticAgent):
                 self._progress_store,
                 spec.rdzv_handler.get_run_id(),
                 node_name(),
-                step=progress[0],
-                total=progress[1],
+                step=progress.step,
+                total=progress.total,
                 restarts=self.restart_count,
             )
             self._publish_failed_logged = False

@@ -38,7 +38,7 @@ def test_log_sink_and_failing_sink(caplog: pytest.LogCaptureFixture) -> None:
             raise RuntimeError("sink down")
 
     with caplog.at_level(logging.INFO):
-        record(Event("hello", EventSource.AGENT), LogSink())
+        record(Event("hello", EventSource.AGENT), LogSink(level=logging.INFO))
         record(Event("lost", EventSource.AGENT), Broken())  # must not raise
     assert any('"name": "hello"' in r.getMessage() for r in caplog.records)
     assert any("failed to record lost" in r.getMessage() for r in caplog.records)
