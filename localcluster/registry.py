@@ -1,0 +1,903 @@
+"""Object semantics of the API server: create, read, update, patch, delete.
+
+:class:`Registry` is the API's behaviour independent of HTTP: names and
+generateName, uid, creationTimestamp, resourceVersion preconditions (409
+Conflict), generation bumped on spec changes only, status and scale
+subresources, CRD schemas (prune, default, validate → 422), finalizers and
+deletionTimestamp, graceful pod deletion, and registration of CRD types. It runs
+on the server's event loop thread; every method is synchronous.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import secrets
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+from typing import Any
+
+from . import kinds, schema
+from .errors import ApiError, FieldCause
+from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from .resources import ResourceType, TypeRegistry
+from .selectors import make_predicate, parse_field_selector, parse_label_selector, selector_string
+from .storage import EventType, Gone, Store
+
+__all__ = ["DeleteOptions", "FieldValidation", "ListResult", "PatchType", "Registry", "now_rfc3339"]
+
+Obj = dict[str, Any]
+_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+
+FINALIZER_ORPHAN = "orphan"
+FINALIZER_FOREGROUND = "foregroundDeletion"
+
+
+def now_rfc3339(delta: float = 0.0) -> str:
+    t = datetime.now(timezone.utc) + timedelta(seconds=delta)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class PatchType(str, Enum):
+    JSON = "application/json-patch+json"
+    MERGE = "application/merge-patch+json"
+    STRATEGIC = "application/strategic-merge-patch+json"
+    APPLY = "application/apply-patch+yaml"
+
+
+class FieldValidation(str, Enum):
+    IGNORE = "Ignore"
+    WARN = "Warn"
+    STRICT = "Strict"
+
+
+@dataclass
+class DeleteOptions:
+    propagation: str | None = None  # Background, Foreground, Orphan
+    grace_period: int | None = None
+    precondition_uid: str | None = None
+    precondition_rv: str | None = None
+    dry_run: bool = False
+
+
+@dataclass
+class ListResult:
+    items: list[Obj]
+    resource_version: str
+    continue_token: str = ""
+    remaining: int | None = None
+
+
+@dataclass
+class WriteResult:
+    obj: Obj
+    warnings: list[str] = field(default_factory=list)
+    created: bool = False
+
+
+def _strip(obj: Obj, *, keep_status: bool) -> Obj:
+    """The object without metadata (and status when it is a subresource): what generation tracks."""
+    return {k: v for k, v in obj.items() if k != "metadata" and (keep_status or k != "status")}
+
+
+def _get_path(obj: Obj, dotted: str) -> Any:
+    cur: Any = obj
+    for part in dotted.strip(".").split("."):
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+def _set_path(obj: Obj, dotted: str, value: Any) -> None:
+    parts = dotted.strip(".").split(".")
+    cur = obj
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            cur[part] = nxt
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def _check_preconditions(rt: ResourceType, old: Obj, meta: Obj) -> None:
+    """409 Conflict when ``meta`` names another resourceVersion or uid than the stored object."""
+    name = old["metadata"]["name"]
+    rv = meta.get("resourceVersion")
+    if rv and rv != old["metadata"]["resourceVersion"]:
+        raise ApiError.conflict(
+            rt.group,
+            rt.plural,
+            name,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        )
+    uid = meta.get("uid")
+    if uid and uid != old["metadata"]["uid"]:
+        raise ApiError.conflict(
+            rt.group,
+            rt.plural,
+            name,
+            f"Precondition failed: UID in precondition: {uid}, UID in object meta: {old['metadata']['uid']}",
+        )
+
+
+class Registry:
+    """The API's object semantics over a :class:`Store` (see module docstring)."""
+
+    def __init__(self, store: Store, types: TypeRegistry) -> None:
+        self.store = store
+        self.types = types
+        self.services = kinds.ServiceAddresses()
+        #: Hooks run after a CRD's types change (discovery/openapi caches).
+        self.on_types_changed: list[Callable[[], None]] = []
+
+    # ---- bootstrap -----------------------------------------------------------
+    def bootstrap(self) -> None:
+        """Re-register stored CRDs and services, and create the default namespaces."""
+        for crd in self.store.list("apiextensions.k8s.io/customresourcedefinitions"):
+            self.types.register_crd(crd)
+        for svc in self.store.list("/services"):
+            self.services.restore(svc)
+        ns_type = self.types.lookup("", "v1", "namespaces")
+        assert ns_type is not None
+        for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
+            if self.store.get(ns_type.key, "", name) is None:
+                self.create(ns_type, None, {"metadata": {"name": name}})
+        self._types_changed()
+
+    def _types_changed(self) -> None:
+        for hook in self.on_types_changed:
+            hook()
+
+    # ---- helpers -------------------------------------------------------------
+    def present(self, rt: ResourceType, obj: Obj) -> Obj:
+        """``obj`` as served at ``rt``'s version (apiVersion and kind set)."""
+        if obj.get("apiVersion") == rt.api_version and obj.get("kind") == rt.kind:
+            return obj
+        out = dict(obj)
+        out["apiVersion"] = rt.api_version
+        out["kind"] = rt.kind
+        return out
+
+    def _storage_type(self, rt: ResourceType) -> ResourceType:
+        if rt.crd and rt.version != rt.storage_version:
+            st = self.types.lookup(rt.group, rt.storage_version, rt.plural)
+            if st is not None:
+                return st
+        return rt
+
+    def _ns(self, rt: ResourceType, namespace: str | None) -> str:
+        if rt.namespaced:
+            if not namespace:
+                raise ApiError.bad_request(f"{rt.plural} is namespaced: the request must name a namespace")
+            return namespace
+        return ""
+
+    def get(self, rt: ResourceType, namespace: str | None, name: str) -> Obj:
+        obj = self.store.get(rt.key, self._ns(rt, namespace), name)
+        if obj is None:
+            raise ApiError.not_found(rt.group, rt.plural, name)
+        return self.present(rt, obj)
+
+    def _check_namespace(self, rt: ResourceType, ns: str) -> None:
+        if not rt.namespaced:
+            return
+        nsobj = self.store.get("/namespaces", "", ns)
+        if nsobj is None:
+            raise ApiError(
+                404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"}
+            )
+        if nsobj["metadata"].get("deletionTimestamp"):
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'{rt.plural} "" is forbidden: unable to create new content in '
+                f"namespace {ns} because it is being terminated",
+                {
+                    "kind": rt.plural,
+                    "causes": [
+                        {
+                            "reason": "NamespaceTerminating",
+                            "message": f"namespace {ns} is being terminated",
+                            "field": "metadata.namespace",
+                        }
+                    ],
+                },
+            )
+
+    def _check_body(self, rt: ResourceType, body: Any, namespace: str) -> Obj:
+        if not isinstance(body, dict):
+            raise ApiError.bad_request(
+                f"the request body must be a {rt.kind} object, got {type(body).__name__}"
+            )
+        kind = body.get("kind")
+        if kind and kind != rt.kind:
+            raise ApiError.bad_request(
+                f"the object provided is unrecognized (must be of type {rt.kind}): kind {kind!r} in the body"
+            )
+        api_version = body.get("apiVersion")
+        if api_version and api_version != rt.api_version and not rt.crd:
+            raise ApiError.bad_request(
+                f"the API version in the data ({api_version}) does not match the expected API version "
+                f"({rt.api_version})"
+            )
+        meta = body.get("metadata")
+        if meta is None:
+            meta = {}
+        if not isinstance(meta, dict):
+            raise ApiError.bad_request("metadata must be an object")
+        if rt.namespaced:
+            given = meta.get("namespace")
+            if given and given != namespace:
+                raise ApiError.bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+        return body
+
+    def _schema_pass(
+        self, rt: ResourceType, obj: Obj, validation: FieldValidation, name: str
+    ) -> tuple[Obj, list[str]]:
+        """Prune, default and validate a custom resource; returns it and any warnings."""
+        warnings: list[str] = []
+        if not rt.crd or not rt.schema:
+            return obj, warnings
+        pruned, dropped = schema.prune(obj, rt.schema)
+        meta = obj.get("metadata") or {}
+        unknown_meta = [f"metadata.{k}" for k in meta if k not in _OBJECT_META_FIELDS]
+        dropped = unknown_meta + dropped
+        if dropped and validation is FieldValidation.STRICT:
+            detail = ", ".join(f'unknown field "{p}"' for p in dropped)
+            raise ApiError.bad_request(
+                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: strict decoding '
+                f"error: {detail}"
+            )
+        if dropped and validation is FieldValidation.WARN:
+            warnings.extend(f'unknown field "{p}"' for p in dropped)
+        obj = schema.apply_defaults(pruned, rt.schema)
+        causes = schema.validate(obj, rt.schema)
+        if causes:
+            raise ApiError.invalid(rt.group, rt.kind, name, causes)
+        return obj, warnings
+
+    def _validate(self, rt: ResourceType, obj: Obj, name: str) -> None:
+        causes = kinds.validate_builtin(rt, obj)
+        if causes:
+            raise ApiError.invalid(rt.group, rt.kind, name, causes)
+
+    def _new_name(self, rt: ResourceType, ns: str, prefix: str) -> str:
+        for _ in range(20):
+            name = prefix + "".join(secrets.choice(_NAME_CHARS) for _ in range(5))
+            if self.store.get(rt.key, ns, name) is None:
+                return name
+        raise ApiError(500, "AlreadyExists", f"could not generate a free name with prefix {prefix!r}")
+
+    # ---- create --------------------------------------------------------------
+    def create(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        body: Any,
+        *,
+        validation: FieldValidation = FieldValidation.WARN,
+        dry_run: bool = False,
+    ) -> WriteResult:
+        ns = self._ns(rt, namespace)
+        body = self._check_body(rt, body, ns)
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name"):
+            if meta.get("generateName"):
+                meta["name"] = self._new_name(rt, ns, meta["generateName"])
+            else:
+                raise ApiError.invalid(
+                    rt.group,
+                    rt.kind,
+                    "",
+                    [
+                        FieldCause(
+                            "FieldValueRequired",
+                            "Required value: name or generateName is required",
+                            "metadata.name",
+                        )
+                    ],
+                )
+        name = meta["name"]
+        causes = kinds.name_causes(rt, name)
+        if causes:
+            raise ApiError.invalid(rt.group, rt.kind, name, causes)
+        self._check_namespace(rt, ns)
+        if self.store.get(rt.key, ns, name) is not None:
+            raise ApiError.already_exists(rt.group, rt.plural, name)
+        if rt.namespaced:
+            meta["namespace"] = ns
+        else:
+            meta.pop("namespace", None)
+        for f in (
+            "resourceVersion",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+            "managedFields",
+        ):
+            meta.pop(f, None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = now_rfc3339()
+        meta["generation"] = 1
+        st = self._storage_type(rt)
+        obj["apiVersion"] = st.api_version
+        obj["kind"] = rt.kind
+        if rt.crd and rt.has_status:
+            obj.pop("status", None)
+        obj, warnings = self._schema_pass(rt, obj, validation, name)
+        try:
+            kinds.prepare_create(rt, obj, self.services)
+        except ValueError as exc:
+            raise ApiError.invalid(
+                rt.group, rt.kind, name, [FieldCause("FieldValueInvalid", str(exc), "")]
+            ) from None
+        self._validate(rt, obj, name)
+        if rt.kind == "CustomResourceDefinition" and not rt.crd:
+            self._check_crd_names(obj)
+        if dry_run:
+            if rt.kind == "Service" and not rt.crd:
+                self.services.release(obj)
+            return WriteResult(self.present(rt, obj), warnings, True)
+        self.store.put(rt.key, obj, EventType.ADDED)
+        self._after_write(rt, obj, None)
+        return WriteResult(self.present(rt, obj), warnings, True)
+
+    def _check_crd_names(self, crd: Obj) -> None:
+        spec = crd["spec"]
+        for v in spec.get("versions") or ():
+            existing = self.types.lookup(spec["group"], v["name"], spec["names"]["plural"])
+            if existing is not None and not existing.crd:
+                raise ApiError.invalid(
+                    "apiextensions.k8s.io",
+                    "CustomResourceDefinition",
+                    crd["metadata"]["name"],
+                    [
+                        FieldCause(
+                            "FieldValueInvalid",
+                            "Invalid value: a built-in resource already serves this group and plural",
+                            "spec.names.plural",
+                        )
+                    ],
+                )
+
+    def _after_write(self, rt: ResourceType, obj: Obj, old: Obj | None) -> None:
+        if rt.crd:
+            return
+        if rt.kind == "CustomResourceDefinition":
+            self.types.register_crd(obj)
+            self._types_changed()
+        elif rt.kind == "Namespace" and old is None:
+            sa = self.types.lookup("", "v1", "serviceaccounts")
+            name = obj["metadata"]["name"]
+            if sa is not None and self.store.get(sa.key, name, "default") is None:
+                self.create(sa, name, {"metadata": {"name": "default"}})
+
+    # ---- list ----------------------------------------------------------------
+    def list(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+        resource_version: str | None = None,
+        resource_version_match: str | None = None,
+    ) -> ListResult:
+        ns = namespace if rt.namespaced and namespace else None
+        pred = make_predicate(
+            ns, parse_label_selector(label_selector), parse_field_selector(field_selector, rt.kind)
+        )
+        if resource_version_match and resource_version_match not in ("NotOlderThan", "Exact"):
+            raise ApiError.bad_request(
+                f"resourceVersionMatch: Unsupported value: {resource_version_match!r}: supported values: "
+                '"Exact", "NotOlderThan"'
+            )
+        if resource_version_match and not resource_version:
+            raise ApiError.bad_request("resourceVersionMatch is forbidden unless resourceVersion is provided")
+        current = self.store.rv
+        if resource_version and resource_version != "0":
+            try:
+                wanted = int(resource_version)
+            except ValueError:
+                raise ApiError.bad_request(f"invalid resourceVersion {resource_version!r}") from None
+            if resource_version_match == "Exact" and wanted != current:
+                raise ApiError.gone(
+                    f"too old resource version: {wanted} ({current}); only the current version can be listed "
+                    "exactly"
+                )
+            if wanted > current:
+                raise ApiError(
+                    504,
+                    "Timeout",
+                    f"Too large resource version: {wanted}, current: {current}",
+                    {
+                        "causes": [
+                            {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+                        ],
+                        "retryAfterSeconds": 1,
+                    },
+                )
+        start_after: tuple[str, str] | None = None
+        list_rv = str(current)
+        if continue_token:
+            try:
+                tok = json.loads(base64.urlsafe_b64decode(continue_token.encode()))
+                start_after = (tok["ns"], tok["name"])
+                list_rv = str(tok["rv"])
+            except (ValueError, KeyError, TypeError):
+                raise ApiError.bad_request(f"invalid continue token {continue_token!r}") from None
+        objs = self.store.list(rt.key, ns)
+        if start_after is not None:
+            objs = [
+                o for o in objs if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > start_after
+            ]
+        items = [self.present(rt, o) for o in objs if pred(o)]
+        cont = ""
+        remaining = None
+        if limit and limit > 0 and len(items) > limit:
+            remaining = len(items) - limit
+            items = items[:limit]
+            last = items[-1]["metadata"]
+            cont = base64.urlsafe_b64encode(
+                json.dumps({"ns": last.get("namespace", ""), "name": last["name"], "rv": list_rv}).encode()
+            ).decode()
+        return ListResult(items, list_rv, cont, remaining)
+
+    # ---- update --------------------------------------------------------------
+    def update(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        *,
+        subresource: str = "",
+        validation: FieldValidation = FieldValidation.WARN,
+        dry_run: bool = False,
+    ) -> WriteResult:
+        ns = self._ns(rt, namespace)
+        body = self._check_body(rt, body, ns)
+        old = self.store.get(rt.key, ns, name)
+        if old is None:
+            raise ApiError.not_found(rt.group, rt.plural, name)
+        meta = body.get("metadata") or {}
+        if meta.get("name") and meta["name"] != name:
+            raise ApiError.bad_request(
+                f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
+            )
+        _check_preconditions(rt, old, meta)
+        return self._write_update(rt, old, copy.deepcopy(body), subresource, validation, dry_run)
+
+    def _write_update(
+        self,
+        rt: ResourceType,
+        old: Obj,
+        new: Obj,
+        subresource: str,
+        validation: FieldValidation,
+        dry_run: bool,
+    ) -> WriteResult:
+        name = old["metadata"]["name"]
+        st = self._storage_type(rt)
+        if subresource == "status":
+            status = new.get("status")
+            new = copy.deepcopy(old)
+            if status is None:
+                new.pop("status", None)
+            else:
+                new["status"] = status
+        else:
+            if rt.has_status:
+                if "status" in old:
+                    new["status"] = copy.deepcopy(old["status"])
+                else:
+                    new.pop("status", None)
+            meta = new.setdefault("metadata", {})
+            if meta is None:
+                meta = new["metadata"] = {}
+            om = old["metadata"]
+            for f in (
+                "name",
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+            ):
+                if f in om:
+                    meta[f] = om[f]
+                else:
+                    meta.pop(f, None)
+            if "namespace" in om:
+                meta["namespace"] = om["namespace"]
+            meta.pop("managedFields", None)
+            meta.pop("selfLink", None)
+            if om.get("deletionTimestamp"):
+                added = set(meta.get("finalizers") or ()) - set(om.get("finalizers") or ())
+                if added:
+                    raise ApiError.invalid(
+                        rt.group,
+                        rt.kind,
+                        name,
+                        [
+                            FieldCause(
+                                "FieldValueForbidden",
+                                "Forbidden: no new finalizers can be added if the object is being deleted",
+                                "metadata.finalizers",
+                            )
+                        ],
+                    )
+        new["apiVersion"] = st.api_version
+        new["kind"] = rt.kind
+        new, warnings = self._schema_pass(rt, new, validation, name)
+        kinds.prepare_update(rt, new, old)
+        self._validate(rt, new, name)
+        if rt.kind == "CustomResourceDefinition" and not rt.crd:
+            new["status"] = kinds.crd_status({**new, "status": old.get("status")})
+        # Generation follows the spec (everything but metadata, and status when it is a subresource).
+        if _strip(new, keep_status=not rt.has_status) != _strip(old, keep_status=not rt.has_status):
+            new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
+        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if new == old:
+            return WriteResult(self.present(rt, old), warnings)
+        if dry_run:
+            return WriteResult(self.present(rt, new), warnings)
+        nm = new["metadata"]
+        if nm.get("deletionTimestamp") and not nm.get("finalizers") and self._grace_done(rt, new):
+            final = self.store.remove(rt.key, new)
+            self._after_remove(rt, final)
+            return WriteResult(self.present(rt, final), warnings)
+        self.store.put(rt.key, new, EventType.MODIFIED)
+        self._after_write(rt, new, old)
+        return WriteResult(self.present(rt, new), warnings)
+
+    def _grace_done(self, rt: ResourceType, obj: Obj) -> bool:
+        """Whether an object being deleted may go once its finalizers are gone."""
+        return not (rt.kind == "Pod" and not rt.crd and obj["metadata"].get("deletionGracePeriodSeconds"))
+
+    # ---- patch ---------------------------------------------------------------
+    def patch(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        patch_type: PatchType,
+        patch: Any,
+        *,
+        subresource: str = "",
+        validation: FieldValidation = FieldValidation.WARN,
+        dry_run: bool = False,
+        field_manager: str | None = None,
+    ) -> WriteResult:
+        ns = self._ns(rt, namespace)
+        old = self.store.get(rt.key, ns, name)
+        if patch_type is PatchType.APPLY:
+            if not field_manager:
+                raise ApiError.bad_request(
+                    "PATCH request with apply content type requires fieldManager parameter"
+                )
+            if not isinstance(patch, dict):
+                raise ApiError.bad_request("an apply patch must be an object")
+            if old is None:
+                if subresource:
+                    raise ApiError.not_found(rt.group, rt.plural, name)
+                body = copy.deepcopy(patch)
+                body.setdefault("metadata", {})["name"] = name
+                return self.create(rt, namespace, body, validation=validation, dry_run=dry_run)
+            patch_type = PatchType.MERGE if rt.crd else PatchType.STRATEGIC
+        if old is None:
+            raise ApiError.not_found(rt.group, rt.plural, name)
+        if subresource == "scale":
+            return self.patch_scale(rt, namespace, name, patch_type, patch, dry_run=dry_run)
+        if patch_type is PatchType.STRATEGIC and rt.crd:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format - accepted media types include: "
+                f"{PatchType.JSON.value}, {PatchType.MERGE.value}, {PatchType.APPLY.value}",
+            )
+        current = self.present(rt, old)
+        try:
+            if patch_type is PatchType.JSON:
+                new = json_patch(current, patch)
+            elif patch_type is PatchType.MERGE:
+                if not isinstance(patch, dict):
+                    raise PatchError("a merge patch must be a JSON object")
+                new = merge_patch(current, patch)
+            else:
+                if not isinstance(patch, dict):
+                    raise PatchError("a strategic merge patch must be a JSON object")
+                new = strategic_merge_patch(current, patch)
+        except PatchError as exc:
+            raise ApiError(
+                422 if patch_type is PatchType.JSON else 400,
+                "Invalid" if patch_type is PatchType.JSON else "BadRequest",
+                str(exc),
+            ) from None
+        if not isinstance(new, dict):
+            raise ApiError.bad_request("the patch must leave an object")
+        meta = new.get("metadata") or {}
+        _check_preconditions(rt, old, meta)
+        new = copy.deepcopy(new)
+        return self._write_update(rt, old, new, subresource, validation, dry_run)
+
+    # ---- scale subresource ----------------------------------------------------
+    def _scale_paths(self, rt: ResourceType) -> tuple[str, str, str | None]:
+        if rt.crd:
+            if not rt.scale:
+                raise ApiError.not_found(rt.group, f"{rt.plural}/scale", "")
+            return (
+                rt.scale["specReplicasPath"],
+                rt.scale["statusReplicasPath"],
+                rt.scale.get("labelSelectorPath"),
+            )
+        return ".spec.replicas", ".status.replicas", None
+
+    def get_scale(self, rt: ResourceType, namespace: str | None, name: str) -> Obj:
+        obj = self.store.get(rt.key, self._ns(rt, namespace), name)
+        if obj is None:
+            raise ApiError.not_found(rt.group, rt.plural, name)
+        return self._scale_of(rt, obj)
+
+    def _scale_of(self, rt: ResourceType, obj: Obj) -> Obj:
+        spec_path, status_path, selector_path = self._scale_paths(rt)
+        m = obj["metadata"]
+        if selector_path:
+            selector = _get_path(obj, selector_path) or ""
+        else:
+            selector = selector_string((obj.get("spec") or {}).get("selector"))
+        status: Obj = {"replicas": int(_get_path(obj, status_path) or 0)}
+        if selector:
+            status["selector"] = selector
+        return {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {
+                k: m[k]
+                for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if k in m
+            },
+            "spec": {"replicas": int(_get_path(obj, spec_path) or 0)},
+            "status": status,
+        }
+
+    def update_scale(
+        self, rt: ResourceType, namespace: str | None, name: str, body: Any, *, dry_run: bool = False
+    ) -> WriteResult:
+        ns = self._ns(rt, namespace)
+        old = self.store.get(rt.key, ns, name)
+        if old is None:
+            raise ApiError.not_found(rt.group, rt.plural, name)
+        if not isinstance(body, dict):
+            raise ApiError.bad_request("the body must be an autoscaling/v1 Scale")
+        _check_preconditions(rt, old, body.get("metadata") or {})
+        return self._apply_scale(rt, old, body, FieldValidation.WARN, dry_run)
+
+    def patch_scale(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        patch_type: PatchType,
+        patch: Any,
+        *,
+        dry_run: bool = False,
+    ) -> WriteResult:
+        ns = self._ns(rt, namespace)
+        old = self.store.get(rt.key, ns, name)
+        if old is None:
+            raise ApiError.not_found(rt.group, rt.plural, name)
+        scale = self._scale_of(rt, old)
+        try:
+            if patch_type is PatchType.JSON:
+                new_scale = json_patch(scale, patch)
+            elif isinstance(patch, dict):
+                new_scale = merge_patch(scale, patch)
+            else:
+                raise PatchError("a scale patch must be a JSON object")
+        except PatchError as exc:
+            raise ApiError.bad_request(str(exc)) from None
+        return self._apply_scale(rt, old, new_scale, FieldValidation.WARN, dry_run)
+
+    def _apply_scale(
+        self, rt: ResourceType, old: Obj, scale: Obj, validation: FieldValidation, dry_run: bool
+    ) -> WriteResult:
+        replicas = (scale.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise ApiError.invalid(
+                "autoscaling",
+                "Scale",
+                old["metadata"]["name"],
+                [
+                    FieldCause(
+                        "FieldValueInvalid",
+                        f"Invalid value: {json.dumps(replicas)}: must be greater than or equal to 0",
+                        "spec.replicas",
+                    )
+                ],
+            )
+        spec_path, _, _ = self._scale_paths(rt)
+        new = copy.deepcopy(old)
+        _set_path(new, spec_path, replicas)
+        result = self._write_update(rt, old, new, "", validation, dry_run)
+        stored = self.store.get(rt.key, old["metadata"].get("namespace", ""), old["metadata"]["name"])
+        return WriteResult(self._scale_of(rt, stored or result.obj), result.warnings)
+
+    # ---- delete --------------------------------------------------------------
+    def delete(
+        self, rt: ResourceType, namespace: str | None, name: str, options: DeleteOptions | None = None
+    ) -> tuple[Obj, bool]:
+        """Delete one object. Returns (object, removed): removed is False while deletion is pending."""
+        opts = options or DeleteOptions()
+        ns = self._ns(rt, namespace)
+        obj = self.store.get(rt.key, ns, name)
+        if obj is None:
+            raise ApiError.not_found(rt.group, rt.plural, name)
+        meta = obj["metadata"]
+        if opts.precondition_uid and opts.precondition_uid != meta.get("uid"):
+            raise ApiError.conflict(
+                rt.group,
+                rt.plural,
+                name,
+                f"Precondition failed: UID in precondition: {opts.precondition_uid}, UID in "
+                f"object meta: {meta.get('uid')}",
+            )
+        if opts.precondition_rv and opts.precondition_rv != meta.get("resourceVersion"):
+            raise ApiError.conflict(
+                rt.group,
+                rt.plural,
+                name,
+                f"Precondition failed: ResourceVersion in precondition: "
+                f"{opts.precondition_rv}, ResourceVersion in object meta: "
+                f"{meta.get('resourceVersion')}",
+            )
+        is_pod = rt.kind == "Pod" and not rt.crd
+        grace = kinds.pod_grace_period(obj, opts.grace_period) if is_pod else 0
+        finalizers = list(meta.get("finalizers") or ())
+        policy = opts.propagation
+        if policy not in (None, "Background", "Foreground", "Orphan"):
+            raise ApiError.bad_request(
+                f'propagationPolicy: Unsupported value: "{policy}": supported values: "Background", '
+                '"Foreground", "Orphan"'
+            )
+        if policy == "Orphan" and FINALIZER_ORPHAN not in finalizers and self.store.dependents(meta["uid"]):
+            finalizers.append(FINALIZER_ORPHAN)
+        if (
+            policy == "Foreground"
+            and FINALIZER_FOREGROUND not in finalizers
+            and self.store.dependents(meta["uid"])
+        ):
+            finalizers.append(FINALIZER_FOREGROUND)
+        if rt.kind == "Namespace" and not rt.crd:
+            return self._delete_namespace(rt, obj, opts)
+        if opts.dry_run:
+            return self.present(rt, obj), False
+        if meta.get("deletionTimestamp"):
+            # Already being deleted: only a shorter grace period changes anything.
+            current = meta.get("deletionGracePeriodSeconds") or 0
+            if is_pod and grace < current:
+                new = copy.deepcopy(obj)
+                nm = new["metadata"]
+                nm["deletionGracePeriodSeconds"] = grace
+                nm["deletionTimestamp"] = now_rfc3339(grace)
+                if grace == 0 and not nm.get("finalizers"):
+                    return self.present(rt, self._remove(rt, new)), True
+                self.store.put(rt.key, new, EventType.MODIFIED)
+                return self.present(rt, new), False
+            if set(finalizers) - set(meta.get("finalizers") or ()):
+                new = copy.deepcopy(obj)
+                new["metadata"]["finalizers"] = finalizers
+                self.store.put(rt.key, new, EventType.MODIFIED)
+                return self.present(rt, new), False
+            return self.present(rt, obj), False
+        if finalizers or grace > 0:
+            new = copy.deepcopy(obj)
+            nm = new["metadata"]
+            nm["deletionTimestamp"] = now_rfc3339(grace)
+            nm["deletionGracePeriodSeconds"] = grace
+            if finalizers:
+                nm["finalizers"] = finalizers
+            self.store.put(rt.key, new, EventType.MODIFIED)
+            return self.present(rt, new), False
+        return self.present(rt, self._remove(rt, obj)), True
+
+    def _remove(self, rt: ResourceType, obj: Obj) -> Obj:
+        final = self.store.remove(rt.key, obj)
+        self._after_remove(rt, final)
+        return final
+
+    def _after_remove(self, rt: ResourceType, obj: Obj) -> None:
+        if rt.crd:
+            return
+        if rt.kind == "Service":
+            self.services.release(obj)
+        elif rt.kind == "CustomResourceDefinition":
+            removed = self.types.unregister_crd(obj["metadata"]["name"])
+            for t in removed[:1]:
+                for cr in self.store.list(t.key):
+                    self.store.remove(t.key, cr)
+                self.store.drop_key(t.key)
+            self._types_changed()
+
+    def _delete_namespace(self, rt: ResourceType, obj: Obj, opts: DeleteOptions) -> tuple[Obj, bool]:
+        if opts.dry_run or obj["metadata"].get("deletionTimestamp"):
+            return self.present(rt, obj), False
+        new = copy.deepcopy(obj)
+        new["metadata"]["deletionTimestamp"] = now_rfc3339()
+        new["metadata"]["deletionGracePeriodSeconds"] = 0
+        new["status"] = {"phase": "Terminating"}
+        self.store.put(rt.key, new, EventType.MODIFIED)
+        return self.present(rt, new), False
+
+    def finish_namespace(self, name: str) -> bool:
+        """Remove a terminating namespace once it holds nothing; True if removed."""
+        ns = self.store.get("/namespaces", "", name)
+        if ns is None or not ns["metadata"].get("deletionTimestamp"):
+            return False
+        for t in self.types.all():
+            if t.namespaced and self.store.count(t.key, name):
+                return False
+        if ns["metadata"].get("finalizers"):
+            return False
+        rt = self.types.lookup("", "v1", "namespaces")
+        assert rt is not None
+        self._remove(rt, ns)
+        return True
+
+    def delete_collection(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        options: DeleteOptions,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[Obj]:
+        result = self.list(rt, namespace, label_selector=label_selector, field_selector=field_selector)
+        out = []
+        for obj in result.items:
+            m = obj["metadata"]
+            try:
+                out.append(self.delete(rt, m.get("namespace"), m["name"], options)[0])
+            except ApiError as exc:
+                if exc.code != 404:
+                    raise
+        return out
+
+    # ---- watch ---------------------------------------------------------------
+    def events_since(self, rt: ResourceType, rv: int) -> list[Any]:
+        try:
+            return list(self.store.events_since(rt.key, rv))
+        except Gone as exc:
+            raise ApiError.gone(str(exc)) from None
+
+
+_OBJECT_META_FIELDS = frozenset(
+    {
+        "name",
+        "generateName",
+        "namespace",
+        "selfLink",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "finalizers",
+        "managedFields",
+    }
+)

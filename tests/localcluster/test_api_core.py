@@ -1,0 +1,236 @@
+"""API server conformance: CRUD, errors, generation, list/watch, selectors, finalizers.
+
+Driven by the official ``kubernetes`` client and the real kubectl against a real
+ApiServer on loopback.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+
+from kelastic.localcluster.apiserver import ApiServer
+from kelastic.localcluster.testing import Kubectl, wait_for
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    data = tmp_path_factory.mktemp("api")
+    server = ApiServer(data_dir=data, watch_history=200)
+    server.start()
+    server.write_kubeconfig(data / "kubeconfig")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def core(api: ApiServer) -> client.CoreV1Api:
+    return client.CoreV1Api(config.new_client_from_config(str(api.data_dir / "kubeconfig")))
+
+
+@pytest.fixture(scope="module")
+def kubectl(api: ApiServer) -> Kubectl:
+    return Kubectl(api.data_dir / "kubeconfig")
+
+
+def _pod(name: str, **labels: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "main", "image": "python:3.11", "command": ["python", "-V"]}]},
+    }
+
+
+def test_default_namespaces_and_discovery(kubectl: Kubectl) -> None:
+    out = kubectl("get", "namespaces", "-o", "name")
+    assert "namespace/default" in out and "namespace/kube-system" in out
+    resources = kubectl("api-resources", "-o", "name")
+    for name in (
+        "pods",
+        "services",
+        "configmaps",
+        "leases.coordination.k8s.io",
+        "events.events.k8s.io",
+        "customresourcedefinitions.apiextensions.k8s.io",
+        "roles.rbac.authorization.k8s.io",
+    ):
+        assert name in resources.split(), name
+    assert "v1.32" in kubectl("version", "-o", "json")
+
+
+def test_create_get_conflicts_and_errors(core: client.CoreV1Api) -> None:
+    created = core.create_namespaced_pod("default", _pod("crud-a", app="a"))
+    assert created.metadata.uid and created.metadata.creation_timestamp
+    assert created.status.phase == "Pending"
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_pod("default", _pod("crud-a"))
+    assert exc.value.status == 409 and "AlreadyExists" in exc.value.body
+    with pytest.raises(ApiException) as exc:
+        core.read_namespaced_pod("missing", "default")
+    assert exc.value.status == 404 and "NotFound" in exc.value.body
+    generated = core.create_namespaced_pod("default", {**_pod(""), "metadata": {"generateName": "gen-"}})
+    assert generated.metadata.name.startswith("gen-") and len(generated.metadata.name) == 9
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_pod("default", {**_pod("Bad_Name")})
+    assert exc.value.status == 422 and "metadata.name" in exc.value.body
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_pod("nope", _pod("x"))
+    assert exc.value.status == 404 and 'namespaces \\"nope\\" not found' in exc.value.body
+    bad = _pod("noimage")
+    del bad["spec"]["containers"][0]["image"]
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_pod("default", bad)
+    assert exc.value.status == 422 and "spec.containers[0].image" in exc.value.body
+
+
+def test_stale_update_conflicts_and_generation(core: client.CoreV1Api) -> None:
+    cm = core.create_namespaced_config_map("default", {"metadata": {"name": "gen"}, "data": {"a": "1"}})
+    assert cm.metadata.generation == 1
+    stale_rv = cm.metadata.resource_version
+    cm.data["a"] = "2"
+    updated = core.replace_namespaced_config_map("gen", "default", cm)
+    assert int(updated.metadata.resource_version) > int(stale_rv)
+    cm.metadata.resource_version = stale_rv
+    cm.data["a"] = "3"
+    with pytest.raises(ApiException) as exc:
+        core.replace_namespaced_config_map("gen", "default", cm)
+    assert exc.value.status == 409 and "the object has been modified" in exc.value.body
+    # Metadata-only changes keep the generation; status writes on pods too.
+    labelled = core.patch_namespaced_config_map("gen", "default", {"metadata": {"labels": {"x": "y"}}})
+    assert labelled.metadata.generation == updated.metadata.generation
+    pod = core.create_namespaced_pod("default", _pod("gen-pod"))
+    st = core.patch_namespaced_pod_status("gen-pod", "default", {"status": {"phase": "Running"}})
+    assert st.status.phase == "Running" and st.metadata.generation == pod.metadata.generation
+    # The main resource ignores status; the status subresource ignores spec.
+    again = core.patch_namespaced_pod("gen-pod", "default", {"status": {"phase": "Failed"}})
+    assert again.status.phase == "Running"
+
+
+def test_list_watch_resume_and_gone(api: ApiServer, core: client.CoreV1Api) -> None:
+    core.create_namespace({"metadata": {"name": "watched"}})
+    start = core.list_namespaced_config_map("watched").metadata.resource_version
+    for i in range(3):
+        core.create_namespaced_config_map("watched", {"metadata": {"name": f"c{i}"}, "data": {"i": str(i)}})
+    core.delete_namespaced_config_map("c1", "watched")
+    w = watch.Watch()
+    seen = []
+    for ev in w.stream(core.list_namespaced_config_map, "watched", resource_version=start, timeout_seconds=5):
+        seen.append((ev["type"], ev["object"].metadata.name))
+        if len(seen) == 4:
+            w.stop()
+    assert seen == [("ADDED", "c0"), ("ADDED", "c1"), ("ADDED", "c2"), ("DELETED", "c1")]
+    # Paging with limit/continue returns everything once.
+    names = []
+    cont = None
+    while True:
+        page = core.list_namespaced_config_map("watched", limit=1, _continue=cont)
+        names += [c.metadata.name for c in page.items]
+        cont = page.metadata._continue
+        if not cont:
+            break
+    assert names == ["c0", "c2"] or names == sorted(names)
+    api.compact()
+    with pytest.raises(ApiException) as exc:
+        for _ in watch.Watch().stream(
+            core.list_namespaced_config_map, "watched", resource_version=start, timeout_seconds=5
+        ):
+            pass
+    assert exc.value.status == 410
+
+
+def test_watch_sees_live_events_and_bookmarks(api: ApiServer, core: client.CoreV1Api) -> None:
+    core.create_namespace({"metadata": {"name": "live"}})
+    rv = core.list_namespaced_pod("live").metadata.resource_version
+    events: list[tuple[str, str]] = []
+
+    def consume() -> None:
+        w = watch.Watch()
+        for ev in w.stream(
+            core.list_namespaced_pod,
+            "live",
+            resource_version=rv,
+            timeout_seconds=10,
+            label_selector="app=web",
+        ):
+            events.append((ev["type"], ev["object"].metadata.name))
+            if len(events) == 3:
+                w.stop()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    core.create_namespaced_pod("live", _pod("w1", app="web"))
+    core.create_namespaced_pod("live", _pod("other", app="db"))
+    # Relabelling out of the selector reaches the watcher as DELETED.
+    core.patch_namespaced_pod("w1", "live", {"metadata": {"labels": {"app": "gone"}}})
+    core.create_namespaced_pod("live", _pod("w2", app="web"))
+    t.join(15)
+    assert events == [("ADDED", "w1"), ("DELETED", "w1"), ("ADDED", "w2")]
+
+
+def test_label_and_field_selectors(core: client.CoreV1Api, kubectl: Kubectl) -> None:
+    core.create_namespace({"metadata": {"name": "sel"}})
+    for name, tier, env in [("p1", "web", "prod"), ("p2", "web", "dev"), ("p3", "db", "prod")]:
+        core.create_namespaced_pod("sel", _pod(name, tier=tier, env=env))
+    core.patch_namespaced_pod_status("p3", "sel", {"status": {"phase": "Running"}})
+
+    def names(**kw: str) -> list[str]:
+        return [p.metadata.name for p in core.list_namespaced_pod("sel", **kw).items]
+
+    assert names(label_selector="tier=web") == ["p1", "p2"]
+    assert names(label_selector="tier=web,env!=dev") == ["p1"]
+    assert names(label_selector="env in (prod),tier notin (web)") == ["p3"]
+    assert names(label_selector="!missing,tier") == ["p1", "p2", "p3"]
+    assert names(field_selector="status.phase=Running") == ["p3"]
+    assert names(field_selector="metadata.name!=p1,status.phase=Pending") == ["p2"]
+    out = kubectl("get", "pods", "-n", "sel", "-l", "env=prod", "-o", "name")
+    assert out.split() == ["pod/p1", "pod/p3"]
+    with pytest.raises(ApiException) as exc:
+        core.list_namespaced_pod("sel", field_selector="spec.bogus=1")
+    assert exc.value.status == 400
+
+
+def test_finalizers_hold_deletion(core: client.CoreV1Api) -> None:
+    core.create_namespaced_config_map(
+        "default", {"metadata": {"name": "held", "finalizers": ["example.com/hold"]}}
+    )
+    core.delete_namespaced_config_map("held", "default")
+    held = core.read_namespaced_config_map("held", "default")
+    assert held.metadata.deletion_timestamp is not None
+    core.patch_namespaced_config_map("held", "default", {"metadata": {"finalizers": None}})
+    with pytest.raises(ApiException) as exc:
+        core.read_namespaced_config_map("held", "default")
+    assert exc.value.status == 404
+
+
+def test_graceful_pod_deletion(core: client.CoreV1Api, kubectl: Kubectl) -> None:
+    core.create_namespaced_pod("default", {**_pod("grace"), "spec": {**_pod("x")["spec"], "nodeName": "n1"}})
+    core.delete_namespaced_pod("grace", "default")
+    pod = core.read_namespaced_pod("grace", "default")
+    assert pod.metadata.deletion_timestamp and pod.metadata.deletion_grace_period_seconds == 30
+    kubectl("delete", "pod", "grace", "--grace-period=0", "--force", "--wait=false")
+    wait_for(
+        lambda: "grace" not in [p.metadata.name for p in core.list_namespaced_pod("default").items],
+        5,
+        "the force-deleted pod to disappear",
+    )
+
+
+def test_kubectl_table_and_logs_errors(core: client.CoreV1Api, kubectl: Kubectl, api: ApiServer) -> None:
+    core.create_namespaced_pod("default", _pod("tbl"))
+    out = kubectl("get", "pod", "tbl")
+    assert out.split("\n")[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    assert out.split("\n")[1].split()[:4] == ["tbl", "0/1", "Pending", "0"]
+    pod = core.read_namespaced_pod("tbl", "default")
+    log_dir = Path(api.data_dir) / "pods" / f"default_tbl_{pod.metadata.uid}" / "main"
+    log_dir.mkdir(parents=True)
+    (log_dir / "0.log").write_text("first\nsecond\n")
+    assert kubectl("logs", "tbl") == "first\nsecond\n"
+    assert kubectl("logs", "tbl", "--tail=1") == "second\n"
