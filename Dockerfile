@@ -43,6 +43,8 @@ COPY examples /opt/kelastic/examples
 RUN groupadd --system --gid 10001 kelastic \
     && useradd --system --uid 10001 --gid kelastic --home-dir /home/kelastic --create-home --shell /usr/sbin/nologin kelastic
 USER 10001:10001
-WORKDIR /home/kelastic
+# Manifests name the example as `examples/train.py`, relative to this directory,
+# exactly as `kelastic local` runs it from a checkout of the repository.
+WORKDIR /opt/kelastic
 
 CMD ["kelastic-operator"]

@@ -16,7 +16,9 @@ What it shows:
   ``KELASTIC_CHECKPOINT_DIR``): rank 0 writes ``checkpoint.pt`` atomically
   (temporary file, fsync, rename) every ``--checkpoint-every`` steps; every rank
   loads it at start, so a restarted group resumes where it stopped, losing at
-  most the steps since the last checkpoint.
+  most the steps since the last checkpoint. ``{run_id}`` in the directory is
+  replaced by ``TORCHELASTIC_RUN_ID`` (an ElasticJob's UID), so every job gets
+  a directory of its own on a volume that outlives it.
 * A history file, ``history.jsonl`` in the checkpoint directory, where rank 0
   records each start (resumed step, world size, restart count), each
   checkpoint and the end. Tests and curious users read it to see exactly what
@@ -71,8 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--checkpoint-dir",
         default=os.environ.get("KELASTIC_CHECKPOINT_DIR", ""),
-        help="shared directory for checkpoint.pt and history.jsonl (default: env KELASTIC_CHECKPOINT_DIR; "
-        "empty: no checkpoints)",
+        help="shared directory for checkpoint.pt and history.jsonl; {run_id} stands for TORCHELASTIC_RUN_ID "
+        "(default: env KELASTIC_CHECKPOINT_DIR; empty: no checkpoints)",
     )
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
     parser.add_argument(
@@ -156,6 +158,13 @@ def record(directory: Path | None, event: str, **fields: object) -> None:
         os.fsync(out.fileno())
 
 
+def checkpoint_directory(template: str) -> Path | None:
+    """The checkpoint directory for this run: ``{run_id}`` becomes ``TORCHELASTIC_RUN_ID``."""
+    if not template:
+        return None
+    return Path(template.replace("{run_id}", os.environ.get("TORCHELASTIC_RUN_ID", "local")))
+
+
 def current_rank() -> Rank:
     return Rank(
         rank=int(os.environ.get("RANK", "0")),
@@ -179,7 +188,7 @@ def train(args: argparse.Namespace) -> int:
     distributed = "WORLD_SIZE" in os.environ
     if distributed:
         dist.init_process_group(backend="gloo", timeout=datetime.timedelta(seconds=args.timeout))
-    checkpoints = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+    checkpoints = checkpoint_directory(args.checkpoint_dir)
     if checkpoints is not None:
         checkpoints.mkdir(parents=True, exist_ok=True)
     leader = where.rank == 0
