@@ -1,0 +1,324 @@
+"""The process kubelet driven by the real kubectl: pods run as local processes."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kelastic.localcluster.testing import Kubectl, cluster_fixture, kubectl_fixture, wait_for  # noqa: F401
+
+
+def _pod(kubectl: Kubectl, name: str) -> dict[str, Any]:
+    return kubectl.json("pod", name)
+
+
+def _phase(kubectl: Kubectl, name: str) -> str:
+    return str(_pod(kubectl, name).get("status", {}).get("phase", ""))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_kubectl_run_reaches_succeeded_with_logs(kubectl: Kubectl) -> None:
+    kubectl(
+        "run",
+        "hello",
+        "--image=python:3.11",
+        "--restart=Never",
+        "--",
+        "python",
+        "-c",
+        "print('hello from a pod')",
+    )
+    wait_for(lambda: _phase(kubectl, "hello") == "Succeeded", 30, "pod hello to succeed")
+    assert kubectl("logs", "hello").strip() == "hello from a pod"
+    pod = _pod(kubectl, "hello")
+    status = pod["status"]
+    assert pod["spec"]["nodeName"] == "kelastic-local"
+    assert status["podIP"].startswith("127.1.")
+    (cs,) = status["containerStatuses"]
+    assert cs["state"]["terminated"]["exitCode"] == 0 and cs["state"]["terminated"]["reason"] == "Completed"
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conditions == {
+        "PodScheduled": "True",
+        "Initialized": "True",
+        "ContainersReady": "False",
+        "Ready": "False",
+    }
+
+
+def test_crashing_container_backs_off_and_keeps_previous_logs(kubectl: Kubectl) -> None:
+    kubectl.apply(
+        """
+apiVersion: v1
+kind: Pod
+metadata: {name: crasher}
+spec:
+  restartPolicy: OnFailure
+  containers:
+  - name: main
+    image: python:3.11
+    command: [python, -c, "import os, sys; print('crash', os.getpid()); sys.exit(3)"]
+"""
+    )
+    seen_backoff = False
+
+    def restarted_in_backoff() -> bool:
+        nonlocal seen_backoff
+        (cs,) = _pod(kubectl, "crasher")["status"].get("containerStatuses") or [{}]
+        waiting = cs.get("state", {}).get("waiting", {})
+        seen_backoff = seen_backoff or waiting.get("reason") == "CrashLoopBackOff"
+        return seen_backoff and cs.get("restartCount", 0) >= 2
+
+    wait_for(restarted_in_backoff, 25, "restartCount >= 2 with CrashLoopBackOff")
+    cs = _pod(kubectl, "crasher")["status"]["containerStatuses"][0]
+    assert cs["lastState"]["terminated"]["exitCode"] == 3
+    assert _phase(kubectl, "crasher") == "Running"  # OnFailure: it will be restarted
+    assert kubectl("logs", "crasher", "--previous").startswith("crash")
+    kubectl("delete", "pod", "crasher", "--grace-period=0", "--force")
+
+
+def test_init_containers_run_first_in_order(kubectl: Kubectl, tmp_path: Path) -> None:
+    record = tmp_path / "order"
+    record.mkdir()
+
+    def step(name: str, delay: float = 0.0) -> dict[str, Any]:
+        code = f"import time; time.sleep({delay}); open({str(record / 'log')!r}, 'a').write({name!r} + '\\n')"
+        return {"name": name, "image": "x", "command": ["python", "-c", code]}
+
+    kubectl.apply_object(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "initorder"},
+            "spec": {
+                "restartPolicy": "Never",
+                "initContainers": [step("init-1", delay=0.3), step("init-2")],
+                "containers": [step("main")],
+            },
+        }
+    )
+    wait_for(lambda: _phase(kubectl, "initorder") == "Succeeded", 30, "pod initorder to succeed")
+    assert (record / "log").read_text().split() == ["init-1", "init-2", "main"]
+    statuses = _pod(kubectl, "initorder")["status"]["initContainerStatuses"]
+    assert [s["state"]["terminated"]["reason"] for s in statuses] == ["Completed", "Completed"]
+
+
+def test_env_field_refs_pod_ip_configmaps_and_expansion(kubectl: Kubectl) -> None:
+    kubectl.apply_object(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"LR": "0.25"}}
+    )
+    kubectl.apply(
+        """
+apiVersion: v1
+kind: Pod
+metadata: {name: envpod, labels: {app: envtest}}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: x
+    envFrom: [{configMapRef: {name: settings}}]
+    env:
+    - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+    - {name: POD_NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
+    - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
+    - {name: APP, valueFrom: {fieldRef: {fieldPath: "metadata.labels['app']"}}}
+    - {name: ENDPOINT, value: "$(POD_IP):29400"}
+    command: [python, -c]
+    args:
+    - "import os, sys; print(sys.executable); [print(k + '=' + os.environ[k]) for k in ('POD_NAME', 'POD_NAMESPACE', 'POD_IP', 'APP', 'ENDPOINT', 'LR')]; print('arg', sys.argv[1])"
+    - "$(POD_NAME)"
+"""
+    )
+    wait_for(lambda: _phase(kubectl, "envpod") == "Succeeded", 30, "pod envpod to succeed")
+    lines = kubectl("logs", "envpod").splitlines()
+    ip = _pod(kubectl, "envpod")["status"]["podIP"]
+    assert lines[0] == sys.executable
+    env = dict(line.split("=", 1) for line in lines[1:-1])
+    assert env == {
+        "POD_NAME": "envpod",
+        "POD_NAMESPACE": "default",
+        "POD_IP": ip,
+        "APP": "envtest",
+        "ENDPOINT": f"{ip}:29400",
+        "LR": "0.25",
+    }
+    assert lines[-1] == "arg envpod"
+
+
+TREE = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(sys.argv[1] + ".tmp", "w").write(f"{os.getpid()} {child.pid}")
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)
+"""
+
+
+def _start_tree(kubectl: Kubectl, name: str, pidfile: Path) -> tuple[int, int]:
+    kubectl.apply_object(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {"name": "main", "image": "x", "command": ["python", "-c", TREE, str(pidfile)]}
+                ],
+            },
+        }
+    )
+    text = wait_for(lambda: pidfile.exists() and pidfile.read_text(), 20, f"{name} to start its process tree")
+    parent, child = (int(x) for x in text.split())
+    assert _alive(parent) and _alive(child)
+    return parent, child
+
+
+def test_force_deletion_kills_the_whole_process_tree(kubectl: Kubectl, tmp_path: Path) -> None:
+    parent, child = _start_tree(kubectl, "tree", tmp_path / "pids")
+    wait_for(lambda: _phase(kubectl, "tree") == "Running", 10, "pod tree to run")
+    kubectl("delete", "pod", "tree", "--grace-period=0", "--force")
+    wait_for(lambda: not _alive(parent) and not _alive(child), 5, "the pod's processes to die")
+    assert not kubectl("get", "pod", "tree", "--ignore-not-found").strip()
+
+
+def test_graceful_deletion_honours_the_grace_period(kubectl: Kubectl, tmp_path: Path) -> None:
+    marker = tmp_path / "got-term"
+    script = (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: open('{marker}', 'w').write('TERM'))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    kubectl.apply_object(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "stubborn"},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 2,
+                "containers": [{"name": "main", "image": "x", "command": ["python", "-c", script]}],
+            },
+        }
+    )
+    wait_for(lambda: _phase(kubectl, "stubborn") == "Running", 20, "pod stubborn to run")
+    time.sleep(0.5)  # let it install its SIGTERM handler
+    pid = int(_pod(kubectl, "stubborn")["status"]["containerStatuses"][0]["containerID"].split("://")[1])
+    start = time.monotonic()
+    kubectl("delete", "pod", "stubborn", "--wait=false")
+    # Terminating: the object stays while the process gets its grace period.
+    wait_for(lambda: marker.exists(), 5, "SIGTERM to reach the container")
+    assert _pod(kubectl, "stubborn")["metadata"].get("deletionTimestamp")
+    assert _alive(pid)
+    wait_for(lambda: not kubectl("get", "pod", "stubborn", "--ignore-not-found").strip(), 10, "pod removal")
+    elapsed = time.monotonic() - start
+    assert not _alive(pid)
+    assert elapsed >= 1.5, f"the pod was removed after {elapsed:.1f}s, before its 2 s grace period"
+
+
+def test_cluster_ip_reaches_a_listening_pod_and_readiness_drives_endpoints(
+    kubectl: Kubectl, tmp_path: Path
+) -> None:
+    ready_flag = tmp_path / "ready"
+    kubectl.apply(
+        f"""
+apiVersion: v1
+kind: Service
+metadata: {{name: web}}
+spec:
+  selector: {{app: web}}
+  ports: [{{name: http, port: 80, targetPort: http}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: web-0, labels: {{app: web}}}}
+spec:
+  containers:
+  - name: server
+    image: python:3.11
+    env: [{{name: POD_IP, valueFrom: {{fieldRef: {{fieldPath: status.podIP}}}}}}]
+    command: [python, -m, http.server, "8000", --bind, "$(POD_IP)", --directory, "{tmp_path}"]
+    ports: [{{name: http, containerPort: 8000}}]
+    readinessProbe:
+      exec: {{command: [test, -f, "{ready_flag}"]}}
+      periodSeconds: 1
+      failureThreshold: 1
+"""
+    )
+    (tmp_path / "index.html").write_text("served by web-0")
+    wait_for(lambda: _phase(kubectl, "web-0") == "Running", 20, "web-0 to run")
+
+    def endpoints() -> dict[str, Any]:
+        return kubectl.json("endpoints", "web").get("subsets") or [{}]
+
+    # Running but not ready: listed under notReadyAddresses only.
+    wait_for(lambda: endpoints()[0].get("notReadyAddresses"), 10, "web-0 under notReadyAddresses")
+    assert not endpoints()[0].get("addresses")
+    ready_flag.touch()
+    wait_for(
+        lambda: (
+            {c["type"]: c["status"] for c in _pod(kubectl, "web-0")["status"]["conditions"]}["Ready"]
+            == "True"
+        ),
+        10,
+        "web-0 to become Ready",
+    )
+    wait_for(lambda: endpoints()[0].get("addresses"), 10, "web-0 in the endpoints' addresses")
+    (subset,) = endpoints()
+    assert subset["addresses"][0]["ip"] == _pod(kubectl, "web-0")["status"]["podIP"]
+    assert subset["ports"] == [{"name": "http", "port": 8000, "protocol": "TCP"}]
+
+    cluster_ip = kubectl.json("service", "web")["spec"]["clusterIP"]
+    assert cluster_ip.startswith("127.")
+    import urllib.request
+
+    body = wait_for(
+        lambda: urllib.request.urlopen(f"http://{cluster_ip}:80/index.html", timeout=2).read().decode(),
+        10,
+        "the ClusterIP to answer",
+    )
+    assert body == "served by web-0"
+
+    ready_flag.unlink()
+    wait_for(lambda: not endpoints()[0].get("addresses"), 10, "web-0 to leave the ready addresses")
+    kubectl("delete", "pod", "web-0", "--grace-period=0", "--force")
+    kubectl("delete", "service", "web")
+
+
+def test_liveness_probe_restarts_the_container(kubectl: Kubectl) -> None:
+    kubectl.apply(
+        """
+apiVersion: v1
+kind: Pod
+metadata: {name: unhealthy}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: x
+    command: [python, -c, "import time; time.sleep(600)"]
+    livenessProbe:
+      httpGet: {port: 9, path: /healthz}
+      periodSeconds: 1
+      failureThreshold: 2
+"""
+    )
+    wait_for(
+        lambda: (
+            (_pod(kubectl, "unhealthy")["status"].get("containerStatuses") or [{}])[0].get("restartCount", 0)
+            >= 1
+        ),
+        20,
+        "the failing liveness probe to restart the container",
+    )
+    kubectl("delete", "pod", "unhealthy", "--grace-period=0", "--force")
