@@ -113,10 +113,16 @@ class _Operator:
     def poll(self) -> int | None:
         return self.proc.poll()
 
-    def stop(self, grace: float = 10.0) -> None:
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM to its group) without waiting."""
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, wait up to ``grace`` s, then SIGKILL its whole group."""
+        if self.proc.poll() is None:
+            self.terminate()
             try:
                 self.proc.wait(grace)
             except subprocess.TimeoutExpired:
@@ -202,9 +208,12 @@ def cmd_up(args: argparse.Namespace) -> int:
                     reported = True
             print("kelastic: stopping", file=out, flush=True)
     finally:
+        # The operator and the cluster wind down side by side.
+        if operator is not None:
+            operator.terminate()
+        cluster.stop()
         if operator is not None:
             operator.stop()
-        cluster.stop()
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
     print("kelastic: stopped", file=out, flush=True)
@@ -310,8 +319,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             relay.flush()
     finally:
         if operator is not None:
-            operator.stop()
+            operator.terminate()
         cluster.stop()
+        if operator is not None:
+            operator.stop()
         if not args.keep:
             shutil.rmtree(temp_dir, ignore_errors=True)
     return _summarize(waited, outcomes, time.monotonic() - started, timed_out, interrupted, args, out)

@@ -1,0 +1,177 @@
+"""``kelastic local run`` and ``kelastic local up`` as a user runs them (real processes, real kubectl)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kelastic.localcluster.testing import Kubectl, wait_for
+
+KELASTIC = [sys.executable, "-m", "kelastic.localcluster"]
+
+GOOD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: hello}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: python:3.11
+    command: [python, -c]
+    args:
+    - |
+      import time
+      print("starting")
+      for i in range(5):
+          print(f"\\rstep {i + 1}/5", end="", flush=True)
+          time.sleep(0.05)
+      print()
+      print("done")
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: second}
+spec:
+  restartPolicy: Never
+  containers:
+  - {name: main, image: x, command: [python, -c, "print('second pod')"]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svc}
+spec:
+  selector: {app: x}
+  ports: [{port: 80}]
+"""
+
+BAD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: failing}
+spec:
+  restartPolicy: Never
+  containers:
+  - {name: main, image: x, command: [python, -c, "import sys; print('about to fail'); sys.exit(3)"]}
+"""
+
+
+def _run(tmp_path: Path, manifest: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "manifest.yaml"
+    path.write_text(manifest)
+    return subprocess.run(
+        [*KELASTIC, "local", "run", str(path), "--timeout", "60"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=tmp_path,
+    )
+
+
+def test_local_run_succeeds_and_streams_logs(tmp_path: Path) -> None:
+    proc = _run(tmp_path, GOOD)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "[hello] starting" in out and "[hello] done" in out and "[second] second pod" in out
+    assert "[hello] step 5/5" in out and "step 1/5step" not in out  # carriage returns collapsed
+    assert "pod/hello   Succeeded" in out and "pod/second  Succeeded" in out
+    assert "kelastic: succeeded" in out
+
+
+def test_local_run_fails_with_the_failing_pod(tmp_path: Path) -> None:
+    proc = _run(tmp_path, BAD)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[failing] about to fail" in proc.stdout
+    assert "pod/failing  Failed     main: exit 3" in proc.stdout
+    assert "kelastic: FAILED" in proc.stdout
+
+
+def test_local_run_rejects_a_bad_manifest(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "kind: Pod\nmetadata: {name: x}\n")
+    assert proc.returncode == 2
+    assert "document 1 has no apiVersion" in proc.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_local_up_prints_the_kubeconfig_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    kubeconfig = tmp_path / "kubeconfig"
+    up = subprocess.Popen(
+        [
+            *KELASTIC,
+            "local",
+            "up",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--no-operator",
+            "--data-dir",
+            str(tmp_path / "d"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in up.stdout or []], daemon=True).start()
+    try:
+        printed: list[str] = []
+        deadline = time.monotonic() + 30
+        while not any("export KUBECONFIG=" in line for line in printed):
+            assert time.monotonic() < deadline, f"kelastic local up printed no kubeconfig: {printed}"
+            try:
+                printed.append(lines.get(timeout=1))
+            except queue.Empty:
+                assert up.poll() is None, f"kelastic local up exited early: {printed}"
+        assert f"  export KUBECONFIG={kubeconfig}\n" in printed
+        kubectl = Kubectl(kubeconfig)
+        pidfile = tmp_path / "pids"
+        tree = (
+            "import os, subprocess, sys, time\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            "open(sys.argv[1], 'w').write(f'{os.getpid()} {c.pid}')\n"
+            "time.sleep(600)\n"
+        )
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "sleeper"},
+            "spec": {
+                "containers": [
+                    {"name": "main", "image": "x", "command": ["python", "-c", tree, str(pidfile)]}
+                ]
+            },
+        }
+        kubectl("apply", "-f", "-", input=json.dumps(pod))
+        text = wait_for(lambda: pidfile.exists() and pidfile.read_text(), 20, "the pod's processes to start")
+        pids = [int(p) for p in text.split()]
+        assert all(_alive(p) for p in pids)
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(30) == 0
+        assert not [p for p in pids if _alive(p)], "pod processes outlived kelastic local up"
+        rest = []
+        while not lines.empty():
+            rest.append(lines.get())
+        assert "kelastic: stopped\n" in printed + rest
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
