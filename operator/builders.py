@@ -45,7 +45,8 @@ class BuildConfig:
     #: Program serving the rendezvous store in the store pod.
     store_command: tuple[str, ...] = ("kelastic-rendezvous",)
     rdzv_port: int = contract.DEFAULT_RDZV_PORT
-    health_port: int = contract.DEFAULT_HEALTH_PORT
+    #: ``kelastic-agent --health-port``; None runs the agent without health endpoints (and probe).
+    health_port: int | None = contract.DEFAULT_HEALTH_PORT
     #: Add a readiness probe on the agent's ``/readyz`` unless the template has one.
     readiness_probe: bool = True
 
@@ -130,9 +131,9 @@ def agent_command(spec: JobSpec, *, run_id: str, endpoint: str, config: BuildCon
         str(spec.max_restarts),
         "--local-addr",
         f"$({ENV_POD_IP})",
-        "--health-port",
-        str(config.health_port),
     ]
+    if config.health_port is not None:
+        argv += ["--health-port", str(config.health_port)]
     if spec.rdzv_conf:
         argv += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in sorted(spec.rdzv_conf.items()))]
     if cmd.interpreter is None:
@@ -159,9 +160,13 @@ def worker_pod(job: Job, index: int, *, endpoint: str, config: BuildConfig) -> d
     main.pop("args", None)
     user_env = [e for e in main.get("env") or [] if e.get("name") not in _RESERVED_ENV]
     main["env"] = [*_downward_env(), *user_env]
-    ports = [p for p in main.get("ports") or [] if p.get("containerPort") != config.health_port]
-    main["ports"] = [*ports, {"name": "agent-health", "containerPort": config.health_port, "protocol": "TCP"}]
-    if config.readiness_probe and "readinessProbe" not in main:
+    if config.health_port is not None:
+        ports = [p for p in main.get("ports") or [] if p.get("containerPort") != config.health_port]
+        main["ports"] = [
+            *ports,
+            {"name": "agent-health", "containerPort": config.health_port, "protocol": "TCP"},
+        ]
+    if config.readiness_probe and config.health_port is not None and "readinessProbe" not in main:
         main["readinessProbe"] = {
             "httpGet": {"path": "/readyz", "port": config.health_port},
             "periodSeconds": 2,

@@ -1,0 +1,217 @@
+"""``kelastic-operator``: run the ElasticJob operator (kopf) in the foreground.
+
+Watches ElasticJobs, and the pods and Services they own, in the namespaces named
+with ``--namespace`` (repeatable) or in all of them with ``--all-namespaces``.
+Several replicas may run: by default they elect a leader on a Lease and only the
+leader acts; ``--standalone`` skips the election (one replica, or tests).
+SIGTERM/SIGINT stop it cleanly (the Lease is released for a fast takeover).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from kelastic.agent.contract import DEFAULT_HEALTH_PORT
+
+__all__ = ["build_parser", "main"]
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kelastic-operator",
+        description="Run the kelastic ElasticJob operator.",
+    )
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", action="append", default=[], help="namespace to watch (repeatable)"
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch every namespace (cluster-wide)"
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster credentials, else $KUBECONFIG)")
+    p.add_argument("--context", help="kubeconfig context to use")
+    p.add_argument("--standalone", action="store_true", help="act without leader election (a single replica)")
+    p.add_argument("--lease-name", default="kelastic-operator", help="Lease used for leader election")
+    p.add_argument(
+        "--lease-namespace",
+        default=None,
+        help="namespace of the Lease (default: $POD_NAMESPACE, else the first --namespace, else default)",
+    )
+    p.add_argument(
+        "--identity", default=None, help="this replica's name in the Lease (default: hostname-pid)"
+    )
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    p.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="json: one JSON object per line"
+    )
+    p.add_argument(
+        "--resync-interval", type=float, default=5.0, help="reconcile every job at least this often (s)"
+    )
+    p.add_argument(
+        "--min-replicas-timeout",
+        type=float,
+        default=300.0,
+        help="fail a job whose running workers stay below minReplicas this long (s); a job can override it "
+        "with the annotation kelastic.dev/min-replicas-timeout-seconds",
+    )
+    p.add_argument(
+        "--success-grace",
+        type=float,
+        default=30.0,
+        help="after the first worker succeeds, how long the others get to finish before the job is Succeeded (s)",
+    )
+    p.add_argument(
+        "--agent-python",
+        default="python",
+        help="interpreter that runs kelastic.agent for non-python training commands",
+    )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=DEFAULT_HEALTH_PORT,
+        help=f"kelastic-agent --health-port of workers (default {DEFAULT_HEALTH_PORT}); 0 disables health "
+        "endpoints and the readiness probe",
+    )
+    p.add_argument(
+        "--no-readiness-probe", action="store_true", help="do not add the agent readiness probe to workers"
+    )
+    p.add_argument(
+        "--liveness",
+        default=None,
+        metavar="URL",
+        help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
+    )
+    return p
+
+
+def _positive(parser: argparse.ArgumentParser, name: str, value: float) -> None:
+    if value <= 0:
+        parser.error(f"{name} must be > 0, got {value}")
+
+
+def _connection_info(cfg: Any) -> Any:
+    import kopf
+
+    token = None
+    scheme = None
+    auth = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
+    if auth:
+        scheme, _, token = auth.partition(" ") if " " in auth else ("Bearer", "", auth)
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        username=cfg.username or None,
+        password=cfg.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _positive(parser, "--resync-interval", args.resync_interval)
+    _positive(parser, "--success-grace", args.success_grace)
+    if not 0 <= args.health_port < 65536:
+        parser.error(f"--health-port must be in 0..65535, got {args.health_port}")
+    if args.min_replicas_timeout < 0:
+        parser.error(f"--min-replicas-timeout must be >= 0, got {args.min_replicas_timeout}")
+
+    import kopf
+
+    from kelastic.operator.builders import BuildConfig
+    from kelastic.operator.controller import Controller, ControllerOptions
+    from kelastic.operator.handlers import build_registry
+    from kelastic.operator.kube import Kube, load_configuration
+    from kelastic.operator.leader import LeaderElector
+    from kelastic.operator.reconcile import ReconcileConfig
+    from kelastic.operator.store_client import StoreClient
+
+    kopf.configure(
+        debug=args.log_level == "debug",
+        verbose=args.log_level in ("debug", "info"),
+        quiet=args.log_level == "error",
+        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
+    )
+    logging.getLogger().setLevel(args.log_level.upper())
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
+    if args.log_level != "debug":
+        # kopf reports every handler run at INFO; our own lines say what changed.
+        for name in ("kopf.objects", "kopf.activities"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    log = logging.getLogger("kelastic.operator")
+
+    try:
+        cfg = load_configuration(args.kubeconfig, args.context)
+    except Exception as exc:
+        print(f"kelastic-operator: cannot load Kubernetes credentials: {exc}", file=sys.stderr)
+        return 2
+    kube = Kube(cfg)
+    options = ControllerOptions(
+        resync_interval=args.resync_interval,
+        reconcile=ReconcileConfig(
+            min_replicas_timeout=args.min_replicas_timeout,
+            success_grace=args.success_grace,
+            build=BuildConfig(
+                agent_python=args.agent_python,
+                health_port=args.health_port or None,
+                readiness_probe=not args.no_readiness_probe,
+            ),
+        ),
+    )
+    elector: LeaderElector | None = None
+    controller = Controller(kube, StoreClient(), options)
+    if not args.standalone:
+        lease_ns = (
+            args.lease_namespace or os.environ.get("POD_NAMESPACE") or (args.namespace or ["default"])[0]
+        )
+        identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
+        elector = LeaderElector(
+            kube,
+            namespace=lease_ns,
+            name=args.lease_name,
+            identity=identity,
+            on_change=controller.on_leadership,
+        )
+        controller.is_leader = lambda: elector.is_leader
+    registry = build_registry(controller, elector)
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> Any:
+        return _connection_info(cfg)
+
+    scope = "all namespaces" if args.all_namespaces else ", ".join(args.namespace or ["default"])
+    log.info(
+        "kelastic-operator starting: watching %s, %s",
+        scope,
+        "standalone" if elector is None else f"leader election on Lease {elector.namespace}/{elector.name}",
+    )
+    try:
+        kopf.run(
+            registry=registry,
+            clusterwide=args.all_namespaces,
+            namespaces=args.namespace or ([] if args.all_namespaces else ["default"]),
+            standalone=True,
+            liveness_endpoint=args.liveness,
+        )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        kube.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

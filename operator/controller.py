@@ -1,0 +1,408 @@
+"""The operator's I/O loop around the pure core: observe, reconcile, apply, record.
+
+:class:`Controller` is driven by the kopf handlers (``handlers``) through
+:meth:`Controller.trigger`: events for a job, its pods or its Services, and a
+periodic resync. Triggers for one job coalesce: at most one reconcile of a job
+runs at a time, and triggers that arrive meanwhile cause exactly one more pass.
+
+A pass reads the job fresh from the API (its status is the core's memory), takes
+pods and Services from kopf's in-memory indexes (no LIST per pass), asks the
+rendezvous store for world size and progress (off the loop, cached briefly),
+runs :func:`~kelastic.operator.reconcile.reconcile`, applies its actions (Services
+first, then pods concurrently, then the membership), posts an Event for each
+change, and writes the status when it differs. Nothing raised inside a pass
+escapes: it is logged and the next trigger or resync retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from kelastic.agent import contract
+from kelastic.operator import builders
+from kelastic.operator.kube import ApiError, Kube
+from kelastic.operator.observed import (
+    Observed,
+    PodPhase,
+    PodView,
+    RendezvousView,
+    ServiceView,
+    pod_view,
+    service_view,
+)
+from kelastic.operator.reconcile import (
+    Action,
+    CreatePod,
+    CreateService,
+    Decision,
+    DeleteJob,
+    DeletePod,
+    DeleteService,
+    Emit,
+    PublishMembership,
+    ReconcileConfig,
+    reconcile,
+)
+from kelastic.operator.spec import API_VERSION, KIND, Job, format_time, parse_job
+from kelastic.operator.status import TERMINAL_PHASES, merge_patch
+from kelastic.operator.store_client import StoreClient
+
+__all__ = ["Controller", "ControllerOptions", "JobKey"]
+
+log = logging.getLogger("kelastic.operator")
+T = TypeVar("T")
+JobKey = tuple[str, str]  # (namespace, name)
+
+COMPONENT = "kelastic-operator"
+
+
+@dataclass(frozen=True)
+class ControllerOptions:
+    #: Every job is reconciled at least this often (seconds): deadlines, progress, repairs.
+    resync_interval: float = 5.0
+    #: The store's figures are read at most this often per job (seconds).
+    store_read_interval: float = 2.0
+    #: Upper bound on reconciles running at once (each may hold a few API calls).
+    max_parallel: int = 16
+    reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
+
+
+class Controller:
+    def __init__(
+        self,
+        kube: Kube,
+        store: StoreClient,
+        options: ControllerOptions | None = None,
+        *,
+        is_leader: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.kube = kube
+        self.store = store
+        self.options = options or ControllerOptions()
+        self.is_leader = is_leader
+        self._pods_index: Mapping[JobKey, Iterable[PodView]] = {}
+        self._services_index: Mapping[JobKey, Iterable[ServiceView]] = {}
+        self._known: set[JobKey] = set()
+        self._running: dict[JobKey, asyncio.Task[None]] = {}
+        self._dirty: set[JobKey] = set()
+        self._timers: dict[JobKey, asyncio.TimerHandle] = {}
+        self._rdzv_cache: dict[JobKey, tuple[float, RendezvousView | None]] = {}
+        self._rdzv_reading: set[JobKey] = set()
+        self._to_publish: dict[JobKey, PublishMembership] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="kelastic-api")
+        self._limit = asyncio.Semaphore(self.options.max_parallel)
+        self._resync_task: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._stopping = False
+        #: Counters for tests, benchmarks and logs.
+        self.stats: dict[str, int] = {"reconciles": 0, "api_calls": 0, "errors": 0}
+
+    # ------------------------------------------------------------------ wiring
+
+    def bind_indexes(
+        self, pods: Mapping[JobKey, Iterable[PodView]], services: Mapping[JobKey, Iterable[ServiceView]]
+    ) -> None:
+        """Give the controller kopf's live pod and Service indexes (keyed by (namespace, job name))."""
+        self._pods_index = pods
+        self._services_index = services
+
+    def start(self) -> None:
+        self.store.warm_up()
+        self._resync_task = asyncio.get_running_loop().create_task(self._resync(), name="kelastic-resync")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for handle in self._timers.values():
+            handle.cancel()
+        tasks = [t for t in (self._resync_task, *self._running.values(), *self._background) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def job_seen(self, key: JobKey) -> None:
+        self._known.add(key)
+        self.trigger(key)
+
+    def job_gone(self, key: JobKey, uid: str | None) -> None:
+        self._known.discard(key)
+        self._rdzv_cache.pop(key, None)
+        handle = self._timers.pop(key, None)
+        if handle is not None:
+            handle.cancel()
+        if uid:
+            self.store.forget(uid)
+
+    def on_leadership(self, leader: bool) -> None:
+        if leader:
+            for key in list(self._known):
+                self.trigger(key)
+
+    # ------------------------------------------------------------------ triggering
+
+    def trigger(self, key: JobKey) -> None:
+        """Reconcile ``key`` soon; coalesces with a pass already running."""
+        if self._stopping:
+            return
+        if key in self._running:
+            self._dirty.add(key)
+            return
+        self._running[key] = asyncio.get_running_loop().create_task(
+            self._worker(key), name=f"reconcile {key[0]}/{key[1]}"
+        )
+
+    async def _worker(self, key: JobKey) -> None:
+        try:
+            while True:
+                self._dirty.discard(key)
+                async with self._limit:
+                    try:
+                        await self.reconcile_once(key)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        self.stats["errors"] += 1
+                        log.exception(
+                            "reconcile of ElasticJob %s/%s failed; retrying on the next trigger", *key
+                        )
+                if key not in self._dirty:
+                    break
+        finally:
+            self._running.pop(key, None)
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.resync_interval)
+            for key in list(self._known):
+                self.trigger(key)
+
+    def _requeue(self, key: JobKey, delay: float | None) -> None:
+        if delay is None or delay >= self.options.resync_interval:
+            return
+        old = self._timers.pop(key, None)
+        if old is not None:
+            old.cancel()
+        self._timers[key] = asyncio.get_running_loop().call_later(max(delay, 0.05) + 0.01, self.trigger, key)
+
+    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        self.stats["api_calls"] += 1
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # ------------------------------------------------------------------ one pass
+
+    async def reconcile_once(self, key: JobKey) -> Decision | None:
+        """Observe, decide and apply for one job. Returns the decision (None if not acting)."""
+        if not self.is_leader():
+            return None
+        namespace, name = key
+        body = await self._io(self.kube.get_job, namespace, name)
+        if body is None:
+            self.job_gone(key, None)
+            return None
+        self._known.add(key)
+        self.stats["reconciles"] += 1
+        pods = list(self._pods_index.get(key, ()))
+        services = list(self._services_index.get(key, ()))
+        job = parse_job(body)
+        rdzv = await self._read_rendezvous(key, job, pods)
+        original_status = dict(body.get("status") or {})
+        decision: Decision | None = None
+        for _ in range(3):
+            observed = Observed(
+                now=datetime.now(timezone.utc), pods=tuple(pods), services=tuple(services), rendezvous=rdzv
+            )
+            decision = reconcile(job, observed, self.options.reconcile)
+            created_service = await self._apply(job, body, decision, pods, services)
+            if not created_service:
+                break
+            # The new Service has its cluster IP now: decide again so workers start in this pass.
+            job = parse_job({**body, "status": decision.status})
+        assert decision is not None
+        patch = merge_patch(original_status, decision.status)
+        if patch and not any(isinstance(a, DeleteJob) for a in decision.actions):
+            try:
+                await self._io(self.kube.patch_job_status, namespace, name, patch)
+            except ApiError as err:
+                if err.status != 404:
+                    raise
+        self._requeue(key, decision.requeue_after)
+        return decision
+
+    async def _read_rendezvous(self, key: JobKey, job: Job, pods: list[PodView]) -> RendezvousView | None:
+        """The store's last known figures for the job; refreshed in the background when stale.
+
+        Never waits for the store: a slow or dead store must not delay the reconcile.
+        A refresh that brings new figures triggers another pass.
+        """
+        spec = job.spec
+        if (
+            spec is None
+            or not builders.uses_control(spec)
+            or job.status.get("phase") in {p.value for p in TERMINAL_PHASES}
+        ):
+            return None
+        endpoint = spec.rdzv_endpoint or job.status.get("rdzvEndpoint")
+        if not endpoint:
+            return None
+        if not spec.rdzv_endpoint and not any(
+            p.role == contract.ROLE_RENDEZVOUS and p.phase is PodPhase.RUNNING and not p.terminating
+            for p in pods
+        ):
+            return None
+        cached = self._rdzv_cache.get(key)
+        now = time.monotonic()
+        if (
+            cached is None or now - cached[0] >= self.options.store_read_interval
+        ) and key not in self._rdzv_reading:
+            self._rdzv_reading.add(key)
+            self._spawn(self._refresh_rendezvous(key, str(endpoint), job.meta.uid))
+        return cached[1] if cached is not None else None
+
+    async def _refresh_rendezvous(self, key: JobKey, endpoint: str, run_id: str) -> None:
+        try:
+            view = await self.store.read(endpoint, run_id)
+        finally:
+            self._rdzv_reading.discard(key)
+        old = self._rdzv_cache.get(key)
+        self._rdzv_cache[key] = (time.monotonic(), view)
+        if view is not None and (old is None or old[1] != view) and key in self._known:
+            self.trigger(key)
+
+    def _request_publish(self, key: JobKey, action: PublishMembership) -> None:
+        """Publish the latest membership of a job in the background, one publish at a time, in order."""
+        idle = key not in self._to_publish
+        self._to_publish[key] = action
+        if idle:
+            self._spawn(self._publisher(key))
+
+    async def _publisher(self, key: JobKey) -> None:
+        try:
+            while key in self._to_publish:
+                action = self._to_publish[key]
+                if await self.store.publish(action):
+                    log.info("ElasticJob %s/%s: published membership %s", key[0], key[1], list(action.nodes))
+                if self._to_publish.get(key) is action:
+                    del self._to_publish[key]
+        finally:
+            self._to_publish.pop(key, None)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ------------------------------------------------------------------ applying
+
+    async def _apply(
+        self,
+        job: Job,
+        body: Mapping[str, Any],
+        decision: Decision,
+        pods: list[PodView],
+        services: list[ServiceView],
+    ) -> bool:
+        """Apply ``decision``; update ``pods``/``services`` with what changed. True if a Service was created."""
+        ns = job.meta.namespace
+        created_service = False
+        for action in decision.actions:
+            if isinstance(action, CreateService):
+                result = await self._change(body, action, self.kube.create, ns, "services", action.manifest)
+                if result is not None:
+                    services.append(service_view(result))
+                    created_service = True
+            elif isinstance(action, DeleteService):
+                await self._change(body, action, self.kube.delete, ns, "services", action.name)
+        pod_actions = [a for a in decision.actions if isinstance(a, CreatePod | DeletePod)]
+        results = await asyncio.gather(*(self._pod_action(body, ns, a) for a in pod_actions))
+        for action, result in zip(pod_actions, results, strict=True):
+            if isinstance(action, CreatePod) and isinstance(result, dict):
+                pods.append(pod_view(result))
+            elif isinstance(action, DeletePod) and result is not None:
+                pods[:] = [replace(p, terminating=True) if p.uid == action.uid else p for p in pods]
+        for action in decision.actions:
+            if isinstance(action, PublishMembership):
+                self._request_publish((ns, job.meta.name), action)
+            elif isinstance(action, Emit):
+                self._event(body, action.reason, action.message, warning=action.warning)
+                (log.warning if action.warning else log.info)(
+                    "ElasticJob %s/%s: %s", ns, job.meta.name, action.message
+                )
+            elif isinstance(action, DeleteJob):
+                log.info("ElasticJob %s/%s: %s", ns, job.meta.name, action.message)
+                try:
+                    await self._io(self.kube.delete_job, ns, job.meta.name, job.meta.uid)
+                except ApiError as err:
+                    if err.status not in (404, 409):
+                        raise
+        return created_service
+
+    async def _pod_action(self, body: Mapping[str, Any], ns: str, action: CreatePod | DeletePod) -> Any:
+        if isinstance(action, CreatePod):
+            return await self._change(body, action, self.kube.create, ns, "pods", action.manifest)
+        return await self._change(body, action, self.kube.delete, ns, "pods", action.name, action.uid)
+
+    async def _change(
+        self, body: Mapping[str, Any], action: Action, fn: Callable[..., Any], *args: Any
+    ) -> Any:
+        """Run one create/delete; Event on success or real failure. Returns the result, None if not done."""
+        try:
+            result = await self._io(fn, *args)
+        except ApiError as err:
+            # 409 on create: it exists already (a stale cache or a repeated event); 404/409 on
+            # delete: it is gone or was replaced. Both are the desired state, not failures.
+            if err.status in (404, 409):
+                return None
+            verb = "FailedCreate" if isinstance(action, CreatePod | CreateService) else "FailedDelete"
+            message = f"{action.message} failed: {err}"
+            log.warning("ElasticJob %s: %s", (body.get("metadata") or {}).get("name"), message)
+            self._event(body, verb, message, warning=True)
+            return None
+        log.info(
+            "ElasticJob %s/%s: %s",
+            (body.get("metadata") or {}).get("namespace"),
+            (body.get("metadata") or {}).get("name"),
+            action.message,
+        )
+        self._event(
+            body, action.reason, action.message, warning=action.reason in ("RecreateWorker", "StoreDied")
+        )
+        return result if result is not None else True
+
+    def _event(self, body: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        meta = body.get("metadata") or {}
+        now = format_time(datetime.now(timezone.utc))
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": meta.get("namespace")},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._spawn(self._post_event(str(meta.get("namespace")), event))
+
+    async def _post_event(self, namespace: str, event: dict[str, Any]) -> None:
+        try:
+            await self._io(self.kube.create, namespace, "events", event)
+        except Exception as exc:  # Events are best effort
+            log.debug("could not post Event %s: %s", event.get("reason"), exc)

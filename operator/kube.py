@@ -1,0 +1,141 @@
+"""A thin, blocking REST client of the Kubernetes API for the operator's writes.
+
+Built on the official client's configuration and connection pool (kubeconfig,
+in-cluster service account, TLS, tokens), but speaks plain JSON dicts: no model
+classes, so decoding stays cheap when an operator manages hundreds of pods.
+Errors raise :class:`ApiError` carrying the HTTP status and the API's message.
+Callers run these methods in threads (``asyncio.to_thread``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from kubernetes import client, config
+
+from kelastic.operator.spec import GROUP, PLURAL, VERSION
+
+__all__ = ["ApiError", "Kube", "load_configuration"]
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+def load_configuration(kubeconfig: str | None = None, context: str | None = None) -> client.Configuration:
+    """In-cluster credentials when running in a pod (and no kubeconfig is named), else the kubeconfig."""
+    cfg = client.Configuration()
+    if kubeconfig is None:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+            return cfg
+        except config.ConfigException:
+            pass
+    config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    return cfg
+
+
+class Kube:
+    """JSON-over-HTTP access to the handful of endpoints the operator writes to."""
+
+    def __init__(
+        self, configuration: client.Configuration, *, pool_size: int = 16, timeout: float = 30.0
+    ) -> None:
+        configuration.connection_pool_maxsize = pool_size
+        self._api = client.ApiClient(configuration)
+        self._timeout = timeout
+
+    def close(self) -> None:
+        self._api.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        query: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        m, url, hdrs, data, _ = self._api.param_serialize(
+            method,
+            path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            resp = self._api.call_api(m, url, header_params=hdrs, body=data, _request_timeout=self._timeout)
+        except client.ApiException as exc:
+            raise ApiError(int(exc.status or 0), str(exc.reason or "error"), str(exc.body or exc)) from None
+        raw = resp.read()
+        status = int(resp.status)
+        try:
+            decoded = json.loads(raw) if raw else {}
+        except ValueError:
+            decoded = {"message": raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)}
+        if status >= 400:
+            raise ApiError(
+                status, str(decoded.get("reason") or resp.reason), str(decoded.get("message") or decoded)
+            )
+        return decoded
+
+    # ----------------------------------------------------------------- paths
+
+    @staticmethod
+    def core_path(namespace: str, plural: str, name: str | None = None) -> str:
+        path = f"/api/v1/namespaces/{quote(namespace)}/{plural}"
+        return f"{path}/{quote(name)}" if name else path
+
+    @staticmethod
+    def job_path(namespace: str, name: str | None = None) -> str:
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}"
+        return f"{path}/{quote(name)}" if name else path
+
+    # ----------------------------------------------------------------- verbs
+
+    def create(self, namespace: str, plural: str, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        return self.request("POST", self.core_path(namespace, plural), dict(manifest))
+
+    def delete(self, namespace: str, plural: str, name: str, uid: str | None = None) -> None:
+        """Delete ``name``; with ``uid``, only that incarnation (a replacement of the same name is kept)."""
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": "Background",
+        }
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        self.request("DELETE", self.core_path(namespace, plural, name), body)
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", self.job_path(namespace, name))
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def patch_job_status(self, namespace: str, name: str, status_patch: Mapping[str, Any]) -> dict[str, Any]:
+        path = self.job_path(namespace, name) + "/status"
+        return self.request("PATCH", path, {"status": dict(status_patch)}, content_type=MERGE_PATCH)
+
+    def delete_job(self, namespace: str, name: str, uid: str) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": "Background",
+            "preconditions": {"uid": uid},
+        }
+        self.request("DELETE", self.job_path(namespace, name), body)

@@ -1,0 +1,165 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, so several operator replicas are safe.
+
+Only the holder of the Lease reconciles; the others keep their caches warm and
+take over when the holder stops renewing for ``lease_seconds`` (or at once when it
+releases the Lease on a clean shutdown). Writes use optimistic concurrency (the
+Lease's resourceVersion), so two candidates can never both win the same term.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from kelastic.operator.kube import ApiError, Kube
+
+__all__ = ["LeaderElector"]
+
+log = logging.getLogger(__name__)
+
+
+def _micro_time(value: datetime) -> str:
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_seconds: int = 15,
+        renew_every: float = 3.0,
+        on_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_seconds = lease_seconds
+        self.renew_every = renew_every
+        self.on_change = on_change
+        self._leader = False
+        self._valid_until = 0.0  # monotonic: leadership is only trusted until then
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def path(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{self.name}"
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader and time.monotonic() < self._valid_until
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="kelastic-leader-election")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self._leader:
+            try:
+                await asyncio.to_thread(self._release)
+            except Exception as exc:  # best effort: the lease expires anyway
+                log.warning("could not release lease %s/%s: %s", self.namespace, self.name, exc)
+        self._set(False)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                won = await asyncio.to_thread(self.try_acquire)
+            except Exception as exc:  # API unreachable: keep leadership only while the lease is surely ours
+                log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
+                won = self.is_leader
+            self._set(won)
+            await asyncio.sleep(self.renew_every)
+
+    def _set(self, leader: bool) -> None:
+        if leader != self._leader:
+            self._leader = leader
+            log.info(
+                "%s leadership of lease %s/%s", "acquired" if leader else "lost", self.namespace, self.name
+            )
+            if self.on_change is not None:
+                self.on_change(leader)
+
+    def try_acquire(self) -> bool:
+        """One election step (blocking): create, renew or take over the Lease. True if we hold it."""
+        started = time.monotonic()
+        now = datetime.now(timezone.utc)
+        try:
+            lease = self.kube.request("GET", self.path)
+        except ApiError as err:
+            if err.status != 404:
+                raise
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": self._spec(now, acquired=True, transitions=0),
+            }
+            try:
+                self.kube.request("POST", self.path.rsplit("/", 1)[0], body)
+            except ApiError as err2:
+                if err2.status == 409:
+                    return False
+                raise
+            self._valid_until = started + self.lease_seconds
+            return True
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
+        duration = int(spec.get("leaseDurationSeconds") or self.lease_seconds)
+        expired = renewed is None or (now - renewed).total_seconds() > duration
+        if holder != self.identity and holder and not expired:
+            return False
+        transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
+        lease["spec"] = {**spec, **self._spec(now, acquired=holder != self.identity, transitions=transitions)}
+        if holder == self.identity:
+            lease["spec"]["acquireTime"] = spec.get("acquireTime") or lease["spec"].get("acquireTime")
+        try:
+            self.kube.request("PUT", self.path, lease)
+        except ApiError as err:
+            if err.status == 409:  # someone else wrote first
+                return False
+            raise
+        self._valid_until = started + self.lease_seconds
+        return True
+
+    def _spec(self, now: datetime, *, acquired: bool, transitions: int) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": self.lease_seconds,
+            "renewTime": _micro_time(now),
+            "leaseTransitions": transitions,
+        }
+        if acquired:
+            spec["acquireTime"] = _micro_time(now)
+        return spec
+
+    def _release(self) -> None:
+        lease = self.kube.request("GET", self.path)
+        spec = lease.get("spec") or {}
+        if spec.get("holderIdentity") != self.identity:
+            return
+        lease["spec"] = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1}
+        self.kube.request("PUT", self.path, lease)

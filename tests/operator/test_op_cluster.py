@@ -1,0 +1,273 @@
+"""The operator as a subprocess against a LocalCluster, driven with the real kubectl."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kelastic.agent import contract
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "elasticjob.yaml"
+
+WORKER_SCRIPT = "import time\nprint('worker up', flush=True)\ntime.sleep(120)\n"
+
+
+class Env:
+    def __init__(self, kubeconfig: Path, workdir: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.workdir = workdir
+        self.operator: subprocess.Popen[bytes] | None = None
+        self.log = workdir / "operator.log"
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        proc = subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
+        return proc.stdout
+
+    def get(self, *args: str) -> dict[str, Any]:
+        return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+
+    def pods(self, job: str) -> dict[str, dict[str, Any]]:
+        items = self.get("pods", "-l", f"{contract.LABEL_JOB_NAME}={job}")["items"]
+        return {p["metadata"]["name"]: p for p in items}
+
+    def wait(self, what: str, cond: Callable[[], Any], timeout: float = 25.0) -> Any:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            last = cond()
+            if last:
+                return last
+            time.sleep(0.3)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def start_operator(env: Env, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable, "-m", "kelastic.operator",
+        "--kubeconfig", str(env.kubeconfig),
+        "--resync-interval", "1",
+        "--health-port", "0",
+        "--log-format", "json",
+        *(extra or ("--standalone",)),
+    ]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    cluster_mod = pytest.importorskip("kelastic.localcluster.cluster")
+    pytest.importorskip("kelastic.localcluster.apiserver")
+    root = tmp_path_factory.mktemp("opcluster")
+    (root / "work").mkdir()
+    (root / "work" / "worker.py").write_text(WORKER_SCRIPT)
+    cluster = cluster_mod.LocalCluster(root / "data", workdir=root / "work")
+    cluster.start()
+    try:
+        e = Env(Path(cluster.kubeconfig), root / "work")
+        e.kubectl("apply", "-f", str(CRD))
+        e.wait(
+            "the ElasticJob kind in discovery",
+            lambda: "elasticjobs" in e.kubectl("api-resources", check=False),
+        )
+        e.operator = start_operator(e, e.log)
+        try:
+            yield e
+        finally:
+            stop(e.operator)
+            print(e.log.read_text()[-3000:])
+    finally:
+        cluster.stop()
+
+
+def job(name: str, *, min_r: int = 1, max_r: int = 4, replicas: int = 2, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "kelastic.dev/v1alpha1",
+        "kind": "ElasticJob",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "minReplicas": min_r,
+            "maxReplicas": max_r,
+            # agent failures must not end these jobs: they test what the operator creates
+            "backoffLimit": 50,
+            "replicaSpecs": {
+                "Worker": {
+                    "replicas": replicas,
+                    "restartPolicy": "OnFailure",
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "trainer",
+                                    "image": "kelastic:dev",
+                                    "command": ["python", "worker.py"],
+                                }
+                            ]
+                        }
+                    },
+                }
+            },
+            **spec,
+        },
+    }
+
+
+def worker_names(env: Env, name: str) -> list[str]:
+    return sorted(
+        n
+        for n, p in env.pods(name).items()
+        if p["metadata"]["labels"].get(contract.LABEL_ROLE) == contract.ROLE_WORKER
+        and not p["metadata"].get("deletionTimestamp")
+    )
+
+
+def test_job_creates_store_service_and_workers(env: Env) -> None:
+    env.apply(job("alpha", replicas=2))
+    env.wait("the store Service", lambda: env.kubectl("get", "svc", "alpha-rendezvous", check=False))
+    svc = env.get("svc", "alpha-rendezvous")
+    ip = svc["spec"]["clusterIP"]
+    assert ip.startswith("127.2.")
+    env.wait("2 workers and the store pod", lambda: len(env.pods("alpha")) == 3)
+    pods = env.pods("alpha")
+    uid = env.get("ej", "alpha")["metadata"]["uid"]
+    store = pods["alpha-rendezvous"]
+    assert store["spec"]["containers"][0]["command"][:2] == ["kelastic-rendezvous", "--host"]
+    for i in range(2):
+        pod = pods[f"alpha-worker-{i}"]
+        labels = pod["metadata"]["labels"]
+        assert labels[contract.LABEL_REPLICA_INDEX] == str(i) and labels[contract.LABEL_JOB_NAME] == "alpha"
+        assert pod["metadata"]["ownerReferences"][0]["uid"] == uid
+        cmd = pod["spec"]["containers"][0]["command"]
+        assert cmd[cmd.index("--rdzv-endpoint") + 1] == f"{ip}:29400"
+        assert cmd[cmd.index("--rdzv-id") + 1] == uid
+    ej = env.wait(
+        "a Running phase", lambda: (j := env.get("ej", "alpha"))["status"].get("phase") == "Running" and j
+    )
+    assert ej["status"]["selector"] == "kelastic.dev/job-name=alpha,kelastic.dev/role=worker"
+    table = env.kubectl("get", "ej", "alpha")
+    assert "PHASE" in table and "Running" in table
+
+
+def test_kubectl_scale_up_and_down(env: Env) -> None:
+    env.apply(job("beta", replicas=2))
+    env.wait("2 workers", lambda: worker_names(env, "beta") == ["beta-worker-0", "beta-worker-1"])
+    env.kubectl("scale", "ej", "beta", "--replicas", "3")
+    env.wait(
+        "3 workers", lambda: worker_names(env, "beta") == ["beta-worker-0", "beta-worker-1", "beta-worker-2"]
+    )
+    env.kubectl("scale", "ej", "beta", "--replicas", "1")
+    env.wait("scale down to the lowest index", lambda: worker_names(env, "beta") == ["beta-worker-0"])
+    events = env.get("events")["items"]
+    reasons = {e["reason"] for e in events if e["involvedObject"].get("name") == "beta"}
+    assert {"CreateWorker", "ScaleDown"} <= reasons
+
+
+def test_invalid_job_gets_condition_and_event(env: Env) -> None:
+    env.apply(job("gamma", min_r=3, max_r=2, replicas=2))
+    ej = env.wait(
+        "the Failed phase",
+        lambda: (j := env.get("ej", "gamma")).get("status", {}).get("phase") == "Failed" and j,
+    )
+    invalid = next(c for c in ej["status"]["conditions"] if c["type"] == "Invalid")
+    assert invalid["status"] == "True" and "spec.maxReplicas" in invalid["message"]
+    events = env.wait(
+        "an InvalidSpec Event",
+        lambda: [
+            e
+            for e in env.get("events")["items"]
+            if e["involvedObject"].get("name") == "gamma" and e["reason"] == "InvalidSpec"
+        ],
+    )
+    assert events[0]["type"] == "Warning" and "spec.maxReplicas" in events[0]["message"]
+    assert not env.pods("gamma")
+    # fixing the spec starts the job
+    fixed = job("gamma", min_r=1, max_r=2, replicas=1)
+    env.apply(fixed)
+    env.wait("a worker after the fix", lambda: worker_names(env, "gamma") == ["gamma-worker-0"])
+
+
+@pytest.mark.slow
+def test_operator_restart_adopts_pods_without_duplicates(env: Env, tmp_path: Path) -> None:
+    env.apply(job("delta", replicas=2))
+    env.wait("2 workers", lambda: worker_names(env, "delta") == ["delta-worker-0", "delta-worker-1"])
+    before = {n: p["metadata"]["uid"] for n, p in env.pods("delta").items()}
+    # a second standalone operator next to the first one takes the same decisions: no duplicates
+    second = start_operator(env, tmp_path / "second.log")
+    try:
+        time.sleep(3)
+        assert {n: p["metadata"]["uid"] for n, p in env.pods("delta").items()} == before
+    finally:
+        stop(second, signal.SIGKILL)
+    # the operator killed outright and started again adopts what exists
+    assert env.operator is not None
+    stop(env.operator, signal.SIGKILL)
+    env.operator = start_operator(env, env.log)
+    time.sleep(3)
+    assert {n: p["metadata"]["uid"] for n, p in env.pods("delta").items()} == before
+    env.kubectl("scale", "ej", "delta", "--replicas", "3")
+    env.wait("the restarted operator to act", lambda: "delta-worker-2" in worker_names(env, "delta"))
+    assert {n: p["metadata"]["uid"] for n, p in env.pods("delta").items() if n in before} == before
+
+
+def lease_holder(env: Env) -> str:
+    out = env.kubectl(
+        "get", "lease", "kelastic-operator", "-o", "jsonpath={.spec.holderIdentity}", check=False
+    )
+    return out.strip()
+
+
+@pytest.mark.slow
+def test_leader_election_hands_over_on_shutdown(env: Env, tmp_path: Path) -> None:
+    """Two electing replicas: one holds the Lease and acts; SIGTERM releases it to the other."""
+    env.apply(job("epsilon", replicas=1))
+    env.wait("a worker", lambda: worker_names(env, "epsilon") == ["epsilon-worker-0"])
+    assert env.operator is not None
+    stop(env.operator)  # the standalone one steps aside for this test
+    a = start_operator(env, tmp_path / "a.log", "--identity", "op-a")
+    b: subprocess.Popen[bytes] | None = None
+    try:
+        env.wait("op-a to lead", lambda: lease_holder(env) == "op-a")
+        b = start_operator(env, tmp_path / "b.log", "--identity", "op-b")
+        env.kubectl("scale", "ej", "epsilon", "--replicas", "2")
+        env.wait("the leader to scale up", lambda: len(worker_names(env, "epsilon")) == 2)
+        assert lease_holder(env) == "op-a"
+        stop(a)
+        env.wait("op-b to take over", lambda: lease_holder(env) == "op-b", timeout=20)
+        env.kubectl("scale", "ej", "epsilon", "--replicas", "3")
+        env.wait("the new leader to scale up", lambda: len(worker_names(env, "epsilon")) == 3)
+    finally:
+        stop(a)
+        if b is not None:
+            stop(b)
+        env.operator = start_operator(env, env.log)
