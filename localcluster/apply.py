@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from .client import ApiClient, ApiError
+from .client import ApiClient, ApiRequestError
 
 __all__ = ["Applier", "ManifestError", "ResourceRef", "load_manifests"]
 
@@ -84,7 +84,7 @@ class Applier:
         base = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
         try:
             listing = await self.client.get(base)
-        except ApiError as exc:
+        except ApiRequestError as exc:
             if exc.status == 404:
                 return
             raise
@@ -122,7 +122,7 @@ class Applier:
         collection = ref.collection(ns)
         try:
             return await self.client.post(collection, body)
-        except ApiError as exc:
+        except ApiRequestError as exc:
             if exc.status != 409 or not meta.get("name"):
                 raise
         path = f"{collection}/{meta['name']}"
@@ -136,7 +136,7 @@ class Applier:
         ref = await self.resource(str(obj["apiVersion"]), str(obj["kind"]))
         try:
             return await self.client.get(f"{ref.collection(meta.get('namespace'))}/{meta['name']}")
-        except ApiError as exc:
+        except ApiRequestError as exc:
             if exc.status == 404:
                 return None
             raise

@@ -3,7 +3,7 @@
 The kubelet, the endpoints controller and the service proxy of ``kelastic
 local`` talk to the API server over HTTP only, as a real node's components do.
 :class:`ApiClient` sends requests and turns error responses into
-:class:`ApiError`; :class:`Informer` keeps a cache of one resource by list +
+:class:`ApiRequestError`; :class:`Informer` keeps a cache of one resource by list +
 watch with ``resourceVersion`` (resuming the watch, relisting on ``410 Gone`` or
 any error) and calls back on every change. Consumers are level-based: a
 callback says "this key changed", the consumer rereads the cache.
@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["ApiClient", "ApiError", "Informer", "object_key"]
+__all__ = ["ApiClient", "ApiRequestError", "Informer", "object_key"]
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 WATCH_TIMEOUT_S = 240
 
 
-class ApiError(Exception):
+class ApiRequestError(Exception):
     """An error response of the API server (the ``Status`` object's fields)."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:
@@ -73,7 +73,7 @@ class ApiClient:
         body: Any = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        """Send one request; return the decoded JSON body or raise :class:`ApiError`."""
+        """Send one request; return the decoded JSON body or raise :class:`ApiRequestError`."""
         data = None if body is None else json.dumps(body)
         headers = {"Accept": "application/json"}
         if data is not None:
@@ -95,7 +95,7 @@ class ApiClient:
             if resp.status >= 400:
                 if not isinstance(payload, dict):
                     payload = {}
-                raise ApiError(
+                raise ApiRequestError(
                     resp.status, str(payload.get("reason", resp.reason)), str(payload.get("message", text))
                 )
             return payload if isinstance(payload, dict) else {"items": payload}
@@ -185,7 +185,7 @@ class Informer:
             if resp.status == 410:
                 return None
             if resp.status >= 400:
-                raise ApiError(resp.status, resp.reason or "", await resp.text())
+                raise ApiRequestError(resp.status, resp.reason or "", await resp.text())
             async for raw in resp.content:
                 line = raw.strip()
                 if not line:
@@ -196,7 +196,7 @@ class Informer:
                 if etype == "ERROR":
                     if obj.get("code") == 410:
                         return None
-                    raise ApiError(
+                    raise ApiRequestError(
                         int(obj.get("code", 500)), str(obj.get("reason", "")), str(obj.get("message", ""))
                     )
                 rv = str((obj.get("metadata") or {}).get("resourceVersion", rv))

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .client import ApiClient, ApiError, Informer
+from .client import ApiClient, ApiRequestError, Informer
 
 __all__ = ["EndpointsController", "compute_subsets", "pod_is_ready", "selector_matches"]
 
@@ -182,7 +182,7 @@ class EndpointsController:
         path = f"/api/v1/namespaces/{ns}/endpoints/{name}"
         service = self.services.cache.get(key)
         if service is None:
-            with contextlib.suppress(ApiError):
+            with contextlib.suppress(ApiRequestError):
                 await self.client.delete(path)
             return
         if not (service.get("spec") or {}).get("selector"):
@@ -191,7 +191,7 @@ class EndpointsController:
         labels = dict((service.get("metadata") or {}).get("labels") or {})
         try:
             current = await self.client.get(path)
-        except ApiError as exc:
+        except ApiRequestError as exc:
             if exc.status != 404:
                 raise
             body = {

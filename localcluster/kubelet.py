@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .client import ApiClient, ApiError, Informer
+from .client import ApiClient, ApiRequestError, Informer
 from .ipam import IpAllocator, IpExhaustedError
 from .podenv import ContainerConfigError, PodContext, resolve_command, resolve_env
 from .podstatus import (
@@ -339,7 +339,7 @@ class PodWorker:
             )
             defined = resolve_env(pod, c.spec, ctx)
             argv = resolve_command(c.spec, defined)
-        except (ContainerConfigError, ApiError, OSError) as exc:
+        except (ContainerConfigError, ApiRequestError, OSError) as exc:
             rec.state = ContainerState.WAITING
             rec.waiting_reason = "CreateContainerConfigError"
             rec.waiting_message = str(exc)
@@ -504,7 +504,7 @@ class PodWorker:
         try:
             await self.kubelet.client.merge_patch(self.path + "/status", body)
             self.last_status = status
-        except ApiError as exc:
+        except ApiRequestError as exc:
             if exc.status != 404:
                 log.warning("could not write status of pod %s: %s", self.key, exc)
         except Exception as exc:  # the API server is going away
@@ -564,7 +564,7 @@ class PodWorker:
                     "preconditions": {"uid": self.uid},
                 },
             )
-        except ApiError as exc:
+        except ApiRequestError as exc:
             if exc.status not in (404, 409):
                 log.warning("could not remove pod %s after stopping it: %s", self.key, exc)
 
@@ -646,7 +646,7 @@ class Kubelet:
         }
         try:
             await self.client.post(f"/api/v1/namespaces/{ns}/pods/{name}/binding", binding)
-        except ApiError as exc:
+        except ApiRequestError as exc:
             if exc.status == 409:
                 return  # already bound
             # Servers without the binding subresource: set the field directly.
@@ -681,7 +681,7 @@ class Kubelet:
             for name in names:
                 try:
                     obj = await self.client.get(f"/api/v1/namespaces/{namespace}/{resource}/{name}")
-                except ApiError as exc:
+                except ApiRequestError as exc:
                     if exc.status == 404:
                         continue
                     raise
@@ -742,9 +742,9 @@ class Kubelet:
         }
         try:
             await self.client.post("/api/v1/nodes", node)
-        except ApiError as exc:
+        except ApiRequestError as exc:
             if exc.status == 409:
-                with contextlib.suppress(ApiError):
+                with contextlib.suppress(ApiRequestError):
                     await self.client.merge_patch(
                         f"/api/v1/nodes/{self.config.node_name}/status", {"status": node["status"]}
                     )
