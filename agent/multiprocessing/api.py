@@ -239,15 +239,15 @@ class PContext(abc.ABC):
         """
         if self._closed:
             return
+        # _closed is set only at the end: if a signal interrupts this (SignalException in
+        # the main thread), calling close() again redoes the termination.
+        if self._started:
+            self._terminate(int(death_sig), timeout)
+        for tail in self._tails:
+            tail.stop()
+        restore_signal_handlers(self._prev_handlers)
+        self._release()
         self._closed = True
-        try:
-            if self._started:
-                self._terminate(int(death_sig), timeout)
-        finally:
-            for tail in self._tails:
-                tail.stop()
-            restore_signal_handlers(self._prev_handlers)
-            self._release()
 
     def _live_ranks(self) -> list[int]:
         return [pid for rank, pid in self.pids().items() if self._exitcode(rank) is None]

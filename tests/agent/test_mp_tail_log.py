@@ -10,7 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from kelastic.agent.multiprocessing import TailLog, tail_logfile
+from kelastic.agent.multiprocessing import TailLog, new_progbar_events, tail_logfile
+from kelastic.agent.multiprocessing.progbar import ACTIVE
 
 WRITER = textwrap.dedent(
     """
@@ -120,3 +121,18 @@ def test_tail_logfile_in_caller_thread(tmp_path: Path) -> None:
         thread.join(10)
         assert not thread.is_alive()
     assert out.read_text() == "H:a\nH:b\nH:c\n"
+
+
+def test_absent_display_never_blocks_the_tailer(tmp_path: Path) -> None:
+    """An 'active' display that never answers delays each batch by the grant timeout at most."""
+    events = new_progbar_events()
+    events[ACTIVE].set()  # claims to be there, but no display thread serves the handshake
+    log = tmp_path / "0.log"
+    out = tmp_path / "out.txt"
+    with open(out, "w") as dst:
+        tail = TailLog("d", {0: log}, dst, interval_sec=0.05, progbar_events=events).start()
+        log.write_text("".join(f"{i}\n" for i in range(1000)))
+        begin = time.monotonic()
+        tail.stop()
+        assert time.monotonic() - begin < 10
+    assert out.read_text() == "".join(f"[d0]:{i}\n" for i in range(1000))
