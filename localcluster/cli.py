@@ -34,7 +34,7 @@ from typing import Any, TextIO
 
 from .apply import Applier, ManifestError, load_manifests
 from .cluster import LocalCluster
-from .completion import Outcome, outcome_of, waitable
+from .completion import Outcome, outcome_of, pod_outcome, waitable
 from .logrelay import LogFollower, LogRelay
 
 __all__ = ["find_crds_dir", "main", "operator_command"]
@@ -265,6 +265,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     outcomes: list[tuple[Outcome, str]] = []
     waited: list[dict[str, Any]] = []
+    pods: list[dict[str, Any]] = []
     timed_out = interrupted = False
 
     def notice(text: str) -> None:
@@ -317,6 +318,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             time.sleep(0.3)
             follower.poll(time.time())
             relay.flush()
+            if any(o.get("kind") != "Pod" for o in waited):
+                pods = _all_pods(cluster)
     finally:
         if operator is not None:
             operator.terminate()
@@ -325,12 +328,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             operator.stop()
         if not args.keep:
             shutil.rmtree(temp_dir, ignore_errors=True)
-    return _summarize(waited, outcomes, time.monotonic() - started, timed_out, interrupted, args, out)
+    return _summarize(waited, outcomes, pods, time.monotonic() - started, timed_out, interrupted, args, out)
+
+
+def _all_pods(cluster: LocalCluster) -> list[dict[str, Any]]:
+    """Every pod of the cluster (the workload's pods, for the summary)."""
+    assert cluster.client is not None
+    listing = cluster.call(cluster.client.get("/api/v1/pods"), timeout=30.0)
+    return sorted(
+        listing.get("items") or [], key=lambda p: (p["metadata"].get("namespace", ""), p["metadata"]["name"])
+    )
 
 
 def _summarize(
     waited: Sequence[dict[str, Any]],
     outcomes: Sequence[tuple[Outcome, str]],
+    pods: Sequence[dict[str, Any]],
     elapsed: float,
     timed_out: bool,
     interrupted: bool,
@@ -343,6 +356,12 @@ def _summarize(
     observed = list(outcomes) + [(Outcome.PENDING, "not observed")] * (len(waited) - len(outcomes))
     for obj, (outcome, detail) in zip(waited, observed, strict=True):
         print(f"  {_describe(obj):<{width}}  {outcome.value:<9}  {detail}", file=out)
+    if pods:
+        print("  pods:", file=out)
+        width = max(len(p["metadata"]["name"]) for p in pods)
+        for pod in pods:
+            phase = (pod.get("status") or {}).get("phase", "Pending")
+            print(f"    {pod['metadata']['name']:<{width}}  {phase:<9}  {pod_outcome(pod)[1]}", file=out)
     ok = (
         bool(outcomes) and all(r[0] is Outcome.SUCCEEDED for r in outcomes) and not (timed_out or interrupted)
     )

@@ -93,20 +93,28 @@ def generic_outcome(obj: Mapping[str, Any]) -> tuple[Outcome, str]:
     """``status.phase`` first, then conditions; anything else is still pending."""
     status = obj.get("status") or {}
     phase = status.get("phase")
-    message = str(status.get("message") or "")
+    true_conditions = [c for c in status.get("conditions") or [] if c.get("status") == "True"]
+
+    def explain(kind: str) -> str:
+        # The condition named like the phase says why; else any message the status has.
+        for cond in true_conditions:
+            if cond.get("type") == kind and (cond.get("message") or cond.get("reason")):
+                return f"{kind}: {cond.get('message') or cond.get('reason')}"
+        return f"{kind}: {status['message']}" if status.get("message") else kind
+
     if phase in _SUCCESS_PHASES:
-        return Outcome.SUCCEEDED, message or str(phase)
+        return Outcome.SUCCEEDED, explain(str(phase))
     if phase in _FAILURE_PHASES:
-        return Outcome.FAILED, message or str(phase)
-    for cond in status.get("conditions") or []:
-        if cond.get("status") != "True":
-            continue
-        text = str(cond.get("message") or cond.get("reason") or cond.get("type"))
+        return Outcome.FAILED, explain(str(phase))
+    for cond in true_conditions:
         if cond.get("type") in _SUCCESS_PHASES:
-            return Outcome.SUCCEEDED, text
+            return Outcome.SUCCEEDED, explain(str(cond["type"]))
         if cond.get("type") == "Failed":
-            return Outcome.FAILED, text
-    return Outcome.PENDING, str(phase or "no status yet")
+            return Outcome.FAILED, explain("Failed")
+    detail = str(phase or "no status yet")
+    if isinstance(status.get("progress"), str) and status["progress"]:
+        detail += f", progress {status['progress']}"
+    return Outcome.PENDING, detail
 
 
 register_rule("v1", "Pod", pod_outcome)

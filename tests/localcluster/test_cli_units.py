@@ -72,9 +72,16 @@ def test_completion_rules() -> None:
     job = {"apiVersion": "x.dev/v1", "kind": "Thing", "status": {"phase": "Running"}}
     assert outcome_of(job)[0] is Outcome.PENDING
     job["status"] = {"conditions": [{"type": "Succeeded", "status": "True", "message": "all done"}]}
-    assert outcome_of(job) == (Outcome.SUCCEEDED, "all done")
+    assert outcome_of(job) == (Outcome.SUCCEEDED, "Succeeded: all done")
     job["status"] = {"phase": "Failed", "message": "boom"}
-    assert outcome_of(job) == (Outcome.FAILED, "boom")
+    assert outcome_of(job) == (Outcome.FAILED, "Failed: boom")
+    job["status"] = {
+        "phase": "Failed",
+        "conditions": [{"type": "Failed", "status": "True", "reason": "WorkerFailed", "message": "exit 1"}],
+    }
+    assert outcome_of(job) == (Outcome.FAILED, "Failed: exit 1")
+    job["status"] = {"phase": "Running", "progress": "40/100"}
+    assert outcome_of(job) == (Outcome.PENDING, "Running, progress 40/100")
     register_rule("x.dev/v1", "Odd", lambda obj: (Outcome.SUCCEEDED, "custom"))
     assert outcome_of({"apiVersion": "x.dev/v1", "kind": "Odd"}) == (Outcome.SUCCEEDED, "custom")
     assert waitable(job) and not waitable({"kind": "Service"})
