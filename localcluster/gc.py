@@ -18,11 +18,11 @@ controllers of a real control plane (asynchronous, level-based, idempotent).
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 from typing import Any
 
 from .errors import ApiError
+from .patch import clone
 from .registry import FINALIZER_FOREGROUND, FINALIZER_ORPHAN, DeleteOptions, Registry
 from .storage import EventType, WatchEvent
 
@@ -143,7 +143,7 @@ class GarbageCollector:
                 log.warning("garbage collector could not update %s %s: %s", rt.kind, m["name"], exc)
 
     def _drop_refs(self, key: str, dep: Obj, uids: set[str]) -> None:
-        new = copy.deepcopy(dep)
+        new = clone(dep)
         refs = [r for r in new["metadata"].get("ownerReferences") or () if r.get("uid") not in uids]
         if refs:
             new["metadata"]["ownerReferences"] = refs
@@ -152,7 +152,7 @@ class GarbageCollector:
         self._update(key, new)
 
     def _remove_finalizer(self, key: str, obj: Obj, finalizer: str) -> None:
-        new = copy.deepcopy(obj)
+        new = clone(obj)
         new["metadata"]["finalizers"] = [f for f in new["metadata"].get("finalizers") or () if f != finalizer]
         self._update(key, new)
 

@@ -15,10 +15,18 @@ patches raise :class:`PatchError` with a message naming the problem.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-__all__ = ["PatchError", "json_patch", "merge_key_for", "merge_patch", "strategic_merge_patch"]
+__all__ = ["PatchError", "clone", "json_patch", "merge_key_for", "merge_patch", "strategic_merge_patch"]
+
+
+def clone(value: Any) -> Any:
+    """A deep copy of a JSON document (dicts, lists, scalars), several times faster than deepcopy."""
+    if isinstance(value, dict):
+        return {k: clone(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clone(v) for v in value]
+    return value
 
 
 class PatchError(ValueError):
@@ -28,7 +36,7 @@ class PatchError(ValueError):
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386: objects merge recursively, ``null`` deletes, anything else replaces."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return clone(patch)
     out = dict(target) if isinstance(target, dict) else {}
     for k, v in patch.items():
         if v is None:
@@ -107,7 +115,7 @@ def json_patch(doc: Any, ops: Any) -> Any:
     """RFC 6902: apply ``ops`` (a list of operations) to a copy of ``doc``."""
     if not isinstance(ops, list):
         raise PatchError("a JSON patch must be a list of operations")
-    out = copy.deepcopy(doc)
+    out = clone(doc)
     for op in ops:
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
             raise PatchError(f"JSON patch operation {op!r} needs 'op' and 'path'")
@@ -116,17 +124,17 @@ def json_patch(doc: Any, ops: Any) -> Any:
         if kind in ("add", "replace", "test") and "value" not in op:
             raise PatchError(f"JSON patch operation {kind} at {path!r} needs 'value'")
         if kind == "add":
-            out = _add(out, tokens, copy.deepcopy(op["value"]), path)
+            out = _add(out, tokens, clone(op["value"]), path)
         elif kind == "remove":
             _remove(out, tokens, path)
         elif kind == "replace":
             _walk(out, tokens, path)  # must exist
             if tokens:
                 _remove(out, tokens, path)
-            out = _add(out, tokens, copy.deepcopy(op["value"]), path)
+            out = _add(out, tokens, clone(op["value"]), path)
         elif kind in ("move", "copy"):
             src = _pointer(op.get("from", ""))
-            value = copy.deepcopy(_walk(out, src, op.get("from", "")))
+            value = clone(_walk(out, src, op.get("from", "")))
             if kind == "move":
                 _remove(out, src, op.get("from", ""))
             out = _add(out, tokens, value, path)
@@ -179,11 +187,11 @@ def merge_key_for(path: tuple[str, ...]) -> str | None:
 def strategic_merge_patch(target: Any, patch: Any, path: tuple[str, ...] = ()) -> Any:
     """Apply a strategic merge patch to a built-in kind's object (see module docstring)."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return clone(patch)
     base = dict(target) if isinstance(target, dict) else {}
     directive = patch.get("$patch")
     if directive == "replace":
-        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+        return {k: clone(v) for k, v in patch.items() if k != "$patch"}
     if directive == "delete":
         return None
     retain = patch.get("$retainKeys")
@@ -223,17 +231,17 @@ def _smp_value(current: Any, patch: Any, path: tuple[str, ...]) -> Any:
             out = list(current)
             out.extend(x for x in patch if x not in out)
             return out
-        return [x for x in copy.deepcopy(patch) if not (isinstance(x, dict) and x.get("$patch"))]
-    return copy.deepcopy(patch)
+        return [x for x in clone(patch) if not (isinstance(x, dict) and x.get("$patch"))]
+    return clone(patch)
 
 
 def _merge_list(current: list[Any], patch: list[Any], key: str, path: tuple[str, ...]) -> list[Any]:
     if any(isinstance(p, dict) and p.get("$patch") == "replace" for p in patch):
-        return [copy.deepcopy(p) for p in patch if not (isinstance(p, dict) and "$patch" in p)]
+        return [clone(p) for p in patch if not (isinstance(p, dict) and "$patch" in p)]
     out = list(current)
     for item in patch:
         if not isinstance(item, dict) or key not in item:
-            out.append(copy.deepcopy(item))
+            out.append(clone(item))
             continue
         idx = next((i for i, e in enumerate(out) if isinstance(e, dict) and e.get(key) == item[key]), None)
         if item.get("$patch") == "delete":

@@ -11,7 +11,6 @@ on the server's event loop thread; every method is synchronous.
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import secrets
 import uuid
@@ -23,7 +22,7 @@ from typing import Any
 
 from . import kinds, schema
 from .errors import ApiError, FieldCause
-from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from .patch import PatchError, clone, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType, TypeRegistry
 from .selectors import make_predicate, parse_field_selector, parse_label_selector, selector_string
 from .storage import EventType, Gone, Store
@@ -288,7 +287,7 @@ class Registry:
     ) -> WriteResult:
         ns = self._ns(rt, namespace)
         body = self._check_body(rt, body, ns)
-        obj = copy.deepcopy(body)
+        obj = clone(body)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name"):
             if meta.get("generateName"):
@@ -477,7 +476,7 @@ class Registry:
                 f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
             )
         _check_preconditions(rt, old, meta)
-        return self._write_update(rt, old, copy.deepcopy(body), subresource, validation, dry_run)
+        return self._write_update(rt, old, clone(body), subresource, validation, dry_run)
 
     def _write_update(
         self,
@@ -492,7 +491,7 @@ class Registry:
         st = self._storage_type(rt)
         if subresource == "status":
             status = new.get("status")
-            new = copy.deepcopy(old)
+            new = clone(old)
             if status is None:
                 new.pop("status", None)
             else:
@@ -500,7 +499,7 @@ class Registry:
         else:
             if rt.has_status:
                 if "status" in old:
-                    new["status"] = copy.deepcopy(old["status"])
+                    new["status"] = clone(old["status"])
                 else:
                     new.pop("status", None)
             meta = new.setdefault("metadata", {})
@@ -592,7 +591,7 @@ class Registry:
             if old is None:
                 if subresource:
                     raise ApiError.not_found(rt.group, rt.plural, name)
-                body = copy.deepcopy(patch)
+                body = clone(patch)
                 body.setdefault("metadata", {})["name"] = name
                 return self.create(rt, namespace, body, validation=validation, dry_run=dry_run)
             patch_type = PatchType.MERGE if rt.crd else PatchType.STRATEGIC
@@ -629,7 +628,7 @@ class Registry:
             raise ApiError.bad_request("the patch must leave an object")
         meta = new.get("metadata") or {}
         _check_preconditions(rt, old, meta)
-        new = copy.deepcopy(new)
+        new = clone(new)
         return self._write_update(rt, old, new, subresource, validation, dry_run)
 
     # ---- scale subresource ----------------------------------------------------
@@ -728,7 +727,7 @@ class Registry:
                 ],
             )
         spec_path, _, _ = self._scale_paths(rt)
-        new = copy.deepcopy(old)
+        new = clone(old)
         _set_path(new, spec_path, replicas)
         result = self._write_update(rt, old, new, "", validation, dry_run)
         stored = self.store.get(rt.key, old["metadata"].get("namespace", ""), old["metadata"]["name"])
@@ -787,7 +786,7 @@ class Registry:
             # Already being deleted: only a shorter grace period changes anything.
             current = meta.get("deletionGracePeriodSeconds") or 0
             if is_pod and grace < current:
-                new = copy.deepcopy(obj)
+                new = clone(obj)
                 nm = new["metadata"]
                 nm["deletionGracePeriodSeconds"] = grace
                 nm["deletionTimestamp"] = now_rfc3339(grace)
@@ -796,13 +795,13 @@ class Registry:
                 self.store.put(rt.key, new, EventType.MODIFIED)
                 return self.present(rt, new), False
             if set(finalizers) - set(meta.get("finalizers") or ()):
-                new = copy.deepcopy(obj)
+                new = clone(obj)
                 new["metadata"]["finalizers"] = finalizers
                 self.store.put(rt.key, new, EventType.MODIFIED)
                 return self.present(rt, new), False
             return self.present(rt, obj), False
         if finalizers or grace > 0:
-            new = copy.deepcopy(obj)
+            new = clone(obj)
             nm = new["metadata"]
             nm["deletionTimestamp"] = now_rfc3339(grace)
             nm["deletionGracePeriodSeconds"] = grace
@@ -833,7 +832,7 @@ class Registry:
     def _delete_namespace(self, rt: ResourceType, obj: Obj, opts: DeleteOptions) -> tuple[Obj, bool]:
         if opts.dry_run or obj["metadata"].get("deletionTimestamp"):
             return self.present(rt, obj), False
-        new = copy.deepcopy(obj)
+        new = clone(obj)
         new["metadata"]["deletionTimestamp"] = now_rfc3339()
         new["metadata"]["deletionGracePeriodSeconds"] = 0
         new["status"] = {"phase": "Terminating"}

@@ -9,12 +9,12 @@ Invalid value: 0: spec.replicas in body should be greater than or equal to 1``).
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from typing import Any
 
 from .errors import FieldCause
+from .patch import clone
 
 __all__ = ["apply_defaults", "prune", "validate"]
 
@@ -70,7 +70,7 @@ def apply_defaults(value: Any, schema: Obj | None) -> Any:
         out = dict(value)
         for k, sub in props.items():
             if "default" in sub and (k not in out or (out[k] is None and not sub.get("nullable"))):
-                out[k] = copy.deepcopy(sub["default"])
+                out[k] = clone(sub["default"])
         for k, v in out.items():
             if k in props:
                 out[k] = apply_defaults(v, props[k])
