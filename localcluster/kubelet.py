@@ -234,6 +234,10 @@ class PodWorker:
                     started_at=None,
                     finished_at=time.time(),
                 )
+                if should_restart(
+                    self.restart_policy(pod), c.record.terminated.exit_code, init=c.record.init
+                ):
+                    c.restart_due = time.time()
             elif "running" in state:
                 # Its process died with the previous kubelet.
                 c.record.state = ContainerState.TERMINATED
@@ -483,6 +487,10 @@ class PodWorker:
 
     # -- status -------------------------------------------------------------
     async def _write_status(self, pod: Mapping[str, Any]) -> None:
+        if self.kubelet.stopping:
+            # The node is going away, not the pod: leave the last status, so a
+            # kubelet started on the same state restarts the containers.
+            return
         previous = (self.last_status or {}).get("conditions") or []
         facts = PodFacts(
             restart_policy=self.restart_policy(pod),

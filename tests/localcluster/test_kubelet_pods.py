@@ -322,3 +322,49 @@ spec:
         "the failing liveness probe to restart the container",
     )
     kubectl("delete", "pod", "unhealthy", "--grace-period=0", "--force")
+
+
+def test_a_restarted_cluster_restarts_the_containers_of_persisted_pods(tmp_path: Path) -> None:
+    from kelastic.localcluster.cluster import LocalCluster
+
+    def start() -> tuple[LocalCluster, Kubectl]:
+        local = LocalCluster(tmp_path / "data", state_dir=tmp_path / "state", workdir=tmp_path)
+        local.start()
+        return local, Kubectl(local.kubeconfig)
+
+    local, kubectl = start()
+    try:
+        kubectl(
+            "run",
+            "keeper",
+            "--image=x",
+            "--",
+            "python",
+            "-c",
+            "import time; print('up', flush=True); time.sleep(600)",
+        )
+        kubectl("run", "once", "--image=x", "--restart=Never", "--", "python", "-c", "print('done')")
+        wait_for(
+            lambda: _phase(kubectl, "keeper") == "Running" and _phase(kubectl, "once") == "Succeeded",
+            20,
+            "pods",
+        )
+        first_pid = int(
+            _pod(kubectl, "keeper")["status"]["containerStatuses"][0]["containerID"].split("://")[1]
+        )
+    finally:
+        local.stop()
+    assert not _alive(first_pid)
+    local, kubectl = start()
+    try:
+
+        def restarted() -> dict[str, Any] | None:
+            (cs,) = _pod(kubectl, "keeper")["status"]["containerStatuses"]
+            return cs if cs["restartCount"] == 1 and "running" in cs["state"] else None
+
+        cs = wait_for(restarted, 20, "keeper to be restarted by the new kubelet")
+        assert cs["lastState"]["terminated"]["reason"] == "ContainerStatusUnknown"
+        assert _phase(kubectl, "once") == "Succeeded"  # finished pods are not run again
+        assert kubectl("logs", "once").strip() == "done"
+    finally:
+        local.stop()
