@@ -1,0 +1,715 @@
+"""The ``kelastic`` rendezvous backend: a dynamic rendezvous built for fast recovery.
+
+Agents meet in a ``torch.distributed.TCPStore`` served by ``kelastic-rendezvous``
+(a process that is not a worker). The key layout is in ``protocol``; this module
+is the algorithm.
+
+Rounds
+------
+Rounds are numbered 1, 2, ...; exactly one is *open* for joining (``open + 1``),
+every earlier one is closed. A node joins the open round R with O(1) store
+operations: ``add(r/R/joined, 1)`` hands it a slot (its group rank if it makes
+it into the round), then it writes ``r/R/node/<slot>`` and ``r/R/slot/<name>``.
+No blob of all nodes is ever read-modified-written.
+
+Round R is closed by a compare-and-set on ``r/R/size`` (first writer wins) with
+N members: the nodes in slots 0..N-1. A node whose slot is >= N came too late;
+it joins round R+1 at once and is thereby *waiting* (it shows up in
+``num_nodes_waiting`` of the running members). The closer bumps ``open``, pushes
+an event and writes the member list for the controller. Rank 0 of the round then
+hosts a fresh worker TCPStore on its ``local_addr`` (port bound by itself, handed
+to the store with ``master_listen_fd``) and publishes it in ``r/R/wstore``; that
+is ``bootstrap_store_info``, the workers' MASTER_ADDR/MASTER_PORT.
+
+When a round closes (``protocol.decide_close``, evaluated by every waiter after
+its own join and on every event; first to see it true closes):
+
+- never while the previous round R-1 is intact (it has members and none of them
+  is accounted for): nodes arriving then are spare and wait;
+- at once when ``max`` nodes joined;
+- with a controller: at once when every node it lists has joined (>= min);
+- without: at once when every member of R-1 is accounted for (re-joined, dead,
+  left or dropped) and >= min joined; in the very first round after a short
+  last call (``last_call_timeout``) once ``min`` joined;
+- fall-back timers (``rejoin_timeout``, ``controller_timeout``) only when an
+  expected node never shows up.
+
+Every member of R-1 gets exactly one *fate* (``r/R-1/fate/<name>``, first claim
+wins, counted in ``r/R-1/accounted``): ``rejoin`` when it joins R, ``dead`` when
+its heartbeat stopped, ``left`` on a graceful shutdown, ``dropped`` when the
+controller no longer lists it. "All accounted" therefore means: nobody else from
+the old round will come, so the new round closes without any timer.
+
+Waking up without polling
+-------------------------
+Anything another node must react to pushes an *event*: ``add(ev, 1)`` then set
+``ev/<n>``. Each handler runs one watcher thread blocked in ``store.wait`` on the
+next event key; when it fires it bumps a local generation counter and notifies
+a condition variable. ``next_rendezvous`` and ``wait_membership_change`` block on
+that condition (with their own deadlines), never on a sleep loop, so a round
+closes as soon as its condition holds. Events are rare: first join of a round,
+``min`` reached, round closed, a fate other than rejoin (plus the first fate of
+a round), controller publication, job closed.
+
+Failure detection
+-----------------
+A keep-alive thread increments ``hb/<name>`` every ``keep_alive_interval``. Each
+member of a running round watches one peer, its ring successor (rank + 1 mod
+N), so the whole job reads O(N) keys per interval. A heartbeat that did not move
+for ``keep_alive_interval * keep_alive_max_attempt`` (1.5 s by default; judged
+on the observer's monotonic clock, so clock skew does not matter) gets the fate
+``dead``, which wakes everyone. Nodes waiting in slots 0-2 of an open round also
+sweep all members of the previous round, so several deaths at once (a watcher
+dying with its successor) are still detected.
+
+A running member's ``membership_changed()`` is True once its round is no longer
+current: a fate was claimed in it, a newer round closed, the store was lost, or
+nodes wait in the next round while the round is below ``max``. The agent then
+stops its workers and calls ``next_rendezvous``; survivors all re-join, the dead
+one is accounted for, and the new round closes immediately.
+
+Store loss
+----------
+The store keeps no durable state. When the connection breaks, the watcher marks
+the membership changed; ``next_rendezvous`` reconnects (until ``join_timeout``)
+and, seeing a different ``incarnation`` token, forgets the old rounds and joins
+afresh. An unreachable store yields ``RendezvousConnectionError`` naming the
+endpoint after ``join_timeout``.
+
+Closing
+-------
+``set_closed()`` marks the job finished: joiners get ``RendezvousClosedError``.
+``shutdown()`` is a graceful leave (fate ``left``), not a job close, so a pod
+removed by scale-down lets the others re-form at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import json
+import logging
+import math
+import socket
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStoreInfo,
+    RendezvousTimeoutError,
+    rendezvous_handler_registry,
+)
+
+from .liveness import HeartbeatTracker
+from .protocol import (
+    CloseAction,
+    Fate,
+    RoundView,
+    RunKeys,
+    TimerKind,
+    claim_fate,
+    connect_store,
+    decide_close,
+    first_line,
+    listed_all_joined,
+    new_token,
+    open_round,
+    push_event,
+    read_counter,
+    read_membership,
+    read_optional,
+    read_size,
+)
+from .server import ServedStore, serve_store
+from .settings import RendezvousSettings, settings_from_params
+
+__all__ = ["BACKEND", "KelasticRendezvousHandler", "create_handler"]
+
+log = logging.getLogger(__name__)
+
+BACKEND = "kelastic"
+
+#: How long the watcher blocks on one event key before re-arming (no meaning beyond that).
+_EVENT_WAIT = datetime.timedelta(hours=1)
+#: Slots of an open round whose nodes sweep the previous round's heartbeats.
+_SWEEPERS = 3
+#: Bound on waiting for a key a peer writes right after taking its slot.
+_PEER_KEY_WAIT = 10.0
+#: Background threads retry a lost store with this connect timeout and a capped backoff.
+_RECONNECT_TIMEOUT = 1.0
+
+
+def _backoff(failures: int) -> float:
+    return min(5.0, 0.1 * 2 ** min(failures, 6))
+
+
+@dataclass(frozen=True)
+class _Member:
+    round: int
+    rank: int
+    size: int
+    successor: str | None
+
+
+@dataclass(frozen=True)
+class _Joining:
+    round: int
+    slot: int
+
+
+class KelasticRendezvousHandler(RendezvousHandler):
+    """Rendezvous handler of the ``kelastic`` backend (see the module docstring).
+
+    ``next_rendezvous``, ``membership_changed``, ``wait_membership_change`` and
+    ``num_nodes_waiting`` are meant for the agent's main thread; the others may be
+    called from any thread. Background threads (event watcher, keep-alive) start
+    at the first store connection and stop in ``shutdown``.
+    """
+
+    def __init__(self, settings: RendezvousSettings) -> None:
+        self._s = settings
+        self._keys = RunKeys(settings.run_id)
+        self._token = new_token()
+        self._lock = threading.RLock()
+        self._store: dist.TCPStore | None = None
+        self._incarnation: str | None = None
+        self._member: _Member | None = None
+        self._joining: _Joining | None = None
+        self._worker_store: ServedStore | None = None
+        self._lost = threading.Event()
+        self._stop = threading.Event()
+        self._wake = threading.Condition()
+        self._generation = 0
+        self._changed_cache: tuple[int, bool] | None = None
+        self._threads: list[threading.Thread] = []
+
+    # -- RendezvousHandler -------------------------------------------------
+
+    def get_backend(self) -> str:
+        return BACKEND
+
+    @property
+    def use_agent_store(self) -> bool:
+        """Workers connect to the round's worker store as clients (rank 0 hosts it)."""
+        return True
+
+    def get_run_id(self) -> str:
+        return self._s.run_id
+
+    @property
+    def settings(self) -> RendezvousSettings:
+        return self._s
+
+    @property
+    def node_name(self) -> str:
+        return self._s.node_name
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        """Join the open round and return once it closed with this node as a member.
+
+        Raises RendezvousClosedError if the job was closed, RendezvousConnectionError
+        if the store stayed unreachable, RendezvousTimeoutError if no round admitted
+        this node, each after at most ``join_timeout`` seconds.
+        """
+        deadline = time.monotonic() + self._s.join_timeout
+        self._lost.clear()
+        with self._lock:
+            self._member = None
+            self._changed_cache = None
+            self._close_worker_store()
+        while True:
+            try:
+                store = self._connected(deadline)
+                return self._join(store, deadline)
+            except dist.DistNetworkError as exc:
+                log.warning(
+                    "kelastic rendezvous: lost the store at %s (%s); reconnecting",
+                    self._s.endpoint,
+                    first_line(exc),
+                )
+                self._drop_connection()
+                if time.monotonic() >= deadline:
+                    raise RendezvousConnectionError(
+                        f"lost the kelastic rendezvous store at {self._s.endpoint} and could not "
+                        f"rejoin within join_timeout={self._s.join_timeout:g}s: {first_line(exc)}"
+                    ) from exc
+
+    def is_closed(self) -> bool:
+        store = self._connected(time.monotonic() + min(self._s.join_timeout, 30.0))
+        with self._lock:
+            return bool(store.check([self._keys.closed]))
+
+    def set_closed(self) -> None:
+        """Mark the job finished: every later or pending join raises RendezvousClosedError."""
+        store = self._connected(time.monotonic() + min(self._s.join_timeout, 30.0))
+        with self._lock:
+            store.set(self._keys.closed, "1")
+            push_event(store, self._keys, "closed-job")
+
+    def num_nodes_waiting(self) -> int:
+        """>0 when this node's round is no longer current (nodes wait, or a member changed)."""
+        if not self.membership_changed():
+            return 0
+        with self._lock:
+            member, store = self._member, self._store
+            if member is None or store is None:
+                return 1
+            try:
+                return max(1, read_counter(store, self._keys.joined(member.round + 1)))
+            except dist.DistError:
+                return 1
+
+    def shutdown(self) -> bool:
+        """Leave gracefully (fate ``left``, survivors re-form at once) and stop the threads.
+
+        Does not close the job; call ``set_closed`` for that. Returns False if the
+        store could not be told.
+        """
+        ok = True
+        with self._lock:
+            member, store = self._member, self._store
+            if member is not None and store is not None:
+                try:
+                    if not store.check([self._keys.closed]):
+                        claim_fate(
+                            store, self._keys, member.round, self._s.node_name, Fate.LEFT, self._s.node_name
+                        )
+                except dist.DistError as exc:
+                    log.warning("kelastic rendezvous: could not announce leaving: %s", first_line(exc))
+                    ok = False
+            self._member = None
+            self._close_worker_store()
+        self._stop.set()
+        self._bump()
+        ok = self._stop_threads() and ok
+        _live_handlers.discard(self)
+        return ok
+
+    def _stop_threads(self) -> bool:
+        """Stop the background threads; the watcher blocks in the store, so wake it with an event."""
+        self._stop.set()
+        watcher = next((t for t in self._threads if t.name.startswith("kelastic-rdzv-events")), None)
+        ok = True
+        if watcher is not None and watcher.is_alive():
+            with self._lock:
+                store = self._store
+                if store is not None:
+                    try:
+                        push_event(store, self._keys, f"bye {self._s.node_name}")
+                    except dist.DistError:
+                        ok = False
+        for thread in self._threads:
+            thread.join(timeout=3.0)
+        return ok
+
+    # -- kelastic extensions -----------------------------------------------
+
+    def membership_changed(self) -> bool:
+        """Non-blocking: True once this node's round is no longer current."""
+        if self._lost.is_set():
+            return True
+        with self._lock:
+            member, store = self._member, self._store
+            if member is None:
+                return False
+            if store is None:
+                return True
+            generation = self._generation
+            if self._changed_cache is not None and self._changed_cache[0] == generation:
+                return self._changed_cache[1]
+            try:
+                changed = self._evaluate_changed(store, member)
+            except dist.DistNetworkError:
+                self._drop_connection()
+                return True
+            self._changed_cache = (generation, changed)
+            return changed
+
+    def wait_membership_change(self, timeout: float) -> bool:
+        """Block (on store events, not a sleep loop) up to ``timeout`` s; True if membership changed."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            generation = self._generation
+            if self.membership_changed():
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._stop.is_set():
+                return False
+            self._wait_event(generation, remaining)
+
+    # -- joining -----------------------------------------------------------
+
+    def _join(self, store: dist.TCPStore, deadline: float) -> RendezvousInfo:
+        k, s, name = self._keys, self._s, self._s.node_name
+        next_round = 0
+        while True:
+            generation = self._generation
+            if store.check([k.closed]):
+                raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
+            ctl = read_membership(store, k)
+            if ctl is not None and name not in ctl.nodes:
+                # The controller has not admitted this node (yet): wait for a publication.
+                if time.monotonic() >= deadline:
+                    raise RendezvousTimeoutError(
+                        f"node {name} was not listed by the controller of rendezvous {s.run_id} at "
+                        f"{s.endpoint} within join_timeout={s.join_timeout:g}s (listed: {list(ctl.nodes)})"
+                    )
+                self._wait_event(generation, deadline - time.monotonic())
+                continue
+            r = max(open_round(store, k), next_round)
+            slot = int(store.add(k.joined(r), 1)) - 1
+            addr = self._local_addr()
+            store.set(k.node(r, slot), json.dumps({"name": name, "addr": addr}))
+            store.set(k.slot(r, name), str(slot))
+            store.add(k.heartbeat(name), 1)
+            with self._lock:
+                self._joining = _Joining(r, slot)
+            min_nodes = ctl.min_nodes if ctl is not None else s.min_nodes
+            if slot == 0 or slot + 1 == min_nodes:
+                push_event(store, k, f"join {r} {slot}")
+            self._account_previous_round(store, r)
+            try:
+                size = self._wait_closed(store, r, deadline)
+            finally:
+                with self._lock:
+                    self._joining = None
+            if slot < size:
+                return self._become_member(store, r, slot, size, addr, deadline)
+            log.info(
+                "kelastic rendezvous: %s came too late for round %d; waiting for round %d", name, r, r + 1
+            )
+            next_round = r + 1
+
+    def _account_previous_round(self, store: dist.TCPStore, r: int) -> None:
+        """If this node was a member of round r-1, claim its fate there: it re-joined."""
+        k, name = self._keys, self._s.node_name
+        previous = r - 1
+        if previous < 1:
+            return
+        raw = read_optional(store, k.slot(previous, name))
+        if raw is not None and int(raw) < read_size(store, k, previous):
+            claim_fate(store, k, previous, name, Fate.REJOIN, name)
+
+    def _observe(self, store: dist.TCPStore, r: int) -> RoundView:
+        k, s = self._keys, self._s
+        joined = read_counter(store, k.joined(r))
+        ctl = read_membership(store, k)
+        prev_size = read_size(store, k, r - 1)
+        prev_accounted = read_counter(store, k.accounted(r - 1)) if prev_size else 0
+        listed = ctl is not None and joined >= len(ctl.nodes) and listed_all_joined(store, k, r, ctl.nodes)
+        return RoundView(
+            joined=joined,
+            min_nodes=ctl.min_nodes if ctl is not None else s.min_nodes,
+            max_nodes=ctl.max_nodes if ctl is not None else s.max_nodes,
+            prev_size=prev_size,
+            prev_accounted=prev_accounted,
+            controlled=ctl is not None,
+            listed_all_joined=listed,
+        )
+
+    def _wait_closed(self, store: dist.TCPStore, r: int, deadline: float) -> int:
+        """Block until round r is closed (closing it if this node sees the condition); its size."""
+        k, s = self._keys, self._s
+        timer: TimerKind | None = None
+        timer_deadline = math.inf
+        while True:
+            generation = self._generation
+            size = read_size(store, k, r)
+            if size:
+                return size
+            if store.check([k.closed]):
+                raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
+            view = self._observe(store, r)
+            decision = decide_close(view)
+            now = time.monotonic()
+            if decision.action is CloseAction.CLOSE:
+                self._try_close(store, r, decision.size)
+                continue
+            if decision.action is CloseAction.TIMER:
+                if timer is not decision.timer:
+                    timer, timer_deadline = decision.timer, now + s.timer(decision.timer)
+                if now >= timer_deadline:
+                    self._try_close(store, r, min(view.joined, view.max_nodes))
+                    continue
+            else:
+                timer, timer_deadline = None, math.inf
+            if now >= deadline:
+                raise RendezvousTimeoutError(
+                    f"rendezvous {s.run_id} at {s.endpoint}: round {r} did not close within "
+                    f"join_timeout={s.join_timeout:g}s ({view.joined} joined, min {view.min_nodes}, "
+                    f"max {view.max_nodes}; previous round {view.prev_size} members, "
+                    f"{view.prev_accounted} accounted for)"
+                )
+            self._wait_event(generation, min(deadline, timer_deadline) - now)
+
+    def _try_close(self, store: dist.TCPStore, r: int, size: int) -> bool:
+        """Close round r with ``size`` members if nobody did yet; the winner does the bookkeeping."""
+        k, name = self._keys, self._s.node_name
+        mine = f"{size}|{name}|{self._token}"
+        got = store.compare_set(k.size(r), "", mine)
+        if (got.decode() if isinstance(got, bytes) else got) != mine:
+            return False
+        store.add(k.open, 1)
+        push_event(store, k, f"closed {r} {size}")
+        node_keys = [k.node(r, i) for i in range(size)]
+        try:
+            store.wait(node_keys, datetime.timedelta(seconds=_PEER_KEY_WAIT))
+        except dist.DistStoreError:
+            log.warning("kelastic rendezvous: a member of round %d never wrote its record", r)
+            return True
+        names = [json.loads(raw)["name"] for raw in store.multi_get(node_keys)]
+        store.set(k.members(r), json.dumps(names))
+        ctl = read_membership(store, k)
+        if ctl is not None:
+            for member in names:
+                if member not in ctl.nodes:
+                    claim_fate(store, k, r, member, Fate.DROPPED, name)
+        log.info("kelastic rendezvous: closed round %d with %d nodes", r, size)
+        return True
+
+    def _become_member(
+        self, store: dist.TCPStore, r: int, rank: int, size: int, addr: str, deadline: float
+    ) -> RendezvousInfo:
+        k = self._keys
+        wait_for = datetime.timedelta(seconds=max(0.1, min(_PEER_KEY_WAIT, deadline - time.monotonic())))
+        successor: str | None = None
+        if size > 1:
+            key = k.node(r, (rank + 1) % size)
+            try:
+                store.wait([key], wait_for)
+                successor = json.loads(store.get(key))["name"]
+            except dist.DistStoreError:
+                log.warning("kelastic rendezvous: no record for rank %d of round %d", (rank + 1) % size, r)
+        if rank == 0:
+            served = serve_store(addr, 0)
+            with self._lock:
+                self._worker_store = served
+            store.set(k.worker_store(r), json.dumps({"addr": addr, "port": served.port}))
+            master_addr, master_port = addr, served.port
+        else:
+            try:
+                store.wait([k.worker_store(r)], wait_for)
+            except dist.DistStoreError as exc:
+                raise RendezvousTimeoutError(
+                    f"rendezvous {self._s.run_id}: rank 0 of round {r} did not publish its worker store "
+                    f"within {wait_for.total_seconds():.0f}s"
+                ) from exc
+            published = json.loads(store.get(k.worker_store(r)))
+            master_addr, master_port = published["addr"], int(published["port"])
+        with self._lock:
+            self._member = _Member(r, rank, size, successor)
+            self._changed_cache = None
+        agent_store = dist.PrefixStore(k.agent_prefix(r), store.clone())
+        log.info(
+            "kelastic rendezvous: %s is rank %d of %d in round %d (worker store %s:%d)",
+            self._s.node_name,
+            rank,
+            size,
+            r,
+            master_addr,
+            master_port,
+        )
+        return RendezvousInfo(agent_store, rank, size, RendezvousStoreInfo(master_addr, master_port))
+
+    # -- membership --------------------------------------------------------
+
+    def _evaluate_changed(self, store: dist.TCPStore, member: _Member) -> bool:
+        k, r = self._keys, member.round
+        if open_round(store, k) > r + 1 or read_counter(store, k.accounted(r)) > 0:
+            return True
+        if read_counter(store, k.joined(r + 1)) == 0:
+            return False
+        ctl = read_membership(store, k)
+        max_nodes = ctl.max_nodes if ctl is not None else self._s.max_nodes
+        return member.size < max_nodes
+
+    # -- connection, events, threads ----------------------------------------
+
+    def _connected(self, deadline: float) -> dist.TCPStore:
+        with self._lock:
+            if self._store is not None:
+                return self._store
+            remaining = deadline - time.monotonic()
+            try:
+                store = connect_store(self._s.host, self._s.port, max(remaining, 0.5))
+            except RendezvousConnectionError as exc:
+                raise RendezvousConnectionError(
+                    f"rendezvous {self._s.run_id}: {exc} (gave up after join_timeout={self._s.join_timeout:g}s)"
+                ) from exc.__cause__
+            got = store.compare_set(self._keys.incarnation, "", self._token)
+            incarnation = got.decode() if isinstance(got, bytes) else got
+            if self._incarnation is not None and incarnation != self._incarnation:
+                log.warning(
+                    "kelastic rendezvous: the store at %s was restarted; joining afresh", self._s.endpoint
+                )
+                self._member = None
+            self._incarnation = incarnation
+            self._store = store
+            if not self._threads:
+                self._start_threads()
+            return store
+
+    def _drop_connection(self) -> None:
+        with self._lock:
+            self._store = None
+            self._changed_cache = None
+        self._lost.set()
+        self._bump()
+
+    def _bump(self) -> None:
+        with self._wake:
+            self._generation += 1
+            self._wake.notify_all()
+
+    def _wait_event(self, generation: int, timeout: float) -> None:
+        if timeout <= 0:
+            return
+        with self._wake:
+            self._wake.wait_for(lambda: self._generation != generation or self._stop.is_set(), timeout)
+
+    def _start_threads(self) -> None:
+        tag = f"{self._s.run_id}/{self._s.node_name}"
+        self._threads = [
+            threading.Thread(target=self._watch_events, name=f"kelastic-rdzv-events {tag}", daemon=True),
+            threading.Thread(target=self._keep_alive, name=f"kelastic-rdzv-keepalive {tag}", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+        _live_handlers.add(self)
+
+    def _watch_events(self) -> None:
+        """Block on the next event key; on each event wake local waiters."""
+        k = self._keys
+        store: dist.TCPStore | None = None
+        seq = 0
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                if store is None:
+                    store = connect_store(self._s.host, self._s.port, _RECONNECT_TIMEOUT)
+                    seq = read_counter(store, k.events)
+                    failures = 0
+                    self._bump()
+                # Checked after reading seq: ``_stop_threads`` sets stop before pushing its event.
+                if self._stop.is_set():
+                    return
+                store.wait([k.event(seq + 1)], _EVENT_WAIT)
+                seq = read_counter(store, k.events)
+                self._bump()
+                if store.check([k.closed]):
+                    return  # the job is finished: nothing left to watch
+            except dist.DistStoreError:
+                continue  # the long wait expired: re-arm
+            except (dist.DistError, RendezvousConnectionError, RuntimeError) as exc:
+                if store is not None and not self._stop.is_set():
+                    log.warning("kelastic rendezvous: event watch lost the store: %s", first_line(exc))
+                    self._lost.set()
+                    self._bump()
+                store = None
+                failures += 1
+                self._stop.wait(_backoff(failures))
+
+    def _keep_alive(self) -> None:
+        """Beat every keep_alive_interval; watch the ring successor and, when sweeping, the old round."""
+        tracker = HeartbeatTracker(self._s.node_timeout)
+        members_cache: dict[int, list[str]] = {}
+        store: dist.TCPStore | None = None
+        failures = 0
+        while True:
+            try:
+                if store is None:
+                    store = connect_store(self._s.host, self._s.port, _RECONNECT_TIMEOUT)
+                    members_cache.clear()
+                store.add(self._keys.heartbeat(self._s.node_name), 1)
+                self._watch_peers(store, tracker, members_cache)
+                failures = 0
+            except (dist.DistError, RendezvousConnectionError, RuntimeError) as exc:
+                if store is not None:
+                    log.debug("kelastic rendezvous: keep-alive lost the store: %s", first_line(exc))
+                store = None
+                failures += 1
+            pause = self._s.keep_alive_interval if not failures else _backoff(failures)
+            if self._stop.wait(pause):
+                return
+
+    def _watch_peers(
+        self, store: dist.TCPStore, tracker: HeartbeatTracker, members_cache: dict[int, list[str]]
+    ) -> None:
+        k, me = self._keys, self._s.node_name
+        with self._lock:
+            member, joining = self._member, self._joining
+        targets: list[tuple[int, str]] = []
+        if member is not None and member.successor is not None:
+            targets.append((member.round, member.successor))
+        if joining is not None and joining.slot < _SWEEPERS and joining.round > 1:
+            previous = joining.round - 1
+            if previous not in members_cache:
+                raw = read_optional(store, k.members(previous))
+                if raw is not None:
+                    members_cache.clear()
+                    members_cache[previous] = json.loads(raw)
+            targets.extend((previous, n) for n in members_cache.get(previous, []) if n != me)
+        tracker.retain({name for _, name in targets})
+        if not targets:
+            return
+        hb_keys = [k.heartbeat(name) for _, name in targets]
+        if not store.check(hb_keys):
+            return
+        now = time.monotonic()
+        for (r, name), value in zip(targets, store.multi_get(hb_keys), strict=True):
+            if tracker.observe(name, int(value), now):
+                tracker.forget(name)
+                if claim_fate(store, k, r, name, Fate.DEAD, me):
+                    log.warning(
+                        "kelastic rendezvous: %s (round %d) missed heartbeats for %.1fs; marked dead",
+                        name,
+                        r,
+                        self._s.node_timeout,
+                    )
+
+    # -- helpers -------------------------------------------------------------
+
+    def _local_addr(self) -> str:
+        """The address peers reach this node on: ``local_addr``, else the route to the store."""
+        if self._s.local_addr:
+            return self._s.local_addr
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((self._s.host, self._s.port))
+                return str(probe.getsockname()[0])
+        except OSError:
+            return socket.gethostname()
+
+    def _close_worker_store(self) -> None:
+        if self._worker_store is not None:
+            self._worker_store.close()
+            self._worker_store = None
+
+
+def create_handler(params: RendezvousParameters) -> KelasticRendezvousHandler:
+    """Create the handler for backend ``kelastic`` (ValueError on bad parameters)."""
+    if params.backend != BACKEND:
+        raise ValueError(f"create_handler is for rdzv backend {BACKEND!r}, not {params.backend!r}")
+    return KelasticRendezvousHandler(settings_from_params(params))
+
+
+#: Handlers with running threads. A thread blocked inside the store's C++ code when
+#: the interpreter finalizes aborts the process, so they are stopped at exit.
+_live_handlers: weakref.WeakSet[KelasticRendezvousHandler] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_handlers() -> None:
+    for handler in list(_live_handlers):
+        handler._stop_threads()
+
+
+rendezvous_handler_registry.register(BACKEND, create_handler)

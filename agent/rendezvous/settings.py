@@ -1,0 +1,116 @@
+"""Settings of the kelastic rendezvous, parsed from torch's ``RendezvousParameters``.
+
+``--rdzv-conf`` keys (all optional; seconds may be fractional):
+
+==========================  =======  ===========================================================
+key                         default  meaning
+==========================  =======  ===========================================================
+join_timeout                600      deadline for ``next_rendezvous`` (includes reaching the store)
+last_call_timeout           2        first round: wait this long for more nodes once min is reached
+rejoin_timeout              10       later rounds: wait this long for members of the previous round
+                                     that are neither back nor known dead (normally never needed)
+controller_timeout          30       controlled rounds: close with the joined nodes after this long
+                                     if a listed node never joins
+keep_alive_interval         0.5      heartbeat period
+keep_alive_max_attempt      3        a node whose heartbeat did not move for interval * attempts
+                                     is dead (1.5 s by default, noticed within about 2 s)
+node_name                   none      this node's name (default: $KELASTIC_NODE_NAME or host_pid)
+==========================  =======  ===========================================================
+
+Other keys (torchrun passes some of its own) are ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+from kelastic.agent.contract import DEFAULT_RDZV_PORT, ENV_NODE_NAME
+
+from .protocol import TimerKind, parse_endpoint
+
+__all__ = ["RendezvousSettings", "default_node_name", "settings_from_params"]
+
+
+@dataclass(frozen=True)
+class RendezvousSettings:
+    run_id: str
+    host: str
+    port: int
+    node_name: str
+    local_addr: str | None
+    min_nodes: int
+    max_nodes: int
+    join_timeout: float = 600.0
+    last_call_timeout: float = 2.0
+    rejoin_timeout: float = 10.0
+    controller_timeout: float = 30.0
+    keep_alive_interval: float = 0.5
+    keep_alive_max_attempt: int = 3
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def node_timeout(self) -> float:
+        """A heartbeat that did not move for this long means the node is dead."""
+        return self.keep_alive_interval * self.keep_alive_max_attempt
+
+    def timer(self, kind: TimerKind) -> float:
+        return {
+            TimerKind.LAST_CALL: self.last_call_timeout,
+            TimerKind.REJOIN: self.rejoin_timeout,
+            TimerKind.CONTROLLER: self.controller_timeout,
+        }[kind]
+
+
+def default_node_name() -> str:
+    """``$KELASTIC_NODE_NAME`` if set, else ``<hostname>_<pid>``."""
+    return os.environ.get(ENV_NODE_NAME) or f"{socket.gethostname()}_{os.getpid()}"
+
+
+def _seconds(params: RendezvousParameters, key: str, default: float, *, allow_zero: bool = False) -> float:
+    raw = params.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"rdzv-conf {key}={raw!r} is not a number of seconds") from None
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"rdzv-conf {key}={raw!r} must be {'>= 0' if allow_zero else '> 0'} seconds")
+    return value
+
+
+def settings_from_params(params: RendezvousParameters) -> RendezvousSettings:
+    """Validate ``params`` for the kelastic backend; ValueError says what is wrong."""
+    if not params.run_id:
+        raise ValueError("the rendezvous id is empty; pass --rdzv-id (the operator uses the job's UID)")
+    host, port = parse_endpoint(params.endpoint or "", DEFAULT_RDZV_PORT)
+    attempts_raw = params.get("keep_alive_max_attempt")
+    try:
+        attempts = 3 if attempts_raw in (None, "") else int(attempts_raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"rdzv-conf keep_alive_max_attempt={attempts_raw!r} is not an integer") from None
+    if attempts < 1:
+        raise ValueError(f"rdzv-conf keep_alive_max_attempt={attempts} must be >= 1")
+    name = str(params.get("node_name") or default_node_name())
+    return RendezvousSettings(
+        run_id=str(params.run_id),
+        host=host,
+        port=port,
+        node_name=name,
+        local_addr=params.local_addr,
+        min_nodes=int(params.min_nodes),
+        max_nodes=int(params.max_nodes),
+        join_timeout=_seconds(params, "join_timeout", 600.0),
+        last_call_timeout=_seconds(params, "last_call_timeout", 2.0, allow_zero=True),
+        rejoin_timeout=_seconds(params, "rejoin_timeout", 10.0, allow_zero=True),
+        controller_timeout=_seconds(params, "controller_timeout", 30.0, allow_zero=True),
+        keep_alive_interval=_seconds(params, "keep_alive_interval", 0.5),
+        keep_alive_max_attempt=attempts,
+    )

@@ -1,0 +1,232 @@
+"""The kelastic rendezvous handler against a real ``kelastic-rendezvous`` store process."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousInfo,
+    RendezvousParameters,
+)
+
+from kelastic.agent.rendezvous import (
+    KelasticRendezvousHandler,
+    ServerProcess,
+    get_rendezvous_handler,
+    start_server_process,
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    # One store process for the module (starting one costs seconds of torch import);
+    # every test uses its own rendezvous id.
+    proc = start_server_process("127.0.0.1", 0, timeout=60)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+_made: list[KelasticRendezvousHandler] = []
+
+
+@pytest.fixture(autouse=True)
+def _shutdown_handlers() -> Iterator[None]:
+    yield
+    while _made:
+        _made.pop().shutdown()
+
+
+@pytest.fixture
+def run_id(request: pytest.FixtureRequest) -> str:
+    return request.node.name
+
+
+def make_handler(
+    endpoint: str, name: str, min_nodes: int, max_nodes: int, run_id: str = "job", **conf: Any
+) -> KelasticRendezvousHandler:
+    conf.setdefault("last_call_timeout", 0.3)
+    conf.setdefault("join_timeout", 20)
+    params = RendezvousParameters(
+        "kelastic", endpoint, run_id, min_nodes, max_nodes, local_addr="127.0.0.1", node_name=name, **conf
+    )
+    handler = get_rendezvous_handler(params)
+    assert isinstance(handler, KelasticRendezvousHandler)
+    _made.append(handler)
+    return handler
+
+
+@pytest.fixture
+def handlers() -> list[KelasticRendezvousHandler]:
+    return []
+
+
+def rendezvous_all(hs: list[KelasticRendezvousHandler], timeout: float = 20) -> list[RendezvousInfo]:
+    """Run next_rendezvous on every handler concurrently; return infos in handler order."""
+    results: list[Any] = [None] * len(hs)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = hs[i].next_rendezvous()
+        except BaseException as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(hs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), "next_rendezvous did not return in time"
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_nodes_form_a_round_with_distinct_ranks(server: ServerProcess, handlers: list, run_id: str) -> None:
+    handlers += [make_handler(server.endpoint, f"n{i}", 3, 3, run_id=run_id) for i in range(3)]
+    infos = rendezvous_all(handlers)
+    assert sorted(i.rank for i in infos) == [0, 1, 2]
+    assert {i.world_size for i in infos} == {3}
+    boot = {(i.bootstrap_store_info.master_addr, i.bootstrap_store_info.master_port) for i in infos}
+    assert len(boot) == 1
+    assert handlers[0].use_agent_store and handlers[0].get_backend() == "kelastic"
+    assert handlers[0].get_run_id() == run_id
+    assert not any(h.membership_changed() for h in handlers)
+    assert all(h.num_nodes_waiting() == 0 for h in handlers)
+    # The store each agent gets is shared by the round's members.
+    infos[0].store.set("x", "1")
+    assert infos[1].store.get("x") == b"1"
+
+
+def test_late_joiner_waits_then_everyone_forms_a_larger_round(
+    server: ServerProcess, handlers: list, run_id: str
+) -> None:
+    handlers += [make_handler(server.endpoint, f"n{i}", 2, 4, run_id=run_id) for i in range(2)]
+    first = rendezvous_all(handlers)
+    assert {i.world_size for i in first} == {2}
+    late = make_handler(server.endpoint, "late", 2, 4, run_id=run_id)
+    handlers.append(late)
+    thread, out = in_thread(late.next_rendezvous)
+    assert handlers[0].wait_membership_change(10), "running members never saw the waiting node"
+    assert handlers[1].num_nodes_waiting() >= 1
+    started = time.monotonic()
+    again = rendezvous_all(handlers[:2])
+    thread.join(10)
+    assert isinstance(out[0], RendezvousInfo)
+    infos = [*again, out[0]]
+    assert sorted(i.rank for i in infos) == [0, 1, 2]
+    assert {i.world_size for i in infos} == {3}
+    # Every old member came back, so the round closed without any timer.
+    assert time.monotonic() - started < 2.0
+
+
+def test_graceful_leave_makes_survivors_reform_at_once(
+    server: ServerProcess, handlers: list, run_id: str
+) -> None:
+    handlers += [make_handler(server.endpoint, f"n{i}", 1, 3, run_id=run_id) for i in range(3)]
+    rendezvous_all(handlers)
+    leaver = handlers.pop()
+    assert leaver.shutdown()
+    assert handlers[0].wait_membership_change(5)
+    started = time.monotonic()
+    infos = rendezvous_all(handlers)
+    assert {i.world_size for i in infos} == {2}
+    assert time.monotonic() - started < 2.0
+
+
+def test_spare_node_waits_while_round_is_full(server: ServerProcess, handlers: list, run_id: str) -> None:
+    handlers += [make_handler(server.endpoint, f"n{i}", 1, 2, run_id=run_id) for i in range(2)]
+    rendezvous_all(handlers)
+    spare = make_handler(server.endpoint, "spare", 1, 2, run_id=run_id)
+    handlers.append(spare)
+    thread, out = in_thread(spare.next_rendezvous)
+    # A full round is not disturbed by a spare node.
+    assert not handlers[0].wait_membership_change(1.0)
+    assert handlers[0].num_nodes_waiting() == 0
+    assert not out
+    # When a member leaves, the spare takes its place.
+    handlers[1].shutdown()
+    assert handlers[0].wait_membership_change(5)
+    (info,) = rendezvous_all(handlers[:1])
+    thread.join(10)
+    assert isinstance(out[0], RendezvousInfo)
+    assert info.world_size == 2 and out[0].world_size == 2
+
+
+def test_closed_rendezvous_rejects_joins_and_wakes_waiters(
+    server: ServerProcess, handlers: list, run_id: str
+) -> None:
+    handlers += [make_handler(server.endpoint, f"n{i}", 2, 2, run_id=run_id) for i in range(2)]
+    waiting, out = in_thread(handlers[0].next_rendezvous)
+    time.sleep(0.3)
+    assert not handlers[1].is_closed()
+    handlers[1].set_closed()
+    waiting.join(5)
+    assert not waiting.is_alive() and isinstance(out[0], RendezvousClosedError)
+    assert handlers[0].is_closed()
+    with pytest.raises(RendezvousClosedError):
+        make_handler(server.endpoint, "n9", 1, 2, run_id=run_id).next_rendezvous()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_store_names_the_endpoint(handlers: list) -> None:
+    port = free_port()
+    handler = make_handler(f"127.0.0.1:{port}", "lonely", 1, 1, join_timeout=1.5)
+    started = time.monotonic()
+    with pytest.raises(RendezvousConnectionError, match=f"127.0.0.1:{port}"):
+        handler.next_rendezvous()
+    assert time.monotonic() - started < 6
+
+
+def test_bad_conf_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="keep_alive_interval"):
+        make_handler("127.0.0.1:1", "x", 1, 1, keep_alive_interval="soon")
+    with pytest.raises(ValueError, match="port"):
+        make_handler("127.0.0.1:http", "x", 1, 1)
+    with pytest.raises(ValueError, match="rdzv-id"):
+        make_handler("127.0.0.1:1", "x", 1, 1, run_id="")
+
+
+def test_torch_backends_still_resolve(server: ServerProcess) -> None:
+    c10d = get_rendezvous_handler(
+        RendezvousParameters("c10d", server.endpoint, "cmp", 1, 1, is_host=False, join_timeout=10)
+    )
+    assert c10d.get_backend() == "c10d"
+    info = c10d.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
+    c10d.shutdown()
+    port = free_port()
+    static = get_rendezvous_handler(
+        RendezvousParameters("static", f"127.0.0.1:{port}", "cmp", 1, 1, rank=0, timeout=10)
+    )
+    assert static.get_backend() == "static"
+    info = static.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
