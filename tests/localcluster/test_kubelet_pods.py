@@ -39,6 +39,7 @@ def test_kubectl_run_reaches_succeeded_with_logs(kubectl: Kubectl) -> None:
     )
     wait_for(lambda: _phase(kubectl, "hello") == "Succeeded", 30, "pod hello to succeed")
     assert kubectl("logs", "hello").strip() == "hello from a pod"
+    assert kubectl("logs", "hello", "-c", "hello", "--tail=1").strip() == "hello from a pod"
     pod = _pod(kubectl, "hello")
     status = pod["status"]
     assert pod["spec"]["nodeName"] == "kelastic-local"
@@ -368,3 +369,22 @@ def test_a_restarted_cluster_restarts_the_containers_of_persisted_pods(tmp_path:
         assert kubectl("logs", "once").strip() == "done"
     finally:
         local.stop()
+
+
+def test_logs_follow_a_running_container_to_its_end(kubectl: Kubectl) -> None:
+    script = "import time\nfor i in range(4):\n    print('line', i, flush=True)\n    time.sleep(0.3)\n"
+    kubectl.apply_object(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "talker"},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "x", "command": ["python", "-c", script]}],
+            },
+        }
+    )
+    wait_for(lambda: _phase(kubectl, "talker") == "Running", 20, "talker to run")
+    # -f returns once the container has ended, with everything it printed.
+    assert kubectl("logs", "-f", "talker", timeout=20).split("\n")[:4] == [f"line {i}" for i in range(4)]
+    wait_for(lambda: _phase(kubectl, "talker") == "Succeeded", 10, "talker to succeed")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -114,3 +116,32 @@ def test_sigterm_ignored_means_sigkill_after_grace(tmp_path: Path) -> None:
         assert status.exit_code == 137 and time.monotonic() - start >= 0.9
 
     asyncio.run(main())
+
+
+def test_processes_die_with_the_thread_that_started_them(tmp_path: Path) -> None:
+    started: dict[str, int] = {}
+
+    def node_thread() -> None:
+        async def main() -> None:
+            proc = spawn(
+                [sys.executable, "-c", "import time; time.sleep(600)"],
+                dict(os.environ),
+                str(tmp_path),
+                tmp_path / "0.log",
+            )
+            started["pid"] = proc.pid
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=node_thread)
+    thread.start()
+    thread.join(10)
+    pid = started["pid"]
+    try:
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), "a container process outlived the kubelet thread that started it"
+    finally:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
