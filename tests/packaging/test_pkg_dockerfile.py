@@ -157,7 +157,8 @@ def dry_run(venv: Path, pip_args: list[str], report: Path, env: dict[str, str]) 
     with the repository as the working directory, ``python -m`` would import its
     ``operator/`` folder in place of the standard library's ``operator``.
     """
-    pip_args = [str(REPO) if arg == "." else arg for arg in pip_args]
+    # --no-cache-dir keeps the image small; here the cache only saves downloads.
+    pip_args = [str(REPO) if arg == "." else arg for arg in pip_args if arg != "--no-cache-dir"]
     cmd = [
         str(venv / "bin" / "python"),
         "-m",
