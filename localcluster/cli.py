@@ -428,7 +428,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except TimeoutError as exc:
+    except (TimeoutError, RuntimeError, OSError) as exc:
+        # Start-up failures (port in use, unwritable directory, ...): the message says it all.
         print(f"kelastic: {exc}", file=sys.stderr)
         return 1
 
