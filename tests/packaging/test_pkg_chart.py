@@ -53,41 +53,78 @@ def test_lint_is_clean_for_default_and_cluster_wide_values() -> None:
         assert report["errors"] == [] and problems == [], (values, report)
 
 
+def operator_roles(objects: list[dict[str, Any]], kind: str = "Role") -> list[dict[str, Any]]:
+    return [o for o in by_kind(objects, kind) if not o["metadata"]["name"].endswith("-leader-election")]
+
+
+def assert_least_privilege(rules: list[dict[str, Any]]) -> None:
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+        # The operator never reads secrets, never changes RBAC and never execs into pods.
+        assert not {"secrets", "roles", "rolebindings", "clusterroles", "pods/exec"} & set(rule["resources"])
+
+
 def test_default_render_is_namespaced_least_privilege() -> None:
     objects = render()
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == ["Deployment", "Role", "RoleBinding", "ServiceAccount"]
-    (role,) = by_kind(objects, "Role")
+    assert kinds == ["Deployment", "Role", "Role", "RoleBinding", "RoleBinding", "ServiceAccount"]
+    (role,) = operator_roles(objects)
     assert role["metadata"]["namespace"] == NAMESPACE
-    for rule in role["rules"]:
-        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
-        # The operator never reads secrets nor changes RBAC.
-        assert not {"secrets", "roles", "rolebindings", "clusterroles"} & set(rule["resources"])
-    granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    assert {
-        ("kelastic.dev", "elasticjobs"),
-        ("kelastic.dev", "elasticjobs/status"),
-        ("", "pods"),
-        ("", "services"),
-        ("", "events"),
-    } <= granted
-    (binding,) = by_kind(objects, "RoleBinding")
-    (sa,) = by_kind(objects, "ServiceAccount")
-    assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "Role",
-        "name": role["metadata"]["name"],
+    assert_least_privilege(role["rules"])
+    granted = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
     }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
-    ]
+    for resource in ("pods", "services"):
+        assert {("", resource, v) for v in ("get", "list", "watch", "create", "delete")} <= granted
+        assert ("", resource, "update") not in granted and ("", resource, "patch") not in granted
+    assert {
+        ("kelastic.dev", "elasticjobs", "watch"),
+        ("kelastic.dev", "elasticjobs/status", "patch"),
+        ("", "events", "create"),
+    } <= granted
+    assert ("kelastic.dev", "elasticjobs", "update") not in granted, (
+        "the operator writes only the status of a job"
+    )
+    (sa,) = by_kind(objects, "ServiceAccount")
+    for binding in by_kind(objects, "RoleBinding"):
+        assert (
+            binding["roleRef"]["kind"] == "Role" and binding["roleRef"]["name"] == binding["metadata"]["name"]
+        )
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+        ]
     assert f"--namespace={NAMESPACE}" in operator_container(objects)["args"]
+
+
+def test_leader_election_may_touch_only_its_own_lease() -> None:
+    for values in ({}, {"clusterWide": True}, {"watchNamespaces": ["team-a"]}):
+        objects = render(values)
+        (election,) = [
+            r for r in by_kind(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")
+        ]
+        assert election["metadata"]["namespace"] == NAMESPACE
+        lease_name = f"{RELEASE}-kelastic"
+        assert election["rules"] == [
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": [lease_name],
+                "verbs": ["get", "update"],
+            },
+        ]
+        args = operator_container(objects)["args"]
+        assert f"--lease-name={lease_name}" in args and f"--lease-namespace={NAMESPACE}" in args
 
 
 def test_watch_namespaces_get_one_role_each_bound_to_the_release_service_account() -> None:
     objects = render({"watchNamespaces": ["team-a", "team-b"]})
-    assert sorted(r["metadata"]["namespace"] for r in by_kind(objects, "Role")) == ["team-a", "team-b"]
-    bindings = by_kind(objects, "RoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in operator_roles(objects)) == ["team-a", "team-b"]
+    bindings = operator_roles(objects, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert all(b["subjects"][0]["namespace"] == NAMESPACE for b in bindings)
     args = operator_container(objects)["args"]
@@ -96,8 +133,9 @@ def test_watch_namespaces_get_one_role_each_bound_to_the_release_service_account
 
 def test_cluster_wide_render_uses_a_cluster_role_and_watches_all_namespaces() -> None:
     objects = render({"clusterWide": True})
-    assert by_kind(objects, "Role") == [] and by_kind(objects, "RoleBinding") == []
+    assert operator_roles(objects) == [] and operator_roles(objects, "RoleBinding") == []
     (role,) = by_kind(objects, "ClusterRole")
+    assert_least_privilege(role["rules"])
     (binding,) = by_kind(objects, "ClusterRoleBinding")
     assert "namespace" not in role["metadata"]
     assert (
@@ -129,6 +167,7 @@ def test_operator_deployment_runs_non_root_with_probes_resources_and_values() ->
         assert container[probe]["httpGet"]["path"] == "/healthz"
         assert container[probe]["httpGet"]["port"] == "health"
     assert container["ports"][0]["containerPort"] == 8080
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
     assert container["resources"]["requests"] and container["resources"]["limits"]
     assert pod["serviceAccountName"] == by_kind(objects, "ServiceAccount")[0]["metadata"]["name"]
     selector = deployment["spec"]["selector"]["matchLabels"]
@@ -147,7 +186,7 @@ def test_existing_service_account_must_be_named() -> None:
         render({"serviceAccount": {"create": False}})
     objects = render({"serviceAccount": {"create": False, "name": "ops"}})
     assert by_kind(objects, "ServiceAccount") == []
-    assert by_kind(objects, "RoleBinding")[0]["subjects"][0]["name"] == "ops"
+    assert {b["subjects"][0]["name"] for b in by_kind(objects, "RoleBinding")} == {"ops"}
 
 
 def test_chart_crd_is_the_repository_crd() -> None:
@@ -179,3 +218,21 @@ def test_notes_name_the_watched_namespaces() -> None:
             "kelastic/templates/NOTES.txt"
         ]
     assert "- team-a" in notes and f"deployment/{RELEASE}-kelastic" in notes
+
+
+def test_operator_cli_accepts_the_rendered_arguments() -> None:
+    """The Deployment's args are kelastic-operator's flags, with the watched namespaces."""
+    from kelastic.operator.cli import build_parser
+
+    cases = [
+        ({}, [NAMESPACE], False),
+        ({"watchNamespaces": ["a", "b"]}, ["a", "b"], False),
+        ({"clusterWide": True}, [], True),
+    ]
+    for values, namespaces, cluster_wide in cases:
+        container = operator_container(render({**values, "operator": {"logLevel": "warning"}}))
+        assert container["command"] == ["kelastic-operator"]
+        parsed = build_parser().parse_args(container["args"])
+        assert parsed.namespace == namespaces and parsed.all_namespaces is cluster_wide
+        assert parsed.log_level == "warning" and parsed.liveness == "http://0.0.0.0:8080/healthz"
+        assert parsed.lease_namespace == NAMESPACE and not parsed.standalone

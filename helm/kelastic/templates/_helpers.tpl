@@ -61,34 +61,28 @@ Rendered as a JSON list so templates can `fromJsonArray` it.
 {{- end }}
 {{- end }}
 
+{{- define "kelastic.leaseName" -}}
+{{- include "kelastic.fullname" . }}
+{{- end }}
+
 {{/*
 The operator's permissions on the objects it manages. Shared by the
 namespaced Role and the cluster-wide ClusterRole so both grant the same verbs.
 */}}
 {{- define "kelastic.operatorRules" -}}
-# ElasticJobs: read them, record finalizers/annotations, write status.
+# ElasticJobs: watch them, write their status, delete them after ttlSecondsAfterFinished.
 - apiGroups: ["kelastic.dev"]
   resources: ["elasticjobs"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch", "delete"]
 - apiGroups: ["kelastic.dev"]
   resources: ["elasticjobs/status"]
   verbs: ["get", "patch", "update"]
 # Worker pods and the rendezvous store pod and Service it owns.
 - apiGroups: [""]
-  resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
-- apiGroups: [""]
-  resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+  resources: ["pods", "services"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 # Events for every action and failure.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
-# Leader election between operator replicas.
-- apiGroups: ["coordination.k8s.io"]
-  resources: ["leases"]
-  verbs: ["get", "list", "watch", "create", "update", "patch"]
 {{- end }}
