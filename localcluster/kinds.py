@@ -22,6 +22,9 @@ __all__ = [
     "SERVICE_NETWORK",
     "ServiceAddresses",
     "crd_status",
+    "event_to_core",
+    "event_to_events_v1",
+    "metadata_causes",
     "name_causes",
     "pod_grace_period",
     "prepare_create",
@@ -345,6 +348,82 @@ def _crd_causes(crd: Obj) -> list[FieldCause]:
     return out
 
 
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def _key_ok(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _SUBDOMAIN.match(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(_QUALIFIED_NAME.match(name))
+
+
+def metadata_causes(obj: Obj) -> list[FieldCause]:
+    """Validation of labels, annotation keys and ownerReferences, for every kind."""
+    meta = obj.get("metadata") or {}
+    out: list[FieldCause] = []
+    labels = meta.get("labels") or {}
+    if not isinstance(labels, dict):
+        return [
+            FieldCause(
+                "FieldValueTypeInvalid", "Invalid value: labels must be a map of strings", "metadata.labels"
+            )
+        ]
+    for k, v in labels.items():
+        if not _key_ok(str(k)):
+            out.append(
+                FieldCause(
+                    "FieldValueInvalid",
+                    f'Invalid value: "{k}": name part must consist of '
+                    "alphanumeric characters, '-', '_' or '.', and must start and end with an "
+                    "alphanumeric character, with an optional DNS subdomain prefix and '/'",
+                    "metadata.labels",
+                )
+            )
+        if not isinstance(v, str) or len(v) > 63 or not _LABEL_VALUE.match(v):
+            out.append(
+                FieldCause(
+                    "FieldValueInvalid",
+                    f'Invalid value: "{v}": a valid label must be an empty '
+                    "string or consist of alphanumeric characters, '-', '_' or '.', and must start "
+                    "and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or "
+                    "'12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?"
+                    "[A-Za-z0-9])?')",
+                    "metadata.labels",
+                )
+            )
+    for k, v in (meta.get("annotations") or {}).items():
+        if not _key_ok(str(k)):
+            out.append(
+                FieldCause(
+                    "FieldValueInvalid",
+                    f'Invalid value: "{k}": name part must consist of '
+                    "alphanumeric characters, '-', '_' or '.'",
+                    "metadata.annotations",
+                )
+            )
+        if not isinstance(v, str):
+            out.append(
+                FieldCause(
+                    "FieldValueTypeInvalid",
+                    f"Invalid value: annotation {k} must be a string",
+                    "metadata.annotations",
+                )
+            )
+    for i, ref in enumerate(meta.get("ownerReferences") or ()):
+        for f in ("apiVersion", "kind", "name", "uid"):
+            if not (isinstance(ref, dict) and ref.get(f)):
+                out.append(
+                    FieldCause(
+                        "FieldValueInvalid",
+                        f'Invalid value: "": {f} must not be empty',
+                        f"metadata.ownerReferences[{i}].{f}",
+                    )
+                )
+    return out
+
+
 def validate_builtin(rt: ResourceType, obj: Obj) -> list[FieldCause]:
     """The validation clients rely on for built-in kinds (required fields, basic shapes)."""
     if rt.crd:
@@ -421,3 +500,49 @@ def pod_grace_period(pod: Obj, requested: int | None) -> int:
     if requested is not None:
         return max(0, int(requested))
     return int((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+
+
+#: Field names of an events.k8s.io/v1 Event and of the same field in a core/v1 Event.
+_EVENT_FIELDS = (
+    ("regarding", "involvedObject"),
+    ("note", "message"),
+    ("deprecatedSource", "source"),
+    ("deprecatedFirstTimestamp", "firstTimestamp"),
+    ("deprecatedLastTimestamp", "lastTimestamp"),
+    ("deprecatedCount", "count"),
+    ("reportingController", "reportingComponent"),
+)
+_EVENT_SHARED = ("eventTime", "series", "reportingInstance", "action", "reason", "type", "related")
+
+
+def event_to_events_v1(core: Obj) -> Obj:
+    """A core/v1 Event as events.k8s.io/v1 shows it (both APIs share one storage)."""
+    out: Obj = {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": core.get("metadata", {})}
+    for new, old in _EVENT_FIELDS:
+        if core.get(old) not in (None, "", {}):
+            out[new] = core[old]
+    for f in _EVENT_SHARED:
+        if core.get(f) not in (None, ""):
+            out[f] = core[f]
+    if not out.get("eventTime"):
+        # Legacy events have no eventTime; clients of events.k8s.io/v1 require one.
+        ts = (
+            core.get("firstTimestamp")
+            or core.get("lastTimestamp")
+            or out["metadata"].get("creationTimestamp")
+        )
+        if ts:
+            out["eventTime"] = ts.replace("Z", ".000000Z") if ts.endswith("Z") and "." not in ts else ts
+    return out
+
+
+def event_to_core(ev: Obj) -> Obj:
+    """An events.k8s.io/v1 Event as the core/v1 Event it is stored as."""
+    out: Obj = {"apiVersion": "v1", "kind": "Event", "metadata": ev.get("metadata") or {}}
+    for new, old in _EVENT_FIELDS:
+        if ev.get(new) not in (None, "", {}):
+            out[old] = ev[new]
+    for f in _EVENT_SHARED:
+        if ev.get(f) not in (None, ""):
+            out[f] = ev[f]
+    return out

@@ -154,8 +154,15 @@ class Registry:
             hook()
 
     # ---- helpers -------------------------------------------------------------
+    def _core_events(self) -> ResourceType:
+        rt = self.types.lookup("", "v1", "events")
+        assert rt is not None
+        return rt
+
     def present(self, rt: ResourceType, obj: Obj) -> Obj:
         """``obj`` as served at ``rt``'s version (apiVersion and kind set)."""
+        if rt.shared_key == "/events":
+            return kinds.event_to_events_v1(obj)
         if obj.get("apiVersion") == rt.api_version and obj.get("kind") == rt.kind:
             return obj
         out = dict(obj)
@@ -264,7 +271,7 @@ class Registry:
         return obj, warnings
 
     def _validate(self, rt: ResourceType, obj: Obj, name: str) -> None:
-        causes = kinds.validate_builtin(rt, obj)
+        causes = kinds.metadata_causes(obj) + kinds.validate_builtin(rt, obj)
         if causes:
             raise ApiError.invalid(rt.group, rt.kind, name, causes)
 
@@ -285,6 +292,15 @@ class Registry:
         validation: FieldValidation = FieldValidation.WARN,
         dry_run: bool = False,
     ) -> WriteResult:
+        if rt.shared_key == "/events":
+            res = self.create(
+                self._core_events(),
+                namespace,
+                kinds.event_to_core(self._check_body(rt, body, self._ns(rt, namespace))),
+                validation=validation,
+                dry_run=dry_run,
+            )
+            return WriteResult(self.present(rt, res.obj), res.warnings, res.created)
         ns = self._ns(rt, namespace)
         body = self._check_body(rt, body, ns)
         obj = clone(body)
@@ -465,6 +481,17 @@ class Registry:
         validation: FieldValidation = FieldValidation.WARN,
         dry_run: bool = False,
     ) -> WriteResult:
+        if rt.shared_key == "/events":
+            res = self.update(
+                self._core_events(),
+                namespace,
+                name,
+                kinds.event_to_core(self._check_body(rt, body, self._ns(rt, namespace))),
+                subresource=subresource,
+                validation=validation,
+                dry_run=dry_run,
+            )
+            return WriteResult(self.present(rt, res.obj), res.warnings)
         ns = self._ns(rt, namespace)
         body = self._check_body(rt, body, ns)
         old = self.store.get(rt.key, ns, name)
@@ -629,6 +656,11 @@ class Registry:
         meta = new.get("metadata") or {}
         _check_preconditions(rt, old, meta)
         new = clone(new)
+        if rt.shared_key == "/events":
+            res = self._write_update(
+                self._core_events(), old, kinds.event_to_core(new), subresource, validation, dry_run
+            )
+            return WriteResult(self.present(rt, res.obj), res.warnings)
         return self._write_update(rt, old, new, subresource, validation, dry_run)
 
     # ---- scale subresource ----------------------------------------------------

@@ -38,6 +38,8 @@ class ResourceType:
     crd: bool = False
     #: The version objects are kept in (CRDs: the storage version; conversion is "None").
     storage_version: str = ""
+    #: Storage shared with another resource (events.k8s.io Events are core Events).
+    shared_key: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -47,7 +49,7 @@ class ResourceType:
     @property
     def key(self) -> str:
         """The storage key, shared by every version of the resource."""
-        return f"{self.group}/{self.plural}"
+        return self.shared_key or f"{self.group}/{self.plural}"
 
     @property
     def list_kind(self) -> str:
@@ -115,7 +117,7 @@ BUILTINS: tuple[ResourceType, ...] = (
     _t("batch", "v1", "jobs", "Job", True, (), ("all",), ("status",)),
     _t("batch", "v1", "cronjobs", "CronJob", True, ("cj",), ("all",), ("status",)),
     _t("coordination.k8s.io", "v1", "leases", "Lease", True),
-    _t("events.k8s.io", "v1", "events", "Event", True, ("ev",)),
+    ResourceType("events.k8s.io", "v1", "events", "event", "Event", True, ("ev",), shared_key="/events"),
     _t("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True),
     _t("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ("pdb",), subs=("status",)),
     _t("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),

@@ -234,3 +234,69 @@ def test_kubectl_table_and_logs_errors(core: client.CoreV1Api, kubectl: Kubectl,
     (log_dir / "0.log").write_text("first\nsecond\n")
     assert kubectl("logs", "tbl") == "first\nsecond\n"
     assert kubectl("logs", "tbl", "--tail=1") == "second\n"
+
+
+def test_watch_bookmarks_and_initial_events(tmp_path: Path) -> None:
+    import json
+    import urllib.request
+
+    server = ApiServer(data_dir=tmp_path, bookmark_interval=0.3)
+    server.start()
+    try:
+        url = f"{server.url}/api/v1/namespaces?watch=true&allowWatchBookmarks=true&timeoutSeconds=2"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            events = [json.loads(line) for line in resp]
+        kinds = [e["type"] for e in events]
+        assert kinds[:4] == ["ADDED"] * 4 and "BOOKMARK" in kinds
+        bookmark = next(e for e in events if e["type"] == "BOOKMARK")["object"]
+        assert bookmark["kind"] == "Namespace" and int(bookmark["metadata"]["resourceVersion"]) > 0
+        url = (
+            f"{server.url}/api/v1/namespaces?watch=true&sendInitialEvents=true&allowWatchBookmarks=true"
+            "&resourceVersionMatch=NotOlderThan&resourceVersion=&timeoutSeconds=1"
+        )
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            events = [json.loads(line) for line in resp]
+        end = next(i for i, e in enumerate(events) if e["type"] == "BOOKMARK")
+        assert end == 4
+        assert events[end]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+    finally:
+        server.stop()
+
+
+def test_events_are_shared_between_core_and_events_api(api: ApiServer, core: client.CoreV1Api) -> None:
+    events = client.EventsV1Api(config.new_client_from_config(str(api.data_dir / "kubeconfig")))
+    created = events.create_namespaced_event(
+        "default",
+        {
+            "metadata": {"name": "ev-new"},
+            "eventTime": "2026-01-01T00:00:00.000000Z",
+            "reportingController": "kelastic.io/test",
+            "reportingInstance": "test-1",
+            "action": "Testing",
+            "reason": "Tested",
+            "type": "Normal",
+            "note": "posted through events.k8s.io",
+            "regarding": {"kind": "Pod", "name": "p", "namespace": "default"},
+        },
+    )
+    assert created.note == "posted through events.k8s.io"
+    as_core = core.read_namespaced_event("ev-new", "default")
+    assert as_core.message == "posted through events.k8s.io" and as_core.involved_object.name == "p"
+    core.create_namespaced_event(
+        "default",
+        {
+            "metadata": {"name": "ev-core"},
+            "involvedObject": {"kind": "Pod", "name": "p"},
+            "reason": "Old",
+            "message": "posted through core/v1",
+            "type": "Warning",
+        },
+    )
+    names = {e.metadata.name: e.note for e in events.list_namespaced_event("default").items}
+    assert names["ev-core"] == "posted through core/v1"
+    assert [
+        e.metadata.name
+        for e in core.list_namespaced_event(
+            "default", field_selector="involvedObject.name=p,reason=Old"
+        ).items
+    ] == ["ev-core"]
