@@ -82,18 +82,8 @@ def build_registry(controller: Controller, elector: LeaderElector | None = None)
             controller.job_seen((namespace, name))
 
     @kopf.on.event("v1", "pods", labels=_OURS, id="elasticjob-pod", registry=registry)
-    async def pod_event(
-        namespace: str,
-        labels: dict[str, str],
-        kelastic_pods: kopf.Index,
-        kelastic_services: kopf.Index,
-        **_: Any,
-    ) -> None:
-        controller.bind_indexes(kelastic_pods, kelastic_services)
-        controller.trigger((namespace, labels[contract.LABEL_JOB_NAME]))
-
     @kopf.on.event("v1", "services", labels=_OURS, id="elasticjob-service", registry=registry)
-    async def service_event(
+    async def owned_event(
         namespace: str,
         labels: dict[str, str],
         kelastic_pods: kopf.Index,

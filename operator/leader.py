@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kelastic.operator.kube import ApiError, Kube
+from kelastic.operator.spec import parse_time
 
 __all__ = ["LeaderElector"]
 
@@ -24,15 +25,6 @@ log = logging.getLogger(__name__)
 
 def _micro_time(value: datetime) -> str:
     return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse(value: Any) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 class LeaderElector:
@@ -127,7 +119,7 @@ class LeaderElector:
             return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
-        renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
+        renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
         duration = int(spec.get("leaseDurationSeconds") or self.lease_seconds)
         expired = renewed is None or (now - renewed).total_seconds() > duration
         if holder != self.identity and holder and not expired:

@@ -133,3 +133,10 @@ def test_store_pod_and_service(kit: SimpleNamespace) -> None:
 def test_readiness_probe_is_optional(kit: SimpleNamespace, probe: bool) -> None:
     pod = worker_pod(job_of(kit), 0, endpoint="h:1", config=BuildConfig(readiness_probe=probe))
     assert ("readinessProbe" in pod["spec"]["containers"][0]) is probe
+
+
+def test_health_port_can_be_disabled(kit: SimpleNamespace) -> None:
+    pod = worker_pod(job_of(kit), 0, endpoint="h:1", config=BuildConfig(health_port=None))
+    main = pod["spec"]["containers"][0]
+    assert "--health-port" not in main["command"]
+    assert "readinessProbe" not in main and "ports" not in main

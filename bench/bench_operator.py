@@ -1,0 +1,229 @@
+"""Benchmark: how fast kelastic-operator brings up many ElasticJobs, and what it costs.
+
+Applies N ElasticJobs of P worker pods each (one ``kubectl apply``) to a local
+API server with the operator running as a subprocess, and prints:
+
+- the time until every pod exists (P workers + 1 rendezvous store per job) and
+  until every job has a status;
+- the operator's CPU time (user+system, from /proc) for that burst, per job;
+- its CPU per job per minute while idle afterwards (periodic resyncs).
+
+By default only the API server runs (no kubelet), so pods are created but not
+started: this measures the operator, not the processes (N x P agents importing
+torch would swamp a laptop). ``--kubelet`` runs the whole LocalCluster instead
+and also waits until every pod is Running; use it with small N.
+
+    python bench/bench_operator.py                 # 100 jobs x 4 pods
+    python bench/bench_operator.py --jobs 10 --pods 2 --kubelet
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CRD = REPO / "crds" / "elasticjob.yaml"
+LABEL = "kelastic.dev/job-name"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its reaped children, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def kubectl(kubeconfig: Path, *args: str, input: str | None = None) -> str:
+    proc = subprocess.run(
+        ["kubectl", "--kubeconfig", str(kubeconfig), *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def wait(what: str, cond: Callable[[], Any], timeout: float, every: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def job(name: str, pods: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "kelastic.dev/v1alpha1",
+        "kind": "ElasticJob",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "minReplicas": 1,
+            "maxReplicas": pods,
+            "replicaSpecs": {
+                "Worker": {
+                    "replicas": pods,
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {"name": "trainer", "image": "kelastic:dev", "command": ["python", "noop.py"]}
+                            ]
+                        }
+                    },
+                }
+            },
+        },
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=100)
+    ap.add_argument("--pods", type=int, default=4, help="worker pods per job")
+    ap.add_argument("--idle", type=float, default=15.0, help="seconds of idle CPU measurement afterwards")
+    ap.add_argument("--kubelet", action="store_true", help="run the whole LocalCluster (pods really start)")
+    ap.add_argument("--timeout", type=float, default=300.0)
+    args = ap.parse_args()
+
+    from kelastic.operator.kube import Kube, load_configuration
+
+    tmp = Path(tempfile.mkdtemp(prefix="kelastic-bench-operator-"))
+    kubeconfig = tmp / "kubeconfig"
+    (tmp / "noop.py").write_text("print('step 1 of 1')\n")  # the trivial training script (--kubelet runs it)
+    if args.kubelet:
+        from kelastic.localcluster.cluster import LocalCluster
+
+        cluster: Any = LocalCluster(tmp / "data", kubeconfig=kubeconfig, workdir=tmp)
+        cluster.start()
+    else:
+        from kelastic.localcluster.apiserver import ApiServer
+
+        cluster = ApiServer(data_dir=tmp / "data")
+        cluster.start()
+        cluster.write_kubeconfig(kubeconfig)
+    operator: subprocess.Popen[bytes] | None = None
+    try:
+        kubectl(kubeconfig, "apply", "-f", str(CRD))
+        kube = Kube(load_configuration(str(kubeconfig)))
+
+        def pods(selector: str | None = None) -> list[dict[str, Any]]:
+            query = {"labelSelector": selector or LABEL}
+            return kube.request("GET", "/api/v1/namespaces/default/pods", query=query)["items"]
+
+        def jobs() -> list[dict[str, Any]]:
+            return kube.request("GET", Kube.job_path("default"))["items"]
+
+        log = tmp / "operator.log"
+        # Health endpoints are off: all local pods share one network namespace.
+        cmd = [sys.executable, "-m", "kelastic.operator", "--kubeconfig", str(kubeconfig), "--standalone",
+               "--log-level", "warning", "--health-port", "0"]  # fmt: skip
+        operator = subprocess.Popen(
+            cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+        # Warm up (imports, watches, caches) with one job, then remove it.
+        kubectl(kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(job("warmup", 1)))
+        wait("the warm-up job's pods", lambda: len(pods(f"{LABEL}=warmup")) == 2, 120)
+        kubectl(kubeconfig, "delete", "ej", "warmup", "--wait=false")
+        wait("the warm-up pods to go", lambda: not pods(f"{LABEL}=warmup"), 60)
+        time.sleep(1.0)
+
+        expected = args.jobs * (args.pods + 1)
+        manifest = yaml.safe_dump_all([job(f"bench-{i:03d}", args.pods) for i in range(args.jobs)])
+        cpu0 = cpu_seconds(operator.pid)
+        t0 = time.monotonic()
+        kubectl(kubeconfig, "apply", "-f", "-", input=manifest)
+        t_applied = time.monotonic() - t0
+        first_seen: dict[str, float] = {}
+
+        def all_pods() -> bool:
+            now = time.monotonic() - t0
+            items = pods()
+            for p in items:
+                first_seen.setdefault(p["metadata"]["name"], now)
+            return len(items) >= expected
+
+        wait(f"{expected} pods", all_pods, args.timeout, every=0.05)
+        t_pods = time.monotonic() - t0
+        wait(
+            "a status on every job",
+            lambda: all((j.get("status") or {}).get("phase") for j in jobs()),
+            args.timeout,
+        )
+        t_status = time.monotonic() - t0
+        t_running = None
+        if args.kubelet:
+            wait(
+                "every pod Running",
+                lambda: (
+                    sum(1 for p in pods() if (p.get("status") or {}).get("phase") in ("Running", "Succeeded"))
+                    >= expected
+                ),
+                args.timeout,
+                every=0.5,
+            )
+            t_running = time.monotonic() - t0
+        cpu_burst = cpu_seconds(operator.pid) - cpu0
+        cpu1 = cpu_seconds(operator.pid)
+        time.sleep(args.idle)
+        cpu_idle = cpu_seconds(operator.pid) - cpu1
+
+        per_job_ready = sorted(
+            max(first_seen[n] for n in first_seen if n.startswith(f"bench-{i:03d}-"))
+            for i in range(args.jobs)
+        )
+        print(
+            f"kelastic-operator: {args.jobs} ElasticJobs x {args.pods} workers (+1 store pod each) = {expected} pods"
+        )
+        print(
+            f"  mode                        : {'LocalCluster (kubelet runs pods)' if args.kubelet else 'API server only (pods not started)'}"
+        )
+        print(f"  kubectl apply of the jobs   : {t_applied:.2f} s")
+        print(f"  all pods exist              : {t_pods:.2f} s after apply ({expected / t_pods:.0f} pods/s)")
+        print(f"  a job's last pod exists     : median {statistics.median(per_job_ready):.2f} s, p90 "
+              f"{per_job_ready[int(0.9 * (len(per_job_ready) - 1))]:.2f} s")  # fmt: skip
+        print(f"  every job has a status      : {t_status:.2f} s")
+        if t_running is not None:
+            print(f"  every pod Running           : {t_running:.2f} s")
+        print(
+            f"  operator CPU for the burst  : {cpu_burst:.2f} s = {1000 * cpu_burst / args.jobs:.1f} ms per job"
+        )
+        print(f"  operator CPU while idle     : {cpu_idle:.2f} s over {args.idle:.0f} s = "
+              f"{1000 * cpu_idle / args.jobs * 60 / args.idle:.1f} ms per job per minute")  # fmt: skip
+        print(json.dumps({"jobs": args.jobs, "pods_per_job": args.pods, "all_pods_s": round(t_pods, 3),
+                          "status_s": round(t_status, 3), "cpu_per_job_ms": round(1000 * cpu_burst / args.jobs, 2),
+                          "idle_cpu_per_job_per_min_ms": round(1000 * cpu_idle / args.jobs * 60 / args.idle, 2)}))  # fmt: skip
+        kube.close()
+        return 0
+    finally:
+        if operator is not None and operator.poll() is None:
+            os.killpg(operator.pid, signal.SIGTERM)
+            try:
+                operator.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(operator.pid, signal.SIGKILL)
+                operator.wait(5)
+        cluster.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
