@@ -11,6 +11,7 @@
 
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
+from . import control
 from .handler import BACKEND, KelasticRendezvousHandler, create_handler
 from .server import RendezvousServer, ServedStore, ServerProcess, serve_store, start_server_process
 from .settings import RendezvousSettings, default_node_name, settings_from_params
@@ -22,6 +23,7 @@ __all__ = [
     "RendezvousSettings",
     "ServedStore",
     "ServerProcess",
+    "control",
     "create_handler",
     "default_node_name",
     "get_rendezvous_handler",

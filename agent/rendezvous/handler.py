@@ -108,6 +108,7 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
+from . import control
 from .liveness import HeartbeatTracker
 from .protocol import (
     CloseAction,
@@ -344,6 +345,31 @@ class KelasticRendezvousHandler(RendezvousHandler):
             if remaining <= 0 or self._stop.is_set():
                 return False
             self._wait_event(generation, remaining)
+
+    def publish_progress(
+        self, *, step: int, total: int | None, restarts: int, local_world_size: int | None = None
+    ) -> bool:
+        """Report this node's progress for ``control.read_status`` (rate-limit to ~1/s).
+
+        Returns False, without raising, when the store is not reachable right now.
+        """
+        with self._lock:
+            store = self._store
+            if store is None:
+                return False
+            try:
+                control.publish_progress(
+                    store,
+                    self._s.run_id,
+                    self._s.node_name,
+                    step=step,
+                    total=total,
+                    restarts=restarts,
+                    local_world_size=local_world_size,
+                )
+            except dist.DistError:
+                return False
+        return True
 
     # -- joining -----------------------------------------------------------
 

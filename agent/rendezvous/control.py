@@ -1,0 +1,217 @@
+"""The controller protocol: how an operator steers and observes a kelastic rendezvous.
+
+The controller (kelastic's operator) is a client of the same store as the agents
+(``kelastic-rendezvous``). It uses four calls; all keys are under
+``kelastic/<run_id>/`` (layout in ``protocol``):
+
+``publish_membership(store, run_id, nodes=..., min_nodes=..., max_nodes=...)``
+    ``nodes`` are the names (pod names, which agents use as ``KELASTIC_NODE_NAME``)
+    of the nodes the controller considers alive and runnable now. List pods that
+    are running, not only ready ones: an agent is ready only after it joined. It
+    writes ``ctl/membership`` and, if that changed, pushes an event. From then on:
+
+    - a node that is not listed does not join; it waits until it is listed (or its
+      ``join_timeout`` expires);
+    - the open round closes as soon as every listed node has joined (and at least
+      ``min_nodes``), with no last-call wait; ``max_nodes`` still caps the round;
+    - a member of the current round that is not listed is dropped at once (fate
+      ``dropped``): the other members see ``membership_changed()`` and re-form
+      without it, without waiting for its heartbeat to stop.
+
+    Calling it again with the same arguments is cheap and changes nothing, so the
+    operator may call it on every reconcile.
+
+``read_status(store, run_id) -> RendezvousStatus``
+    The current (latest closed) round, its members, how many nodes wait in the
+    open round, whether the job is closed, the highest restart count an agent
+    reported, and the job's progress: the minimum step over the current members
+    that reported one.
+
+``publish_progress(store, run_id, node, step=..., total=..., restarts=...)``
+    Called by agents (at most about once a second) with their workers' progress
+    and ``TORCHELASTIC_RESTART_COUNT``; also ``local_world_size`` so that
+    ``read_status`` can count ranks rather than nodes.
+
+``connect(endpoint, timeout)`` opens a client of the store and raises an error
+naming the endpoint if it is unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from kelastic.agent.contract import DEFAULT_RDZV_PORT
+
+from .protocol import (
+    ControllerMembership,
+    Fate,
+    RunKeys,
+    claim_fate,
+    connect_store,
+    open_round,
+    parse_endpoint,
+    push_event,
+    read_counter,
+    read_membership,
+    read_optional,
+)
+
+__all__ = [
+    "JobProgress",
+    "NodeProgress",
+    "RendezvousStatus",
+    "connect",
+    "publish_membership",
+    "publish_progress",
+    "read_status",
+]
+
+#: The claimer recorded on fates the controller decides.
+CONTROLLER = "controller"
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """Progress of the job: the slowest current member's step."""
+
+    step: int
+    total: int | None
+    fraction: float | None  # step / total when total is known
+
+
+@dataclass(frozen=True)
+class NodeProgress:
+    """One agent's latest report."""
+
+    node: str
+    step: int
+    total: int | None
+    restarts: int
+    local_world_size: int | None
+    time: float
+
+
+@dataclass(frozen=True)
+class RendezvousStatus:
+    round: int  # latest closed round (0: none yet)
+    world_size: int  # ranks: sum of the members' local_world_size (1 for a member that did not report it)
+    members: tuple[str, ...]  # node names by group rank
+    waiting: int  # nodes in the open round (re-joining members included)
+    closed: bool  # the job is finished (set_closed)
+    restarts: int  # highest TORCHELASTIC_RESTART_COUNT an agent reported
+    progress: JobProgress | None
+
+
+def connect(endpoint: str, timeout: float = 5.0) -> dist.Store:
+    """A client of the rendezvous store at ``host[:port]``.
+
+    Raises ValueError for a malformed endpoint and RendezvousConnectionError
+    naming the endpoint when it is not reachable within ``timeout`` seconds.
+    """
+    host, port = parse_endpoint(endpoint, DEFAULT_RDZV_PORT)
+    return connect_store(host, port, timeout)
+
+
+def publish_membership(
+    store: dist.Store, run_id: str, *, nodes: Sequence[str], min_nodes: int, max_nodes: int
+) -> None:
+    """Publish the nodes the controller considers alive and the size bounds (see module doc)."""
+    names = tuple(nodes)
+    if isinstance(nodes, str) or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"nodes must be a sequence of non-empty node names, got {nodes!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"nodes lists a name twice: {sorted(names)}")
+    if min_nodes < 1 or max_nodes < min_nodes:
+        raise ValueError(
+            f"need 1 <= min_nodes <= max_nodes, got min_nodes={min_nodes}, max_nodes={max_nodes}"
+        )
+    keys = RunKeys(run_id)
+    wanted = ControllerMembership(names, min_nodes, max_nodes)
+    if read_membership(store, keys) != wanted:
+        store.set(keys.membership, wanted.to_json())
+        push_event(store, keys, "membership")
+    # Checked on every call, not only on a change: the current round may have closed
+    # after the previous publication with a member that is no longer listed.
+    current = open_round(store, keys) - 1
+    listed = set(names)
+    for member in _members(store, keys, current):
+        if member not in listed:
+            claim_fate(store, keys, current, member, Fate.DROPPED, CONTROLLER)
+
+
+def publish_progress(
+    store: dist.Store,
+    run_id: str,
+    node: str,
+    *,
+    step: int,
+    total: int | None,
+    restarts: int,
+    local_world_size: int | None = None,
+) -> None:
+    """Record ``node``'s latest progress (overwrites its previous report)."""
+    report = {
+        "step": int(step),
+        "total": None if total is None else int(total),
+        "restarts": int(restarts),
+        "local_world_size": None if local_world_size is None else int(local_world_size),
+        "time": time.time(),
+    }
+    store.set(RunKeys(run_id).progress(node), json.dumps(report))
+
+
+def read_progress(store: dist.Store, run_id: str, node: str) -> NodeProgress | None:
+    raw = read_optional(store, RunKeys(run_id).progress(node))
+    if raw is None:
+        return None
+    data = json.loads(raw)
+    return NodeProgress(
+        node=node,
+        step=int(data["step"]),
+        total=data.get("total"),
+        restarts=int(data.get("restarts", 0)),
+        local_world_size=data.get("local_world_size"),
+        time=float(data.get("time", 0.0)),
+    )
+
+
+def job_progress(reports: Sequence[NodeProgress]) -> JobProgress | None:
+    """The slowest report's step; ``total`` is the largest total reported."""
+    if not reports:
+        return None
+    step = min(r.step for r in reports)
+    totals = [r.total for r in reports if r.total]
+    total = max(totals) if totals else None
+    return JobProgress(step=step, total=total, fraction=None if total is None else min(1.0, step / total))
+
+
+def read_status(store: dist.Store, run_id: str) -> RendezvousStatus:
+    """A snapshot of the run (see ``RendezvousStatus``)."""
+    keys = RunKeys(run_id)
+    opened = open_round(store, keys)
+    current = opened - 1
+    members = _members(store, keys, current)
+    reports = [p for p in (read_progress(store, run_id, m) for m in members) if p is not None]
+    by_node = {r.node: r for r in reports}
+    world_size = sum((by_node[m].local_world_size or 1) if m in by_node else 1 for m in members)
+    return RendezvousStatus(
+        round=current,
+        world_size=world_size,
+        members=tuple(members),
+        waiting=read_counter(store, keys.joined(opened)),
+        closed=bool(store.check([keys.closed])),
+        restarts=max((r.restarts for r in reports), default=0),
+        progress=job_progress(reports),
+    )
+
+
+def _members(store: dist.Store, keys: RunKeys, r: int) -> list[str]:
+    if r < 1:
+        return []
+    raw = read_optional(store, keys.members(r))
+    return [] if raw is None else list(json.loads(raw))

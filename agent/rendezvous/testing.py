@@ -1,0 +1,49 @@
+"""Helpers for tests and benchmarks that drive several handlers from one process."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
+
+__all__ = ["rendezvous_concurrently"]
+
+
+def rendezvous_concurrently(
+    handlers: Sequence[RendezvousHandler], timeout: float = 60.0
+) -> list[RendezvousInfo]:
+    """Call ``next_rendezvous`` on every handler at once (one thread each).
+
+    Returns the infos in handler order; re-raises the first error; raises
+    TimeoutError naming how many handlers were still waiting after ``timeout`` s.
+    """
+    results: list[Any] = [None] * len(handlers)
+    done = threading.Semaphore(0)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = handlers[i].next_rendezvous()
+        except BaseException as exc:
+            results[i] = exc
+        finally:
+            done.release()
+
+    threads = [
+        threading.Thread(target=run, args=(i,), name=f"rendezvous-{i}", daemon=True)
+        for i in range(len(handlers))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    pending = sum(t.is_alive() for t in threads)
+    if pending:
+        raise TimeoutError(
+            f"{pending} of {len(handlers)} handlers were still in next_rendezvous after {timeout:.0f}s"
+        )
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
