@@ -41,6 +41,7 @@ from .proctree import descendants, is_alive, signal_trees
 from .signals import install_signal_handlers, restore_signal_handlers
 from .std import Std, to_std_map
 from .tail_log import TailLog
+from .watchdog import guard, unguard
 
 __all__ = ["PContext", "RankLogs", "prepare_log_dir", "start_processes", "validate_rank_keys"]
 
@@ -116,8 +117,10 @@ class PContext(abc.ABC):
     """A group of local ranks started together: ``start``, ``wait``, ``pids``, ``close``.
 
     Guarantees: ``close`` (idempotent) leaves no process of any rank's tree alive and no
-    zombie of ours; ranks also die if the launching process is killed outright; when a
-    rank fails, ``wait`` stops the others (SIGTERM) and reports the failures.
+    zombie of ours; if the launching process is killed outright, the ranks die of their
+    parent-death signal and the watchdog (:mod:`.watchdog`) kills their process groups
+    and known descendants; when a rank fails, ``wait`` stops the others (SIGTERM) and
+    reports the failures.
     """
 
     def __init__(
@@ -180,7 +183,10 @@ class PContext(abc.ABC):
             raise RuntimeError(f"process context {self.name!r} was already started")
         self._started = True
         self._prev_handlers = install_signal_handlers()
-        self._start()
+        try:
+            self._start()
+        finally:
+            guard(self.pids().values())
         for tail in self._tails:
             tail.start()
 
@@ -243,6 +249,7 @@ class PContext(abc.ABC):
         # the main thread), calling close() again redoes the termination.
         if self._started:
             self._terminate(int(death_sig), timeout)
+            unguard(self.pids().values())
         for tail in self._tails:
             tail.stop()
         restore_signal_handlers(self._prev_handlers)

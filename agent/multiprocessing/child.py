@@ -16,6 +16,7 @@ from typing import Any
 
 from .errors import record
 from .proctree import set_parent_death_signal
+from .watchdog import close_inherited_pipe
 
 __all__ = ["BINARY_TRAMPOLINE", "run_callable"]
 
@@ -85,6 +86,7 @@ def run_callable(
     set_parent_death_signal(signal.SIGKILL, launcher_pid if direct_child else None)
     if not direct_child and os.getppid() == 1:
         os._exit(137)  # forkserver already orphaned: the launcher is gone
+    close_inherited_pipe()
     os.environ.update(env)
     sys.stdout.flush()
     sys.stderr.flush()

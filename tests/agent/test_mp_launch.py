@@ -106,8 +106,8 @@ def test_exit_code_7_fails_and_stops_other_ranks(tmp_path: Path, contexts) -> No
     ctx = launch(contexts, "t", "/bin/sh", args, {0: {}, 1: {}}, tmp_path / "logs")
     pids = ctx.pids()
     begin = time.monotonic()
-    result = ctx.wait(timeout=20, period=5)
-    assert time.monotonic() - begin < 5  # woke on the exit, not after a period
+    result = ctx.wait(timeout=60, period=30)
+    assert time.monotonic() - begin < 20  # woke on the exit, not after a period
     assert result is not None and result.is_failed()
     assert set(result.failures) == {1}
     failure = result.failures[1]

@@ -1,0 +1,106 @@
+"""The watchdog process: kills the ranks' process trees if the launcher dies without closing them.
+
+Started by :mod:`.watchdog` as ``python -I -S _watchdog_main.py <launcher pid>`` in its
+own session. Self-contained on purpose (no kelastic imports): it must start fast and
+keep working whatever happens to the launcher's environment.
+
+Protocol on stdin, one line each: ``+<pgid>`` (a rank's process group to guard) and
+``-<pgid>`` (closed normally; forget it). When stdin reaches EOF or the launcher is no
+longer our parent, every guarded group is SIGKILLed, and so is every descendant of
+theirs seen in the last scan (they may have left the group), then the watchdog exits.
+"""
+
+import os
+import select
+import signal
+import sys
+import time
+
+SCAN_EVERY = 2.0
+
+
+def _stat(pid):
+    """(ppid, pgid, starttime) of pid, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    rest = raw[raw.rfind(b")") + 2 :].split()
+    return int(rest[1]), int(rest[2]), int(rest[19])
+
+
+def _scan(groups):
+    """{pid: starttime} of every process in the groups and all their descendants."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None:
+                table[int(entry)] = stat
+    children = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found = {pid for pid, (_, pgid, _) in table.items() if pgid in groups}
+    stack = list(found)
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return {pid: table[pid][2] for pid in found}
+
+
+def _kill_all(groups, known):
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+    for pid, start in known.items():
+        stat = _stat(pid)
+        if stat is not None and stat[2] == start:  # the same process, not a reused pid
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def main():
+    launcher = int(sys.argv[1])
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    groups = set()
+    known = {}
+    pending = b""
+    scanned_at = 0.0
+    while True:
+        ready, _, _ = select.select([0], [], [], 1.0)
+        if ready:
+            data = os.read(0, 65536)
+            if not data:
+                break
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if line[:1] == b"+":
+                    groups.add(int(line[1:]))
+                elif line[:1] == b"-":
+                    groups.discard(int(line[1:]))
+                    known = {}
+                    scanned_at = 0.0
+        if os.getppid() != launcher:
+            break
+        now = time.monotonic()
+        if groups and now - scanned_at >= SCAN_EVERY:
+            known = _scan(groups)
+            scanned_at = now
+    _kill_all(groups, known)
+    # Ranks die of their parent-death signal at about the same time; sweep once more
+    # for processes of the groups that were being forked during the first pass.
+    time.sleep(0.2)
+    _kill_all(groups, _scan(groups) if groups else {})
+
+
+if __name__ == "__main__":
+    main()
