@@ -20,8 +20,8 @@ What it shows:
   replaced by ``TORCHELASTIC_RUN_ID`` (an ElasticJob's UID), so every job gets
   a directory of its own on a volume that outlives it.
 * A history file, ``history.jsonl`` in the checkpoint directory, where rank 0
-  records each start (resumed step, world size, restart count), each
-  checkpoint and the end. Tests and curious users read it to see exactly what
+  records each start (resumed step, world size, restart count), the first step
+  completed after it, each checkpoint and the end. Tests and curious users read it to see exactly what
   happened across restarts.
 """
 
@@ -223,6 +223,9 @@ def train(args: argparse.Namespace) -> int:
         if args.step_delay > 0:
             time.sleep(args.step_delay)
         report_progress(step, args.steps, loss=loss.item())
+        if leader and step == start + 1:
+            # When the group trains again after a (re)start: what restart latency is measured by.
+            record(checkpoints, "first_step", step=step, world_size=where.world_size, restart=where.restart)
         if leader and checkpoints is not None and (step % args.checkpoint_every == 0 or step == args.steps):
             save_checkpoint(checkpoints, step, model, optimizer)
             record(checkpoints, "checkpoint", step=step, world_size=where.world_size)

@@ -86,7 +86,7 @@ def test_single_process_run_without_kelastic_installed(tmp_path: Path) -> None:
     result = run([sys.executable, "-c", blocker], timeout=60)
     assert "done: 30 steps" in result.stdout
     events = history(tmp_path)
-    assert [e["event"] for e in events] == ["start", "checkpoint", "checkpoint", "done"]
+    assert [e["event"] for e in events] == ["start", "first_step", "checkpoint", "checkpoint", "done"]
     assert events[0] == {**events[0], "step": 0, "world_size": 1}
     assert [e["step"] for e in events if e["event"] == "checkpoint"] == [20, 30]
     assert (tmp_path / "checkpoint.pt").exists()
@@ -143,5 +143,6 @@ def test_killed_group_resumes_from_last_checkpoint_at_another_world_size(tmp_pat
     assert f"resumed from checkpoint at step {last_checkpoint}" in result.stdout
     after = history(ckpt)[len(before) :]
     assert after[0] == {**after[0], "event": "start", "step": last_checkpoint, "world_size": 1}
+    assert after[1] == {**after[1], "event": "first_step", "step": last_checkpoint + 1, "world_size": 1}
     assert after[-1]["event"] == "done" and after[-1]["step"] == 120
     assert after[-1]["loss"] < 1.0, f"the model did not learn across the restart: {after[-1]}"
