@@ -19,29 +19,39 @@ import time
 SCAN_EVERY = 2.0
 
 
-def _stat(pid):
-    """(ppid, pgid, starttime) of pid, or None."""
+def read_stat(pid):
+    """(ppid, pgid, starttime, state) of pid from /proc, or None if it is gone.
+
+    Also used by :mod:`.proctree` (this file must stay importable on its own).
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
     except OSError:
         return None
+    # comm (field 2) may contain spaces and parentheses: parse after the last ')'.
     rest = raw[raw.rfind(b")") + 2 :].split()
-    return int(rest[1]), int(rest[2]), int(rest[19])
+    return int(rest[1]), int(rest[2]), int(rest[19]), rest[0].decode()
+
+
+def process_table():
+    """{pid: read_stat(pid)} for every process."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = read_stat(int(entry))
+            if stat is not None:
+                table[int(entry)] = stat
+    return table
 
 
 def _scan(groups):
     """{pid: starttime} of every process in the groups and all their descendants."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = _stat(int(entry))
-            if stat is not None:
-                table[int(entry)] = stat
+    table = process_table()
     children = {}
-    for pid, (ppid, _, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found = {pid for pid, (_, pgid, _) in table.items() if pgid in groups}
+    for pid, stat in table.items():
+        children.setdefault(stat[0], []).append(pid)
+    found = {pid for pid, stat in table.items() if stat[1] in groups}
     stack = list(found)
     while stack:
         for child in children.get(stack.pop(), ()):
@@ -58,7 +68,7 @@ def _kill_all(groups, known):
         except OSError:
             pass
     for pid, start in known.items():
-        stat = _stat(pid)
+        stat = read_stat(pid)
         if stat is not None and stat[2] == start:  # the same process, not a reused pid
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -14,6 +14,8 @@ import os
 import signal
 from collections.abc import Iterable
 
+from ._watchdog_main import process_table, read_stat
+
 __all__ = [
     "descendants",
     "is_alive",
@@ -40,32 +42,11 @@ def set_parent_death_signal(sig: int = signal.SIGKILL, expected_parent: int | No
         os._exit(128 + int(sig))
 
 
-def _read_stat(pid: int) -> tuple[int, str] | None:
-    """(ppid, state) of ``pid`` from /proc, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    # comm (field 2) may contain spaces and parentheses: parse after the last ')'.
-    rest = raw[raw.rfind(b")") + 2 :].split()
-    return int(rest[1]), rest[0].decode()
-
-
-def _parent_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        stat = _read_stat(int(entry))
-        if stat is not None:
-            children.setdefault(stat[0], []).append(int(entry))
-    return children
-
-
 def descendants(roots: Iterable[int]) -> set[int]:
     """All live descendants of ``roots`` (not including the roots), from one /proc scan."""
-    children = _parent_map()
+    children: dict[int, list[int]] = {}
+    for pid, stat in process_table().items():
+        children.setdefault(stat[0], []).append(pid)
     found: set[int] = set()
     stack = list(roots)
     while stack:
@@ -78,8 +59,8 @@ def descendants(roots: Iterable[int]) -> set[int]:
 
 def is_alive(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie."""
-    stat = _read_stat(pid)
-    return stat is not None and stat[1] not in ("Z", "X")
+    stat = read_stat(pid)
+    return stat is not None and stat[3] not in ("Z", "X")
 
 
 def signal_trees(leaders: Iterable[int], extra: Iterable[int], sig: int) -> None:
