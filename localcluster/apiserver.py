@@ -32,6 +32,7 @@ from aiohttp import web
 from . import discovery, openapi
 from .errors import ApiError, status_object
 from .gc import GarbageCollector
+from .protobuf import ProtobufError, decode_object
 from .registry import DeleteOptions, FieldValidation, PatchType, Registry
 from .resources import ResourceType, TypeRegistry
 from .selectors import make_predicate, parse_field_selector, parse_label_selector
@@ -222,7 +223,10 @@ class _App:
             return None
         ctype = request.content_type or ""
         if "protobuf" in ctype:
-            raise ApiError(415, "UnsupportedMediaType", "protobuf bodies are not supported; send JSON")
+            try:
+                return decode_object(raw)
+            except ProtobufError as exc:
+                raise ApiError(415, "UnsupportedMediaType", str(exc)) from None
         try:
             return json.loads(raw)
         except ValueError:

@@ -300,3 +300,19 @@ def test_events_are_shared_between_core_and_events_api(api: ApiServer, core: cli
             "default", field_selector="involvedObject.name=p,reason=Old"
         ).items
     ] == ["ev-core"]
+
+
+def test_kubectl_create_generators_send_protobuf(kubectl: Kubectl, core: client.CoreV1Api) -> None:
+    kubectl("create", "namespace", "gen-ns")
+    kubectl("create", "configmap", "gen-cm", "-n", "gen-ns", "--from-literal=a=b")
+    kubectl("create", "secret", "generic", "gen-s", "-n", "gen-ns", "--from-literal=k=v")
+    kubectl("create", "serviceaccount", "gen-sa", "-n", "gen-ns")
+    kubectl("create", "service", "clusterip", "gen-svc", "-n", "gen-ns", "--tcp=80:8080")
+    kubectl("create", "role", "gen-role", "-n", "gen-ns", "--verb=get", "--resource=pods")
+    assert core.read_namespace("gen-ns").status.phase == "Active"
+    assert core.read_namespaced_config_map("gen-cm", "gen-ns").data == {"a": "b"}
+    assert core.read_namespaced_secret("gen-s", "gen-ns").data == {"k": "dg=="}
+    svc = core.read_namespaced_service("gen-svc", "gen-ns")
+    assert svc.spec.cluster_ip.startswith("127.2.") and svc.spec.ports[0].target_port == 8080
+    assert svc.spec.selector == {"app": "gen-svc"}
+    assert kubectl("auth", "can-i", "create", "pods").strip() == "yes"
