@@ -166,6 +166,9 @@ def worker_pod(job: Job, index: int, *, endpoint: str, config: BuildConfig) -> d
             *ports,
             {"name": "agent-health", "containerPort": config.health_port, "protocol": "TCP"},
         ]
+    # On a failure the agent's last lines (naming the failed rank and its exit code) become
+    # the container's termination message, which the job's Failed condition quotes.
+    main.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     if config.readiness_probe and config.health_port is not None and "readinessProbe" not in main:
         main["readinessProbe"] = {
             "httpGet": {"path": "/readyz", "port": config.health_port},

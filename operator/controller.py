@@ -319,6 +319,10 @@ class Controller:
                     created_service = True
             elif isinstance(action, DeleteService):
                 await self._change(body, action, self.kube.delete, ns, "services", action.name)
+        # The membership goes first: survivors of a scale-down re-form before their peer is stopped.
+        for action in decision.actions:
+            if isinstance(action, PublishMembership):
+                self._request_publish((ns, job.meta.name), action)
         pod_actions = [a for a in decision.actions if isinstance(a, CreatePod | DeletePod)]
         results = await asyncio.gather(*(self._pod_action(body, ns, a) for a in pod_actions))
         for action, result in zip(pod_actions, results, strict=True):
@@ -327,9 +331,7 @@ class Controller:
             elif isinstance(action, DeletePod) and result is not None:
                 pods[:] = [replace(p, terminating=True) if p.uid == action.uid else p for p in pods]
         for action in decision.actions:
-            if isinstance(action, PublishMembership):
-                self._request_publish((ns, job.meta.name), action)
-            elif isinstance(action, Emit):
+            if isinstance(action, Emit):
                 self._event(body, action.reason, action.message, warning=action.warning)
                 (log.warning if action.warning else log.info)(
                     "ElasticJob %s/%s: %s", ns, job.meta.name, action.message

@@ -50,6 +50,8 @@ class PodView:
     finished_at: datetime | None = None
     owner_uid: str | None = None
     pod_ip: str | None = None
+    #: The container's termination message (the agent's last words on a real kubelet).
+    message: str | None = None
 
     @property
     def active(self) -> bool:
@@ -111,6 +113,7 @@ def pod_view(body: Mapping[str, Any], worker_container: str | None = None) -> Po
     exit_code = signal = None
     reason = status.get("reason")
     finished_at = None
+    message = None
     statuses = list(status.get("containerStatuses") or [])
     if worker_container is None:
         containers = (body.get("spec") or {}).get("containers") or []
@@ -124,6 +127,7 @@ def pod_view(body: Mapping[str, Any], worker_container: str | None = None) -> Po
         signal = term.get("signal")
         reason = term.get("reason") or reason
         finished_at = parse_time(term.get("finishedAt"))
+        message = (term.get("message") or "").strip() or None
         break
     return PodView(
         name=str(metadata.get("name", "")),
@@ -139,6 +143,7 @@ def pod_view(body: Mapping[str, Any], worker_container: str | None = None) -> Po
         finished_at=finished_at,
         owner_uid=_owner_uid(metadata),
         pod_ip=status.get("podIP"),
+        message=message,
     )
 
 

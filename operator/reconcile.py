@@ -33,7 +33,11 @@ from kelastic.operator.status import (
     set_phase,
 )
 
+#: Condition set while a started job's replicas lie outside [minReplicas, maxReplicas].
+CONDITION_OUT_OF_RANGE = "ReplicasOutOfRange"
+
 __all__ = [
+    "CONDITION_OUT_OF_RANGE",
     "Action",
     "CreatePod",
     "CreateService",
@@ -213,6 +217,9 @@ def _describe_failure(pod: PodView) -> str:
         parts.append("failed")
     if pod.reason:
         parts.append(f"({pod.reason})")
+    if pod.message:
+        last = pod.message.strip().splitlines()[-3:]
+        parts.append(f": {' | '.join(last)[:400]}")
     return " ".join(parts)
 
 
@@ -468,6 +475,24 @@ def _active(p: _Pass, spec: JobSpec, workers: list[PodView]) -> None:
         )
     status["countedFailures"] = counted
     status["backoffCount"] = backoff
+
+    # --- replicas out of range on a running job: run at the bound, say so once
+    conditions = p.conditions()
+    if spec.replicas_requested is not None:
+        message = (
+            f"spec.replicaSpecs.Worker.replicas={spec.replicas_requested} is outside [spec.minReplicas, "
+            f"spec.maxReplicas] = [{spec.min_replicas}, {spec.max_replicas}]; running {spec.replicas} workers"
+        )
+        before = find_condition(conditions, CONDITION_OUT_OF_RANGE)
+        if before is None or before.get("status") != "True" or before.get("message") != message:
+            p.actions.append(Emit(reason="ReplicasOutOfRange", message=message, warning=True))
+        status["conditions"] = set_condition(
+            conditions, CONDITION_OUT_OF_RANGE, True, "ReplicasOutOfRange", message, now
+        )
+    elif find_condition(conditions, CONDITION_OUT_OF_RANGE) is not None:
+        status["conditions"] = set_condition(
+            conditions, CONDITION_OUT_OF_RANGE, False, "ReplicasInRange", "replicas within bounds", now
+        )
 
     # --- the rendezvous store
     endpoint, store_id = _ensure_store(p, spec)

@@ -137,6 +137,8 @@ class JobSpec:
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)
     suspend: bool = False
     min_replicas_timeout: float | None = None
+    #: The out-of-range ``replicas`` a started job was scaled to; ``replicas`` holds the clamped value.
+    replicas_requested: int | None = None
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,7 @@ def parse_job(body: Mapping[str, Any]) -> Job:
     status = body.get("status") or {}
     deleting = bool(metadata.get("deletionTimestamp"))
     try:
-        spec = _parse_spec(meta, body.get("spec"))
+        spec = _parse_spec(meta, body.get("spec"), started=bool(status.get("scaledTo")))
     except SpecError as err:
         return Job(meta=meta, spec=None, error=err, status=status, deleting=deleting)
     return Job(meta=meta, spec=spec, error=None, status=status, deleting=deleting)
@@ -205,7 +207,10 @@ def _enum(spec: Mapping[str, Any], key: str, path: str, kind: type[enum.Enum], d
         raise SpecError(path, f"must be one of {allowed}, got {value!r}") from None
 
 
-def _parse_spec(meta: JobMeta, spec: Any) -> JobSpec:
+def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
+    """Validate ``spec``. A ``started`` job (one that has run at full size) scaled out of
+    ``[minReplicas, maxReplicas]`` keeps running at the nearest bound instead of failing:
+    a mistyped ``kubectl scale`` must not end a training run."""
     if not meta.name:
         raise SpecError("metadata.name", "is required")
     if len(meta.name) > MAX_NAME_LENGTH:
@@ -238,6 +243,9 @@ def _parse_spec(meta: JobMeta, spec: Any) -> JobSpec:
     wpath = "spec.replicaSpecs.Worker"
     replicas = _int(worker, "replicas", f"{wpath}.replicas", default=min_r, minimum=0)
     assert replicas is not None
+    requested: int | None = None
+    if not min_r <= replicas <= max_r and started:
+        requested, replicas = replicas, min(max(replicas, min_r), max_r)
     if not min_r <= replicas <= max_r:
         raise SpecError(
             f"{wpath}.replicas",
@@ -339,6 +347,7 @@ def _parse_spec(meta: JobMeta, spec: Any) -> JobSpec:
         rdzv_conf=rdzv_conf,
         suspend=suspend,
         min_replicas_timeout=timeout,
+        replicas_requested=requested,
     )
 
 

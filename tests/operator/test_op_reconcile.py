@@ -473,3 +473,68 @@ def test_converges_from_nothing_and_restart_adopts_without_duplicates(kit: Simpl
     d = world.step()
     assert not kinds(d, CreatePod) and not kinds(d, DeletePod)
     assert world.creates == created_before
+
+
+def test_started_job_scaled_out_of_range_runs_at_the_bound(kit: SimpleNamespace) -> None:
+    body = kit.job_body(replicas=9, status={"phase": "Running", "scaledTo": 3})
+    d = run(body, kit.observed(kit.store(), *(kit.worker(i) for i in range(3))))
+    assert d.status["phase"] == "Scaling"
+    assert created_names(d) == ["demo-worker-3"]  # clamped to maxReplicas=4
+    c = cond(d, "ReplicasOutOfRange")
+    assert c["status"] == "True" and "spec.replicaSpecs.Worker.replicas=9" in c["message"]
+    assert [e.reason for e in kinds(d, Emit)] == ["ReplicasOutOfRange", "Scaling"]
+    body["status"] = d.status
+    assert "ReplicasOutOfRange" not in [e.reason for e in kinds(run(body, kit.observed(kit.store())), Emit)]
+    body["spec"]["replicaSpecs"]["Worker"]["replicas"] = 4
+    back = run(body, kit.observed(kit.store(), *(kit.worker(i) for i in range(4))))
+    assert cond(back, "ReplicasOutOfRange")["status"] == "False"
+
+
+def test_failure_message_quotes_the_termination_message(kit: SimpleNamespace) -> None:
+    body = kit.job_body(status={"phase": "Running", "scaledTo": 3})
+    msg = "noise\nkelastic-agent: rank 3 (local rank 1) exited with code 2\nworker group failed"
+    failed = kit.worker(1, PodPhase.FAILED, exit_code=1, message=msg)
+    d = run(body, kit.observed(kit.store(), kit.worker(0), failed, kit.worker(2)))
+    text = cond(d, "Failed")["message"]
+    assert "rank 3 (local rank 1) exited with code 2" in text and "exited with code 1" in text
+
+
+def test_pod_view_reads_exit_code_and_message() -> None:
+    body = {
+        "metadata": {
+            "name": "demo-worker-1",
+            "uid": "u1",
+            "labels": {"kelastic.dev/role": "worker", "kelastic.dev/replica-index": "1"},
+            "ownerReferences": [{"uid": "uid-demo", "controller": True}],
+            "deletionTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"containers": [{"name": "trainer"}, {"name": "side"}]},
+        "status": {
+            "phase": "Failed",
+            "podIP": "127.1.0.9",
+            "containerStatuses": [
+                {"name": "side", "state": {"terminated": {"exitCode": 0}}},
+                {
+                    "name": "trainer",
+                    "state": {
+                        "terminated": {
+                            "exitCode": 137,
+                            "reason": "OOMKilled",
+                            "message": "bye",
+                            "finishedAt": "2026-01-01T00:00:05Z",
+                        }
+                    },
+                },
+            ],
+        },
+    }
+    view = pod_view(body)
+    assert (view.index, view.phase, view.exit_code, view.reason, view.message) == (
+        1,
+        PodPhase.FAILED,
+        137,
+        "OOMKilled",
+        "bye",
+    )
+    assert view.terminating and view.owner_uid == "uid-demo" and view.pod_ip == "127.1.0.9"
+    assert view.finished_at is not None and view.finished_at.second == 5
