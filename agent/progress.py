@@ -24,6 +24,7 @@ Agent side (``kelastic.agent.local_agent``), once per node::
     node = display.snapshot()   # NodeProgress | None: min step over local ranks, for
                                 # rendezvous.control.publish_progress (rate-limit to 1/s)
     ...
+    display.print("agent: restarting workers")              # agent messages, bar-safe
     ctx.close(); display.stop()                             # at agent exit
 
 The display and the console tailers (``TailLog``) share ``display.events`` (the
@@ -49,7 +50,15 @@ from pathlib import Path
 from typing import IO
 
 from .contract import ENV_PROGRESS_FILE
-from .multiprocessing.progbar import ACTIVE, CONSOLE_LOCK, DONE, GRANTED, WANT, new_progbar_events
+from .multiprocessing.progbar import (
+    ACTIVE,
+    CONSOLE_LOCK,
+    DONE,
+    GRANTED,
+    WANT,
+    console_turn,
+    new_progbar_events,
+)
 
 __all__ = [
     "NodeProgress",
@@ -84,17 +93,18 @@ class ProgressReport:
 
 
 class _Reporter:
+    """Keeps the latest report in memory; writes it at most every ``_MIN_WRITE_INTERVAL`` s."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.pending: ProgressReport | None = None
-        self.pending_path = ""
+        self.pending: tuple[str, int, int | None, dict[str, float], float] | None = None
         self.written_at = float("-inf")
         self.exit_hook = False
 
-    def offer(self, path: str, report: ProgressReport, final: bool) -> None:
+    def offer(self, path: str, step: int, total: int | None, metrics: dict[str, float], final: bool) -> None:
+        now = time.monotonic()
         with self.lock:
-            self.pending, self.pending_path = report, path
-            now = time.monotonic()
+            self.pending = (path, step, total, metrics, time.time())
             if final or now - self.written_at >= _MIN_WRITE_INTERVAL:
                 self._write_locked(now)
             elif not self.exit_hook:
@@ -107,25 +117,31 @@ class _Reporter:
                 self._write_locked(time.monotonic())
 
     def _write_locked(self, now: float) -> None:
-        report, path = self.pending, self.pending_path
-        self.pending = None
+        pending, self.pending = self.pending, None
         self.written_at = now
-        if report is None:
+        if pending is None:
             return
-        data = {"step": report.step, "total": report.total, "metrics": report.metrics, "time": report.time}
+        path, step, total, metrics, stamp = pending
+        text = json.dumps(
+            {
+                "step": int(step),
+                "total": None if total is None else int(total),
+                "metrics": {k: float(v) for k, v in metrics.items()},
+                "time": stamp,
+            }
+        )
         tmp = f"{path}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "w") as f:
-                f.write(json.dumps(data))
-            os.replace(tmp, path)
-        except OSError:
-            try:  # the directory may not exist yet
-                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        for _attempt in range(2):
+            try:
                 with open(tmp, "w") as f:
-                    f.write(json.dumps(data))
+                    f.write(text)
                 os.replace(tmp, path)
+                return
             except OSError:
-                pass  # progress is best effort: never break training over it
+                try:  # the directory may not exist yet
+                    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+                except OSError:
+                    return  # progress is best effort: never break training over it
 
 
 _reporter = _Reporter()
@@ -142,13 +158,7 @@ def update(step: int, total: int | None = None, **metrics: float) -> None:
     path = os.environ.get(ENV_PROGRESS_FILE)
     if not path:
         return
-    report = ProgressReport(
-        int(step),
-        None if total is None else int(total),
-        {k: float(v) for k, v in metrics.items()},
-        time.time(),
-    )
-    _reporter.offer(path, report, final=total is not None and step >= total)
+    _reporter.offer(path, step, total, metrics, final=total is not None and step >= total)
 
 
 def flush() -> None:
@@ -436,6 +446,18 @@ class ProgressDisplay:
             elif not self.live:
                 self._stopping.wait(self.refresh_sec)
             self._tick()
+
+    def print(self, text: str, file: IO[str] | None = None) -> None:
+        """Print a line of the agent's own (to ``file``, default the display's stream)
+        without tearing the bar: the same handshake the log tailers use. Not for use on
+        the display thread."""
+        stream = file if file is not None else self.stream
+        with CONSOLE_LOCK, console_turn(self.events):
+            try:
+                stream.write(text.rstrip("\n") + "\n")
+                stream.flush()
+            except (OSError, ValueError):
+                pass
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> ProgressDisplay:

@@ -135,6 +135,7 @@ def test_live_bar_on_pty_never_tears_log_lines(tmp_path: Path, monkeypatch) -> N
         display = ProgressDisplay(name="w", stream=console, refresh_sec=0.02).start()
         assert display.live
         run_job(tmp_path, display, lines=400, pause=0.003)
+        display.print("agent: all ranks done")
         display.stop()
     finally:
         console.close()
@@ -147,7 +148,8 @@ def test_live_bar_on_pty_never_tears_log_lines(tmp_path: Path, monkeypatch) -> N
     assert physical[-1] == "" or ERASE in physical[-1]
     # What stays on screen of each physical line is the text after its last erase.
     visible = [line.rsplit(ERASE, 1)[-1] for line in physical[:-1]]
-    check_log_lines(visible, 400)
+    assert "agent: all ranks done" in visible
+    check_log_lines([v for v in visible if v != "agent: all ranks done"], 400)
     assert re.fullmatch(r"\[w progress\] step 400/400 \(100%\).*", visible[-1])
 
 
