@@ -119,6 +119,67 @@ MESSAGES: dict[str, Fields] = {
         4: _f("targetPort", "IntOrString"),
         5: _f("nodePort", "int"),
     },
+    "PodTemplateSpec": {1: _f("metadata", "ObjectMeta"), 2: _f("spec", "PodSpec")},
+    "PodSpec": {
+        2: _f("containers", "Container", True),
+        3: _f("restartPolicy"),
+        4: _f("terminationGracePeriodSeconds", "int"),
+        7: _f("nodeSelector", "map"),
+        8: _f("serviceAccountName"),
+        10: _f("nodeName"),
+        19: _f("schedulerName"),
+        20: _f("initContainers", "Container", True),
+    },
+    "Container": {
+        1: _f("name"),
+        2: _f("image"),
+        3: _f("command", "string", True),
+        4: _f("args", "string", True),
+        5: _f("workingDir"),
+        6: _f("ports", "ContainerPort", True),
+        7: _f("env", "EnvVar", True),
+        8: _f("resources", "ResourceRequirements"),
+        14: _f("imagePullPolicy"),
+    },
+    "ContainerPort": {
+        1: _f("name"),
+        2: _f("hostPort", "int"),
+        3: _f("containerPort", "int"),
+        4: _f("protocol"),
+    },
+    "EnvVar": {1: _f("name"), 2: _f("value")},
+    "ResourceRequirements": {1: _f("limits", "map_quantity"), 2: _f("requests", "map_quantity")},
+    "LabelSelector": {
+        1: _f("matchLabels", "map"),
+        2: _f("matchExpressions", "LabelSelectorRequirement", True),
+    },
+    "LabelSelectorRequirement": {1: _f("key"), 2: _f("operator"), 3: _f("values", "string", True)},
+    # apps/v1, batch/v1
+    "Deployment": {1: _f("metadata", "ObjectMeta"), 2: _f("spec", "DeploymentSpec")},
+    "DeploymentSpec": {
+        1: _f("replicas", "int"),
+        2: _f("selector", "LabelSelector"),
+        3: _f("template", "PodTemplateSpec"),
+        4: _f("strategy", "DeploymentStrategy"),
+    },
+    "DeploymentStrategy": {1: _f("type")},
+    "Job": {1: _f("metadata", "ObjectMeta"), 2: _f("spec", "JobSpec")},
+    "JobSpec": {
+        1: _f("parallelism", "int"),
+        2: _f("completions", "int"),
+        3: _f("activeDeadlineSeconds", "int"),
+        4: _f("selector", "LabelSelector"),
+        6: _f("template", "PodTemplateSpec"),
+        7: _f("backoffLimit", "int"),
+    },
+    "CronJob": {1: _f("metadata", "ObjectMeta"), 2: _f("spec", "CronJobSpec")},
+    "CronJobSpec": {
+        1: _f("schedule"),
+        3: _f("concurrencyPolicy"),
+        4: _f("suspend", "bool"),
+        5: _f("jobTemplate", "JobTemplateSpec"),
+    },
+    "JobTemplateSpec": {1: _f("metadata", "ObjectMeta"), 2: _f("spec", "JobSpec")},
     # rbac.authorization.k8s.io/v1
     "Role": {1: _f("metadata", "ObjectMeta"), 2: _f("rules", "PolicyRule", True)},
     "ClusterRole": {1: _f("metadata", "ObjectMeta"), 2: _f("rules", "PolicyRule", True)},
@@ -174,6 +235,9 @@ TOP_LEVEL = (
     "RoleBinding",
     "ClusterRoleBinding",
     "SelfSubjectAccessReview",
+    "Deployment",
+    "Job",
+    "CronJob",
 )
 
 
@@ -230,14 +294,18 @@ def _scalar(kind: str, value: int | bytes) -> Any:
     raise ProtobufError(f"unknown scalar kind {kind}")
 
 
-def _map_entry(value: bytes, as_bytes: bool) -> tuple[str, str]:
+def _map_entry(value: bytes, kind: str) -> tuple[str, str]:
     key, val = "", b""
     for num, v in _fields(value):
         if num == 1 and isinstance(v, bytes):
             key = v.decode()
         elif num == 2 and isinstance(v, bytes):
             val = v
-    return key, base64.b64encode(val).decode() if as_bytes else val.decode()
+    if kind == "map_bytes":
+        return key, base64.b64encode(val).decode()
+    if kind == "map_quantity":  # a Quantity message: its field 1 is the string form
+        return key, next((v.decode() for n, v in _fields(val) if n == 1 and isinstance(v, bytes)), "")
+    return key, val.decode()
 
 
 def _message(name: str, data: bytes) -> Any:
@@ -247,10 +315,10 @@ def _message(name: str, data: bytes) -> Any:
         if num not in schema:
             continue  # fields this server does not read are ignored, as unknown JSON fields would be
         json_name, kind, repeated = schema[num]
-        if kind in ("map", "map_bytes"):
+        if kind.startswith("map"):
             if not isinstance(value, bytes):
                 raise ProtobufError(f"{name}.{json_name}: map entry is not length-delimited")
-            k, v = _map_entry(value, kind == "map_bytes")
+            k, v = _map_entry(value, kind)
             out.setdefault(json_name, {})[k] = v
             continue
         if kind in MESSAGES:
@@ -265,7 +333,9 @@ def _message(name: str, data: bytes) -> Any:
             # Go writes zero values of plain fields; their JSON form omits them.
             out[json_name] = item
     if name == "Time":
-        t = datetime.fromtimestamp(out.get("seconds", 0), tz=timezone.utc)
+        if not out.get("seconds"):
+            return ""  # the zero time: JSON omits it
+        t = datetime.fromtimestamp(out["seconds"], tz=timezone.utc)
         return t.strftime("%Y-%m-%dT%H:%M:%SZ")
     if name == "IntOrString":
         return out.get("strVal", "") if out.get("type") == 1 else out.get("intVal", 0)

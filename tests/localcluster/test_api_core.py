@@ -316,3 +316,17 @@ def test_kubectl_create_generators_send_protobuf(kubectl: Kubectl, core: client.
     assert svc.spec.cluster_ip.startswith("127.2.") and svc.spec.ports[0].target_port == 8080
     assert svc.spec.selector == {"app": "gen-svc"}
     assert kubectl("auth", "can-i", "create", "pods").strip() == "yes"
+    kubectl(
+        "create", "deployment", "gen-dep", "-n", "gen-ns", "--image=python:3.11", "--replicas=2", "--port=80"
+    )
+    kubectl("create", "job", "gen-job", "-n", "gen-ns", "--image=python:3.11", "--", "python", "-V")
+    dep = kubectl.json("deployment", "gen-dep", "-n", "gen-ns")
+    assert dep["spec"]["replicas"] == 2 and dep["spec"]["selector"] == {"matchLabels": {"app": "gen-dep"}}
+    assert "creationTimestamp" not in dep["spec"]["template"]["metadata"]
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "python:3.11" and container["ports"] == [
+        {"containerPort": 80, "protocol": "TCP"}
+    ]
+    job = kubectl.json("job", "gen-job", "-n", "gen-ns")
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["python", "-V"]
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
