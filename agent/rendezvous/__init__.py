@@ -13,11 +13,19 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from . import control
 from .handler import BACKEND, KelasticRendezvousHandler, create_handler
-from .server import RendezvousServer, ServedStore, ServerProcess, serve_store, start_server_process
+from .server import (
+    READY_PREFIX,
+    RendezvousServer,
+    ServedStore,
+    ServerProcess,
+    serve_store,
+    start_server_process,
+)
 from .settings import RendezvousSettings, default_node_name, settings_from_params
 
 __all__ = [
     "BACKEND",
+    "READY_PREFIX",
     "KelasticRendezvousHandler",
     "RendezvousServer",
     "RendezvousSettings",

@@ -1,0 +1,219 @@
+"""Failures the rendezvous must survive, with real processes: a killed node, a restarted
+store, and workers that form a gloo group through the round's worker store."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+from kelastic.agent.rendezvous import (
+    READY_PREFIX,
+    KelasticRendezvousHandler,
+    ServerProcess,
+    control,
+    get_rendezvous_handler,
+    start_server_process,
+)
+from kelastic.agent.rendezvous.testing import rendezvous_concurrently
+
+_made: list[KelasticRendezvousHandler] = []
+_procs: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _cleanup() -> Iterator[None]:
+    yield
+    while _made:
+        _made.pop().shutdown()
+    while _procs:
+        proc = _procs.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def node(
+    endpoint: str, run_id: str, name: str, min_nodes: int, max_nodes: int, **conf: Any
+) -> KelasticRendezvousHandler:
+    conf.setdefault("join_timeout", 30)
+    params = RendezvousParameters(
+        "kelastic", endpoint, run_id, min_nodes, max_nodes, local_addr="127.0.0.1", node_name=name, **conf
+    )
+    handler = get_rendezvous_handler(params)
+    assert isinstance(handler, KelasticRendezvousHandler)
+    _made.append(handler)
+    return handler
+
+
+def spawn(code: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", **(env or {})},
+        start_new_session=True,
+    )
+    _procs.append(proc)
+    return proc
+
+
+NODE = """
+    import sys, time
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from kelastic.agent.rendezvous import get_rendezvous_handler
+    endpoint, run_id, name, lo, hi = sys.argv[1:6]
+    handler = get_rendezvous_handler(RendezvousParameters(
+        "kelastic", endpoint, run_id, int(lo), int(hi), local_addr="127.0.0.1", node_name=name,
+        last_call_timeout=30, join_timeout=60))
+    info = handler.next_rendezvous()
+    print(f"rank {info.rank} world {info.world_size}", flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.slow
+def test_killed_node_is_detected_and_survivors_reform() -> None:
+    server = start_server_process("127.0.0.1", 0)
+    try:
+        victim = spawn(NODE, server.endpoint, "kill", "victim", "2", "3")
+        survivors = [node(server.endpoint, "kill", n, 2, 3, last_call_timeout=30) for n in ("a", "b")]
+        infos = rendezvous_concurrently(survivors, timeout=60)
+        assert {i.world_size for i in infos} == {3}
+        assert victim.stdout is not None
+        assert victim.stdout.readline().startswith("rank ")
+        assert not any(h.membership_changed() for h in survivors)
+        os.killpg(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        assert all(h.wait_membership_change(6.0) for h in survivors), "the dead node went unnoticed"
+        print(f"dead node noticed after {time.monotonic() - killed:.2f}s")
+        infos = rendezvous_concurrently(survivors, timeout=20)
+        assert {i.world_size for i in infos} == {2}
+        assert sorted(i.rank for i in infos) == [0, 1]
+    finally:
+        for h in _made:
+            h.shutdown()
+        server.stop()
+
+
+@pytest.mark.slow
+def test_store_restart_leads_to_a_fresh_rendezvous() -> None:
+    port = free_port()
+    server = start_server_process("127.0.0.1", port)
+    try:
+        hs = [node(server.endpoint, "restart", n, 2, 2) for n in ("a", "b")]
+        rendezvous_concurrently(hs)
+        server.stop()
+        assert all(h.wait_membership_change(5.0) for h in hs), "store loss went unnoticed"
+        server = start_server_process("127.0.0.1", port)
+        infos = rendezvous_concurrently(hs, timeout=30)
+        assert {i.world_size for i in infos} == {2}
+        status = control.read_status(control.connect(server.endpoint), "restart")
+        assert status.round == 1 and sorted(status.members) == ["a", "b"]
+    finally:
+        for h in _made:
+            h.shutdown()
+        server.stop()
+
+
+WORKER = """
+    import os, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    value = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(value)
+    print(f"sum {value.item():.0f} of {dist.get_world_size()}", flush=True)
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_workers_form_a_gloo_group_through_the_worker_store() -> None:
+    server = start_server_process("127.0.0.1", 0)
+    try:
+        hs = [node(server.endpoint, "gloo", n, 2, 2) for n in ("a", "b")]
+        infos = rendezvous_concurrently(hs)
+        workers = []
+        for info in infos:
+            boot = info.bootstrap_store_info
+            assert boot is not None
+            env = {
+                "RANK": str(info.rank),
+                "WORLD_SIZE": str(info.world_size),
+                "MASTER_ADDR": boot.master_addr,
+                "MASTER_PORT": str(boot.master_port),
+                "TORCHELASTIC_USE_AGENT_STORE": "True",
+            }
+            workers.append(spawn(WORKER, env=env))
+        for worker in workers:
+            out, _ = worker.communicate(timeout=90)
+            assert worker.returncode == 0, out
+            assert "sum 3 of 2" in out
+    finally:
+        for h in _made:
+            h.shutdown()
+        server.stop()
+
+
+def start_both(a: tuple[str, int], b: tuple[str, int]) -> list[ServerProcess]:
+    servers: list[Any] = [None, None]
+
+    def run(i: int, host: str, port: int) -> None:
+        try:
+            servers[i] = start_server_process(host, port)
+        except BaseException as exc:
+            servers[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i, *hp)) for i, hp in enumerate((a, b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    for s in servers:
+        if isinstance(s, BaseException):
+            for other in servers:
+                if isinstance(other, ServerProcess):
+                    other.stop()
+            raise s
+    return servers
+
+
+@pytest.mark.slow
+def test_server_binds_exactly_its_address_and_stops_on_sigterm() -> None:
+    port = free_port("127.0.0.7")
+    first, second = start_both(("127.0.0.7", port), ("127.0.0.8", port))
+    try:
+        assert first.endpoint == f"127.0.0.7:{port}" and second.endpoint == f"127.0.0.8:{port}"
+        assert any(line.startswith(READY_PREFIX) for line in first.output)
+        one, two = control.connect(first.endpoint), control.connect(second.endpoint)
+        one.set("who", "first")
+        two.set("who", "second")
+        assert one.get("who") == b"first" and two.get("who") == b"second"
+        clash = subprocess.run(
+            [sys.executable, "-m", "kelastic.agent.rendezvous", "--host", "127.0.0.7", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert clash.returncode == 1
+        assert re.search(rf"cannot listen on 127\.0\.0\.7:{port}", clash.stderr)
+    finally:
+        assert first.stop() == 0
+        assert second.stop() == 0
