@@ -22,8 +22,9 @@ The pieces a caller may rely on:
   - SUCCEEDED: wait at the exit barrier (bounded by ``exit_barrier_timeout``;
     a timeout is logged, not fatal) and return the result;
   - FAILED/UNHEALTHY: if the rendezvous membership changed (a peer died, left
-    or joined; checked for up to ``membership_grace`` seconds, since a peer's
-    death usually shows up first as a failed collective) restart *without*
+    or joined; checked for up to ``membership_grace`` seconds when the round
+    has peers, since a peer's death usually shows up first as a failed
+    collective; default: the handler's dead-node timeout) restart *without*
     spending a restart; else restart while restarts remain, else stop the
     workers and return the failure;
   - HEALTHY: with a handler that can watch membership (kelastic's, which has
@@ -360,6 +361,21 @@ def exit_barrier(store: Store, world_size: int, timeout: float) -> bool:
 # --- agents ----------------------------------------------------------------------------
 
 
+def _default_grace(handler: RendezvousHandler) -> float:
+    """How long a failure may precede the membership change that explains it.
+
+    A peer's death usually breaks a collective at once, while the rendezvous
+    declares it dead only after its heartbeat timeout; kelastic's handler exposes
+    that timeout (``settings.node_timeout``), plus one keep-alive period of slack.
+    """
+    settings = getattr(handler, "settings", None)
+    node_timeout = getattr(settings, "node_timeout", None)
+    interval = getattr(settings, "keep_alive_interval", None)
+    if isinstance(node_timeout, (int, float)) and isinstance(interval, (int, float)):
+        return float(node_timeout) + float(interval)
+    return 3.0
+
+
 class ElasticAgent(abc.ABC):
     """Runs one node's workers of a distributed job; ``run`` blocks until they finish."""
 
@@ -391,7 +407,7 @@ class SimpleElasticAgent(ElasticAgent):
         spec: WorkerSpec,
         *,
         exit_barrier_timeout: float = 300.0,
-        membership_grace: float = 3.0,
+        membership_grace: float | None = None,
         event_sink: EventSink | None = None,
         metrics: Metrics | None = None,
     ) -> None:
@@ -399,7 +415,9 @@ class SimpleElasticAgent(ElasticAgent):
         self._remaining_restarts = spec.max_restarts
         self._store: Store | None = None
         self._exit_barrier_timeout = exit_barrier_timeout
-        self._membership_grace = membership_grace
+        self._membership_grace = (
+            membership_grace if membership_grace is not None else _default_grace(spec.rdzv_handler)
+        )
         self._event_sink: EventSink = event_sink if event_sink is not None else default_sink()
         self.metrics = metrics if metrics is not None else Metrics()
         self._total_execution_time = 0.0
@@ -550,8 +568,8 @@ class SimpleElasticAgent(ElasticAgent):
 
     def _failure_was_membership_change(self) -> bool:
         """After workers failed: did the group change (a peer died/left/joined) around it?"""
-        if not self._watches_membership():
-            return False
+        if not self._watches_membership() or self._worker_group.group_world_size == 1:
+            return False  # alone in the round: no peer whose loss could have caused it
         handler = self._worker_group.spec.rdzv_handler
         if handler.membership_changed():  # type: ignore[attr-defined]
             return True

@@ -4,11 +4,15 @@
 ``c10d``/``static`` unchanged), the worker spec and the local agent, serves the
 health endpoints when asked, runs the agent and tears everything down:
 
-* on a normal end (success or failure) the rendezvous is shut down, which
-  closes it for the job (peers waiting in it give up instead of waiting for a
-  node that will not come back);
-* when the agent is stopped by a signal (a pod being deleted) the rendezvous
-  is *not* closed: the other nodes carry on without this one.
+* on a normal end (success or failure) the rendezvous is closed for the job
+  (peers waiting in it give up instead of waiting for a node that will not come
+  back): kelastic's ``set_closed()`` then ``shutdown()``; torch's handlers close
+  in ``shutdown()``;
+* when the agent is stopped by a signal (a pod being deleted) or the
+  rendezvous itself failed (store unreachable, job closed by a peer) the job is
+  *not* closed: with kelastic the node leaves gracefully (``shutdown()``), so the
+  others re-form at once without waiting to detect a dead heartbeat; torch's
+  handlers are left alone (their ``shutdown()`` would close the job).
 
 ``--standalone`` (or a single-node run without an endpoint) hosts an embedded
 rendezvous store on a loopback port the agent bound itself.
@@ -19,14 +23,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 import kelastic.agent.rendezvous  # noqa: F401  (registers the "kelastic" backend with torch)
 from kelastic.agent.api import RunResult, WorkerSpec, WorkerState
 from kelastic.agent.health import HealthServer
 from kelastic.agent.local_agent import LocalElasticAgent
-from kelastic.agent.multiprocessing import SignalException
 from kelastic.agent.rendezvous.server import RendezvousServer
 
 if TYPE_CHECKING:
@@ -35,6 +38,17 @@ if TYPE_CHECKING:
 __all__ = ["launch_agent"]
 
 _log = logging.getLogger(__name__)
+
+
+def _leave_rendezvous(handler: RendezvousHandler, *, close_job: bool) -> None:
+    kelastic = handler.get_backend() == "kelastic"
+    try:
+        if close_job and kelastic:
+            handler.set_closed()
+        if close_job or kelastic:
+            handler.shutdown()
+    except Exception as e:  # best effort: the store may already be gone
+        _log.warning("leaving the rendezvous failed: %s", e)
 
 
 def launch_agent(config: LaunchConfig) -> RunResult:
@@ -58,7 +72,7 @@ def launch_agent(config: LaunchConfig) -> RunResult:
         health = HealthServer(config.health_port, ready).start()
         _log.info("serving /healthz and /readyz on port %d", health.port)
     handler = None
-    shutdown_rdzv = True
+    finished = False  # the agent reached a result (success or failure) of the job
     try:
         params = RendezvousParameters(
             backend=config.rdzv_backend,
@@ -102,16 +116,12 @@ def launch_agent(config: LaunchConfig) -> RunResult:
             config.run_id,
             agent.run_log_dir,
         )
-        return agent.run()
-    except SignalException:
-        shutdown_rdzv = False
-        raise
+        result = agent.run()
+        finished = True
+        return result
     finally:
-        if handler is not None and shutdown_rdzv:
-            try:
-                handler.shutdown()
-            except Exception as e:  # best effort: the store may already be gone
-                _log.warning("rendezvous shutdown failed: %s", e)
+        if handler is not None:
+            _leave_rendezvous(handler, close_job=finished)
         if health is not None:
             health.stop()
         if embedded is not None:

@@ -24,7 +24,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -90,11 +89,6 @@ def _substitute_local_rank(args: tuple[Any, ...], local_rank: int) -> tuple[Any,
     return tuple(a.replace("${local_rank}", str(local_rank)) if isinstance(a, str) else a for a in args)
 
 
-def node_name() -> str:
-    """This node's name in the rendezvous: ``$KELASTIC_NODE_NAME`` or ``<hostname>_<pid>``."""
-    return os.environ.get(contract.ENV_NODE_NAME) or f"{socket.gethostname()}_{os.getpid()}"
-
-
 class LocalElasticAgent(SimpleElasticAgent):
     """Starts the workers with :func:`~kelastic.agent.multiprocessing.start_processes`.
 
@@ -112,7 +106,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         log_dir: str | os.PathLike[str] | None = None,
         local_ranks_filter: set[int] | None = None,
         exit_barrier_timeout: float = 300.0,
-        membership_grace: float = 3.0,
+        membership_grace: float | None = None,
         event_sink: EventSink | None = None,
         metrics: Metrics | None = None,
         progress: bool = True,
@@ -286,7 +280,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             control.publish_progress(
                 self._progress_store,
                 spec.rdzv_handler.get_run_id(),
-                node_name(),
+                str(spec.rdzv_handler.node_name),  # type: ignore[attr-defined]
                 step=progress.step,
                 total=progress.total,
                 restarts=self.restart_count,

@@ -1,0 +1,162 @@
+"""End-to-end: real ``python -m kelastic.agent`` processes, a real rendezvous store, real gloo.
+
+Each test starts a ``kelastic-rendezvous`` store on its own 127.x address and
+agents as subprocesses (one session each, so a whole node can be SIGKILLed),
+and checks what the workers saw (tests/agent/scripts/check_worker.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
+
+_spec = importlib.util.spec_from_file_location(
+    "kelastic_agent_harness", Path(__file__).with_name("agent_harness.py")
+)
+assert _spec is not None and _spec.loader is not None
+harness = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = harness
+_spec.loader.exec_module(harness)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def store() -> Iterator[ServerProcess]:
+    server = start_server_process(harness.loopback_host(), 29400, timeout=30)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, store: ServerProcess) -> Iterator[Any]:
+    c = harness.Cluster(tmp_path, store.endpoint, run_id=f"job-{tmp_path.name}")
+    yield c
+    c.close()
+
+
+def _check_group(records: list[dict[str, Any]], world: int) -> None:
+    """Every worker's variables agree with each other and with the rank rules."""
+    assert sorted(int(r["env"]["RANK"]) for r in records) == list(range(world))
+    group = records[0]["group"]  # [RANK, LOCAL_RANK, GROUP_RANK, ROLE_RANK, LWS, ROLE_WS, ROLE, RUN_ID]
+    assert all(r["group"] == group for r in records), "workers disagree about the group"
+    by_group: dict[int, int] = {}
+    for _rank, _lr, grank, _rr, lws, _rws, _role, _rid in group:
+        by_group[grank] = lws
+    assert sorted(by_group) == list(range(len(by_group)))
+    for rank, lr, grank, _rr, _lws, _rws, _role, _rid in group:
+        assert rank == sum(by_group[g] for g in range(grank)) + lr
+    for role in {g[6] for g in group}:
+        entries = sorted((g for g in group if g[6] == role), key=lambda g: (g[2], g[1]))
+        assert [g[3] for g in entries] == list(range(len(entries))), f"role ranks of {role}"
+        assert {g[5] for g in entries} == {len(entries)}
+    for r in records:
+        assert r["allreduce"] == world * (world - 1) / 2
+
+
+def test_three_agents_two_ranks_each(cluster: Any) -> None:
+    # exactly the operator's command line (health port 0: any free port)
+    common = ["--nnodes", "3:3", "--nproc-per-node", "2", "--max-restarts", "1", "--health-port", "0"]
+    for name in ("node-a", "node-b", "node-c"):
+        cluster.start(name, common, ["--steps", "2"])
+    assert cluster.wait_all(90) == [0, 0, 0]
+    records = cluster.records(6)
+    assert len(records) == 6
+    _check_group(records, 6)
+    for r in records:
+        env = r["env"]
+        assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == ("6", "2", "3")
+        assert (env["ROLE_NAME"], env["ROLE_WORLD_SIZE"], env["ROLE_RANK"]) == ("default", "6", env["RANK"])
+        assert int(env["RANK"]) == 2 * int(env["GROUP_RANK"]) + int(env["LOCAL_RANK"])
+        assert (env["TORCHELASTIC_RESTART_COUNT"], env["TORCHELASTIC_MAX_RESTARTS"]) == ("0", "1")
+        assert env["TORCHELASTIC_RUN_ID"] == cluster.run_id
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
+        assert env["OMP_NUM_THREADS"] == "1"
+        err = Path(env["TORCHELASTIC_ERROR_FILE"])
+        assert err.parts[-4:] == (cluster.run_id, "attempt_0", env["LOCAL_RANK"], "error.json")
+        assert err.parent.is_dir()
+
+
+def test_fourth_agent_joining_restarts_all_at_the_larger_world(cluster: Any) -> None:
+    common = ["--nnodes", "3:4", "--nproc-per-node", "1", "--max-restarts", "0"]
+    for name in ("a", "b", "c"):
+        cluster.start(name, common, ["--until-world", "4", "--steps", "2"])
+    cluster.wait_for("steps at world 3", lambda: any(w == 3 for _, w, _, _ in cluster.steps()), 60)
+    cluster.start("d", common, ["--until-world", "4", "--steps", "2"])
+    assert cluster.wait_all(60) == [0, 0, 0, 0]
+    records = cluster.records(4)
+    assert len(records) == 4
+    _check_group(records, 4)
+    # a membership change is not a failure: no restart was spent
+    assert {r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in records} == {"0"}
+
+
+def test_sigkill_of_one_node_lets_the_survivors_continue(cluster: Any) -> None:
+    common = ["--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "0"]
+    agents = [cluster.start(n, common, ["--until-world", "2", "--steps", "2"]) for n in ("a", "b", "c")]
+    cluster.wait_for("steps at world 3", lambda: any(w == 3 for _, w, _, _ in cluster.steps()), 60)
+    killed_at = time.time()
+    agents[2].kill_group(signal.SIGKILL)
+    assert cluster.wait_all(60, agents[:2]) == [0, 0]
+    records = cluster.records(2)
+    assert len(records) == 2
+    _check_group(records, 2)
+    first = min(t for t, w, _, _ in cluster.steps() if w == 2)
+    print(f"recovery: first step at world 2 {first - killed_at:.2f}s after SIGKILL")
+
+
+def test_heterogeneous_nodes_get_global_and_role_ranks(cluster: Any) -> None:
+    cluster.start("a", ["--nnodes", "3", "--nproc-per-node", "2", "--role", "x"], ["--steps", "1"])
+    cluster.start("b", ["--nnodes", "3", "--nproc-per-node", "1", "--role", "y"], ["--steps", "1"])
+    cluster.start("c", ["--nnodes", "3", "--nproc-per-node", "1", "--role", "x"], ["--steps", "1"])
+    assert cluster.wait_all(90) == [0, 0, 0]
+    records = cluster.records(4)
+    assert len(records) == 4
+    _check_group(records, 4)
+    roles = {r["env"]["ROLE_NAME"]: r["env"]["ROLE_WORLD_SIZE"] for r in records}
+    assert roles == {"x": "3", "y": "1"}
+    lws = {r["env"]["ROLE_NAME"] + r["env"]["LOCAL_WORLD_SIZE"] for r in records}
+    assert lws == {"x2", "y1", "x1"}
+
+
+def test_store_restart_mid_run_does_not_fail_the_job(cluster: Any, store: ServerProcess) -> None:
+    common = ["--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "0"]
+    for name in ("a", "b"):
+        cluster.start(name, common, ["--steps", "40", "--step-time", "0.1"])
+    cluster.wait_for("steps at world 2", lambda: len(cluster.steps()) >= 4, 60)
+    host, port = store.endpoint.rsplit(":", 1)
+    store.stop()
+    time.sleep(0.5)
+    again = start_server_process(host, int(port), timeout=30)
+    try:
+        assert cluster.wait_all(90) == [0, 0]
+    finally:
+        again.stop()
+
+
+def test_unreachable_store_fails_clearly_within_the_timeout(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{s.getsockname()[1]}"
+    c = harness.Cluster(tmp_path, endpoint)
+    try:
+        start = time.monotonic()
+        agent = c.start("lonely", ["--nnodes", "2", "--rdzv-conf", "join_timeout=3"])
+        rc = agent.wait(60)
+        elapsed = time.monotonic() - start
+    finally:
+        c.close()
+    assert rc == 1
+    assert endpoint in agent.output()
+    assert elapsed < 3 + 20  # the join timeout plus interpreter start-up on a busy machine

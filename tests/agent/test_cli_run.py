@@ -1,0 +1,118 @@
+"""kelastic-agent as a single-node command: restarts, the failure summary, signals, health, interop."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "kelastic_agent_harness", Path(__file__).with_name("agent_harness.py")
+)
+assert _spec is not None and _spec.loader is not None
+harness = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = harness
+_spec.loader.exec_module(harness)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Any]:
+    c = harness.Cluster(tmp_path)
+    yield c
+    c.close()
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return -1
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_crashed_worker_is_restarted(node: Any) -> None:
+    agent = node.start(
+        "solo",
+        ["--standalone", "--nproc-per-node", "2", "--max-restarts", "2"],
+        ["--crash-rank", "1", "--crash-times", "1", "--steps", "1"],
+        rendezvous=False,
+    )
+    assert agent.wait(60) == 0, agent.output()
+    records = node.records()
+    assert {r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in records} == {"1"}
+    assert len(records) == 2
+    run_dirs = list((node.logs / "solo").iterdir())
+    assert len(run_dirs) == 1
+    err = json.loads((run_dirs[0] / "attempt_0" / "1" / "error.json").read_text())
+    assert "planned crash of rank 1 at restart 0" in err["message"]
+
+
+def test_exhausted_restarts_fail_with_the_summary(node: Any) -> None:
+    # torch's c10d rendezvous backend, unchanged, drives the same agent
+    agent = node.start(
+        "solo",
+        [
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "127.0.0.1:0",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+        ],
+        ["--crash-rank", "1"],
+        rendezvous=False,
+    )
+    assert agent.wait(60) == 1
+    out = agent.output()
+    assert "check_worker.py FAILED" in out
+    root = out.split("Root Cause (first observed failure):")[1]
+    assert "rank      : 1 (local_rank: 1)" in root
+    assert "exitcode  : 1" in root
+    assert "ValueError: planned crash of rank 1 at restart 1" in root
+    assert "error.json" in root
+
+
+def test_signal_stops_workers_with_it_and_health_endpoints(node: Any) -> None:
+    agent = node.start(
+        "solo",
+        ["--standalone", "--nproc-per-node", "2", "--health-port", "0"],
+        ["--steps", "100000", "--step-time", "0.05", "--note-signals"],
+        rendezvous=False,
+    )
+    node.wait_for("both workers running", lambda: len(node.records()) == 2, 60)
+    port = int(re.search(r"/readyz on port (\d+)", agent.output()).group(1))  # type: ignore[union-attr]
+    base = f"http://127.0.0.1:{port}"
+    node.wait_for("/readyz 200", lambda: _status(base + "/readyz") == 200, 10)
+    assert _status(base + "/healthz") == 200
+    pids = [r["pid"] for r in node.records()]
+    agent.proc.send_signal(signal.SIGHUP)
+    assert agent.wait(30) == 128 + signal.SIGHUP
+    notes = sorted(p.read_text() for p in node.out.glob("signal_rank*.txt"))
+    assert notes == ["SIGHUP", "SIGHUP"]
+    deadline = time.monotonic() + 5
+    while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_pid_alive(p) for p in pids)
