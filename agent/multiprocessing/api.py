@@ -81,6 +81,10 @@ def validate_rank_keys(args: Mapping[int, Any], envs: Mapping[int, Any]) -> int:
             f"args and envs must both be keyed by local ranks 0..{nprocs - 1} ({nprocs} ranks, from len(args)): "
             + "; ".join(problems)
         )
+    for rank, env in envs.items():
+        bad = sorted(repr(k) for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str))
+        if bad:
+            raise ValueError(f"envs[{rank}] must map str to str; these entries are not: {', '.join(bad)}")
     return nprocs
 
 

@@ -77,6 +77,8 @@ def test_envs_missing_rank_is_rejected(tmp_path: Path) -> None:
         start_processes("x", "/usr/bin/true", {0: (), 1: ()}, {0: {}}, tmp_path / "logs")
     with pytest.raises(ValueError, match=r"args is missing local ranks \[1\].*extra keys \[2\]"):
         start_processes("x", "/usr/bin/true", {0: (), 2: ()}, {0: {}, 1: {}}, tmp_path / "logs")
+    with pytest.raises(ValueError, match=r"envs\[0\] must map str to str.*'PORT'"):
+        start_processes("x", "/usr/bin/true", {0: ()}, {0: {"PORT": 29500}}, tmp_path / "logs")  # type: ignore[dict-item]
     assert not (tmp_path / "logs").exists()
 
 
