@@ -291,6 +291,15 @@ class Cluster:
         selector = f"{GROUP_LABEL}={job}" + (f",kelastic.dev/role={role}" if role else "")
         return self.kubectl.json("get", "pods", "-l", selector)["items"]
 
+    def job_events(self, job: str) -> list[dict[str, Any]]:
+        """Events about the ElasticJob named ``job``."""
+        return [
+            e
+            for e in self.kubectl.json("get", "events")["items"]
+            if (e.get("involvedObject") or {}).get("name") == job
+            and (e.get("involvedObject") or {}).get("kind") == "ElasticJob"
+        ]
+
     def services(self, job: str) -> list[dict[str, Any]]:
         return self.kubectl.json("get", "services", "-l", f"{GROUP_LABEL}={job}")["items"]
 

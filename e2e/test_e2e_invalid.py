@@ -13,15 +13,6 @@ import yaml
 pytestmark = pytest.mark.slow
 
 
-def events(kel: Any, job: str) -> list[dict[str, Any]]:
-    return [
-        e
-        for e in kel.kubectl.json("get", "events")["items"]
-        if (e.get("involvedObject") or {}).get("name") == job
-        and (e.get("involvedObject") or {}).get("kind") == "ElasticJob"
-    ]
-
-
 @pytest.mark.parametrize(
     ("case", "change", "field"),
     [
@@ -61,4 +52,4 @@ def test_e_operator_marks_max_below_min_invalid_naming_the_field(kel: Any) -> No
     assert "Invalid" in (condition.get("reason", "") + condition.get("type", "")), condition
     assert kel.status("e2e-e-max").get("phase") == "Failed"
     assert kel.pods("e2e-e-max") == [], "an invalid job must not start pods"
-    assert any("maxReplicas" in (e.get("message") or "") for e in events(kel, "e2e-e-max"))
+    assert any("maxReplicas" in (e.get("message") or "") for e in kel.job_events("e2e-e-max"))
