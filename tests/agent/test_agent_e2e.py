@@ -7,26 +7,20 @@ and checks what the workers saw (tests/agent/scripts/check_worker.py).
 
 from __future__ import annotations
 
-import importlib.util
+import runpy
 import signal
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
 
-_spec = importlib.util.spec_from_file_location(
-    "kelastic_agent_harness", Path(__file__).with_name("agent_harness.py")
-)
-assert _spec is not None and _spec.loader is not None
-harness = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = harness
-_spec.loader.exec_module(harness)
+harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
 
 pytestmark = pytest.mark.slow
 

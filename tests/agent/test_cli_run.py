@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
+import runpy
 import signal
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "kelastic_agent_harness", Path(__file__).with_name("agent_harness.py")
-)
-assert _spec is not None and _spec.loader is not None
-harness = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = harness
-_spec.loader.exec_module(harness)
+pytestmark = pytest.mark.slow  # real agents and workers; each takes several seconds
+
+harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
 
 
 @pytest.fixture
