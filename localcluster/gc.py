@@ -97,8 +97,7 @@ class GarbageCollector:
         if not dead:
             return
         if len(dead) == len(refs):
-            owner_foreground = False
-            self._delete(key, dep, "Foreground" if owner_foreground else "Background")
+            self._delete(key, dep, "Background")
         else:
             self._drop_refs(key, dep, dead)
 

@@ -59,7 +59,6 @@ def _ops(rt: ResourceType, item: bool) -> Obj:
     ok = {"200": {"description": "OK", "content": {"application/json": {"schema": ref}}}}
     common = [_param(p) for p in _QUERY_PARAMS]
     body = {"content": {"*/*": {"schema": ref}}, "required": True}
-    prefix = f"{rt.plural}"
     ops: Obj = {}
     if item:
         patch_types = [
@@ -119,7 +118,6 @@ def _ops(rt: ResourceType, item: bool) -> Obj:
                 "x-kubernetes-action": "post",
                 "x-kubernetes-group-version-kind": gvk,
             }
-    del prefix
     return ops
 
 

@@ -21,9 +21,10 @@ __all__ = [
     "FIELD_PATHS",
     "FieldRequirement",
     "LabelRequirement",
-    "label_selector_from_dict",
+    "make_predicate",
     "parse_field_selector",
     "parse_label_selector",
+    "selector_string",
 ]
 
 Obj = dict[str, Any]
@@ -74,7 +75,6 @@ class LabelRequirement:
 _LABEL_KEY = re.compile(
     r"^([a-z0-9A-Z]([-a-z0-9A-Z_.]*[a-z0-9A-Z])?/)?[a-z0-9A-Z]([-a-z0-9A-Z_.]*[a-z0-9A-Z])?$"
 )
-_TOKEN = re.compile(r"\s*(!=|==|=|\(|\)|,|!|[^\s!=(),]+)")
 
 
 def _split_top(expr: str) -> list[str]:
@@ -130,22 +130,6 @@ def _check_key(key: str, expr: str) -> str:
             f"unable to parse requirement: invalid label key {key!r} in label selector {expr!r}"
         )
     return key
-
-
-def label_selector_from_dict(sel: Obj | None) -> list[LabelRequirement]:
-    """A metav1.LabelSelector (matchLabels/matchExpressions) as requirements."""
-    if not sel:
-        return []
-    out = [LabelRequirement(k, "=", (str(v),)) for k, v in (sel.get("matchLabels") or {}).items()]
-    ops = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!"}
-    for e in sel.get("matchExpressions") or []:
-        out.append(LabelRequirement(e["key"], ops[e["operator"]], tuple(e.get("values") or ())))
-    return out
-
-
-def labels_match(reqs: list[LabelRequirement], obj: Obj) -> bool:
-    labels = obj.get("metadata", {}).get("labels") or {}
-    return all(r.matches(labels) for r in reqs)
 
 
 def selector_string(sel: Obj | None) -> str:

@@ -116,7 +116,7 @@ class Store:
         self,
         history_size: int = 20_000,
         state_dir: Path | None = None,
-        flush_interval: float = 0.2,
+        flush_interval: float = 1.0,
     ) -> None:
         if history_size < 1:
             raise ValueError(f"history_size must be >= 1, got {history_size}")
