@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 from enum import Enum
 from typing import Any
 
-from . import kinds, schema
+from . import fields, kinds, schema
 from .errors import ApiError, FieldCause
 from .patch import PatchError, clone, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType, TypeRegistry
@@ -248,14 +248,28 @@ class Registry:
     def _schema_pass(
         self, rt: ResourceType, obj: Obj, validation: FieldValidation, name: str
     ) -> tuple[Obj, list[str]]:
-        """Prune, default and validate a custom resource; returns it and any warnings."""
+        """Prune unknown fields (refused under Strict), default and validate; returns the object and warnings."""
         warnings: list[str] = []
-        if not rt.crd or not rt.schema:
+        if not rt.crd:
+            pruned, dropped = fields.prune_unknown(rt, obj)
+            self._unknown_fields(rt, dropped, validation, warnings)
+            return pruned, warnings
+        if not rt.schema:
             return obj, warnings
         pruned, dropped = schema.prune(obj, rt.schema)
         meta = obj.get("metadata") or {}
         unknown_meta = [f"metadata.{k}" for k in meta if k not in _OBJECT_META_FIELDS]
-        dropped = unknown_meta + dropped
+        self._unknown_fields(rt, unknown_meta + dropped, validation, warnings)
+        obj = schema.apply_defaults(pruned, rt.schema)
+        causes = schema.validate(obj, rt.schema)
+        if causes:
+            raise ApiError.invalid(rt.group, rt.kind, name, causes)
+        return obj, warnings
+
+    @staticmethod
+    def _unknown_fields(
+        rt: ResourceType, dropped: list[str], validation: FieldValidation, warnings: list[str]
+    ) -> None:
         if dropped and validation is FieldValidation.STRICT:
             detail = ", ".join(f'unknown field "{p}"' for p in dropped)
             raise ApiError.bad_request(
@@ -264,11 +278,6 @@ class Registry:
             )
         if dropped and validation is FieldValidation.WARN:
             warnings.extend(f'unknown field "{p}"' for p in dropped)
-        obj = schema.apply_defaults(pruned, rt.schema)
-        causes = schema.validate(obj, rt.schema)
-        if causes:
-            raise ApiError.invalid(rt.group, rt.kind, name, causes)
-        return obj, warnings
 
     def _validate(self, rt: ResourceType, obj: Obj, name: str) -> None:
         causes = kinds.metadata_causes(obj) + kinds.validate_builtin(rt, obj)

@@ -330,3 +330,31 @@ def test_kubectl_create_generators_send_protobuf(kubectl: Kubectl, core: client.
     job = kubectl.json("job", "gen-job", "-n", "gen-ns")
     assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["python", "-V"]
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def test_unknown_fields_of_builtin_kinds(kubectl: Kubectl, core: client.CoreV1Api) -> None:
+    import json
+    import subprocess
+
+    typo = _pod("typo")
+    typo["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    proc = subprocess.run(
+        [kubectl.exe, "--kubeconfig", str(kubectl.kubeconfig), "apply", "-f", "-"],
+        input=json.dumps(typo),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode != 0
+    assert 'unknown field "spec.containers[0].imagePullPolicyy"' in proc.stderr
+    # Without strict validation the field is dropped with a warning, as a typed API server does.
+    import urllib.request
+
+    url = core.api_client.configuration.host + "/api/v1/namespaces/default/pods"
+    req = urllib.request.Request(
+        url, data=json.dumps(typo).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        created = json.loads(resp.read())
+        assert 'unknown field \\"spec.containers[0].imagePullPolicyy\\"' in resp.headers["Warning"]
+    assert "imagePullPolicyy" not in json.dumps(created)
