@@ -192,6 +192,9 @@ class PodWorker:
                 return
         self._load(pod)
         while True:
+            # Cleared before looking, so a change during the sync (a process exiting
+            # while the status is written) wakes the next round instead of being lost.
+            self.wake.clear()
             pod = self.pod
             if pod is None:
                 # Gone without a grace period (force deletion): kill at once.
@@ -204,7 +207,6 @@ class PodWorker:
                 due = await self._sync(pod)
             else:
                 due = None
-            self.wake.clear()
             timeout = None if due is None else max(0.0, due - time.time())
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout)
