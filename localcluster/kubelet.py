@@ -31,6 +31,7 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import time
 import uuid
 from collections.abc import Mapping
@@ -554,13 +555,13 @@ class PodWorker:
         # Force deletion while waiting for the grace period kills at once.
         while not stopping.done():
             self.wake.clear()
+            if self.pod is None:
+                for c in self.all_containers():
+                    if c.process is not None:
+                        c.process.kill_group(signal.SIGKILL)
             waiter = asyncio.ensure_future(self.wake.wait())
             await asyncio.wait({stopping, waiter}, return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
-            if self.pod is None and not stopping.done():
-                for c in self.all_containers():
-                    if c.process is not None:
-                        c.process.kill_group(9)
         await stopping
         current = self.pod or pod
         await self._write_status(current)

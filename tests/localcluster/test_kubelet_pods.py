@@ -388,3 +388,26 @@ def test_logs_follow_a_running_container_to_its_end(kubectl: Kubectl) -> None:
     # -f returns once the container has ended, with everything it printed.
     assert kubectl("logs", "-f", "talker", timeout=20).split("\n")[:4] == [f"line {i}" for i in range(4)]
     wait_for(lambda: _phase(kubectl, "talker") == "Succeeded", 10, "talker to succeed")
+
+
+def test_many_short_lived_pods_all_reach_succeeded(kubectl: Kubectl) -> None:
+    pods = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"burst-{i}", "labels": {"burst": "yes"}},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "x", "command": ["true"]}],
+            },
+        }
+        for i in range(12)
+    ]
+    kubectl.apply_object({"apiVersion": "v1", "kind": "List", "items": pods})
+
+    def all_succeeded() -> bool:
+        items = kubectl.json("pods", "-l", "burst=yes")["items"]
+        return len(items) == 12 and all(p["status"].get("phase") == "Succeeded" for p in items)
+
+    wait_for(all_succeeded, 30, "12 short-lived pods to succeed")
+    kubectl("delete", "pods", "-l", "burst=yes", "--grace-period=0", "--force")
