@@ -1,12 +1,11 @@
 """API server conformance: ownerReference garbage collection (background, foreground, orphan),
-strategic merge patches from ``kubectl apply``, JSON patch, namespace deletion, and persistence.
+strategic merge patches from ``kubectl apply``, JSON patch, and namespace deletion.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from kubernetes import client, config
@@ -159,32 +158,3 @@ def test_kubectl_apply_twice_uses_strategic_merge(
     assert kubectl.json("deployment", "web")["spec"]["replicas"] == 2
     kubectl("scale", "deployment", "web", "--replicas=4")
     assert kubectl.json("deployment", "web")["spec"]["replicas"] == 4
-
-
-def test_state_dir_survives_restart(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    first = ApiServer(data_dir=tmp_path, state_dir=state)
-    first.start()
-    first.write_kubeconfig(tmp_path / "kubeconfig")
-    core = client.CoreV1Api(config.new_client_from_config(str(tmp_path / "kubeconfig")))
-    created = core.create_namespaced_config_map("default", {"metadata": {"name": "kept"}, "data": {"k": "v"}})
-    svc = core.create_namespaced_service(
-        "default", {"metadata": {"name": "svc"}, "spec": {"ports": [{"port": 80}], "selector": {"a": "b"}}}
-    )
-    first.stop()
-    second = ApiServer(data_dir=tmp_path, state_dir=state)
-    second.start()
-    try:
-        second.write_kubeconfig(tmp_path / "kubeconfig")
-        core = client.CoreV1Api(config.new_client_from_config(str(tmp_path / "kubeconfig")))
-        kept = core.read_namespaced_config_map("kept", "default")
-        assert kept.data == {"k": "v"} and kept.metadata.uid == created.metadata.uid
-        assert core.read_namespaced_service("svc", "default").spec.cluster_ip == svc.spec.cluster_ip
-        newer = core.create_namespaced_config_map("default", {"metadata": {"name": "newer"}})
-        assert int(newer.metadata.resource_version) > int(kept.metadata.resource_version)
-        other = core.create_namespaced_service(
-            "default", {"metadata": {"name": "svc2"}, "spec": {"ports": [{"port": 80}]}}
-        )
-        assert other.spec.cluster_ip != svc.spec.cluster_ip and other.spec.cluster_ip.startswith("127.2.")
-    finally:
-        second.stop()
