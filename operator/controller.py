@@ -285,7 +285,12 @@ class Controller:
     async def _publisher(self, key: JobKey) -> None:
         try:
             while key in self._to_publish:
-                action = self._to_publish[key]
+                # Connect first, then publish the newest membership: a connect can take seconds,
+                # and what was true before it may not be any more.
+                await self.store.connect(self._to_publish[key].endpoint)
+                action = self._to_publish.get(key)
+                if action is None:
+                    break
                 if await self.store.publish(action):
                     log.info("ElasticJob %s/%s: published membership %s", key[0], key[1], list(action.nodes))
                 if self._to_publish.get(key) is action:

@@ -80,6 +80,10 @@ class StoreClient:
             self._published[action.run_id] = (key, time.monotonic())
         return bool(ok)
 
+    async def connect(self, endpoint: str) -> bool:
+        """Make sure a connection to ``endpoint`` is open (connecting may take seconds). True if it is."""
+        return bool(await self._call(endpoint, _noop, None))
+
     async def read(self, endpoint: str, run_id: str) -> RendezvousView | None:
         """The store's view of ``run_id``, or None if the store cannot be reached."""
         return await self._call(endpoint, _read, run_id)
@@ -120,6 +124,10 @@ class StoreClient:
                 log.info("rendezvous store %s reachable again", endpoint)
                 conn.reported = False
             return result
+
+
+def _noop(store: Any, arg: Any) -> bool:
+    return True
 
 
 def _import_control() -> None:

@@ -21,6 +21,21 @@ REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "elasticjob.yaml"
 
 WORKER_SCRIPT = "import time\nprint('worker up', flush=True)\ntime.sleep(120)\n"
+# Reports 40 steps of progress, then stays alive until told to finish (a file appears).
+TRAIN_SCRIPT = """
+import os, sys, time
+import torch.distributed as dist
+from kelastic.agent.progress import update
+dist.init_process_group("gloo")
+for step in range(1, 41):
+    update(step, 40)
+    time.sleep(0.05)
+deadline = time.monotonic() + 60
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+    time.sleep(0.2)
+dist.barrier()
+dist.destroy_process_group()
+"""
 
 
 class Env:
@@ -92,6 +107,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root = tmp_path_factory.mktemp("opcluster")
     (root / "work").mkdir()
     (root / "work" / "worker.py").write_text(WORKER_SCRIPT)
+    (root / "work" / "train.py").write_text(TRAIN_SCRIPT)
     cluster = cluster_mod.LocalCluster(root / "data", workdir=root / "work")
     cluster.start()
     try:
@@ -271,3 +287,29 @@ def test_leader_election_hands_over_on_shutdown(env: Env, tmp_path: Path) -> Non
         if b is not None:
             stop(b)
         env.operator = start_operator(env, env.log)
+
+
+@pytest.mark.slow
+def test_world_size_and_progress_reach_status_then_success(env: Env) -> None:
+    """Real agents rendezvous through the operator's store; their progress shows in the job."""
+    done = env.workdir / "zeta.done"
+    manifest = job("zeta", min_r=2, max_r=2, replicas=2)
+    container = manifest["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    container["command"] = ["python", "train.py", str(done)]
+    manifest["spec"]["replicaSpecs"]["Worker"]["restartPolicy"] = "ExitCode"
+    env.apply(manifest)
+
+    def status() -> dict[str, Any]:
+        return env.get("ej", "zeta").get("status") or {}
+
+    env.wait("Running", lambda: status().get("phase") == "Running", 60)
+    env.wait("world", lambda: status().get("worldSize") == 2, 60)
+    st = env.wait(
+        "world size 2 and full progress", lambda: (s := status()).get("progress") == "40/40 (100%)" and s, 60
+    )
+    assert st["worldSize"] == 2 and st["phase"] == "Running"
+    assert "40/40 (100%)" in env.kubectl("get", "ej", "zeta")
+    done.write_text("")
+    st = env.wait("Succeeded", lambda: (s := status()).get("phase") == "Succeeded" and s, 60)
+    assert st["replicaStatuses"]["Worker"]["succeeded"] == 2 and st["completionTime"]
+    env.wait("the store pod and Service to go", lambda: "zeta-rendezvous" not in env.pods("zeta"))
