@@ -26,6 +26,26 @@ def alive(pid: int) -> bool:
     return stat[stat.rfind(")") + 2] not in "ZX"
 
 
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def child_pids(parent: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(")") + 2 :].split()[1]) == parent:
+                found.append(int(entry))
+    return found
+
+
 def wait_until(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -181,7 +201,10 @@ def test_sigkill_of_launcher_leaves_no_worker(launcher, tmp_path: Path) -> None:
     wait_until(gc_file.exists, 10, "rank 1 to start its child")
     grandchild = int(gc_file.read_text())
     assert alive(grandchild)
+    watchdogs = [pid for pid in child_pids(proc.pid) if "_watchdog_main" in cmdline(pid)]
+    assert len(watchdogs) == 1
     proc.kill()
     proc.wait(10)
     wait_until(lambda: not any(alive(p) for p in workers), 5, f"workers {workers} to die with their launcher")
     wait_until(lambda: not alive(grandchild), 10, f"the child {grandchild} of a worker to die too")
+    wait_until(lambda: not alive(watchdogs[0]), 10, "the watchdog to exit after doing its job")
