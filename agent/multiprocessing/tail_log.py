@@ -9,8 +9,9 @@ Contract:
 - carriage-return progress output (tqdm in a rank) collapses to its latest state: a
   completed line prints only the text after its last ``\\r``; a line still being
   rewritten is shown at most once per ``cr_interval_sec`` (its latest state);
-- no busy loop: an idle tailer wakes every ``interval_sec``; while lines flow it reads
-  in chunks of up to 1 MiB per file and prints one batch per wake-up;
+- no busy loop: an idle tailer sleeps until a log directory changes (inotify; at most
+  ``interval_sec`` as a fallback), so a new line is printed within milliseconds; while
+  lines flow it reads up to 1 MiB per file per pass and prints one batch per pass;
 - with ``progbar_events`` from the node's progress display, each batch is printed
   inside a :func:`~.progbar.console_turn` so the bar is erased first and redrawn after.
 """
@@ -25,6 +26,7 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
+from .fswatch import ChangeWaiter
 from .progbar import CONSOLE_LOCK, console_turn
 
 __all__ = ["TailLog", "tail_logfile"]
@@ -177,12 +179,30 @@ class _Printer:
 
 
 def _tail_loop(
-    tails: list[_FileTail], printer: _Printer, finished: threading.Event, interval_sec: float
+    tails: list[_FileTail],
+    printer: _Printer,
+    finished: threading.Event,
+    interval_sec: float,
+    waiter: ChangeWaiter | None = None,
+) -> None:
+    if waiter is None:
+        waiter = ChangeWaiter(os.path.dirname(os.path.abspath(t.path)) for t in tails)
+    try:
+        _tail_until_finished(tails, printer, finished, interval_sec, waiter)
+    finally:
+        waiter.close()
+
+
+def _tail_until_finished(
+    tails: list[_FileTail],
+    printer: _Printer,
+    finished: threading.Event,
+    interval_sec: float,
+    waiter: ChangeWaiter,
 ) -> None:
     while True:
-        finishing = (
-            finished.is_set()
-        )  # read before the pass: the pass then sees all data written before stop()
+        # Read before the pass: the pass then sees all data written before stop().
+        finishing = finished.is_set()
         now = time.monotonic()
         outs = []
         backlog = False
@@ -198,7 +218,12 @@ def _tail_loop(
         if finishing:
             printer(b"".join(tail.finish() for tail in tails))
             return
-        finished.wait(min(interval_sec, _ACTIVE_SLEEP) if outs else interval_sec)
+        if outs:
+            # Lines are flowing: let a few more arrive so they go out in one batch.
+            finished.wait(min(interval_sec, _ACTIVE_SLEEP))
+        else:
+            # Idle: sleep until a log directory changes (or stop(), or the polling interval).
+            waiter.wait(interval_sec)
 
 
 def tail_logfile(
@@ -247,15 +272,17 @@ class TailLog:
         self._printer = _Printer(dst, None, progbar_events)
         self._interval = interval_sec
         self._finished = threading.Event()
+        self._waiter: ChangeWaiter | None = None
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._stop_timeout = stop_timeout
 
     def start(self) -> TailLog:
         if self._tails and self._thread is None:
+            self._waiter = ChangeWaiter(os.path.dirname(os.path.abspath(t.path)) for t in self._tails)
             self._thread = threading.Thread(
                 target=_tail_loop,
-                args=(self._tails, self._printer, self._finished, self._interval),
+                args=(self._tails, self._printer, self._finished, self._interval, self._waiter),
                 name=f"kelastic-tail-{self._name}",
                 daemon=True,
             )
@@ -263,8 +290,13 @@ class TailLog:
         return self
 
     def stop(self) -> None:
-        """Deliver everything written so far, then stop; waits up to ``stop_timeout`` s."""
+        """Deliver everything written so far, then stop; waits up to ``stop_timeout`` s.
+        Idempotent."""
+        if self._stopped:
+            return
         self._finished.set()
+        if self._waiter is not None:
+            self._waiter.wake()
         if self._thread is not None:
             self._thread.join(self._stop_timeout)
             if self._thread.is_alive():
