@@ -96,6 +96,7 @@ class Controller:
         self._rdzv_cache: dict[JobKey, tuple[float, RendezvousView | None]] = {}
         self._rdzv_reading: set[JobKey] = set()
         self._to_publish: dict[JobKey, PublishMembership] = {}
+        self._own_writes: dict[JobKey, str] = {}  # resourceVersion our last status write produced
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="kelastic-api")
         self._limit = asyncio.Semaphore(self.options.max_parallel)
         self._resync_task: asyncio.Task[None] | None = None
@@ -127,13 +128,17 @@ class Controller:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def job_seen(self, key: JobKey) -> None:
+    def job_seen(self, key: JobKey, resource_version: str | None = None) -> None:
+        """A job was added or changed. The echo of our own status write triggers nothing."""
         self._known.add(key)
+        if resource_version is not None and self._own_writes.get(key) == resource_version:
+            return
         self.trigger(key)
 
     def job_gone(self, key: JobKey, uid: str | None) -> None:
         self._known.discard(key)
         self._rdzv_cache.pop(key, None)
+        self._own_writes.pop(key, None)
         handle = self._timers.pop(key, None)
         if handle is not None:
             handle.cancel()
@@ -228,7 +233,10 @@ class Controller:
         patch = merge_patch(original_status, decision.status)
         if patch and not any(isinstance(a, DeleteJob) for a in decision.actions):
             try:
-                await self._io(self.kube.patch_job_status, namespace, name, patch)
+                written = await self._io(self.kube.patch_job_status, namespace, name, patch)
+                rv = (written.get("metadata") or {}).get("resourceVersion")
+                if rv:
+                    self._own_writes[key] = str(rv)
             except ApiError as err:
                 if err.status != 404:
                     raise
@@ -272,7 +280,15 @@ class Controller:
             self._rdzv_reading.discard(key)
         old = self._rdzv_cache.get(key)
         self._rdzv_cache[key] = (time.monotonic(), view)
-        if view is not None and (old is None or old[1] != view) and key in self._known:
+        # A new round (world size, members) or restart count is worth a pass now; progress
+        # alone waits for the next resync, which keeps status writes per job bounded.
+        figures = (view.world_size, view.members, view.restarts) if view is not None else None
+        before = (
+            (old[1].world_size, old[1].members, old[1].restarts)
+            if old is not None and old[1] is not None
+            else None
+        )
+        if figures is not None and figures != before and key in self._known:
             self.trigger(key)
 
     def _request_publish(self, key: JobKey, action: PublishMembership) -> None:

@@ -73,13 +73,14 @@ def build_registry(controller: Controller, elector: LeaderElector | None = None)
         uid: str,
         kelastic_pods: kopf.Index,
         kelastic_services: kopf.Index,
+        meta: kopf.Meta,
         **_: Any,
     ) -> None:
         controller.bind_indexes(kelastic_pods, kelastic_services)
         if type == "DELETED":
             controller.job_gone((namespace, name), uid)
         else:
-            controller.job_seen((namespace, name))
+            controller.job_seen((namespace, name), meta.get("resourceVersion"))
 
     @kopf.on.event("v1", "pods", labels=_OURS, id="elasticjob-pod", registry=registry)
     @kopf.on.event("v1", "services", labels=_OURS, id="elasticjob-service", registry=registry)
