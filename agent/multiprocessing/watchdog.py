@@ -74,6 +74,6 @@ def close_inherited_pipe() -> None:
     _proc = None
     if proc is not None and proc.stdin is not None:
         try:
-            os.close(proc.stdin.fileno())
+            proc.stdin.close()  # through the file object, so nothing closes the fd twice later
         except (OSError, ValueError):
             pass
