@@ -43,8 +43,8 @@ class StoreClient:
         self,
         *,
         connect_timeout: float = 3.0,
-        retry_after: float = 5.0,
-        refresh: float = 30.0,
+        retry_after: float = 2.0,
+        refresh: float = 5.0,
         max_workers: int = 4,
     ) -> None:
         self.connect_timeout = connect_timeout
