@@ -184,11 +184,15 @@ class Registry:
             return namespace
         return ""
 
-    def get(self, rt: ResourceType, namespace: str | None, name: str) -> Obj:
-        obj = self.store.get(rt.key, self._ns(rt, namespace), name)
+    def _stored(self, rt: ResourceType, ns: str, name: str) -> Obj:
+        """The stored object, or 404 NotFound."""
+        obj = self.store.get(rt.key, ns, name)
         if obj is None:
             raise ApiError.not_found(rt.group, rt.plural, name)
-        return self.present(rt, obj)
+        return obj
+
+    def get(self, rt: ResourceType, namespace: str | None, name: str) -> Obj:
+        return self.present(rt, self._stored(rt, self._ns(rt, namespace), name))
 
     def _check_namespace(self, rt: ResourceType, ns: str) -> None:
         if not rt.namespaced:
@@ -503,9 +507,7 @@ class Registry:
             return WriteResult(self.present(rt, res.obj), res.warnings)
         ns = self._ns(rt, namespace)
         body = self._check_body(rt, body, ns)
-        old = self.store.get(rt.key, ns, name)
-        if old is None:
-            raise ApiError.not_found(rt.group, rt.plural, name)
+        old = self._stored(rt, ns, name)
         meta = body.get("metadata") or {}
         if meta.get("name") and meta["name"] != name:
             raise ApiError.bad_request(
@@ -685,10 +687,7 @@ class Registry:
         return ".spec.replicas", ".status.replicas", None
 
     def get_scale(self, rt: ResourceType, namespace: str | None, name: str) -> Obj:
-        obj = self.store.get(rt.key, self._ns(rt, namespace), name)
-        if obj is None:
-            raise ApiError.not_found(rt.group, rt.plural, name)
-        return self._scale_of(rt, obj)
+        return self._scale_of(rt, self._stored(rt, self._ns(rt, namespace), name))
 
     def _scale_of(self, rt: ResourceType, obj: Obj) -> Obj:
         spec_path, status_path, selector_path = self._scale_paths(rt)
@@ -716,9 +715,7 @@ class Registry:
         self, rt: ResourceType, namespace: str | None, name: str, body: Any, *, dry_run: bool = False
     ) -> WriteResult:
         ns = self._ns(rt, namespace)
-        old = self.store.get(rt.key, ns, name)
-        if old is None:
-            raise ApiError.not_found(rt.group, rt.plural, name)
+        old = self._stored(rt, ns, name)
         if not isinstance(body, dict):
             raise ApiError.bad_request("the body must be an autoscaling/v1 Scale")
         _check_preconditions(rt, old, body.get("metadata") or {})
@@ -735,9 +732,7 @@ class Registry:
         dry_run: bool = False,
     ) -> WriteResult:
         ns = self._ns(rt, namespace)
-        old = self.store.get(rt.key, ns, name)
-        if old is None:
-            raise ApiError.not_found(rt.group, rt.plural, name)
+        old = self._stored(rt, ns, name)
         scale = self._scale_of(rt, old)
         try:
             if patch_type is PatchType.JSON:
@@ -781,9 +776,7 @@ class Registry:
         """Delete one object. Returns (object, removed): removed is False while deletion is pending."""
         opts = options or DeleteOptions()
         ns = self._ns(rt, namespace)
-        obj = self.store.get(rt.key, ns, name)
-        if obj is None:
-            raise ApiError.not_found(rt.group, rt.plural, name)
+        obj = self._stored(rt, ns, name)
         meta = obj["metadata"]
         if opts.precondition_uid and opts.precondition_uid != meta.get("uid"):
             raise ApiError.conflict(

@@ -7,7 +7,6 @@ ApiServer on loopback.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,18 +15,6 @@ from kubernetes.client.rest import ApiException
 
 from kelastic.localcluster.apiserver import ApiServer
 from kelastic.localcluster.testing import Kubectl, wait_for
-
-
-@pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    data = tmp_path_factory.mktemp("api")
-    server = ApiServer(data_dir=data, watch_history=200)
-    server.start()
-    server.write_kubeconfig(data / "kubeconfig")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

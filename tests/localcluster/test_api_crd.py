@@ -6,7 +6,6 @@ subresources, ``kubectl explain``.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 from kubernetes import client, config
@@ -70,18 +69,6 @@ spec:
                     type: {type: string}
                     status: {type: string}
 """
-
-
-@pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    data = tmp_path_factory.mktemp("crd")
-    server = ApiServer(data_dir=data)
-    server.start()
-    server.write_kubeconfig(data / "kubeconfig")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ strategic merge patches from ``kubectl apply``, JSON patch, and namespace deleti
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 from kubernetes import client, config
@@ -13,18 +12,6 @@ from kubernetes.client.rest import ApiException
 
 from kelastic.localcluster.apiserver import ApiServer
 from kelastic.localcluster.testing import Kubectl, wait_for
-
-
-@pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    data = tmp_path_factory.mktemp("gc")
-    server = ApiServer(data_dir=data)
-    server.start()
-    server.write_kubeconfig(data / "kubeconfig")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,18 +58,6 @@ def created(spec, patch, body, logger, **_):
 def resized(new, patch, **_):
     patch.status["observedSize"] = new
 """
-
-
-@pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    data = tmp_path_factory.mktemp("kopf")
-    server = ApiServer(data_dir=data)
-    server.start()
-    server.write_kubeconfig(data / "kubeconfig")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.slow
