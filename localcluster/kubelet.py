@@ -50,6 +50,7 @@ from .podstatus import (
     PodPhase,
     Terminated,
     exit_reason,
+    parse_rfc3339,
     pod_phase,
     pod_status,
     rfc3339,
@@ -138,6 +139,8 @@ class PodWorker:
         self.volume_error = ""
         self.facts_reason = ""
         self.facts_message = ""
+        self.deadline_exceeded = False
+        self._deadline_kill: asyncio.Task[None] | None = None
         self.backoff = CrashBackoff(kubelet.config.backoff_base, kubelet.config.backoff_cap)
         self.task: asyncio.Task[None] | None = None
 
@@ -257,7 +260,7 @@ class PodWorker:
         if ip and self.kubelet.ipam.reserve(ip, self.uid):
             self.pod_ip = ip
         if status.get("startTime"):
-            self.start_time = time.time()
+            self.start_time = parse_rfc3339(str(status["startTime"])) or time.time()
         self.last_status = status or None
 
     # -- reconciliation -----------------------------------------------------
@@ -280,12 +283,31 @@ class PodWorker:
                 return now + CONFIG_RETRY_S
         due: list[float] = []
         phase = pod_phase(policy, [c.record for c in self.init], [c.record for c in self.containers])
-        if phase not in (PodPhase.SUCCEEDED, PodPhase.FAILED) and not self.kubelet.stopping:
+        active = phase not in (PodPhase.SUCCEEDED, PodPhase.FAILED) and not self.deadline_exceeded
+        deadline_s = pod["spec"].get("activeDeadlineSeconds")
+        if active and deadline_s is not None:
+            deadline = (self.start_time or now) + float(deadline_s)
+            if now >= deadline:
+                self._exceed_deadline(pod)
+                active = False
+            else:
+                due.append(deadline)
+        if active and not self.kubelet.stopping:
             await self._progress(pod, policy, now, due)
         for c in self.all_containers():
             self._refresh_ready(c)
         await self._write_status(pod)
         return min(due) if due else None
+
+    def _exceed_deadline(self, pod: Mapping[str, Any]) -> None:
+        """``activeDeadlineSeconds`` passed: stop every container for good, the pod fails."""
+        self.deadline_exceeded = True
+        self.facts_reason = "DeadlineExceeded"
+        self.facts_message = "Pod was active on the node longer than the specified deadline"
+        self.kubelet.event(pod, "DeadlineExceeded", self.facts_message, warning=True)
+        for c in self.all_containers():
+            c.restart_due = None
+        self._deadline_kill = asyncio.get_running_loop().create_task(self._kill_all(self._grace(pod)))
 
     async def _progress(self, pod: dict[str, Any], policy: str, now: float, due: list[float]) -> None:
         # Init containers: one at a time, in order; the next starts when the previous succeeded.
@@ -405,7 +427,7 @@ class PodWorker:
         rec.state = ContainerState.TERMINATED
         rec.terminated = term
         rec.ready = False
-        if pod["metadata"].get("deletionTimestamp"):
+        if pod["metadata"].get("deletionTimestamp") or self.deadline_exceeded:
             return
         policy = self.restart_policy(pod)
         if not should_restart(policy, term.exit_code, init=c in self.init):
@@ -503,6 +525,7 @@ class PodWorker:
             previous_conditions=previous,
             reason=self.facts_reason,
             message=self.facts_message,
+            failed=self.deadline_exceeded,
         )
         status = pod_status(
             facts, [c.record for c in self.init], [c.record for c in self.containers], time.time()

@@ -34,6 +34,7 @@ __all__ = [
     "PodPhase",
     "Terminated",
     "exit_reason",
+    "parse_rfc3339",
     "pod_phase",
     "pod_status",
     "rfc3339",
@@ -44,6 +45,14 @@ __all__ = [
 def rfc3339(ts: float) -> str:
     """Kubernetes time format (seconds precision, UTC)."""
     return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(text: str) -> float | None:
+    """Seconds since the epoch of a Kubernetes timestamp (None if unparsable)."""
+    try:
+        return _dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except (ValueError, AttributeError):
+        return None
 
 
 class PodPhase(str, enum.Enum):
@@ -236,6 +245,8 @@ class PodFacts:
     #: Set when the pod cannot start at all (e.g. no pod address left).
     message: str = ""
     reason: str = ""
+    #: The kubelet ended the pod (``activeDeadlineSeconds``): Failed whatever the containers say.
+    failed: bool = False
 
 
 def pod_status(
@@ -245,7 +256,7 @@ def pod_status(
     now: float,
 ) -> dict[str, Any]:
     """The ``status`` object of the pod (what the kubelet writes to the API)."""
-    phase = pod_phase(facts.restart_policy, init, containers)
+    phase = PodPhase.FAILED if facts.failed else pod_phase(facts.restart_policy, init, containers)
     previous = {c.get("type", ""): c for c in facts.previous_conditions}
     terminal = phase in (PodPhase.SUCCEEDED, PodPhase.FAILED)
     initialized = _init_done(init)

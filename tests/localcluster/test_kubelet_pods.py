@@ -411,3 +411,39 @@ def test_many_short_lived_pods_all_reach_succeeded(kubectl: Kubectl) -> None:
 
     wait_for(all_succeeded, 30, "12 short-lived pods to succeed")
     kubectl("delete", "pods", "-l", "burst=yes", "--grace-period=0", "--force")
+
+
+def test_active_deadline_fails_the_pod_and_stops_it(kubectl: Kubectl) -> None:
+    kubectl.apply_object(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "deadline"},
+            "spec": {
+                "restartPolicy": "OnFailure",
+                "activeDeadlineSeconds": 1,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "x",
+                        "command": ["python", "-c", "import time; time.sleep(600)"],
+                    }
+                ],
+            },
+        }
+    )
+    wait_for(lambda: _phase(kubectl, "deadline") == "Running", 20, "pod deadline to run")
+    pid = int(_pod(kubectl, "deadline")["status"]["containerStatuses"][0]["containerID"].split("://")[1])
+    wait_for(lambda: _phase(kubectl, "deadline") == "Failed", 10, "the deadline to fail the pod")
+    assert _pod(kubectl, "deadline")["status"]["reason"] == "DeadlineExceeded"
+    wait_for(lambda: not _alive(pid), 5, "the container to be stopped")
+    cs = wait_for(
+        lambda: (
+            "terminated" in _pod(kubectl, "deadline")["status"]["containerStatuses"][0]["state"]
+            and _pod(kubectl, "deadline")["status"]["containerStatuses"][0]
+        ),
+        5,
+        "the container's final state",
+    )
+    assert cs["restartCount"] == 0
