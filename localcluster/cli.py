@@ -257,6 +257,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    for obj in objects:
+        if obj["kind"] == "Pod" and (obj.get("spec") or {}).get("restartPolicy", "Always") == "Always":
+            print(
+                f"kelastic: warning: pod/{obj['metadata'].get('name')} has restartPolicy Always (the default), "
+                "so it is restarted whenever it exits and never finishes; set restartPolicy: Never or OnFailure",
+                file=sys.stderr,
+            )
     temp_dir = Path(tempfile.mkdtemp(prefix="kelastic-run-"))
     cluster = LocalCluster(temp_dir, workdir=Path.cwd(), backoff_base=args.backoff)
     relay = LogRelay(write=out.write, tty=out.isatty(), interval=args.progress_interval)
