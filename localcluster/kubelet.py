@@ -256,6 +256,16 @@ class PodWorker:
                 )
                 if should_restart(self.restart_policy(pod), 137, init=c.record.init):
                     c.restart_due = time.time()
+            elif "terminated" in (prev.get("lastState") or {}):
+                # Waiting in back-off: restart now, counting it as a restart.
+                t = prev["lastState"]["terminated"]
+                c.record.last_terminated = Terminated(
+                    exit_code=int(t.get("exitCode", 0)),
+                    reason=str(t.get("reason", "")),
+                    started_at=None,
+                    finished_at=time.time(),
+                )
+                c.restart_due = time.time()
         ip = status.get("podIP")
         if ip and self.kubelet.ipam.reserve(ip, self.uid):
             self.pod_ip = ip
@@ -390,7 +400,7 @@ class PodWorker:
                 f.write((message + "\n").encode())
             self.kubelet.event(pod, "Failed", f"Error: {message}", warning=True)
             self._exited(pod, c, Terminated(128, "StartError", now, now, message=message))
-            return None
+            return c.restart_due  # when the restart policy tries again (None: never)
         c.process = process
         c.env = env
         c.cwd = str(cwd)

@@ -447,3 +447,17 @@ def test_active_deadline_fails_the_pod_and_stops_it(kubectl: Kubectl) -> None:
         "the container's final state",
     )
     assert cs["restartCount"] == 0
+
+
+def test_an_unknown_executable_is_a_start_error_that_is_retried(kubectl: Kubectl) -> None:
+    kubectl("run", "nosuch", "--image=x", "--restart=OnFailure", "--", "kelastic-no-such-binary", "--flag")
+
+    def retried() -> dict[str, Any] | None:
+        (cs,) = _pod(kubectl, "nosuch")["status"].get("containerStatuses") or [{}]
+        return cs if cs.get("restartCount", 0) >= 2 else None
+
+    cs = wait_for(retried, 20, "the failed start to be retried with back-off")
+    last = cs["lastState"]["terminated"]
+    assert last["reason"] == "StartError" and last["exitCode"] == 128
+    assert "kelastic-no-such-binary" in last["message"]
+    kubectl("delete", "pod", "nosuch", "--grace-period=0", "--force")
