@@ -58,7 +58,8 @@ def ready_backends(endpoints: Mapping[str, Any] | None, port_name: str) -> list[
     return backends
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Copy until EOF (then half-close ``writer``: True) or a connection error (False)."""
     try:
         while True:
             data = await reader.read(_CHUNK)
@@ -68,8 +69,31 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             await writer.drain()
         if writer.can_write_eof():
             writer.write_eof()
+        return True
     except (ConnectionError, OSError):
-        pass
+        return False
+
+
+async def _splice(
+    client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+) -> None:
+    """Forward both ways until the connection is over.
+
+    A client that half-closes (sends its request, then EOF) still gets the whole
+    answer; once the backend's side ends, or either side fails, both are torn
+    down so no forwarding task outlives its connection.
+    """
+    to_upstream = asyncio.ensure_future(_pipe(client[0], upstream[1]))
+    to_client = asyncio.ensure_future(_pipe(upstream[0], client[1]))
+    try:
+        done, _ = await asyncio.wait({to_upstream, to_client}, return_when=asyncio.FIRST_COMPLETED)
+        if to_client not in done and to_upstream.result():
+            await to_client
+    finally:
+        for task in (to_upstream, to_client):
+            task.cancel()
+        await asyncio.gather(to_upstream, to_client, return_exceptions=True)
 
 
 class ServiceProxy:
@@ -164,7 +188,7 @@ class ServiceProxy:
                 except (OSError, asyncio.TimeoutError):
                     continue
                 try:
-                    await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+                    await _splice((reader, writer), (up_reader, up_writer))
                 finally:
                     up_writer.close()
                 return
