@@ -145,7 +145,7 @@ _SWEEPERS = 3
 #: Bound on waiting for a key a peer writes right after taking its slot.
 _PEER_KEY_WAIT = 10.0
 #: Background threads retry a lost store with this connect timeout and a capped backoff.
-_RECONNECT_TIMEOUT = 1.0
+_RECONNECT_TIMEOUT = 3.0
 
 
 def _backoff(failures: int) -> float:
@@ -533,7 +533,9 @@ class KelasticRendezvousHandler(RendezvousHandler):
         with self._lock:
             self._member = _Member(r, rank, size, successor)
             self._changed_cache = None
-        agent_store = dist.PrefixStore(k.agent_prefix(r), store.clone())
+        # The agent's keys share this node's store connection (opening one per round
+        # would add a connect to every recovery); TCPStore clients serialize their ops.
+        agent_store = dist.PrefixStore(k.agent_prefix(r), store)
         log.info(
             "kelastic rendezvous: %s is rank %d of %d in round %d (worker store %s:%d)",
             self._s.node_name,
@@ -602,20 +604,32 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._wake.wait_for(lambda: self._generation != generation or self._stop.is_set(), timeout)
 
     def _start_threads(self) -> None:
+        # Each thread gets its own connection (a store client is not shared across threads).
+        assert self._store is not None
         tag = f"{self._s.run_id}/{self._s.node_name}"
         self._threads = [
-            threading.Thread(target=self._watch_events, name=f"kelastic-rdzv-events {tag}", daemon=True),
-            threading.Thread(target=self._keep_alive, name=f"kelastic-rdzv-keepalive {tag}", daemon=True),
+            threading.Thread(
+                target=self._watch_events,
+                args=(self._store.clone(),),
+                name=f"kelastic-rdzv-events {tag}",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=self._keep_alive,
+                args=(self._store.clone(),),
+                name=f"kelastic-rdzv-keepalive {tag}",
+                daemon=True,
+            ),
         ]
         for thread in self._threads:
             thread.start()
         _live_handlers.add(self)
 
-    def _watch_events(self) -> None:
+    def _watch_events(self, first: dist.TCPStore) -> None:
         """Block on the next event key; on each event wake local waiters."""
         k = self._keys
-        store: dist.TCPStore | None = None
-        seq = 0
+        store: dist.TCPStore | None = first
+        seq = read_counter(first, k.events)
         failures = 0
         while not self._stop.is_set():
             try:
@@ -643,11 +657,11 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 failures += 1
                 self._stop.wait(_backoff(failures))
 
-    def _keep_alive(self) -> None:
+    def _keep_alive(self, first: dist.TCPStore) -> None:
         """Beat every keep_alive_interval; watch the ring successor and, when sweeping, the old round."""
         tracker = HeartbeatTracker(self._s.node_timeout)
         members_cache: dict[int, list[str]] = {}
-        store: dist.TCPStore | None = None
+        store: dist.TCPStore | None = first
         failures = 0
         while True:
             try:
