@@ -172,6 +172,11 @@ class Controller:
                         await self.reconcile_once(key)
                     except asyncio.CancelledError:
                         raise
+                    except ApiError as err:
+                        self.stats["errors"] += 1
+                        log.warning(
+                            "reconcile of ElasticJob %s/%s: %s; retrying on the next trigger", *key, err
+                        )
                     except Exception:
                         self.stats["errors"] += 1
                         log.exception(

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
+import urllib3
 from kubernetes import client, config
 
 from kelastic.operator.spec import GROUP, PLURAL, VERSION
@@ -79,6 +80,10 @@ class Kube:
             resp = self._api.call_api(m, url, header_params=hdrs, body=data, _request_timeout=self._timeout)
         except client.ApiException as exc:
             raise ApiError(int(exc.status or 0), str(exc.reason or "error"), str(exc.body or exc)) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiError(
+                0, "Unreachable", f"{method} {path}: the API server did not answer: {exc}"
+            ) from None
         raw = resp.read()
         status = int(resp.status)
         try:
