@@ -31,6 +31,7 @@ from aiohttp import web
 
 from . import discovery, openapi
 from .errors import ApiError, status_object
+from .fields import component_schemas
 from .gc import GarbageCollector
 from .protobuf import ProtobufError, decode_object
 from .registry import DeleteOptions, FieldValidation, PatchType, Registry
@@ -123,6 +124,7 @@ class _App:
         self.encoder = _Encoder()
         self.server_address = ""
         self.stopping = False
+        self._openapi_cache: dict[tuple[Any, ...], tuple[bytes, str]] = {}
 
     # ---- routing -----------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -196,15 +198,25 @@ class _App:
 
     # ---- openapi -----------------------------------------------------------------
     def _openapi(self, request: web.Request, rest: list[str]) -> web.Response:
+        key = (self.types.generation, request.headers.get("Accept", ""), tuple(rest))
+        cached = self._openapi_cache.get(key)
+        if cached is None:
+            cached = self._openapi_doc(request, rest)
+            if len(self._openapi_cache) > 64:
+                self._openapi_cache.clear()
+            self._openapi_cache[key] = cached
+        return web.Response(body=cached[0], content_type=cached[1])
+
+    def _openapi_doc(self, request: web.Request, rest: list[str]) -> tuple[bytes, str]:
         if rest == ["v2"]:
             accept = request.headers.get("Accept", "")
             if "protobuf" in accept and "json" not in accept:
                 # An empty protobuf message is a valid, empty OpenAPI v2 document: kubectl then
                 # finds no v2 schema for any kind and relies on server-side field validation.
-                return web.Response(body=b"", content_type=_V2_PROTOBUF)
-            return _json(openapi.swagger_v2(self.types))
+                return b"", _V2_PROTOBUF
+            return _dumps(openapi.swagger_v2(self.types)), "application/json"
         if rest == ["v3"]:
-            return _json(openapi.v3_root(self.types))
+            return _dumps(openapi.v3_root(self.types)), "application/json"
         if rest[:1] == ["v3"] and len(rest) >= 3:
             if rest[1] == "api":
                 doc = openapi.gv_document(self.types, "", rest[2])
@@ -213,7 +225,7 @@ class _App:
             else:
                 doc = None
             if doc is not None:
-                return _json(doc)
+                return _dumps(doc), "application/json"
         raise _not_found_path()
 
     # ---- bodies and options ---------------------------------------------------------
@@ -856,6 +868,9 @@ class ApiServer:
         if server is not None and getattr(server, "sockets", None):
             self.port = server.sockets[0].getsockname()[1]
         app_state.server_address = f"{self.host}:{self.port}"
+        # Building the built-in kinds' OpenAPI schemas takes a moment: do it off the loop, once.
+        per_gv = [types.in_group_version(g, v) for g, vs in types.group_versions().items() for v in vs]
+        asyncio.get_running_loop().run_in_executor(None, lambda: [component_schemas(ts) for ts in per_gv])
         self._ready.set()
         try:
             await self._stop_event.wait()

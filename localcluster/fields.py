@@ -9,14 +9,16 @@ and ``openapi_types``), which describe the same API types.
 
 from __future__ import annotations
 
-from functools import cache
+import json
+import re
+from functools import cache, lru_cache
 from typing import Any
 
 from kubernetes.client import models
 
 from .resources import ResourceType
 
-__all__ = ["model_name", "prune_unknown"]
+__all__ = ["component_schemas", "model_name", "prune_unknown", "schema_ref_name"]
 
 Obj = dict[str, Any]
 
@@ -25,11 +27,13 @@ _SCALARS = frozenset({"str", "int", "bool", "float", "datetime", "date", "object
 
 def model_name(rt: ResourceType) -> str | None:
     """The client model describing ``rt``'s objects (None for custom resources)."""
-    if rt.crd:
-        return None
-    if rt.kind == "Event":
-        return "EventsV1Event" if rt.group == "events.k8s.io" else "CoreV1Event"
-    return f"V1{rt.kind}"
+    return None if rt.crd else _kind_model(rt.group, rt.kind)
+
+
+def _kind_model(group: str, kind: str) -> str:
+    if kind == "Event":
+        return "EventsV1Event" if group == "events.k8s.io" else "CoreV1Event"
+    return f"V1{kind}"
 
 
 @cache
@@ -77,3 +81,81 @@ def prune_unknown(rt: ResourceType, obj: Obj) -> tuple[Obj, list[str]]:
         return obj, []
     dropped: list[str] = []
     return _prune(obj, name, "", dropped), dropped
+
+
+_PREFIX = re.compile(r"^([A-Z][a-z]*?)?(V\d+(?:alpha\d+|beta\d+)?)(.+)$")
+_SCALAR_SCHEMAS: dict[str, Obj] = {
+    "str": {"type": "string"},
+    "int": {"type": "integer", "format": "int64"},
+    "bool": {"type": "boolean"},
+    "float": {"type": "number", "format": "double"},
+    "datetime": {"type": "string", "format": "date-time"},
+    "date": {"type": "string", "format": "date"},
+    "object": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    "bytearray": {"type": "string", "format": "byte"},
+}
+
+
+def schema_ref_name(name: str) -> str:
+    """A client model's name as an OpenAPI component name (``V1PodSpec`` -> ``io.k8s.api.v1.PodSpec``)."""
+    m = _PREFIX.match(name)
+    if not m:
+        return f"io.k8s.api.{name}"
+    prefix = (m.group(1) or "").lower()
+    return f"io.k8s.api.{prefix + '.' if prefix else ''}{m.group(2).lower()}.{m.group(3)}"
+
+
+def _description(model: Any) -> str:
+    doc = (getattr(model, "__doc__", "") or "").strip()
+    return doc.split("\n\n")[0].strip() if not doc.startswith("NOTE") else ""
+
+
+def _schema_of(type_str: str, out: dict[str, Obj]) -> Obj:
+    if type_str in _SCALAR_SCHEMAS:
+        return dict(_SCALAR_SCHEMAS[type_str])
+    if type_str.startswith("List["):
+        return {"type": "array", "items": _schema_of(type_str[5:-1], out)}
+    if type_str.startswith("Dict[str, "):
+        return {"type": "object", "additionalProperties": _schema_of(type_str[10:-1], out)}
+    if _fields(type_str) is None:
+        return {"type": "object"}
+    _collect(type_str, out)
+    return {"allOf": [{"$ref": f"#/components/schemas/{schema_ref_name(type_str)}"}]}
+
+
+def _collect(name: str, out: dict[str, Obj]) -> None:
+    ref = schema_ref_name(name)
+    if ref in out:
+        return
+    model = getattr(models, name)
+    schema: Obj = {"type": "object", "description": _description(model), "properties": {}}
+    out[ref] = schema  # registered before recursing: models refer to each other
+    infos = getattr(model, "model_fields", {}) or {}
+    attrs = model.attribute_map
+    for attr, type_str in model.openapi_types.items():
+        prop = _schema_of(type_str, out)
+        info = infos.get(attr)
+        desc = getattr(info, "description", None)
+        if desc:
+            prop["description"] = desc
+        schema["properties"][attrs[attr]] = prop
+
+
+@lru_cache(maxsize=64)
+def _component_schemas_cached(kinds: tuple[tuple[str, str, str], ...]) -> str:
+    out: dict[str, Obj] = {}
+    for group, version, kind in kinds:
+        name = _kind_model(group, kind)
+        if _fields(name) is None:
+            continue
+        _collect(name, out)
+        out[schema_ref_name(name)]["x-kubernetes-group-version-kind"] = [
+            {"group": group, "version": version, "kind": kind}
+        ]
+    return json.dumps(out)
+
+
+def component_schemas(types: list[ResourceType]) -> dict[str, Obj]:
+    """OpenAPI component schemas of built-in kinds (with field descriptions), for ``kubectl explain``."""
+    kinds = tuple(sorted((t.group, t.version, t.kind) for t in types if not t.crd))
+    return json.loads(_component_schemas_cached(kinds))

@@ -22,6 +22,7 @@ import hashlib
 import json
 from typing import Any
 
+from .fields import component_schemas
 from .resources import ResourceType, TypeRegistry
 
 __all__ = ["gv_document", "gv_path", "swagger_v2", "v3_root"]
@@ -182,6 +183,8 @@ def gv_document(types: TypeRegistry, group: str, version: str) -> Obj | None:
         if t.crd:
             schemas[schema_name(t)] = _crd_component(t)
     schemas[_OBJECT_META] = _object_meta()
+    for name, schema in component_schemas(ts).items():
+        schemas.setdefault(name, schema)
     return {
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": "v1.32.0-kelastic"},
@@ -209,10 +212,12 @@ def v3_root(types: TypeRegistry) -> Obj:
 
 def swagger_v2(types: TypeRegistry) -> Obj:
     """``/openapi/v2`` as JSON: CRD definitions only (kubectl uses the v3 documents)."""
-    definitions: Obj = {}
+    definitions: Obj = {_OBJECT_META: _object_meta()}
     for t in types.all():
         if t.crd:
             definitions[schema_name(t)] = _crd_component(t)
+    # The same schemas, with references in v2's form.
+    definitions = json.loads(json.dumps(definitions).replace('"#/components/schemas/', '"#/definitions/'))
     return {
         "swagger": "2.0",
         "info": {"title": "Kubernetes", "version": "v1.32.0-kelastic"},

@@ -204,6 +204,8 @@ class TypeRegistry:
     def __init__(self) -> None:
         self._by_gvr: dict[tuple[str, str, str], ResourceType] = {}
         self._crd_types: dict[str, list[ResourceType]] = {}
+        #: Bumped whenever the set of served types changes (cache key for discovery documents).
+        self.generation = 0
         for t in BUILTINS:
             self._by_gvr[(t.group, t.version, t.plural)] = t
 
@@ -256,10 +258,12 @@ class TypeRegistry:
         for t in types:
             self._by_gvr[(t.group, t.version, t.plural)] = t
         self._crd_types[name] = types
+        self.generation += 1
         return types
 
     def unregister_crd(self, name: str) -> list[ResourceType]:
         types = self._crd_types.pop(name, [])
         for t in types:
             self._by_gvr.pop((t.group, t.version, t.plural), None)
+        self.generation += 1
         return types

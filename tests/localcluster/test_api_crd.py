@@ -200,3 +200,9 @@ def test_explain_and_crd_removal(kubectl: Kubectl, custom: client.CustomObjectsA
     kubectl("delete", "crd", "widgets.test.kelastic.io")
     out = _run(kubectl, "get", "widgets")
     assert "the server doesn't have a resource type" in out or "NotFound" in out or "not find" in out
+
+
+def test_explain_builtin_kinds(kubectl: Kubectl) -> None:
+    out = kubectl("explain", "pods.spec.restartPolicy")
+    assert "FIELD: restartPolicy <string>" in out and "Always" in out
+    assert "replicas" in kubectl("explain", "deployment.spec")
