@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import runpy
 import signal
 import socket
 import sys
@@ -32,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kelastic.agent import contract
+from kelastic.agent import contract, warm
 from kelastic.agent.multiprocessing import Std
 
 __all__ = ["LaunchConfig", "build_parser", "config_from_args", "main", "parse_nnodes", "parse_nproc_per_node"]
@@ -200,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     flag("module", short="-m", help="run the script as a Python module (python -m)")
     flag("no-python", help="run the script as a program, without prepending python")
     flag("run-path", help="run the script with runpy.run_path in the worker instead of a new interpreter")
+    flag(
+        "warm-start",
+        help="fork workers from a server that already imported torch (much faster restarts; see kelastic.agent.warm)",
+    )
     opt(
         "log-dir",
         default=None,
@@ -241,12 +244,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _run_script_path(script: str, *args: str) -> None:
-    """Worker body of ``--run-path``: run ``script`` as ``__main__`` with ``args`` as argv."""
-    sys.argv = [script, *args]
-    runpy.run_path(script, run_name="__main__")
-
-
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """Resolve parsed flags into a :class:`LaunchConfig`; ValueError names the bad flag."""
     min_nodes, max_nodes = parse_nnodes(args.nnodes)
@@ -259,6 +256,10 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         raise ValueError("-m/--module and --no-python are mutually exclusive")
     if args.run_path and (args.module or args.no_python):
         raise ValueError("--run-path cannot be combined with -m/--module or --no-python")
+    if args.warm_start and args.no_python:
+        raise ValueError(
+            "--warm-start runs Python scripts and modules; it cannot be combined with --no-python"
+        )
     if args.health_port is not None and not 0 <= args.health_port < 65536:
         raise ValueError(f"--health-port must be in 0..65535, got {args.health_port}")
     rdzv_conf: dict[str, Any] = parse_rdzv_conf(args.rdzv_conf)
@@ -296,12 +297,16 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     script = args.training_script
     script_args = list(args.training_script_args)
     entrypoint: Callable[..., Any] | str
-    if args.no_python:
+    start_method = args.start_method
+    if args.warm_start:
+        entrypoint = warm.run_module if args.module else warm.run_script
+        cmd_args, start_method = [script, *script_args], "forkserver"
+    elif args.no_python:
         entrypoint, cmd_args = script, script_args
     elif args.module:
         entrypoint, cmd_args = sys.executable, ["-u", "-m", script, *script_args]
     elif args.run_path:
-        entrypoint, cmd_args = _run_script_path, [script, *script_args]
+        entrypoint, cmd_args = warm.run_script, [script, *script_args]
     else:
         entrypoint, cmd_args = sys.executable, ["-u", script, *script_args]
 
@@ -317,7 +322,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         standalone=standalone,
         max_restarts=args.max_restarts,
         monitor_interval=args.monitor_interval,
-        start_method=args.start_method,
+        start_method=start_method,
         log_dir=args.log_dir,
         redirects=Std.from_str(args.redirects),
         tee=Std.from_str(args.tee),
@@ -337,6 +342,12 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
 
 def run(config: LaunchConfig) -> int:
     """Run the agent for ``config``; return the process exit status."""
+    if config.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # as torchrun does: several ranks per node must not each use every core
+        os.environ["OMP_NUM_THREADS"] = "1"
+    if config.start_method == "forkserver":
+        # Start the fork server's imports now, in parallel with the agent's own import of torch.
+        warm.prewarm_forkserver()
     from torch.distributed.elastic.rendezvous import RendezvousError
 
     from kelastic.agent.launch import launch_agent

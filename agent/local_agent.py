@@ -37,6 +37,7 @@ from kelastic.agent.events import EventSink
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import PContext, Std, start_processes, to_std_map
 from kelastic.agent.progress import NodeProgress, ProgressDisplay, aggregate, progress_file, read_report
+from kelastic.agent.warm import prewarm_forkserver
 
 __all__ = ["LocalElasticAgent", "worker_env"]
 
@@ -120,6 +121,11 @@ class LocalElasticAgent(SimpleElasticAgent):
             metrics=metrics,
         )
         self._start_method = start_method
+        if start_method == "forkserver":
+            # torch reads OMP_NUM_THREADS when the fork server imports it, before any worker env exists
+            if spec.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
+                os.environ["OMP_NUM_THREADS"] = "1"
+            prewarm_forkserver()
         base = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="kelastic_"))
         self._run_log_dir = base / spec.rdzv_handler.get_run_id()
         self._attempt_base: int | None = None

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from kelastic.agent import warm
 from kelastic.agent.cli import (
     build_parser,
     config_from_args,
@@ -67,6 +68,10 @@ def test_entrypoint_kinds() -> None:
     assert (c.entrypoint, c.args) == ("/bin/echo", ("hi",))
     c = _config(["--run-path", "t.py", "a"])
     assert callable(c.entrypoint) and c.args == ("t.py", "a")
+    c = _config(["--warm-start", "t.py", "a"])
+    assert (c.entrypoint, c.args, c.start_method) == (warm.run_script, ("t.py", "a"), "forkserver")
+    c = _config(["--warm-start", "-m", "pkg.train"])
+    assert (c.entrypoint, c.args) == (warm.run_module, ("pkg.train",))
 
 
 def test_single_node_without_endpoint_is_standalone() -> None:
@@ -113,6 +118,7 @@ def test_parsers() -> None:
         (["--start-method", "teleport", "t.py"], "--start-method"),
         (["--nnodes", "2:4", "t.py"], "--rdzv-endpoint"),
         (["-m", "--no-python", "t.py"], "mutually exclusive"),
+        (["--warm-start", "--no-python", "t.py"], "--warm-start"),
         (["-r", "7", "t.py"], "std stream mask"),
         (["--rdzv-conf", "novalue", "t.py"], "--rdzv-conf"),
         ([], "training_script"),

@@ -1,0 +1,321 @@
+"""Recovery benchmark: kelastic-agent against torchrun on the same job, in one run.
+
+Four agents with one rank each (``--nnodes 2:4``) run a worker (this file with
+``--worker``) that does an all-reduce every 50 ms and timestamps every step.
+For each launcher and each repetition:
+
+1. cold start: agents started → every rank has done a step at world 4;
+2. recovery: SIGKILL of one whole node (agent and worker) → every survivor has
+   done a step at world 3;
+3. scale up: a fresh agent for the fourth node starts → every rank has done a
+   step at world 4.
+
+kelastic runs with ``--rdzv-backend kelastic`` against a ``kelastic-rendezvous``
+store; torchrun is ``python -m torch.distributed.run --rdzv-backend c10d`` with
+its default settings; its store lives in one of the agents, so the bench starts
+node0 first, waits until its store answers, then starts the others and kills the
+last one (losing the store's host would end a torchrun job outright). Both get ``--max-restarts 3`` (torchrun's default of 0 would end the
+job at the first failed collective). Waits are capped (``--cap``); a phase that
+did not finish within the cap is reported as ``> cap`` (a capped cold start ends
+the repetition; scale-up is measured even after a capped recovery).
+
+Prints every measurement, the medians and the ratios torchrun/kelastic. Targets:
+recovery < 3 s and >= 10x faster than torchrun; scale-up < 3 s.
+
+kelastic runs twice: with its defaults (workers are fresh ``python`` processes,
+like torchrun's) and with ``--warm-start`` (workers forked from a server that
+already imported torch; see ``kelastic.agent.warm``).
+
+    python bench/bench_recovery.py [--reps 2] [--warm-reps 3] [--torchrun-reps 2] [--cap 45]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NODES = 4
+STEP_SLEEP = 0.05
+
+
+# --- worker --------------------------------------------------------------------------------------
+
+
+def worker(out: Path, duration: float) -> None:
+    """Step forever (up to ``duration`` s): all-reduce, then log ``time world rank step``."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    node = os.environ.get("BENCH_NODE", "?")
+    (out / f"pid_{node}").write_text(str(os.getpid()))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    log = open(out / f"steps_{node}.log", "a", buffering=1)  # noqa: SIM115 - lives as long as the worker
+    end = time.monotonic() + duration
+    step = 0
+    x = torch.ones(1)
+    while time.monotonic() < end:
+        dist.all_reduce(x)
+        log.write(f"{time.time():.6f} {world} {rank} {step}\n")
+        step += 1
+        time.sleep(STEP_SLEEP)
+
+
+# --- driver --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    name: str
+    proc: subprocess.Popen[bytes]
+
+
+@dataclass
+class Launcher:
+    label: str
+    command: Callable[[str, Path], list[str]]  # (node name, out dir) -> argv
+    start_store: Callable[[], object] = lambda: None
+    stop_store: Callable[[object], None] = lambda s: None
+    # torchrun's c10d store lives in whichever agent binds the endpoint first; the bench
+    # starts node0 alone until the store answers, so that the node it kills is not the host.
+    host_endpoint: Callable[[], str] | None = None
+    nodes: list[Node] = field(default_factory=list)
+
+
+def _first_steps(out: Path, world: int, since: float) -> dict[str, float]:
+    """Per node: time of its first step at ``world`` after ``since``."""
+    firsts: dict[str, float] = {}
+    for path in out.glob("steps_*.log"):
+        node = path.stem[len("steps_") :]
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 4 and int(parts[1]) == world and float(parts[0]) >= since:
+                firsts[node] = float(parts[0])
+                break
+    return firsts
+
+
+def _wait_all_at(out: Path, world: int, nodes: set[str], since: float, cap: float) -> float | None:
+    """Seconds from ``since`` until every node in ``nodes`` stepped at ``world``; None past ``cap``."""
+    deadline = since + cap
+    while time.time() < deadline:
+        firsts = _first_steps(out, world, since)
+        if nodes <= set(firsts):
+            return max(firsts[n] for n in nodes) - since
+        time.sleep(0.05)
+    return None
+
+
+def _start_node(launcher: Launcher, name: str, out: Path, logs: Path) -> Node:
+    env = {**os.environ, "BENCH_NODE": name, "KELASTIC_NODE_NAME": name, "PYTHONUNBUFFERED": "1"}
+    env.pop("OMP_NUM_THREADS", None)
+    with (logs / f"{launcher.label}_{name}.log").open("ab") as f:
+        proc = subprocess.Popen(
+            launcher.command(name, out), stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    node = Node(name, proc)
+    launcher.nodes.append(node)
+    return node
+
+
+def _kill_node(node: Node, out: Path) -> None:
+    """SIGKILL the agent's whole process group and its worker (wherever the launcher put it)."""
+    try:
+        os.killpg(node.proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    pid_file = out / f"pid_{node.name}"
+    if pid_file.exists():
+        try:
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    node.proc.wait(timeout=10)
+
+
+def _kill_all(launcher: Launcher, out: Path) -> None:
+    for node in launcher.nodes:
+        if node.proc.poll() is None or (out / f"pid_{node.name}").exists():
+            _kill_node(node, out)
+    launcher.nodes.clear()
+
+
+def run_once(launcher: Launcher, cap: float, logs: Path) -> dict[str, float | None]:
+    out = Path(tempfile.mkdtemp(prefix=f"bench_{launcher.label}_"))
+    store = launcher.start_store()
+    names = [f"node{i}" for i in range(NODES)]
+    result: dict[str, float | None] = {"cold start": None}
+    try:
+        t0 = time.time()
+        for i, n in enumerate(names):
+            _start_node(launcher, n, out, logs)
+            if i == 0 and launcher.host_endpoint is not None:
+                _wait_listening(launcher.host_endpoint(), t0 + cap)
+        result["cold start"] = _wait_all_at(out, NODES, set(names), t0, cap)
+        if result["cold start"] is None:
+            return result
+        time.sleep(1.0)  # steady state
+        victim = launcher.nodes[-1]
+        t_kill = time.time()
+        _kill_node(victim, out)
+        (out / f"pid_{victim.name}").unlink(missing_ok=True)
+        result["recovery"] = _wait_all_at(out, NODES - 1, set(names[:-1]), t_kill, cap)
+        # Scale-up is measured from its own start event even if recovery hit the cap:
+        # it is the time until the job is back at full size.
+        time.sleep(1.0)
+        t_join = time.time()
+        _start_node(launcher, victim.name, out, logs)
+        result["scale up"] = _wait_all_at(out, NODES, set(names), t_join, cap)
+        return result
+    finally:
+        _kill_all(launcher, out)
+        launcher.stop_store(store)
+
+
+def _wait_listening(endpoint: str, deadline: float) -> None:
+    host, port = endpoint.rsplit(":", 1)
+    while time.time() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kelastic_launcher(duration: float, logdir: Path, warm: bool) -> Launcher:
+    from kelastic.agent.rendezvous.server import start_server_process
+
+    state: dict[str, str] = {}
+
+    def start_store() -> object:
+        host = f"127.{os.getpid() % 200 + 50}.{int(time.time() * 1000) % 250 + 1}.9"
+        server = start_server_process(host, 29400, timeout=30)
+        state["endpoint"] = server.endpoint
+        state["id"] = f"bench-{time.time_ns()}"
+        return server
+
+    def command(name: str, out: Path) -> list[str]:
+        return [
+            sys.executable, "-m", "kelastic.agent", "--nnodes", f"2:{NODES}", "--nproc-per-node", "1",
+            "--rdzv-backend", "kelastic", "--rdzv-endpoint", state["endpoint"], "--rdzv-id", state["id"],
+            "--max-restarts", "3", "--local-addr", "127.0.0.1", "--log-dir", str(logdir / state["id"] / name),
+            *(["--warm-start"] if warm else []), __file__, "--worker", "--out", str(out), "--duration", str(duration),
+        ]  # fmt: skip
+
+    label = "kelastic-warm" if warm else "kelastic"
+    return Launcher(label, command, start_store, lambda s: s.stop())  # type: ignore[attr-defined]
+
+
+def torchrun_launcher(duration: float) -> Launcher:
+    state: dict[str, str] = {}
+
+    def start_store() -> object:
+        state["endpoint"] = f"127.0.0.1:{_free_port()}"
+        state["id"] = f"bench-{time.time_ns()}"
+        return None
+
+    def command(name: str, out: Path) -> list[str]:
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", f"2:{NODES}", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", state["endpoint"], "--rdzv-id", state["id"],
+            "--max-restarts", "3",
+            __file__, "--worker", "--out", str(out), "--duration", str(duration),
+        ]  # fmt: skip
+
+    return Launcher("torchrun", command, start_store, host_endpoint=lambda: state["endpoint"])
+
+
+def _fmt(v: float | None, cap: float) -> str:
+    return f"> {cap:.0f} s" if v is None else f"{v:.2f} s"
+
+
+PHASES = ("cold start", "recovery", "scale up")
+
+
+def _median(values: list[float | None], cap: float) -> tuple[float, bool]:
+    """Median with capped runs counted as ``cap``; the flag says a capped run was included."""
+    vals = [cap if v is None else v for v in values]
+    return statistics.median(vals), any(v is None for v in values)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--duration", type=float, default=600.0, help=argparse.SUPPRESS)
+    p.add_argument("--reps", type=int, default=2, help="repetitions with kelastic (default 2)")
+    p.add_argument(
+        "--warm-reps", type=int, default=3, help="repetitions with kelastic --warm-start (default 3)"
+    )
+    p.add_argument("--torchrun-reps", type=int, default=2, help="repetitions with torchrun (default 2)")
+    p.add_argument("--cap", type=float, default=45.0, help="cap on each wait, seconds (default 45)")
+    a = p.parse_args()
+    if a.worker:
+        worker(a.out, a.duration)
+        return
+
+    logs = Path(tempfile.mkdtemp(prefix="bench_recovery_logs_"))
+    print(f"bench_recovery: {NODES} agents x 1 rank, --nnodes 2:{NODES}; agent logs in {logs}", flush=True)
+    started = time.monotonic()
+    labels = ("kelastic", "kelastic-warm", "torchrun")
+    results: dict[str, list[dict[str, float | None]]] = {label: [] for label in labels}
+    makers: dict[str, Callable[[], Launcher]] = {
+        "kelastic": lambda: kelastic_launcher(a.duration, logs, warm=False),
+        "kelastic-warm": lambda: kelastic_launcher(a.duration, logs, warm=True),
+        "torchrun": lambda: torchrun_launcher(a.duration),
+    }
+    for label, reps in zip(labels, (a.reps, a.warm_reps, a.torchrun_reps), strict=True):
+        for i in range(reps):
+            r = run_once(makers[label](), a.cap, logs)
+            results[label].append(r)
+            print(
+                f"  {label:13s} rep {i + 1}: "
+                + ", ".join(f"{k} {_fmt(r[k], a.cap) if k in r else 'not reached'}" for k in PHASES),
+                flush=True,
+            )
+    print()
+    header = f"{'phase':12s}" + "".join(f"{label:>15s}" for label in labels)
+    print(header + f"{'torchrun/kelastic':>20s}{'torchrun/warm':>16s}")
+    for phase in PHASES:
+        cells, meds = [], {}
+        for label in labels:
+            values = [r[phase] for r in results[label] if phase in r]
+            if not values:
+                cells.append(f"{'-':>15s}")
+                continue
+            med, capped = _median(values, a.cap)
+            meds[label] = (med, capped)
+            cells.append(f"{('>' if capped and med >= a.cap else '') + f'{med:.2f} s':>15s}")
+        ratios = []
+        for mine in ("kelastic", "kelastic-warm"):
+            ratio = "-"
+            if mine in meds and "torchrun" in meds and meds[mine][0] > 0:
+                t = meds["torchrun"]
+                ratio = f"{'>' if t[1] else ''}{t[0] / meds[mine][0]:.1f}x"
+            ratios.append(ratio)
+        print(f"{phase:12s}" + "".join(cells) + f"{ratios[0]:>20s}{ratios[1]:>16s}")
+    print(
+        f"\n(medians; a capped run counts as {a.cap:.0f} s and is marked '>'; total {time.monotonic() - started:.0f} s)"
+    )
+
+
+if __name__ == "__main__":
+    main()
