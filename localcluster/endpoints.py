@@ -8,7 +8,9 @@ finished: ready pods under ``addresses``, the others under
 port (named ``targetPort`` looked up in the pod's container ports). Pods whose
 ports resolve alike share one subset. Headless services (``clusterIP: None``)
 are handled the same way: their endpoints list the pod IPs. Services without a
-selector are left alone (their Endpoints are the user's).
+selector are left alone (their Endpoints are the user's). The same addresses
+are also published as EndpointSlices (``discovery.k8s.io/v1``, one per port set,
+owned by the Service), which is what ``kubectl describe service`` reads.
 
 :func:`compute_subsets` is the pure rule; :class:`EndpointsController` applies
 it through the API on every service or pod change.
@@ -24,7 +26,7 @@ from typing import Any
 
 from .client import ApiClient, ApiRequestError, Informer
 
-__all__ = ["EndpointsController", "compute_subsets", "pod_is_ready", "selector_matches"]
+__all__ = ["EndpointsController", "compute_slices", "compute_subsets", "pod_is_ready", "selector_matches"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,63 @@ def compute_subsets(service: Mapping[str, Any], pods: Iterable[Mapping[str, Any]
             out["ports"] = sorted(subset["ports"], key=lambda p: (p.get("name", ""), p["port"]))
             subsets.append(out)
     return subsets
+
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+MANAGED_BY = "endpointslice-controller.k8s.io"
+
+
+def compute_slices(service: Mapping[str, Any], subsets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The EndpointSlices (discovery.k8s.io/v1) equivalent to ``subsets``: one per port set.
+
+    What ``kubectl describe service`` and slice-aware clients read. Each slice is
+    owned by the Service, so deleting the Service removes its slices.
+    """
+    meta = service.get("metadata") or {}
+    name = meta.get("name", "")
+    owner = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "name": name,
+        "uid": meta.get("uid", ""),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    groups = subsets or [{"ports": []}]
+    slices = []
+    for index, subset in enumerate(groups):
+        endpoints = []
+        for field, ready in (("addresses", True), ("notReadyAddresses", False)):
+            for address in subset.get(field) or []:
+                endpoint: dict[str, Any] = {
+                    "addresses": [address["ip"]],
+                    "conditions": {"ready": ready, "serving": ready, "terminating": False},
+                    "targetRef": address["targetRef"],
+                }
+                if address.get("nodeName"):
+                    endpoint["nodeName"] = address["nodeName"]
+                endpoints.append(endpoint)
+        slices.append(
+            {
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {
+                    "name": f"{name}-kl{index}",
+                    "namespace": meta.get("namespace", "default"),
+                    "labels": {SERVICE_NAME_LABEL: name, MANAGED_BY_LABEL: MANAGED_BY},
+                    "ownerReferences": [owner],
+                },
+                "addressType": "IPv4",
+                "endpoints": sorted(endpoints, key=lambda e: e["addresses"][0]),
+                # ``name`` is always present ("" for an unnamed port): kubectl dereferences it.
+                "ports": [
+                    {"name": p.get("name", ""), "port": p["port"], "protocol": p.get("protocol", "TCP")}
+                    for p in subset.get("ports") or []
+                ],
+            }
+        )
+    return slices
 
 
 class EndpointsController:
@@ -201,9 +260,36 @@ class EndpointsController:
                 "subsets": subsets,
             }
             await self.client.post(f"/api/v1/namespaces/{ns}/endpoints", body)
-            return
-        if (current.get("subsets") or []) == subsets and (current["metadata"].get("labels") or {}) == labels:
-            return
-        current["subsets"] = subsets
-        current["metadata"]["labels"] = labels
-        await self.client.put(path, current)
+        else:
+            if (current.get("subsets") or []) != subsets or (
+                current["metadata"].get("labels") or {}
+            ) != labels:
+                current["subsets"] = subsets
+                current["metadata"]["labels"] = labels
+                await self.client.put(path, current)
+        await self._sync_slices(service, subsets)
+
+    async def _sync_slices(self, service: Mapping[str, Any], subsets: list[dict[str, Any]]) -> None:
+        meta = service["metadata"]
+        ns, name = meta.get("namespace", "default"), meta["name"]
+        collection = f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"
+        try:
+            listing = await self.client.get(
+                collection, labelSelector=f"{SERVICE_NAME_LABEL}={name},{MANAGED_BY_LABEL}={MANAGED_BY}"
+            )
+        except ApiRequestError as exc:
+            if exc.status == 404:
+                return  # a server without EndpointSlices: Endpoints are enough
+            raise
+        existing = {s["metadata"]["name"]: s for s in listing.get("items") or []}
+        for desired in compute_slices(service, subsets):
+            slice_name = desired["metadata"]["name"]
+            current = existing.pop(slice_name, None)
+            if current is None:
+                await self.client.post(collection, desired)
+            elif any(current.get(f) != desired.get(f) for f in ("endpoints", "ports", "addressType")):
+                desired["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                await self.client.put(f"{collection}/{slice_name}", desired)
+        for stale in existing:
+            with contextlib.suppress(ApiRequestError):
+                await self.client.delete(f"{collection}/{stale}")

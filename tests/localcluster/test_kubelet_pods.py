@@ -278,6 +278,10 @@ spec:
     (subset,) = endpoints()
     assert subset["addresses"][0]["ip"] == _pod(kubectl, "web-0")["status"]["podIP"]
     assert subset["ports"] == [{"name": "http", "port": 8000, "protocol": "TCP"}]
+    # kubectl describe reads the EndpointSlices.
+    wait_for(
+        lambda: f"{subset['addresses'][0]['ip']}:8000" in kubectl("describe", "service", "web"), 10, "slices"
+    )
 
     cluster_ip = kubectl.json("service", "web")["spec"]["clusterIP"]
     assert cluster_ip.startswith("127.")
