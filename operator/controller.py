@@ -96,6 +96,7 @@ class Controller:
         self._rdzv_cache: dict[JobKey, tuple[float, RendezvousView | None]] = {}
         self._rdzv_reading: set[JobKey] = set()
         self._to_publish: dict[JobKey, PublishMembership] = {}
+        self._failure_logs: dict[str, str] = {}  # pod uid -> log tail, for failed workers
         self._own_writes: dict[JobKey, str] = {}  # resourceVersion our last status write produced
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="kelastic-api")
         self._limit = asyncio.Semaphore(self.options.max_parallel)
@@ -220,6 +221,7 @@ class Controller:
         self.stats["reconciles"] += 1
         pods = list(self._pods_index.get(key, ()))
         services = list(self._services_index.get(key, ()))
+        pods = await self._with_failure_logs(namespace, pods)
         job = parse_job(body)
         rdzv = await self._read_rendezvous(key, job, pods)
         original_status = dict(body.get("status") or {})
@@ -247,6 +249,36 @@ class Controller:
                     raise
         self._requeue(key, decision.requeue_after)
         return decision
+
+    async def _with_failure_logs(self, namespace: str, pods: list[PodView]) -> list[PodView]:
+        """Give failed workers without a termination message the tail of their log instead.
+
+        A real kubelet does this itself with ``terminationMessagePolicy:
+        FallbackToLogsOnError``; doing it here as well makes the job's Failed condition
+        name the failed rank and exit code on any cluster. One read per failed pod.
+        """
+        out: list[PodView] = []
+        for pod in pods:
+            if (
+                pod.role == contract.ROLE_WORKER
+                and pod.phase is PodPhase.FAILED
+                and not pod.terminating
+                and not pod.message
+            ):
+                text = self._failure_logs.get(pod.uid)
+                if text is None:
+                    try:
+                        text = await self._io(self.kube.pod_log, namespace, pod.name, pod.container)
+                    except ApiError as err:
+                        log.debug("no log of failed pod %s/%s: %s", namespace, pod.name, err)
+                        text = ""
+                    if len(self._failure_logs) >= 1000:
+                        self._failure_logs.pop(next(iter(self._failure_logs)))
+                    self._failure_logs[pod.uid] = text
+                if text:
+                    pod = replace(pod, message=text)
+            out.append(pod)
+        return out
 
     async def _read_rendezvous(self, key: JobKey, job: Job, pods: list[PodView]) -> RendezvousView | None:
         """The store's last known figures for the job; refreshed in the background when stale.

@@ -58,16 +58,20 @@ class Kube:
     def close(self) -> None:
         self._api.close()
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        content_type: str = "application/json",
-        query: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+    def pod_log(self, namespace: str, name: str, container: str | None, tail_lines: int = 40) -> str:
+        """The last ``tail_lines`` lines a pod's container wrote."""
+        query = {"tailLines": str(tail_lines)}
+        if container:
+            query["container"] = container
+        raw = self._raw(
+            "GET", self.core_path(namespace, "pods", name) + "/log", None, "application/json", query
+        )[1]
+        return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+    def _raw(
+        self, method: str, path: str, body: Any, content_type: str, query: Mapping[str, str] | None
+    ) -> tuple[int, Any, str]:
+        headers = {"Accept": "application/json, */*", "Content-Type": content_type}
         m, url, hdrs, data, _ = self._api.param_serialize(
             method,
             path,
@@ -84,17 +88,32 @@ class Kube:
             raise ApiError(
                 0, "Unreachable", f"{method} {path}: the API server did not answer: {exc}"
             ) from None
-        raw = resp.read()
         status = int(resp.status)
-        try:
-            decoded = json.loads(raw) if raw else {}
-        except ValueError:
-            decoded = {"message": raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)}
+        raw = resp.read()
         if status >= 400:
+            try:
+                decoded = json.loads(raw)
+            except ValueError:
+                decoded = {}
             raise ApiError(
-                status, str(decoded.get("reason") or resp.reason), str(decoded.get("message") or decoded)
+                status, str(decoded.get("reason") or resp.reason), str(decoded.get("message") or raw)
             )
-        return decoded
+        return status, raw, str(resp.reason)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        query: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        raw = self._raw(method, path, body, content_type, query)[1]
+        try:
+            return json.loads(raw) if raw else {}
+        except ValueError:
+            return {"message": raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)}
 
     # ----------------------------------------------------------------- paths
 

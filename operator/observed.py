@@ -16,7 +16,16 @@ from typing import Any
 from kelastic.agent import contract
 from kelastic.operator.spec import parse_time
 
-__all__ = ["Observed", "PodPhase", "PodView", "RendezvousView", "ServiceView", "pod_view", "service_view"]
+__all__ = [
+    "Observed",
+    "PodPhase",
+    "PodView",
+    "RendezvousView",
+    "ServiceView",
+    "failure_summary",
+    "pod_view",
+    "service_view",
+]
 
 
 class PodPhase(str, enum.Enum):
@@ -52,6 +61,8 @@ class PodView:
     pod_ip: str | None = None
     #: The container's termination message (the agent's last words on a real kubelet).
     message: str | None = None
+    #: Name of the container whose end counts (the worker container).
+    container: str | None = None
 
     @property
     def active(self) -> bool:
@@ -144,6 +155,7 @@ def pod_view(body: Mapping[str, Any], worker_container: str | None = None) -> Po
         owner_uid=_owner_uid(metadata),
         pod_ip=status.get("podIP"),
         message=message,
+        container=worker_container,
     )
 
 
@@ -157,3 +169,36 @@ def service_view(body: Mapping[str, Any]) -> ServiceView:
         terminating=bool(metadata.get("deletionTimestamp")),
         owner_uid=_owner_uid(metadata),
     )
+
+
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+
+
+def failure_summary(text: str | None, max_len: int = 300) -> str | None:
+    """The gist of a failed agent's last output (its log tail or termination message).
+
+    The agent ends a failed run with torchrun's failure report; from its root-cause
+    section this returns ``"rank 3 (local_rank: 1) exitcode 2 (pid: 41): <traceback
+    line>"``. Other output gives its last non-empty lines. None for no text.
+    """
+    if not text or not text.strip():
+        return None
+    lines = [line.rstrip() for line in text.splitlines()]
+    if _ROOT_CAUSE in text:
+        block = lines[max(i for i, line in enumerate(lines) if line.strip() == _ROOT_CAUSE) + 1 :]
+        fields: dict[str, str] = {}
+        for line in block:
+            key, sep, value = line.strip().partition(":")
+            if sep and key.strip() in ("rank", "exitcode", "traceback") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+        if "rank" in fields:
+            parts = [f"rank {fields['rank']}"]
+            if "exitcode" in fields:
+                parts.append(f"exitcode {fields['exitcode']}")
+            summary = " ".join(parts)
+            traceback = fields.get("traceback", "")
+            if traceback and not traceback.startswith("Process ") and traceback != "<N/A>":
+                summary += f": {traceback}"
+            return summary[:max_len]
+    tail = [line.strip() for line in lines if line.strip()][-3:]
+    return " | ".join(tail)[:max_len]

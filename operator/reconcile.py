@@ -21,7 +21,7 @@ from typing import Any
 
 from kelastic.agent import contract
 from kelastic.operator import builders
-from kelastic.operator.observed import Observed, PodPhase, PodView, ServiceView
+from kelastic.operator.observed import Observed, PodPhase, PodView, ServiceView, failure_summary
 from kelastic.operator.spec import CleanPodPolicy, Job, JobSpec, RestartPolicy, format_time, parse_time
 from kelastic.operator.status import (
     CONDITION_INVALID,
@@ -217,10 +217,9 @@ def _describe_failure(pod: PodView) -> str:
         parts.append("failed")
     if pod.reason:
         parts.append(f"({pod.reason})")
-    if pod.message:
-        last = pod.message.strip().splitlines()[-3:]
-        parts.append(f": {' | '.join(last)[:400]}")
-    return " ".join(parts)
+    gist = failure_summary(pod.message)
+    text = " ".join(parts)
+    return f"{text}: {gist}" if gist else text
 
 
 def _replica_status(workers: Sequence[PodView], backoff_count: int) -> dict[str, int]:

@@ -108,6 +108,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     (root / "work").mkdir()
     (root / "work" / "worker.py").write_text(WORKER_SCRIPT)
     (root / "work" / "train.py").write_text(TRAIN_SCRIPT)
+    (root / "work" / "crash.py").write_text("import sys\nsys.exit(3)\n")
     cluster = cluster_mod.LocalCluster(root / "data", workdir=root / "work")
     cluster.start()
     try:
@@ -313,3 +314,19 @@ def test_world_size_and_progress_reach_status_then_success(env: Env) -> None:
     st = env.wait("Succeeded", lambda: (s := status()).get("phase") == "Succeeded" and s, 60)
     assert st["replicaStatuses"]["Worker"]["succeeded"] == 2 and st["completionTime"]
     env.wait("the store pod and Service to go", lambda: "zeta-rendezvous" not in env.pods("zeta"))
+
+
+@pytest.mark.slow
+def test_crashing_worker_fails_the_job_naming_rank_and_exit_code(env: Env) -> None:
+    manifest = job("eta", min_r=1, max_r=1, replicas=1, maxRestarts=0)
+    worker = manifest["spec"]["replicaSpecs"]["Worker"]
+    worker["restartPolicy"] = "ExitCode"
+    worker["template"]["spec"]["containers"][0]["command"] = ["python", "crash.py"]
+    env.apply(manifest)
+    st = env.wait(
+        "Failed", lambda: (s := env.get("ej", "eta").get("status") or {}).get("phase") == "Failed" and s, 60
+    )
+    failed = next(c for c in st["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "WorkerFailed"
+    assert "eta-worker-0 (index 0)" in failed["message"]
+    assert "rank 0" in failed["message"] and "exitcode 3" in failed["message"], failed["message"]

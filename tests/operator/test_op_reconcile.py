@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kelastic.operator.observed import PodPhase, PodView, RendezvousView, pod_view
+from kelastic.operator.observed import PodPhase, PodView, RendezvousView, failure_summary, pod_view
 from kelastic.operator.reconcile import (
     CreatePod,
     CreateService,
@@ -538,3 +538,46 @@ def test_pod_view_reads_exit_code_and_message() -> None:
     )
     assert view.terminating and view.owner_uid == "uid-demo" and view.pod_ip == "127.1.0.9"
     assert view.finished_at is not None and view.finished_at.second == 5
+
+
+AGENT_REPORT = """
+[default] worker group failed
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-21_19:52:28
+  host      : vm
+  rank      : 3 (local_rank: 1)
+  exitcode  : 2 (pid: 28911)
+  error_file: /tmp/x/error.json
+  traceback : ValueError: bad batch
+============================================================
+"""
+
+
+def test_failure_summary() -> None:
+    assert (
+        failure_summary(AGENT_REPORT)
+        == "rank 3 (local_rank: 1) exitcode 2 (pid: 28911): ValueError: bad batch"
+    )
+    plain = AGENT_REPORT.replace(
+        "  traceback : ValueError: bad batch", "  traceback : Process 28911 exited with code 2"
+    )
+    assert failure_summary(plain) == "rank 3 (local_rank: 1) exitcode 2 (pid: 28911)"
+    assert failure_summary("a\n\nb\nc\nd\n") == "b | c | d"
+    assert failure_summary("") is None and failure_summary(None) is None
+
+
+def test_permanent_failure_names_rank_and_exit_code(kit: SimpleNamespace) -> None:
+    body = kit.job_body(status={"phase": "Running", "scaledTo": 3})
+    failed = kit.worker(2, PodPhase.FAILED, exit_code=1, reason="Error", message=AGENT_REPORT)
+    d = run(body, kit.observed(kit.store(), kit.worker(0), kit.worker(1), failed))
+    message = cond(d, "Failed")["message"]
+    assert message.startswith(
+        "worker pod demo-worker-2 (index 2) exited with code 1 (Error): rank 3 (local_rank: 1) exitcode 2"
+    )
