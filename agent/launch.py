@@ -69,7 +69,9 @@ def launch_agent(config: LaunchConfig) -> RunResult:
         return agent is not None and WorkerState.is_running(agent.get_worker_group().state)
 
     if config.health_port is not None:
-        health = HealthServer(config.health_port, ready).start()
+        # On the pod's own address when known: pods of a single-node cluster share one
+        # network namespace, and every agent uses the same health port.
+        health = HealthServer(config.health_port, ready, host=config.local_addr or "0.0.0.0").start()
         _log.info("serving /healthz and /readyz on port %d", health.port)
     handler = None
     finished = False  # the agent reached a result (success or failure) of the job
