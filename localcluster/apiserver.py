@@ -395,28 +395,7 @@ class _App:
         target = ((body or {}).get("target") or {}).get("name")
         if not target:
             raise ApiError.bad_request("a Binding needs target.name (the node)")
-        pod = self.registry.get(rt, ns, name)
-        node = (pod.get("spec") or {}).get("nodeName")
-        if node:
-            raise ApiError.conflict("", "pods", name, f"pod {name} is already assigned to node {node!r}")
-        new = json.loads(json.dumps(pod))
-        new["spec"]["nodeName"] = target
-        conds = [
-            c for c in (new.get("status") or {}).get("conditions") or [] if c.get("type") != "PodScheduled"
-        ]
-        self.registry.update(rt, ns, name, new)
-        stored = self.registry.get(rt, ns, name)
-        status = dict(stored.get("status") or {})
-        status["conditions"] = [
-            *conds,
-            {
-                "type": "PodScheduled",
-                "status": "True",
-                "lastProbeTime": None,
-                "lastTransitionTime": stored["metadata"]["creationTimestamp"],
-            },
-        ]
-        self.registry.update(rt, ns, name, {**stored, "status": status}, subresource="status")
+        self.registry.bind(rt, ns, name, target)
         return status_object("Success", 201, "", "")
 
     def _finalize_namespace(self, name: str, body: Any) -> Obj:

@@ -29,6 +29,7 @@ __all__ = [
     "pod_grace_period",
     "prepare_create",
     "prepare_update",
+    "update_causes",
     "validate_builtin",
 ]
 
@@ -545,4 +546,52 @@ def event_to_core(ev: Obj) -> Obj:
     for f in _EVENT_SHARED:
         if ev.get(f) not in (None, ""):
             out[f] = ev[f]
+    return out
+
+
+_POD_MUTABLE = ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds")
+
+
+def _pod_spec_shape(spec: Obj) -> Obj:
+    """A pod spec without the fields an update may change (images, deadline, tolerations)."""
+    out = {k: v for k, v in spec.items() if k not in _POD_MUTABLE}
+    for key in ("containers", "initContainers"):
+        if isinstance(out.get(key), list):
+            out[key] = [{k: v for k, v in c.items() if k != "image"} for c in out[key] if isinstance(c, dict)]
+    return out
+
+
+def update_causes(rt: ResourceType, new: Obj, old: Obj) -> list[FieldCause]:
+    """Fields an update may not change (pod specs, immutable ConfigMaps/Secrets, ClusterIPs)."""
+    if rt.crd:
+        return []
+    out: list[FieldCause] = []
+    if rt.kind == "Pod" and _pod_spec_shape(new.get("spec") or {}) != _pod_spec_shape(old.get("spec") or {}):
+        out.append(
+            FieldCause(
+                "FieldValueForbidden",
+                "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
+                "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to "
+                "existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was "
+                "previously negative)",
+                "spec",
+            )
+        )
+    elif rt.kind in ("ConfigMap", "Secret") and old.get("immutable"):
+        for f in ("data", "binaryData", "immutable"):
+            if new.get(f) != old.get(f):
+                out.append(
+                    FieldCause(
+                        "FieldValueForbidden", "Forbidden: field is immutable when `immutable` is set", f
+                    )
+                )
+    elif rt.kind == "Service":
+        before = (old.get("spec") or {}).get("clusterIP")
+        after = (new.get("spec") or {}).get("clusterIP")
+        if before and after != before:
+            out.append(
+                FieldCause(
+                    "FieldValueInvalid", f'Invalid value: "{after}": field is immutable', "spec.clusterIP"
+                )
+            )
     return out

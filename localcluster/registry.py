@@ -580,6 +580,10 @@ class Registry:
         new, warnings = self._schema_pass(rt, new, validation, name)
         kinds.prepare_update(rt, new, old)
         self._validate(rt, new, name)
+        if subresource != "status":
+            causes = kinds.update_causes(rt, new, old)
+            if causes:
+                raise ApiError.invalid(rt.group, rt.kind, name, causes)
         if rt.kind == "CustomResourceDefinition" and not rt.crd:
             new["status"] = kinds.crd_status({**new, "status": old.get("status")})
         # Generation follows the spec (everything but metadata, and status when it is a subresource).
@@ -602,6 +606,34 @@ class Registry:
     def _grace_done(self, rt: ResourceType, obj: Obj) -> bool:
         """Whether an object being deleted may go once its finalizers are gone."""
         return not (rt.kind == "Pod" and not rt.crd and obj["metadata"].get("deletionGracePeriodSeconds"))
+
+    def bind(self, rt: ResourceType, namespace: str, name: str, node: str) -> Obj:
+        """Assign a pod to ``node`` (the ``binding`` subresource): spec.nodeName and PodScheduled at once."""
+        old = self._stored(rt, namespace, name)
+        current = (old.get("spec") or {}).get("nodeName")
+        if current:
+            raise ApiError.conflict(
+                rt.group, rt.plural, name, f"pod {name} is already assigned to node {current!r}"
+            )
+        if old["metadata"].get("deletionTimestamp"):
+            raise ApiError.conflict(
+                rt.group, rt.plural, name, f"pod {name} is being deleted, cannot be assigned"
+            )
+        new = clone(old)
+        new["spec"]["nodeName"] = node
+        status = new.setdefault("status", {})
+        conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+        conditions.append(
+            {
+                "type": "PodScheduled",
+                "status": "True",
+                "lastProbeTime": None,
+                "lastTransitionTime": now_rfc3339(),
+            }
+        )
+        status["conditions"] = conditions
+        self.store.put(rt.key, new, EventType.MODIFIED)
+        return self.present(rt, new)
 
     # ---- patch ---------------------------------------------------------------
     def patch(
@@ -813,6 +845,13 @@ class Registry:
         ):
             finalizers.append(FINALIZER_FOREGROUND)
         if rt.kind == "Namespace" and not rt.crd:
+            if name in _PROTECTED_NAMESPACES:
+                raise ApiError(
+                    403,
+                    "Forbidden",
+                    f'namespaces "{name}" is forbidden: this namespace may not be deleted',
+                    {"name": name, "kind": "namespaces"},
+                )
             return self._delete_namespace(rt, obj, opts)
         if opts.dry_run:
             return self.present(rt, obj), False
@@ -914,6 +953,8 @@ class Registry:
         except Gone as exc:
             raise ApiError.gone(str(exc)) from None
 
+
+_PROTECTED_NAMESPACES = frozenset({"default", "kube-system", "kube-public"})
 
 _OBJECT_META_FIELDS = frozenset(
     {

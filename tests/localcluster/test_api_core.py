@@ -345,3 +345,41 @@ def test_unknown_fields_of_builtin_kinds(kubectl: Kubectl, core: client.CoreV1Ap
         created = json.loads(resp.read())
         assert 'unknown field \\"spec.containers[0].imagePullPolicyy\\"' in resp.headers["Warning"]
     assert "imagePullPolicyy" not in json.dumps(created)
+
+
+def test_binding_and_immutable_fields(core: client.CoreV1Api) -> None:
+    core.create_namespaced_pod("default", _pod("bindme"))
+    core.create_namespaced_pod_binding(
+        "bindme",
+        "default",
+        {"metadata": {"name": "bindme"}, "target": {"kind": "Node", "name": "node-1"}},
+        _preload_content=False,
+    )
+    pod = core.read_namespaced_pod("bindme", "default")
+    assert pod.spec.node_name == "node-1"
+    assert [c.type for c in pod.status.conditions] == ["PodScheduled"]
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_pod_binding(
+            "bindme",
+            "default",
+            {"metadata": {"name": "bindme"}, "target": {"kind": "Node", "name": "node-2"}},
+            _preload_content=False,
+        )
+    assert exc.value.status == 409
+    # A pod's spec is immutable apart from images and a few fields.
+    with pytest.raises(ApiException) as exc:
+        core.patch_namespaced_pod("bindme", "default", {"spec": {"restartPolicy": "Never"}})
+    assert exc.value.status == 422 and "pod updates may not change fields" in exc.value.body
+    patched = core.patch_namespaced_pod(
+        "bindme", "default", {"spec": {"containers": [{"name": "main", "image": "python:3.12"}]}}
+    )
+    assert patched.spec.containers[0].image == "python:3.12"
+    core.create_namespaced_config_map(
+        "default", {"metadata": {"name": "frozen"}, "data": {"a": "1"}, "immutable": True}
+    )
+    with pytest.raises(ApiException) as exc:
+        core.patch_namespaced_config_map("frozen", "default", {"data": {"a": "2"}})
+    assert exc.value.status == 422
+    with pytest.raises(ApiException) as exc:
+        core.delete_namespace("default")
+    assert exc.value.status == 403
