@@ -9,7 +9,7 @@ stops everything, pod processes included.
 
 ``kelastic local run MANIFEST.yaml`` brings up a private cluster in a temporary
 directory, applies the manifest, relays the pods' logs prefixed by pod, waits
-until every workload in it has finished (pods: phase Succeeded/Failed; other
+until every workload in it has finished (or one has failed) (pods: phase Succeeded/Failed; other
 kinds: see :mod:`kelastic.localcluster.completion`), prints a summary, and
 exits 0 only when all of them succeeded (1 when one failed or the wait timed
 out, 2 for bad input).
@@ -311,7 +311,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                     summary = ", ".join(
                         f"{_describe(o)} {r[1]}" for o, r in zip(waited, outcomes, strict=True)
                     )
-                    if all(r[0] is not Outcome.PENDING for r in outcomes):
+                    # Done when everything finished, or as soon as one workload failed.
+                    if all(r[0] is not Outcome.PENDING for r in outcomes) or any(
+                        r[0] is Outcome.FAILED for r in outcomes
+                    ):
                         break
                     if summary != last_summary or now - last_print >= args.progress_interval:
                         notice(f"waiting ({now - started:.0f}s): {summary}")
@@ -362,7 +365,9 @@ def _summarize(
     # Interrupted before the first look: report every object as not observed.
     observed = list(outcomes) + [(Outcome.PENDING, "not observed")] * (len(waited) - len(outcomes))
     for obj, (outcome, detail) in zip(waited, observed, strict=True):
-        print(f"  {_describe(obj):<{width}}  {outcome.value:<9}  {detail}", file=out)
+        # Still pending at the end: stopped with the cluster (a failure elsewhere, a timeout).
+        label = "Unfinished" if outcome is Outcome.PENDING else outcome.value
+        print(f"  {_describe(obj):<{width}}  {label:<10}  {detail}", file=out)
     if pods:
         print("  pods:", file=out)
         width = max(len(p["metadata"]["name"]) for p in pods)

@@ -63,6 +63,14 @@ spec:
   restartPolicy: Never
   containers:
   - {name: main, image: x, command: [python, -c, "import sys; print('about to fail'); sys.exit(3)"]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: slow}
+spec:
+  restartPolicy: Never
+  containers:
+  - {name: main, image: x, command: [python, -c, "import time; time.sleep(600)"]}
 """
 
 
@@ -84,7 +92,7 @@ def test_local_run_succeeds_and_streams_logs(tmp_path: Path) -> None:
     out = proc.stdout
     assert "[hello] starting" in out and "[hello] done" in out and "[second] second pod" in out
     assert "[hello] step 5/5" in out and "step 1/5step" not in out  # carriage returns collapsed
-    assert "pod/hello   Succeeded" in out and "pod/second  Succeeded" in out
+    assert "pod/hello   Succeeded " in out and "pod/second  Succeeded " in out
     assert "kelastic: succeeded" in out
 
 
@@ -92,7 +100,9 @@ def test_local_run_fails_with_the_failing_pod(tmp_path: Path) -> None:
     proc = _run(tmp_path, BAD)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "[failing] about to fail" in proc.stdout
-    assert "pod/failing  Failed     main: exit 3" in proc.stdout
+    assert "pod/failing  Failed      main: exit 3" in proc.stdout
+    # One failure ends the run: the other pod is stopped, not waited for.
+    assert "pod/slow     Unfinished  Running" in proc.stdout
     assert "kelastic: FAILED" in proc.stdout
 
 
