@@ -5,6 +5,23 @@ list/watch, subresources, Table output, pod logs) with aiohttp on its own event
 loop in a background thread. Object semantics live in :mod:`.registry`, storage
 in :mod:`.storage`, garbage collection in :mod:`.gc`.
 
+What clients get, as from a real API server: legacy discovery, OpenAPI v3 (and an
+empty protobuf v2 document, so kubectl validates through the server), CRUD with
+Status errors, list/watch with resumable resourceVersions, 410 Gone, bookmarks and
+``sendInitialEvents``, label and field selectors, merge/JSON/strategic merge
+patches, dry-run, field validation (Strict/Warn/Ignore), status and scale
+subresources, CRD schemas (validation, defaults, pruning), Table output with
+printer columns, finalizers, graceful pod deletion, pod binding and eviction,
+ownerReference garbage collection, namespace termination, pod logs, and the
+protobuf request bodies of ``kubectl create <kind>``.
+
+Known differences: server-side apply is a merge that creates missing objects
+(no managedFields, fields dropped from a manifest are not removed); CEL rules
+(``x-kubernetes-validations``) are not evaluated; responses are JSON only; there
+is no exec/attach/port-forward, no authentication or authorization (every
+request is allowed), and the only controllers are garbage collection and
+namespace termination (Deployments, Jobs and the like are stored as data).
+
 Run it alone for debugging::
 
     python -m kelastic.localcluster.apiserver --port 6443 --data-dir /tmp/kl --kubeconfig /tmp/kl/kubeconfig
