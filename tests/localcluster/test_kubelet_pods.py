@@ -465,3 +465,55 @@ def test_an_unknown_executable_is_a_start_error_that_is_retried(kubectl: Kubectl
     assert last["reason"] == "StartError" and last["exitCode"] == 128
     assert "kelastic-no-such-binary" in last["message"]
     kubectl("delete", "pod", "nosuch", "--grace-period=0", "--force")
+
+
+def test_headless_service_lists_pod_ips_and_empty_dir_is_per_pod(kubectl: Kubectl) -> None:
+    script = (
+        "import os, pathlib, time\n"
+        "d = pathlib.Path(os.environ['KELASTIC_VOLUME_SCRATCH'])\n"
+        "(d / 'mine').write_text(os.environ['HOSTNAME'])\n"
+        "print(sorted(p.name for p in d.iterdir()), d.name, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+
+    def pod(name: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": "peers"}},
+            "spec": {
+                "volumes": [{"name": "scratch", "emptyDir": {}}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "x",
+                        "command": ["python", "-c", script],
+                        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+                    }
+                ],
+            },
+        }
+
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "peers"},
+        "spec": {"clusterIP": "None", "selector": {"app": "peers"}, "ports": [{"port": 7000}]},
+    }
+    kubectl.apply_object(
+        {"apiVersion": "v1", "kind": "List", "items": [service, pod("peer-a"), pod("peer-b")]}
+    )
+    for name in ("peer-a", "peer-b"):
+        wait_for(lambda n=name: kubectl("logs", n, check=False).strip(), 20, f"{name} to report its volume")
+        # Each pod sees only its own file: the emptyDir is per pod.
+        assert kubectl("logs", name).split("]")[0] == "['mine'"
+    ips = {_pod(kubectl, n)["status"]["podIP"] for n in ("peer-a", "peer-b")}
+
+    def listed() -> set[str]:
+        subsets = kubectl.json("endpoints", "peers").get("subsets") or [{}]
+        return {a["ip"] for a in subsets[0].get("addresses") or []}
+
+    wait_for(lambda: listed() == ips, 10, "the headless service's endpoints to list both pod IPs")
+    assert kubectl.json("service", "peers")["spec"]["clusterIP"] == "None"
+    kubectl("delete", "pods", "-l", "app=peers", "--grace-period=0", "--force")
+    kubectl("delete", "service", "peers")
