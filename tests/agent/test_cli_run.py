@@ -47,10 +47,11 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def test_crashed_worker_is_restarted(node: Any) -> None:
+@pytest.mark.parametrize("start", [[], ["--warm-start"]], ids=["python", "warm-start"])
+def test_crashed_worker_is_restarted(node: Any, start: list[str]) -> None:
     agent = node.start(
         "solo",
-        ["--standalone", "--nproc-per-node", "2", "--max-restarts", "2"],
+        ["--standalone", "--nproc-per-node", "2", "--max-restarts", "2", *start],
         ["--crash-rank", "1", "--crash-times", "1", "--steps", "1"],
         rendezvous=False,
     )
