@@ -180,6 +180,7 @@ class PodWorker:
                 self.kubelet.ipam.release(self.pod_ip)
             shutil.rmtree(self.pod_dir / "volumes", ignore_errors=True)
             self.kubelet.workers.pop(self.uid, None)
+            self.kubelet.forget_events(self.uid)
 
     async def _run(self) -> None:
         pod = self.pod
@@ -624,6 +625,8 @@ class Kubelet:
         self.workers: dict[str, PodWorker] = {}
         self._informer = Informer(client, "/api/v1/pods", self._on_pod)
         self._background: set[asyncio.Task[Any]] = set()
+        #: Events posted per pod UID: (reason, message, warning) → (event name, count).
+        self._events: dict[str, dict[tuple[str, str, bool], tuple[str, int]]] = {}
         self.stopping = False
 
     async def start(self, timeout: float = 30.0) -> None:
@@ -796,36 +799,60 @@ class Kubelet:
                 log.debug("node registration not supported by the API server: %s", exc)
 
     def event(self, pod: Mapping[str, Any], reason: str, message: str, warning: bool = False) -> None:
-        """Post a core/v1 Event about ``pod`` in the background (best effort)."""
+        """Post a core/v1 Event about ``pod`` in the background (best effort).
+
+        A repeat of the same reason and message for the same pod bumps the first
+        Event's ``count`` and ``lastTimestamp`` instead of adding another, as the
+        kubelet's event recorder does (a crash loop shows as one line, xN).
+        """
         meta = pod.get("metadata") or {}
         ns = meta.get("namespace", "default")
+        uid = str(meta.get("uid", ""))
         now = rfc3339(time.time())
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{meta.get('name')}.{uuid.uuid4().hex[:16]}", "namespace": ns},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": meta.get("name"),
-                "namespace": ns,
-                "uid": meta.get("uid"),
-            },
-            "reason": reason,
-            "message": message,
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": "kubelet", "host": self.config.node_name},
-            "reportingComponent": "kubelet",
-            "reportingInstance": self.config.node_name,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        key = (reason, message, warning)
+        seen = self._events.setdefault(uid, {})
+        collection = f"/api/v1/namespaces/{ns}/events"
+        if key in seen:
+            name, count = seen[key]
+            seen[key] = (name, count + 1)
+            request = self.client.merge_patch(
+                f"{collection}/{name}", {"count": count + 1, "lastTimestamp": now}
+            )
+        else:
+            name = f"{meta.get('name')}.{uuid.uuid4().hex[:16]}"
+            seen[key] = (name, 1)
+            request = self.client.post(
+                collection,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Event",
+                    "metadata": {"name": name, "namespace": ns},
+                    "involvedObject": {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": meta.get("name"),
+                        "namespace": ns,
+                        "uid": uid,
+                    },
+                    "reason": reason,
+                    "message": message,
+                    "type": "Warning" if warning else "Normal",
+                    "source": {"component": "kubelet", "host": self.config.node_name},
+                    "reportingComponent": "kubelet",
+                    "reportingInstance": self.config.node_name,
+                    "firstTimestamp": now,
+                    "lastTimestamp": now,
+                    "count": 1,
+                },
+            )
 
-        async def post() -> None:
+        async def send() -> None:
             with contextlib.suppress(Exception):
-                await self.client.post(f"/api/v1/namespaces/{ns}/events", body)
+                await request
 
-        task = asyncio.get_running_loop().create_task(post())
+        task = asyncio.get_running_loop().create_task(send())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def forget_events(self, uid: str) -> None:
+        self._events.pop(uid, None)
