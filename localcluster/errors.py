@@ -47,34 +47,26 @@ class ApiError(Exception):
 
     # Constructors for the common reasons; each names what is wrong.
     @classmethod
-    def not_found(cls, group: str, plural: str, name: str) -> ApiError:
+    def _about(cls, code: int, reason: str, group: str, plural: str, name: str, message: str) -> ApiError:
+        """An error about one object; ``message`` may use {resource} (plural.group) and {name}."""
         resource = f"{plural}.{group}" if group else plural
-        return cls(
-            404,
-            "NotFound",
-            f'{resource} "{name}" not found',
-            {"name": name, "group": group, "kind": plural},
-        )
+        details = {"name": name, "group": group, "kind": plural}
+        return cls(code, reason, message.format(resource=resource, name=name), details)
+
+    @classmethod
+    def not_found(cls, group: str, plural: str, name: str) -> ApiError:
+        return cls._about(404, "NotFound", group, plural, name, '{resource} "{name}" not found')
 
     @classmethod
     def already_exists(cls, group: str, plural: str, name: str) -> ApiError:
-        resource = f"{plural}.{group}" if group else plural
-        return cls(
-            409,
-            "AlreadyExists",
-            f'{resource} "{name}" already exists',
-            {"name": name, "group": group, "kind": plural},
-        )
+        return cls._about(409, "AlreadyExists", group, plural, name, '{resource} "{name}" already exists')
 
     @classmethod
     def conflict(cls, group: str, plural: str, name: str, why: str) -> ApiError:
-        resource = f"{plural}.{group}" if group else plural
-        return cls(
-            409,
-            "Conflict",
-            f'Operation cannot be fulfilled on {resource} "{name}": {why}',
-            {"name": name, "group": group, "kind": plural},
+        message = 'Operation cannot be fulfilled on {resource} "{name}": ' + why.replace("{", "{{").replace(
+            "}", "}}"
         )
+        return cls._about(409, "Conflict", group, plural, name, message)
 
     @classmethod
     def invalid(cls, group: str, kind: str, name: str, causes: list[FieldCause]) -> ApiError:
