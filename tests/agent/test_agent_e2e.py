@@ -83,7 +83,8 @@ def test_three_agents_two_ranks_each(cluster: Any) -> None:
 
 
 def test_fourth_agent_joining_restarts_all_at_the_larger_world(cluster: Any) -> None:
-    common = ["--nnodes", "3:4", "--nproc-per-node", "1", "--max-restarts", "0"]
+    # --warm-start: workers forked from a pre-imported server (the path of fast recoveries)
+    common = ["--nnodes", "3:4", "--nproc-per-node", "1", "--max-restarts", "0", "--warm-start"]
     for name in ("a", "b", "c"):
         cluster.start(name, common, ["--until-world", "4", "--steps", "2"])
     cluster.wait_for("steps at world 3", lambda: any(w == 3 for _, w, _, _ in cluster.steps()), 60)
@@ -97,7 +98,7 @@ def test_fourth_agent_joining_restarts_all_at_the_larger_world(cluster: Any) -> 
 
 
 def test_sigkill_of_one_node_lets_the_survivors_continue(cluster: Any) -> None:
-    common = ["--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "0"]
+    common = ["--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "0", "--warm-start"]
     agents = [cluster.start(n, common, ["--until-world", "2", "--steps", "2"]) for n in ("a", "b", "c")]
     cluster.wait_for("steps at world 3", lambda: any(w == 3 for _, w, _, _ in cluster.steps()), 60)
     killed_at = time.time()
