@@ -559,10 +559,13 @@ class _App:
                     if left <= 0:
                         break
                     wait = min(wait, left)
-                try:
-                    item = await asyncio.wait_for(watcher.queue.get(), wait)
-                except asyncio.TimeoutError:
-                    item = ()
+                if not watcher.queue.empty():
+                    item = watcher.queue.get_nowait()
+                else:
+                    try:
+                        item = await asyncio.wait_for(watcher.queue.get(), wait)
+                    except asyncio.TimeoutError:
+                        item = ()
                 if item is None:
                     break
                 chunks = []
