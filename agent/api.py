@@ -66,6 +66,7 @@ from kelastic.agent.multiprocessing import ProcessFailure, SignalException, Std
 __all__ = [
     "DEFAULT_ROLE",
     "ElasticAgent",
+    "MembershipChangedError",
     "RankAssignment",
     "RoleInstanceInfo",
     "RunResult",
@@ -294,11 +295,29 @@ def assign_ranks(infos: Sequence[RoleInstanceInfo]) -> dict[int, RankAssignment]
     }
 
 
-def _wait_keys(store: Store, keys: list[str], timeout: float, what: str) -> None:
-    try:
-        store.wait(keys, timedelta(seconds=timeout))
-    except Exception as e:
-        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}: {e}") from e
+class MembershipChangedError(RuntimeError):
+    """The rendezvous membership changed while the agents were still setting up a round."""
+
+
+#: How often a wait for peers re-checks whether the round is still current.
+_ABORT_CHECK_PERIOD = 0.5
+
+
+def _wait_keys(
+    store: Store, keys: list[str], timeout: float, what: str, abort: Callable[[], bool] | None = None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        slice_ = remaining if abort is None else min(remaining, _ABORT_CHECK_PERIOD)
+        try:
+            store.wait(keys, timedelta(seconds=max(slice_, 0.001)))
+            return
+        except Exception as e:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}: {e}") from e
+        if abort is not None and abort():
+            raise MembershipChangedError(f"the rendezvous membership changed while waiting for {what}")
 
 
 def exchange_rank_assignments(
@@ -308,18 +327,21 @@ def exchange_rank_assignments(
     role: str,
     local_world_size: int,
     timeout: float = 300.0,
+    abort: Callable[[], bool] | None = None,
 ) -> RankAssignment:
     """Publish this agent's role info, let group rank 0 assign all ranks, return this agent's share.
 
     ``store`` must be private to the current rendezvous round (the handlers'
     ``RendezvousInfo.store`` is). Raises :class:`TimeoutError` naming what it
-    waited for when peers do not show up within ``timeout`` seconds.
+    waited for when peers do not show up within ``timeout`` seconds, and
+    :class:`MembershipChangedError` as soon as ``abort()`` (checked every half
+    second while waiting) returns True.
     """
     me = RoleInstanceInfo(role, group_rank, local_world_size)
     store.set(f"{_ROLE_INFO_PREFIX}{group_rank}", me.to_json())
     if group_rank == 0:
         keys = [f"{_ROLE_INFO_PREFIX}{i}" for i in range(group_world_size)]
-        _wait_keys(store, keys, timeout, f"role info of all {group_world_size} agents")
+        _wait_keys(store, keys, timeout, f"role info of all {group_world_size} agents", abort)
         infos = [RoleInstanceInfo.from_json(v) for v in store.multi_get(keys)]
         assignments = assign_ranks(infos)
         store.multi_set(
@@ -328,7 +350,7 @@ def exchange_rank_assignments(
         )
         return assignments[0]
     key = f"{_ASSIGNED_PREFIX}{group_rank}"
-    _wait_keys(store, [key], timeout, "rank assignment from group rank 0")
+    _wait_keys(store, [key], timeout, "rank assignment from group rank 0", abort)
     return RankAssignment.from_json(store.get(key))
 
 
@@ -501,7 +523,12 @@ class SimpleElasticAgent(ElasticAgent):
         self._store = store
         with self.metrics.timer("agent", "assign_ranks"):
             assignment = exchange_rank_assignments(
-                store, group_rank, group_world_size, spec.role, spec.local_world_size
+                store,
+                group_rank,
+                group_world_size,
+                spec.role,
+                spec.local_world_size,
+                abort=self._membership_changed_now if self._watches_membership() else None,
             )
         worker_group.workers = workers_for(assignment, spec.local_world_size)
         worker_group.store = store
@@ -532,7 +559,13 @@ class SimpleElasticAgent(ElasticAgent):
         )
 
     def _initialize_workers(self, worker_group: WorkerGroup) -> None:
-        self._rendezvous(worker_group)
+        while True:
+            try:
+                self._rendezvous(worker_group)
+                break
+            except MembershipChangedError as e:  # a peer left mid-setup: form the group again
+                _log.info("[%s] %s; rendezvous again", worker_group.spec.role, e)
+                self.metrics.incr("agent", "membership_restarts")
         self._on_rendezvous(worker_group)
         self._attempt += 1
         with self.metrics.timer("agent", "start_workers"):
@@ -565,6 +598,9 @@ class SimpleElasticAgent(ElasticAgent):
             return bool(handler.wait_membership_change(timeout))  # type: ignore[attr-defined]
         time.sleep(timeout)
         return False
+
+    def _membership_changed_now(self) -> bool:
+        return bool(self._worker_group.spec.rdzv_handler.membership_changed())  # type: ignore[attr-defined]
 
     def _failure_was_membership_change(self) -> bool:
         """After workers failed: did the group change (a peer died/left/joined) around it?"""

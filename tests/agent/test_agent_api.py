@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -13,6 +14,7 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousIn
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from kelastic.agent.api import (
+    MembershipChangedError,
     RankAssignment,
     RoleInstanceInfo,
     RunResult,
@@ -156,6 +158,13 @@ def test_exchange_over_a_real_store() -> None:
 def test_exchange_names_what_it_waited_for() -> None:
     with pytest.raises(TimeoutError, match="rank assignment from group rank 0"):
         exchange_rank_assignments(_store(), 1, 2, "w", 1, timeout=0.3)
+
+
+def test_exchange_gives_up_when_the_membership_changes() -> None:
+    start = time.monotonic()
+    with pytest.raises(MembershipChangedError, match="rank assignment from group rank 0"):
+        exchange_rank_assignments(_store(), 1, 2, "w", 1, timeout=30, abort=lambda: True)
+    assert time.monotonic() - start < 5
 
 
 def test_exit_barrier_releases_all_and_times_out_alone() -> None:
