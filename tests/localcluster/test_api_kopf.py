@@ -57,6 +57,10 @@ def created(spec, patch, body, logger, **_):
 @kopf.on.update("test.kelastic.io", "v1", "gadgets", field="spec.size")
 def resized(new, patch, **_):
     patch.status["observedSize"] = new
+
+@kopf.on.delete("test.kelastic.io", "v1", "gadgets")
+def deleted(logger, **_):
+    logger.info("gadget cleaned up")
 """
 
 
@@ -100,6 +104,10 @@ def test_kopf_operator_patches_status_and_posts_events(api: ApiServer, tmp_path:
         )
         events = kubectl.json("events", "--field-selector", "involvedObject.name=g1")["items"]
         assert any(e["reason"] == "Seen" for e in events)
+        # The delete handler runs behind kopf's finalizer; the object goes once kopf removes it.
+        assert kubectl.json("gadget", "g1")["metadata"]["finalizers"]
+        kubectl("delete", "gadget", "g1", "--timeout=20s")
+        assert "g1" not in kubectl("get", "gadgets", "-o", "name")
     finally:
         proc.terminate()
         try:
@@ -108,6 +116,6 @@ def test_kopf_operator_patches_status_and_posts_events(api: ApiServer, tmp_path:
             proc.kill()
             proc.wait(5)
     text = log.read_text()
-    assert "gadget handled" in text
+    assert "gadget handled" in text and "gadget cleaned up" in text
     bad = [line for line in text.splitlines() if any(w in line for w in ("ERROR", "Traceback", "WARNING"))]
     assert not bad, text
