@@ -1,10 +1,11 @@
 """Container processes: start, watch, signal and kill a process group.
 
-Each container run is one local process that leads its own session and process
-group, so the kubelet can signal the whole tree a container started (workers,
-helpers, shells) at once. The process gets ``PR_SET_PDEATHSIG=SIGKILL`` so it
-dies with the kubelet's thread even if the kubelet is killed without cleaning up.
-Its stdout and stderr go, interleaved, to the run's log file.
+Each container run is one session and process group, led by a small shim
+(:mod:`kelastic.localcluster.shim`) that starts the container's command in it,
+so the kubelet can signal the whole tree a container started (workers,
+helpers, shells) at once, and the shim kills that whole tree if the kubelet's
+thread or process dies without cleaning up. stdout and stderr go, interleaved,
+to the run's log file.
 
 When the container's main process exits, whatever it left behind in its process
 group is killed (a real runtime tears down the container's cgroup the same way),
@@ -17,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
+import errno
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,24 +31,8 @@ from pathlib import Path
 
 __all__ = ["ContainerProcess", "ExitStatus", "spawn"]
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _load_prctl():  # type: ignore[no-untyped-def]
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return libc.prctl
-    except (OSError, AttributeError):
-        return None
-
-
-# Resolved once in the parent: the child between fork and exec must not load libraries.
-_prctl = _load_prctl()
-
-
-def _in_child() -> None:
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+#: The container's first process (see :mod:`kelastic.localcluster.shim`), run by path.
+SHIM = Path(__file__).with_name("shim.py")
 
 
 @dataclass(frozen=True)
@@ -140,16 +126,29 @@ class ContainerProcess:
         return await self.wait()
 
 
+def _check_executable(command: str, env: Mapping[str, str], cwd: str) -> None:
+    """Raise the OSError that exec would, before the shim is started."""
+    if "/" in command:
+        path = command if os.path.isabs(command) else os.path.join(cwd, command)
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, "no such file or directory", command)
+        if not os.access(path, os.X_OK) or os.path.isdir(path):
+            raise PermissionError(errno.EACCES, "permission denied", command)
+    elif shutil.which(command, path=env.get("PATH", os.defpath)) is None:
+        raise FileNotFoundError(errno.ENOENT, "executable file not found in $PATH", command)
+
+
 def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str, log_path: Path) -> ContainerProcess:
     """Start ``argv`` as a container process logging to ``log_path``.
 
     Raises OSError (e.g. FileNotFoundError for an unknown executable) when the
     process cannot be started; the caller reports that as a failed start.
     """
+    _check_executable(argv[0], env, cwd)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(
-            list(argv),
+            [sys.executable, "-I", "-S", str(SHIM), str(os.getpid()), *argv],
             env=dict(env),
             cwd=cwd,
             stdin=subprocess.DEVNULL,
@@ -157,7 +156,5 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str, log_path: Path)
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
-            # Only a prctl call, resolved before the fork: safe between fork and exec.
-            preexec_fn=_in_child,
         )
     return ContainerProcess(popen, time.time())

@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from kelastic.localcluster.runtime import spawn
 
 
@@ -118,30 +120,44 @@ def test_sigterm_ignored_means_sigkill_after_grace(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_processes_die_with_the_thread_that_started_them(tmp_path: Path) -> None:
+def test_the_whole_tree_dies_with_the_thread_that_started_it(tmp_path: Path) -> None:
     started: dict[str, int] = {}
+    pidfile = tmp_path / "grandchild.pid"
 
     def node_thread() -> None:
         async def main() -> None:
             proc = spawn(
-                [sys.executable, "-c", "import time; time.sleep(600)"],
+                [sys.executable, "-c", GRANDPARENT, str(pidfile)],
                 dict(os.environ),
                 str(tmp_path),
                 tmp_path / "0.log",
             )
             started["pid"] = proc.pid
+            await asyncio.to_thread(_wait_file, pidfile)
 
         asyncio.run(main())
 
     thread = threading.Thread(target=node_thread)
     thread.start()
-    thread.join(10)
-    pid = started["pid"]
+    thread.join(20)
+    leader, grandchild = started["pid"], int(pidfile.read_text())
     try:
         deadline = time.monotonic() + 5
-        while _alive(pid) and time.monotonic() < deadline:
+        while (_alive(leader) or _alive(grandchild)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(pid), "a container process outlived the kubelet thread that started it"
+        assert not _alive(leader) and not _alive(grandchild), (
+            "container processes outlived the kubelet thread"
+        )
     finally:
         with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+            os.waitpid(leader, 0)
+
+
+def test_unknown_executables_fail_before_starting(tmp_path: Path) -> None:
+    async def main() -> None:
+        with pytest.raises(FileNotFoundError, match="kelastic-no-such-binary"):
+            spawn(["kelastic-no-such-binary"], dict(os.environ), str(tmp_path), tmp_path / "0.log")
+        with pytest.raises(PermissionError):
+            spawn([str(tmp_path)], dict(os.environ), str(tmp_path), tmp_path / "0.log")
+
+    asyncio.run(main())
