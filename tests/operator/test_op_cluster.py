@@ -330,3 +330,14 @@ def test_crashing_worker_fails_the_job_naming_rank_and_exit_code(env: Env) -> No
     assert failed["reason"] == "WorkerFailed"
     assert "eta-worker-0 (index 0)" in failed["message"]
     assert "rank 0" in failed["message"] and "exitcode 3" in failed["message"], failed["message"]
+
+
+def test_suspend_removes_pods_and_resume_recreates_them(env: Env) -> None:
+    env.apply(job("theta", replicas=2))
+    env.wait("2 workers", lambda: worker_names(env, "theta") == ["theta-worker-0", "theta-worker-1"])
+    env.kubectl("patch", "ej", "theta", "--type", "merge", "-p", '{"spec": {"suspend": true}}')
+    env.wait("every pod gone", lambda: not env.pods("theta"))
+    env.wait("the Suspended phase", lambda: env.get("ej", "theta")["status"]["phase"] == "Suspended")
+    env.kubectl("patch", "ej", "theta", "--type", "merge", "-p", '{"spec": {"suspend": false}}')
+    env.wait("the workers back", lambda: worker_names(env, "theta") == ["theta-worker-0", "theta-worker-1"])
+    env.wait("the store back", lambda: "theta-rendezvous" in env.pods("theta"))
