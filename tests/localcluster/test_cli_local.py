@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -120,7 +122,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_local_up_prints_the_kubeconfig_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
+TREE = (
+    "import os, subprocess, sys, time\n"
+    "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+    "open(sys.argv[1] + '.tmp', 'w').write(f'{os.getpid()} {c.pid}')\n"
+    "os.rename(sys.argv[1] + '.tmp', sys.argv[1])\n"
+    "time.sleep(600)\n"
+)
+
+
+@contextlib.contextmanager
+def _local_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], list[str], list[int]]]:
+    """``kelastic local up`` with one pod running a process tree: (process, output so far, tree pids)."""
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl is not installed")
     kubeconfig = tmp_path / "kubeconfig"
@@ -142,8 +155,9 @@ def test_local_up_prints_the_kubeconfig_and_stops_everything_on_sigterm(tmp_path
     )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in up.stdout or []], daemon=True).start()
+    printed: list[str] = []
+    pids: list[int] = []
     try:
-        printed: list[str] = []
         deadline = time.monotonic() + 30
         while not any("export KUBECONFIG=" in line for line in printed):
             assert time.monotonic() < deadline, f"kelastic local up printed no kubeconfig: {printed}"
@@ -152,36 +166,47 @@ def test_local_up_prints_the_kubeconfig_and_stops_everything_on_sigterm(tmp_path
             except queue.Empty:
                 assert up.poll() is None, f"kelastic local up exited early: {printed}"
         assert f"  export KUBECONFIG={kubeconfig}\n" in printed
-        kubectl = Kubectl(kubeconfig)
         pidfile = tmp_path / "pids"
-        tree = (
-            "import os, subprocess, sys, time\n"
-            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-            "open(sys.argv[1], 'w').write(f'{os.getpid()} {c.pid}')\n"
-            "time.sleep(600)\n"
-        )
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": "sleeper"},
             "spec": {
                 "containers": [
-                    {"name": "main", "image": "x", "command": ["python", "-c", tree, str(pidfile)]}
+                    {"name": "main", "image": "x", "command": ["python", "-c", TREE, str(pidfile)]}
                 ]
             },
         }
-        kubectl("apply", "-f", "-", input=json.dumps(pod))
+        Kubectl(kubeconfig)("apply", "-f", "-", input=json.dumps(pod))
         text = wait_for(lambda: pidfile.exists() and pidfile.read_text(), 20, "the pod's processes to start")
-        pids = [int(p) for p in text.split()]
+        pids += [int(p) for p in text.split()]
         assert all(_alive(p) for p in pids)
-        up.send_signal(signal.SIGTERM)
-        assert up.wait(30) == 0
-        assert not [p for p in pids if _alive(p)], "pod processes outlived kelastic local up"
-        rest = []
+        yield up, printed, pids
+        up.wait(30)
         while not lines.empty():
-            rest.append(lines.get())
-        assert "kelastic: stopped\n" in printed + rest
+            printed.append(lines.get())
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)
             up.wait()
+        for pid in pids:  # never leave a process behind, even when the test failed
+            with contextlib.suppress(OSError):
+                if b"time.sleep(600)" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
+
+
+def test_local_up_prints_the_kubeconfig_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
+    with _local_up(tmp_path) as (up, printed, pids):
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(30) == 0
+        assert not [p for p in pids if _alive(p)], "pod processes outlived kelastic local up"
+    assert "kelastic: stopped\n" in printed
+
+
+def test_pod_processes_die_even_when_local_up_is_killed(tmp_path: Path) -> None:
+    with _local_up(tmp_path) as (up, _, pids):
+        up.send_signal(signal.SIGKILL)  # no chance to clean up: the shims must
+        up.wait(10)
+        wait_for(
+            lambda: not [p for p in pids if _alive(p)], 10, "the pod's process tree to die with kelastic"
+        )
