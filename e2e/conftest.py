@@ -82,6 +82,14 @@ class LastSeen(Exception):
         self.value = value
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the test process dies, even without cleanup."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -166,7 +174,12 @@ class OperatorProcess:
         self.starts += 1
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         url = f"http://127.0.0.1:{self.health_port}/healthz"
 
