@@ -243,6 +243,53 @@ def _poll_outcomes(
     return cluster.call(run(), timeout=30.0)
 
 
+def _finished(outcomes: Sequence[tuple[Outcome, str]]) -> bool:
+    """The run is over when every workload finished, or as soon as one failed."""
+    return all(r[0] is not Outcome.PENDING for r in outcomes) or any(r[0] is Outcome.FAILED for r in outcomes)
+
+
+def _watch(
+    cluster: LocalCluster,
+    waited: Sequence[dict[str, Any]],
+    relay: LogRelay,
+    stopper: _Stopper,
+    args: argparse.Namespace,
+    started: float,
+) -> tuple[list[tuple[Outcome, str]], bool, bool]:
+    """Relay logs and report progress until the workloads finish; (outcomes, timed out, interrupted)."""
+    assert cluster.client is not None
+    applier = Applier(cluster.client)
+    follower = LogFollower(cluster.data_dir, relay)
+    deadline = started + args.timeout
+    outcomes: list[tuple[Outcome, str]] = []
+    last_summary, last_print, next_status = "", time.monotonic(), 0.0
+    timed_out = interrupted = False
+    while True:
+        now = time.monotonic()
+        follower.poll(time.time())
+        if now >= next_status:
+            outcomes = _poll_outcomes(cluster, applier, waited)
+            next_status = now + 0.5
+            if _finished(outcomes):
+                break
+            summary = ", ".join(f"{_describe(o)} {r[1]}" for o, r in zip(waited, outcomes, strict=True))
+            if summary != last_summary or now - last_print >= args.progress_interval:
+                relay.line("kelastic", f"waiting ({now - started:.0f}s): {summary}")
+                last_summary, last_print = summary, now
+        sys.stdout.flush()
+        if now >= deadline:
+            timed_out = True
+            break
+        if stopper.event.wait(0.2):
+            interrupted = True
+            break
+    time.sleep(0.3)  # the last lines the containers wrote
+    follower.poll(time.time())
+    relay.flush()
+    sys.stdout.flush()
+    return outcomes, timed_out, interrupted
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     out = sys.stdout
     manifest = Path(args.manifest)
@@ -289,45 +336,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                     operator = _start_operator(cluster, out)
             try:
                 applied = _apply_all(cluster, objects)
-            except (ManifestError, Exception) as exc:
+            except Exception as exc:  # any refusal of the API server, named in the message
                 notice(f"could not apply {manifest}: {exc}")
                 return 2
             waited = [o for o in applied if waitable(o)]
             notice(f"applied {len(applied)} object(s); waiting for {', '.join(_describe(o) for o in waited)}")
-            assert cluster.client is not None
-            applier = Applier(cluster.client)
-            follower = LogFollower(cluster.data_dir, relay)
-            deadline = started + args.timeout
-            last_summary = ""
-            last_print = time.monotonic()
-            next_status = 0.0
-            while True:
-                now = time.monotonic()
-                follower.poll(time.time())
-                out.flush()
-                if now >= next_status:
-                    outcomes = _poll_outcomes(cluster, applier, waited)
-                    next_status = now + 0.5
-                    summary = ", ".join(
-                        f"{_describe(o)} {r[1]}" for o, r in zip(waited, outcomes, strict=True)
-                    )
-                    # Done when everything finished, or as soon as one workload failed.
-                    if all(r[0] is not Outcome.PENDING for r in outcomes) or any(
-                        r[0] is Outcome.FAILED for r in outcomes
-                    ):
-                        break
-                    if summary != last_summary or now - last_print >= args.progress_interval:
-                        notice(f"waiting ({now - started:.0f}s): {summary}")
-                        last_summary, last_print = summary, now
-                if now >= deadline:
-                    timed_out = True
-                    break
-                if stopper.event.wait(0.2):
-                    interrupted = True
-                    break
-            time.sleep(0.3)
-            follower.poll(time.time())
-            relay.flush()
+            outcomes, timed_out, interrupted = _watch(cluster, waited, relay, stopper, args, started)
             if any(o.get("kind") != "Pod" for o in waited):
                 pods = _all_pods(cluster)
     finally:
