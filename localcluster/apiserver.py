@@ -15,8 +15,10 @@ printer columns, finalizers, graceful pod deletion, pod binding and eviction,
 ownerReference garbage collection, namespace termination, pod logs, and the
 protobuf request bodies of ``kubectl create <kind>``.
 
-Known differences: server-side apply is a merge that creates missing objects
-(no managedFields, fields dropped from a manifest are not removed); CEL rules
+Known differences: server-side apply records each manager's applied fields and
+removes those it stops applying, but does not detect conflicts between managers
+(every apply wins, as with ``--force-conflicts``) nor track fields written by
+updates; CEL rules
 (``x-kubernetes-validations``) are not evaluated; responses are JSON only; there
 is no exec/attach/port-forward, no authentication or authorization (every
 request is allowed), and the only controllers are garbage collection and
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import logging
 import os
@@ -46,7 +49,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from . import discovery, openapi
+from . import discovery, kinds, openapi
 from .errors import ApiError, status_object
 from .fields import component_schemas
 from .gc import GarbageCollector
@@ -744,8 +747,12 @@ class ApiServer:
         *,
         watch_history: int = 20_000,
         bookmark_interval: float = 10.0,
+        service_network: ipaddress.IPv4Network | None = None,
     ) -> None:
         self.host = host
+        #: Where ClusterIPs come from (default: all of ``kinds.SERVICE_NETWORK``); a
+        #: LocalCluster passes its own block so clusters on one machine never share one.
+        self.service_network = service_network
         self.port = port
         self.data_dir = Path(data_dir) if data_dir is not None else Path.cwd()
         self.state_dir = Path(state_dir) if state_dir is not None else None
@@ -852,6 +859,8 @@ class ApiServer:
         store.load()
         types = TypeRegistry()
         registry = Registry(store, types)
+        if self.service_network is not None:
+            registry.services = kinds.ServiceAddresses(self.service_network)
         self.registry = registry
         GarbageCollector(registry)
         registry.bootstrap()

@@ -47,21 +47,56 @@ def _fields(name: str) -> dict[str, str] | None:
     return {attrs[k]: v for k, v in types.items() if k in attrs}
 
 
-def _prune(value: Any, type_str: str, path: str, dropped: list[str]) -> Any:
-    if type_str in _SCALARS:
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+#: JSON kinds each scalar type accepts (None, i.e. null, is accepted everywhere).
+_ACCEPTS: dict[str, tuple[str, ...]] = {
+    # Quantities are typed as strings but written as numbers too (cpu: 1).
+    "str": ("string", "number"),
+    "datetime": ("string",),
+    "date": ("string",),
+    "int": ("number",),
+    "float": ("number",),
+    "bool": ("bool",),
+}
+
+
+def _prune(value: Any, type_str: str, path: str, dropped: list[str], wrong: list[str]) -> Any:
+    if value is None:
         return value
-    if type_str.startswith("List[") and isinstance(value, list):
+    if type_str in _SCALARS:
+        accepts = _ACCEPTS.get(type_str)
+        if accepts is not None and (
+            _json_kind(value) not in accepts
+            or (type_str == "int" and isinstance(value, float) and not value.is_integer())
+        ):
+            wrong.append(f"{path}: expected {type_str}, got {_json_kind(value)} {value!r}")
+        return value
+    if type_str.startswith("List["):
+        if not isinstance(value, list):
+            wrong.append(f"{path}: expected an array, got {_json_kind(value)}")
+            return value
         inner = type_str[5:-1]
-        if inner in _SCALARS:
+        return [_prune(v, inner, f"{path}[{i}]", dropped, wrong) for i, v in enumerate(value)]
+    if type_str.startswith("Dict[str, "):
+        if not isinstance(value, dict):
+            wrong.append(f"{path}: expected an object, got {_json_kind(value)}")
             return value
-        return [_prune(v, inner, f"{path}[{i}]", dropped) for i, v in enumerate(value)]
-    if type_str.startswith("Dict[str, ") and isinstance(value, dict):
         inner = type_str[10:-1]
-        if inner in _SCALARS:
-            return value
-        return {k: _prune(v, inner, f"{path}.{k}", dropped) for k, v in value.items()}
+        return {k: _prune(v, inner, f"{path}.{k}", dropped, wrong) for k, v in value.items()}
     fields = _fields(type_str)
-    if fields is None or not isinstance(value, dict):
+    if fields is None:
+        return value
+    if not isinstance(value, dict):
+        wrong.append(f"{path}: expected an object, got {_json_kind(value)}")
         return value
     out: Obj = {}
     for k, v in value.items():
@@ -70,17 +105,18 @@ def _prune(value: Any, type_str: str, path: str, dropped: list[str]) -> Any:
         if sub is None:
             dropped.append(where)
         else:
-            out[k] = _prune(v, sub, where, dropped)
+            out[k] = _prune(v, sub, where, dropped, wrong)
     return out
 
 
-def prune_unknown(rt: ResourceType, obj: Obj) -> tuple[Obj, list[str]]:
-    """``obj`` without fields its kind does not have, and the paths of those dropped."""
+def prune_unknown(rt: ResourceType, obj: Obj) -> tuple[Obj, list[str], list[str]]:
+    """``obj`` without fields its kind does not have, the paths of those dropped, and type errors."""
     name = model_name(rt)
     if name is None or _fields(name) is None:
-        return obj, []
+        return obj, [], []
     dropped: list[str] = []
-    return _prune(obj, name, "", dropped), dropped
+    wrong: list[str] = []
+    return _prune(obj, name, "", dropped, wrong), dropped, wrong
 
 
 _PREFIX = re.compile(r"^([A-Z][a-z]*?)?(V\d+(?:alpha\d+|beta\d+)?)(.+)$")

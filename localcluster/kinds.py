@@ -78,8 +78,8 @@ def name_causes(rt: ResourceType, name: str) -> list[FieldCause]:
 class ServiceAddresses:
     """ClusterIP and NodePort bookkeeping for Services."""
 
-    def __init__(self) -> None:
-        self.ips = IpAllocator(SERVICE_NETWORK)
+    def __init__(self, network: ipaddress.IPv4Network = SERVICE_NETWORK) -> None:
+        self.ips = IpAllocator(network)
         self.node_ports: set[int] = set()
 
     def restore(self, svc: Obj) -> None:
@@ -178,7 +178,7 @@ def prepare_create(rt: ResourceType, obj: Obj, services: ServiceAddresses) -> No
             ):
                 raise ValueError(
                     f"spec.clusterIP: Invalid value: {spec['clusterIP']!r}: provided IP is not in the "
-                    f"valid range ({SERVICE_NETWORK}) or is already allocated"
+                    f"valid range ({services.ips.network}) or is already allocated"
                 )
             spec["clusterIPs"] = [spec["clusterIP"]]
             spec.setdefault("ipFamilies", ["IPv4"])

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 from enum import Enum
 from typing import Any
 
-from . import fields, kinds, schema
+from . import fields, kinds, schema, ssa
 from .errors import ApiError, FieldCause
 from .patch import PatchError, clone, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType, TypeRegistry
@@ -255,7 +255,12 @@ class Registry:
         """Prune unknown fields (refused under Strict), default and validate; returns the object and warnings."""
         warnings: list[str] = []
         if not rt.crd:
-            pruned, dropped = fields.prune_unknown(rt, obj)
+            pruned, dropped, wrong = fields.prune_unknown(rt, obj)
+            if wrong:
+                raise ApiError.bad_request(
+                    f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
+                    + "; ".join(wrong[:5])
+                )
             self._unknown_fields(rt, dropped, validation, warnings)
             return pruned, warnings
         if not rt.schema:
@@ -304,6 +309,7 @@ class Registry:
         *,
         validation: FieldValidation = FieldValidation.WARN,
         dry_run: bool = False,
+        managed: list[Obj] | None = None,
     ) -> WriteResult:
         if rt.shared_key == "/events":
             res = self.create(
@@ -353,6 +359,8 @@ class Registry:
             "managedFields",
         ):
             meta.pop(f, None)
+        if managed:
+            meta["managedFields"] = managed
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
         meta["generation"] = 1
@@ -558,7 +566,11 @@ class Registry:
                     meta.pop(f, None)
             if "namespace" in om:
                 meta["namespace"] = om["namespace"]
-            meta.pop("managedFields", None)
+            if meta.get("managedFields") is None:
+                # Server-side apply's records survive writes that do not mention them.
+                meta.pop("managedFields", None)
+                if om.get("managedFields"):
+                    meta["managedFields"] = om["managedFields"]
             meta.pop("selfLink", None)
             if om.get("deletionTimestamp"):
                 added = set(meta.get("finalizers") or ()) - set(om.get("finalizers") or ())
@@ -658,13 +670,30 @@ class Registry:
                 )
             if not isinstance(patch, dict):
                 raise ApiError.bad_request("an apply patch must be an object")
+            fields_set = ssa.applied_fields(patch, merge_keys=not rt.crd)
             if old is None:
                 if subresource:
                     raise ApiError.not_found(rt.group, rt.plural, name)
                 body = clone(patch)
                 body.setdefault("metadata", {})["name"] = name
-                return self.create(rt, namespace, body, validation=validation, dry_run=dry_run)
-            patch_type = PatchType.MERGE if rt.crd else PatchType.STRATEGIC
+                managed = ssa.record(None, field_manager, rt.api_version, fields_set, now_rfc3339())
+                return self.create(
+                    rt, namespace, body, validation=validation, dry_run=dry_run, managed=managed
+                )
+            current = self.present(rt, old)
+            stripped = ssa.without_fields(
+                current, ssa.removed_fields(ssa.owned_fields(old, field_manager), fields_set)
+            )
+            config = {k: v for k, v in patch.items() if k not in ("apiVersion", "kind")}
+            try:
+                new = merge_patch(stripped, config) if rt.crd else strategic_merge_patch(stripped, config)
+            except PatchError as exc:
+                raise ApiError.bad_request(str(exc)) from None
+            new.setdefault("metadata", {})["managedFields"] = ssa.record(
+                old["metadata"].get("managedFields"), field_manager, rt.api_version, fields_set, now_rfc3339()
+            )
+            _check_preconditions(rt, old, patch.get("metadata") or {})
+            return self._write_update(rt, old, new, subresource, validation, dry_run)
         if old is None:
             raise ApiError.not_found(rt.group, rt.plural, name)
         if subresource == "scale":

@@ -145,3 +145,47 @@ def test_kubectl_apply_twice_uses_strategic_merge(
     assert kubectl.json("deployment", "web")["spec"]["replicas"] == 2
     kubectl("scale", "deployment", "web", "--replicas=4")
     assert kubectl.json("deployment", "web")["spec"]["replicas"] == 4
+
+
+SSA_FIRST = """
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: ssa, labels: {a: "1", b: "2"}}
+data: {one: "1", two: "2"}
+"""
+SSA_SECOND = """
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: ssa, labels: {a: "1"}}
+data: {one: "10"}
+"""
+
+
+def test_server_side_apply_removes_fields_the_manager_dropped(kubectl: Kubectl) -> None:
+    assert "serverside-applied" in kubectl("apply", "--server-side", "-f", "-", input=SSA_FIRST)
+    kubectl("label", "configmap", "ssa", "other=kept")  # another manager's field
+    kubectl("apply", "--server-side", "-f", "-", input=SSA_SECOND)
+    cm = kubectl.json("configmap", "ssa", "--show-managed-fields")
+    assert cm["data"] == {"one": "10"}
+    assert cm["metadata"]["labels"] == {"a": "1", "other": "kept"}
+    applied = [m for m in cm["metadata"]["managedFields"] if m["operation"] == "Apply"]
+    assert applied[0]["manager"] == "kubectl" and "f:two" not in json.dumps(applied[0]["fieldsV1"])
+    rv = cm["metadata"]["resourceVersion"]
+    kubectl("apply", "--server-side", "-f", "-", input=SSA_SECOND)
+    assert (
+        kubectl.json("configmap", "ssa")["metadata"]["resourceVersion"] == rv
+    )  # a no-op apply writes nothing
+
+
+def test_wrong_types_in_builtin_objects_are_400(core: client.CoreV1Api) -> None:
+    import urllib.request
+
+    url = core.api_client.configuration.host + "/api/v1/namespaces/default/pods"
+    body = {"metadata": {"name": "typed"}, "spec": {"containers": [{"name": "c", "image": True}]}}
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=10)
+    assert exc.value.code == 400
+    assert "spec.containers[0].image: expected str, got bool" in exc.value.read().decode()
