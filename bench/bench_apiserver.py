@@ -131,10 +131,11 @@ async def _run(base: str, args: argparse.Namespace) -> None:
         async with session.post(f"{base}/api/v1/namespaces", json={"metadata": {"name": "bench"}}) as r:
             await r.read()
         elapsed = await _create_many(session, base, "bench", args.pods, args.concurrency)
+        rate = args.pods / elapsed
         print(
-            f"create: {args.pods} pods in {elapsed:.2f}s = {args.pods / elapsed:,.0f} requests/s "
-            f"(concurrency {args.concurrency})"
+            f"create: {args.pods} pods in {elapsed:.2f}s = {rate:,.0f} requests/s (concurrency {args.concurrency})"
         )
+        print(f"  at this rate the 800 pod creations of 100 ElasticJobs x 8 workers take {800 / rate:.1f}s")
         n, t, size = await _list(session, base, "bench", None)
         print(f"list: {n} pods in one request: {t * 1e3:.0f} ms ({size / 1e6:.1f} MB)")
         n, t, _ = await _list(session, base, "bench", 500)
