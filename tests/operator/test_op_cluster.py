@@ -43,6 +43,7 @@ class Env:
         self.kubeconfig = kubeconfig
         self.workdir = workdir
         self.operator: subprocess.Popen[bytes] | None = None
+        self.applied: set[str] = set()
         self.log = workdir / "operator.log"
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
@@ -62,6 +63,7 @@ class Env:
 
     def apply(self, manifest: dict[str, Any]) -> None:
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+        self.applied.add(manifest["metadata"]["name"])
 
     def pods(self, job: str) -> dict[str, dict[str, Any]]:
         items = self.get("pods", "-l", f"{contract.LABEL_JOB_NAME}={job}")["items"]
@@ -126,6 +128,15 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             print(e.log.read_text()[-3000:])
     finally:
         cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def delete_jobs_after(env: Env) -> Iterator[None]:
+    """Each test's jobs go when it ends, so their pods do not slow the next tests down."""
+    yield
+    if env.applied:
+        env.kubectl("delete", "ej", *sorted(env.applied), "--wait=false", "--ignore-not-found", check=False)
+        env.applied.clear()
 
 
 def job(name: str, *, min_r: int = 1, max_r: int = 4, replicas: int = 2, **spec: Any) -> dict[str, Any]:
@@ -276,6 +287,7 @@ def test_leader_election_hands_over_on_shutdown(env: Env, tmp_path: Path) -> Non
     try:
         env.wait("op-a to lead", lambda: lease_holder(env) == "op-a")
         b = start_operator(env, tmp_path / "b.log", "--identity", "op-b")
+        time.sleep(2)  # op-b is up and candidate
         env.kubectl("scale", "ej", "epsilon", "--replicas", "2")
         env.wait("the leader to scale up", lambda: len(worker_names(env, "epsilon")) == 2)
         assert lease_holder(env) == "op-a"
