@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from .client import ApiClient
 from .endpoints import EndpointsController
+from .ipam import NetworkClaim, claim_networks
 from .kubelet import DEFAULT_NODE_NAME, Kubelet, KubeletConfig
 from .proxy import ServiceProxy
 
@@ -77,6 +78,7 @@ class LocalCluster:
         self._proxy: ServiceProxy | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._claim: NetworkClaim | None = None
 
     @property
     def client(self) -> ApiClient | None:
@@ -94,11 +96,18 @@ class LocalCluster:
         from .apiserver import ApiServer  # the API server is a sibling module with its own deps
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.apiserver = ApiServer(
-            host=self.host, port=self.port, data_dir=self.data_dir, state_dir=self.state_dir
-        )
-        self.apiserver.start()
+        # A block of pod and service addresses no other cluster on this machine uses.
+        self._claim = claim_networks()
+        self.kubelet_config.pod_network = self._claim.pod_network
         try:
+            self.apiserver = ApiServer(
+                host=self.host,
+                port=self.port,
+                data_dir=self.data_dir,
+                state_dir=self.state_dir,
+                service_network=self._claim.service_network,
+            )
+            self.apiserver.start()
             self.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
             self.apiserver.write_kubeconfig(self.kubeconfig)
             self._loop = asyncio.new_event_loop()
@@ -155,6 +164,9 @@ class LocalCluster:
         if self.apiserver is not None:
             self.apiserver.stop()
             self.apiserver = None
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None
 
     def __enter__(self) -> LocalCluster:
         return self.start()

@@ -8,16 +8,41 @@ needed: a process can bind any of these addresses directly.
 The allocator is pure bookkeeping (no I/O): the kubelet asks it for an address
 when a pod starts, reserves addresses that pods already carry (after a restart
 with persisted state), and releases an address when its pod is gone.
+
+Several local clusters can run on one machine (``kelastic local up`` in one
+terminal, ``kelastic local run`` in another, parallel test runs). So that their
+pods and services never get the same address, each cluster first claims one of
+:data:`BLOCKS` blocks with :func:`claim_networks`: a ``/21`` of the pod network
+and the matching ``/21`` of the service network (``127.2.0.0/16``), held by an
+advisory file lock that the kernel releases when the process ends.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import ipaddress
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["POD_NETWORK", "IpAllocator", "IpExhaustedError"]
+__all__ = [
+    "BLOCKS",
+    "POD_NETWORK",
+    "SERVICE_NETWORK",
+    "IpAllocator",
+    "IpExhaustedError",
+    "NetworkClaim",
+    "claim_networks",
+]
 
 #: The pod network of the local cluster.
 POD_NETWORK = ipaddress.IPv4Network("127.1.0.0/16")
+#: The service (ClusterIP) network of the local cluster.
+SERVICE_NETWORK = ipaddress.IPv4Network("127.2.0.0/16")
+#: How many clusters can run side by side on one machine (a /21 each: 2046 pods, 2046 services).
+BLOCKS = 32
 
 
 class IpExhaustedError(RuntimeError):
@@ -97,3 +122,50 @@ class IpAllocator:
 
     def __len__(self) -> int:
         return len(self._used)
+
+
+@dataclass
+class NetworkClaim:
+    """One cluster's share of the loopback networks, held until :meth:`release`."""
+
+    index: int
+    pod_network: ipaddress.IPv4Network
+    service_network: ipaddress.IPv4Network
+    lock_path: Path
+    _fd: int | None
+
+    def release(self) -> None:
+        """Give the block back (closing the lock file drops the lock). Idempotent."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+
+def _block(network: ipaddress.IPv4Network, index: int) -> ipaddress.IPv4Network:
+    return list(network.subnets(new_prefix=21))[index]
+
+
+def claim_networks(lock_dir: Path | None = None) -> NetworkClaim:
+    """Claim the lowest free block (see the module docstring).
+
+    ``lock_dir`` defaults to ``<tmp>/kelastic-local-networks``. Raises
+    :class:`IpExhaustedError` when every block is held by a running cluster.
+    """
+    lock_dir = lock_dir or Path(tempfile.gettempdir()) / "kelastic-local-networks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    for index in range(BLOCKS):
+        path = lock_dir / f"block-{index}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError:
+            continue  # e.g. another user's lock file: that block is theirs
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        return NetworkClaim(index, _block(POD_NETWORK, index), _block(SERVICE_NETWORK, index), path, fd)
+    raise IpExhaustedError(
+        f"all {BLOCKS} local cluster networks are in use (locks in {lock_dir}); stop another kelastic local"
+    )

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import platform
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import ApiClient, ApiRequestError, Informer
-from .ipam import IpAllocator, IpExhaustedError
+from .ipam import POD_NETWORK, IpAllocator, IpExhaustedError
 from .podenv import ContainerConfigError, PodContext, resolve_command, resolve_env
 from .podstatus import (
     ContainerRecord,
@@ -87,6 +88,8 @@ class KubeletConfig:
     backoff_cap: float = 300.0
     #: Grace given to pods when the kubelet itself shuts down.
     shutdown_grace: float = 2.0
+    #: Where pod IPs come from (a LocalCluster passes the block it claimed).
+    pod_network: ipaddress.IPv4Network = POD_NETWORK
     #: Environment every container starts from (the current one by default:
     #: containers are processes of this Python environment).
     base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
@@ -620,7 +623,7 @@ class Kubelet:
     def __init__(self, client: ApiClient, config: KubeletConfig) -> None:
         self.client = client
         self.config = config
-        self.ipam = IpAllocator()
+        self.ipam = IpAllocator(config.pod_network)
         self.pods: dict[str, dict[str, Any]] = {}
         self.workers: dict[str, PodWorker] = {}
         self._informer = Informer(client, "/api/v1/pods", self._on_pod)

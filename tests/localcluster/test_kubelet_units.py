@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kelastic.localcluster.endpoints import compute_slices, compute_subsets
-from kelastic.localcluster.ipam import IpAllocator, IpExhaustedError
+from kelastic.localcluster.ipam import IpAllocator, IpExhaustedError, claim_networks
 from kelastic.localcluster.podenv import (
     ContainerConfigError,
     PodContext,
@@ -311,3 +311,19 @@ def test_volumes(tmp_path: Path) -> None:
         mount_env(pod, {"name": "c", "volumeMounts": [{"name": "ckpt", "mountPath": "/elsewhere"}]}, vols)
     with pytest.raises(ContainerConfigError, match="not supported"):
         prepare_volumes({"spec": {"volumes": [{"name": "x", "nfs": {}}]}}, tmp_path, {}, {})
+
+
+def test_clusters_on_one_machine_claim_distinct_networks(tmp_path: Path) -> None:
+    first = claim_networks(tmp_path)
+    second = claim_networks(tmp_path)
+    try:
+        assert (first.index, second.index) == (0, 1)
+        assert str(first.pod_network) == "127.1.0.0/21" and str(second.pod_network) == "127.1.8.0/21"
+        assert str(second.service_network) == "127.2.8.0/21"
+        first.release()
+        third = claim_networks(tmp_path)  # a released block is free again
+        assert third.index == 0
+        third.release()
+    finally:
+        first.release()
+        second.release()
