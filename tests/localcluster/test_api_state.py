@@ -13,6 +13,30 @@ from kubernetes import client, config
 from kelastic.localcluster.apiserver import ApiServer
 from kelastic.localcluster.testing import wait_for
 
+CRD = {
+    "metadata": {"name": "notes.state.kelastic.io"},
+    "spec": {
+        "group": "state.kelastic.io",
+        "scope": "Namespaced",
+        "names": {"plural": "notes", "kind": "Note"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {"type": "object", "properties": {"text": {"type": "string"}}}
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
 
 def test_state_dir_survives_restart(tmp_path: Path) -> None:
     state = tmp_path / "state"
@@ -23,6 +47,21 @@ def test_state_dir_survives_restart(tmp_path: Path) -> None:
     created = core.create_namespaced_config_map("default", {"metadata": {"name": "kept"}, "data": {"k": "v"}})
     svc = core.create_namespaced_service(
         "default", {"metadata": {"name": "svc"}, "spec": {"ports": [{"port": 80}], "selector": {"a": "b"}}}
+    )
+    ext = client.ApiextensionsV1Api(core.api_client)
+    ext.create_custom_resource_definition(CRD)
+    custom = client.CustomObjectsApi(core.api_client)
+    custom.create_namespaced_custom_object(
+        "state.kelastic.io",
+        "v1",
+        "default",
+        "notes",
+        {
+            "apiVersion": "state.kelastic.io/v1",
+            "kind": "Note",
+            "metadata": {"name": "n1"},
+            "spec": {"text": "hi"},
+        },
     )
     first.stop()
     second = ApiServer(data_dir=tmp_path, state_dir=state)
@@ -39,6 +78,11 @@ def test_state_dir_survives_restart(tmp_path: Path) -> None:
             "default", {"metadata": {"name": "svc2"}, "spec": {"ports": [{"port": 80}]}}
         )
         assert other.spec.cluster_ip != svc.spec.cluster_ip and other.spec.cluster_ip.startswith("127.2.")
+        # CRDs come back with their resources served.
+        note = client.CustomObjectsApi(core.api_client).get_namespaced_custom_object(
+            "state.kelastic.io", "v1", "default", "notes", "n1"
+        )
+        assert note["spec"] == {"text": "hi"}
     finally:
         second.stop()
 
