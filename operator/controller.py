@@ -63,6 +63,17 @@ JobKey = tuple[str, str]  # (namespace, name)
 COMPONENT = "kelastic-operator"
 
 
+def job_log(key: JobKey, level: int, message: str, *, exc_info: bool = False) -> None:
+    """Log about one job: ``ElasticJob ns/name: message``; JSON logs also carry it as ``object``."""
+    ref = {"apiVersion": API_VERSION, "kind": KIND, "namespace": key[0], "name": key[1]}
+    log.log(level, "ElasticJob %s/%s: %s", key[0], key[1], message, exc_info=exc_info, extra={"k8s_ref": ref})
+
+
+def _key_of(body: Mapping[str, Any]) -> JobKey:
+    meta = body.get("metadata") or {}
+    return (str(meta.get("namespace")), str(meta.get("name")))
+
+
 @dataclass(frozen=True)
 class ControllerOptions:
     #: Every job is reconciled at least this often (seconds): deadlines, progress, repairs.
@@ -175,13 +186,16 @@ class Controller:
                         raise
                     except ApiError as err:
                         self.stats["errors"] += 1
-                        log.warning(
-                            "reconcile of ElasticJob %s/%s: %s; retrying on the next trigger", *key, err
+                        job_log(
+                            key, logging.WARNING, f"reconcile failed: {err}; retrying on the next trigger"
                         )
                     except Exception:
                         self.stats["errors"] += 1
-                        log.exception(
-                            "reconcile of ElasticJob %s/%s failed; retrying on the next trigger", *key
+                        job_log(
+                            key,
+                            logging.ERROR,
+                            "reconcile failed; retrying on the next trigger",
+                            exc_info=True,
                         )
                 if key not in self._dirty:
                     break
@@ -345,7 +359,7 @@ class Controller:
                 if action is None:
                     break
                 if await self.store.publish(action):
-                    log.info("ElasticJob %s/%s: published membership %s", key[0], key[1], list(action.nodes))
+                    job_log(key, logging.INFO, f"published membership {list(action.nodes)}")
                 if self._to_publish.get(key) is action:
                     del self._to_publish[key]
         finally:
@@ -391,11 +405,11 @@ class Controller:
         for action in decision.actions:
             if isinstance(action, Emit):
                 self._event(body, action.reason, action.message, warning=action.warning)
-                (log.warning if action.warning else log.info)(
-                    "ElasticJob %s/%s: %s", ns, job.meta.name, action.message
+                job_log(
+                    (ns, job.meta.name), logging.WARNING if action.warning else logging.INFO, action.message
                 )
             elif isinstance(action, DeleteJob):
-                log.info("ElasticJob %s/%s: %s", ns, job.meta.name, action.message)
+                job_log((ns, job.meta.name), logging.INFO, action.message)
                 try:
                     await self._io(self.kube.delete_job, ns, job.meta.name, job.meta.uid)
                 except ApiError as err:
@@ -421,15 +435,10 @@ class Controller:
                 return None
             verb = "FailedCreate" if isinstance(action, CreatePod | CreateService) else "FailedDelete"
             message = f"{action.message} failed: {err}"
-            log.warning("ElasticJob %s: %s", (body.get("metadata") or {}).get("name"), message)
+            job_log(_key_of(body), logging.WARNING, message)
             self._event(body, verb, message, warning=True)
             return None
-        log.info(
-            "ElasticJob %s/%s: %s",
-            (body.get("metadata") or {}).get("namespace"),
-            (body.get("metadata") or {}).get("name"),
-            action.message,
-        )
+        job_log(_key_of(body), logging.INFO, action.message)
         self._event(
             body, action.reason, action.message, warning=action.reason in ("RecreateWorker", "StoreDied")
         )

@@ -205,6 +205,11 @@ def test_job_creates_store_service_and_workers(env: Env) -> None:
     assert ej["status"]["selector"] == "kelastic.dev/job-name=alpha,kelastic.dev/role=worker"
     table = env.kubectl("get", "ej", "alpha")
     assert "PHASE" in table and "Running" in table
+    # structured logs: one JSON object per line, naming the job it is about
+    records = [json.loads(line) for line in env.log.read_text().splitlines() if "alpha" in line]
+    assert any(
+        r.get("object", {}).get("name") == "alpha" and "creating worker pod" in r["message"] for r in records
+    )
 
 
 def test_kubectl_scale_up_and_down(env: Env) -> None:
