@@ -419,16 +419,8 @@ class _App:
         return status_object("Success", 201, "", "")
 
     def _finalize_namespace(self, name: str, body: Any) -> Obj:
-        rt = self.types.lookup("", "v1", "namespaces")
-        assert rt is not None
-        current = self.registry.get(rt, None, name)
-        new = json.loads(json.dumps(current))
-        new["spec"] = {"finalizers": list(((body or {}).get("spec") or {}).get("finalizers") or [])}
-        self.registry._write_update(
-            rt, self.store.get(rt.key, "", name) or current, new, "", FieldValidation.IGNORE, False
-        )
-        self.registry.finish_namespace(name)
-        return self.registry.get(rt, None, name) if self.store.get(rt.key, "", name) else new
+        finalizers = list(((body or {}).get("spec") or {}).get("finalizers") or [])
+        return self.registry.finalize_namespace(name, finalizers)
 
     # ---- output formats -------------------------------------------------------------------
     @staticmethod
@@ -525,8 +517,6 @@ class _App:
             for obj in self.store.list(rt.key, ns):
                 if pred(obj):
                     watcher.queue.put_nowait((EventType.ADDED, obj, int(obj["metadata"]["resourceVersion"])))
-            if rv_param not in ("", "0") and initial:
-                pass
         else:
             try:
                 since = int(rv_param)

@@ -941,6 +941,17 @@ class Registry:
         self.store.put(rt.key, new, EventType.MODIFIED)
         return self.present(rt, new), False
 
+    def finalize_namespace(self, name: str, finalizers: list[str]) -> Obj:
+        """The ``finalize`` subresource: set spec.finalizers; a terminating namespace left empty goes."""
+        rt = self.types.lookup("", "v1", "namespaces")
+        assert rt is not None
+        old = self._stored(rt, "", name)
+        new = clone(old)
+        new["spec"] = {"finalizers": finalizers}
+        result = self._write_update(rt, old, new, "", FieldValidation.IGNORE, False).obj
+        self.finish_namespace(name)
+        return result
+
     def finish_namespace(self, name: str) -> bool:
         """Remove a terminating namespace once it holds nothing; True if removed."""
         ns = self.store.get("/namespaces", "", name)
