@@ -5,10 +5,11 @@ measurement a fresh client process creates N handlers (``--nnodes N:N``), connec
 them, then releases N threads at once into ``next_rendezvous`` and reports the
 time until the last one returned (connection set-up is excluded for both).
 
-    python bench/bench_rendezvous.py                  # 256 nodes, 3 runs of kelastic, 1 of c10d
-    python bench/bench_rendezvous.py --nodes 64 --repeat 3 --torch-repeat 3
+    python bench/bench_rendezvous.py       # 256 nodes: 3 runs of kelastic, 1 of c10d; then 64 nodes: 1 + 1
+    python bench/bench_rendezvous.py --nodes 128 --repeat 5 --torch-repeat 3 --small 0
 
-Prints one line per run, then the medians and the ratio c10d / kelastic.
+Prints one line per run, then per size the medians and the ratio c10d / kelastic.
+A c10d run that does not finish within ``--cap`` seconds counts as ``> cap``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ def _make_handlers(backend: str, endpoint: str, run_id: str, nodes: int, cap: fl
 
 def run_client(backend: str, endpoint: str, run_id: str, nodes: int, cap: float) -> dict[str, Any]:
     """Measure one rendezvous of ``nodes`` handlers in this process."""
+    setup = time.perf_counter()
     handlers = _make_handlers(backend, endpoint, run_id, nodes, cap)
+    setup = time.perf_counter() - setup
     gate = threading.Event()
     finished: list[float] = []
     errors: list[str] = []
@@ -83,6 +86,7 @@ def run_client(backend: str, endpoint: str, run_id: str, nodes: int, cap: float)
         "complete": complete,
         "seconds": (max(finished) - started) if complete else None,
         "errors": errors[:3],
+        "setup_seconds": round(setup, 2),
     }
 
 
@@ -124,6 +128,27 @@ def _describe(result: dict[str, Any], cap: float) -> str:
     )
 
 
+def _summary(nodes: int, results: dict[str, list[dict[str, Any]]], cap: float) -> bool:
+    def median(backend: str) -> float | None:
+        runs = results[backend]
+        times = [r["seconds"] for r in runs if r["complete"]]
+        return statistics.median(times) if runs and len(times) == len(runs) else None
+
+    ours, theirs = median("kelastic"), median("c10d")
+    print(f"rendezvous of {nodes} simulated nodes (threads, one store process), median:")
+    print(f"  kelastic : {ours:.3f} s" if ours is not None else "  kelastic : incomplete")
+    if results["c10d"]:
+        print(
+            f"  c10d     : {theirs:.3f} s"
+            if theirs is not None
+            else f"  c10d     : > {cap:.0f} s (incomplete)"
+        )
+        if ours is not None:
+            floor, prefix = (theirs, "") if theirs is not None else (cap, ">= ")
+            print(f"  ratio c10d / kelastic: {prefix}{floor / ours:.1f}x")
+    return ours is not None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -131,7 +156,13 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3, help="runs of the kelastic backend")
     parser.add_argument("--torch-repeat", type=int, default=1, help="runs of torch's c10d backend")
-    parser.add_argument("--cap", type=float, default=60.0, help="give up on one run after this many seconds")
+    parser.add_argument("--cap", type=float, default=20.0, help="give up on one run after this many seconds")
+    parser.add_argument(
+        "--small",
+        type=int,
+        default=64,
+        help="also one run of each at this size, where c10d finishes (0: skip)",
+    )
     parser.add_argument("--client", choices=["kelastic", "c10d"], help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--run-id", help=argparse.SUPPRESS)
@@ -144,37 +175,23 @@ def main() -> int:
 
     from kelastic.agent.rendezvous import start_server_process
 
+    plan = [("kelastic", args.nodes)] * args.repeat + [("c10d", args.nodes)] * args.torch_repeat
+    if args.small:
+        plan += [("kelastic", args.small), ("c10d", args.small)]
+    results: dict[int, dict[str, list[dict[str, Any]]]] = {}
     server = start_server_process("127.0.0.1", 0)
-    results: dict[str, list[dict[str, Any]]] = {"kelastic": [], "c10d": []}
     try:
-        plan = [("kelastic", i) for i in range(args.repeat)] + [("c10d", i) for i in range(args.torch_repeat)]
-        for backend, i in plan:
-            result = measure(backend, server.endpoint, f"bench-{backend}-{i}", args.nodes, args.cap)
-            results[backend].append(result)
-            print(
-                f"{backend:8s} run {i + 1}: rendezvous of {args.nodes} nodes: {_describe(result, args.cap)}",
-                flush=True,
-            )
+        for i, (backend, nodes) in enumerate(plan):
+            started = time.perf_counter()
+            result = measure(backend, server.endpoint, f"bench-{backend}-{nodes}-{i}", nodes, args.cap)
+            results.setdefault(nodes, {"kelastic": [], "c10d": []})[backend].append(result)
+            overhead = f"(set-up {result.get('setup_seconds', '?')} s, run wall {time.perf_counter() - started:.0f} s)"
+            print(f"{backend:8s} {nodes:4d} nodes: {_describe(result, args.cap)} {overhead}", flush=True)
     finally:
         server.stop()
-
-    def median(backend: str) -> float | None:
-        times = [r["seconds"] for r in results[backend] if r["complete"]]
-        return statistics.median(times) if times and len(times) == len(results[backend]) else None
-
-    ours, theirs = median("kelastic"), median("c10d")
-    print(f"\nrendezvous of {args.nodes} simulated nodes (threads, one store process), median:")
-    print(f"  kelastic : {ours:.3f} s" if ours is not None else "  kelastic : incomplete")
-    print(
-        f"  c10d     : {theirs:.3f} s"
-        if theirs is not None
-        else f"  c10d     : > {args.cap:.0f} s (incomplete)"
-    )
-    if ours is not None:
-        floor = theirs if theirs is not None else args.cap
-        prefix = "" if theirs is not None else ">= "
-        print(f"  ratio c10d / kelastic: {prefix}{floor / ours:.1f}x")
-    return 0 if ours is not None else 1
+    print()
+    ok = [_summary(nodes, by_backend, args.cap) for nodes, by_backend in results.items()]
+    return 0 if all(ok) else 1
 
 
 if __name__ == "__main__":

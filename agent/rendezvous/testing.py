@@ -6,9 +6,28 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo, RendezvousParameters
 
-__all__ = ["rendezvous_concurrently"]
+from .handler import KelasticRendezvousHandler, create_handler
+
+__all__ = ["kelastic_handler", "rendezvous_concurrently"]
+
+
+def kelastic_handler(
+    endpoint: str,
+    run_id: str,
+    name: str,
+    min_nodes: int,
+    max_nodes: int,
+    *,
+    local_addr: str = "127.0.0.1",
+    **conf: Any,
+) -> KelasticRendezvousHandler:
+    """A ``kelastic`` handler for node ``name`` (``conf`` as in ``--rdzv-conf``)."""
+    params = RendezvousParameters(
+        "kelastic", endpoint, run_id, min_nodes, max_nodes, local_addr=local_addr, node_name=name, **conf
+    )
+    return create_handler(params)
 
 
 def rendezvous_concurrently(

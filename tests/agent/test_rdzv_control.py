@@ -11,17 +11,15 @@ from typing import Any
 import pytest
 from torch.distributed.elastic.rendezvous import (
     RendezvousConnectionError,
-    RendezvousParameters,
 )
 
 from kelastic.agent.rendezvous import (
     KelasticRendezvousHandler,
     ServerProcess,
     control,
-    get_rendezvous_handler,
     start_server_process,
 )
-from kelastic.agent.rendezvous.testing import rendezvous_concurrently
+from kelastic.agent.rendezvous.testing import kelastic_handler, rendezvous_concurrently
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +50,7 @@ def node(server: ServerProcess, run_id: str, name: str, **conf: Any) -> Kelastic
     # A long last call: a round that closes quickly did so because of the controller.
     conf.setdefault("last_call_timeout", 30)
     conf.setdefault("join_timeout", 20)
-    params = RendezvousParameters(
-        "kelastic", server.endpoint, run_id, 1, 8, local_addr="127.0.0.1", node_name=name, **conf
-    )
-    handler = get_rendezvous_handler(params)
-    assert isinstance(handler, KelasticRendezvousHandler)
+    handler = kelastic_handler(server.endpoint, run_id, name, 1, 8, **conf)
     _made.append(handler)
     return handler
 

@@ -16,17 +16,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from kelastic.agent.rendezvous import (
     READY_PREFIX,
     KelasticRendezvousHandler,
     ServerProcess,
     control,
-    get_rendezvous_handler,
     start_server_process,
 )
-from kelastic.agent.rendezvous.testing import rendezvous_concurrently
+from kelastic.agent.rendezvous.testing import kelastic_handler, rendezvous_concurrently
 
 _made: list[KelasticRendezvousHandler] = []
 _procs: list[subprocess.Popen[str]] = []
@@ -54,11 +52,7 @@ def node(
     endpoint: str, run_id: str, name: str, min_nodes: int, max_nodes: int, **conf: Any
 ) -> KelasticRendezvousHandler:
     conf.setdefault("join_timeout", 30)
-    params = RendezvousParameters(
-        "kelastic", endpoint, run_id, min_nodes, max_nodes, local_addr="127.0.0.1", node_name=name, **conf
-    )
-    handler = get_rendezvous_handler(params)
-    assert isinstance(handler, KelasticRendezvousHandler)
+    handler = kelastic_handler(endpoint, run_id, name, min_nodes, max_nodes, **conf)
     _made.append(handler)
     return handler
 

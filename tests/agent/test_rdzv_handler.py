@@ -23,7 +23,7 @@ from kelastic.agent.rendezvous import (
     get_rendezvous_handler,
     start_server_process,
 )
-from kelastic.agent.rendezvous.testing import rendezvous_concurrently
+from kelastic.agent.rendezvous.testing import kelastic_handler, rendezvous_concurrently
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +57,7 @@ def make_handler(
 ) -> KelasticRendezvousHandler:
     conf.setdefault("last_call_timeout", 0.3)
     conf.setdefault("join_timeout", 20)
-    params = RendezvousParameters(
-        "kelastic", endpoint, run_id, min_nodes, max_nodes, local_addr="127.0.0.1", node_name=name, **conf
-    )
-    handler = get_rendezvous_handler(params)
-    assert isinstance(handler, KelasticRendezvousHandler)
+    handler = kelastic_handler(endpoint, run_id, name, min_nodes, max_nodes, **conf)
     _made.append(handler)
     return handler
 
@@ -196,6 +192,8 @@ def test_bad_conf_is_a_clear_error() -> None:
 
 
 def test_torch_backends_still_resolve(server: ServerProcess) -> None:
+    ours = get_rendezvous_handler(RendezvousParameters("kelastic", server.endpoint, "cmp", 1, 1))
+    assert isinstance(ours, KelasticRendezvousHandler)
     c10d = get_rendezvous_handler(
         RendezvousParameters("c10d", server.endpoint, "cmp", 1, 1, is_host=False, join_timeout=10)
     )

@@ -1,0 +1,94 @@
+"""Pure parts of the rendezvous protocol: the close rule, endpoints, heartbeat judgement, settings."""
+
+from __future__ import annotations
+
+import pytest
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+from kelastic.agent.rendezvous import settings_from_params
+from kelastic.agent.rendezvous.liveness import HeartbeatTracker
+from kelastic.agent.rendezvous.protocol import (
+    CloseAction,
+    CloseDecision,
+    RoundView,
+    TimerKind,
+    decide_close,
+    parse_endpoint,
+)
+
+
+def view(**kw: object) -> RoundView:
+    base: dict[str, object] = dict(
+        joined=0,
+        min_nodes=2,
+        max_nodes=4,
+        prev_size=0,
+        prev_accounted=0,
+        controlled=False,
+        listed_all_joined=False,
+    )
+    base.update(kw)
+    return RoundView(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kw", "expected"),
+    [
+        (dict(joined=0), CloseDecision(CloseAction.WAIT)),
+        (dict(joined=1), CloseDecision(CloseAction.WAIT)),
+        # First round: a short last call once min is reached, at once at max.
+        (dict(joined=2), CloseDecision(CloseAction.TIMER, timer=TimerKind.LAST_CALL)),
+        (dict(joined=4), CloseDecision(CloseAction.CLOSE, size=4)),
+        (dict(joined=6), CloseDecision(CloseAction.CLOSE, size=4)),
+        # The previous round is intact: arrivals are spares, even at max.
+        (dict(joined=5, prev_size=4), CloseDecision(CloseAction.WAIT)),
+        # Every old member accounted for: close with whoever is here.
+        (dict(joined=3, prev_size=4, prev_accounted=4), CloseDecision(CloseAction.CLOSE, size=3)),
+        (
+            dict(joined=3, prev_size=4, prev_accounted=2),
+            CloseDecision(CloseAction.TIMER, timer=TimerKind.REJOIN),
+        ),
+        (dict(joined=1, prev_size=4, prev_accounted=4), CloseDecision(CloseAction.WAIT)),
+        # A controller: close as soon as its listed nodes joined, no last call.
+        (dict(joined=3, controlled=True, listed_all_joined=True), CloseDecision(CloseAction.CLOSE, size=3)),
+        (dict(joined=3, controlled=True), CloseDecision(CloseAction.TIMER, timer=TimerKind.CONTROLLER)),
+    ],
+)
+def test_close_rule(kw: dict[str, object], expected: CloseDecision) -> None:
+    assert decide_close(view(**kw)) == expected
+
+
+def test_parse_endpoint() -> None:
+    assert parse_endpoint("10.0.0.1:1234", 29400) == ("10.0.0.1", 1234)
+    assert parse_endpoint("store", 29400) == ("store", 29400)
+    assert parse_endpoint("[::1]:5", 29400) == ("::1", 5)
+    with pytest.raises(ValueError, match="not a number"):
+        parse_endpoint("host:abc", 1)
+    with pytest.raises(ValueError, match="outside"):
+        parse_endpoint("host:70000", 1)
+    with pytest.raises(ValueError, match="empty"):
+        parse_endpoint(" ", 1)
+
+
+def test_heartbeat_tracker_uses_the_observers_clock() -> None:
+    tracker = HeartbeatTracker(timeout=1.5)
+    assert not tracker.observe("a", 7, now=100.0)
+    assert not tracker.observe("a", 7, now=101.0)
+    assert not tracker.observe("a", 8, now=101.4)  # moved: the timer restarts
+    assert not tracker.observe("a", 8, now=102.8)
+    assert tracker.observe("a", 8, now=102.9)
+    tracker.retain(set())
+    assert not tracker.observe("a", 8, now=200.0)
+
+
+def test_settings_defaults_and_conf() -> None:
+    params = RendezvousParameters(
+        "kelastic", "h:1", "run", 1, 3, node_name="me", keep_alive_interval="0.25", keep_alive_max_attempt="4"
+    )
+    s = settings_from_params(params)
+    assert (s.host, s.port, s.node_name, s.node_timeout) == ("h", 1, "me", 1.0)
+    assert s.last_call_timeout == 2.0 and s.join_timeout == 600.0
+    with pytest.raises(ValueError, match="keep_alive_max_attempt"):
+        settings_from_params(RendezvousParameters("kelastic", "h:1", "run", 1, 3, keep_alive_max_attempt="0"))
+    with pytest.raises(ValueError, match="join_timeout"):
+        settings_from_params(RendezvousParameters("kelastic", "h:1", "run", 1, 3, join_timeout="-1"))
