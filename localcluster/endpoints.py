@@ -177,20 +177,33 @@ class EndpointsController:
         self.client = client
         self.services = Informer(client, "/api/v1/services", self._on_service)
         self.pods = Informer(client, "/api/v1/pods", self._on_pod)
+        self.endpoints = Informer(client, "/api/v1/endpoints", self._on_owned)
+        #: None when the API server does not serve discovery.k8s.io/v1.
+        self.slices: Informer | None = None
+        #: Pod UIDs each service lists now, to notice a pod leaving a service.
+        self._members: dict[str, set[str]] = {}
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
+    def _informers(self) -> list[Informer]:
+        return [i for i in (self.services, self.pods, self.endpoints, self.slices) if i is not None]
+
     async def start(self, timeout: float = 30.0) -> None:
-        self.services.start()
-        self.pods.start()
         try:
-            await asyncio.wait_for(
-                asyncio.gather(self.services.synced.wait(), self.pods.synced.wait()), timeout
-            )
+            await self.client.get("/apis/discovery.k8s.io/v1")
+            self.slices = Informer(client=self.client, path="/apis/discovery.k8s.io/v1/endpointslices")
+            self.slices.add_callback(self._on_slice)
+        except ApiRequestError as exc:
+            if exc.status != 404:
+                raise
+        for informer in self._informers():
+            informer.start()
+        try:
+            await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in self._informers())), timeout)
         except asyncio.TimeoutError:
             raise TimeoutError(
-                f"the endpoints controller could not list services and pods within {timeout}s"
+                f"the endpoints controller could not list services, pods and endpoints within {timeout}s"
             ) from None
         self._dirty.update(self.services.cache)
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="endpoints controller")
@@ -201,23 +214,40 @@ class EndpointsController:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self.services.stop()
-        await self.pods.stop()
+        for informer in self._informers():
+            await informer.stop()
 
-    def _on_service(self, etype: str, key: str, obj: dict[str, Any]) -> None:
+    def _mark(self, key: str) -> None:
         self._dirty.add(key)
         self._wake.set()
+
+    def _on_service(self, etype: str, key: str, obj: dict[str, Any]) -> None:
+        self._mark(key)
+
+    def _on_owned(self, etype: str, key: str, obj: dict[str, Any]) -> None:
+        # Our own writes come back here and find nothing to do; anyone else's
+        # change to a service's Endpoints is repaired.
+        if key in self.services.cache:
+            self._mark(key)
+
+    def _on_slice(self, etype: str, key: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        service = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL)
+        if service:
+            self._on_owned(etype, f"{meta.get('namespace', 'default')}/{service}", obj)
 
     def _on_pod(self, etype: str, key: str, pod: dict[str, Any]) -> None:
         meta = pod.get("metadata") or {}
         ns = meta.get("namespace", "default")
+        uid = meta.get("uid", "")
         for skey, svc in self.services.cache.items():
             selector = (svc.get("spec") or {}).get("selector")
-            if selector and skey.startswith(ns + "/"):
-                # A label change can move a pod out of a service: mark services that
-                # match now or list it already.
-                self._dirty.add(skey)
-        self._wake.set()
+            if not selector or not skey.startswith(ns + "/"):
+                continue
+            # Services the pod belongs to now, and those that list it still (its
+            # labels changed or it is gone).
+            if selector_matches(selector, meta.get("labels")) or uid in self._members.get(skey, ()):
+                self._mark(skey)
 
     async def _loop(self) -> None:
         while True:
@@ -230,7 +260,13 @@ class EndpointsController:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    log.warning("could not update endpoints %s: %s", key, exc)
+                    # A conflict means our cache was behind: the watch catches up, then we retry.
+                    level = (
+                        logging.DEBUG
+                        if isinstance(exc, ApiRequestError) and exc.status == 409
+                        else logging.WARNING
+                    )
+                    log.log(level, "could not update endpoints %s: %s", key, exc)
                     self._dirty.add(key)
             if self._dirty:
                 await asyncio.sleep(0.5)
@@ -240,19 +276,22 @@ class EndpointsController:
         ns, name = key.split("/", 1)
         path = f"/api/v1/namespaces/{ns}/endpoints/{name}"
         service = self.services.cache.get(key)
-        if service is None:
-            with contextlib.suppress(ApiRequestError):
-                await self.client.delete(path)
-            return
-        if not (service.get("spec") or {}).get("selector"):
-            return
+        current = self.endpoints.cache.get(key)
+        if service is None or not (service.get("spec") or {}).get("selector"):
+            self._members.pop(key, None)
+            if service is None and current is not None:
+                with contextlib.suppress(ApiRequestError):
+                    await self.client.delete(path)
+            return  # no selector: the Endpoints are the user's
         subsets = compute_subsets(service, self.pods.cache.values())
+        self._members[key] = {
+            a["targetRef"]["uid"]
+            for subset in subsets
+            for field in ("addresses", "notReadyAddresses")
+            for a in subset.get(field) or []
+        }
         labels = dict((service.get("metadata") or {}).get("labels") or {})
-        try:
-            current = await self.client.get(path)
-        except ApiRequestError as exc:
-            if exc.status != 404:
-                raise
+        if current is None:
             body = {
                 "apiVersion": "v1",
                 "kind": "Endpoints",
@@ -260,28 +299,24 @@ class EndpointsController:
                 "subsets": subsets,
             }
             await self.client.post(f"/api/v1/namespaces/{ns}/endpoints", body)
-        else:
-            if (current.get("subsets") or []) != subsets or (
-                current["metadata"].get("labels") or {}
-            ) != labels:
-                current["subsets"] = subsets
-                current["metadata"]["labels"] = labels
-                await self.client.put(path, current)
-        await self._sync_slices(service, subsets)
+        elif (current.get("subsets") or []) != subsets or (current["metadata"].get("labels") or {}) != labels:
+            body = {**current, "subsets": subsets, "metadata": {**current["metadata"], "labels": labels}}
+            await self.client.put(path, body)
+        if self.slices is not None:
+            await self._sync_slices(service, subsets)
 
     async def _sync_slices(self, service: Mapping[str, Any], subsets: list[dict[str, Any]]) -> None:
+        assert self.slices is not None
         meta = service["metadata"]
         ns, name = meta.get("namespace", "default"), meta["name"]
         collection = f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"
-        try:
-            listing = await self.client.get(
-                collection, labelSelector=f"{SERVICE_NAME_LABEL}={name},{MANAGED_BY_LABEL}={MANAGED_BY}"
-            )
-        except ApiRequestError as exc:
-            if exc.status == 404:
-                return  # a server without EndpointSlices: Endpoints are enough
-            raise
-        existing = {s["metadata"]["name"]: s for s in listing.get("items") or []}
+        existing = {
+            s["metadata"]["name"]: s
+            for s in self.slices.cache.values()
+            if s["metadata"].get("namespace") == ns
+            and (s["metadata"].get("labels") or {}).get(SERVICE_NAME_LABEL) == name
+            and (s["metadata"].get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
+        }
         for desired in compute_slices(service, subsets):
             slice_name = desired["metadata"]["name"]
             current = existing.pop(slice_name, None)
