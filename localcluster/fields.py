@@ -44,7 +44,16 @@ def _fields(name: str) -> dict[str, str] | None:
     attrs = getattr(model, "attribute_map", None)
     if not isinstance(types, dict) or not isinstance(attrs, dict):
         return None
-    return {attrs[k]: v for k, v in types.items() if k in attrs}
+    return {attrs[k]: _normalize(v) for k, v in types.items() if k in attrs}
+
+
+def _normalize(type_str: str) -> str:
+    """Older clients spell containers ``list[X]`` and ``dict(str, X)``; use ``List[X]``/``Dict[str, X]``."""
+    if type_str.startswith("list["):
+        return "List[" + _normalize(type_str[5:-1]) + "]"
+    if type_str.startswith("dict(str, "):
+        return "Dict[str, " + _normalize(type_str[10:-1]) + "]"
+    return type_str
 
 
 def _json_kind(value: Any) -> str:
@@ -168,7 +177,8 @@ def _collect(name: str, out: dict[str, Obj]) -> None:
     out[ref] = schema  # registered before recursing: models refer to each other
     infos = getattr(model, "model_fields", {}) or {}
     attrs = model.attribute_map
-    for attr, type_str in model.openapi_types.items():
+    for attr, raw_type in model.openapi_types.items():
+        type_str = _normalize(raw_type)
         prop = _schema_of(type_str, out)
         info = infos.get(attr)
         desc = getattr(info, "description", None)
