@@ -515,5 +515,10 @@ def test_headless_service_lists_pod_ips_and_empty_dir_is_per_pod(kubectl: Kubect
 
     wait_for(lambda: listed() == ips, 10, "the headless service's endpoints to list both pod IPs")
     assert kubectl.json("service", "peers")["spec"]["clusterIP"] == "None"
+    # A pod relabelled out of the selector leaves the endpoints.
+    kubectl("label", "pod", "peer-b", "app=elsewhere", "--overwrite")
+    ip_a = _pod(kubectl, "peer-a")["status"]["podIP"]
+    wait_for(lambda: listed() == {ip_a}, 10, "peer-b to leave the endpoints")
+    kubectl("delete", "pod", "peer-b", "--grace-period=0", "--force")
     kubectl("delete", "pods", "-l", "app=peers", "--grace-period=0", "--force")
     kubectl("delete", "service", "peers")
