@@ -156,10 +156,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             logging.getLogger(name).setLevel(logging.WARNING)
     log = logging.getLogger("kelastic.operator")
 
+    source = args.kubeconfig or os.environ.get("KUBECONFIG") or "in-cluster credentials or ~/.kube/config"
     try:
+        if args.kubeconfig and not os.path.isfile(args.kubeconfig):
+            raise FileNotFoundError("no such file; pass --kubeconfig PATH of an existing kubeconfig")
         cfg = load_configuration(args.kubeconfig, args.context)
     except Exception as exc:
-        print(f"kelastic-operator: cannot load Kubernetes credentials: {exc}", file=sys.stderr)
+        print(f"kelastic-operator: cannot load Kubernetes credentials from {source}: {exc}", file=sys.stderr)
         return 2
     kube = Kube(cfg)
     options = ControllerOptions(
