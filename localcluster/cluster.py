@@ -150,23 +150,33 @@ class LocalCluster:
             raise TimeoutError(f"the local cluster did not finish {coro!r} within {timeout}s") from None
 
     def stop(self) -> None:
-        """Stop the node components (killing every pod process), then the API server. Idempotent."""
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+        """Stop the node components (killing every pod process), then the API server. Idempotent.
+
+        Each part is stopped even when an earlier one fails; the first error is raised at the end.
+        """
+        try:
+            if self._loop is not None and self._thread is not None and self._thread.is_alive():
+                try:
+                    self.call(self._stop_components(), timeout=60.0)
+                finally:
+                    # Ending the thread also fires the pod shims' parent-death signal:
+                    # whatever the kubelet could not stop dies with it.
+                    self._loop.call_soon_threadsafe(self._loop.stop)
+                    self._thread.join(10.0)
+                    if not self._thread.is_alive():
+                        self._loop.close()
+        finally:
+            self._loop = None
+            self._thread = None
+            self.kubelet = None
             try:
-                self.call(self._stop_components(), timeout=60.0)
+                if self.apiserver is not None:
+                    self.apiserver.stop()
+                    self.apiserver = None
             finally:
-                self._loop.call_soon_threadsafe(self._loop.stop)
-                self._thread.join(10.0)
-                self._loop.close()
-        self._loop = None
-        self._thread = None
-        self.kubelet = None
-        if self.apiserver is not None:
-            self.apiserver.stop()
-            self.apiserver = None
-        if self._claim is not None:
-            self._claim.release()
-            self._claim = None
+                if self._claim is not None:
+                    self._claim.release()
+                    self._claim = None
 
     def __enter__(self) -> LocalCluster:
         return self.start()
