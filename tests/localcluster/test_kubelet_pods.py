@@ -212,13 +212,13 @@ def test_graceful_deletion_honours_the_grace_period(kubectl: Kubectl, tmp_path: 
             },
         }
     )
-    wait_for(lambda: _phase(kubectl, "stubborn") == "Running", 20, "pod stubborn to run")
-    time.sleep(0.5)  # let it install its SIGTERM handler
+    # "ready" is printed once the SIGTERM handler is in place.
+    wait_for(lambda: "ready" in kubectl("logs", "stubborn", check=False), 20, "pod stubborn to start")
     pid = int(_pod(kubectl, "stubborn")["status"]["containerStatuses"][0]["containerID"].split("://")[1])
     start = time.monotonic()
     kubectl("delete", "pod", "stubborn", "--wait=false")
     # Terminating: the object stays while the process gets its grace period.
-    wait_for(lambda: marker.exists(), 5, "SIGTERM to reach the container")
+    wait_for(lambda: marker.exists(), 10, "SIGTERM to reach the container")
     assert _pod(kubectl, "stubborn")["metadata"].get("deletionTimestamp")
     assert _alive(pid)
     wait_for(lambda: not kubectl("get", "pod", "stubborn", "--ignore-not-found").strip(), 10, "pod removal")
