@@ -414,7 +414,10 @@ def _active(p: _Pass, spec: JobSpec, workers: list[PodView]) -> None:
         p.after(left)
 
     # --- success: the first worker to succeed ends the job; the others get a grace period.
-    succeeded = [w for w in workers if w.phase is PodPhase.SUCCEEDED]
+    # Only pods the job still wants count: one being deleted (scaled away, replaced) may end
+    # with any exit code, and that says nothing about the training.
+    wanted = [w for w in workers if not w.terminating and w.index is not None and w.index < spec.replicas]
+    succeeded = [w for w in wanted if w.phase is PodPhase.SUCCEEDED]
     if succeeded:
         first = min((w.finished_at or now) for w in succeeded)
         still = [w for w in workers if w.active]
@@ -433,8 +436,8 @@ def _active(p: _Pass, spec: JobSpec, workers: list[PodView]) -> None:
     present_uids = {w.uid for w in workers}
     counted = [u for u in status.get("countedFailures") or [] if u in present_uids]
     recreating: list[PodView] = []
-    for pod in sorted(workers, key=lambda w: w.index or 0):
-        if pod.phase is not PodPhase.FAILED or pod.terminating:
+    for pod in sorted(wanted, key=lambda w: w.index or 0):
+        if pod.phase is not PodPhase.FAILED:
             continue
         what = _describe_failure(pod)
         if not _retryable(pod, spec.restart_policy):

@@ -581,3 +581,14 @@ def test_permanent_failure_names_rank_and_exit_code(kit: SimpleNamespace) -> Non
     assert message.startswith(
         "worker pod demo-worker-2 (index 2) exited with code 1 (Error): rank 3 (local_rank: 1) exitcode 2"
     )
+
+
+def test_pods_being_removed_decide_nothing(kit: SimpleNamespace) -> None:
+    body = kit.job_body(replicas=2, status={"phase": "Scaling", "scaledTo": 3})
+    leaving_ok = kit.worker(2, PodPhase.SUCCEEDED, exit_code=0, terminating=True)
+    d = run(body, kit.observed(kit.store(), kit.worker(0), kit.worker(1), leaving_ok))
+    assert d.status["phase"] == "Scaling", "a scaled-away pod that exited 0 does not end the job"
+    leaving_bad = kit.worker(2, PodPhase.FAILED, exit_code=1)  # not yet marked for deletion
+    d = run(body, kit.observed(kit.store(), kit.worker(0), kit.worker(1), leaving_bad))
+    assert d.status["phase"] != "Failed" and d.status.get("backoffCount", 0) == 0
+    assert deleted_names(d) == ["demo-worker-2"]
