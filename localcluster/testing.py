@@ -22,7 +22,7 @@ import pytest
 
 from kelastic.localcluster.cluster import LocalCluster
 
-__all__ = ["Kubectl", "cluster_fixture", "kubectl_fixture", "wait_for"]
+__all__ = ["Kubectl", "cluster_fixture", "kubectl_fixture", "process_alive", "wait_for"]
 
 T = TypeVar("T")
 
@@ -63,6 +63,15 @@ class Kubectl:
     def apply_object(self, obj: dict[str, Any]) -> str:
         """``kubectl apply`` of one object given as a dict (sent as JSON: no YAML quoting pitfalls)."""
         return self.apply(json.dumps(obj))
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1) -> T:

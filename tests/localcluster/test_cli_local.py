@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kelastic.localcluster.testing import Kubectl, wait_for
+from kelastic.localcluster.testing import Kubectl, process_alive, wait_for
 
 KELASTIC = [sys.executable, "-m", "kelastic.localcluster"]
 
@@ -114,14 +114,6 @@ def test_local_run_rejects_a_bad_manifest(tmp_path: Path) -> None:
     assert "document 1 has no apiVersion" in proc.stderr
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 TREE = (
     "import os, subprocess, sys, time\n"
     "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
@@ -180,7 +172,7 @@ def _local_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], list[str]
         Kubectl(kubeconfig)("apply", "-f", "-", input=json.dumps(pod))
         text = wait_for(lambda: pidfile.exists() and pidfile.read_text(), 20, "the pod's processes to start")
         pids += [int(p) for p in text.split()]
-        assert all(_alive(p) for p in pids)
+        assert all(process_alive(p) for p in pids)
         yield up, printed, pids
         up.wait(30)
         while not lines.empty():
@@ -199,7 +191,7 @@ def test_local_up_prints_the_kubeconfig_and_stops_everything_on_sigterm(tmp_path
     with _local_up(tmp_path) as (up, printed, pids):
         up.send_signal(signal.SIGTERM)
         assert up.wait(30) == 0
-        assert not [p for p in pids if _alive(p)], "pod processes outlived kelastic local up"
+        assert not [p for p in pids if process_alive(p)], "pod processes outlived kelastic local up"
     assert "kelastic: stopped\n" in printed
 
 
@@ -208,5 +200,7 @@ def test_pod_processes_die_even_when_local_up_is_killed(tmp_path: Path) -> None:
         up.send_signal(signal.SIGKILL)  # no chance to clean up: the shims must
         up.wait(10)
         wait_for(
-            lambda: not [p for p in pids if _alive(p)], 10, "the pod's process tree to die with kelastic"
+            lambda: not [p for p in pids if process_alive(p)],
+            10,
+            "the pod's process tree to die with kelastic",
         )

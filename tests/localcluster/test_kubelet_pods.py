@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kelastic.localcluster.testing import Kubectl, cluster_fixture, kubectl_fixture, wait_for  # noqa: F401
+from kelastic.localcluster.testing import Kubectl, cluster_fixture, kubectl_fixture, process_alive, wait_for  # noqa: F401
 
 
 def _pod(kubectl: Kubectl, name: str) -> dict[str, Any]:
@@ -16,14 +16,6 @@ def _pod(kubectl: Kubectl, name: str) -> dict[str, Any]:
 
 def _phase(kubectl: Kubectl, name: str) -> str:
     return str(_pod(kubectl, name).get("status", {}).get("phase", ""))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 def test_kubectl_run_reaches_succeeded_with_logs(kubectl: Kubectl) -> None:
@@ -180,7 +172,7 @@ def _start_tree(kubectl: Kubectl, name: str, pidfile: Path) -> tuple[int, int]:
     )
     text = wait_for(lambda: pidfile.exists() and pidfile.read_text(), 20, f"{name} to start its process tree")
     parent, child = (int(x) for x in text.split())
-    assert _alive(parent) and _alive(child)
+    assert process_alive(parent) and process_alive(child)
     return parent, child
 
 
@@ -188,7 +180,7 @@ def test_force_deletion_kills_the_whole_process_tree(kubectl: Kubectl, tmp_path:
     parent, child = _start_tree(kubectl, "tree", tmp_path / "pids")
     wait_for(lambda: _phase(kubectl, "tree") == "Running", 10, "pod tree to run")
     kubectl("delete", "pod", "tree", "--grace-period=0", "--force")
-    wait_for(lambda: not _alive(parent) and not _alive(child), 5, "the pod's processes to die")
+    wait_for(lambda: not process_alive(parent) and not process_alive(child), 5, "the pod's processes to die")
     assert not kubectl("get", "pod", "tree", "--ignore-not-found").strip()
 
 
@@ -220,10 +212,10 @@ def test_graceful_deletion_honours_the_grace_period(kubectl: Kubectl, tmp_path: 
     # Terminating: the object stays while the process gets its grace period.
     wait_for(lambda: marker.exists(), 10, "SIGTERM to reach the container")
     assert _pod(kubectl, "stubborn")["metadata"].get("deletionTimestamp")
-    assert _alive(pid)
+    assert process_alive(pid)
     wait_for(lambda: not kubectl("get", "pod", "stubborn", "--ignore-not-found").strip(), 10, "pod removal")
     elapsed = time.monotonic() - start
-    assert not _alive(pid)
+    assert not process_alive(pid)
     assert elapsed >= 1.5, f"the pod was removed after {elapsed:.1f}s, before its 2 s grace period"
 
 
@@ -359,7 +351,7 @@ def test_a_restarted_cluster_restarts_the_containers_of_persisted_pods(tmp_path:
         )
     finally:
         local.stop()
-    assert not _alive(first_pid)
+    assert not process_alive(first_pid)
     local, kubectl = start()
     try:
 
@@ -441,7 +433,7 @@ def test_active_deadline_fails_the_pod_and_stops_it(kubectl: Kubectl) -> None:
     pid = int(_pod(kubectl, "deadline")["status"]["containerStatuses"][0]["containerID"].split("://")[1])
     wait_for(lambda: _phase(kubectl, "deadline") == "Failed", 10, "the deadline to fail the pod")
     assert _pod(kubectl, "deadline")["status"]["reason"] == "DeadlineExceeded"
-    wait_for(lambda: not _alive(pid), 5, "the container to be stopped")
+    wait_for(lambda: not process_alive(pid), 5, "the container to be stopped")
     cs = wait_for(
         lambda: (
             "terminated" in _pod(kubectl, "deadline")["status"]["containerStatuses"][0]["state"]

@@ -14,19 +14,7 @@ from pathlib import Path
 import pytest
 
 from kelastic.localcluster.runtime import spawn
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purpose.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+from kelastic.localcluster.testing import process_alive
 
 
 def _wait_file(path: Path, timeout: float = 10.0) -> str:
@@ -72,13 +60,13 @@ def test_stop_kills_the_whole_group_and_reports_the_signal(tmp_path: Path) -> No
             tmp_path / "0.log",
         )
         grandchild = int(await asyncio.to_thread(_wait_file, pidfile))
-        assert _alive(grandchild)
+        assert process_alive(grandchild)
         status = await asyncio.wait_for(proc.stop(grace=5.0), 20)
         assert status.exit_code == 128 + signal.SIGTERM and status.signal == signal.SIGTERM
         deadline = time.monotonic() + 5
-        while _alive(grandchild) and time.monotonic() < deadline:
+        while process_alive(grandchild) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        assert not _alive(grandchild)
+        assert not process_alive(grandchild)
 
     asyncio.run(main())
 
@@ -99,9 +87,9 @@ open(sys.argv[1], "w").write(str(child.pid))
         assert status.exit_code == 0
         left = int(pidfile.read_text())
         deadline = time.monotonic() + 5
-        while _alive(left) and time.monotonic() < deadline:
+        while process_alive(left) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        assert not _alive(left)
+        assert not process_alive(left)
 
     asyncio.run(main())
 
@@ -143,9 +131,9 @@ def test_the_whole_tree_dies_with_the_thread_that_started_it(tmp_path: Path) -> 
     leader, grandchild = started["pid"], int(pidfile.read_text())
     try:
         deadline = time.monotonic() + 5
-        while (_alive(leader) or _alive(grandchild)) and time.monotonic() < deadline:
+        while (process_alive(leader) or process_alive(grandchild)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(leader) and not _alive(grandchild), (
+        assert not process_alive(leader) and not process_alive(grandchild), (
             "container processes outlived the kubelet thread"
         )
     finally:
