@@ -10,7 +10,7 @@ empty protobuf v2 document, so kubectl validates through the server), CRUD with
 Status errors, list/watch with resumable resourceVersions, 410 Gone, bookmarks and
 ``sendInitialEvents``, label and field selectors, merge/JSON/strategic merge
 patches, dry-run, field validation (Strict/Warn/Ignore), status and scale
-subresources, CRD schemas (validation, defaults, pruning), Table output with
+subresources, CRD schemas (validation, defaults, pruning, CEL rules), Table output with
 printer columns, finalizers, graceful pod deletion, pod binding and eviction,
 ownerReference garbage collection, namespace termination, pod logs, and the
 protobuf request bodies of ``kubectl create <kind>``.
@@ -18,8 +18,8 @@ protobuf request bodies of ``kubectl create <kind>``.
 Known differences: server-side apply records each manager's applied fields and
 removes those it stops applying, but does not detect conflicts between managers
 (every apply wins, as with ``--force-conflicts``) nor track fields written by
-updates; CEL rules
-(``x-kubernetes-validations``) are not evaluated; responses are JSON only; there
+updates; CEL validation rules are evaluated for a subset of CEL (see :mod:`.cel`;
+rules outside it are not enforced); responses are JSON only; there
 is no exec/attach/port-forward, no authentication or authorization (every
 request is allowed), and the only controllers are garbage collection and
 namespace termination (Deployments, Jobs and the like are stored as data).

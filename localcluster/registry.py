@@ -21,6 +21,7 @@ from enum import Enum
 from typing import Any
 
 from . import fields, kinds, schema, ssa
+from .cel import MISSING
 from .errors import ApiError, FieldCause
 from .patch import PatchError, clone, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType, TypeRegistry
@@ -81,6 +82,11 @@ class WriteResult:
 def _strip(obj: Obj, *, keep_status: bool) -> Obj:
     """The object without metadata (and status when it is a subresource): what generation tracks."""
     return {k: v for k, v in obj.items() if k != "metadata" and (keep_status or k != "status")}
+
+
+def _strip_meta(obj: Obj) -> Obj:
+    """A custom resource as CEL rules at its root see it (without metadata, apiVersion and kind)."""
+    return {k: v for k, v in obj.items() if k not in ("metadata", "apiVersion", "kind")}
 
 
 def _get_path(obj: Obj, dotted: str) -> Any:
@@ -250,7 +256,7 @@ class Registry:
         return body
 
     def _schema_pass(
-        self, rt: ResourceType, obj: Obj, validation: FieldValidation, name: str
+        self, rt: ResourceType, obj: Obj, validation: FieldValidation, name: str, old: Obj | None = None
     ) -> tuple[Obj, list[str]]:
         """Prune unknown fields (refused under Strict), default and validate; returns the object and warnings."""
         warnings: list[str] = []
@@ -271,6 +277,9 @@ class Registry:
         self._unknown_fields(rt, unknown_meta + dropped, validation, warnings)
         obj = schema.apply_defaults(pruned, rt.schema)
         causes = schema.validate(obj, rt.schema)
+        if not causes:
+            before = _strip_meta(old) if old is not None else MISSING
+            causes = schema.validate_rules(_strip_meta(obj), rt.schema, before)
         if causes:
             raise ApiError.invalid(rt.group, rt.kind, name, causes)
         return obj, warnings
@@ -589,7 +598,7 @@ class Registry:
                     )
         new["apiVersion"] = st.api_version
         new["kind"] = rt.kind
-        new, warnings = self._schema_pass(rt, new, validation, name)
+        new, warnings = self._schema_pass(rt, new, validation, name, old)
         kinds.prepare_update(rt, new, old)
         self._validate(rt, new, name)
         if subresource != "status":

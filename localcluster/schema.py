@@ -13,10 +13,11 @@ import json
 import re
 from typing import Any
 
+from .cel import MISSING, CelError, compile_rule
 from .errors import FieldCause
 from .patch import clone
 
-__all__ = ["apply_defaults", "prune", "validate"]
+__all__ = ["apply_defaults", "prune", "validate", "validate_rules"]
 
 Obj = dict[str, Any]
 _ROOT_KEEP = ("apiVersion", "kind", "metadata")
@@ -252,3 +253,70 @@ def _validate(v: Any, s: Obj, path: str, causes: list[FieldCause], root: bool = 
             _invalid(causes, path, v, f"{where} in body must validate one and only one schema (oneOf)")
     if isinstance(s.get("not"), dict) and not validate(v, s["not"], path):
         _invalid(causes, path, v, f"{where} in body must not validate the schema (not)")
+
+
+def validate_rules(value: Any, schema: Obj | None, old: Any = MISSING, path: str = "") -> list[FieldCause]:
+    """Causes for the ``x-kubernetes-validations`` rules ``value`` breaks.
+
+    ``old`` is the value before an update (MISSING on create): rules that use
+    ``oldSelf`` (transition rules) only run when it exists. Rules this server
+    cannot parse are not enforced.
+    """
+    causes: list[FieldCause] = []
+    if schema:
+        _rules(value, schema, old, path, causes)
+    return causes
+
+
+def _shown(v: Any) -> str:
+    if isinstance(v, dict):
+        return '"object"'
+    if isinstance(v, list):
+        return '"array"'
+    return json.dumps(v)
+
+
+def _rules(v: Any, s: Obj, old: Any, path: str, causes: list[FieldCause]) -> None:
+    if v is None:
+        return
+    for rule in s.get("x-kubernetes-validations") or ():
+        text = rule.get("rule", "")
+        if "oldSelf" in text and old is MISSING:
+            continue
+        try:
+            node = compile_rule(text)
+        except CelError:
+            continue
+        env = {"self": v} if old is MISSING else {"self": v, "oldSelf": old}
+        try:
+            ok = node(env) is True
+            error = ""
+        except (CelError, TypeError, ValueError, re.error, AttributeError) as exc:
+            ok, error = False, f": {exc}"
+        if ok:
+            continue
+        message = rule.get("message") or f"failed rule: {text}{error}"
+        if rule.get("messageExpression"):
+            try:
+                message = str(compile_rule(rule["messageExpression"])(env))
+            except (CelError, TypeError, ValueError, AttributeError):
+                pass
+        field_path = path + (rule.get("fieldPath") or "")
+        causes.append(
+            FieldCause(
+                rule.get("reason") or "FieldValueInvalid",
+                f"Invalid value: {_shown(v)}: {message}",
+                field_path.lstrip("."),
+            )
+        )
+    if isinstance(v, dict):
+        props = s.get("properties") or {}
+        addl = s.get("additionalProperties")
+        for k, item in v.items():
+            sub = props.get(k) if k in props else (addl if isinstance(addl, dict) else None)
+            if sub:
+                prev = old.get(k, MISSING) if isinstance(old, dict) else MISSING
+                _rules(item, sub, prev, _child(path, k), causes)
+    elif isinstance(v, list) and isinstance(s.get("items"), dict):
+        for i, item in enumerate(v):
+            _rules(item, s["items"], MISSING, f"{path}[{i}]", causes)

@@ -5,6 +5,7 @@ subresources, ``kubectl explain``.
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -206,3 +207,52 @@ def test_explain_builtin_kinds(kubectl: Kubectl) -> None:
     out = kubectl("explain", "pods.spec.restartPolicy")
     assert "FIELD: restartPolicy <string>" in out and "Always" in out
     assert "replicas" in kubectl("explain", "deployment.spec")
+
+
+RULES_CRD = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: ranges.test.kelastic.io}
+spec:
+  group: test.kelastic.io
+  scope: Namespaced
+  names: {plural: ranges, singular: range, kind: Range}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            x-kubernetes-validations:
+            - {rule: "self.min <= self.max", message: "min must not exceed max"}
+            - {rule: "self.max >= oldSelf.max", message: "max may not shrink"}
+            properties:
+              min: {type: integer}
+              max: {type: integer}
+"""
+
+
+def test_cel_validation_rules(kubectl: Kubectl) -> None:
+    kubectl.apply(RULES_CRD)
+    kubectl("wait", "--for=condition=Established", "crd/ranges.test.kelastic.io", "--timeout=10s")
+
+    def rng(lo: int, hi: int) -> str:
+        return json.dumps(
+            {
+                "apiVersion": "test.kelastic.io/v1",
+                "kind": "Range",
+                "metadata": {"name": "r"},
+                "spec": {"min": lo, "max": hi},
+            }
+        )
+
+    out = _run(kubectl, "apply", "-f", "-", input=rng(5, 1))
+    assert "is invalid" in out and "spec: Invalid value" in out and "min must not exceed max" in out
+    kubectl.apply(rng(1, 5))
+    out = _run(kubectl, "apply", "-f", "-", input=rng(1, 3))
+    assert "max may not shrink" in out
+    assert "configured" in kubectl.apply(rng(1, 8))

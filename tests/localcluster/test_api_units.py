@@ -237,3 +237,45 @@ def test_protobuf_configmap() -> None:
     other = _field(1, _field(1, b"v1") + _field(2, b"Pod")) + _field(2, b"")
     with pytest.raises(ProtobufError, match="kubectl apply -f"):
         decode_object(MAGIC + other)
+
+
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        ("self.minReplicas <= self.maxReplicas", True),
+        ("has(self.name) && self.name.startsWith('a')", True),
+        ("!has(self.nope) || self.nope > 1", True),
+        ("size(self.items) == 3 && self.items.all(x, x > 0)", True),
+        ("self.items.exists_one(x, x > 1)", False),
+        ("self.items.map(x, x * 2) == [2, 4, 6]", True),
+        ("self.items.filter(x, x % 2 == 1).size() == 2", True),
+        ("'a' in self.m && self.m.a + 1 == 2", True),
+        ("self.minReplicas == 2 ? self.name.matches('^[a-c]+$') : false", True),
+    ],
+)
+def test_cel_subset(rule: str, expected: bool) -> None:
+    from kelastic.localcluster.cel import evaluate
+
+    value = {"minReplicas": 2, "maxReplicas": 4, "name": "abc", "items": [1, 2, 3], "m": {"a": 1}}
+    assert evaluate(rule, value) is expected
+
+
+def test_validation_rules_in_schemas() -> None:
+    from kelastic.localcluster.schema import validate_rules
+
+    spec_schema = {
+        "type": "object",
+        "x-kubernetes-validations": [
+            {"rule": "self.min <= self.max", "message": "min must not exceed max"},
+            {"rule": "self.max >= oldSelf.max", "message": "max may not shrink"},
+            {"rule": "self.unsupported(1)"},
+        ],
+        "properties": {"min": {"type": "integer"}, "max": {"type": "integer"}},
+    }
+    root = {"type": "object", "properties": {"spec": spec_schema}}
+    assert validate_rules({"spec": {"min": 1, "max": 2}}, root) == []
+    causes = validate_rules({"spec": {"min": 3, "max": 2}}, root, {"spec": {"min": 1, "max": 4}})
+    assert [(c.field, c.message) for c in causes] == [
+        ("spec", 'Invalid value: "object": min must not exceed max'),
+        ("spec", 'Invalid value: "object": max may not shrink'),
+    ]
