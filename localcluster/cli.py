@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import enum
 import importlib.util
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -58,9 +60,12 @@ def find_crds_dir() -> Path | None:
 def operator_command() -> list[str] | None:
     """How to start the kelastic operator, or None when it is not installed.
 
-    Looks for the module's files without importing it: the local cluster must
-    not depend on the operator.
+    ``$KELASTIC_LOCAL_OPERATOR`` (a command line) overrides the default, e.g. to
+    pass the operator flags. Otherwise looks for the module's files without
+    importing it: the local cluster must not depend on the operator.
     """
+    if os.environ.get("KELASTIC_LOCAL_OPERATOR"):
+        return shlex.split(os.environ["KELASTIC_LOCAL_OPERATOR"])
     try:
         spec = importlib.util.find_spec("kelastic.operator")
     except (ImportError, ValueError):
@@ -248,6 +253,15 @@ def _finished(outcomes: Sequence[tuple[Outcome, str]]) -> bool:
     return all(r[0] is not Outcome.PENDING for r in outcomes) or any(r[0] is Outcome.FAILED for r in outcomes)
 
 
+class RunEnd(str, enum.Enum):
+    """Why ``kelastic local run`` stopped watching."""
+
+    FINISHED = "finished"
+    TIMED_OUT = "timed out"
+    INTERRUPTED = "interrupted"
+    OPERATOR_EXITED = "operator exited"
+
+
 def _watch(
     cluster: LocalCluster,
     waited: Sequence[dict[str, Any]],
@@ -255,15 +269,16 @@ def _watch(
     stopper: _Stopper,
     args: argparse.Namespace,
     started: float,
-) -> tuple[list[tuple[Outcome, str]], bool, bool]:
-    """Relay logs and report progress until the workloads finish; (outcomes, timed out, interrupted)."""
+    operator: _Operator | None,
+) -> tuple[list[tuple[Outcome, str]], RunEnd]:
+    """Relay logs and report progress until the workloads finish; (last outcomes, why it ended)."""
     assert cluster.client is not None
     applier = Applier(cluster.client)
     follower = LogFollower(cluster.data_dir, relay)
     deadline = started + args.timeout
     outcomes: list[tuple[Outcome, str]] = []
     last_summary, last_print, next_status = "", time.monotonic(), 0.0
-    timed_out = interrupted = False
+    end = RunEnd.FINISHED
     while True:
         now = time.monotonic()
         follower.poll(time.time())
@@ -278,16 +293,19 @@ def _watch(
                 last_summary, last_print = summary, now
         sys.stdout.flush()
         if now >= deadline:
-            timed_out = True
+            end = RunEnd.TIMED_OUT
+            break
+        if operator is not None and operator.poll() is not None:
+            end = RunEnd.OPERATOR_EXITED  # nothing would act on the workloads any more
             break
         if stopper.event.wait(0.2):
-            interrupted = True
+            end = RunEnd.INTERRUPTED
             break
     time.sleep(0.3)  # the last lines the containers wrote
     follower.poll(time.time())
     relay.flush()
     sys.stdout.flush()
-    return outcomes, timed_out, interrupted
+    return outcomes, end
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -320,7 +338,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     outcomes: list[tuple[Outcome, str]] = []
     waited: list[dict[str, Any]] = []
     pods: list[dict[str, Any]] = []
-    timed_out = interrupted = False
+    end = RunEnd.INTERRUPTED
+    operator_tail = ""
 
     def notice(text: str) -> None:
         relay.line("kelastic", text)
@@ -334,6 +353,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 _apply_crds(cluster, out)
                 if not args.no_operator:
                     operator = _start_operator(cluster, out)
+                    if operator is None:
+                        kinds = ", ".join(sorted({o["kind"] for o in custom}))
+                        notice(
+                            f"warning: the kelastic operator is not installed: nothing will act on {kinds}"
+                        )
             try:
                 applied = _apply_all(cluster, objects)
             except Exception as exc:  # any refusal of the API server, named in the message
@@ -341,9 +365,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                 return 2
             waited = [o for o in applied if waitable(o)]
             notice(f"applied {len(applied)} object(s); waiting for {', '.join(_describe(o) for o in waited)}")
-            outcomes, timed_out, interrupted = _watch(cluster, waited, relay, stopper, args, started)
+            outcomes, end = _watch(cluster, waited, relay, stopper, args, started, operator)
             if any(o.get("kind") != "Pod" for o in waited):
                 pods = _all_pods(cluster)
+            if end is RunEnd.OPERATOR_EXITED and operator is not None:
+                lines = operator.log_path.read_text(errors="replace").splitlines()[-15:]
+                operator_tail = (
+                    f"the operator exited with code {operator.poll()}; its last lines:\n"
+                    + "\n".join(f"    {line}" for line in lines)
+                )
     finally:
         if operator is not None:
             operator.terminate()
@@ -352,7 +382,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             operator.stop()
         if not args.keep:
             shutil.rmtree(temp_dir, ignore_errors=True)
-    return _summarize(waited, outcomes, pods, time.monotonic() - started, timed_out, interrupted, args, out)
+    return _summarize(waited, outcomes, pods, time.monotonic() - started, end, operator_tail, args, out)
 
 
 def _all_pods(cluster: LocalCluster) -> list[dict[str, Any]]:
@@ -369,8 +399,8 @@ def _summarize(
     outcomes: Sequence[tuple[Outcome, str]],
     pods: Sequence[dict[str, Any]],
     elapsed: float,
-    timed_out: bool,
-    interrupted: bool,
+    end: RunEnd,
+    operator_tail: str,
     args: argparse.Namespace,
     out: TextIO,
 ) -> int:
@@ -388,16 +418,16 @@ def _summarize(
         for pod in pods:
             phase = (pod.get("status") or {}).get("phase", "Pending")
             print(f"    {pod['metadata']['name']:<{width}}  {phase:<9}  {pod_outcome(pod)[1]}", file=out)
-    ok = (
-        bool(outcomes) and all(r[0] is Outcome.SUCCEEDED for r in outcomes) and not (timed_out or interrupted)
-    )
-    if timed_out:
+    ok = end is RunEnd.FINISHED and bool(outcomes) and all(r[0] is Outcome.SUCCEEDED for r in outcomes)
+    if end is RunEnd.TIMED_OUT:
         print(
             f"kelastic: FAILED: still not finished after --timeout {args.timeout:g}s; raise it for longer jobs",
             file=out,
         )
-    elif interrupted:
+    elif end is RunEnd.INTERRUPTED:
         print("kelastic: interrupted; everything was stopped", file=out)
+    elif end is RunEnd.OPERATOR_EXITED:
+        print(f"kelastic: FAILED: {operator_tail}", file=out)
     else:
         verdict = "succeeded" if ok else "FAILED"
         print(f"kelastic: {verdict} in {elapsed:.1f}s", file=out)

@@ -76,7 +76,9 @@ spec:
 """
 
 
-def _run(tmp_path: Path, manifest: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    tmp_path: Path, manifest: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "manifest.yaml"
     path.write_text(manifest)
     return subprocess.run(
@@ -85,6 +87,7 @@ def _run(tmp_path: Path, manifest: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=90,
         cwd=tmp_path,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -106,6 +109,37 @@ def test_local_run_fails_with_the_failing_pod(tmp_path: Path) -> None:
     # One failure ends the run: the other pod is stopped, not waited for.
     assert "pod/slow     Unfinished  Running" in proc.stdout
     assert "kelastic: FAILED" in proc.stdout
+
+
+WIDGET = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgets.example.dev}
+spec:
+  group: example.dev
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+---
+apiVersion: example.dev/v1
+kind: Widget
+metadata: {name: w}
+spec: {size: 1}
+"""
+
+
+def test_local_run_fails_fast_when_the_operator_dies(tmp_path: Path) -> None:
+    broken = f"{sys.executable} -c \"import sys; print('operator cannot start: bad flag'); sys.exit(3)\""
+    proc = _run(tmp_path, WIDGET, env={"KELASTIC_LOCAL_OPERATOR": broken})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "widget/w  Unfinished" in proc.stdout
+    assert "the operator exited with code 3" in proc.stdout
+    assert "operator cannot start: bad flag" in proc.stdout
 
 
 def test_local_run_rejects_a_bad_manifest(tmp_path: Path) -> None:
