@@ -54,71 +54,44 @@ def _param(name: str, where: str = "query", required: bool = False) -> Obj:
     }
 
 
+_PATCH_TYPES = ("application/apply-patch+yaml", "application/json-patch+json", "application/merge-patch+json")
+
+#: (HTTP method, verb, operation prefix, on the item path?, takes a body?, x-kubernetes-action)
+_OPERATIONS = (
+    ("get", "list", "list", False, False, "list"),
+    ("post", "create", "create", False, True, "post"),
+    ("get", "get", "read", True, False, "get"),
+    ("put", "update", "replace", True, True, "put"),
+    ("patch", "patch", "patch", True, True, "patch"),
+    ("delete", "delete", "delete", True, False, "delete"),
+)
+
+
 def _ops(rt: ResourceType, item: bool) -> Obj:
+    """The operations of ``rt``'s collection path (or item path): every write declares fieldValidation."""
     gvk = {"group": rt.group, "version": rt.version, "kind": rt.kind}
     ref = {"$ref": f"#/components/schemas/{schema_name(rt)}"} if rt.crd else {"type": "object"}
     ok = {"200": {"description": "OK", "content": {"application/json": {"schema": ref}}}}
     common = [_param(p) for p in _QUERY_PARAMS]
-    body = {"content": {"*/*": {"schema": ref}}, "required": True}
     ops: Obj = {}
-    if item:
-        patch_types = [
-            "application/apply-patch+yaml",
-            "application/json-patch+json",
-            "application/merge-patch+json",
-        ]
-        if "patch" in rt.verbs:
-            ops["patch"] = {
-                "operationId": f"patch{rt.kind}",
-                "parameters": [*common, _param("force")],
-                "requestBody": {
-                    "content": {t: {"schema": {"type": "object"}} for t in patch_types},
-                    "required": True,
-                },
-                "responses": ok,
-                "x-kubernetes-action": "patch",
-                "x-kubernetes-group-version-kind": gvk,
-            }
-        if "get" in rt.verbs:
-            ops["get"] = {
-                "operationId": f"read{rt.kind}",
-                "responses": ok,
-                "x-kubernetes-action": "get",
-                "x-kubernetes-group-version-kind": gvk,
-            }
-        if "update" in rt.verbs:
-            ops["put"] = {
-                "operationId": f"replace{rt.kind}",
-                "parameters": common,
-                "requestBody": body,
-                "responses": ok,
-                "x-kubernetes-action": "put",
-                "x-kubernetes-group-version-kind": gvk,
-            }
-        if "delete" in rt.verbs:
-            ops["delete"] = {
-                "operationId": f"delete{rt.kind}",
-                "responses": ok,
-                "x-kubernetes-action": "delete",
-                "x-kubernetes-group-version-kind": gvk,
-            }
-    else:
-        if "list" in rt.verbs:
-            ops["get"] = {
-                "operationId": f"list{rt.kind}",
-                "responses": ok,
-                "x-kubernetes-action": "list",
-                "x-kubernetes-group-version-kind": gvk,
-            }
-        if "create" in rt.verbs:
-            ops["post"] = {
-                "operationId": f"create{rt.kind}",
-                "parameters": common,
-                "requestBody": body,
-                "responses": ok,
-                "x-kubernetes-action": "post",
-                "x-kubernetes-group-version-kind": gvk,
-            }
+    for method, verb, prefix, on_item, has_body, action in _OPERATIONS:
+        if on_item != item or verb not in rt.verbs:
+            continue
+        op: Obj = {
+            "operationId": f"{prefix}{rt.kind}",
+            "responses": ok,
+            "x-kubernetes-action": action,
+            "x-kubernetes-group-version-kind": gvk,
+        }
+        if has_body:
+            op["parameters"] = [*common, _param("force")] if verb == "patch" else common
+            content = (
+                {t: {"schema": {"type": "object"}} for t in _PATCH_TYPES}
+                if verb == "patch"
+                else {"*/*": {"schema": ref}}
+            )
+            op["requestBody"] = {"content": content, "required": True}
+        ops[method] = op
     return ops
 
 
