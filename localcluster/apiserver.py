@@ -811,6 +811,8 @@ class ApiServer:
 
     def write_kubeconfig(self, path: Path | str, context: str = "kelastic-local") -> Path:
         """Write a kubeconfig for this server (plain HTTP, no credentials); returns its path."""
+        if self.port == 0:
+            raise RuntimeError("write_kubeconfig() needs the server's port: call start() first")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         config = {
