@@ -53,14 +53,23 @@ a round), controller publication, job closed.
 
 Failure detection
 -----------------
-A keep-alive thread increments ``hb/<name>`` every ``keep_alive_interval``. Each
-member of a running round watches one peer, its ring successor (rank + 1 mod
-N), so the whole job reads O(N) keys per interval. A heartbeat that did not move
-for ``keep_alive_interval * keep_alive_max_attempt`` (1.5 s by default; judged
-on the observer's monotonic clock, so clock skew does not matter) gets the fate
-``dead``, which wakes everyone. Nodes waiting in slots 0-2 of an open round also
-sweep all members of the previous round, so several deaths at once (a watcher
-dying with its successor) are still detected.
+Each member of a running round watches one peer, its ring successor (rank + 1
+mod N), two ways:
+
+- a *peer link*: every node listens on its ``local_addr`` (port in its join
+  record) and its predecessor keeps a TCP connection to it. When a node's process
+  dies (crash, OOM kill, SIGKILL) the kernel closes the connection and the
+  watcher claims ``dead`` within milliseconds;
+- a heartbeat: a keep-alive thread increments ``hb/<name>`` every
+  ``keep_alive_interval``; a heartbeat that did not move for
+  ``keep_alive_interval * keep_alive_max_attempt`` (1.5 s by default; judged on
+  the observer's monotonic clock, so clock skew does not matter) also means
+  ``dead``. This covers what closes no socket: a frozen process, a lost machine.
+
+The whole job reads O(N) keys per interval. The fate ``dead`` wakes everyone.
+Nodes waiting in slots 0-2 of an open round also sweep the heartbeats of all
+members of the previous round, so several deaths at once (a watcher dying with
+its successor) are still detected.
 
 A running member's ``membership_changed()`` is True once its round is no longer
 current: a fate was claimed in it, a newer round closed, the store was lost, or
@@ -109,7 +118,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from . import control
-from .liveness import HeartbeatTracker
+from .liveness import HeartbeatTracker, PeerLink
 from .protocol import (
     CloseAction,
     Fate,
@@ -191,6 +200,9 @@ class KelasticRendezvousHandler(RendezvousHandler):
         self._generation = 0
         self._changed_cache: tuple[int, bool] | None = None
         self._threads: list[threading.Thread] = []
+        self._link: PeerLink | None = None
+        self._suspects: list[tuple[int, str]] = []
+        self._poke = threading.Event()  # wakes the keep-alive thread early
 
     # -- RendezvousHandler -------------------------------------------------
 
@@ -226,6 +238,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._member = None
             self._changed_cache = None
             self._close_worker_store()
+        if self._link is not None:
+            self._link.watch(None)
         while True:
             try:
                 store = self._connected(deadline)
@@ -297,6 +311,9 @@ class KelasticRendezvousHandler(RendezvousHandler):
     def _stop_threads(self) -> bool:
         """Stop the background threads; the watcher blocks in the store, so wake it with an event."""
         self._stop.set()
+        self._poke.set()
+        if self._link is not None:
+            self._link.close()
         watcher = next((t for t in self._threads if t.name.startswith("kelastic-rdzv-events")), None)
         ok = True
         if watcher is not None and watcher.is_alive():
@@ -393,7 +410,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
             r = max(open_round(store, k), next_round)
             slot = int(store.add(k.joined(r), 1)) - 1
             addr = self._local_addr()
-            store.set(k.node(r, slot), json.dumps({"name": name, "addr": addr}))
+            link = self._link.port if self._link is not None else None
+            store.set(k.node(r, slot), json.dumps({"name": name, "addr": addr, "link": link}))
             store.set(k.slot(r, name), str(slot))
             store.add(k.heartbeat(name), 1)
             with self._lock:
@@ -507,11 +525,15 @@ class KelasticRendezvousHandler(RendezvousHandler):
         k = self._keys
         wait_for = datetime.timedelta(seconds=max(0.1, min(_PEER_KEY_WAIT, deadline - time.monotonic())))
         successor: str | None = None
+        link_target: tuple[int, str, str, int] | None = None
         if size > 1:
             key = k.node(r, (rank + 1) % size)
             try:
                 store.wait([key], wait_for)
-                successor = json.loads(store.get(key))["name"]
+                record = json.loads(store.get(key))
+                successor = record["name"]
+                if record.get("link") and self._link is not None:
+                    link_target = (r, successor, str(record["addr"]), int(record["link"]))
             except dist.DistStoreError:
                 log.warning("kelastic rendezvous: no record for rank %d of round %d", (rank + 1) % size, r)
         if rank == 0:
@@ -533,6 +555,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
         with self._lock:
             self._member = _Member(r, rank, size, successor)
             self._changed_cache = None
+        if self._link is not None:
+            self._link.watch(link_target)
         # The agent's keys share this node's store connection (opening one per round
         # would add a connect to every recovery); TCPStore clients serialize their ops.
         agent_store = dist.PrefixStore(k.agent_prefix(r), store)
@@ -606,6 +630,10 @@ class KelasticRendezvousHandler(RendezvousHandler):
     def _start_threads(self) -> None:
         # Each thread gets its own connection (a store client is not shared across threads).
         assert self._store is not None
+        try:
+            self._link = PeerLink(self._local_addr(), self._peer_lost)
+        except OSError as exc:
+            log.warning("kelastic rendezvous: no peer link (%s); dead nodes are found by heartbeat only", exc)
         tag = f"{self._s.run_id}/{self._s.node_name}"
         self._threads = [
             threading.Thread(
@@ -669,6 +697,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
                     store = connect_store(self._s.host, self._s.port, _RECONNECT_TIMEOUT)
                     members_cache.clear()
                 store.add(self._keys.heartbeat(self._s.node_name), 1)
+                self._claim_suspects(store)
                 self._watch_peers(store, tracker, members_cache)
                 failures = 0
             except (dist.DistError, RendezvousConnectionError, RuntimeError) as exc:
@@ -677,8 +706,32 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 store = None
                 failures += 1
             pause = self._s.keep_alive_interval if not failures else _backoff(failures)
-            if self._stop.wait(pause):
+            self._poke.wait(pause)
+            self._poke.clear()
+            if self._stop.is_set():
                 return
+
+    def _peer_lost(self, r: int, name: str) -> None:
+        """Called by the peer link when the watched peer's process is gone."""
+        with self._lock:
+            self._suspects.append((r, name))
+        self._poke.set()
+
+    def _claim_suspects(self, store: dist.TCPStore) -> None:
+        with self._lock:
+            suspects, self._suspects = self._suspects, []
+            member = self._member
+        for r, name in suspects:
+            if (
+                member is not None
+                and member.round == r
+                and claim_fate(store, self._keys, r, name, Fate.DEAD, self._s.node_name)
+            ):
+                log.warning(
+                    "kelastic rendezvous: %s (round %d) closed its link: its process is gone; marked dead",
+                    name,
+                    r,
+                )
 
     def _watch_peers(
         self, store: dist.TCPStore, tracker: HeartbeatTracker, members_cache: dict[int, list[str]]

@@ -85,20 +85,31 @@ NODE = """
 
 
 @pytest.mark.slow
-def test_killed_node_is_detected_and_survivors_reform() -> None:
+@pytest.mark.parametrize(
+    "how",
+    [
+        # The process is gone: its peer link closes and the watcher knows at once.
+        signal.SIGKILL,
+        # Frozen (like a hung machine): sockets stay open, only the heartbeat stops.
+        signal.SIGSTOP,
+    ],
+    ids=["killed", "frozen"],
+)
+def test_lost_node_is_detected_and_survivors_reform(how: signal.Signals) -> None:
     server = start_server_process("127.0.0.1", 0)
     try:
-        victim = spawn(NODE, server.endpoint, "kill", "victim", "2", "3")
-        survivors = [node(server.endpoint, "kill", n, 2, 3, last_call_timeout=30) for n in ("a", "b")]
+        run = f"lost-{how.name}"
+        victim = spawn(NODE, server.endpoint, run, "victim", "2", "3")
+        survivors = [node(server.endpoint, run, n, 2, 3, last_call_timeout=30) for n in ("a", "b")]
         infos = rendezvous_concurrently(survivors, timeout=60)
         assert {i.world_size for i in infos} == {3}
         assert victim.stdout is not None
         assert victim.stdout.readline().startswith("rank ")
         assert not any(h.membership_changed() for h in survivors)
-        os.killpg(victim.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        assert all(h.wait_membership_change(6.0) for h in survivors), "the dead node went unnoticed"
-        print(f"dead node noticed after {time.monotonic() - killed:.2f}s")
+        os.killpg(victim.pid, how)
+        lost = time.monotonic()
+        assert all(h.wait_membership_change(6.0) for h in survivors), "the lost node went unnoticed"
+        print(f"{how.name}: lost node noticed after {time.monotonic() - lost:.2f}s")
         infos = rendezvous_concurrently(survivors, timeout=20)
         assert {i.world_size for i in infos} == {2}
         assert sorted(i.rank for i in infos) == [0, 1]
