@@ -101,13 +101,23 @@ def main() -> int:
     ap.add_argument("--idle", type=float, default=15.0, help="seconds of idle CPU measurement afterwards")
     ap.add_argument("--kubelet", action="store_true", help="run the whole LocalCluster (pods really start)")
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument(
+        "--worker-seconds",
+        type=float,
+        default=0.0,
+        help="with --kubelet: how long each worker stays up (the idle figure then covers running jobs)",
+    )
     args = ap.parse_args()
 
     from kelastic.operator.kube import Kube, load_configuration
 
     tmp = Path(tempfile.mkdtemp(prefix="kelastic-bench-operator-"))
     kubeconfig = tmp / "kubeconfig"
-    (tmp / "noop.py").write_text("print('step 1 of 1')\n")  # the trivial training script (--kubelet runs it)
+    # The trivial training script (--kubelet runs it): one progress report, then idle.
+    (tmp / "noop.py").write_text(
+        "import time\nfrom kelastic.agent.progress import update\nupdate(1, 1)\n"
+        f"time.sleep({args.worker_seconds})\n"
+    )
     if args.kubelet:
         from kelastic.localcluster.cluster import LocalCluster
 
