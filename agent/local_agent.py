@@ -44,6 +44,7 @@ __all__ = ["LocalElasticAgent", "worker_env"]
 _log = logging.getLogger(__name__)
 
 _PROGRESS_PUBLISH_PERIOD = 1.0
+_PUBLISH_PAUSE_AFTER_ERROR = 5.0
 
 
 def worker_env(
@@ -137,6 +138,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._rdzv_endpoint = rdzv_endpoint
         self._progress_store: Any = None
         self._last_publish = 0.0
+        self._publish_paused_until = 0.0
+        self._last_progress: tuple[int, int | None] = (0, None)
         self._publish_failed_logged = False
 
     @property
@@ -272,28 +275,43 @@ class LocalElasticAgent(SimpleElasticAgent):
         return aggregate({lr: r for lr, r in reports.items() if r is not None})
 
     def _publish_progress(self) -> None:
+        """Publish this node's progress (and size) to the rendezvous store; best effort.
+
+        Before the workers of the current attempt report, the last published step is
+        repeated (a restarted worker resumes from its checkpoint, not from 0). After a
+        failure to reach the store, publishing pauses for a few seconds so the monitor
+        loop is never held up by a store that is restarting.
+        """
         spec = self._worker_group.spec
-        if spec.rdzv_handler.get_backend() != "kelastic" or not self._rdzv_endpoint:
+        now = time.monotonic()
+        if (
+            spec.rdzv_handler.get_backend() != "kelastic"
+            or not self._rdzv_endpoint
+            or now < self._publish_paused_until
+        ):
             return
         progress = self.node_progress()
-        if progress is None:
-            return
+        if progress is not None:
+            self._last_progress = (progress.step, progress.total)
+        step, total = self._last_progress
         from kelastic.agent.rendezvous import control
 
         try:
             if self._progress_store is None:
-                self._progress_store = control.connect(self._rdzv_endpoint, timeout=2.0)
+                self._progress_store = control.connect(self._rdzv_endpoint, timeout=1.0)
             control.publish_progress(
                 self._progress_store,
                 spec.rdzv_handler.get_run_id(),
                 str(spec.rdzv_handler.node_name),  # type: ignore[attr-defined]
-                step=progress.step,
-                total=progress.total,
+                step=step,
+                total=total,
                 restarts=self.restart_count,
+                local_world_size=spec.local_world_size,
             )
             self._publish_failed_logged = False
         except Exception as e:  # progress is best effort; the store may be restarting
             self._progress_store = None
+            self._publish_paused_until = now + _PUBLISH_PAUSE_AFTER_ERROR
             if not self._publish_failed_logged:
                 _log.warning("could not publish progress to %s: %s", self._rdzv_endpoint, e)
                 self._publish_failed_logged = True

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from kelastic.agent.rendezvous import control
 from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
 
 harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
@@ -140,6 +141,23 @@ def test_store_restart_mid_run_does_not_fail_the_job(cluster: Any, store: Server
         assert cluster.wait_all(90) == [0, 0]
     finally:
         again.stop()
+
+
+def test_node_progress_reaches_the_rendezvous_store(cluster: Any, store: ServerProcess) -> None:
+    common = ["--nnodes", "2", "--nproc-per-node", "2", "--warm-start"]
+    for name in ("a", "b"):
+        cluster.start(name, common, ["--steps", "1000", "--step-time", "0.05", "--total", "1000"])
+    client = control.connect(store.endpoint)
+
+    def progressed() -> bool:
+        status = control.read_status(client, cluster.run_id)
+        return status.progress is not None and status.progress.step >= 5 and status.world_size == 4
+
+    cluster.wait_for("job progress in the store", progressed, 60)
+    status = control.read_status(client, cluster.run_id)
+    assert set(status.members) == {"a", "b"}
+    assert status.progress is not None and status.progress.total == 1000
+    assert status.restarts == 0
 
 
 def test_unreachable_store_fails_clearly_within_the_timeout(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from kelastic.agent import progress
 from kelastic.agent.contract import WORKER_ENV_VARS
 from kelastic.agent.multiprocessing import record
 
@@ -56,6 +57,7 @@ def main() -> None:
     p.add_argument("--until-world", type=int, default=0)
     p.add_argument("--max-wait", type=float, default=60.0)
     p.add_argument("--note-signals", action="store_true")
+    p.add_argument("--total", type=int, default=None, help="total steps reported to kelastic's progress")
     a = p.parse_args()
     out = Path(a.out)
     if a.note_signals:
@@ -92,6 +94,7 @@ def main() -> None:
             raise RuntimeError(f"all-reduce gave {x.item()}, expected {world}")
         with open(out / "steps.log", "a") as f:
             f.write(f"{time.time():.6f} {world} {rank} {i}\n")
+        progress.update(i + 1, a.total)
         time.sleep(a.step_time)
 
     i = 0
