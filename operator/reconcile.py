@@ -639,9 +639,11 @@ def _ensure_store(p: _Pass, spec: JobSpec) -> tuple[str | None, str | None]:
                 manifest=manifest,
             )
         )
-    elif svc.cluster_ip and not svc.terminating:
+    elif svc.cluster_ip and not svc.terminating and svc.owner_uid in (p.job.meta.uid, None):
         endpoint = f"{svc.cluster_ip}:{build.rdzv_port}"
         p.status["rdzvEndpoint"] = endpoint
+    # else: the name is still held (being deleted, or left by an earlier job of the same
+    # name that the garbage collector has not removed yet): wait for it to go.
 
     store_id: str | None = None
     alive = False

@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from kelastic.operator.observed import PodPhase, PodView, RendezvousView, failure_summary, pod_view
+from kelastic.operator.observed import (
+    PodPhase,
+    PodView,
+    RendezvousView,
+    ServiceView,
+    failure_summary,
+    pod_view,
+)
 from kelastic.operator.reconcile import (
     CreatePod,
     CreateService,
@@ -592,3 +599,11 @@ def test_pods_being_removed_decide_nothing(kit: SimpleNamespace) -> None:
     d = run(body, kit.observed(kit.store(), kit.worker(0), kit.worker(1), leaving_bad))
     assert d.status["phase"] != "Failed" and d.status.get("backoffCount", 0) == 0
     assert deleted_names(d) == ["demo-worker-2"]
+
+
+def test_service_of_an_earlier_job_with_the_same_name_is_not_used(kit: SimpleNamespace) -> None:
+    old = ServiceView(name="demo-rendezvous", uid="svc-old", cluster_ip="127.2.0.9", owner_uid="uid-previous")
+    d = run(kit.job_body(), kit.observed(services=(old,)))
+    assert not kinds(d, CreateService), "the name is taken until the old Service is gone"
+    assert created_names(d) == ["demo-rendezvous"]  # the store pod; no workers without an endpoint
+    assert "rdzvEndpoint" not in d.status
