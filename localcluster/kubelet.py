@@ -88,6 +88,8 @@ class KubeletConfig:
     backoff_cap: float = 300.0
     #: Grace given to pods when the kubelet itself shuts down.
     shutdown_grace: float = 2.0
+    #: Seconds a deleted pod's logs are kept before its directory is removed.
+    log_retention: float = 60.0
     #: Where pod IPs come from (a LocalCluster passes the block it claimed).
     pod_network: ipaddress.IPv4Network = POD_NETWORK
     #: Environment every container starts from (the current one by default:
@@ -181,9 +183,15 @@ class PodWorker:
             await self._kill_all(0.0)
             if self.pod_ip:
                 self.kubelet.ipam.release(self.pod_ip)
-            shutil.rmtree(self.pod_dir / "volumes", ignore_errors=True)
             self.kubelet.workers.pop(self.uid, None)
             self.kubelet.forget_events(self.uid)
+            if not self.kubelet.stopping:
+                # The pod is gone (a node shutdown keeps everything for the next start).
+                # Its logs stay a while for whoever is still reading them.
+                shutil.rmtree(self.pod_dir / "volumes", ignore_errors=True)
+                asyncio.get_running_loop().call_later(
+                    self.kubelet.config.log_retention, shutil.rmtree, self.pod_dir, True
+                )
 
     async def _run(self) -> None:
         pod = self.pod

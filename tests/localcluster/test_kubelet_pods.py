@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kelastic.localcluster.cluster import LocalCluster
+from kelastic.localcluster.kubelet import pod_log_dir
 from kelastic.localcluster.testing import Kubectl, cluster_fixture, kubectl_fixture, process_alive, wait_for  # noqa: F401
 
 
@@ -322,8 +324,6 @@ spec:
 
 
 def test_a_restarted_cluster_restarts_the_containers_of_persisted_pods(tmp_path: Path) -> None:
-    from kelastic.localcluster.cluster import LocalCluster
-
     def start() -> tuple[LocalCluster, Kubectl]:
         local = LocalCluster(tmp_path / "data", state_dir=tmp_path / "state", workdir=tmp_path)
         local.start()
@@ -514,3 +514,17 @@ def test_headless_service_lists_pod_ips_and_empty_dir_is_per_pod(kubectl: Kubect
     kubectl("delete", "pod", "peer-b", "--grace-period=0", "--force")
     kubectl("delete", "pods", "-l", "app=peers", "--grace-period=0", "--force")
     kubectl("delete", "service", "peers")
+
+
+def test_a_deleted_pods_logs_and_volumes_are_removed(cluster: LocalCluster, kubectl: Kubectl) -> None:
+    cluster.kubelet_config.log_retention = 0.2
+    try:
+        kubectl("run", "brief", "--image=x", "--restart=Never", "--", "python", "-c", "print('bye')")
+        wait_for(lambda: _phase(kubectl, "brief") == "Succeeded", 20, "pod brief to succeed")
+        uid = _pod(kubectl, "brief")["metadata"]["uid"]
+        pod_dir = pod_log_dir(cluster.data_dir, "default", "brief", uid)
+        assert (pod_dir / "brief" / "0.log").read_text() == "bye\n"
+        kubectl("delete", "pod", "brief")
+        wait_for(lambda: not pod_dir.exists(), 10, "the pod's directory to be removed")
+    finally:
+        cluster.kubelet_config.log_retention = 60.0
