@@ -60,6 +60,7 @@ class Cluster:
         script_args: list[str] = (),  # type: ignore[assignment]
         *,
         rendezvous: bool = True,
+        env: dict[str, str] | None = None,
     ) -> AgentProc:
         rdzv = (
             ["--rdzv-backend", "kelastic", "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.run_id]
@@ -71,8 +72,9 @@ class Cluster:
             "--log-dir", str(self.logs / name), *agent_args,
             str(SCRIPT), "--out", str(self.out), *script_args,
         ]  # fmt: skip
+        extra = env or {}
         env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS" and not k.startswith("PET_")}
-        env.update({"KELASTIC_NODE_NAME": name, "PYTHONUNBUFFERED": "1", "LOGLEVEL": "INFO"})
+        env.update({"KELASTIC_NODE_NAME": name, "PYTHONUNBUFFERED": "1", "LOGLEVEL": "INFO", **extra})
         log = self.tmp / f"{name}.log"
         with log.open("wb") as f:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -113,3 +113,24 @@ def test_signal_stops_workers_with_it_and_health_endpoints(node: Any) -> None:
     while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_pid_alive(p) for p in pids)
+
+
+def test_logs_tee_filter_and_events_file(node: Any) -> None:
+    events = node.tmp / "events.jsonl"
+    agent = node.start(
+        "solo",
+        ["--standalone", "--warm-start", "--nproc-per-node", "2", "--tee", "3", "--local-ranks-filter", "0"],
+        ["--steps", "2"],
+        rendezvous=False,
+        env={"KELASTIC_EVENTS_FILE": str(events)},
+    )
+    assert agent.wait(60) == 0, agent.output()
+    out = agent.output()
+    assert "[default0]:" in out and "[default1]:" not in out  # rank 1 is filtered from the console
+    (run_dir,) = (node.logs / "solo").iterdir()
+    for rank in ("0", "1"):  # ...but both ranks' streams are in their log files
+        assert (run_dir / "attempt_0" / rank / "stdout.log").exists()
+        assert (run_dir / "attempt_0" / rank / "stderr.log").exists()
+    names = [json.loads(line)["name"] for line in events.read_text().splitlines()]
+    assert names[0] == "kelastic.agent.rendezvous"
+    assert names.count("kelastic.worker.SUCCEEDED") == 2 and names[-1] == "kelastic.agent.succeeded"

@@ -86,6 +86,7 @@ def main() -> None:
     dist.all_reduce(t)
     record_data = {"env": env, "group": gathered, "allreduce": t.item(), "pid": os.getpid()}
     (out / f"w{world}_r{restart}_rank{rank}.json").write_text(json.dumps(record_data))
+    print(f"rank {rank} of {world} ready", flush=True)
 
     def step(i: int) -> None:
         x = torch.ones(1)
