@@ -16,6 +16,13 @@ are usage errors (exit 2).
 
 Without ``--rdzv-endpoint``, a single-node run (``--nnodes 1``) and
 ``--standalone`` host an embedded rendezvous store on loopback.
+
+Beyond torchrun: ``--warm-start`` (or ``PET_WARM_START=1``) forks workers from a
+server that has already imported torch instead of starting a fresh interpreter
+for every (re)start, which turns a recovery from a lost or added node from
+seconds of ``import torch`` into a fork (see :mod:`kelastic.agent.warm` for
+what a script may notice). ``$KELASTIC_EVENTS_FILE`` receives the agent's
+structured events as JSON lines.
 """
 
 from __future__ import annotations
