@@ -163,7 +163,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         if self._local_ranks_filter is not None:
             for lr in range(nprocs):
                 if lr not in self._local_ranks_filter:
-                    redirects[lr] = redirects[lr] | tee[lr] | Std.ALL
+                    redirects[lr] = Std.ALL
                     tee[lr] = Std.NONE
         return redirects, tee
 
