@@ -295,6 +295,8 @@ class PodWorker:
             self.kubelet.event(
                 pod, "Scheduled", f"Successfully assigned {self.key} to {self.kubelet.config.node_name}"
             )
+        if self.pod_ip is None and pod["spec"].get("hostNetwork"):
+            self.pod_ip = self.kubelet.config.host_ip  # the node's address, as on a real node
         if self.pod_ip is None:
             try:
                 self.pod_ip = self.kubelet.ipam.allocate(self.uid)

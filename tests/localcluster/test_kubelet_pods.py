@@ -528,3 +528,20 @@ def test_a_deleted_pods_logs_and_volumes_are_removed(cluster: LocalCluster, kube
         wait_for(lambda: not pod_dir.exists(), 10, "the pod's directory to be removed")
     finally:
         cluster.kubelet_config.log_retention = 60.0
+
+
+def test_host_network_pods_get_the_node_address(kubectl: Kubectl) -> None:
+    kubectl.apply_object(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "hostnet"},
+            "spec": {
+                "hostNetwork": True,
+                "restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "x", "command": ["true"]}],
+            },
+        }
+    )
+    wait_for(lambda: _phase(kubectl, "hostnet") == "Succeeded", 20, "pod hostnet to succeed")
+    assert _pod(kubectl, "hostnet")["status"]["podIP"] == "127.0.0.1"
