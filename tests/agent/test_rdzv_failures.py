@@ -24,6 +24,7 @@ from kelastic.agent.rendezvous import (
     control,
     start_server_process,
 )
+from kelastic.agent.rendezvous.protocol import RunKeys, read_counter
 from kelastic.agent.rendezvous.testing import kelastic_handler, rendezvous_concurrently
 
 _made: list[KelasticRendezvousHandler] = []
@@ -113,6 +114,41 @@ def test_lost_node_is_detected_and_survivors_reform(how: signal.Signals) -> None
         infos = rendezvous_concurrently(survivors, timeout=20)
         assert {i.world_size for i in infos} == {2}
         assert sorted(i.rank for i in infos) == [0, 1]
+    finally:
+        for h in _made:
+            h.shutdown()
+        server.stop()
+
+
+@pytest.mark.slow
+def test_two_nodes_dying_together_are_both_found() -> None:
+    """If a node dies together with the one that watches it, the sweep of the
+    previous round's heartbeats finds it; the survivors do not wait for a timer."""
+    server = start_server_process("127.0.0.1", 0)
+    try:
+        victims = [spawn(NODE, server.endpoint, "pair", f"victim{i}", "2", "4") for i in range(2)]
+        # The victims take slots 0 and 1: slot 0 watches slot 1, so when both die
+        # nobody's peer link reports slot 1.
+        store, joined = control.connect(server.endpoint), RunKeys("pair").joined(1)
+        deadline = time.monotonic() + 60
+        while read_counter(store, joined) < 2:
+            assert time.monotonic() < deadline, "the victims never joined"
+            time.sleep(0.1)
+        conf = dict(last_call_timeout=30, rejoin_timeout=30)
+        survivors = [node(server.endpoint, "pair", n, 2, 4, **conf) for n in ("a", "b")]
+        infos = rendezvous_concurrently(survivors, timeout=60)
+        assert {i.world_size for i in infos} == {4}
+        for victim in victims:
+            assert victim.stdout is not None and victim.stdout.readline().startswith("rank ")
+        for victim in victims:
+            os.killpg(victim.pid, signal.SIGKILL)
+        lost = time.monotonic()
+        assert all(h.wait_membership_change(6.0) for h in survivors)
+        infos = rendezvous_concurrently(survivors, timeout=25)
+        took = time.monotonic() - lost
+        assert {i.world_size for i in infos} == {2}
+        print(f"two lost nodes: survivors re-formed after {took:.2f}s")
+        assert took < 20, f"re-forming took {took:.1f}s: the survivors waited for rejoin_timeout"
     finally:
         for h in _made:
             h.shutdown()
