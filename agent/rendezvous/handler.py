@@ -36,7 +36,7 @@ its own join and on every event; first to see it true closes):
 
 Every member of R-1 gets exactly one *fate* (``r/R-1/fate/<name>``, first claim
 wins, counted in ``r/R-1/accounted``): ``rejoin`` when it joins R, ``dead`` when
-its heartbeat stopped, ``left`` on a graceful shutdown, ``dropped`` when the
+its process or heartbeat is gone, ``left`` on a graceful shutdown, ``dropped`` when the
 controller no longer lists it. "All accounted" therefore means: nobody else from
 the old round will come, so the new round closes without any timer.
 
@@ -90,6 +90,16 @@ Closing
 ``set_closed()`` marks the job finished: joiners get ``RendezvousClosedError``.
 ``shutdown()`` is a graceful leave (fate ``left``), not a job close, so a pod
 removed by scale-down lets the others re-form at once.
+
+Use from an agent
+-----------------
+``next_rendezvous()`` after (re)starting; then, while workers run, block in
+``wait_membership_change(monitor_interval)`` (or poll the cheap, event-cached
+``membership_changed()``); when it is True stop the workers and call
+``next_rendezvous()`` again. ``RendezvousInfo.store`` is a ``PrefixStore``
+private to the round over this node's own store connection. At the end:
+``set_closed()`` then ``shutdown()`` on success, only ``shutdown()`` when the
+node is stopped. ``publish_progress()`` feeds ``control.read_status``.
 """
 
 from __future__ import annotations
