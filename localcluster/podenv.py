@@ -37,6 +37,7 @@ __all__ = [
     "ContainerConfigError",
     "PodContext",
     "expand",
+    "python_or",
     "resolve_command",
     "resolve_env",
 ]
@@ -240,6 +241,10 @@ def resolve_command(container: Mapping[str, Any], env: Mapping[str, str]) -> lis
             f"container {container.get('name')!r} has neither command nor args: kelastic local runs "
             "processes, not images, so give the command line to run (e.g. command: [python, train.py])"
         )
-    if _PYTHON_NAMES.match(argv[0]):
-        argv[0] = sys.executable
+    argv[0] = python_or(argv[0])
     return argv
+
+
+def python_or(command: str) -> str:
+    """:data:`sys.executable` for ``python``, ``python3`` and ``python3.X``; any other command unchanged."""
+    return sys.executable if _PYTHON_NAMES.match(command) else command

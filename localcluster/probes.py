@@ -20,6 +20,8 @@ from typing import Any
 
 import aiohttp
 
+from .podenv import python_or
+
 __all__ = [
     "ProbeKind",
     "ProbeResult",
@@ -163,17 +165,18 @@ async def run_probe(
     env: Mapping[str, str],
     cwd: str | None,
     container_ports: Sequence[Mapping[str, Any]] = (),
-    python: str | None = None,
 ) -> ProbeResult:
-    """Perform one probe; every error (refused, timeout, bad exit) is a failure."""
+    """Perform one probe; every error (refused, timeout, bad exit) is a failure.
+
+    An exec probe's ``python``/``python3`` is this interpreter, as for containers.
+    """
     handler = spec.handler
     try:
         if spec.kind is ProbeKind.EXEC:
             command = [str(a) for a in handler.get("command") or []]
             if not command:
                 return ProbeResult.FAILURE
-            if python and command[0] in ("python", "python3"):
-                command[0] = python
+            command[0] = python_or(command[0])
             return await _run_exec(command, env, cwd, spec.timeout)
         host = handler.get("host") or pod_ip
         port = resolve_port(handler.get("port"), container_ports)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -149,3 +150,34 @@ def test_unknown_executables_fail_before_starting(tmp_path: Path) -> None:
             spawn([str(tmp_path)], dict(os.environ), str(tmp_path), tmp_path / "0.log")
 
     asyncio.run(main())
+
+
+def test_probes_against_real_processes_and_sockets(tmp_path: Path) -> None:
+    import http.server
+
+    from kelastic.localcluster.probes import ProbeKind, ProbeResult, ProbeSpec, run_probe
+
+    (tmp_path / "healthz").write_text("ok")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.1.0.250", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    def probe(kind: ProbeKind, handler: dict, timeout: float = 2.0) -> ProbeResult:
+        spec = ProbeSpec(kind=kind, handler=handler, timeout=timeout)
+        return asyncio.run(run_probe(spec, pod_ip="127.1.0.250", env=dict(os.environ), cwd=str(tmp_path)))
+
+    try:
+        ok, bad = ProbeResult.SUCCESS, ProbeResult.FAILURE
+        assert probe(ProbeKind.EXEC, {"command": ["python3", "-c", "import sys; sys.exit(0)"]}) is ok
+        assert probe(ProbeKind.EXEC, {"command": ["python", "-c", "import sys; sys.exit(1)"]}) is bad
+        start = time.monotonic()
+        assert probe(ProbeKind.EXEC, {"command": ["sleep", "30"]}, timeout=0.3) is bad
+        assert time.monotonic() - start < 5  # killed at its timeout
+        assert probe(ProbeKind.HTTP_GET, {"path": "/healthz", "port": port}) is ok
+        assert probe(ProbeKind.HTTP_GET, {"path": "/missing", "port": port}) is bad
+        assert probe(ProbeKind.TCP_SOCKET, {"port": port}) is ok
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert probe(ProbeKind.TCP_SOCKET, {"port": port}) is bad
