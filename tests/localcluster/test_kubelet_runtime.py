@@ -159,13 +159,13 @@ def test_probes_against_real_processes_and_sockets(tmp_path: Path) -> None:
 
     (tmp_path / "healthz").write_text("ok")
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
-    server = http.server.ThreadingHTTPServer(("127.1.0.250", 0), handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
 
     def probe(kind: ProbeKind, handler: dict, timeout: float = 2.0) -> ProbeResult:
         spec = ProbeSpec(kind=kind, handler=handler, timeout=timeout)
-        return asyncio.run(run_probe(spec, pod_ip="127.1.0.250", env=dict(os.environ), cwd=str(tmp_path)))
+        return asyncio.run(run_probe(spec, pod_ip="127.0.0.1", env=dict(os.environ), cwd=str(tmp_path)))
 
     try:
         ok, bad = ProbeResult.SUCCESS, ProbeResult.FAILURE
