@@ -1,0 +1,237 @@
+"""End-to-end latencies of kelastic on ``kelastic local``: how long until training runs again.
+
+For each round, one ElasticJob (examples/train.py, min 2, max 4, 3 workers of
+one process) is applied and three latencies are measured from the training
+history that rank 0 writes (``first_step`` events, see examples/train.py):
+
+* apply → first training step (pods created, agents rendezvous, gloo up);
+* a worker pod force-deleted → first step of the re-formed group;
+* ``kubectl scale --replicas 4`` → first step at world size 4.
+
+Prints each round and the medians. No figure is asserted.
+
+    python bench/bench_e2e.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+NAMESPACE = "default"
+
+
+class Bench:
+    """A local cluster with the CRD and the operator, and the kubectl to drive it."""
+
+    def __init__(self, kubeconfig: Path, checkpoints: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.checkpoints = checkpoints
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> str:
+        cmd = ["kubectl", "--kubeconfig", str(self.kubeconfig), "-n", NAMESPACE, *args]
+        result = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[3:])}: {result.stderr.strip()}")
+        return result.stdout
+
+    def manifest(self, name: str) -> dict[str, Any]:
+        (doc,) = [d for d in yaml.safe_load_all((REPO / "examples" / "elasticjob.yaml").read_text()) if d]
+        doc["metadata"] = {"name": name, "namespace": NAMESPACE}
+        pod = doc["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]
+        root = str(self.checkpoints)
+        pod["volumes"][0]["hostPath"]["path"] = root
+        for container in [*pod["initContainers"], *pod["containers"]]:
+            container["volumeMounts"][0]["mountPath"] = root
+        pod["initContainers"][0]["command"][-1] = root
+        pod["containers"][0]["args"] = [
+            "--steps=1000000",
+            "--step-delay=0.05",
+            "--checkpoint-every=10",
+            f"--checkpoint-dir={root}/{{run_id}}",
+            "--log-every=1000",
+        ]
+        return doc
+
+    def history(self, uid: str) -> list[dict[str, Any]]:
+        path = self.checkpoints / uid / "history.jsonl"
+        events = []
+        for line in (path.read_text() if path.exists() else "").splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        return events
+
+    def first_step(self, uid: str, since: float, world: int | None, what: str, timeout: float = 300) -> float:
+        """Seconds from ``since`` to the first step completed after it (at ``world`` ranks, if given)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for event in self.history(uid):
+                if (
+                    event["event"] == "first_step"
+                    and event["time"] >= since
+                    and world in (None, event["world_size"])
+                ):
+                    return float(event["time"]) - since
+            time.sleep(0.05)
+        raise TimeoutError(
+            f"timed out after {timeout:.0f}s waiting for {what}; history: {self.history(uid)[-4:]}"
+        )
+
+    def wait(self, what: str, done: Callable[[], bool], timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(0.2)
+
+    def round(self, index: int) -> dict[str, float]:
+        name = f"bench-{index}"
+        started = time.time()
+        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(self.manifest(name)))
+        uid = self.kubectl("get", "elasticjob", name, "-o", "jsonpath={.metadata.uid}").strip()
+        figures = {"apply_to_first_step": self.first_step(uid, started, 3, f"{name} to train at world 3")}
+
+        killed = time.time()
+        self.kubectl("delete", "pod", f"{name}-worker-1", "--grace-period=0", "--force")
+        figures["pod_killed_to_first_step"] = self.first_step(
+            uid, killed, None, f"{name} to train again after a kill"
+        )
+        # Let the replacement join, so the scale-up starts from a settled group of 3.
+        self.first_step(uid, killed, 3, f"{name} to train at world 3 again")
+
+        scaled = time.time()
+        self.kubectl("scale", "elasticjob", name, "--replicas=4")
+        figures["scale_up_to_first_step"] = self.first_step(uid, scaled, 4, f"{name} to train at world 4")
+
+        self.kubectl("delete", "elasticjob", name, "--wait=false")
+        self.wait(
+            f"the pods of {name} to go",
+            lambda: (
+                not self.kubectl("get", "pods", "-l", f"kelastic.dev/job-name={name}", "-o", "name").strip()
+            ),
+        )
+        return figures
+
+
+def torchrun_first_step(checkpoints: Path, timeout: float = 300) -> float:
+    """Baseline: seconds from launching ``torchrun --standalone`` with 3 ranks to their first step."""
+    directory = checkpoints / f"torchrun-{time.time_ns()}"
+    started = time.time()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=3",
+            str(REPO / "examples" / "train.py"),
+            "--steps=1000000",
+            "--step-delay=0.05",
+            f"--checkpoint-dir={directory}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=checkpoints,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        history = directory / "history.jsonl"
+        while time.monotonic() < deadline:
+            if history.exists() and '"first_step"' in history.read_text():
+                first = next(json.loads(x) for x in history.read_text().splitlines() if '"first_step"' in x)
+                return float(first["time"]) - started
+            if proc.poll() is not None:
+                raise RuntimeError(f"torchrun exited with {proc.returncode} before its first step")
+            time.sleep(0.05)
+        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for torchrun's first step")
+    finally:
+        proc.terminate()  # torchrun passes SIGTERM on to its workers
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="jobs to measure (default 3)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+
+    from kelastic.localcluster.cluster import LocalCluster
+
+    with (
+        tempfile.TemporaryDirectory(prefix="kelastic-bench-e2e-") as tmp,
+        LocalCluster(Path(tmp) / "cluster", workdir=REPO) as cluster,
+    ):
+        bench = Bench(Path(cluster.kubeconfig), Path(tmp) / "checkpoints")
+        bench.checkpoints.mkdir()
+        bench.kubectl("apply", "-f", str(REPO / "crds" / "elasticjob.yaml"))
+        log_path = Path(tmp) / "operator.log"
+        with log_path.open("wb") as log:
+            operator = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "kelastic.operator",
+                    f"--kubeconfig={cluster.kubeconfig}",
+                    f"--namespace={NAMESPACE}",
+                    "--standalone",
+                    "--log-level=warning",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "POD_NAMESPACE": NAMESPACE},
+            )
+        rows: list[dict[str, float]] = []
+        try:
+            for index in range(args.rounds):
+                figures = bench.round(index)
+                rows.append(figures)
+                print(f"round {index}: " + "  ".join(f"{k} {v:.2f}s" for k, v in figures.items()), flush=True)
+        except Exception:
+            print(log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
+            raise
+        finally:
+            operator.terminate()
+            try:
+                operator.wait(30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+                operator.wait(10)
+
+    with tempfile.TemporaryDirectory(prefix="kelastic-bench-torchrun-") as tmp:
+        baseline = [torchrun_first_step(Path(tmp)) for _ in range(args.rounds)]
+    print(
+        f"torchrun --standalone --nproc-per-node 3, launch to first step: {', '.join(f'{b:.2f}s' for b in baseline)}"
+    )
+
+    print(f"\nkelastic local, examples/train.py, 3 workers (min 2, max 4), {args.rounds} rounds, medians:")
+    for key in rows[0]:
+        print(f"  {key:28s} {statistics.median(r[key] for r in rows):7.2f} s")
+    base = statistics.median(baseline)
+    apply = statistics.median(r["apply_to_first_step"] for r in rows)
+    print(
+        f"  {'torchrun launch_to_first_step':28s} {base:7.2f} s   (apply_to_first_step / torchrun: {apply / base:.2f}x)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
