@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 DEFAULT_NODE_NAME = "kelastic-local"
 #: How often a container that cannot be configured (missing configmap...) is retried.
 CONFIG_RETRY_S = 2.0
+#: How soon a status write that failed is tried again (a status must never stay stale).
+STATUS_RETRY_S = 1.0
 
 
 def pod_log_dir(data_dir: Path, namespace: str, name: str, uid: str) -> Path:
@@ -320,7 +322,8 @@ class PodWorker:
             await self._progress(pod, policy, now, due)
         for c in self.all_containers():
             self._refresh_ready(c)
-        await self._write_status(pod)
+        if not await self._write_status(pod):
+            due.append(time.time() + STATUS_RETRY_S)
         return min(due) if due else None
 
     def _exceed_deadline(self, pod: Mapping[str, Any]) -> None:
@@ -535,11 +538,12 @@ class PodWorker:
         rec.ready = bool(started and (c.readiness is None or c.readiness.ok))
 
     # -- status -------------------------------------------------------------
-    async def _write_status(self, pod: Mapping[str, Any]) -> None:
+    async def _write_status(self, pod: Mapping[str, Any]) -> bool:
+        """Write the pod's status if it changed; False when the write failed (retry later)."""
         if self.kubelet.stopping:
             # The node is going away, not the pod: leave the last status, so a
             # kubelet started on the same state restarts the containers.
-            return
+            return True
         previous = (self.last_status or {}).get("conditions") or []
         facts = PodFacts(
             restart_policy=self.restart_policy(pod),
@@ -555,18 +559,22 @@ class PodWorker:
             facts, [c.record for c in self.init], [c.record for c in self.containers], time.time()
         )
         if status == self.last_status:
-            return
+            return True
         body: dict[str, Any] = {"status": dict(status)}
         for optional in ("reason", "message", "podIP", "podIPs"):
             body["status"].setdefault(optional, None)
         try:
             await self.kubelet.client.merge_patch(self.path + "/status", body)
-            self.last_status = status
         except ApiRequestError as exc:
-            if exc.status != 404:
-                log.warning("could not write status of pod %s: %s", self.key, exc)
-        except Exception as exc:  # the API server is going away
+            if exc.status == 404:
+                return True  # the pod is gone: nothing to report to
+            log.warning("could not write status of pod %s: %s", self.key, exc)
+            return False
+        except Exception as exc:  # e.g. the API server is restarting
             log.debug("could not write status of pod %s: %s", self.key, exc)
+            return False
+        self.last_status = status
+        return True
 
     # -- stopping -----------------------------------------------------------
     def _grace(self, pod: Mapping[str, Any] | None) -> float:
