@@ -30,6 +30,7 @@ __all__ = ["ServiceProxy", "ready_backends", "service_listeners"]
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 3.0
+RETRY_LISTEN_S = 2.0
 _CHUNK = 1 << 16
 
 
@@ -162,7 +163,9 @@ class ServiceProxy:
                     lambda r, w, a=addr: self._accept(a, r, w), host=addr[0], port=addr[1], reuse_address=True
                 )
             except OSError as exc:
+                # Retried until it works: the address may be held by a listener that is closing.
                 log.warning("cannot listen on service address %s:%d: %s", addr[0], addr[1], exc)
+                asyncio.get_running_loop().call_later(RETRY_LISTEN_S, self._wake.set)
 
     def _accept(
         self, addr: tuple[str, int], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
