@@ -8,6 +8,8 @@ next one when a backend refuses. A connection to a Service without ready
 endpoints is closed at once (a client sees a reset/EOF, as with a real
 service without endpoints). Headless services (``clusterIP: None``) get no
 listener: clients use the pod IPs from their Endpoints. UDP is not proxied.
+Service ports below 1024 need the privilege to bind them (root, or a lowered
+``net.ipv4.ip_unprivileged_port_start``); the proxy keeps retrying those.
 
 There is no cluster DNS in kelastic local: clients reach services by their
 cluster IP (e.g. from the Service's ``spec.clusterIP`` or, as in a real
@@ -110,6 +112,7 @@ class ServiceProxy:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._failed: set[tuple[str, int]] = set()
 
     async def start(self, timeout: float = 30.0) -> None:
         self.services.start()
@@ -163,9 +166,14 @@ class ServiceProxy:
                     lambda r, w, a=addr: self._accept(a, r, w), host=addr[0], port=addr[1], reuse_address=True
                 )
             except OSError as exc:
-                # Retried until it works: the address may be held by a listener that is closing.
-                log.warning("cannot listen on service address %s:%d: %s", addr[0], addr[1], exc)
+                # Retried until it works (the address may be held by a listener that is
+                # closing); said once, not at every retry.
+                level = logging.DEBUG if addr in self._failed else logging.WARNING
+                log.log(level, "cannot listen on service address %s:%d: %s", addr[0], addr[1], exc)
+                self._failed.add(addr)
                 asyncio.get_running_loop().call_later(RETRY_LISTEN_S, self._wake.set)
+            else:
+                self._failed.discard(addr)
 
     def _accept(
         self, addr: tuple[str, int], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
