@@ -164,7 +164,7 @@ _SWEEPERS = 3
 #: Bound on waiting for a key a peer writes right after taking its slot.
 _PEER_KEY_WAIT = 10.0
 #: Background threads retry a lost store with this connect timeout and a capped backoff.
-_RECONNECT_TIMEOUT = 3.0
+_RECONNECT_TIMEOUT = 2.0
 
 
 def _backoff(failures: int) -> float:
@@ -335,7 +335,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
                     except dist.DistError:
                         ok = False
         for thread in self._threads:
-            thread.join(timeout=3.0)
+            thread.join(timeout=5.0)
         return ok
 
     # -- kelastic extensions -----------------------------------------------
