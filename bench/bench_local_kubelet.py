@@ -136,7 +136,7 @@ def bench_proxy(cluster: LocalCluster, megabytes: int) -> None:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": "sink"},
-        "spec": {"selector": {"app": "sink"}, "ports": [{"port": 80, "targetPort": 9000}]},
+        "spec": {"selector": {"app": "sink"}, "ports": [{"port": 8080, "targetPort": 9000}]},
     }
     cluster_ip = _request(f"{url}/services", "POST", svc)["spec"]["clusterIP"]
     deadline = time.monotonic() + 30
@@ -151,7 +151,7 @@ def bench_proxy(cluster: LocalCluster, megabytes: int) -> None:
         raise SystemExit("the sink pod never became a ready endpoint")
     pod_ip = _request(f"{url}/pods/sink")["status"]["podIP"]
     direct = max(_send(pod_ip, 9000, megabytes) for _ in range(2))
-    proxied = max(_send(cluster_ip, 80, megabytes) for _ in range(2))
+    proxied = max(_send(cluster_ip, 8080, megabytes) for _ in range(2))
     print(f"       proxy: {megabytes} MiB direct to the pod IP {direct:7.0f} MiB/s")
     print(
         f"       proxy: {megabytes} MiB through the ClusterIP {proxied:7.0f} MiB/s  (ratio {proxied / direct:.2f})"

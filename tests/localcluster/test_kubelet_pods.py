@@ -232,7 +232,7 @@ kind: Service
 metadata: {{name: web}}
 spec:
   selector: {{app: web}}
-  ports: [{{name: http, port: 80, targetPort: http}}]
+  ports: [{{name: http, port: 8080, targetPort: http}}]
 ---
 apiVersion: v1
 kind: Pod
@@ -282,7 +282,7 @@ spec:
     import urllib.request
 
     body = wait_for(
-        lambda: urllib.request.urlopen(f"http://{cluster_ip}:80/index.html", timeout=2).read().decode(),
+        lambda: urllib.request.urlopen(f"http://{cluster_ip}:8080/index.html", timeout=2).read().decode(),
         10,
         "the ClusterIP to answer",
     )
