@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ helm = pytest.importorskip(
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "elasticjob.yaml"
+POD_EXAMPLE = REPO / "examples" / "pod.yaml"
 CHART = REPO / "helm" / "kelastic"
 
 
@@ -83,3 +85,19 @@ def test_api_server_accepts_crd_chart_and_example(kubectl: list[str]) -> None:
     # Schema defaults were applied by the server, as they would be in a cluster.
     assert stored["spec"]["backoffLimit"] == 6 and stored["spec"]["rdzvBackend"] == "kelastic"
     assert stored["spec"]["replicaSpecs"]["Worker"]["replicas"] == 3
+
+
+@pytest.mark.slow
+def test_plain_pod_example_runs_train_py_to_completion(kubectl: list[str]) -> None:
+    """examples/pod.yaml: one process of examples/train.py in a pod of kelastic local."""
+    run([*kubectl, "apply", "-f", str(POD_EXAMPLE)])
+    deadline = time.monotonic() + 90
+    phase = ""
+    while time.monotonic() < deadline:
+        phase = run([*kubectl, "get", "pod", "train-single", "-o", "jsonpath={.status.phase}"])
+        if phase in ("Succeeded", "Failed"):
+            break
+        time.sleep(0.5)
+    logs = run([*kubectl, "logs", "train-single"])
+    assert phase == "Succeeded", f"pod train-single is {phase or 'not started'} after 90 s:\n{logs}"
+    assert "[train] done: 100 steps" in logs
