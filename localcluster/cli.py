@@ -12,7 +12,7 @@ directory, applies the manifest, relays the pods' logs prefixed by pod, waits
 until every workload in it has finished (or one has failed) (pods: phase Succeeded/Failed; other
 kinds: see :mod:`kelastic.localcluster.completion`), prints a summary, and
 exits 0 only when all of them succeeded (1 when one failed or the wait timed
-out, 2 for bad input).
+out, 2 for bad input, 130 when interrupted).
 """
 
 from __future__ import annotations
@@ -432,6 +432,8 @@ def _summarize(
         verdict = "succeeded" if ok else "FAILED"
         print(f"kelastic: {verdict} in {elapsed:.1f}s", file=out)
     out.flush()
+    if end is RunEnd.INTERRUPTED:
+        return 130  # the shell convention for "stopped by a signal"
     return 0 if ok else 1
 
 

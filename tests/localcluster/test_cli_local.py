@@ -238,3 +238,38 @@ def test_pod_processes_die_even_when_local_up_is_killed(tmp_path: Path) -> None:
             10,
             "the pod's process tree to die with kelastic",
         )
+
+
+def test_local_run_interrupted_stops_everything(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "long"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "x", "command": ["python", "-c", TREE, str(pidfile)]}],
+        },
+    }
+    manifest = tmp_path / "long.json"
+    manifest.write_text(json.dumps(pod))
+    run = subprocess.Popen(
+        [*KELASTIC, "local", "run", str(manifest)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    pids: list[int] = []
+    try:
+        text = wait_for(lambda: pidfile.exists() and pidfile.read_text(), 30, "the pod's processes to start")
+        pids = [int(p) for p in text.split()]
+        run.send_signal(signal.SIGINT)
+        out, _ = run.communicate(timeout=30)
+        assert run.returncode == 130, out
+        assert "kelastic: interrupted; everything was stopped" in out
+        assert not [p for p in pids if process_alive(p)], "pod processes outlived an interrupted run"
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
