@@ -152,14 +152,21 @@ def claim_networks(lock_dir: Path | None = None) -> NetworkClaim:
     ``lock_dir`` defaults to ``<tmp>/kelastic-local-networks``. Raises
     :class:`IpExhaustedError` when every block is held by a running cluster.
     """
-    lock_dir = lock_dir or Path(tempfile.gettempdir()) / "kelastic-local-networks"
+    if lock_dir is None:
+        lock_dir = Path(tempfile.gettempdir()) / "kelastic-local-networks"
+        if not lock_dir.exists():
+            lock_dir.mkdir(parents=True, exist_ok=True)
+            # Shared by every user of the machine, like /tmp itself.
+            with contextlib.suppress(OSError):
+                lock_dir.chmod(0o1777)
     lock_dir.mkdir(parents=True, exist_ok=True)
     for index in range(BLOCKS):
         path = lock_dir / f"block-{index}.lock"
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            # Read-only is enough for flock, so another user's lock file works too.
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
         except OSError:
-            continue  # e.g. another user's lock file: that block is theirs
+            continue  # cannot even read it: leave that block alone
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
