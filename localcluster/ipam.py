@@ -174,5 +174,6 @@ def claim_networks(lock_dir: Path | None = None) -> NetworkClaim:
             continue
         return NetworkClaim(index, _block(POD_NETWORK, index), _block(SERVICE_NETWORK, index), path, fd)
     raise IpExhaustedError(
-        f"all {BLOCKS} local cluster networks are in use (locks in {lock_dir}); stop another kelastic local"
+        f"no free local cluster network: all {BLOCKS} are held by running clusters or their lock files "
+        f"in {lock_dir} cannot be opened; stop another kelastic local or fix that directory's permissions"
     )
