@@ -380,7 +380,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         cluster.stop()
         if operator is not None:
             operator.stop()
-        if not args.keep:
+        if args.keep:
+            print(f"kelastic: pod logs kept in {temp_dir}/pods", file=out, flush=True)
+        else:
             shutil.rmtree(temp_dir, ignore_errors=True)
     return _summarize(waited, outcomes, pods, time.monotonic() - started, end, operator_tail, args, out)
 
