@@ -289,7 +289,11 @@ def main() -> None:
         return
 
     logs = Path(tempfile.mkdtemp(prefix="bench_recovery_logs_"))
-    print(f"bench_recovery: {NODES} agents x 1 rank, --nnodes 2:{NODES}; agent logs in {logs}", flush=True)
+    print(
+        f"bench_recovery: {NODES} agents x 1 rank, --nnodes 2:{NODES}; {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f}; agent logs in {logs}",
+        flush=True,
+    )
     started = time.monotonic()
     labels = ("kelastic", "kelastic-warm", "torchrun")
     results: dict[str, list[dict[str, float | None]]] = {label: [] for label in labels}
@@ -298,13 +302,18 @@ def main() -> None:
         "kelastic-warm": lambda: kelastic_launcher(a.duration, logs, warm=True),
         "torchrun": lambda: torchrun_launcher(a.duration),
     }
-    for label, reps in zip(labels, (a.reps, a.warm_reps, a.torchrun_reps), strict=True):
-        for i in range(reps):
+    # Interleaved (round-robin) so that a change of machine load affects every launcher alike.
+    wanted = dict(zip(labels, (a.reps, a.warm_reps, a.torchrun_reps), strict=True))
+    for i in range(max(wanted.values(), default=0)):
+        for label in labels:
+            if i >= wanted[label]:
+                continue
             r = run_once(makers[label](), a.cap, logs)
             results[label].append(r)
             print(
                 f"  {label:13s} rep {i + 1}: "
-                + ", ".join(f"{k} {_fmt(r[k], a.cap) if k in r else 'not reached'}" for k in PHASES),
+                + ", ".join(f"{k} {_fmt(r[k], a.cap) if k in r else 'not reached'}" for k in PHASES)
+                + f"  (load average {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
     print()
