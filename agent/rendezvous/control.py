@@ -30,7 +30,8 @@ The controller (kelastic's operator) is a client of the same store as the agents
 ``publish_progress(store, run_id, node, step=..., total=..., restarts=...)``
     Called by agents (at most about once a second) with their workers' progress
     and ``TORCHELASTIC_RESTART_COUNT``; also ``local_world_size`` so that
-    ``read_status`` can count ranks rather than nodes.
+    ``read_status`` can count ranks rather than nodes (agents may instead pass
+    ``local_world_size`` in their rdzv-conf, which records it when they join).
 
 ``connect(endpoint, timeout)`` opens a client of the store and raises an error
 naming the endpoint if it is unreachable.
@@ -99,7 +100,7 @@ class NodeProgress:
 @dataclass(frozen=True)
 class RendezvousStatus:
     round: int  # latest closed round (0: none yet)
-    world_size: int  # ranks: sum of the members' local_world_size (1 for a member that did not report it)
+    world_size: int  # ranks: sum of the members' local_world_size (1 for a member that reported none)
     members: tuple[str, ...]  # node names by group rank
     waiting: int  # nodes in the open round (re-joining members included)
     closed: bool  # the job is finished (set_closed)
@@ -198,7 +199,11 @@ def read_status(store: dist.Store, run_id: str) -> RendezvousStatus:
     members = _members(store, keys, current)
     reports = [p for p in (read_progress(store, run_id, m) for m in members) if p is not None]
     by_node = {r.node: r for r in reports}
-    world_size = sum((by_node[m].local_world_size or 1) if m in by_node else 1 for m in members)
+    joined_with = _local_world_sizes(store, keys, current, len(members))
+    world_size = sum(
+        (by_node[m].local_world_size if m in by_node else None) or joined_with[i] or 1
+        for i, m in enumerate(members)
+    )
     return RendezvousStatus(
         round=current,
         world_size=world_size,
@@ -215,3 +220,11 @@ def _members(store: dist.Store, keys: RunKeys, r: int) -> list[str]:
         return []
     raw = read_optional(store, keys.members(r))
     return [] if raw is None else list(json.loads(raw))
+
+
+def _local_world_sizes(store: dist.Store, keys: RunKeys, r: int, size: int) -> list[int | None]:
+    """``local_world_size`` each member of round r joined with (its rdzv-conf), by rank."""
+    node_keys = [keys.node(r, i) for i in range(size)]
+    if not node_keys or not store.check(node_keys):
+        return [None] * size
+    return [json.loads(raw).get("local_world_size") for raw in store.multi_get(node_keys)]

@@ -421,7 +421,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
             slot = int(store.add(k.joined(r), 1)) - 1
             addr = self._local_addr()
             link = self._link.port if self._link is not None else None
-            store.set(k.node(r, slot), json.dumps({"name": name, "addr": addr, "link": link}))
+            record = {"name": name, "addr": addr, "link": link, "local_world_size": s.local_world_size}
+            store.set(k.node(r, slot), json.dumps(record))
             store.set(k.slot(r, name), str(slot))
             store.add(k.heartbeat(name), 1)
             with self._lock:

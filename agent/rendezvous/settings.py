@@ -14,7 +14,8 @@ controller_timeout          30       controlled rounds: close with the joined no
 keep_alive_interval         0.5      heartbeat period
 keep_alive_max_attempt      3        a node whose heartbeat did not move for interval * attempts
                                      is dead (1.5 s by default, noticed within about 2 s)
-node_name                   none      this node's name (default: $KELASTIC_NODE_NAME or host_pid)
+node_name                   none     this node's name (default: $KELASTIC_NODE_NAME or host_pid)
+local_world_size            none     ranks on this node, shown by ``control.read_status`` (agents set it)
 ==========================  =======  ===========================================================
 
 Other keys (torchrun passes some of its own) are ignored.
@@ -50,6 +51,7 @@ class RendezvousSettings:
     controller_timeout: float = 30.0
     keep_alive_interval: float = 0.5
     keep_alive_max_attempt: int = 3
+    local_world_size: int | None = None
 
     @property
     def endpoint(self) -> str:
@@ -99,6 +101,11 @@ def settings_from_params(params: RendezvousParameters) -> RendezvousSettings:
     if attempts < 1:
         raise ValueError(f"rdzv-conf keep_alive_max_attempt={attempts} must be >= 1")
     name = str(params.get("node_name") or default_node_name())
+    lws_raw = params.get("local_world_size")
+    try:
+        lws = None if lws_raw in (None, "") else int(lws_raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"rdzv-conf local_world_size={lws_raw!r} is not an integer") from None
     return RendezvousSettings(
         run_id=str(params.run_id),
         host=host,
@@ -113,4 +120,5 @@ def settings_from_params(params: RendezvousParameters) -> RendezvousSettings:
         controller_timeout=_seconds(params, "controller_timeout", 30.0, allow_zero=True),
         keep_alive_interval=_seconds(params, "keep_alive_interval", 0.5),
         keep_alive_max_attempt=attempts,
+        local_world_size=lws,
     )

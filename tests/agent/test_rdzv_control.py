@@ -103,10 +103,12 @@ def test_unlisted_member_is_dropped_at_once(server: ServerProcess, run_id: str) 
 def test_status_aggregates_progress(server: ServerProcess, run_id: str) -> None:
     store = control.connect(server.endpoint)
     assert control.read_status(store, run_id).round == 0
-    hs = [node(server, run_id, n) for n in "ab"]
+    hs = [node(server, run_id, "a"), node(server, run_id, "b", local_world_size=4)]
     control.publish_membership(store, run_id, nodes=["a", "b"], min_nodes=2, max_nodes=2)
     rendezvous_concurrently(hs)
-    assert control.read_status(store, run_id).progress is None
+    status = control.read_status(store, run_id)
+    assert status.progress is None
+    assert status.world_size == 1 + 4  # a reported nothing yet; b joined with 4 ranks
     assert hs[0].publish_progress(step=40, total=100, restarts=1, local_world_size=2)
     control.publish_progress(store, run_id, "b", step=30, total=100, restarts=2, local_world_size=3)
     status = control.read_status(store, run_id)
