@@ -242,6 +242,10 @@ class KelasticRendezvousHandler(RendezvousHandler):
         if the store stayed unreachable, RendezvousTimeoutError if no round admitted
         this node, each after at most ``join_timeout`` seconds.
         """
+        if self._stop.is_set():
+            raise RendezvousClosedError(
+                f"this node's handler for rendezvous {self._s.run_id} was shut down; create a new one to rejoin"
+            )
         deadline = time.monotonic() + self._s.join_timeout
         self._lost.clear()
         with self._lock:

@@ -126,6 +126,8 @@ def test_graceful_leave_makes_survivors_reform_at_once(
     rendezvous_concurrently(handlers)
     leaver = handlers.pop()
     assert leaver.shutdown()
+    with pytest.raises(RendezvousClosedError, match="shut down"):
+        leaver.next_rendezvous()
     assert handlers[0].wait_membership_change(5)
     started = time.monotonic()
     infos = rendezvous_concurrently(handlers)
