@@ -13,6 +13,8 @@ Two modes, same scenarios:
 * **real**: ``KELASTIC_E2E_REAL=1`` and ``KUBECONFIG`` naming a cluster whose
   nodes have the image (``KELASTIC_E2E_IMAGE``, default ``kelastic:0.1.0``). The
   whole rendered chart is applied and the operator Deployment must roll out.
+  Checkpoints go to the hostPath ``/tmp/kelastic-e2e``, read back through a pod
+  that mounts it: a single-node cluster (kind, minikube) is assumed.
 
 Every wait has a deadline and names what it waited for; a failed test prints
 the jobs, pods, services, events, pod logs, the operator's log and the training
@@ -45,6 +47,8 @@ EXAMPLE = REPO / "examples" / "elasticjob.yaml"
 NAMESPACE = "kelastic-e2e"
 RELEASE = "kelastic"
 GROUP_LABEL = "kelastic.dev/job-name"
+#: Real mode: a pod that mounts the checkpoint hostPath, so histories stay readable after a job's pods are gone.
+HISTORY_READER = "e2e-history-reader"
 REAL = os.environ.get("KELASTIC_E2E_REAL") == "1" and bool(os.environ.get("KUBECONFIG"))
 IMAGE = os.environ.get("KELASTIC_E2E_IMAGE", "kelastic:0.1.0")
 
@@ -360,16 +364,9 @@ class Cluster:
         return events
 
     def _remote_history(self, path: Path) -> str:
-        for pod in self.kubectl.json("get", "pods", "-l", GROUP_LABEL)["items"]:
-            if (pod.get("status") or {}).get("phase") == "Running" and pod["metadata"]["labels"].get(
-                "kelastic.dev/role"
-            ) == "worker":
-                result = self.kubectl.run(
-                    "exec", pod["metadata"]["name"], "--", "cat", str(path), check=False
-                )
-                if result.returncode == 0:
-                    return result.stdout
-        return ""
+        """Read a history file through the reader pod that mounts the checkpoint hostPath."""
+        result = self.kubectl.run("exec", HISTORY_READER, "--", "cat", str(path), check=False)
+        return result.stdout if result.returncode == 0 else ""
 
     def wait_history(
         self, uid: str, what: str, probe: Callable[[list[dict[str, Any]]], T | None], timeout: float = 180
@@ -483,10 +480,30 @@ def _install_real() -> Iterator[Cluster]:
         checkpoint_root=Path("/tmp/kelastic-e2e"),
         deployment=deployment["metadata"]["name"],
     )
+    root = str(cluster.checkpoint_root)
+    reader = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": HISTORY_READER, "namespace": NAMESPACE},
+        "spec": {
+            "containers": [
+                {
+                    "name": "reader",
+                    "image": IMAGE,
+                    "command": ["sleep", "infinity"],
+                    "volumeMounts": [{"name": "checkpoints", "mountPath": root}],
+                }
+            ],
+            "volumes": [{"name": "checkpoints", "hostPath": {"path": root, "type": "DirectoryOrCreate"}}],
+        },
+    }
+    kubectl.apply(reader)
+    kubectl.run("wait", "--for=condition=Ready", f"pod/{HISTORY_READER}", "--timeout=120s", timeout=150)
     cluster.start_operator()
     try:
         yield cluster
     finally:
+        kubectl.run("delete", "pod", HISTORY_READER, "--ignore-not-found", "--wait=false", check=False)
         kubectl.run("delete", "-f", "-", stdin=rendered, check=False, timeout=120)
 
 
