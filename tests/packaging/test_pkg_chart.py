@@ -218,6 +218,7 @@ def test_notes_name_the_watched_namespaces() -> None:
             "kelastic/templates/NOTES.txt"
         ]
     assert "- team-a" in notes and f"deployment/{RELEASE}-kelastic" in notes
+    assert "kubectl -n team-a apply -f examples/elasticjob.yaml" in notes
 
 
 def test_operator_cli_accepts_the_rendered_arguments() -> None:
