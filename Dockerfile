@@ -27,7 +27,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN pip install --no-cache-dir ${TORCH_PIP_ARGS} "torch==${TORCH_VERSION}"
 
 WORKDIR /opt/kelastic
-COPY pyproject.toml ./
+COPY pyproject.toml README.md ./
 COPY agent ./agent
 COPY operator ./operator
 COPY localcluster ./localcluster

@@ -150,15 +150,38 @@ def test_entrypoints_are_console_scripts_of_the_package() -> None:
     assert json.loads(cmd) == ["kelastic-operator"]
 
 
-def dry_run(venv: Path, pip_args: list[str], report: Path, env: dict[str, str]) -> list[dict[str, str]]:
+def stage_workdir(steps: list[Instruction], until: Instruction, target: Path) -> Path:
+    """The image's working directory as the COPY steps before ``until`` fill it, under ``target``."""
+    workdir = Path("/")
+    for step in steps:
+        if step is until:
+            break
+        if step.keyword == "WORKDIR":
+            workdir = workdir / step.argument
+        elif step.keyword == "COPY":
+            *sources, dest = step.argument.split()
+            destination = target / (workdir / dest).relative_to("/")
+            for source in sources:
+                origin = REPO / source
+                if origin.is_dir():
+                    shutil.copytree(origin, destination / origin.name if dest.endswith("/") else destination)
+                else:
+                    destination.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(origin, destination / origin.name)
+    return target / workdir.relative_to("/")
+
+
+def dry_run(
+    venv: Path, pip_args: list[str], report: Path, env: dict[str, str], workdir: Path
+) -> list[dict[str, str]]:
     """``pip install --dry-run`` in ``venv``; returns name/version of what pip would install.
 
-    ``.`` (the image's build context) is the repository. pip runs outside it:
-    with the repository as the working directory, ``python -m`` would import its
-    ``operator/`` folder in place of the standard library's ``operator``.
+    ``.`` is ``workdir``, staged from the COPY steps as the image has it. pip
+    runs outside it: with the sources as the working directory, ``python -m``
+    would import the ``operator/`` folder in place of the standard library's.
     """
     # --no-cache-dir keeps the image small; here the cache only saves downloads.
-    pip_args = [str(REPO) if arg == "." else arg for arg in pip_args if arg != "--no-cache-dir"]
+    pip_args = [str(workdir) if arg == "." else arg for arg in pip_args if arg != "--no-cache-dir"]
     cmd = [
         str(venv / "bin" / "python"),
         "-m",
@@ -188,7 +211,13 @@ def test_pip_steps_resolve_in_a_fresh_venv(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PIP_CONSTRAINT")}
     torch_step, package_step = pip_installs(STEPS)
 
-    first = dry_run(venv, torch_step, tmp_path / "torch.json", env)
+    (package_run,) = [s for s in STEPS if s.keyword == "RUN" and "pip install --no-cache-dir ." in s.argument]
+    workdir = stage_workdir(STEPS, package_run, tmp_path / "image")
+    assert (workdir / "pyproject.toml").exists(), (
+        f"the package step's working directory lacks pyproject.toml: {workdir}"
+    )
+
+    first = dry_run(venv, torch_step, tmp_path / "torch.json", env, workdir)
     versions = {m["name"].lower(): m["version"] for m in first}
     assert versions["torch"].split("+")[0] == "2.13.0", versions
     cuda = sorted(n for n in versions if n.startswith("nvidia") or "cuda" in n)
@@ -197,7 +226,7 @@ def test_pip_steps_resolve_in_a_fresh_venv(tmp_path: Path) -> None:
     constraint = tmp_path / "constraints.txt"
     constraint.write_text(f"torch=={versions['torch']}\n")
     second = dry_run(
-        venv, package_step, tmp_path / "package.json", {**env, "PIP_CONSTRAINT": str(constraint)}
+        venv, package_step, tmp_path / "package.json", {**env, "PIP_CONSTRAINT": str(constraint)}, workdir
     )
     names = {m["name"].lower(): m["version"] for m in second}
     assert names.get("kelastic") == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
