@@ -59,6 +59,7 @@ from torch.distributed import Store
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 from torch.distributed.elastic.rendezvous.api import RendezvousGracefulExitError
 
+from kelastic.agent import warm
 from kelastic.agent.events import Event, EventSink, EventSource, default_sink, record
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import ProcessFailure, SignalException, Std
@@ -147,9 +148,12 @@ class WorkerSpec:
             raise ValueError(f"WorkerSpec.master_port must be in 1..65535, got {self.master_port!r}")
 
     def get_entrypoint_name(self) -> str:
-        """The program's name for logs: the path's basename or the callable's ``__qualname__``."""
+        """The program's name for logs: the path's basename or the callable's ``__qualname__``
+        (for kelastic's script runners, the script's basename)."""
         if isinstance(self.entrypoint, str):
             return os.path.basename(self.entrypoint)
+        if self.entrypoint in (warm.run_script, warm.run_module) and self.args:
+            return os.path.basename(str(self.args[0]))
         return getattr(self.entrypoint, "__qualname__", repr(self.entrypoint))
 
 

@@ -13,6 +13,7 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
+from kelastic.agent import warm
 from kelastic.agent.api import (
     MembershipChangedError,
     RankAssignment,
@@ -208,6 +209,19 @@ def test_spec_validation_names_the_field(kw: dict[str, Any], needle: str) -> Non
     base.update(kw)
     with pytest.raises(ValueError, match=needle):
         WorkerSpec(**base)
+
+
+def test_entrypoint_names() -> None:
+    handler = OneNodeHandler()
+    assert _spec(handler).get_entrypoint_name() == "python"
+    spec = WorkerSpec(
+        role="w", local_world_size=1, rdzv_handler=handler, entrypoint=warm.run_script, args=("/a/t.py",)
+    )
+    assert spec.get_entrypoint_name() == "t.py"
+    assert (
+        WorkerSpec(role="w", local_world_size=1, rdzv_handler=handler, entrypoint=print).get_entrypoint_name()
+        == "print"
+    )
 
 
 def test_is_running() -> None:
