@@ -7,6 +7,7 @@ import os
 import re
 import runpy
 import signal
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -134,3 +135,19 @@ def test_logs_tee_filter_and_events_file(node: Any) -> None:
     names = [json.loads(line)["name"] for line in events.read_text().splitlines()]
     assert names[0] == "kelastic.agent.rendezvous"
     assert names.count("kelastic.worker.SUCCEEDED") == 2 and names[-1] == "kelastic.agent.succeeded"
+
+
+def test_static_backend_runs_unchanged(node: Any) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    agent = node.start(
+        "solo",
+        ["--rdzv-backend", "static", "--master-port", str(port), "--nproc-per-node", "2", "--warm-start"],
+        ["--steps", "1"],
+        rendezvous=False,
+    )
+    assert agent.wait(60) == 0, agent.output()
+    records = node.records(2)
+    assert {r["env"]["MASTER_PORT"] for r in records} == {str(port)}
+    assert {r["env"]["GROUP_WORLD_SIZE"] for r in records} == {"1"}
