@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -263,6 +264,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         raise ValueError("-m/--module and --no-python are mutually exclusive")
     if args.run_path and (args.module or args.no_python):
         raise ValueError("--run-path cannot be combined with -m/--module or --no-python")
+    if args.no_python and shutil.which(args.training_script) is None:
+        raise ValueError(f"--no-python: program {args.training_script!r} was not found or is not executable")
     if args.warm_start and args.no_python:
         raise ValueError(
             "--warm-start runs Python scripts and modules; it cannot be combined with --no-python"
@@ -368,7 +371,7 @@ def run(config: LaunchConfig) -> int:
     except SignalException as e:
         _log.warning("stopped by %s", signal.Signals(e.sigval).name)
         return 128 + int(e.sigval)
-    except (RendezvousError, TimeoutError, ConnectionError, OSError, RuntimeError) as e:
+    except (RendezvousError, TimeoutError, ConnectionError, OSError, RuntimeError, ValueError) as e:
         print(f"kelastic-agent: {config.entrypoint_name} could not run: {e}", file=sys.stderr, flush=True)
         return 1
     if result.is_failed():
