@@ -8,9 +8,12 @@ history that rank 0 writes (``first_step`` events, see examples/train.py):
 * a worker pod force-deleted → first step of the re-formed group;
 * ``kubectl scale --replicas 4`` → first step at world size 4.
 
-Prints each round and the medians. No figure is asserted.
+Jobs run with the CRD's default ``spec.warmStart: true`` (workers forked from a
+process that already imported torch); ``--no-warm-start`` sets it to false, so
+every worker start is a fresh interpreter. Prints each round and the medians. No
+figure is asserted.
 
-    python bench/bench_e2e.py [--rounds 3]
+    python bench/bench_e2e.py [--rounds 3] [--no-warm-start]
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ NAMESPACE = "default"
 class Bench:
     """A local cluster with the CRD and the operator, and the kubectl to drive it."""
 
-    def __init__(self, kubeconfig: Path, checkpoints: Path) -> None:
+    def __init__(self, kubeconfig: Path, checkpoints: Path, *, warm_start: bool = True) -> None:
         self.kubeconfig = kubeconfig
         self.checkpoints = checkpoints
+        self.warm_start = warm_start
 
     def kubectl(self, *args: str, stdin: str | None = None) -> str:
         cmd = ["kubectl", "--kubeconfig", str(self.kubeconfig), "-n", NAMESPACE, *args]
@@ -50,6 +54,7 @@ class Bench:
     def manifest(self, name: str) -> dict[str, Any]:
         (doc,) = [d for d in yaml.safe_load_all((REPO / "examples" / "elasticjob.yaml").read_text()) if d]
         doc["metadata"] = {"name": name, "namespace": NAMESPACE}
+        doc["spec"]["warmStart"] = self.warm_start
         pod = doc["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]
         root = str(self.checkpoints)
         pod["volumes"][0]["hostPath"]["path"] = root
@@ -170,6 +175,11 @@ def torchrun_first_step(checkpoints: Path, timeout: float = 300) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="jobs to measure (default 3)")
+    parser.add_argument(
+        "--no-warm-start",
+        action="store_true",
+        help="run the jobs with spec.warmStart: false (a fresh interpreter per worker start)",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
@@ -180,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="kelastic-bench-e2e-") as tmp,
         LocalCluster(Path(tmp) / "cluster", workdir=REPO) as cluster,
     ):
-        bench = Bench(Path(cluster.kubeconfig), Path(tmp) / "checkpoints")
+        bench = Bench(Path(cluster.kubeconfig), Path(tmp) / "checkpoints", warm_start=not args.no_warm_start)
         bench.checkpoints.mkdir()
         bench.kubectl("apply", "-f", str(REPO / "crds" / "elasticjob.yaml"))
         log_path = Path(tmp) / "operator.log"
@@ -222,7 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         f"torchrun --standalone --nproc-per-node 3, launch to first step: {', '.join(f'{b:.2f}s' for b in baseline)}"
     )
 
-    print(f"\nkelastic local, examples/train.py, 3 workers (min 2, max 4), {args.rounds} rounds, medians:")
+    warm = "false" if args.no_warm_start else "true"
+    print(
+        f"\nkelastic local, examples/train.py, 3 workers (min 2, max 4), warmStart: {warm}, "
+        f"{args.rounds} rounds, medians:"
+    )
     for key in rows[0]:
         print(f"  {key:28s} {statistics.median(r[key] for r in rows):7.2f} s")
     base = statistics.median(baseline)

@@ -110,8 +110,9 @@ def agent_command(spec: JobSpec, *, run_id: str, endpoint: str, config: BuildCon
     """The worker container's command: ``<python> -m kelastic.agent <flags> <training command>``.
 
     A python training command runs under the interpreter it names (its interpreter
-    options go before ``-m kelastic.agent``); anything else runs under
-    ``config.agent_python`` with ``--no-python``.
+    options go before ``-m kelastic.agent``) and, when ``spec.warm_start``, with
+    ``--warm-start``; anything else runs under ``config.agent_python`` with
+    ``--no-python`` and never warm.
     """
     cmd = spec.command
     python = cmd.interpreter or config.agent_python
@@ -137,8 +138,10 @@ def agent_command(spec: JobSpec, *, run_id: str, endpoint: str, config: BuildCon
     if spec.rdzv_conf:
         argv += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in sorted(spec.rdzv_conf.items()))]
     if cmd.interpreter is None:
-        argv.append("--no-python")
-    elif cmd.module:
+        argv.append("--no-python")  # the agent refuses --warm-start with it
+    elif spec.warm_start:
+        argv.append("--warm-start")
+    if cmd.module:
         argv.append("-m")
     argv += [cmd.program, *cmd.args]
     return argv

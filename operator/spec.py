@@ -136,6 +136,8 @@ class JobSpec:
     rdzv_endpoint: str | None = None
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)
     suspend: bool = False
+    #: Fork python workers from a process that already imported torch (``kelastic-agent --warm-start``).
+    warm_start: bool = True
     min_replicas_timeout: float | None = None
     #: The out-of-range ``replicas`` a started job was scaled to; ``replicas`` holds the clamped value.
     replicas_requested: int | None = None
@@ -195,6 +197,13 @@ def _int(spec: Mapping[str, Any], key: str, path: str, *, default: int | None, m
         raise SpecError(path, f"must be an integer, got {value!r}")
     if value < minimum:
         raise SpecError(path, f"must be at least {minimum}, got {value}")
+    return value
+
+
+def _bool(spec: Mapping[str, Any], key: str, path: str, *, default: bool) -> bool:
+    value = spec.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError(path, f"must be true or false, got {value!r}")
     return value
 
 
@@ -302,9 +311,8 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
             raise SpecError(f"spec.rdzvConf.{key}", "keys and values may not contain ',' (or '=' in keys)")
         rdzv_conf[str(key)] = text
 
-    suspend = spec.get("suspend", False)
-    if not isinstance(suspend, bool):
-        raise SpecError("spec.suspend", f"must be true or false, got {suspend!r}")
+    suspend = _bool(spec, "suspend", "spec.suspend", default=False)
+    warm_start = _bool(spec, "warmStart", "spec.warmStart", default=True)
 
     timeout_raw = meta.annotations.get(ANNOTATION_MIN_REPLICAS_TIMEOUT)
     timeout: float | None = None
@@ -346,6 +354,7 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
         rdzv_endpoint=endpoint,
         rdzv_conf=rdzv_conf,
         suspend=suspend,
+        warm_start=warm_start,
         min_replicas_timeout=timeout,
         replicas_requested=requested,
     )

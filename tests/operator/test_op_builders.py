@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import pytest
 
-from kelastic.agent import contract
+from kelastic.agent import cli as agent_cli
+from kelastic.agent import contract, warm
+from kelastic.agent.cli import LaunchConfig
 from kelastic.operator.builders import (
     BuildConfig,
     agent_command,
@@ -42,6 +45,7 @@ def test_python_command_runs_under_its_interpreter(kit: SimpleNamespace) -> None
         "--local-addr", "$(POD_IP)",
         "--health-port", "8081",
         "--rdzv-conf", "a=x,b=2",
+        "--warm-start",
         "train.py", "--lr", "0.1",
     ]  # fmt: skip
 
@@ -60,6 +64,48 @@ def test_module_and_non_python_commands(kit: SimpleNamespace) -> None:
         "-c",
         "echo $RANK",
     ]
+
+
+def agent_config(cmd: list[str]) -> LaunchConfig:
+    """What the real ``kelastic-agent`` makes of a built command (the pod IP filled in)."""
+    flags = cmd[cmd.index("kelastic.agent") + 1 :]
+    flags = [a.replace("$(POD_IP)", "127.0.0.1") for a in flags]
+    return agent_cli.config_from_args(agent_cli.build_parser().parse_args(flags))
+
+
+@pytest.mark.parametrize(
+    ("command", "warm", "entrypoint"),
+    [
+        (["python", "train.py", "--lr", "0.1"], True, warm.run_script),
+        (["python", "train.py", "--lr", "0.1"], False, None),
+        (["python3", "-m", "pkg.train", "--x"], True, warm.run_module),
+        (["python3", "-m", "pkg.train", "--x"], False, None),
+    ],
+)
+def test_warm_start_follows_the_spec_for_python_commands(
+    kit: SimpleNamespace, command: list[str], warm: bool, entrypoint: object
+) -> None:
+    spec = job_of(kit, command=command, warmStart=warm).spec
+    assert spec is not None
+    cmd = agent_command(spec, run_id="u", endpoint="127.0.0.1:29400", config=CFG)
+    assert ("--warm-start" in cmd) is warm
+    config = agent_config(cmd)
+    launched = [spec.command.program, *spec.command.args]
+    if warm:
+        assert config.start_method == "forkserver" and config.entrypoint is entrypoint
+        assert list(config.args) == launched
+    else:
+        assert config.entrypoint == sys.executable and config.start_method == "spawn"
+        assert list(config.args)[-len(launched) :] == launched
+
+
+def test_non_python_commands_never_get_warm_start(kit: SimpleNamespace) -> None:
+    spec = job_of(kit, command=["bash", "-c", "echo $RANK"], warmStart=True).spec
+    assert spec is not None and spec.warm_start
+    cmd = agent_command(spec, run_id="u", endpoint="127.0.0.1:29400", config=CFG)
+    assert "--warm-start" not in cmd and "--no-python" in cmd
+    config = agent_config(cmd)  # the agent would refuse --warm-start with --no-python
+    assert config.entrypoint == "bash" and list(config.args) == ["-c", "echo $RANK"]
 
 
 def test_worker_pod(kit: SimpleNamespace) -> None:

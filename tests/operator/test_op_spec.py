@@ -27,6 +27,7 @@ def test_defaults_are_applied(kit: SimpleNamespace) -> None:
     assert spec.clean_pod_policy is CleanPodPolicy.RUNNING
     assert spec.rdzv_backend is RdzvBackend.KELASTIC
     assert (spec.backoff_limit, spec.max_restarts, spec.nproc_per_node, spec.suspend) == (6, 3, 1, False)
+    assert spec.warm_start is True
     assert spec.image == "kelastic:dev"
     assert job.meta.uid == "uid-demo" and job.meta.namespace == "ns"
 
@@ -43,6 +44,7 @@ def test_full_spec(kit: SimpleNamespace) -> None:
         activeDeadlineSeconds=3600,
         backoffLimit=0,
         suspend=True,
+        warmStart=False,
         restartPolicy="OnFailure",
     )
     spec = parse_job(body).spec
@@ -52,6 +54,7 @@ def test_full_spec(kit: SimpleNamespace) -> None:
     assert spec.rdzv_endpoint == "10.1.2.3:29400"
     assert spec.ttl_seconds_after_finished == 0 and spec.active_deadline_seconds == 3600
     assert spec.restart_policy is RestartPolicy.ON_FAILURE and spec.suspend
+    assert spec.warm_start is False
 
 
 INVALID: list[tuple[str, Any, str, str]] = [
@@ -124,6 +127,7 @@ INVALID: list[tuple[str, Any, str, str]] = [
     ),
     ("str-min", lambda b: b["spec"].update(minReplicas="2"), "spec.minReplicas", "integer"),
     ("bad-suspend", lambda b: b["spec"].update(suspend="yes"), "spec.suspend", "true or false"),
+    ("bad-warm", lambda b: b["spec"].update(warmStart="on"), "spec.warmStart", "true or false"),
     ("bad-conf", lambda b: b["spec"].update(rdzvConf={"a": "x,y"}), "spec.rdzvConf.a", "','"),
     ("long-name", lambda b: b["metadata"].update(name="x" * 60), "metadata.name", "at most 52"),
     (
