@@ -10,8 +10,10 @@ from __future__ import annotations
 __all__ = [
     "DEFAULT_HEALTH_PORT",
     "DEFAULT_RDZV_PORT",
+    "DEFAULT_TERMINATION_MESSAGE_PATH",
     "ENV_NODE_NAME",
     "ENV_PROGRESS_FILE",
+    "ENV_TERMINATION_MESSAGE_PATH",
     "LABEL_JOB_NAME",
     "LABEL_REPLICA_INDEX",
     "LABEL_ROLE",
@@ -44,6 +46,11 @@ WORKER_ENV_VARS: tuple[str, ...] = (
 #: Set by the agent for each worker: the file that ``kelastic.agent.progress.update``
 #: writes the worker's latest progress report to.
 ENV_PROGRESS_FILE = "KELASTIC_PROGRESS_FILE"
+
+#: Where a failed agent writes its one-line root cause, the container's termination
+#: message (default ``/dev/termination-log``, Kubernetes' ``terminationMessagePath``).
+ENV_TERMINATION_MESSAGE_PATH = "KELASTIC_TERMINATION_MESSAGE_PATH"
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 
 #: The agent's identity in a rendezvous. The operator sets it to the pod name
 #: (downward API) so the membership it publishes names the same nodes the agents

@@ -16,26 +16,38 @@ health endpoints when asked, runs the agent and tears everything down:
 
 ``--standalone`` (or a single-node run without an endpoint) hosts an embedded
 rendezvous store on a loopback port the agent bound itself.
+
+When the run fails (workers failed with no restarts left, or the agent itself
+could not run them) the agent writes one line naming the root cause to its
+termination message file, as a Kubernetes-native program does: the file named by
+``KELASTIC_TERMINATION_MESSAGE_PATH``, else ``/dev/termination-log``. Kubernetes
+shows that line as the container's ``state.terminated.message``, which the
+operator quotes in the job's Failed condition. Writing it is best effort.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from typing import TYPE_CHECKING
 
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 import kelastic.agent.rendezvous  # noqa: F401  (registers the "kelastic" backend with torch)
+from kelastic.agent import contract
 from kelastic.agent.api import RunResult, WorkerSpec, WorkerState
 from kelastic.agent.health import HealthServer
 from kelastic.agent.local_agent import LocalElasticAgent
+from kelastic.agent.multiprocessing import SignalException
 from kelastic.agent.rendezvous.server import RendezvousServer
+from kelastic.agent.summary import root_cause_line
 
 if TYPE_CHECKING:
     from kelastic.agent.cli import LaunchConfig
 
-__all__ = ["launch_agent"]
+__all__ = ["launch_agent", "node_name", "write_termination_message"]
 
 _log = logging.getLogger(__name__)
 
@@ -49,6 +61,27 @@ def _leave_rendezvous(handler: RendezvousHandler, *, close_job: bool) -> None:
             handler.shutdown()
     except Exception as e:  # best effort: the store may already be gone
         _log.warning("leaving the rendezvous failed: %s", e)
+
+
+def node_name() -> str:
+    """This node's name in messages: ``KELASTIC_NODE_NAME`` (the pod name) or the host name."""
+    return os.environ.get(contract.ENV_NODE_NAME) or socket.gethostname()
+
+
+def write_termination_message(message: str) -> bool:
+    """Write ``message`` to the termination message file; False (logged at debug) if it cannot.
+
+    The file is ``$KELASTIC_TERMINATION_MESSAGE_PATH``, else ``/dev/termination-log``;
+    it is replaced, not appended to (one run, one root cause).
+    """
+    path = os.environ.get(contract.ENV_TERMINATION_MESSAGE_PATH) or contract.DEFAULT_TERMINATION_MESSAGE_PATH
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(message.rstrip("\n") + "\n")
+    except OSError as e:  # outside a container the default path is usually not writable
+        _log.debug("could not write the termination message to %s: %s", path, e)
+        return False
+    return True
 
 
 def launch_agent(config: LaunchConfig) -> RunResult:
@@ -120,7 +153,18 @@ def launch_agent(config: LaunchConfig) -> RunResult:
         )
         result = agent.run()
         finished = True
+        if result.is_failed():
+            if result.failures:
+                write_termination_message(root_cause_line(result.failures, node_name()))
+            else:
+                write_termination_message(f"{config.entrypoint_name} failed on node {node_name()}")
         return result
+    except SignalException:
+        raise  # stopped from outside (the pod is being deleted): not a failure of the job
+    except Exception as e:
+        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        write_termination_message(f"node {node_name()}: {config.entrypoint_name} could not run: {first}")
+        raise
     finally:
         if handler is not None:
             _leave_rendezvous(handler, close_job=finished)

@@ -14,8 +14,9 @@ directory is used.
 Progress: the agent owns the node's one progress display
 (:mod:`kelastic.agent.progress`), pointed at the progress files of the current
 attempt. With the kelastic rendezvous backend it also publishes the node's
-progress (the slowest local rank's step) to the rendezvous store at most once
-per second, where the operator reads the job's progress.
+progress (the slowest local rank's step) and its restart count to the rendezvous
+store at every start of the workers and at most once per second while they run,
+where the operator reads the job's progress and restarts.
 """
 
 from __future__ import annotations
@@ -206,6 +207,10 @@ class LocalElasticAgent(SimpleElasticAgent):
             progbar_events=self._progbar_events(display),
         )
         self._point_display(display)
+        # Published at every (re)start, not only on monitor ticks: workers that crash at
+        # once never reach a tick, and the operator would show no restarts at all.
+        self._last_publish = time.monotonic()
+        self._publish_progress()
         return dict(self._pcontext.pids())
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:

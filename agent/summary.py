@@ -6,6 +6,10 @@ failure's timestamp, which comes from the error file when the worker wrote
 one); every other failure is listed under "Failures". Each entry shows the
 time, host, global and local rank, exit code or the killing signal's name, the
 pid, the error file and the traceback (or the message) the worker recorded.
+
+:func:`root_cause_line` is the same root cause on one line, the agent's
+termination message (what a Kubernetes pod status shows as the container's
+``state.terminated.message``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["describe_exit", "format_failure_summary", "root_cause_rank"]
+__all__ = ["describe_exit", "format_failure_summary", "root_cause_line", "root_cause_rank"]
 
 _WIDTH = 60
 
@@ -82,3 +86,38 @@ def format_failure_summary(name: str, failures: Mapping[int, Any], host: str) ->
     out.extend(_entry(0, root, failures[root], host))
     out.append("=" * _WIDTH)
     return "\n".join(out)
+
+
+def _first_message_line(failure: Any) -> str:
+    """The first non-empty line of the message the worker recorded in its error file, or ``""``."""
+    data = getattr(failure, "error_file_data", None)
+    if not isinstance(data, Mapping):
+        return ""
+    msg = data.get("message")
+    if isinstance(msg, Mapping):  # torch's error-file layout nests the details
+        msg = msg.get("message")
+    for line in str(msg or "").splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def root_cause_line(failures: Mapping[int, Any], node: str) -> str:
+    """One line naming the root cause of ``failures`` (global rank → ProcessFailure).
+
+    ``"rank 0 (local rank 0, node n) exited with code 2: ValueError: bad"``; a death
+    by signal reads ``"was killed by signal 9 (SIGKILL)"``; the part after the colon
+    is the first line of the worker's error-file message and is left out when the
+    worker wrote none.
+    """
+    rank = root_cause_rank(failures)
+    failure = failures[rank]
+    exitcode = int(getattr(failure, "exitcode", 1))
+    how = (
+        f"was killed by signal {describe_exit(exitcode)[1:]}"
+        if exitcode < 0
+        else f"exited with code {exitcode}"
+    )
+    line = f"rank {rank} (local rank {getattr(failure, 'local_rank', '?')}, node {node}) {how}"
+    message = _first_message_line(failure)
+    return f"{line}: {message}" if message else line

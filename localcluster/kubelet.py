@@ -59,6 +59,7 @@ from .podstatus import (
 )
 from .probes import ProbeResult, ProbeSpec, ProbeTracker, run_probe
 from .runtime import ContainerProcess, ExitStatus, spawn
+from .termination import ENV_TERMINATION_MESSAGE_PATH, message_file, read_termination_message
 from .volumes import mount_env, prepare_volumes
 
 __all__ = ["DEFAULT_NODE_NAME", "Kubelet", "KubeletConfig", "pod_log_dir"]
@@ -114,6 +115,9 @@ class _Container:
         self.restart_due: float | None = None
         self.env: dict[str, str] = {}
         self.cwd: str = ""
+        #: The current run's log and its mapped ``terminationMessagePath``.
+        self.log_path: Path | None = None
+        self.message_path: Path | None = None
         self.readiness: ProbeTracker | None = None
         self.startup: ProbeTracker | None = None
         self.liveness: ProbeTracker | None = None
@@ -402,12 +406,17 @@ class PodWorker:
             c.restart_due = None
             self.kubelet.event(pod, "Failed", f"Error: {exc}", warning=True)
             return time.time() + CONFIG_RETRY_S
-        env = {**config.base_env, **defined}
         workdir = c.spec.get("workingDir")
         cwd = Path(workdir) if workdir else config.workdir
         log_path = self.pod_dir / c.name / f"{rec.restart_count}.log"
+        message_path = message_file(self.pod_dir / c.name, rec.restart_count)
+        # The container's terminationMessagePath, mapped to a file of its own on this host.
+        env = {**config.base_env, **defined, ENV_TERMINATION_MESSAGE_PATH: str(message_path)}
+        c.log_path, c.message_path = log_path, message_path
         try:
             cwd.mkdir(parents=True, exist_ok=True)
+            message_path.parent.mkdir(parents=True, exist_ok=True)
+            message_path.write_bytes(b"")
             process = spawn(argv, env, str(cwd), log_path)
         except OSError as exc:
             now = time.time()
@@ -434,11 +443,17 @@ class PodWorker:
         status: ExitStatus = await process.wait()
         c.cancel_probes()
         pod = self.pod
+        message = ""
+        if c.message_path is not None and c.log_path is not None:
+            message = read_termination_message(
+                c.message_path, c.log_path, c.spec.get("terminationMessagePolicy"), status.exit_code
+            )
         term = Terminated(
             exit_code=status.exit_code,
             reason=exit_reason(status.exit_code),
             started_at=process.started_at,
             finished_at=status.finished_at,
+            message=message,
             signal=status.signal,
             container_id=f"kelastic://{process.pid}",
         )
