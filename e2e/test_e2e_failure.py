@@ -3,10 +3,9 @@
 Scenario (d) of the operator issue. See conftest.py for the cluster these run on.
 One job is run for the whole module; each test checks one property of its end.
 
-Known gap: the Failed reason quotes the failed pod and its exit code, and the
-tail of its agent's log. Which pod that is depends on timing: when rank 0's pod
-fails first the reason shows the rank and its exit code (2); when another pod
-is reported first it shows only that the rendezvous was closed.
+The Failed reason quotes the earliest failed worker pod and its container's
+termination message, where the agent wrote its root cause: the failed rank and
+its exit code.
 """
 
 from __future__ import annotations
@@ -56,3 +55,14 @@ def test_d_always_crashing_worker_fails_the_job_with_an_event(crashed: tuple[Any
     assert re.search(r"\bexit(ed)?( with)?\s*code\s*[:=]?\s*[1-9]", message, re.IGNORECASE), message
     warnings = [e for e in cluster.job_events(JOB) if e.get("type") == "Warning"]
     assert warnings, "a Warning Event should report the failure"
+
+
+def test_d_failed_reason_names_the_rank_and_its_exit_code(crashed: tuple[Any, dict[str, Any]]) -> None:
+    cluster, status = crashed
+    message = failed_message(status)
+    # e.g. "... rank 0 (local rank 0, node e2e-d-worker-0) exited with code 2"
+    assert re.search(r"\brank \d+ \(local rank \d+, node \S+\) exited with code 2\b", message), (
+        f"the reason should name the failing rank and its exit code (2): {message!r}"
+    )
+    warnings = [e for e in cluster.job_events(JOB) if e.get("type") == "Warning"]
+    assert any("exited with code 2" in str(e.get("message")) for e in warnings), warnings

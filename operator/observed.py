@@ -8,9 +8,10 @@ only ever sees these, which keeps it pure and table-testable.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from kelastic.agent import contract
@@ -22,7 +23,9 @@ __all__ = [
     "PodView",
     "RendezvousView",
     "ServiceView",
+    "failure_order",
     "failure_summary",
+    "names_failed_rank",
     "pod_view",
     "service_view",
 ]
@@ -172,6 +175,33 @@ def service_view(body: Mapping[str, Any]) -> ServiceView:
 
 
 _ROOT_CAUSE = "Root Cause (first observed failure):"
+#: How a kelastic agent's termination message (or failure summary) names a failed rank.
+_NAMES_RANK = re.compile(r"^\s*rank\s*:?\s*\d+", re.MULTILINE)
+_NEVER = datetime.max.replace(tzinfo=timezone.utc)
+
+
+def names_failed_rank(message: str | None) -> bool:
+    """Whether ``message`` is an agent's root cause (it names the failed rank)."""
+    return bool(_NAMES_RANK.search(message or ""))
+
+
+def failure_order(pod: PodView) -> tuple[datetime, bool, int]:
+    """Sort key putting the root cause of a job's failure first: the earliest failure.
+
+    Pods are ordered by ``finished_at`` (unknown: last). Times have a resolution of
+    a second, and an agent whose workers crashed stops its peers within the same
+    second, so among equal times a pod whose message names a failed rank (the
+    agent's own root cause) comes before one that does not (a peer that only saw the
+    job end); then the lower replica index.
+    """
+    finished = pod.finished_at or _NEVER
+    if finished.tzinfo is None:
+        finished = finished.replace(tzinfo=timezone.utc)
+    return (
+        finished,
+        not _NAMES_RANK.search(pod.message or ""),
+        pod.index if pod.index is not None else 1 << 30,
+    )
 
 
 def failure_summary(text: str | None, max_len: int = 300) -> str | None:

@@ -21,7 +21,15 @@ from typing import Any
 
 from kelastic.agent import contract
 from kelastic.operator import builders
-from kelastic.operator.observed import Observed, PodPhase, PodView, ServiceView, failure_summary
+from kelastic.operator.observed import (
+    Observed,
+    PodPhase,
+    PodView,
+    ServiceView,
+    failure_order,
+    failure_summary,
+    names_failed_rank,
+)
 from kelastic.operator.spec import CleanPodPolicy, Job, JobSpec, RestartPolicy, format_time, parse_time
 from kelastic.operator.status import (
     CONDITION_INVALID,
@@ -114,6 +122,10 @@ class ReconcileConfig:
     min_replicas_timeout: float = 300.0
     #: After the first worker succeeded, how long the others get to finish (seconds).
     success_grace: float = 30.0
+    #: A worker whose failure ends the job without naming a failed rank (its agent only
+    #: saw the job closed by a peer) waits this long for a still-active peer to report
+    #: the root cause, so the job's reason quotes it (seconds after the failure).
+    root_cause_grace: float = 5.0
     build: builders.BuildConfig = field(default_factory=builders.BuildConfig)
 
 
@@ -220,6 +232,41 @@ def _describe_failure(pod: PodView) -> str:
     gist = failure_summary(pod.message)
     text = " ".join(parts)
     return f"{text}: {gist}" if gist else text
+
+
+def _root_cause(pod: PodView, failed: Sequence[PodView], grace: float) -> PodView:
+    """The failure to quote when ``pod`` ends the job: ``pod``, unless it does not name a
+    failed rank and another failure that does ended within ``grace`` seconds of it (the
+    peer whose crash closed the job; its pod status may land a second later)."""
+    if names_failed_rank(pod.message) or pod.finished_at is None:
+        return pod
+    near = [
+        f
+        for f in failed
+        if names_failed_rank(f.message)
+        and f.finished_at is not None
+        and abs((f.finished_at - pod.finished_at).total_seconds()) <= grace
+    ]
+    return min(near, key=failure_order) if near else pod
+
+
+def _awaiting_root_cause(p: _Pass, pod: PodView, wanted: Sequence[PodView]) -> bool:
+    """Whether to hold off failing the job because of ``pod`` (and reconcile again soon).
+
+    True while ``pod`` ended without naming a failed rank, another wanted worker is
+    still active (its agent may be about to report the root cause) and ``pod`` ended
+    less than ``root_cause_grace`` seconds ago. Bounded: a pod with no end time never
+    waits.
+    """
+    if names_failed_rank(pod.message) or pod.finished_at is None:
+        return False
+    if not any(w.active and w.uid != pod.uid for w in wanted):
+        return False
+    left = p.config.root_cause_grace - _seconds_since(p.now, pod.finished_at)
+    if left <= 0:
+        return False
+    p.after(left)
+    return True
 
 
 def _replica_status(workers: Sequence[PodView], backoff_count: int) -> dict[str, int]:
@@ -436,10 +483,11 @@ def _active(p: _Pass, spec: JobSpec, workers: list[PodView]) -> None:
     present_uids = {w.uid for w in workers}
     counted = [u for u in status.get("countedFailures") or [] if u in present_uids]
     recreating: list[PodView] = []
-    for pod in sorted(wanted, key=lambda w: w.index or 0):
-        if pod.phase is not PodPhase.FAILED:
-            continue
-        what = _describe_failure(pod)
+    # Earliest failure first: when the job fails, its reason quotes the root cause,
+    # not a peer that merely stopped because of it.
+    failed = sorted((w for w in wanted if w.phase is PodPhase.FAILED), key=failure_order)
+    for pod in failed:
+        what = _describe_failure(_root_cause(pod, failed, p.config.root_cause_grace))
         if not _retryable(pod, spec.restart_policy):
             policy = spec.restart_policy.value
             why = (
@@ -449,12 +497,15 @@ def _active(p: _Pass, spec: JobSpec, workers: list[PodView]) -> None:
             )
             status["countedFailures"] = counted
             status["backoffCount"] = backoff
-            _finish(p, Phase.FAILED, "WorkerFailed", f"{what}; {why}", spec, workers)
+            if not _awaiting_root_cause(p, pod, wanted):
+                _finish(p, Phase.FAILED, "WorkerFailed", f"{what}; {why}", spec, workers)
             return
         if pod.uid not in counted:
             if backoff >= spec.backoff_limit:
                 status["countedFailures"] = counted
                 status["backoffCount"] = backoff
+                if _awaiting_root_cause(p, pod, wanted):
+                    return
                 _finish(
                     p,
                     Phase.FAILED,

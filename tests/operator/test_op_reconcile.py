@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -27,7 +29,7 @@ from kelastic.operator.reconcile import (
     ReconcileConfig,
     reconcile,
 )
-from kelastic.operator.spec import parse_job
+from kelastic.operator.spec import parse_job, parse_time
 
 CONFIG = ReconcileConfig(min_replicas_timeout=60.0, success_grace=10.0)
 
@@ -504,6 +506,50 @@ def test_failure_message_quotes_the_termination_message(kit: SimpleNamespace) ->
     d = run(body, kit.observed(kit.store(), kit.worker(0), failed, kit.worker(2)))
     text = cond(d, "Failed")["message"]
     assert "rank 3 (local rank 1) exited with code 2" in text and "exited with code 1" in text
+
+
+def test_failure_message_quotes_the_earliest_failure(kit: SimpleNamespace) -> None:
+    body = kit.job_body(status={"phase": "Running", "scaledTo": 3})
+    t = "2026-01-01T00:00:0{}Z"
+    peer = "node demo-worker-0: train.py could not run: the rendezvous of the job was closed"
+    root = "rank 4 (local rank 0, node demo-worker-2) exited with code 2: ValueError: bad data"
+    pods = [
+        # index 0 failed later: it only saw the job end
+        kit.worker(0, PodPhase.FAILED, exit_code=1, message=peer, finished_at=parse_time(t.format(7))),
+        kit.worker(1),
+        kit.worker(2, PodPhase.FAILED, exit_code=1, message=root, finished_at=parse_time(t.format(5))),
+    ]
+    text = cond(run(body, kit.observed(kit.store(), *pods)), "Failed")["message"]
+    assert text.startswith("worker pod demo-worker-2 (index 2) exited with code 1: " + root), text
+    # within the same second (the API's resolution) the pod naming a failed rank wins
+    pods[0] = replace(pods[0], finished_at=parse_time(t.format(5)))
+    d = run(body, kit.observed(kit.store(), *pods))
+    assert root in cond(d, "Failed")["message"]
+    warning = kinds(d, Emit)[-1]
+    assert warning.warning and root in warning.message
+    # with a known time against an unknown one, the known one is the earlier failure
+    pods[2] = replace(pods[2], finished_at=None)
+    assert peer in cond(run(body, kit.observed(kit.store(), *pods)), "Failed")["message"]
+
+
+def test_a_peer_failure_waits_briefly_for_the_root_cause(kit: SimpleNamespace) -> None:
+    body = kit.job_body(status={"phase": "Running", "scaledTo": 2})
+    peer = "node demo-worker-1: train.py could not run: the rendezvous was closed"
+    root = "rank 0 (local rank 0, node demo-worker-0) exited with code 2"
+    at = timedelta(seconds=1)
+    ended = kit.worker(1, PodPhase.FAILED, exit_code=1, message=peer, finished_at=kit.T0 + at)
+    # worker 0 still runs: its agent may be about to report why the job closed
+    d = run(body, kit.observed(kit.store(), kit.worker(0), ended, at=2))
+    assert d.status["phase"] == "Running" and cond(d, "Failed") is None
+    assert d.requeue_after is not None and 0 < d.requeue_after <= 4
+    # it does, a second later: its root cause is the reason, though it ended later
+    root_pod = kit.worker(0, PodPhase.FAILED, exit_code=1, message=root, finished_at=kit.T0 + 2 * at)
+    d = run(body, kit.observed(kit.store(), root_pod, ended, at=3))
+    assert d.status["phase"] == "Failed"
+    assert "demo-worker-0 (index 0)" in cond(d, "Failed")["message"] and root in cond(d, "Failed")["message"]
+    # it never does: after the grace the job fails with what is known
+    d = run(body, kit.observed(kit.store(), kit.worker(0), ended, at=7))
+    assert d.status["phase"] == "Failed" and peer in cond(d, "Failed")["message"]
 
 
 def test_pod_view_reads_exit_code_and_message() -> None:
