@@ -346,7 +346,9 @@ def test_crashing_worker_fails_the_job_naming_rank_and_exit_code(env: Env) -> No
     failed = next(c for c in st["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "WorkerFailed"
     assert "eta-worker-0 (index 0)" in failed["message"]
-    assert "rank 0" in failed["message"] and "exitcode 3" in failed["message"], failed["message"]
+    # the agent's termination message: its root cause on one line
+    message = failed["message"]
+    assert "rank 0 (local rank 0, node eta-worker-0) exited with code 3" in message, message
 
 
 def test_suspend_removes_pods_and_resume_recreates_them(env: Env) -> None:
