@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import sys
+import sysconfig
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -229,8 +230,8 @@ def resolve_command(container: Mapping[str, Any], env: Mapping[str, str]) -> lis
     """Return the argv of the container process.
 
     ``command`` + ``args`` after ``$(VAR)`` expansion against ``env``; with no
-    ``command``, ``args`` alone is the command line. ``python``, ``python3`` and
-    ``python3.X`` as argv[0] become :data:`sys.executable`. Raises
+    ``command``, ``args`` alone is the command line. argv[0] is resolved in the
+    current Python environment (see :func:`python_or`). Raises
     :class:`ContainerConfigError` when there is nothing to run.
     """
     command = [expand(str(a), env) for a in container.get("command") or []]
@@ -246,5 +247,18 @@ def resolve_command(container: Mapping[str, Any], env: Mapping[str, str]) -> lis
 
 
 def python_or(command: str) -> str:
-    """:data:`sys.executable` for ``python``, ``python3`` and ``python3.X``; any other command unchanged."""
-    return sys.executable if _PYTHON_NAMES.match(command) else command
+    """Resolve a container's argv[0] in the current Python environment.
+
+    ``python``, ``python3`` and ``python3.X`` become :data:`sys.executable`; a bare
+    name of a console script installed in this environment (``kelastic-agent``,
+    ``kelastic-rendezvous``, ...) becomes its full path, because an image's entry
+    points are this environment's scripts here, wherever ``PATH`` points. Any other
+    command is returned unchanged (and looked up on the container's ``PATH``).
+    """
+    if _PYTHON_NAMES.match(command):
+        return sys.executable
+    if "/" not in command:
+        script = os.path.join(sysconfig.get_path("scripts"), command)
+        if os.path.isfile(script) and os.access(script, os.X_OK):
+            return script
+    return command

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import os
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -122,6 +124,15 @@ def test_command_resolution() -> None:
     assert resolve_command({"name": "c", "command": ["python3.11"]}, env) == [sys.executable]
     with pytest.raises(ContainerConfigError, match="neither command nor args"):
         resolve_command({"name": "c"}, env)
+
+
+def test_console_scripts_of_this_environment_are_found_without_path() -> None:
+    # An image's entry points are this environment's console scripts, even when
+    # the kubelet's PATH does not name the environment's scripts directory.
+    scripts = sysconfig.get_path("scripts")
+    argv = resolve_command({"name": "c", "command": ["kelastic-rendezvous", "--port", "1"]}, {})
+    assert argv == [os.path.join(scripts, "kelastic-rendezvous"), "--port", "1"]
+    assert resolve_command({"name": "c", "command": ["no-such-tool-here"]}, {}) == ["no-such-tool-here"]
 
 
 def _term(code: int) -> Terminated:
