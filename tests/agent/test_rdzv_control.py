@@ -17,24 +17,8 @@ from kelastic.agent.rendezvous import (
     KelasticRendezvousHandler,
     ServerProcess,
     control,
-    start_server_process,
 )
 from kelastic.agent.rendezvous.testing import kelastic_handler, rendezvous_concurrently
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = start_server_process("127.0.0.1", 0, timeout=60)
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture
-def run_id(request: pytest.FixtureRequest) -> str:
-    return request.node.name
-
 
 _made: list[KelasticRendezvousHandler] = []
 

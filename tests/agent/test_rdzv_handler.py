@@ -21,21 +21,8 @@ from kelastic.agent.rendezvous import (
     KelasticRendezvousHandler,
     ServerProcess,
     get_rendezvous_handler,
-    start_server_process,
 )
 from kelastic.agent.rendezvous.testing import kelastic_handler, rendezvous_concurrently
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    # One store process for the module (starting one costs seconds of torch import);
-    # every test uses its own rendezvous id.
-    proc = start_server_process("127.0.0.1", 0, timeout=60)
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
 
 _made: list[KelasticRendezvousHandler] = []
 
@@ -45,11 +32,6 @@ def _shutdown_handlers() -> Iterator[None]:
     yield
     while _made:
         _made.pop().shutdown()
-
-
-@pytest.fixture
-def run_id(request: pytest.FixtureRequest) -> str:
-    return request.node.name
 
 
 def make_handler(
