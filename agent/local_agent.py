@@ -140,7 +140,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._progress_store: Any = None
         self._last_publish = 0.0
         self._publish_paused_until = 0.0
-        self._last_progress: tuple[int, int | None] = (0, None)
+        self._last_progress: tuple[int | None, int | None] = (None, None)
         self._publish_failed_logged = False
 
     @property

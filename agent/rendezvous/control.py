@@ -67,8 +67,10 @@ __all__ = [
     "NodeProgress",
     "RendezvousStatus",
     "connect",
+    "job_progress",
     "publish_membership",
     "publish_progress",
+    "read_progress",
     "read_status",
 ]
 
@@ -87,10 +89,10 @@ class JobProgress:
 
 @dataclass(frozen=True)
 class NodeProgress:
-    """One agent's latest report."""
+    """One agent's latest report; ``step`` is None until its workers report a step."""
 
     node: str
-    step: int
+    step: int | None
     total: int | None
     restarts: int
     local_world_size: int | None
@@ -150,14 +152,18 @@ def publish_progress(
     run_id: str,
     node: str,
     *,
-    step: int,
+    step: int | None,
     total: int | None,
     restarts: int,
     local_world_size: int | None = None,
 ) -> None:
-    """Record ``node``'s latest progress (overwrites its previous report)."""
+    """Record ``node``'s latest progress (overwrites its previous report).
+
+    ``step`` is None for a node whose workers have not reported a step yet (a node
+    that just joined): it then counts for restarts and size but not for progress.
+    """
     report = {
-        "step": int(step),
+        "step": None if step is None else int(step),
         "total": None if total is None else int(total),
         "restarts": int(restarts),
         "local_world_size": None if local_world_size is None else int(local_world_size),
@@ -173,7 +179,7 @@ def read_progress(store: dist.Store, run_id: str, node: str) -> NodeProgress | N
     data = json.loads(raw)
     return NodeProgress(
         node=node,
-        step=int(data["step"]),
+        step=None if data.get("step") is None else int(data["step"]),
         total=data.get("total"),
         restarts=int(data.get("restarts", 0)),
         local_world_size=data.get("local_world_size"),
@@ -182,10 +188,15 @@ def read_progress(store: dist.Store, run_id: str, node: str) -> NodeProgress | N
 
 
 def job_progress(reports: Sequence[NodeProgress]) -> JobProgress | None:
-    """The slowest report's step; ``total`` is the largest total reported."""
-    if not reports:
+    """The slowest reported step; ``total`` is the largest total reported.
+
+    Nodes without a step yet are left out, so a node joining a running job does not
+    pull the job's progress back to 0 until its workers resume from the checkpoint.
+    """
+    steps = [r.step for r in reports if r.step is not None]
+    if not steps:
         return None
-    step = min(r.step for r in reports)
+    step = min(steps)
     totals = [r.total for r in reports if r.total]
     total = max(totals) if totals else None
     return JobProgress(step=step, total=total, fraction=None if total is None else min(1.0, step / total))

@@ -378,7 +378,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._wait_event(generation, remaining)
 
     def publish_progress(
-        self, *, step: int, total: int | None, restarts: int, local_world_size: int | None = None
+        self, *, step: int | None, total: int | None, restarts: int, local_world_size: int | None = None
     ) -> bool:
         """Report this node's progress for ``control.read_status`` (rate-limit to ~1/s).
 

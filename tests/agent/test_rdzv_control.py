@@ -99,8 +99,25 @@ def test_status_aggregates_progress(server: ServerProcess, run_id: str) -> None:
     assert status.world_size == 5
     assert status.restarts == 2
     assert status.progress == control.JobProgress(step=30, total=100, fraction=0.3)
+    # A node that just joined has no step yet: it counts for restarts, not for progress.
+    control.publish_progress(store, run_id, "b", step=None, total=None, restarts=3)
+    status = control.read_status(store, run_id)
+    assert status.restarts == 3
+    assert status.progress == control.JobProgress(step=40, total=100, fraction=0.4)
     hs[1].set_closed()
     assert control.read_status(store, run_id).closed
+
+
+def _report(node: str, step: int | None, total: int | None = 300) -> control.NodeProgress:
+    return control.NodeProgress(node=node, step=step, total=total, restarts=0, local_world_size=1, time=0.0)
+
+
+def test_job_progress_is_the_slowest_reported_step() -> None:
+    assert control.job_progress([]) is None
+    assert control.job_progress([_report("a", None)]) is None
+    assert control.job_progress([_report("a", 210), _report("b", None), _report("c", 200)]) == (
+        control.JobProgress(step=200, total=300, fraction=200 / 300)
+    )
 
 
 def test_bad_membership_is_rejected(server: ServerProcess, run_id: str) -> None:
