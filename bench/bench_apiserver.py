@@ -27,6 +27,8 @@ import time
 
 import aiohttp
 
+from kelastic.localcluster.testing import stop_process
+
 
 def _pod(name: str, sent: float | None = None) -> dict:
     meta: dict = {"name": name, "labels": {"bench": "yes"}}
@@ -171,12 +173,7 @@ def main() -> int:
             print(f"API server at {base} (separate process)")
             asyncio.run(_run(base, args))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+            stop_process(proc, 10, kill_grace=5)
     return 0
 
 

@@ -32,6 +32,8 @@ from typing import Any
 
 import yaml
 
+from kelastic.localcluster.testing import stop_process
+
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "default"
 
@@ -164,12 +166,7 @@ def torchrun_first_step(checkpoints: Path, timeout: float = 300) -> float:
             time.sleep(0.05)
         raise TimeoutError(f"timed out after {timeout:.0f}s waiting for torchrun's first step")
     finally:
-        proc.terminate()  # torchrun passes SIGTERM on to its workers
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc, 30)  # torchrun passes SIGTERM on to its workers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,12 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             print(log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
             raise
         finally:
-            operator.terminate()
-            try:
-                operator.wait(30)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-                operator.wait(10)
+            stop_process(operator, 30)
 
     with tempfile.TemporaryDirectory(prefix="kelastic-bench-torchrun-") as tmp:
         baseline = [torchrun_first_step(Path(tmp)) for _ in range(args.rounds)]

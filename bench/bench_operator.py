@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from kelastic.localcluster.testing import stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 CRD = REPO / "crds" / "elasticjob.yaml"
@@ -224,13 +225,8 @@ def main() -> int:
         kube.close()
         return 0
     finally:
-        if operator is not None and operator.poll() is None:
-            os.killpg(operator.pid, signal.SIGTERM)
-            try:
-                operator.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(operator.pid, signal.SIGKILL)
-                operator.wait(5)
+        if operator is not None:
+            stop_process(operator, 15, kill_grace=5, group=True)
         cluster.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 

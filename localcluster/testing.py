@@ -10,8 +10,11 @@ shortened to 1 s..4 s); ``kubectl`` runs the real binary against it. Requires py
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +25,7 @@ import pytest
 
 from kelastic.localcluster.cluster import LocalCluster
 
-__all__ = ["Kubectl", "cluster_fixture", "kubectl_fixture", "process_alive", "wait_for"]
+__all__ = ["Kubectl", "cluster_fixture", "kubectl_fixture", "process_alive", "stop_process", "wait_for"]
 
 T = TypeVar("T")
 
@@ -72,6 +75,36 @@ def process_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+def stop_process(
+    proc: subprocess.Popen[Any],
+    grace: float,
+    *,
+    kill_grace: float = 10.0,
+    group: bool = False,
+    sig: int = signal.SIGTERM,
+) -> int:
+    """Stop ``proc`` and reap it: ``sig``, up to ``grace`` s, then SIGKILL and ``kill_grace`` s more.
+
+    With ``group`` the signals go to the process group ``proc`` leads (started with
+    ``start_new_session=True``), so its children stop with it. Returns the exit code.
+    """
+
+    def send(s: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(proc.pid, s)
+            else:
+                proc.send_signal(s)
+
+    if proc.poll() is None:
+        send(sig)
+        try:
+            return proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            send(signal.SIGKILL)
+    return proc.wait(kill_grace)
 
 
 def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1) -> T:

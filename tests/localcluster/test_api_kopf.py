@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kelastic.localcluster.apiserver import ApiServer
-from kelastic.localcluster.testing import Kubectl, wait_for
+from kelastic.localcluster.testing import Kubectl, stop_process, wait_for
 
 CRD = {
     "apiVersion": "apiextensions.k8s.io/v1",
@@ -109,12 +109,7 @@ def test_kopf_operator_patches_status_and_posts_events(api: ApiServer, tmp_path:
         kubectl("delete", "gadget", "g1", "--timeout=20s")
         assert "g1" not in kubectl("get", "gadgets", "-o", "name")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc, 15, kill_grace=5)
     text = log.read_text()
     assert "gadget handled" in text and "gadget cleaned up" in text
     bad = [line for line in text.splitlines() if any(w in line for w in ("ERROR", "Traceback", "WARNING"))]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 import yaml
 
 from kelastic.agent import contract
+from kelastic.localcluster.testing import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "elasticjob.yaml"
@@ -93,13 +93,8 @@ def start_operator(env: Env, log: Path, *extra: str) -> subprocess.Popen[bytes]:
 
 
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+    """Stop an operator started by ``start_operator`` (its whole process group)."""
+    stop_process(proc, 10, group=True, sig=sig)
 
 
 @pytest.fixture(scope="module")
