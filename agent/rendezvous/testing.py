@@ -10,7 +10,10 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousIn
 
 from .handler import KelasticRendezvousHandler, create_handler
 
-__all__ = ["kelastic_handler", "rendezvous_concurrently"]
+__all__ = ["kelastic_handler", "rendezvous_concurrently", "shutdown_handlers"]
+
+# Every handler kelastic_handler made and shutdown_handlers has not shut down yet.
+_live: list[KelasticRendezvousHandler] = []
 
 
 def kelastic_handler(
@@ -23,11 +26,22 @@ def kelastic_handler(
     local_addr: str = "127.0.0.1",
     **conf: Any,
 ) -> KelasticRendezvousHandler:
-    """A ``kelastic`` handler for node ``name`` (``conf`` as in ``--rdzv-conf``)."""
+    """A ``kelastic`` handler for node ``name`` (``conf`` as in ``--rdzv-conf``).
+
+    The handler is remembered until :func:`shutdown_handlers` shuts it down.
+    """
     params = RendezvousParameters(
         "kelastic", endpoint, run_id, min_nodes, max_nodes, local_addr=local_addr, node_name=name, **conf
     )
-    return create_handler(params)
+    handler = create_handler(params)
+    _live.append(handler)
+    return handler
+
+
+def shutdown_handlers() -> None:
+    """Shut down every handler :func:`kelastic_handler` made (tests call it after each test)."""
+    while _live:
+        _live.pop().shutdown()
 
 
 def rendezvous_concurrently(

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from kelastic.agent.rendezvous import ServerProcess, start_server_process
+from kelastic.agent.rendezvous.testing import shutdown_handlers
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +22,13 @@ def server() -> Iterator[ServerProcess]:
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(autouse=True)
+def _shutdown_handlers() -> Iterator[None]:
+    """Every rendezvous handler a test made leaves its rendezvous when the test ends."""
+    yield
+    shutdown_handlers()
 
 
 @pytest.fixture

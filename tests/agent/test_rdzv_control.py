@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,23 +19,12 @@ from kelastic.agent.rendezvous import (
 )
 from kelastic.agent.rendezvous.testing import kelastic_handler, rendezvous_concurrently
 
-_made: list[KelasticRendezvousHandler] = []
-
-
-@pytest.fixture(autouse=True)
-def _shutdown_handlers() -> Iterator[None]:
-    yield
-    while _made:
-        _made.pop().shutdown()
-
 
 def node(server: ServerProcess, run_id: str, name: str, **conf: Any) -> KelasticRendezvousHandler:
     # A long last call: a round that closes quickly did so because of the controller.
     conf.setdefault("last_call_timeout", 30)
     conf.setdefault("join_timeout", 20)
-    handler = kelastic_handler(server.endpoint, run_id, name, 1, 8, **conf)
-    _made.append(handler)
-    return handler
+    return kelastic_handler(server.endpoint, run_id, name, 1, 8, **conf)
 
 
 def test_listed_nodes_close_the_round_without_last_call(server: ServerProcess, run_id: str) -> None:

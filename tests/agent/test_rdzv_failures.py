@@ -25,17 +25,14 @@ from kelastic.agent.rendezvous import (
     start_server_process,
 )
 from kelastic.agent.rendezvous.protocol import RunKeys, read_counter
-from kelastic.agent.rendezvous.testing import kelastic_handler, rendezvous_concurrently
+from kelastic.agent.rendezvous.testing import kelastic_handler, rendezvous_concurrently, shutdown_handlers
 
-_made: list[KelasticRendezvousHandler] = []
 _procs: list[subprocess.Popen[str]] = []
 
 
 @pytest.fixture(autouse=True)
 def _cleanup() -> Iterator[None]:
     yield
-    while _made:
-        _made.pop().shutdown()
     while _procs:
         proc = _procs.pop()
         if proc.poll() is None:
@@ -53,9 +50,7 @@ def node(
     endpoint: str, run_id: str, name: str, min_nodes: int, max_nodes: int, **conf: Any
 ) -> KelasticRendezvousHandler:
     conf.setdefault("join_timeout", 30)
-    handler = kelastic_handler(endpoint, run_id, name, min_nodes, max_nodes, **conf)
-    _made.append(handler)
-    return handler
+    return kelastic_handler(endpoint, run_id, name, min_nodes, max_nodes, **conf)
 
 
 def spawn(code: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -115,8 +110,7 @@ def test_lost_node_is_detected_and_survivors_reform(how: signal.Signals) -> None
         assert {i.world_size for i in infos} == {2}
         assert sorted(i.rank for i in infos) == [0, 1]
     finally:
-        for h in _made:
-            h.shutdown()
+        shutdown_handlers()
         server.stop()
 
 
@@ -150,8 +144,7 @@ def test_two_nodes_dying_together_are_both_found() -> None:
         print(f"two lost nodes: survivors re-formed after {took:.2f}s")
         assert took < 20, f"re-forming took {took:.1f}s: the survivors waited for rejoin_timeout"
     finally:
-        for h in _made:
-            h.shutdown()
+        shutdown_handlers()
         server.stop()
 
 
@@ -170,8 +163,7 @@ def test_store_restart_leads_to_a_fresh_rendezvous() -> None:
         status = control.read_status(control.connect(server.endpoint), "restart")
         assert status.round == 1 and sorted(status.members) == ["a", "b"]
     finally:
-        for h in _made:
-            h.shutdown()
+        shutdown_handlers()
         server.stop()
 
 
@@ -208,8 +200,7 @@ def test_workers_form_a_gloo_group_through_the_worker_store() -> None:
             assert worker.returncode == 0, out
             assert "sum 3 of 2" in out
     finally:
-        for h in _made:
-            h.shutdown()
+        shutdown_handlers()
         server.stop()
 
 

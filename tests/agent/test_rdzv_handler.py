@@ -6,7 +6,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,24 +24,13 @@ from kelastic.agent.rendezvous import (
 )
 from kelastic.agent.rendezvous.testing import kelastic_handler, rendezvous_concurrently
 
-_made: list[KelasticRendezvousHandler] = []
-
-
-@pytest.fixture(autouse=True)
-def _shutdown_handlers() -> Iterator[None]:
-    yield
-    while _made:
-        _made.pop().shutdown()
-
 
 def make_handler(
     endpoint: str, name: str, min_nodes: int, max_nodes: int, run_id: str = "job", **conf: Any
 ) -> KelasticRendezvousHandler:
     conf.setdefault("last_call_timeout", 0.3)
     conf.setdefault("join_timeout", 20)
-    handler = kelastic_handler(endpoint, run_id, name, min_nodes, max_nodes, **conf)
-    _made.append(handler)
-    return handler
+    return kelastic_handler(endpoint, run_id, name, min_nodes, max_nodes, **conf)
 
 
 @pytest.fixture
