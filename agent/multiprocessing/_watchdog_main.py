@@ -45,20 +45,29 @@ def process_table():
     return table
 
 
-def _scan(groups):
-    """{pid: starttime} of every process in the groups and all their descendants."""
-    table = process_table()
+def descendants_in(table, roots):
+    """Every descendant of ``roots`` (roots excluded) by the parent links of ``table``.
+
+    Also used by :mod:`.proctree`.
+    """
     children = {}
     for pid, stat in table.items():
         children.setdefault(stat[0], []).append(pid)
-    found = {pid for pid, stat in table.items() if stat[1] in groups}
-    stack = list(found)
+    found = set()
+    stack = list(roots)
     while stack:
         for child in children.get(stack.pop(), ()):
             if child not in found:
                 found.add(child)
                 stack.append(child)
-    return {pid: table[pid][2] for pid in found}
+    return found
+
+
+def _scan(groups):
+    """{pid: starttime} of every process in the groups and all their descendants."""
+    table = process_table()
+    members = {pid for pid, stat in table.items() if stat[1] in groups}
+    return {pid: table[pid][2] for pid in members | descendants_in(table, members)}
 
 
 def _kill_all(groups, known):

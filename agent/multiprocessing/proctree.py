@@ -14,7 +14,7 @@ import os
 import signal
 from collections.abc import Iterable
 
-from ._watchdog_main import process_table, read_stat
+from ._watchdog_main import descendants_in, process_table, read_stat
 
 __all__ = [
     "descendants",
@@ -44,17 +44,7 @@ def set_parent_death_signal(sig: int = signal.SIGKILL, expected_parent: int | No
 
 def descendants(roots: Iterable[int]) -> set[int]:
     """All live descendants of ``roots`` (not including the roots), from one /proc scan."""
-    children: dict[int, list[int]] = {}
-    for pid, stat in process_table().items():
-        children.setdefault(stat[0], []).append(pid)
-    found: set[int] = set()
-    stack = list(roots)
-    while stack:
-        for child in children.get(stack.pop(), ()):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
-    return found
+    return descendants_in(process_table(), roots)
 
 
 def is_alive(pid: int) -> bool:
