@@ -70,18 +70,30 @@ The operator's permissions on the objects it manages. Shared by the
 namespaced Role and the cluster-wide ClusterRole so both grant the same verbs.
 */}}
 {{- define "kelastic.operatorRules" -}}
-# ElasticJobs: watch them, write their status, delete them after ttlSecondsAfterFinished.
+# ElasticJobs: watch them, read one fresh before acting, delete it after ttlSecondsAfterFinished.
 - apiGroups: ["kelastic.dev"]
   resources: ["elasticjobs"]
   verbs: ["get", "list", "watch", "delete"]
+# The operator writes only a job's status (a merge patch), never its spec.
 - apiGroups: ["kelastic.dev"]
   resources: ["elasticjobs/status"]
-  verbs: ["get", "patch", "update"]
-# Worker pods and the rendezvous store pod and Service it owns.
+  verbs: ["patch"]
+# Pods and Services carry an ownerReference to their job with blockOwnerDeletion: true.
+# The OwnerReferencesPermissionEnforcement admission plugin accepts that only from a
+# client that may update the owner's finalizers.
+- apiGroups: ["kelastic.dev"]
+  resources: ["elasticjobs/finalizers"]
+  verbs: ["update"]
+# Worker pods, the rendezvous store pod and its Service: watched (by label), created, deleted.
+# Never updated or patched: a change of spec means a new pod.
 - apiGroups: [""]
   resources: ["pods", "services"]
-  verbs: ["get", "list", "watch", "create", "delete"]
-# Events for every action and failure.
+  verbs: ["list", "watch", "create", "delete"]
+# The tail of a failed worker's log names its root cause in the job's Failed condition.
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
+# Events for every action and failure; a repeated Event is patched (count, lastTimestamp).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
