@@ -1,0 +1,578 @@
+"""A real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver, controller-manager, scheduler.
+
+``kelastic local --control-plane DIR`` runs the official binaries found in
+``DIR`` instead of kelastic's API server emulator, so RBAC, admission and the
+controllers kelastic does not emulate (Deployments, ReplicaSets, the token
+and EndpointSlice controllers, the garbage collector) are judged by the real
+thing. :class:`ControlPlane` owns those processes:
+
+- certificates and keys are generated into ``<state_dir>/pki`` (see
+  :mod:`kelastic.localcluster.pki`): the cluster CA, the front-proxy CA, a
+  serving certificate for the API server, client certificates for every
+  component, the admin (``system:masters``), the node (``system:node:<name>``)
+  and the service proxy (``system:kube-proxy``);
+- etcd (``DIR/etcd``, else ``etcd`` on ``PATH``), then kube-apiserver
+  (loopback only, https, ``--authorization-mode=Node,RBAC``, service-account
+  issuer and keys, the standard admission plugins plus
+  ``NodeRestriction``, ``OwnerReferencesPermissionEnforcement`` and
+  ``ResourceQuota``), then kube-controller-manager and kube-scheduler when
+  ``DIR`` has them; every port is a free one chosen at start;
+- every wait has a deadline and prints how long it took; a component that
+  exits is reported with the tail of its log (``<state_dir>/logs``);
+- components get ``PR_SET_PDEATHSIG`` so they die with the thread that
+  started them, and :meth:`ControlPlane.stop` stops them in reverse order
+  (SIGTERM, then SIGKILL after a grace period).
+
+Nothing routes ClusterIPs to the API server here and Endpoints may not hold
+loopback addresses, so the apiserver runs with ``--endpoint-reconciler-type
+none``: in-cluster clients are pointed at ``127.0.0.1:<port>`` directly.
+
+The binaries' version is read from ``/version`` and the served API groups
+from discovery (:attr:`ControlPlane.version`, :meth:`ControlPlane.serves`),
+so callers feature-detect instead of assuming one Kubernetes release.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .pki import CertPair, ensure_ca, ensure_leaf, ensure_signing_key
+
+__all__ = [
+    "ComponentFailed",
+    "ControlPlane",
+    "ControlPlaneBinaries",
+    "KubeVersion",
+    "control_plane_dir",
+    "write_kubeconfig",
+]
+
+#: Environment variables naming a directory of control-plane binaries, in order of preference.
+DIR_VARIABLES = ("KELASTIC_CONTROL_PLANE", "KUBEBUILDER_ASSETS")
+#: The issuer of service-account tokens (what in-cluster clients expect by default).
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+#: Admission plugins on top of the defaults: the ones that hurt operators in real clusters.
+ADMISSION_PLUGINS = (
+    "NamespaceLifecycle",
+    "LimitRanger",
+    "ServiceAccount",
+    "DefaultTolerationSeconds",
+    "Priority",
+    "MutatingAdmissionWebhook",
+    "ValidatingAdmissionWebhook",
+    "ResourceQuota",
+    "NodeRestriction",
+    "OwnerReferencesPermissionEnforcement",
+)
+HOST = "127.0.0.1"
+LOG_TAIL_LINES = 25
+
+
+class ComponentFailed(RuntimeError):
+    """A control-plane component exited or never became healthy (the message carries its log tail)."""
+
+
+@dataclass(frozen=True, order=True)
+class KubeVersion:
+    """``major.minor.patch`` of the Kubernetes binaries."""
+
+    major: int
+    minor: int
+    patch: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> KubeVersion:
+        """From ``v1.20.2``, ``Kubernetes v1.31.0-rc.1`` and the like; ValueError otherwise."""
+        found = re.search(r"v?(\d+)\.(\d+)(?:\.(\d+))?", text)
+        if not found:
+            raise ValueError(f"no Kubernetes version in {text!r}")
+        return cls(int(found.group(1)), int(found.group(2)), int(found.group(3) or 0))
+
+    def __str__(self) -> str:
+        return f"v{self.major}.{self.minor}.{self.patch}"
+
+
+@dataclass(frozen=True)
+class ControlPlaneBinaries:
+    """The executables of one control plane; the controller-manager and scheduler are optional."""
+
+    apiserver: Path
+    etcd: Path
+    controller_manager: Path | None = None
+    scheduler: Path | None = None
+
+    @classmethod
+    def find(cls, directory: Path | str) -> ControlPlaneBinaries:
+        """Look in ``directory`` (etcd also on ``PATH``); raise FileNotFoundError naming what is missing."""
+        directory = Path(directory).expanduser()
+        if not directory.is_dir():
+            raise FileNotFoundError(f"control-plane directory {directory} does not exist")
+
+        def exe(name: str) -> Path | None:
+            path = directory / name
+            return path if path.is_file() and os.access(path, os.X_OK) else None
+
+        apiserver = exe("kube-apiserver")
+        if apiserver is None:
+            raise FileNotFoundError(
+                f"no executable kube-apiserver in {directory}; point --control-plane (or "
+                "$KELASTIC_CONTROL_PLANE / $KUBEBUILDER_ASSETS) at a directory holding kube-apiserver and etcd"
+            )
+        etcd = exe("etcd") or (Path(found) if (found := shutil.which("etcd")) else None)
+        if etcd is None:
+            raise FileNotFoundError(
+                f"no etcd in {directory} nor on PATH; put an etcd binary (3.4 or newer) in {directory}"
+            )
+        return cls(apiserver, etcd, exe("kube-controller-manager"), exe("kube-scheduler"))
+
+
+def control_plane_dir(flag: Path | str | None = None) -> Path | None:
+    """The binaries' directory: ``flag``, else ``$KELASTIC_CONTROL_PLANE``, else ``$KUBEBUILDER_ASSETS``."""
+    if flag:
+        return Path(flag).expanduser()
+    for variable in DIR_VARIABLES:
+        if os.environ.get(variable):
+            return Path(os.environ[variable]).expanduser()
+    return None
+
+
+def _die_with_parent() -> None:
+    # In the child, before exec: SIGTERM when the thread that started us ends,
+    # so no component outlives a kelastic that was killed without cleaning up.
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def free_port(host: str = HOST) -> int:
+    """A TCP port free on ``host`` right now (the caller binds it soon after)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def write_kubeconfig(
+    path: Path, server: str, ca: Path, user: str, client: CertPair | None = None, token: str | None = None
+) -> Path:
+    """A kubeconfig with embedded CA and credentials (client certificate or bearer token), mode 0600."""
+    import base64
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    credentials: dict[str, str] = {}
+    if client is not None:
+        credentials = {
+            "client-certificate-data": b64(client.cert_pem()),
+            "client-key-data": b64(client.key_pem()),
+        }
+    if token is not None:
+        credentials["token"] = token
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "kelastic-local",
+                "cluster": {"server": server, "certificate-authority-data": b64(ca.read_bytes())},
+            }
+        ],
+        "users": [{"name": user, "user": credentials}],
+        "contexts": [{"name": "kelastic-local", "context": {"cluster": "kelastic-local", "user": user}}],
+        "current-context": "kelastic-local",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(config, f, indent=1)  # JSON is YAML: kubectl and every client read it
+    return path
+
+
+@dataclass
+class _Component:
+    name: str
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return "    (no log)"
+        return "\n".join(f"    {line}" for line in text)
+
+
+@dataclass
+class ControlPlane:
+    """etcd + kube-apiserver (+ controller-manager, scheduler) on 127.0.0.1; see the module docstring.
+
+    ``service_network`` becomes ``--service-cluster-ip-range``; ``node_name``
+    is the node whose client certificate is made (``system:node:<name>``).
+    ``progress`` receives one line per step. Use ``start()``/``stop()`` or a
+    ``with`` block; ``stop()`` is idempotent.
+    """
+
+    binaries: ControlPlaneBinaries
+    state_dir: Path
+    service_network: ipaddress.IPv4Network = field(
+        default_factory=lambda: ipaddress.IPv4Network("127.2.0.0/21")
+    )
+    node_name: str = "kelastic-local"
+    progress: Callable[[str], None] = print
+    timeout: float = 90.0
+    stop_grace: float = 10.0
+    url: str = ""
+    version: KubeVersion | None = None
+    #: Served ``group/version`` strings (``v1`` for the core group), from discovery.
+    api_versions: set[str] = field(default_factory=set)
+    startup_seconds: float = 0.0
+    _components: list[_Component] = field(default_factory=list)
+
+    # -- paths ----------------------------------------------------------------
+    @property
+    def pki_dir(self) -> Path:
+        return self.state_dir / "pki"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.pki_dir / "ca.crt"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.state_dir / "admin.kubeconfig"
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1]) if self.url else 0
+
+    def credentials(self, who: str) -> CertPair:
+        """Client certificate of ``admin``, ``node`` (system:node:<name>) or ``kube-proxy``."""
+        return CertPair(self.pki_dir / f"{who}.crt", self.pki_dir / f"{who}.key")
+
+    def serves(self, group_version: str) -> bool:
+        """Whether discovery lists ``group_version`` (e.g. ``discovery.k8s.io/v1``)."""
+        return group_version in self.api_versions
+
+    # -- start ----------------------------------------------------------------
+    def start(self) -> ControlPlane:
+        started = time.monotonic()
+        self.state_dir = self.state_dir.resolve()
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start(started)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
+        self.progress(
+            f"control plane {self.version} ready after {self.startup_seconds:.1f} s: {self.url} "
+            f"(logs in {self.logs_dir})"
+        )
+        return self
+
+    def _start(self, started: float) -> None:
+        version = _binary_version(self.binaries.apiserver)
+        self._make_pki()
+        etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+        self.url = f"https://{HOST}:{api_port}"
+        etcd = self._spawn("etcd", self._etcd_argv(etcd_port, peer_port))
+        self._wait(
+            etcd, "etcd /health", lambda: b'"health":"true"' in _get(f"http://{HOST}:{etcd_port}/health")
+        )
+        self.progress(f"etcd healthy after {time.monotonic() - started:.1f} s")
+        apiserver = self._spawn("kube-apiserver", self._apiserver_argv(etcd_port, api_port))
+        admin_ctx = self.ssl_context(self.credentials("admin"))
+        self._wait(
+            apiserver, "kube-apiserver /readyz", lambda: _get(self.url + "/readyz", admin_ctx) == b"ok"
+        )
+        self.progress(f"kube-apiserver ready after {time.monotonic() - started:.1f} s")
+        write_kubeconfig(self.admin_kubeconfig, self.url, self.ca_file, "admin", self.credentials("admin"))
+        self._discover(admin_ctx)
+        if self.version is None:
+            self.version = version
+        waits: list[tuple[_Component, str, int]] = []
+        for name, binary in (
+            ("kube-controller-manager", self.binaries.controller_manager),
+            ("kube-scheduler", self.binaries.scheduler),
+        ):
+            if binary is None:
+                self.progress(f"no {name} in {self.binaries.apiserver.parent}: not started")
+                continue
+            port = free_port()
+            waits.append((self._spawn(name, self._component_argv(name, binary, port, version)), name, port))
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # their self-signed serving certificates: health only
+        for component, name, port in waits:
+            self._wait(
+                component,
+                f"{name} /healthz",
+                lambda p=port: _get(f"https://{HOST}:{p}/healthz", insecure) == b"ok",
+            )
+            self.progress(f"{name} healthy after {time.monotonic() - started:.1f} s")
+        if self.binaries.controller_manager is not None:
+            # Pods are refused until their namespace's default ServiceAccount exists.
+            self._wait(
+                None,
+                "the default ServiceAccount of namespace default",
+                lambda: _exists(self.url + "/api/v1/namespaces/default/serviceaccounts/default", admin_ctx),
+            )
+
+    def _make_pki(self) -> None:
+        pki = self.pki_dir
+        ca = ensure_ca(pki, "ca", "kelastic-local-ca")
+        front = ensure_ca(pki, "front-proxy-ca", "kelastic-local-front-proxy-ca")
+        first_service_ip = str(self.service_network.network_address + 1)
+        ensure_leaf(
+            ca,
+            pki,
+            "apiserver",
+            "kube-apiserver",
+            server=True,
+            hosts=(
+                HOST,
+                "localhost",
+                first_service_ip,
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+        )
+        ensure_leaf(ca, pki, "admin", "kelastic-admin", organizations=("system:masters",), client=True)
+        ensure_leaf(ca, pki, "apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                    organizations=("system:masters",), client=True)  # fmt: skip
+        ensure_leaf(ca, pki, "kube-controller-manager", "system:kube-controller-manager", client=True)
+        ensure_leaf(ca, pki, "kube-scheduler", "system:kube-scheduler", client=True)
+        ensure_leaf(ca, pki, "kube-proxy", "system:kube-proxy", client=True)
+        ensure_leaf(ca, pki, "node", f"system:node:{self.node_name}", organizations=("system:nodes",),
+                    client=True)  # fmt: skip
+        ensure_leaf(ca, pki, "kubelet-serving", self.node_name, server=True, hosts=(HOST, self.node_name))
+        ensure_leaf(front, pki, "front-proxy-client", "front-proxy-client", client=True)
+        ensure_signing_key(pki, "sa")
+
+    def _etcd_argv(self, port: int, peer_port: int) -> list[str]:
+        data = self.state_dir / "etcd"
+        data.mkdir(parents=True, exist_ok=True)
+        data.chmod(0o700)
+        return [
+            str(self.binaries.etcd),
+            "--name=kelastic",
+            f"--data-dir={data}",
+            f"--listen-client-urls=http://{HOST}:{port}",
+            f"--advertise-client-urls=http://{HOST}:{port}",
+            f"--listen-peer-urls=http://{HOST}:{peer_port}",
+            f"--initial-advertise-peer-urls=http://{HOST}:{peer_port}",
+            f"--initial-cluster=kelastic=http://{HOST}:{peer_port}",
+            "--initial-cluster-state=new",
+            "--logger=zap",
+            "--log-outputs=stderr",
+        ]
+
+    def _apiserver_argv(self, etcd_port: int, port: int) -> list[str]:
+        pki = self.pki_dir
+        return [
+            str(self.binaries.apiserver),
+            f"--etcd-servers=http://{HOST}:{etcd_port}",
+            f"--bind-address={HOST}",
+            f"--secure-port={port}",
+            f"--advertise-address={HOST}",
+            # Endpoints may not hold 127.0.0.1: no endpoints for the kubernetes Service.
+            "--endpoint-reconciler-type=none",
+            f"--cert-dir={self.state_dir / 'certdir'}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            f"--service-account-issuer={SA_ISSUER}",
+            "--authorization-mode=Node,RBAC",
+            f"--service-cluster-ip-range={self.service_network}",
+            f"--enable-admission-plugins={','.join(ADMISSION_PLUGINS)}",
+            "--allow-privileged=true",
+            "--v=1",
+        ]
+
+    def _component_argv(self, name: str, binary: Path, port: int, version: KubeVersion) -> list[str]:
+        kubeconfig = self.state_dir / f"{name}.kubeconfig"
+        write_kubeconfig(kubeconfig, self.url, self.ca_file, name, self.credentials(name))
+        argv = [
+            str(binary),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            f"--bind-address={HOST}",
+            f"--secure-port={port}",
+            f"--cert-dir={self.state_dir / 'certdir' / name}",
+            "--leader-elect=false",
+            "--v=1",
+        ]
+        if version < KubeVersion(1, 24):
+            argv.append("--port=0")  # the insecure port exists (and is on) only before 1.24
+        if name == "kube-controller-manager":
+            pki = self.pki_dir
+            argv += [
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--controllers=*",
+                "--use-service-account-credentials",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                f"--flex-volume-plugin-dir={self.state_dir / 'flexvolume'}",
+                # The node heartbeats through its Lease; be patient with a busy 2-core machine.
+                "--node-monitor-grace-period=60s",
+            ]
+        return argv
+
+    def _spawn(self, name: str, argv: list[str]) -> _Component:
+        component = _Component(name, argv, self.logs_dir / f"{name}.log")
+        with open(component.log_path, "ab") as log:
+            component.process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
+        self._components.append(component)
+        return component
+
+    def _wait(self, component: _Component | None, what: str, ready: Callable[[], bool]) -> None:
+        """Poll ``ready`` until true; fail when ``component`` exits or the deadline passes."""
+        deadline = time.monotonic() + self.timeout
+        next_note = time.monotonic() + 10.0
+        while True:
+            with contextlib.suppress(OSError, ValueError, ssl.SSLError, urllib.error.URLError):
+                if ready():
+                    return
+            if (
+                component is not None
+                and component.process is not None
+                and component.process.poll() is not None
+            ):
+                raise ComponentFailed(
+                    f"{component.name} exited with code {component.process.returncode} while waiting for "
+                    f"{what}; the last lines of {component.log_path}:\n{component.tail()}"
+                )
+            now = time.monotonic()
+            if now >= deadline:
+                tail = f"; the last lines of {component.log_path}:\n{component.tail()}" if component else ""
+                raise ComponentFailed(f"timed out after {self.timeout:.0f} s waiting for {what}{tail}")
+            if now >= next_note:
+                self.progress(f"still waiting for {what} ({now - deadline + self.timeout:.0f} s)")
+                next_note = now + 10.0
+            time.sleep(0.1)
+
+    def _discover(self, ctx: ssl.SSLContext) -> None:
+        info = json.loads(_get(self.url + "/version", ctx))
+        self.version = KubeVersion.parse(str(info.get("gitVersion", "")))
+        groups = json.loads(_get(self.url + "/apis", ctx)).get("groups") or []
+        self.api_versions = {"v1"} | served_versions(groups)
+
+    # -- running --------------------------------------------------------------
+    def ssl_context(self, client: CertPair | None = None) -> ssl.SSLContext:
+        """A TLS context trusting the cluster CA, presenting ``client`` when given."""
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        if client is not None:
+            ctx.load_cert_chain(str(client.cert), str(client.key))
+        return ctx
+
+    def failed(self) -> list[str]:
+        """One line per component that exited, with its exit code and log tail."""
+        return [
+            f"{c.name} exited with code {c.process.returncode}; the last lines of {c.log_path}:\n{c.tail()}"
+            for c in self._components
+            if c.process is not None and c.process.poll() is not None
+        ]
+
+    def pids(self) -> dict[str, int]:
+        return {c.name: c.process.pid for c in self._components if c.process is not None}
+
+    def stop(self) -> None:
+        """Stop every component, last started first: SIGTERM, then SIGKILL after ``stop_grace``."""
+        for component in reversed(self._components):
+            proc = component.process
+            if proc is None:
+                continue
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+                try:
+                    proc.wait(self.stop_grace)
+                except subprocess.TimeoutExpired:
+                    self.progress(f"{component.name} ignored SIGTERM for {self.stop_grace:g} s: killing it")
+                    proc.kill()
+                    proc.wait()
+        self._components.clear()
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _binary_version(binary: Path) -> KubeVersion:
+    try:
+        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ComponentFailed(f"cannot run {binary} --version: {exc}") from exc
+    try:
+        return KubeVersion.parse(out.stdout + out.stderr)
+    except ValueError:
+        raise ComponentFailed(
+            f"{binary} --version printed no Kubernetes version: {(out.stdout + out.stderr).strip()[:200]}"
+        ) from None
+
+
+def _get(url: str, ctx: ssl.SSLContext | None = None) -> bytes:
+    with urllib.request.urlopen(url, timeout=5, context=ctx) as resp:
+        return bytes(resp.read())
+
+
+def _exists(url: str, ctx: ssl.SSLContext) -> bool:
+    try:
+        _get(url, ctx)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return False
+        raise
+    return True
+
+
+def served_versions(groups: Iterable[dict[str, Any]]) -> set[str]:
+    """``group/version`` strings of an ``APIGroupList``'s groups."""
+    return {str(v.get("groupVersion")) for g in groups for v in g.get("versions") or []}
