@@ -1,7 +1,7 @@
 # Developer shortcuts; every target is also spelled out in the README.
 PYTHON ?= python3
 
-.PHONY: install test test-fast lint format bench
+.PHONY: install test test-fast lint typecheck import-rules format bench
 
 install:  ## torch first, pinned: the pin takes the CPU build instead of CUDA packages
 	$(PYTHON) -m pip install torch==2.13.0
@@ -13,9 +13,24 @@ test:  ## the whole suite, end-to-end scenarios included (what CI runs)
 test-fast:  ## skip the slow multi-process and end-to-end scenarios
 	$(PYTHON) -m pytest -q -m "not slow"
 
-lint:
+lint:  ## style, types and the import direction between the three parts; CI runs this
 	ruff check .
 	ruff format --check .
+	$(MAKE) --no-print-directory typecheck
+	$(MAKE) --no-print-directory import-rules
+
+# The folders are installed as kelastic.agent, kelastic.operator and kelastic.localcluster
+# (package-dir); mypy finds modules by their place on disk, so it reads them through links
+# that give each folder its installed name. Strictness is set in pyproject.toml [tool.mypy].
+MYPY_TREE := build/mypy/kelastic
+typecheck:  ## mypy: strict for agent/ and operator/, checked for localcluster/
+	@mkdir -p $(MYPY_TREE)
+	@for part in agent operator localcluster; do ln -sfn ../../../$$part $(MYPY_TREE)/$$part; done
+	cd build/mypy && $(PYTHON) -m mypy --config-file ../../pyproject.toml \
+		-p kelastic.agent -p kelastic.operator -p kelastic.localcluster
+
+import-rules:  ## agent imports nothing of ours; operator only the agent's contract; localcluster neither
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/packaging/test_pkg_imports.py
 
 format:
 	ruff check --fix .

@@ -1,0 +1,153 @@
+"""The three parts of kelastic import each other in one direction only.
+
+* ``kelastic.agent`` imports nothing else of ours: it runs in every training pod, beside the
+  user's script, and must not pull in the operator's or the local cluster's dependencies.
+* ``kelastic.operator`` imports from the agent only its contract with the agent
+  (``kelastic.agent.contract``) and the rendezvous store's control records
+  (``kelastic.agent.rendezvous.control``).
+* ``kelastic.localcluster`` imports neither: it is a Kubernetes stand-in and knows no
+  ElasticJob.
+
+The imports are read from the source with ``ast`` (every ``import`` statement, also inside
+functions and ``TYPE_CHECKING`` blocks), so a breach fails here before anything runs.
+``make import-rules`` (part of ``make lint``) runs this module alone.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# folder on disk -> its installed package name (pyproject.toml [tool.setuptools] package-dir)
+PARTS = {"agent": "kelastic.agent", "operator": "kelastic.operator", "localcluster": "kelastic.localcluster"}
+
+# What each part may import of kelastic beyond itself (a module or a package and its modules).
+ALLOWED: dict[str, tuple[str, ...]] = {
+    "kelastic.agent": (),
+    "kelastic.operator": ("kelastic.agent.contract", "kelastic.agent.rendezvous.control"),
+    "kelastic.localcluster": (),
+}
+
+
+def module_name(rel: Path) -> str:
+    """Installed dotted name of a source file (``operator/spec.py`` -> ``kelastic.operator.spec``)."""
+    parts = list(rel.with_suffix("").parts)
+    parts[0] = PARTS[parts[0]]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(rel: Path, source: str) -> Iterator[tuple[int, str]]:
+    """(line, absolute module name) of every kelastic import in a file, relative ones resolved.
+
+    ``from x import y`` yields ``x.y``: y may be a module of package x, and a name defined in
+    module x still falls under x by prefix.
+    """
+    own = module_name(rel)
+    package = own if rel.name == "__init__.py" else own.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source, filename=str(rel))):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "kelastic")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if base.split(".")[0] == "kelastic":
+                yield from ((node.lineno, f"{base}.{a.name}") for a in node.names)
+
+
+def part_of(module: str) -> str | None:
+    return next((p for p in ALLOWED if within(module, p)), None)
+
+
+def within(module: str, allowed: str) -> bool:
+    return module == allowed or module.startswith(allowed + ".")
+
+
+def breaches(sources: Iterable[tuple[Path, str]]) -> list[str]:
+    """One line per forbidden import, ``path:line: part imports module``."""
+    found = []
+    for rel, source in sources:
+        own = part_of(module_name(rel))
+        assert own is not None, rel
+        for line, target in imports_of(rel, source):
+            other = part_of(target)
+            if other is None or other == own or any(within(target, ok) for ok in ALLOWED[own]):
+                continue
+            found.append(f"{rel}:{line}: {own} imports {target}")
+    return found
+
+
+def repository_sources() -> list[tuple[Path, str]]:
+    return [
+        (path.relative_to(ROOT), path.read_text())
+        for folder in PARTS
+        for path in sorted((ROOT / folder).rglob("*.py"))
+    ]
+
+
+def test_parts_import_each_other_in_one_direction_only() -> None:
+    found = breaches(repository_sources())
+    assert not found, (
+        "imports across kelastic's parts that the layering forbids (see docs/architecture.md):\n  "
+        + "\n  ".join(found)
+        + "\nMove what both sides need into kelastic.agent.contract, or keep it on one side."
+    )
+
+
+def test_the_reader_sees_the_operators_use_of_the_contract() -> None:
+    """Guards the reader itself: a rule that sees no import at all would pass vacuously."""
+    seen = {
+        target
+        for rel, source in repository_sources()
+        if rel.parts[0] == "operator"
+        for _, target in imports_of(rel, source)
+    }
+    assert any(within(t, "kelastic.agent.contract") for t in seen), seen
+
+
+@pytest.mark.parametrize(
+    ("importer", "source", "expected"),
+    [
+        (
+            "agent/x.py",
+            "from kelastic.operator import spec\n",
+            "kelastic.agent imports kelastic.operator.spec",
+        ),
+        (
+            "localcluster/x.py",
+            "import kelastic.agent.api\n",
+            "kelastic.localcluster imports kelastic.agent.api",
+        ),
+        (
+            "operator/x.py",
+            "from ..agent import api\n",
+            "operator/x.py:1: kelastic.operator imports kelastic.agent.api",
+        ),
+        ("operator/x.py", "def f():\n    from kelastic.agent.api import W\n", "x.py:2: kelastic.operator"),
+        (
+            "operator/x.py",
+            "from kelastic.localcluster import client\n",
+            "imports kelastic.localcluster.client",
+        ),
+        ("operator/x.py", "from kelastic.agent.contract import LABEL\n", None),
+        ("operator/x.py", "from kelastic.agent.rendezvous.control import NodeProgress\n", None),
+        ("operator/sub/__init__.py", "from .. import spec\n", None),
+        ("agent/x.py", "from .rendezvous import handler\nimport torch\n", None),
+    ],
+)
+def test_the_rule_catches_planted_breaches(importer: str, source: str, expected: str | None) -> None:
+    """The rule fails on a planted breach, wherever in the file the import stands."""
+    found = breaches([(Path(importer), source)])
+    if expected is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and expected in found[0], found
