@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             on_change=controller.on_leadership,
         )
         controller.is_leader = lambda: elector.is_leader
-    registry = build_registry(controller, elector)
+    registry = build_registry(controller, elector, cluster_wide=args.all_namespaces)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> Any:

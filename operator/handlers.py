@@ -6,6 +6,12 @@
   keyed by (namespace, job name)), so a reconcile never LISTs and an operator
   restarted mid-job sees every existing pod before it acts (kopf runs no handler
   until its indexes are filled: adoption without duplicates);
+- the watch settings: pods and Services are listed and watched with the server-side
+  ``labelSelector=kelastic.dev/job-name`` (kopf's ``labels=`` filters would only
+  drop other pods after receiving them: in a busy cluster, every pod change of every
+  tenant), and with the namespaces given, kopf's cluster scanning is off, so it never
+  lists namespaces or CRDs (a namespaced Role does not allow it; kopf would retry
+  the 403s before acting);
 - event handlers for ElasticJobs, those pods and Services, each one only
   triggering a reconcile of the job concerned;
 - startup/cleanup handlers that start and stop the controller's resync loop and,
@@ -28,22 +34,38 @@ from kelastic.operator.leader import LeaderElector
 from kelastic.operator.observed import pod_view, service_view
 from kelastic.operator.spec import GROUP, PLURAL, VERSION
 
-__all__ = ["build_registry"]
+__all__ = ["OWNED_SELECTOR", "build_registry", "configure_settings"]
 
-_OURS = {contract.LABEL_JOB_NAME: kopf.PRESENT}
+#: The server-side selector of the pods and Services the operator owns (label exists).
+OWNED_SELECTOR = contract.LABEL_JOB_NAME
+#: The kinds watched with :data:`OWNED_SELECTOR` only.
+OWNED_KINDS = (("v1", "pods"), ("v1", "services"))
 
 
-def build_registry(controller: Controller, elector: LeaderElector | None = None) -> kopf.OperatorRegistry:
+def configure_settings(settings: kopf.OperatorSettings, *, cluster_wide: bool) -> None:
+    """The kopf settings of kelastic-operator (applied at startup, before any watch starts)."""
+    # Our own Events say what happened; kopf's would repeat each handler run.
+    settings.posting.level = logging.ERROR
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    # Leader election is ours (a Lease), so kopf itself runs standalone.
+    settings.peering.standalone = True
+    for kind in OWNED_KINDS:
+        settings.watching.label_selectors[kind] = OWNED_SELECTOR
+    # Namespaced: serve exactly the namespaces named. Scanning would list namespaces and
+    # CRDs, which the chart's Role does not grant. Cluster-wide, scanning follows the CRD
+    # being installed or changed after the operator started (the ClusterRole grants it).
+    settings.scanning.disabled = not cluster_wide
+
+
+def build_registry(
+    controller: Controller, elector: LeaderElector | None = None, *, cluster_wide: bool = False
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        # Our own Events say what happened; kopf's would repeat each handler run.
-        settings.posting.level = logging.ERROR
-        settings.watching.server_timeout = 300
-        settings.watching.client_timeout = 330
-        # Leader election is ours (a Lease), so kopf itself runs standalone.
-        settings.peering.standalone = True
+        configure_settings(settings, cluster_wide=cluster_wide)
         controller.start()
         if elector is not None:
             elector.start()
@@ -55,15 +77,19 @@ def build_registry(controller: Controller, elector: LeaderElector | None = None)
         await controller.stop()
         controller.store.close()
 
-    @kopf.index("v1", "pods", labels=_OURS, id="kelastic_pods", registry=registry)
+    # Only labelled objects arrive (the server filters the watch); the checks below keep a
+    # selector that a cluster failed to apply from turning into a crash.
+    @kopf.index("v1", "pods", id="kelastic_pods", registry=registry)
     def kelastic_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
-        return {(namespace, labels[contract.LABEL_JOB_NAME]): pod_view(body)}
+        job = labels.get(contract.LABEL_JOB_NAME)
+        return {(namespace, job): pod_view(body)} if job else {}
 
-    @kopf.index("v1", "services", labels=_OURS, id="kelastic_services", registry=registry)
+    @kopf.index("v1", "services", id="kelastic_services", registry=registry)
     def kelastic_services(
         namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any
     ) -> dict[Any, Any]:
-        return {(namespace, labels[contract.LABEL_JOB_NAME]): service_view(body)}
+        job = labels.get(contract.LABEL_JOB_NAME)
+        return {(namespace, job): service_view(body)} if job else {}
 
     @kopf.on.event(GROUP, VERSION, PLURAL, id="elasticjob", registry=registry)
     async def job_event(
@@ -82,8 +108,8 @@ def build_registry(controller: Controller, elector: LeaderElector | None = None)
         else:
             controller.job_seen((namespace, name), meta.get("resourceVersion"))
 
-    @kopf.on.event("v1", "pods", labels=_OURS, id="elasticjob-pod", registry=registry)
-    @kopf.on.event("v1", "services", labels=_OURS, id="elasticjob-service", registry=registry)
+    @kopf.on.event("v1", "pods", id="elasticjob-pod", registry=registry)
+    @kopf.on.event("v1", "services", id="elasticjob-service", registry=registry)
     async def owned_event(
         namespace: str,
         labels: dict[str, str],
@@ -92,6 +118,8 @@ def build_registry(controller: Controller, elector: LeaderElector | None = None)
         **_: Any,
     ) -> None:
         controller.bind_indexes(kelastic_pods, kelastic_services)
-        controller.trigger((namespace, labels[contract.LABEL_JOB_NAME]))
+        job = labels.get(contract.LABEL_JOB_NAME)
+        if job:
+            controller.trigger((namespace, job))
 
     return registry
