@@ -10,16 +10,26 @@ longer our parent, every guarded group is SIGKILLed, and so is every descendant 
 theirs seen in the last scan (they may have left the group), then the watchdog exits.
 """
 
+from __future__ import annotations
+
 import os
 import select
 import signal
 import sys
 import time
 
+# typing is not imported at run time (start-up cost); mypy reads this block all the same.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    # (ppid, pgid, starttime, state) from /proc/<pid>/stat
+    Stat = tuple[int, int, int, str]
+
 SCAN_EVERY = 2.0
 
 
-def read_stat(pid):
+def read_stat(pid: int) -> Stat | None:
     """(ppid, pgid, starttime, state) of pid from /proc, or None if it is gone.
 
     Also used by :mod:`.proctree` (this file must stay importable on its own).
@@ -34,9 +44,9 @@ def read_stat(pid):
     return int(rest[1]), int(rest[2]), int(rest[19]), rest[0].decode()
 
 
-def process_table():
+def process_table() -> dict[int, Stat]:
     """{pid: read_stat(pid)} for every process."""
-    table = {}
+    table: dict[int, Stat] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             stat = read_stat(int(entry))
@@ -45,15 +55,15 @@ def process_table():
     return table
 
 
-def descendants_in(table, roots):
+def descendants_in(table: dict[int, Stat], roots: Iterable[int]) -> set[int]:
     """Every descendant of ``roots`` (roots excluded) by the parent links of ``table``.
 
     Also used by :mod:`.proctree`.
     """
-    children = {}
+    children: dict[int, list[int]] = {}
     for pid, stat in table.items():
         children.setdefault(stat[0], []).append(pid)
-    found = set()
+    found: set[int] = set()
     stack = list(roots)
     while stack:
         for child in children.get(stack.pop(), ()):
@@ -63,14 +73,14 @@ def descendants_in(table, roots):
     return found
 
 
-def _scan(groups):
+def _scan(groups: set[int]) -> dict[int, int]:
     """{pid: starttime} of every process in the groups and all their descendants."""
     table = process_table()
     members = {pid for pid, stat in table.items() if stat[1] in groups}
     return {pid: table[pid][2] for pid in members | descendants_in(table, members)}
 
 
-def _kill_all(groups, known):
+def _kill_all(groups: set[int], known: dict[int, int]) -> None:
     for pgid in groups:
         try:
             os.killpg(pgid, signal.SIGKILL)
@@ -85,12 +95,12 @@ def _kill_all(groups, known):
                 pass
 
 
-def main():
+def main() -> None:
     launcher = int(sys.argv[1])
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
-    groups = set()
-    known = {}
+    groups: set[int] = set()
+    known: dict[int, int] = {}
     pending = b""
     scanned_at = 0.0
     while True:
