@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from kelastic.agent import contract
 from kelastic.operator import builders
+from kelastic.operator.events import EventRecorder
 from kelastic.operator.kube import ApiError, Kube
 from kelastic.operator.observed import (
     Observed,
@@ -50,7 +51,7 @@ from kelastic.operator.reconcile import (
     ReconcileConfig,
     reconcile,
 )
-from kelastic.operator.spec import API_VERSION, KIND, Job, format_time, parse_job
+from kelastic.operator.spec import API_VERSION, KIND, Job, parse_job
 from kelastic.operator.status import TERMINAL_PHASES, merge_patch
 from kelastic.operator.store_client import StoreClient
 
@@ -116,6 +117,10 @@ class Controller:
         self._stopping = False
         #: Counters for tests, benchmarks and logs.
         self.stats: dict[str, int] = {"reconciles": 0, "api_calls": 0, "errors": 0}
+        self.events = EventRecorder(
+            lambda ns, body: self._io(self.kube.create, ns, "events", body),
+            lambda ns, name, patch: self._io(self.kube.patch, ns, "events", name, patch),
+        )
 
     # ------------------------------------------------------------------ wiring
 
@@ -446,11 +451,10 @@ class Controller:
 
     def _event(self, body: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         meta = body.get("metadata") or {}
-        now = format_time(datetime.now(timezone.utc))
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": meta.get("namespace")},
+            "metadata": {"namespace": meta.get("namespace")},
             "involvedObject": {
                 "apiVersion": API_VERSION,
                 "kind": KIND,
@@ -464,14 +468,12 @@ class Controller:
             "type": "Warning" if warning else "Normal",
             "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
         }
-        self._spawn(self._post_event(str(meta.get("namespace")), event))
+        self._spawn(self._post_event(event))
 
-    async def _post_event(self, namespace: str, event: dict[str, Any]) -> None:
+    async def _post_event(self, event: dict[str, Any]) -> None:
+        """Post or count the Event (a repeat of the same cause updates one object)."""
         try:
-            await self._io(self.kube.create, namespace, "events", event)
+            await self.events.record(event)
         except Exception as exc:  # Events are best effort
             log.debug("could not post Event %s: %s", event.get("reason"), exc)

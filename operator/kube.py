@@ -132,6 +132,12 @@ class Kube:
     def create(self, namespace: str, plural: str, manifest: Mapping[str, Any]) -> dict[str, Any]:
         return self.request("POST", self.core_path(namespace, plural), dict(manifest))
 
+    def patch(self, namespace: str, plural: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """JSON merge patch of one core object (the operator patches only its own Events)."""
+        return self.request(
+            "PATCH", self.core_path(namespace, plural, name), dict(patch), content_type=MERGE_PATCH
+        )
+
     def delete(self, namespace: str, plural: str, name: str, uid: str | None = None) -> None:
         """Delete ``name``; with ``uid``, only that incarnation (a replacement of the same name is kept)."""
         body: dict[str, Any] = {
