@@ -3,8 +3,10 @@
 ``GET /healthz`` answers 200 while the agent process is alive and its serving
 thread runs (liveness). ``GET /readyz`` answers 200 while the agent's workers
 are running and 503 otherwise, e.g. during rendezvous or after the workers
-finished (readiness). Both bodies are small JSON documents; any other path is
-404. The server runs on a daemon thread and never blocks the agent.
+finished (readiness). Both bodies are small JSON documents. ``GET /metrics``
+(when the server was given a ``metrics`` callable) answers the agent's metrics
+in the Prometheus text format. Any other path is 404. The server runs on a
+daemon thread and never blocks the agent.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from kelastic.agent.exposition import CONTENT_TYPE
+
 __all__ = ["HealthServer"]
 
 _log = logging.getLogger(__name__)
@@ -24,7 +28,8 @@ class HealthServer:
     """Serves ``/healthz`` and ``/readyz`` on ``host:port`` (``port=0`` picks a free port).
 
     ``is_ready`` is called on every ``/readyz`` request; ``detail`` (optional)
-    returns extra JSON-serialisable fields for both bodies (e.g. the worker state).
+    returns extra JSON-serialisable fields for both bodies (e.g. the worker state);
+    ``metrics`` (optional) returns the ``/metrics`` body in the Prometheus text format.
     Binding happens in the constructor, so an address in use fails at once with
     an ``OSError`` naming the port.
     """
@@ -36,9 +41,11 @@ class HealthServer:
         *,
         host: str = "0.0.0.0",
         detail: Callable[[], dict[str, object]] | None = None,
+        metrics: Callable[[], str] | None = None,
     ) -> None:
         self._is_ready = is_ready
         self._detail = detail or (lambda: {})
+        self._metrics = metrics
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -53,8 +60,11 @@ class HealthServer:
                         _log.warning("readiness check raised: %s", e)
                         ready = False
                     outer._reply(self, 200 if ready else 503, {"status": "ready" if ready else "not ready"})
+                elif path == "/metrics" and outer._metrics is not None:
+                    outer._reply_metrics(self)
                 else:
-                    outer._reply(self, 404, {"error": f"unknown path {path}; use /healthz or /readyz"})
+                    known = "/healthz, /readyz" + (" or /metrics" if outer._metrics is not None else "")
+                    outer._reply(self, 404, {"error": f"unknown path {path}; use {known}"})
 
             def log_message(self, format: str, *args: object) -> None:
                 return None  # probes every few seconds would flood the agent's log
@@ -74,6 +84,19 @@ class HealthServer:
         data = json.dumps({**body, **extra}).encode()
         handler.send_response(code)
         handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def _reply_metrics(self, handler: BaseHTTPRequestHandler) -> None:
+        assert self._metrics is not None
+        try:
+            data, code = self._metrics().encode(), 200
+        except Exception as e:  # a scrape must get an answer, never a dropped connection
+            _log.warning("rendering /metrics failed: %s", e)
+            data, code = f"rendering metrics failed: {e}\n".encode(), 500
+        handler.send_response(code)
+        handler.send_header("Content-Type", CONTENT_TYPE)
         handler.send_header("Content-Length", str(len(data)))
         handler.end_headers()
         handler.wfile.write(data)

@@ -2,7 +2,8 @@
 
 :func:`launch_agent` builds the rendezvous handler (kelastic's, or torch's
 ``c10d``/``static`` unchanged), the worker spec and the local agent, serves the
-health endpoints when asked, runs the agent and tears everything down:
+health endpoints and ``/metrics`` (:mod:`kelastic.agent.telemetry`) when asked,
+runs the agent and tears everything down:
 
 * on a normal end (success or failure) the rendezvous is closed for the job
   (peers waiting in it give up instead of waiting for a node that will not come
@@ -38,11 +39,13 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 import kelastic.agent.rendezvous  # noqa: F401  (registers the "kelastic" backend with torch)
 from kelastic.agent import contract
 from kelastic.agent.api import RunResult, WorkerSpec, WorkerState
+from kelastic.agent.events import default_sink
 from kelastic.agent.health import HealthServer
 from kelastic.agent.local_agent import LocalElasticAgent
 from kelastic.agent.multiprocessing import SignalException
 from kelastic.agent.rendezvous.server import RendezvousServer
 from kelastic.agent.summary import root_cause_line
+from kelastic.agent.telemetry import AgentTelemetry
 
 if TYPE_CHECKING:
     from kelastic.agent.cli import LaunchConfig
@@ -97,6 +100,8 @@ def launch_agent(config: LaunchConfig) -> RunResult:
         endpoint = embedded.endpoint
     health: HealthServer | None = None
     agent: LocalElasticAgent | None = None
+    # Every event still reaches the default sink; the telemetry keeps what /metrics shows.
+    telemetry = AgentTelemetry(default_sink())
 
     def ready() -> bool:
         return agent is not None and WorkerState.is_running(agent.get_worker_group().state)
@@ -104,8 +109,10 @@ def launch_agent(config: LaunchConfig) -> RunResult:
     if config.health_port is not None:
         # On the pod's own address when known: pods of a single-node cluster share one
         # network namespace, and every agent uses the same health port.
-        health = HealthServer(config.health_port, ready, host=config.local_addr or "0.0.0.0").start()
-        _log.info("serving /healthz and /readyz on port %d", health.port)
+        health = HealthServer(
+            config.health_port, ready, host=config.local_addr or "0.0.0.0", metrics=telemetry.render
+        ).start()
+        _log.info("serving /healthz, /readyz and /metrics on port %d", health.port)
     handler = None
     finished = False  # the agent reached a result (success or failure) of the job
     try:
@@ -139,7 +146,10 @@ def launch_agent(config: LaunchConfig) -> RunResult:
             log_dir=config.log_dir,
             local_ranks_filter=config.local_ranks_filter,
             rdzv_endpoint=endpoint,
+            event_sink=telemetry,
+            metrics=telemetry.metrics,
         )
+        telemetry.start_sampler(agent.rank_progress)
         _log.info(
             "agent for %s: nnodes=%d:%d nproc_per_node=%d backend=%s endpoint=%s run_id=%s logs=%s",
             config.entrypoint_name,
@@ -168,6 +178,7 @@ def launch_agent(config: LaunchConfig) -> RunResult:
     finally:
         if handler is not None:
             _leave_rendezvous(handler, close_job=finished)
+        telemetry.stop()
         if health is not None:
             health.stop()
         if embedded is not None:

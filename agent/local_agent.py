@@ -37,7 +37,14 @@ from kelastic.agent.api import RunResult, SimpleElasticAgent, WorkerGroup, Worke
 from kelastic.agent.events import EventSink
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import PContext, Std, start_processes, to_std_map
-from kelastic.agent.progress import NodeProgress, ProgressDisplay, aggregate, progress_file, read_report
+from kelastic.agent.progress import (
+    NodeProgress,
+    ProgressDisplay,
+    ProgressReport,
+    aggregate,
+    progress_file,
+    read_report,
+)
 from kelastic.agent.warm import prewarm_forkserver
 
 __all__ = ["LocalElasticAgent", "worker_env"]
@@ -271,6 +278,11 @@ class LocalElasticAgent(SimpleElasticAgent):
         if self._display is not None:
             display, self._display = self._display, None
             display.stop()
+
+    def rank_progress(self) -> dict[int, ProgressReport]:
+        """The latest report of each local rank of the current attempt that reported (by local rank)."""
+        reports = {lr: read_report(p) for lr, p in dict(self._progress_files).items()}
+        return {lr: r for lr, r in reports.items() if r is not None}
 
     def node_progress(self) -> NodeProgress | None:
         """The current attempt's progress (slowest local rank), or None before any report."""
