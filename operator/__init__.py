@@ -20,7 +20,9 @@ if __name__ == "operator":
     from importlib.machinery import SourceFileLoader as _SourceFileLoader
 
     _loader = _SourceFileLoader("operator", _os.path.join(_os.path.dirname(_os.__file__), "operator.py"))
-    _stdlib_operator = _bootstrap.module_from_spec(_bootstrap.spec_from_loader("operator", _loader))
+    _spec = _bootstrap.spec_from_loader("operator", _loader)
+    assert _spec is not None  # always a spec when a loader is given
+    _stdlib_operator = _bootstrap.module_from_spec(_spec)
     _sys.modules["operator"] = _stdlib_operator
     _loader.exec_module(_stdlib_operator)
 else:

@@ -106,7 +106,8 @@ class Observed:
 def _owner_uid(metadata: Mapping[str, Any]) -> str | None:
     for ref in metadata.get("ownerReferences") or []:
         if ref.get("controller"):
-            return ref.get("uid")
+            uid = ref.get("uid")
+            return None if uid is None else str(uid)
     return None
 
 

@@ -19,8 +19,9 @@ import concurrent.futures
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kelastic.operator.observed import RendezvousView
 from kelastic.operator.reconcile import PublishMembership
@@ -28,6 +29,9 @@ from kelastic.operator.reconcile import PublishMembership
 __all__ = ["StoreClient"]
 
 log = logging.getLogger(__name__)
+
+_Arg = TypeVar("_Arg")
+_Result = TypeVar("_Result")
 
 
 @dataclass
@@ -88,7 +92,8 @@ class StoreClient:
         """The store's view of ``run_id``, or None if the store cannot be reached."""
         return await self._call(endpoint, _read, run_id)
 
-    async def _call(self, endpoint: str, fn: Any, arg: Any) -> Any:
+    async def _call(self, endpoint: str, fn: Callable[[Any, _Arg], _Result], arg: _Arg) -> _Result | None:
+        """``fn(store, arg)`` in the pool on ``endpoint``'s connection; None if the store is down."""
         with self._guard:
             conn = self._conns.setdefault(endpoint, _Conn(threading.Lock()))
         if time.monotonic() < conn.down_until:
@@ -99,7 +104,9 @@ class StoreClient:
         except RuntimeError:  # the pool was shut down while the operator stops
             return None
 
-    def _blocking(self, endpoint: str, conn: _Conn, fn: Any, arg: Any) -> Any:
+    def _blocking(
+        self, endpoint: str, conn: _Conn, fn: Callable[[Any, _Arg], _Result], arg: _Arg
+    ) -> _Result | None:
         with conn.lock:
             if time.monotonic() < conn.down_until:
                 return None
