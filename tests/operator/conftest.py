@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from kelastic.agent import contract
+from kelastic.operator.kube import Kube, load_configuration
 from kelastic.operator.observed import Observed, PodPhase, PodView, ServiceView
 from kelastic.operator.spec import API_VERSION, KIND
 
@@ -117,3 +120,17 @@ def kit() -> SimpleNamespace:
         service=service,
         observed=observed,
     )
+
+
+@pytest.fixture
+def kube(tmp_path: Path) -> Iterator[Kube]:
+    """The operator's API client, on a fresh API server emulator (no kubelet)."""
+    apiserver = pytest.importorskip("kelastic.localcluster.apiserver")
+    server = apiserver.ApiServer(data_dir=tmp_path / "data")
+    server.start()
+    try:
+        k = Kube(load_configuration(str(server.write_kubeconfig(tmp_path / "kubeconfig"))))
+        yield k
+        k.close()
+    finally:
+        server.stop()

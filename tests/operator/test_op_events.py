@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-
 from kelastic.operator.events import EventRecorder
-from kelastic.operator.kube import ApiError, Kube, load_configuration
+from kelastic.operator.kube import ApiError, Kube
 
 
 def event(
@@ -92,19 +88,6 @@ def test_memory_is_bounded() -> None:
 
     asyncio.run(scenario())
     assert len(recorder._posted) == 2
-
-
-@pytest.fixture
-def kube(tmp_path: Path) -> Iterator[Kube]:
-    apiserver = pytest.importorskip("kelastic.localcluster.apiserver")
-    server = apiserver.ApiServer(data_dir=tmp_path / "data")
-    server.start()
-    try:
-        k = Kube(load_configuration(str(server.write_kubeconfig(tmp_path / "kubeconfig"))))
-        yield k
-        k.close()
-    finally:
-        server.stop()
 
 
 def test_against_an_api_server_a_resync_storm_leaves_one_event(kube: Kube) -> None:

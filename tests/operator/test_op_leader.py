@@ -4,27 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
-from kelastic.operator.kube import Kube, load_configuration
+from kelastic.operator.kube import Kube
 from kelastic.operator.leader import LeaderElector
-
-
-@pytest.fixture
-def kube(tmp_path: Path) -> Iterator[Kube]:
-    apiserver = pytest.importorskip("kelastic.localcluster.apiserver")
-    server = apiserver.ApiServer(data_dir=tmp_path / "data")
-    server.start()
-    try:
-        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
-        k = Kube(load_configuration(str(kubeconfig)))
-        yield k
-        k.close()
-    finally:
-        server.stop()
 
 
 def elector(kube: Kube, identity: str, lease_seconds: int = 15) -> LeaderElector:
