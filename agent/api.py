@@ -348,7 +348,8 @@ def exchange_rank_assignments(
         _wait_keys(store, keys, timeout, f"role info of all {group_world_size} agents", abort)
         infos = [RoleInstanceInfo.from_json(v) for v in store.multi_get(keys)]
         assignments = assign_ranks(infos)
-        store.multi_set(
+        # torch implements Store.multi_set but its stubs do not declare it.
+        store.multi_set(  # type: ignore[attr-defined]
             [f"{_ASSIGNED_PREFIX}{r}" for r in range(group_world_size)],
             [assignments[r].to_json() for r in range(group_world_size)],
         )

@@ -158,7 +158,7 @@ class ProcessFailure:
 
     def traceback(self) -> str:
         """The failing rank's traceback from its error file, or ``""``."""
-        return (self.error_file_data or {}).get("traceback", "")
+        return str((self.error_file_data or {}).get("traceback", ""))
 
 
 @dataclass

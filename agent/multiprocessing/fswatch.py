@@ -27,7 +27,7 @@ _MASK = _IN_MODIFY | _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_CREATE
 def _inotify_fd(dirs: Iterable[str]) -> int | None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        fd: int = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
     except (OSError, AttributeError):
         return None
     if fd < 0:

@@ -49,7 +49,9 @@ class MultiprocessContext(PContext):
         def start_all() -> None:
             for rank in range(self.nprocs):
                 logs = self.logs[rank]
-                proc = mp.Process(
+                # typeshed gives get_context(str) the BaseContext type, which declares no
+                # Process; every concrete context (spawn, fork, forkserver) has one.
+                proc = mp.Process(  # type: ignore[attr-defined]
                     target=run_callable,
                     name=f"{self.name}{rank}",
                     args=(
