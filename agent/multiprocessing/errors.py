@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast, overload
 
 __all__ = [
     "ERROR_FILE_ENV",
@@ -90,7 +90,11 @@ def read_error_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     }
 
 
-def record(fn: F | None = None, *, error_file: str | None = None) -> F:
+@overload
+def record(fn: F, *, error_file: str | None = None) -> F: ...
+@overload
+def record(fn: None = None, *, error_file: str | None = None) -> Callable[[F], F]: ...
+def record(fn: F | None = None, *, error_file: str | None = None) -> F | Callable[[F], F]:
     """Decorator: if ``fn`` raises, write the exception to the error file, then re-raise.
 
     The error file is ``error_file`` if given, else ``$TORCHELASTIC_ERROR_FILE``; without
@@ -98,7 +102,7 @@ def record(fn: F | None = None, *, error_file: str | None = None) -> F:
     not recorded. Usable bare (``@record``) or with arguments (``@record(error_file=...)``).
     """
     if fn is None:
-        return functools.partial(record, error_file=error_file)  # type: ignore[return-value]
+        return functools.partial(record, error_file=error_file)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -115,7 +119,7 @@ def record(fn: F | None = None, *, error_file: str | None = None) -> F:
                     print(f"kelastic: could not write error file {path}: {write_exc}", file=sys.stderr)
             raise
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)  # functools.wraps keeps fn's signature
 
 
 @dataclass

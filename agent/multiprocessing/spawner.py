@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import TypeVar, cast
 
 __all__ = ["run_on_forking_thread"]
 
@@ -51,7 +51,8 @@ def run_on_forking_thread(fn: Callable[[], T], timeout: float = 120.0) -> T:
     fut: Future[object] = Future()
     _queue.put((fn, fut))
     try:
-        return fut.result(timeout=timeout)  # type: ignore[return-value]
+        # The queue holds every caller's work, so it is typed for object; this one is fn's.
+        return cast(T, fut.result(timeout=timeout))
     except TimeoutError as exc:
         raise TimeoutError(
             f"starting processes did not finish within {timeout} s on the forking thread"

@@ -44,9 +44,11 @@ def _send(line: str) -> None:
                         exc,
                     )
                     return
+            stdin = _proc.stdin
+            assert stdin is not None  # started with stdin=PIPE
             try:
-                _proc.stdin.write(line.encode())  # type: ignore[union-attr]
-                _proc.stdin.flush()  # type: ignore[union-attr]
+                stdin.write(line.encode())
+                stdin.flush()
                 return
             except (BrokenPipeError, ValueError, OSError):
                 _proc = None  # it died (someone killed it): start a new one and resend
