@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -46,17 +47,34 @@ def object_key(obj: Mapping[str, Any]) -> str:
 
 
 class ApiClient:
-    """JSON requests against one API server; create and use inside one event loop."""
+    """JSON requests against one API server; create and use inside one event loop.
 
-    def __init__(self, base_url: str, request_timeout: float = 30.0) -> None:
+    Plain ``http://`` for the emulator; for a real API server, ``https://`` with
+    ``ssl_context`` trusting its CA and holding the client certificate (see
+    :meth:`ControlPlane.ssl_context`), and/or a bearer ``token``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        request_timeout: float = 30.0,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        token: str | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self._timeout = request_timeout
+        self._ssl = ssl_context
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session: aiohttp.ClientSession | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(read_bufsize=1 << 20)
+            connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
+            self._session = aiohttp.ClientSession(
+                read_bufsize=1 << 20, connector=connector, headers=self._headers
+            )
         return self._session
 
     async def close(self) -> None:
@@ -128,9 +146,17 @@ class Informer:
     first list.
     """
 
-    def __init__(self, client: ApiClient, path: str, on_change: Callback | None = None) -> None:
+    def __init__(
+        self,
+        client: ApiClient,
+        path: str,
+        on_change: Callback | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> None:
         self.client = client
         self.path = path
+        #: Extra query parameters of the list and the watch (e.g. a ``fieldSelector``).
+        self.params = dict(params or {})
         self.cache: dict[str, dict[str, Any]] = {}
         self.synced = asyncio.Event()
         self._callbacks: list[Callback] = [on_change] if on_change else []
@@ -157,7 +183,7 @@ class Informer:
                 log.exception("informer callback for %s failed", self.path)
 
     async def _list(self) -> str:
-        listing = await self.client.get(self.path)
+        listing = await self.client.get(self.path, **self.params)
         fresh = {object_key(o): o for o in listing.get("items") or []}
         for key in list(self.cache):
             if key not in fresh:
@@ -174,7 +200,12 @@ class Informer:
 
     async def _watch(self, rv: str) -> str | None:
         """Follow the watch from ``rv``; return the last version seen, or None to relist."""
-        params = {"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_TIMEOUT_S)}
+        params = {
+            **self.params,
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_TIMEOUT_S),
+        }
         if rv:
             params["resourceVersion"] = rv
         async with self.client.session.get(
@@ -213,15 +244,22 @@ class Informer:
     async def _run(self) -> None:
         delay = 0.1
         rv: str | None = None
+        refused = ""
         while True:
             try:
                 if rv is None:
                     rv = await self._list()
                 rv = await self._watch(rv)
                 delay = 0.1
+                refused = ""
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                # A refusal (403, 404...) will not cure itself like a dropped connection:
+                # say it once, loudly.
+                if isinstance(exc, ApiRequestError) and str(exc) != refused:
+                    refused = str(exc)
+                    log.warning("cannot list/watch %s: %s; retrying", self.path, exc)
                 log.debug("watch of %s failed (%s); relisting in %.1fs", self.path, exc, delay)
                 rv = None
                 await asyncio.sleep(delay)

@@ -11,6 +11,16 @@ process dies without :meth:`LocalCluster.stop`.
     with LocalCluster(data_dir) as cluster:
         subprocess.run(["kubectl", "--kubeconfig", cluster.kubeconfig, "get", "pods"])
 
+With ``control_plane=DIR`` the API server is not kelastic's emulator but the
+real one: :class:`~kelastic.localcluster.controlplane.ControlPlane` runs etcd,
+kube-apiserver, kube-controller-manager and kube-scheduler from ``DIR``. The
+same kubelet and service proxy then talk TLS to it: the kubelet as the node
+(``system:node:<name>``, under the Node authorizer and NodeRestriction), the
+proxy as ``system:kube-proxy``; the scheduler binds pods, the
+controller-manager's EndpointSlice controller publishes pod addresses (our
+endpoints controller only runs when there is no controller-manager), and the
+proxy follows EndpointSlices.
+
 What is not emulated: cluster DNS (reach services by their cluster IP), node
 resources (requests and limits are recorded, not enforced), image pulls (the
 image is recorded; containers are processes of the current Python environment).
@@ -20,16 +30,19 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import shutil
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 from .client import ApiClient
+from .controlplane import ControlPlane, ControlPlaneBinaries
 from .endpoints import EndpointsController
 from .ipam import NetworkClaim, claim_networks
 from .kubelet import DEFAULT_NODE_NAME, Kubelet, KubeletConfig
+from .kubeletserver import KubeletServer
 from .proxy import ServiceProxy
 
 __all__ = ["LocalCluster"]
@@ -44,6 +57,9 @@ class LocalCluster:
     the API objects across restarts; ``kubeconfig`` is where the kubeconfig is
     written (default ``<data_dir>/kubeconfig``). ``backoff_base``/``backoff_cap``
     tune the CrashLoopBackOff delays (10 s / 300 s like a real kubelet).
+    ``control_plane`` is a directory of Kubernetes binaries to run instead of the
+    emulator (its state lives in ``<state_dir>/control-plane``, else under
+    ``data_dir``); ``progress`` receives its start-up lines (default: dropped).
     """
 
     def __init__(
@@ -58,6 +74,8 @@ class LocalCluster:
         workdir: Path | str | None = None,
         backoff_base: float = 10.0,
         backoff_cap: float = 300.0,
+        control_plane: Path | str | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port
@@ -71,11 +89,17 @@ class LocalCluster:
             backoff_base=backoff_base,
             backoff_cap=max(backoff_cap, backoff_base),
         )
+        self.control_plane_dir = Path(control_plane).expanduser() if control_plane else None
+        self.progress: Callable[[str], None] = progress or (lambda line: None)
         self.apiserver: Any = None
+        self.control_plane: ControlPlane | None = None
         self.kubelet: Kubelet | None = None
         self._client: ApiClient | None = None
+        self._node_client: ApiClient | None = None
+        self._proxy_client: ApiClient | None = None
         self._endpoints: EndpointsController | None = None
         self._proxy: ServiceProxy | None = None
+        self._kubelet_server: KubeletServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._claim: NetworkClaim | None = None
@@ -87,9 +111,16 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
+        if self.control_plane is not None:
+            return self.control_plane.url
         if self.apiserver is None:
             raise RuntimeError("the local cluster is not started")
         return str(self.apiserver.url)
+
+    @property
+    def real(self) -> bool:
+        """Whether the API server is a real kube-apiserver (not the emulator)."""
+        return self.control_plane_dir is not None
 
     def start(self, timeout: float = 30.0) -> LocalCluster:
         """Start everything; return once the node components have synced with the API server."""
@@ -100,16 +131,19 @@ class LocalCluster:
         self._claim = claim_networks()
         self.kubelet_config.pod_network = self._claim.pod_network
         try:
-            self.apiserver = ApiServer(
-                host=self.host,
-                port=self.port,
-                data_dir=self.data_dir,
-                state_dir=self.state_dir,
-                service_network=self._claim.service_network,
-            )
-            self.apiserver.start()
             self.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
-            self.apiserver.write_kubeconfig(self.kubeconfig)
+            if self.control_plane_dir is not None:
+                self._start_control_plane(self.control_plane_dir)
+            else:
+                self.apiserver = ApiServer(
+                    host=self.host,
+                    port=self.port,
+                    data_dir=self.data_dir,
+                    state_dir=self.state_dir,
+                    service_network=self._claim.service_network,
+                )
+                self.apiserver.start()
+                self.apiserver.write_kubeconfig(self.kubeconfig)
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="kelastic-node", daemon=True)
             self._thread.start()
@@ -119,24 +153,71 @@ class LocalCluster:
             raise
         return self
 
+    def _start_control_plane(self, directory: Path) -> None:
+        assert self._claim is not None
+        state = (self.state_dir or self.data_dir) / "control-plane"
+        self.control_plane = ControlPlane(
+            ControlPlaneBinaries.find(directory),
+            state,
+            service_network=self._claim.service_network,
+            node_name=self.kubelet_config.node_name,
+            progress=self.progress,
+        )
+        self.control_plane.start()
+        shutil.copyfile(self.control_plane.admin_kubeconfig, self.kubeconfig)
+        self.kubeconfig.chmod(0o600)
+        self.kubelet_config.api_url = self.control_plane.url
+        # Without a scheduler nothing else binds pods: the kubelet does, as the admin.
+        self.kubelet_config.bind_pods = self.control_plane.binaries.scheduler is None
+
+    def _clients(self) -> tuple[ApiClient, ApiClient, ApiClient]:
+        """(admin, node, proxy) clients: one identity each on a real API server, one client on the emulator."""
+        cp = self.control_plane
+        if cp is None:
+            client = ApiClient(self.url)
+            return client, client, client
+        admin = ApiClient(cp.url, ssl_context=cp.ssl_context(cp.credentials("admin")))
+        node = (
+            admin
+            if self.kubelet_config.bind_pods
+            else ApiClient(cp.url, ssl_context=cp.ssl_context(cp.credentials("node")))
+        )
+        proxy = ApiClient(cp.url, ssl_context=cp.ssl_context(cp.credentials("kube-proxy")))
+        return admin, node, proxy
+
     async def _start_components(self, timeout: float) -> None:
-        self._client = ApiClient(self.url)
-        self.kubelet = Kubelet(self._client, self.kubelet_config)
-        self._endpoints = EndpointsController(self._client)
-        self._proxy = ServiceProxy(self._client)
+        self._client, self._node_client, self._proxy_client = self._clients()
+        self.kubelet = Kubelet(self._node_client, self.kubelet_config)
+        cp = self.control_plane
+        if cp is not None:
+            # The real API server asks the node for container logs (kubectl logs).
+            pki = cp.pki_dir
+            self._kubelet_server = KubeletServer(
+                self.kubelet.locate_logs, pki / "kubelet-serving.crt", pki / "kubelet-serving.key", cp.ca_file
+            )
+            self.kubelet_config.kubelet_port = await self._kubelet_server.start()
+        # A real controller-manager publishes EndpointSlices itself (and Endpoints
+        # cannot hold our loopback pod addresses there).
+        if cp is None or cp.binaries.controller_manager is None:
+            self._endpoints = EndpointsController(self._client)
+        self._proxy = ServiceProxy(self._proxy_client, slices=cp is not None)
         await self.kubelet.start(timeout)
-        await self._endpoints.start(timeout)
+        if self._endpoints is not None:
+            await self._endpoints.start(timeout)
         await self._proxy.start(timeout)
 
     async def _stop_components(self) -> None:
+        if self._kubelet_server is not None:
+            await self._kubelet_server.stop()
+            self._kubelet_server = None
         if self.kubelet is not None:
             await self.kubelet.stop()
         if self._proxy is not None:
             await self._proxy.stop()
         if self._endpoints is not None:
             await self._endpoints.stop()
-        if self._client is not None:
-            await self._client.close()
+        for client in {id(c): c for c in (self._client, self._node_client, self._proxy_client) if c}.values():
+            await client.close()
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = 60.0) -> T:
         """Run ``coro`` in the node components' event loop and return its result."""
@@ -173,6 +254,9 @@ class LocalCluster:
                 if self.apiserver is not None:
                     self.apiserver.stop()
                     self.apiserver = None
+                if self.control_plane is not None:
+                    self.control_plane.stop()
+                    self.control_plane = None
             finally:
                 if self._claim is not None:
                     self._claim.release()

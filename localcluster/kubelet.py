@@ -21,13 +21,29 @@ to it runs one :class:`PodWorker` that
 
 The kubelet is level-based: every pod event only wakes the pod's worker, which
 compares what runs with what the latest pod object asks for.
+
+One implementation for both API servers: against the emulator it also binds
+pods (``KubeletConfig.bind_pods``); against a real control plane the scheduler
+binds them and the kubelet watches only the pods of its node. Either way it
+registers its Node, renews the node's Lease in ``kube-node-lease`` and the
+Ready condition's heartbeat, so the node never goes NotReady. Service-account
+tokens are mounted as the API server asks (the token Secret volume of
+Kubernetes 1.20, projected volumes with a TokenRequest token of current
+releases); since a mount path such as
+``/var/run/secrets/kubernetes.io/serviceaccount`` cannot be honoured on a
+shared filesystem, a container that mounts the token gets ``KUBECONFIG``
+naming a kubeconfig with that token, plus ``KUBERNETES_SERVICE_HOST``/``PORT``
+pointing at the API server's loopback address, so in-cluster clients (kopf,
+the official client) authenticate as the pod's ServiceAccount.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ipaddress
+import json
 import logging
 import os
 import platform
@@ -35,7 +51,7 @@ import shutil
 import signal
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +76,7 @@ from .podstatus import (
 from .probes import ProbeResult, ProbeSpec, ProbeTracker, run_probe
 from .runtime import ContainerProcess, ExitStatus, spawn
 from .termination import ENV_TERMINATION_MESSAGE_PATH, message_file, read_termination_message
-from .volumes import mount_env, prepare_volumes
+from .volumes import mount_env, prepare_volumes, token_key
 
 __all__ = ["DEFAULT_NODE_NAME", "Kubelet", "KubeletConfig", "pod_log_dir"]
 
@@ -71,6 +87,10 @@ DEFAULT_NODE_NAME = "kelastic-local"
 CONFIG_RETRY_S = 2.0
 #: How soon a status write that failed is tried again (a status must never stay stale).
 STATUS_RETRY_S = 1.0
+#: Where Kubernetes mounts a pod's service-account credentials.
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+#: The node Lease's duration, as a real kubelet sets it.
+LEASE_DURATION_S = 40
 
 
 def pod_log_dir(data_dir: Path, namespace: str, name: str, uid: str) -> Path:
@@ -98,6 +118,17 @@ class KubeletConfig:
     #: Environment every container starts from (the current one by default:
     #: containers are processes of this Python environment).
     base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    #: Bind unscheduled pods to this node (the emulator has no scheduler); with a
+    #: real kube-scheduler the kubelet only runs the pods bound to it.
+    bind_pods: bool = True
+    #: The API server as pods reach it (``https://127.0.0.1:PORT``): sets
+    #: ``KUBERNETES_SERVICE_HOST``/``_PORT`` and the service-account kubeconfig.
+    #: None for the emulator (plain http: in-cluster clients cannot use it).
+    api_url: str | None = None
+    #: The port of the kubelet's log server, published in the Node's daemonEndpoints (0: none).
+    kubelet_port: int = 0
+    #: How often the node's Lease and Ready heartbeat are renewed.
+    heartbeat_s: float = 10.0
 
 
 class _Container:
@@ -298,9 +329,10 @@ class PodWorker:
         policy = self.restart_policy(pod)
         if self.start_time is None:
             self.start_time = now
-            self.kubelet.event(
-                pod, "Scheduled", f"Successfully assigned {self.key} to {self.kubelet.config.node_name}"
-            )
+            if self.kubelet.config.bind_pods:  # else the scheduler said so
+                self.kubelet.event(
+                    pod, "Scheduled", f"Successfully assigned {self.key} to {self.kubelet.config.node_name}"
+                )
         if self.pod_ip is None and pod["spec"].get("hostNetwork"):
             self.pod_ip = self.kubelet.config.host_ip  # the node's address, as on a real node
         if self.pod_ip is None:
@@ -383,10 +415,12 @@ class PodWorker:
         try:
             configmaps, secrets = await self.kubelet.fetch_sources(self.namespace, pod, c.spec)
             if not self.volumes:
-                self.volumes = prepare_volumes(pod, self.pod_dir, configmaps, secrets)
+                tokens = await self.kubelet.fetch_tokens(pod)
+                self.volumes = prepare_volumes(pod, self.pod_dir, configmaps, secrets, tokens)
             provided = {
                 "HOSTNAME": self.name,
                 "PYTHONUNBUFFERED": "1",
+                **self.kubelet.in_cluster_env(pod, c.spec, self.volumes, self.pod_dir),
                 **mount_env(pod, c.spec, self.volumes),
             }
             ctx = PodContext(
@@ -659,15 +693,24 @@ class Kubelet:
         self.ipam = IpAllocator(config.pod_network)
         self.pods: dict[str, dict[str, Any]] = {}
         self.workers: dict[str, PodWorker] = {}
-        self._informer = Informer(client, "/api/v1/pods", self._on_pod)
+        # With a scheduler, only this node's pods concern us (and the Node authorizer
+        # lets a node see them); without one, unscheduled pods are ours to bind.
+        params = {} if config.bind_pods else {"fieldSelector": f"spec.nodeName={config.node_name}"}
+        self._informer = Informer(client, "/api/v1/pods", self._on_pod, params)
+        self._heartbeat: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         #: Events posted per pod UID: (reason, message, warning) → (event name, count).
         self._events: dict[str, dict[tuple[str, str, bool], tuple[str, int]]] = {}
+        self._node_uid = ""
+        self._ready_since = ""
         self.stopping = False
 
     async def start(self, timeout: float = 30.0) -> None:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         await self.register_node()
+        self._heartbeat = asyncio.get_running_loop().create_task(
+            self._heartbeat_loop(), name="node heartbeat"
+        )
         self._informer.start()
         try:
             await asyncio.wait_for(self._informer.synced.wait(), timeout)
@@ -679,6 +722,10 @@ class Kubelet:
     async def stop(self) -> None:
         """Stop watching and kill every pod process (SIGTERM, a short grace, SIGKILL)."""
         self.stopping = True
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
         await self._informer.stop()
         workers = list(self.workers.values())
         await asyncio.gather(
@@ -707,8 +754,8 @@ class Kubelet:
         if etype == "DELETED" or self.stopping:
             return
         node = pod["spec"].get("nodeName")
-        if node and node != self.config.node_name:
-            return
+        if node != self.config.node_name and (node or not self.config.bind_pods):
+            return  # another node's, or waiting for the scheduler
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") and not pod["metadata"].get(
             "deletionTimestamp"
         ):
@@ -759,6 +806,11 @@ class Kubelet:
                 wanted["configmaps"].add(vol["configMap"].get("name", ""))
             if vol.get("secret"):
                 wanted["secrets"].add(vol["secret"].get("secretName", ""))
+            for source in (vol.get("projected") or {}).get("sources") or []:
+                if source.get("configMap"):
+                    wanted["configmaps"].add(source["configMap"].get("name", ""))
+                if source.get("secret"):
+                    wanted["secrets"].add(source["secret"].get("name", ""))
         found: dict[str, dict[str, dict[str, str]]] = {"configmaps": {}, "secrets": {}}
         for resource, names in wanted.items():
             for name in names:
@@ -771,9 +823,168 @@ class Kubelet:
                 found[resource][name] = dict(obj.get("data") or {})
         return found["configmaps"], found["secrets"]
 
-    async def register_node(self) -> None:
-        """Create (or refresh) this node's Node object; servers without nodes are tolerated."""
+    async def fetch_tokens(self, pod: Mapping[str, Any]) -> dict[str, str]:
+        """Tokens for the pod's projected ``serviceAccountToken`` sources, by :func:`token_key`.
+
+        Requested through the ServiceAccount's ``token`` subresource (TokenRequest),
+        bound to the pod like a real kubelet's, so they die with it.
+        """
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        namespace = meta.get("namespace", "default")
+        account = spec.get("serviceAccountName") or "default"
+        tokens: dict[str, str] = {}
+        for vol in spec.get("volumes") or []:
+            for source in (vol.get("projected") or {}).get("sources") or []:
+                request = source.get("serviceAccountToken")
+                if request is None:
+                    continue
+                body: dict[str, Any] = {
+                    "apiVersion": "authentication.k8s.io/v1",
+                    "kind": "TokenRequest",
+                    "spec": {
+                        "audiences": [request["audience"]] if request.get("audience") else [],
+                        "expirationSeconds": int(request.get("expirationSeconds") or 3607),
+                        "boundObjectRef": {
+                            "apiVersion": "v1",
+                            "kind": "Pod",
+                            "name": meta.get("name"),
+                            "uid": meta.get("uid"),
+                        },
+                    },
+                }
+                answer = await self.client.post(
+                    f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token", body
+                )
+                token = str((answer.get("status") or {}).get("token", ""))
+                tokens[token_key(vol.get("name", ""), str(request.get("path", "token")))] = token
+        return tokens
+
+    def in_cluster_env(
+        self, pod: Mapping[str, Any], container: Mapping[str, Any], volumes: Mapping[str, Path], pod_dir: Path
+    ) -> dict[str, str]:
+        """What in-cluster clients of this container need to reach the API server.
+
+        ``KUBERNETES_SERVICE_HOST``/``PORT`` name the API server's loopback address
+        (the ``kubernetes`` Service's ClusterIP is not routed here). A container that
+        mounts service-account credentials also gets ``KUBECONFIG``: the mount path
+        cannot be honoured on a shared filesystem, so the token is handed over as a
+        kubeconfig, which kopf and the official client fall back to.
+        """
+        if not self.config.api_url:
+            return {}
+        host_port = self.config.api_url.split("://", 1)[-1]
+        host, _, port = host_port.rpartition(":")
+        env = {
+            "KUBERNETES_SERVICE_HOST": host,
+            "KUBERNETES_SERVICE_PORT": port,
+            "KUBERNETES_SERVICE_PORT_HTTPS": port,
+            "KUBERNETES_PORT": f"tcp://{host_port}",
+        }
+        for mount in container.get("volumeMounts") or []:
+            if (
+                mount.get("mountPath", "").rstrip("/") != SERVICE_ACCOUNT_DIR
+                or mount.get("name") not in volumes
+            ):
+                continue
+            source = volumes[mount["name"]]
+            token_file, ca_file = source / "token", source / "ca.crt"
+            if not token_file.is_file():
+                break
+            kubeconfig = pod_dir / "serviceaccount.kubeconfig"
+            write_token_kubeconfig(
+                kubeconfig,
+                self.config.api_url,
+                token_file.read_text().strip(),
+                ca_file if ca_file.is_file() else None,
+                str((pod.get("metadata") or {}).get("namespace", "default")),
+            )
+            env["KUBECONFIG"] = str(kubeconfig)
+            break
+        return env
+
+    async def _heartbeat_loop(self) -> None:
+        """Renew the node Lease and the Ready condition's heartbeat, so the node stays Ready."""
+        lease_served = True
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s)
+            if lease_served:
+                try:
+                    await self.renew_lease()
+                except ApiRequestError as exc:
+                    lease_served = exc.status != 404  # an API server without node Leases
+                    if lease_served:
+                        log.warning("could not renew the node lease of %s: %s", self.config.node_name, exc)
+                except Exception as exc:
+                    log.debug("could not renew the node lease: %s", exc)
+            try:
+                await self.client.request(
+                    "PATCH",
+                    f"/api/v1/nodes/{self.config.node_name}/status",
+                    body={"status": {"conditions": [self._ready_condition()]}},
+                    content_type="application/strategic-merge-patch+json",
+                )
+            except ApiRequestError as exc:
+                if exc.status == 415:  # no strategic merge: the whole condition list then
+                    with contextlib.suppress(Exception):
+                        await self.client.merge_patch(
+                            f"/api/v1/nodes/{self.config.node_name}/status",
+                            {"status": {"conditions": [self._ready_condition()]}},
+                        )
+                elif exc.status == 404:
+                    await self.register_node()  # deleted under us: register again
+                else:
+                    log.warning("could not post the node status of %s: %s", self.config.node_name, exc)
+            except Exception as exc:
+                log.debug("could not post the node status: %s", exc)
+
+    async def renew_lease(self) -> None:
+        """Create or renew ``kube-node-lease/<node>`` (coordination.k8s.io/v1)."""
+        name = self.config.node_name
+        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}"
+        renew = micro_time(time.time())
+        try:
+            await self.client.merge_patch(path, {"spec": {"holderIdentity": name, "renewTime": renew}})
+        except ApiRequestError as exc:
+            if exc.status != 404:
+                raise
+            await self.client.post(
+                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+                {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {
+                        "name": name,
+                        "namespace": "kube-node-lease",
+                        "ownerReferences": [
+                            {"apiVersion": "v1", "kind": "Node", "name": name, "uid": self._node_uid}
+                        ]
+                        if self._node_uid
+                        else [],
+                    },
+                    "spec": {
+                        "holderIdentity": name,
+                        "leaseDurationSeconds": LEASE_DURATION_S,
+                        "renewTime": renew,
+                    },
+                },
+            )
+
+    def _ready_condition(self) -> dict[str, str]:
         now = rfc3339(time.time())
+        return {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "kelastic local kubelet is posting ready status",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": self._ready_since or now,
+        }
+
+    async def register_node(self) -> None:
+        """Create (or refresh) this node's Node object and Lease; servers without nodes are tolerated."""
+        now = rfc3339(time.time())
+        self._ready_since = self._ready_since or now
         cpus = str(os.cpu_count() or 1)
         try:
             memory = f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') // 1024}Ki"
@@ -799,16 +1010,8 @@ class Kubelet:
                     {"type": "InternalIP", "address": self.config.host_ip},
                     {"type": "Hostname", "address": self.config.node_name},
                 ],
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "True",
-                        "reason": "KubeletReady",
-                        "message": "kelastic local kubelet is posting ready status",
-                        "lastHeartbeatTime": now,
-                        "lastTransitionTime": now,
-                    }
-                ],
+                "conditions": [self._ready_condition()],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.config.kubelet_port}},
                 "nodeInfo": {
                     "kubeletVersion": "v1.32.0-kelastic",
                     "containerRuntimeVersion": "kelastic-process://1",
@@ -824,15 +1027,23 @@ class Kubelet:
             },
         }
         try:
-            await self.client.post("/api/v1/nodes", node)
+            created = await self.client.post("/api/v1/nodes", node)
+            self._node_uid = str(created.get("metadata", {}).get("uid", ""))
         except ApiRequestError as exc:
             if exc.status == 409:
                 with contextlib.suppress(ApiRequestError):
-                    await self.client.merge_patch(
+                    current = await self.client.merge_patch(
                         f"/api/v1/nodes/{self.config.node_name}/status", {"status": node["status"]}
                     )
+                    self._node_uid = str(current.get("metadata", {}).get("uid", ""))
+            elif exc.status in (401, 403):
+                raise RuntimeError(
+                    f"the API server refused to register node {self.config.node_name}: {exc}"
+                ) from exc
             else:
                 log.debug("node registration not supported by the API server: %s", exc)
+        with contextlib.suppress(ApiRequestError):
+            await self.renew_lease()
 
     def event(self, pod: Mapping[str, Any], reason: str, message: str, warning: bool = False) -> None:
         """Post a core/v1 Event about ``pod`` in the background (best effort).
@@ -892,3 +1103,59 @@ class Kubelet:
 
     def forget_events(self, uid: str) -> None:
         self._events.pop(uid, None)
+
+    def locate_logs(
+        self, namespace: str, name: str, container: str
+    ) -> tuple[Path, Callable[[int], bool]] | None:
+        """Where a container's logs are, and whether its run number N still writes (for the log server)."""
+        pod = self.pods.get(f"{namespace}/{name}")
+        if pod is not None:
+            uid = str(pod["metadata"].get("uid", ""))
+            folder = pod_log_dir(self.config.data_dir, namespace, name, uid) / container
+        else:  # deleted: its logs are kept a while
+            candidates = sorted(
+                (self.config.data_dir / "pods").glob(f"{namespace}_{name}_*"), key=lambda p: p.stat().st_mtime
+            )
+            if not candidates:
+                return None
+            folder, uid = candidates[-1] / container, ""
+
+        def running(index: int) -> bool:
+            worker = self.workers.get(uid)
+            if worker is None:
+                return False
+            return any(
+                c.name == container and c.running and c.record.restart_count == index
+                for c in worker.all_containers()
+            )
+
+        return folder, running
+
+
+def micro_time(t: float) -> str:
+    """A ``MicroTime`` (RFC 3339 with microseconds), as Lease ``renewTime`` requires."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
+
+
+def write_token_kubeconfig(path: Path, server: str, token: str, ca_file: Path | None, namespace: str) -> None:
+    """A kubeconfig that authenticates with ``token`` (mode 0600)."""
+    cluster: dict[str, Any] = {"server": server}
+    if ca_file is not None:
+        cluster["certificate-authority-data"] = base64.b64encode(ca_file.read_bytes()).decode()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "in-cluster", "cluster": cluster}],
+        "users": [{"name": "service-account", "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": "in-cluster",
+                "context": {"cluster": "in-cluster", "user": "service-account", "namespace": namespace},
+            }
+        ],
+        "current-context": "in-cluster",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(config, f, indent=1)

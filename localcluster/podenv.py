@@ -38,6 +38,7 @@ __all__ = [
     "ContainerConfigError",
     "PodContext",
     "expand",
+    "field_value",
     "python_or",
     "resolve_command",
     "resolve_env",
@@ -109,7 +110,8 @@ def _format_map(values: Mapping[str, str]) -> str:
     return "\n".join(f'{k}="{v}"' for k, v in sorted(values.items()))
 
 
-def _field_value(pod: Mapping[str, Any], path: str, ctx: PodContext) -> str:
+def field_value(pod: Mapping[str, Any], path: str, ctx: PodContext) -> str:
+    """The value of a ``fieldRef`` path (env variables and downwardAPI volume files)."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     simple = {
@@ -212,7 +214,7 @@ def resolve_env(pod: Mapping[str, Any], container: Mapping[str, Any], ctx: PodCo
         source = var["valueFrom"] or {}
         value: str | None
         if "fieldRef" in source:
-            value = _field_value(pod, source["fieldRef"].get("fieldPath", ""), ctx)
+            value = field_value(pod, source["fieldRef"].get("fieldPath", ""), ctx)
         elif "resourceFieldRef" in source:
             value = _resource_value(container, source["resourceFieldRef"])
         elif "configMapKeyRef" in source:

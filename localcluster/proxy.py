@@ -25,9 +25,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from .client import ApiClient, Informer
+from .client import ApiClient, ApiRequestError, Informer
 
-__all__ = ["ServiceProxy", "ready_backends", "service_listeners"]
+__all__ = ["ServiceProxy", "ready_backends", "service_listeners", "slice_backends"]
+
+#: The label that ties an EndpointSlice to its Service.
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,24 @@ def ready_backends(endpoints: Mapping[str, Any] | None, port_name: str) -> list[
         for address in subset.get("addresses") or []:
             backends.append((str(address["ip"]), int(ports[0]["port"])))
     return backends
+
+
+def slice_backends(slices: list[Mapping[str, Any]], port_name: str) -> list[tuple[str, int]]:
+    """Ready ``(ip, port)`` pairs of a Service's EndpointSlices (discovery.k8s.io v1 or v1beta1).
+
+    An endpoint whose ``ready`` condition is unset counts as ready, as the API defines it.
+    """
+    backends: list[tuple[str, int]] = []
+    for item in slices:
+        ports = [p for p in item.get("ports") or [] if str(p.get("name") or "") == port_name]
+        if not ports or ports[0].get("port") is None:
+            continue
+        for endpoint in item.get("endpoints") or []:
+            if (endpoint.get("conditions") or {}).get("ready") is False:
+                continue
+            for ip in endpoint.get("addresses") or []:
+                backends.append((str(ip), int(ports[0]["port"])))
+    return sorted(set(backends))
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -100,10 +121,16 @@ async def _splice(
 
 
 class ServiceProxy:
-    """Listeners for every ClusterIP service port; start and stop in one event loop."""
+    """Listeners for every ClusterIP service port; start and stop in one event loop.
 
-    def __init__(self, client: ApiClient) -> None:
+    Backends come from Endpoints, or with ``slices=True`` from EndpointSlices
+    (``discovery.k8s.io/v1`` when served, else ``v1beta1``): a real API server
+    refuses loopback pod IPs in Endpoints but takes them in slices.
+    """
+
+    def __init__(self, client: ApiClient, slices: bool = False) -> None:
         self.client = client
+        self.use_slices = slices
         self.services = Informer(client, "/api/v1/services", self._changed)
         self.endpoints = Informer(client, "/api/v1/endpoints")
         self._servers: dict[tuple[str, int], asyncio.Server] = {}
@@ -115,6 +142,8 @@ class ServiceProxy:
         self._failed: set[tuple[str, int]] = set()
 
     async def start(self, timeout: float = 30.0) -> None:
+        if self.use_slices:
+            self.endpoints = Informer(self.client, await self._slices_path())
         self.services.start()
         self.endpoints.start()
         try:
@@ -139,6 +168,29 @@ class ServiceProxy:
         await asyncio.gather(*self._connections, return_exceptions=True)
         await self.services.stop()
         await self.endpoints.stop()
+
+    async def _slices_path(self) -> str:
+        for version in ("v1", "v1beta1"):
+            try:
+                await self.client.get(f"/apis/discovery.k8s.io/{version}")
+            except ApiRequestError as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            return f"/apis/discovery.k8s.io/{version}/endpointslices"
+        raise RuntimeError("the API server serves no discovery.k8s.io version: the proxy has no backends")
+
+    def _backends(self, service_key: str, port_name: str) -> list[tuple[str, int]]:
+        if not self.use_slices:
+            return ready_backends(self.endpoints.cache.get(service_key), port_name)
+        ns, name = service_key.split("/", 1)
+        mine = [
+            s
+            for s in self.endpoints.cache.values()
+            if (s.get("metadata") or {}).get("namespace") == ns
+            and ((s.get("metadata") or {}).get("labels") or {}).get(SERVICE_NAME_LABEL) == name
+        ]
+        return slice_backends(mine, port_name)
 
     def _changed(self, etype: str, key: str, obj: dict[str, Any]) -> None:
         self._wake.set()
@@ -187,7 +239,7 @@ class ServiceProxy:
     ) -> None:
         try:
             target = self._targets.get(addr)
-            backends = ready_backends(self.endpoints.cache.get(target[0]), target[1]) if target else []
+            backends = self._backends(target[0], target[1]) if target else []
             if not backends:
                 return
             start = next(self._rr) % len(backends)

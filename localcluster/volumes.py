@@ -16,6 +16,11 @@ mounted at its ``mountPath``. kelastic local applies these rules instead:
   upper-cased, non-alphanumerics as ``_``), usable in ``args`` as
   ``$(KELASTIC_VOLUME_<NAME>)``. A ``mountPath`` that already is that directory
   (or an existing shared one such as ``/dev/shm``) works as written.
+- ``projected`` (what current Kubernetes mounts for service-account tokens)
+  and ``downwardAPI``: a per-pod directory holding each source's files:
+  ``secret``/``configMap`` keys, ``downwardAPI`` fields and
+  ``serviceAccountToken`` tokens (requested by the kubelet through
+  TokenRequest and passed in ``tokens``).
 - Other volume kinds are refused with a message naming them.
 """
 
@@ -27,9 +32,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .podenv import ContainerConfigError
+from .podenv import ContainerConfigError, PodContext, field_value
 
-__all__ = ["mount_env", "prepare_volumes", "volume_env_name"]
+__all__ = ["mount_env", "prepare_volumes", "token_key", "volume_env_name"]
 
 
 def volume_env_name(volume: str) -> str:
@@ -39,7 +44,68 @@ def volume_env_name(volume: str) -> str:
 def _write_files(target: Path, data: Mapping[str, str], decode: bool) -> None:
     target.mkdir(parents=True, exist_ok=True)
     for key, value in data.items():
+        (target / key).parent.mkdir(parents=True, exist_ok=True)
         (target / key).write_bytes(base64.b64decode(value) if decode else str(value).encode())
+
+
+def _key_files(
+    kind: str, spec: Mapping[str, Any], objects: Mapping[str, Mapping[str, str]], volume: str
+) -> dict[str, str]:
+    """The ``path → value`` files of a configMap/secret source (``items`` select and rename keys)."""
+    source = spec.get("secretName" if kind == "secret" else "name", "") or spec.get("name", "")
+    data = objects.get(source)
+    if data is None:
+        if spec.get("optional", False):
+            return {}
+        raise ContainerConfigError(f'{kind} "{source}" not found (volume {volume!r})')
+    items = spec.get("items")
+    if items:
+        return {i.get("path", i["key"]): data[i["key"]] for i in items if i.get("key") in data}
+    return dict(data)
+
+
+def _downward_files(pod: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, str]:
+    ctx = PodContext(pod_ip="", node_name=str((pod.get("spec") or {}).get("nodeName", "")))
+    files: dict[str, str] = {}
+    for item in spec.get("items") or []:
+        if item.get("fieldRef"):
+            files[item["path"]] = field_value(pod, item["fieldRef"].get("fieldPath", ""), ctx)
+    return files
+
+
+def _projected(
+    pod: Mapping[str, Any],
+    vol: Mapping[str, Any],
+    path: Path,
+    configmaps: Mapping[str, Mapping[str, str]],
+    secrets: Mapping[str, Mapping[str, str]],
+    tokens: Mapping[str, str],
+) -> None:
+    name = vol.get("name", "")
+    spec = vol.get("projected") or {}
+    for source in spec.get("sources") or []:
+        if "configMap" in source:
+            _write_files(path, _key_files("configmap", source["configMap"] or {}, configmaps, name), False)
+        elif "secret" in source:
+            _write_files(path, _key_files("secret", source["secret"] or {}, secrets, name), True)
+        elif "downwardAPI" in source:
+            _write_files(path, _downward_files(pod, source["downwardAPI"] or {}), False)
+        elif "serviceAccountToken" in source:
+            token_path = str((source["serviceAccountToken"] or {}).get("path", "token"))
+            token = tokens.get(token_key(name, token_path))
+            if token is None:
+                raise ContainerConfigError(
+                    f"no service-account token for volume {name!r} (path {token_path})"
+                )
+            _write_files(path, {token_path: token}, False)
+        else:
+            kinds = ", ".join(sorted(source)) or "unknown"
+            raise ContainerConfigError(f"projected volume {name!r}: source {kinds} is not supported")
+
+
+def token_key(volume: str, path: str) -> str:
+    """How :func:`prepare_volumes` finds the token of a ``serviceAccountToken`` source in ``tokens``."""
+    return f"{volume}/{path}"
 
 
 def prepare_volumes(
@@ -47,11 +113,14 @@ def prepare_volumes(
     pod_dir: Path,
     configmaps: Mapping[str, Mapping[str, str]],
     secrets: Mapping[str, Mapping[str, str]],
+    tokens: Mapping[str, str] | None = None,
 ) -> dict[str, Path]:
     """Create the pod's volumes; return the host directory of each, by volume name.
 
-    Raises :class:`ContainerConfigError` for an unsupported kind or a missing
-    source (the kubelet retries later, as for a missing configmap).
+    ``tokens`` holds the service-account tokens of projected volumes, by
+    :func:`token_key`. Raises :class:`ContainerConfigError` for an unsupported
+    kind or a missing source (the kubelet retries later, as for a missing
+    configmap).
     """
     paths: dict[str, Path] = {}
     for vol in (pod.get("spec") or {}).get("volumes") or []:
@@ -75,24 +144,22 @@ def prepare_volumes(
         elif "configMap" in vol or "secret" in vol:
             is_secret = "secret" in vol
             spec = vol["secret" if is_secret else "configMap"] or {}
-            source = spec.get("secretName" if is_secret else "name", "")
-            data = (secrets if is_secret else configmaps).get(source)
-            if data is None:
-                if spec.get("optional", False):
-                    data = {}
-                else:
-                    kind_name = "secret" if is_secret else "configmap"
-                    raise ContainerConfigError(f'{kind_name} "{source}" not found (volume {name!r})')
-            items = spec.get("items")
-            if items:
-                data = {i.get("path", i["key"]): data[i["key"]] for i in items if i.get("key") in data}
+            kind_name = "secret" if is_secret else "configmap"
+            data = _key_files(kind_name, spec, secrets if is_secret else configmaps, name)
             path = pod_dir / "volumes" / name
             _write_files(path, data, decode=is_secret)
+        elif "projected" in vol:
+            path = pod_dir / "volumes" / name
+            path.mkdir(parents=True, exist_ok=True)
+            _projected(pod, vol, path, configmaps, secrets, tokens or {})
+        elif "downwardAPI" in vol:
+            path = pod_dir / "volumes" / name
+            _write_files(path, _downward_files(pod, vol["downwardAPI"] or {}), False)
         else:
             kinds = sorted(k for k in vol if k != "name")
             raise ContainerConfigError(
                 f"volume {name!r} of kind {', '.join(kinds) or 'unknown'} is not supported by kelastic local "
-                "(supported: emptyDir, hostPath, configMap, secret)"
+                "(supported: emptyDir, hostPath, configMap, secret, projected, downwardAPI)"
             )
         paths[name] = path
     return paths
