@@ -148,6 +148,7 @@ def launch_agent(config: LaunchConfig) -> RunResult:
             rdzv_endpoint=endpoint,
             event_sink=telemetry,
             metrics=telemetry.metrics,
+            recovery=telemetry.last_recovery,
         )
         telemetry.start_sampler(agent.rank_progress)
         _log.info(

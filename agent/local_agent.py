@@ -28,7 +28,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +105,8 @@ class LocalElasticAgent(SimpleElasticAgent):
     ``local_ranks_filter`` limits console output to those local ranks: the
     others are redirected to their log files only. ``progress`` turns the
     node's progress display on (default). ``rdzv_endpoint`` is where progress
-    is published when the backend is kelastic.
+    is published when the backend is kelastic; ``recovery`` (optional) gives the
+    node's latest recovery ``(seconds, ended)`` published with it.
     """
 
     def __init__(
@@ -121,6 +122,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         metrics: Metrics | None = None,
         progress: bool = True,
         rdzv_endpoint: str | None = None,
+        recovery: Callable[[], tuple[float, float] | None] | None = None,
     ) -> None:
         super().__init__(
             spec,
@@ -144,6 +146,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._display: ProgressDisplay | None = None
         self._show_progress = progress
         self._rdzv_endpoint = rdzv_endpoint
+        self._recovery = recovery
         self._progress_store: Any = None
         self._last_publish = 0.0
         self._publish_paused_until = 0.0
@@ -324,6 +327,7 @@ class LocalElasticAgent(SimpleElasticAgent):
                 total=total,
                 restarts=self.restart_count,
                 local_world_size=spec.local_world_size,
+                recovery=self._recovery() if self._recovery is not None else None,
             )
             self._publish_failed_logged = False
         except Exception as e:  # progress is best effort; the store may be restarting

@@ -93,6 +93,7 @@ class AgentTelemetry:
         self._restart_count: int | None = None
         self._recovering_since: tuple[float, str] | None = None
         self._recoveries: dict[str, list[float]] = {}
+        self._last_recovery: tuple[float, float] | None = None
         self._samples: collections.deque[ProgressSample] = collections.deque()
         self._last_report: float | None = None
         self._progress: Callable[[], Mapping[int, ProgressReport]] | None = None
@@ -114,7 +115,9 @@ class AgentTelemetry:
                     self._restart_count = int(restarts)
                 if self._recovering_since is not None:
                     since, cause = self._recovering_since
-                    self._recoveries.setdefault(cause, []).append(max(0.0, now - since))
+                    seconds = max(0.0, now - since)
+                    self._recoveries.setdefault(cause, []).append(seconds)
+                    self._last_recovery = (seconds, now)
                     self._recovering_since = None
         if self._forward is not None:
             record(event, self._forward)
@@ -123,6 +126,11 @@ class AgentTelemetry:
         """Recovery durations (seconds) so far, by cause."""
         with self._lock:
             return {k: list(v) for k, v in self._recoveries.items()}
+
+    def last_recovery(self) -> tuple[float, float] | None:
+        """The latest recovery as ``(seconds, ended)``, ``ended`` in seconds since the epoch; None before one."""
+        with self._lock:
+            return self._last_recovery
 
     # progress ---------------------------------------------------------------------------------
     def sample(self, reports: Mapping[int, ProgressReport]) -> None:

@@ -29,6 +29,7 @@ from kelastic.agent import contract
 from kelastic.operator import builders
 from kelastic.operator.events import EventRecorder
 from kelastic.operator.kube import ApiError, Kube
+from kelastic.operator.metrics import OperatorMetrics
 from kelastic.operator.observed import (
     Observed,
     PodPhase,
@@ -94,8 +95,11 @@ class Controller:
         options: ControllerOptions | None = None,
         *,
         is_leader: Callable[[], bool] = lambda: True,
+        metrics: OperatorMetrics | None = None,
     ) -> None:
         self.kube = kube
+        #: Prometheus series (kelastic.operator.metrics); served by the CLI's --metrics-port.
+        self.metrics = metrics if metrics is not None else OperatorMetrics()
         self.store = store
         self.options = options or ControllerOptions()
         self.is_leader = is_leader
@@ -154,6 +158,7 @@ class Controller:
 
     def job_gone(self, key: JobKey, uid: str | None) -> None:
         self._known.discard(key)
+        self.metrics.job_removed(key)
         self._rdzv_cache.pop(key, None)
         self._own_writes.pop(key, None)
         handle = self._timers.pop(key, None)
@@ -223,7 +228,11 @@ class Controller:
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
         self.stats["api_calls"] += 1
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        except ApiError as err:
+            self.metrics.api_error(err.status)
+            raise
 
     # ------------------------------------------------------------------ one pass
 
@@ -238,6 +247,7 @@ class Controller:
             return None
         self._known.add(key)
         self.stats["reconciles"] += 1
+        started = time.monotonic()
         pods = list(self._pods_index.get(key, ()))
         services = list(self._services_index.get(key, ()))
         pods = await self._with_failure_logs(namespace, pods)
@@ -267,6 +277,13 @@ class Controller:
                 if err.status != 404:
                     raise
         self._requeue(key, decision.requeue_after)
+        self.metrics.reconciled(time.monotonic() - started)
+        self.metrics.job_observed(
+            key,
+            decision.status.get("phase"),
+            world_size=decision.status.get("worldSize"),
+            restarts=decision.status.get("restarts"),
+        )
         return decision
 
     async def _with_failure_logs(self, namespace: str, pods: list[PodView]) -> list[PodView]:
@@ -336,6 +353,8 @@ class Controller:
             self._rdzv_reading.discard(key)
         old = self._rdzv_cache.get(key)
         self._rdzv_cache[key] = (time.monotonic(), view)
+        if view is not None and view.recoveries:
+            self.metrics.recoveries_reported(key, view.recoveries)
         # A new round (world size, members) or restart count is worth a pass now; progress
         # alone waits for the next resync, which keeps status writes per job bounded.
         figures = (view.world_size, view.members, view.restarts) if view is not None else None
@@ -444,6 +463,7 @@ class Controller:
             self._event(body, verb, message, warning=True)
             return None
         job_log(_key_of(body), logging.INFO, action.message)
+        self.metrics.action_applied(action.reason)
         self._event(
             body, action.reason, action.message, warning=action.reason in ("RecreateWorker", "StoreDied")
         )

@@ -91,6 +91,8 @@ class RendezvousView:
     members: tuple[str, ...] = ()
     step: int | None = None
     total: int | None = None
+    #: The current members' latest recoveries as reported by their agents: (node, seconds, ended).
+    recoveries: tuple[tuple[str, float, float], ...] = ()
 
 
 @dataclass(frozen=True)

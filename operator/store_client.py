@@ -164,4 +164,5 @@ def _read(store: Any, run_id: str) -> RendezvousView:
         members=tuple(status.members or ()),
         step=progress.step if progress is not None else None,
         total=progress.total if progress is not None else None,
+        recoveries=tuple((r.node, r.seconds, r.ended) for r in status.recoveries),
     )

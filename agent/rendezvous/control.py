@@ -32,6 +32,10 @@ The controller (kelastic's operator) is a client of the same store as the agents
     and ``TORCHELASTIC_RESTART_COUNT``; also ``local_world_size`` so that
     ``read_status`` can count ranks rather than nodes (agents may instead pass
     ``local_world_size`` in their rdzv-conf, which records it when they join).
+    ``recovery`` (optional) is the node's latest recovery: how long it took from the
+    agent deciding to restart its workers (a peer lost or joined, workers failed) to
+    the next round closing, and when that round closed; ``read_status`` lists the
+    current members' recoveries so the operator can count them.
 
 ``connect(endpoint, timeout)`` opens a client of the store and raises an error
 naming the endpoint if it is unreachable.
@@ -65,6 +69,7 @@ from .protocol import (
 __all__ = [
     "JobProgress",
     "NodeProgress",
+    "Recovery",
     "RendezvousStatus",
     "connect",
     "job_progress",
@@ -88,6 +93,16 @@ class JobProgress:
 
 
 @dataclass(frozen=True)
+class Recovery:
+    """One node's recovery: ``seconds`` from the restart decision to the next round closing at ``ended``
+    (seconds since the epoch)."""
+
+    node: str
+    seconds: float
+    ended: float
+
+
+@dataclass(frozen=True)
 class NodeProgress:
     """One agent's latest report; ``step`` is None until its workers report a step."""
 
@@ -97,6 +112,7 @@ class NodeProgress:
     restarts: int
     local_world_size: int | None
     time: float
+    recovery: Recovery | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +124,7 @@ class RendezvousStatus:
     closed: bool  # the job is finished (set_closed)
     restarts: int  # highest TORCHELASTIC_RESTART_COUNT an agent reported
     progress: JobProgress | None
+    recoveries: tuple[Recovery, ...] = ()  # the current members' latest recoveries
 
 
 def connect(endpoint: str, timeout: float = 5.0) -> dist.Store:
@@ -156,19 +173,22 @@ def publish_progress(
     total: int | None,
     restarts: int,
     local_world_size: int | None = None,
+    recovery: tuple[float, float] | None = None,
 ) -> None:
     """Record ``node``'s latest progress (overwrites its previous report).
 
     ``step`` is None for a node whose workers have not reported a step yet (a node
     that just joined): it then counts for restarts and size but not for progress.
     """
-    report = {
+    report: dict[str, object] = {
         "step": None if step is None else int(step),
         "total": None if total is None else int(total),
         "restarts": int(restarts),
         "local_world_size": None if local_world_size is None else int(local_world_size),
         "time": time.time(),
     }
+    if recovery is not None:  # (seconds, when the round closed)
+        report["recovery"] = [float(recovery[0]), float(recovery[1])]
     store.set(RunKeys(run_id).progress(node), json.dumps(report))
 
 
@@ -177,6 +197,7 @@ def read_progress(store: dist.Store, run_id: str, node: str) -> NodeProgress | N
     if raw is None:
         return None
     data = json.loads(raw)
+    rec = data.get("recovery")
     return NodeProgress(
         node=node,
         step=None if data.get("step") is None else int(data["step"]),
@@ -184,6 +205,7 @@ def read_progress(store: dist.Store, run_id: str, node: str) -> NodeProgress | N
         restarts=int(data.get("restarts", 0)),
         local_world_size=data.get("local_world_size"),
         time=float(data.get("time", 0.0)),
+        recovery=Recovery(node, float(rec[0]), float(rec[1])) if rec else None,
     )
 
 
@@ -223,6 +245,7 @@ def read_status(store: dist.Store, run_id: str) -> RendezvousStatus:
         closed=bool(store.check([keys.closed])),
         restarts=max((r.restarts for r in reports), default=0),
         progress=job_progress(reports),
+        recoveries=tuple(r.recovery for r in reports if r.recovery is not None),
     )
 
 

@@ -20,6 +20,7 @@ from kelastic.agent.events import Event, EventSource, MemorySink
 from kelastic.agent.exposition import counter, gauge, histogram, render
 from kelastic.agent.health import HealthServer
 from kelastic.agent.progress import ProgressReport
+from kelastic.agent.rendezvous import control
 from kelastic.agent.rendezvous.server import ServerProcess
 from kelastic.agent.telemetry import AgentTelemetry, ProgressSample, steps_per_second
 
@@ -162,6 +163,16 @@ def test_the_agent_stays_importable_without_prometheus_client() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+def test_a_recovery_travels_with_the_progress_report(server: ServerProcess, run_id: str) -> None:
+    store = control.connect(server.endpoint)
+    control.publish_progress(store, run_id, "n0", step=3, total=None, restarts=0, recovery=(2.5, 100.0))
+    control.publish_progress(store, run_id, "n1", step=3, total=None, restarts=0)
+    n0 = control.read_progress(store, run_id, "n0")
+    n1 = control.read_progress(store, run_id, "n1")
+    assert n0 is not None and n0.recovery == control.Recovery("n0", 2.5, 100.0)
+    assert n1 is not None and n1.recovery is None
+
+
 # --- a live run: real agents, a real store, real gloo ----------------------------------------
 
 
@@ -214,4 +225,8 @@ def _live_run(cluster: Any) -> None:
     assert s[("kelastic_agent_rendezvous_rounds_total", ())] >= 2
     assert 1 < s[("kelastic_agent_steps_per_second", ())] < 20  # one step per ~0.1 s
     assert s[("kelastic_agent_seconds_since_progress", ())] < 5
+    # the survivors told the store, where the operator reads it
+    status = control.read_status(control.connect(cluster.endpoint), cluster.run_id)
+    assert status.recoveries and all(0 < r.seconds < 30 for r in status.recoveries)
+    assert {r.node for r in status.recoveries} <= {"a", "b"}
     assert cluster.wait_all(60, agents[:2]) == [0, 0]

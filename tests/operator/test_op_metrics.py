@@ -1,0 +1,78 @@
+"""The operator's Prometheus series: what each report does to them, read back through /metrics."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kelastic.operator.metrics import OperatorMetrics, new_recoveries
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_recoveries_of_one_round_count_once_with_the_longest_duration() -> None:
+    # three members of one round report the same recovery, a second recovery 20 s later
+    reports = [("a", 2.0, 100.0), ("b", 2.4, 100.3), ("c", 1.9, 100.1), ("a", 5.0, 120.0)]
+    assert new_recoveries(reports, None) == [(2.4, 100.3), (5.0, 120.0)]
+    # already counted up to 100.3: a late report of that round is not new, the next one is
+    assert new_recoveries(reports, 100.3) == [(5.0, 120.0)]
+    assert new_recoveries(reports, 120.0) == []
+    assert new_recoveries([], None) == []
+
+
+@pytest.fixture
+def metrics() -> Iterator[OperatorMetrics]:
+    m = OperatorMetrics()
+    yield m
+    m.stop()
+
+
+def test_series_follow_the_controllers_reports(metrics: OperatorMetrics) -> None:
+    port = metrics.serve(0, "127.0.0.1")
+    a, b = ("ns", "a"), ("ns", "b")
+    metrics.job_observed(a, "Running", world_size=4, restarts=1)
+    metrics.job_observed(b, None)
+    metrics.reconciled(0.02)
+    metrics.reconciled(0.3)
+    metrics.action_applied("RecreateWorker")
+    metrics.action_applied("RecreateWorker")
+    metrics.action_applied("CreateWorker")  # creating a missing worker is not a recreation
+    metrics.api_error(409)
+    assert metrics.recoveries_reported(a, [("w0", 3.0, 50.0), ("w1", 3.5, 50.2)]) == [3.5]
+    assert metrics.recoveries_reported(a, [("w0", 3.0, 50.0), ("w1", 3.5, 50.2)]) == []  # same again
+    s = scrape(port)
+    assert s[("kelastic_jobs", (("phase", "Running"),))] == 1
+    assert s[("kelastic_jobs", (("phase", "Created"),))] == 1  # no phase yet
+    assert s[("kelastic_jobs", (("phase", "Failed"),))] == 0
+    assert s[("kelastic_job_world_size", (("job", "a"), ("namespace", "ns")))] == 4
+    assert s[("kelastic_job_restarts", (("job", "a"), ("namespace", "ns")))] == 1
+    assert s[("kelastic_reconcile_total", ())] == 2
+    assert s[("kelastic_reconcile_duration_seconds_count", ())] == 2
+    assert s[("kelastic_reconcile_duration_seconds_sum", ())] == pytest.approx(0.32)
+    assert s[("kelastic_pod_recreations_total", (("reason", "RecreateWorker"),))] == 2
+    assert ("kelastic_pod_recreations_total", (("reason", "CreateWorker"),)) not in s
+    assert s[("kelastic_api_errors_total", (("code", "409"),))] == 1
+    assert s[("kelastic_recovery_seconds_count", ())] == 1
+    assert s[("kelastic_recovery_seconds_bucket", (("le", "5.0"),))] == 1
+    assert s[("kelastic_recovery_seconds_bucket", (("le", "3.0"),))] == 0
+
+    metrics.job_observed(a, "Succeeded", world_size=0, restarts=1)
+    metrics.job_removed(b)
+    s = scrape(port)
+    assert s[("kelastic_jobs", (("phase", "Running"),))] == 0
+    assert s[("kelastic_jobs", (("phase", "Succeeded"),))] == 1
+    assert s[("kelastic_jobs", (("phase", "Created"),))] == 0
+    metrics.job_removed(a)
+    s = scrape(port)
+    assert not any(name == "kelastic_job_world_size" for name, _ in s)
