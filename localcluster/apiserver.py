@@ -57,7 +57,7 @@ from .protobuf import ProtobufError, decode_object
 from .registry import DeleteOptions, FieldValidation, PatchType, Registry
 from .resources import ResourceType, TypeRegistry
 from .selectors import make_predicate, parse_field_selector, parse_label_selector
-from .storage import EventType, Store, Watcher
+from .storage import EventType, Store, Watcher, WatchItem
 from .table import to_table
 
 __all__ = ["ApiServer", "main"]
@@ -540,7 +540,7 @@ class _App:
                 return resp
             if initial:
                 # The initial state is queued; the bookmark marking its end follows it.
-                watcher.queue.put_nowait(("INITIAL_END", {}, start_rv))  # type: ignore[arg-type]
+                watcher.queue.put_nowait(("INITIAL_END", {}, start_rv))
             deadline = time.monotonic() + timeout if timeout else None
             last_bookmark = time.monotonic()
             while not self.stopping:
@@ -552,6 +552,7 @@ class _App:
                     if left <= 0:
                         break
                     wait = min(wait, left)
+                item: WatchItem | tuple[()] | None  # () when the wait timed out
                 if not watcher.queue.empty():
                     item = watcher.queue.get_nowait()
                 else:
@@ -604,7 +605,7 @@ class _App:
             + b"\n"
         )
 
-    def _event_line(self, rt: ResourceType, item: tuple[Any, Obj, int], as_table: bool) -> bytes:
+    def _event_line(self, rt: ResourceType, item: WatchItem, as_table: bool) -> bytes:
         kind, obj, rv = item
         if kind == "INITIAL_END":
             return self._bookmark(rt, str(rv), {"k8s.io/initial-events-end": "true"})
@@ -864,9 +865,8 @@ class ApiServer:
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
         await site.start()
-        server = site._server
-        if server is not None and getattr(server, "sockets", None):
-            self.port = server.sockets[0].getsockname()[1]
+        if runner.addresses:  # the port the kernel chose when asked for 0
+            self.port = runner.addresses[0][1]
         app_state.server_address = f"{self.host}:{self.port}"
         # Building the built-in kinds' OpenAPI schemas takes a moment: do it off the loop, once.
         per_gv = [types.in_group_version(g, v) for g, vs in types.group_versions().items() for v in vs]

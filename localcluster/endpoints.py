@@ -135,9 +135,9 @@ def compute_slices(service: Mapping[str, Any], subsets: list[dict[str, Any]]) ->
         "blockOwnerDeletion": True,
     }
     groups = subsets or [{"ports": []}]
-    slices = []
+    slices: list[dict[str, Any]] = []
     for index, subset in enumerate(groups):
-        endpoints = []
+        endpoints: list[dict[str, Any]] = []
         for field, ready in (("addresses", True), ("notReadyAddresses", False)):
             for address in subset.get(field) or []:
                 endpoint: dict[str, Any] = {

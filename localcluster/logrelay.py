@@ -34,7 +34,7 @@ class _Stream:
 class LogRelay:
     """Formats chunks of named streams; ``write`` receives ready-to-print text."""
 
-    write: Callable[[str], None]
+    write: Callable[[str], object]
     tty: bool = False
     interval: float = 10.0
     _streams: dict[str, _Stream] = field(default_factory=dict)

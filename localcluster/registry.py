@@ -11,6 +11,7 @@ on the server's event loop thread; every method is synchronous.
 from __future__ import annotations
 
 import base64
+import builtins
 import json
 import secrets
 import uuid
@@ -950,7 +951,8 @@ class Registry:
         self.store.put(rt.key, new, EventType.MODIFIED)
         return self.present(rt, new), False
 
-    def finalize_namespace(self, name: str, finalizers: list[str]) -> Obj:
+    # builtins.list: inside this class, `list` names the method Registry.list.
+    def finalize_namespace(self, name: str, finalizers: builtins.list[str]) -> Obj:
         """The ``finalize`` subresource: set spec.finalizers; a terminating namespace left empty goes."""
         rt = self.types.lookup("", "v1", "namespaces")
         assert rt is not None
@@ -983,7 +985,7 @@ class Registry:
         options: DeleteOptions,
         label_selector: str | None = None,
         field_selector: str | None = None,
-    ) -> list[Obj]:
+    ) -> builtins.list[Obj]:
         result = self.list(rt, namespace, label_selector=label_selector, field_selector=field_selector)
         out = []
         for obj in result.items:
@@ -996,7 +998,7 @@ class Registry:
         return out
 
     # ---- watch ---------------------------------------------------------------
-    def events_since(self, rt: ResourceType, rv: int) -> list[Any]:
+    def events_since(self, rt: ResourceType, rv: int) -> builtins.list[Any]:
         try:
             return list(self.store.events_since(rt.key, rv))
         except Gone as exc:

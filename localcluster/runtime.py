@@ -85,8 +85,9 @@ class ContainerProcess:
             try:
                 # WNOWAIT: look without reaping, so the group can be killed first.
                 result = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                result = True  # type: ignore[assignment]
+            except ChildProcessError:  # already reaped elsewhere: it has exited all the same
+                self._finish()
+                return
             if result is not None:
                 self._finish()
                 return

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import builtins
 import json
 import os
 import time
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["EventType", "Gone", "Store", "WatchEvent", "Watcher"]
 
@@ -42,6 +43,11 @@ class EventType(str, Enum):
     ADDED = "ADDED"
     MODIFIED = "MODIFIED"
     DELETED = "DELETED"
+
+
+#: One entry of a watch's queue: (event type, object, resourceVersion). The API server also
+#: queues its own marker, ("INITIAL_END", {}, rv), after an initial state it sent as events.
+WatchItem = tuple[EventType | Literal["INITIAL_END"], Obj, int]
 
 
 class Gone(Exception):
@@ -72,7 +78,7 @@ class Watcher:
     key: str
     match: Callable[[Obj], bool]
     maxsize: int = 100_000
-    queue: asyncio.Queue[tuple[EventType, Obj, int] | None] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[WatchItem | None] = field(default_factory=asyncio.Queue)
     closed: bool = False
 
     def offer(self, ev: WatchEvent) -> None:
@@ -157,7 +163,8 @@ class Store:
             return len(spaces.get(namespace, {}))
         return sum(len(v) for v in spaces.values())
 
-    def keys(self) -> list[str]:
+    # builtins.list: inside this class, `list` names the method Store.list.
+    def keys(self) -> builtins.list[str]:
         return list(self._objects)
 
     def by_uid(self, uid: str) -> tuple[str, Obj] | None:
@@ -167,7 +174,7 @@ class Store:
         obj = self.get(*where)
         return (where[0], obj) if obj is not None else None
 
-    def dependents(self, uid: str) -> list[tuple[str, Obj]]:
+    def dependents(self, uid: str) -> builtins.list[tuple[str, Obj]]:
         """Objects whose ownerReferences name ``uid``."""
         out = []
         for dep_uid in list(self._dependents.get(uid, ())):
