@@ -67,8 +67,8 @@ from .protocol import (
 )
 
 __all__ = [
+    "AgentReport",
     "JobProgress",
-    "NodeProgress",
     "Recovery",
     "RendezvousStatus",
     "connect",
@@ -103,8 +103,10 @@ class Recovery:
 
 
 @dataclass(frozen=True)
-class NodeProgress:
-    """One agent's latest report; ``step`` is None until its workers report a step."""
+class AgentReport:
+    """One agent's latest report as ``publish_progress`` stored it; ``step`` is None until its
+    workers report a step. (The agent computes its step with
+    :class:`kelastic.agent.progress.NodeProgress`, the minimum over its local ranks.)"""
 
     node: str
     step: int | None
@@ -192,13 +194,13 @@ def publish_progress(
     store.set(RunKeys(run_id).progress(node), json.dumps(report))
 
 
-def read_progress(store: dist.Store, run_id: str, node: str) -> NodeProgress | None:
+def read_progress(store: dist.Store, run_id: str, node: str) -> AgentReport | None:
     raw = read_optional(store, RunKeys(run_id).progress(node))
     if raw is None:
         return None
     data = json.loads(raw)
     rec = data.get("recovery")
-    return NodeProgress(
+    return AgentReport(
         node=node,
         step=None if data.get("step") is None else int(data["step"]),
         total=data.get("total"),
@@ -209,7 +211,7 @@ def read_progress(store: dist.Store, run_id: str, node: str) -> NodeProgress | N
     )
 
 
-def job_progress(reports: Sequence[NodeProgress]) -> JobProgress | None:
+def job_progress(reports: Sequence[AgentReport]) -> JobProgress | None:
     """The slowest reported step; ``total`` is the largest total reported.
 
     Nodes without a step yet are left out, so a node joining a running job does not

@@ -96,8 +96,8 @@ def test_status_aggregates_progress(server: ServerProcess, run_id: str) -> None:
     assert control.read_status(store, run_id).closed
 
 
-def _report(node: str, step: int | None, total: int | None = 300) -> control.NodeProgress:
-    return control.NodeProgress(node=node, step=step, total=total, restarts=0, local_world_size=1, time=0.0)
+def _report(node: str, step: int | None, total: int | None = 300) -> control.AgentReport:
+    return control.AgentReport(node=node, step=step, total=total, restarts=0, local_world_size=1, time=0.0)
 
 
 def test_job_progress_is_the_slowest_reported_step() -> None:

@@ -139,7 +139,7 @@ def test_the_reader_sees_the_operators_use_of_the_contract() -> None:
             "imports kelastic.localcluster.client",
         ),
         ("operator/x.py", "from kelastic.agent.contract import LABEL\n", None),
-        ("operator/x.py", "from kelastic.agent.rendezvous.control import NodeProgress\n", None),
+        ("operator/x.py", "from kelastic.agent.rendezvous.control import AgentReport\n", None),
         ("operator/sub/__init__.py", "from .. import spec\n", None),
         ("agent/x.py", "from .rendezvous import handler\nimport torch\n", None),
     ],
