@@ -140,6 +140,70 @@ def test_schema_defaults_agree_with_the_operator(kit: SimpleNamespace, version: 
     assert parse_job(defaulted).spec == parse_job(body).spec
 
 
+def declared_defaults(node: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """(property path, default) of every property of the schema that declares a default."""
+    out = []
+    for name, sub in (node.get("properties") or {}).items():
+        if "default" in sub:
+            out.append(((*path, name), sub["default"]))
+        out += declared_defaults(sub, (*path, name))
+    return out
+
+
+def without(body: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    out = copy.deepcopy(body)
+    node = out
+    for part in path[:-1]:
+        node = node[part]
+    node.pop(path[-1], None)
+    return out
+
+
+def with_value(body: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(body)
+    node = out
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+    return out
+
+
+def another_value(schema: dict[str, Any], default: Any) -> Any:
+    """A valid value other than ``default``, to show the operator reads the field at all."""
+    if schema.get("enum"):
+        return next(v for v in schema["enum"] if v != default)
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, int):
+        return default + 1
+    raise AssertionError(f"no other value known for a default of {default!r}: extend another_value")
+
+
+def test_every_schema_default_is_the_operators_default(kit: SimpleNamespace, version: dict[str, Any]) -> None:
+    """One source of defaults: for each default the CRD declares, a job that leaves the field
+    out parses exactly as one that spells the default out (as the API server fills it in), and a
+    job that sets another value parses differently (the operator reads the field)."""
+    root = version["schema"]["openAPIV3Schema"]
+    found = declared_defaults(root)
+    assert len(found) >= 8, found  # spec's defaults today; a schema read wrongly finds none
+    base = kit.job_body(replicas=3)
+    for path, default in found:
+        assert path[0] == "spec", f"{'.'.join(path)}: a default outside spec is not checked here"
+        left_out = without(base, path)
+        spelled_out = with_value(left_out, path, copy.deepcopy(default))
+        where = ".".join(path)
+        plain = parse_job(left_out)
+        assert plain.error is None, f"{where}: {plain.error}"
+        assert parse_job(spelled_out).spec == plain.spec, (
+            f"{where}: the CRD defaults it to {default!r}, but the operator's own default differs"
+        )
+        schema = root
+        for part in path:
+            schema = schema["properties"][part]
+        other = parse_job(with_value(left_out, path, another_value(schema, default)))
+        assert other.error is None and other.spec != plain.spec, f"{where}: the operator ignores the field"
+
+
 def resolve(root: dict[str, Any], json_path: str) -> dict[str, Any]:
     node = root
     for part in json_path.strip(".").split("."):
