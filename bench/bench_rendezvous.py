@@ -1,15 +1,28 @@
 """Rendezvous of many simulated nodes: kelastic's backend against torch's c10d handler.
 
-One ``kelastic-rendezvous`` store process serves both backends. For each
-measurement a fresh client process creates N handlers (``--nnodes N:N``), connects
-them, then releases N threads at once into ``next_rendezvous`` and reports the
-time until the last one returned (connection set-up is excluded for both).
+One ``kelastic-rendezvous`` store process serves every measurement. A measurement
+of N nodes spreads N handlers over several client processes (up to
+``--processes``, at least ``--min-per-process`` handlers each), so that the figure
+measures the rendezvous and not the GIL of one harness process. Each client
+connects its handlers (not measured), reports ready, and all clients release
+their handlers into ``next_rendezvous`` at the same wall-clock instant.
 
-    python bench/bench_rendezvous.py       # 256 nodes: 3 runs of kelastic, 1 of c10d; then 64 nodes: 1 + 1
-    python bench/bench_rendezvous.py --nodes 128 --repeat 5 --torch-repeat 3 --small 0
+Per run it prints the phases, as the instant the LAST node reached them (seconds
+after the release): ``join`` (slot taken, record written), ``close`` (first node
+saw the round closed), ``seen`` (every node knew the round's size), ``wstore``
+(rank 0 published the worker store), ``done`` (every call returned); the store
+server's CPU seconds during the run; the clients' CPU seconds. Then the curve:
+median seconds and milliseconds per node for every size.
 
-Prints one line per run, then per size the medians and the ratio c10d / kelastic.
-A c10d run that does not finish within ``--cap`` seconds counts as ``> cap``.
+``--controlled`` publishes a controller membership listing all N nodes first (as
+the operator does), so the controlled close rule is measured. torch's c10d
+handler runs side by side at ``--torch-sizes`` (it does not reach large sizes).
+
+    python bench/bench_rendezvous.py                                  # curve 64 .. 4096
+    python bench/bench_rendezvous.py --sizes 1024 --repeat 3 --controlled
+    python bench/bench_rendezvous.py --sizes 256 --torch-sizes 64,256
+
+No figure is asserted.
 """
 
 from __future__ import annotations
@@ -23,10 +36,26 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-def _make_handlers(backend: str, endpoint: str, run_id: str, nodes: int, cap: float) -> list[Any]:
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid`` (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+# ---------------------------------------------------------------------------
+# client process
+
+
+def _make_handlers(
+    backend: str, endpoint: str, run_id: str, first: int, count: int, nodes: int, cap: float
+) -> list[Any]:
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     from kelastic.agent.rendezvous import get_rendezvous_handler
@@ -43,29 +72,34 @@ def _make_handlers(backend: str, endpoint: str, run_id: str, nodes: int, cap: fl
             handler.is_closed()  # connects and starts its threads, as c10d's handler does on creation
         return handler
 
-    # Set-up is not measured; connect in parallel (a TCPStore connect sometimes stalls for seconds).
-    with ThreadPoolExecutor(max_workers=32) as pool:
-        return list(pool.map(make, range(nodes)))
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return list(pool.map(make, range(first, first + count)))
 
 
-def run_client(backend: str, endpoint: str, run_id: str, nodes: int, cap: float) -> dict[str, Any]:
-    """Measure one rendezvous of ``nodes`` handlers in this process."""
-    setup = time.perf_counter()
-    handlers = _make_handlers(backend, endpoint, run_id, nodes, cap)
-    setup = time.perf_counter() - setup
+def run_client(args: argparse.Namespace) -> dict[str, Any]:
+    """Create this process's handlers, report ready, wait for ``GO <t0>``, rendezvous them."""
+    handlers = _make_handlers(
+        args.client, args.endpoint, args.run_id, args.first, args.count, args.nodes, args.cap
+    )
+    print("READY", flush=True)
+    line = sys.stdin.readline().split()
+    t0 = float(line[1])
     gate = threading.Event()
-    finished: list[float] = []
+    records: list[dict[str, Any]] = []
     errors: list[str] = []
-    ranks: list[int] = []
     lock = threading.Lock()
 
     def run(handler: Any) -> None:
         gate.wait()
         try:
             info = handler.next_rendezvous()
+            returned = time.time()
+            timings = getattr(handler, "last_timings", None)
+            record = {"rank": info.rank, "returned": returned}
+            if timings is not None:
+                record.update(joined=timings.joined, closed=timings.closed, wstore=timings.worker_store)
             with lock:
-                finished.append(time.perf_counter())
-                ranks.append(info.rank)
+                records.append(record)
         except Exception as exc:
             with lock:
                 errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -73,125 +107,200 @@ def run_client(backend: str, endpoint: str, run_id: str, nodes: int, cap: float)
     threads = [threading.Thread(target=run, args=(h,), daemon=True) for h in handlers]
     for thread in threads:
         thread.start()
-    started = time.perf_counter()
+    time.sleep(max(0.0, t0 - time.time()))
+    cpu = time.process_time()
     gate.set()
-    deadline = started + cap
+    deadline = time.monotonic() + args.cap
     for thread in threads:
-        thread.join(max(0.0, deadline - time.perf_counter()))
-    complete = len(finished) == nodes and sorted(ranks) == list(range(nodes))
-    return {
-        "backend": backend,
-        "nodes": nodes,
-        "done": len(finished),
-        "complete": complete,
-        "seconds": (max(finished) - started) if complete else None,
-        "errors": errors[:3],
-        "setup_seconds": round(setup, 2),
-    }
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return {"records": records, "errors": errors[:3], "cpu": time.process_time() - cpu}
 
 
-def measure(backend: str, endpoint: str, run_id: str, nodes: int, cap: float) -> dict[str, Any]:
-    """Run one measurement in a fresh process (its lingering handler threads die with it)."""
+# ---------------------------------------------------------------------------
+# parent
+
+
+@dataclass
+class Run:
+    backend: str
+    nodes: int
+    processes: int
+    complete: bool = False
+    done: int = 0
+    phases: dict[str, float] = field(default_factory=dict)
+    server_cpu: float = 0.0
+    client_cpu: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float | None:
+        return self.phases.get("done") if self.complete else None
+
+
+def _spawn(
+    args: argparse.Namespace, backend: str, endpoint: str, run_id: str, first: int, count: int, nodes: int
+) -> subprocess.Popen[str]:
     cmd = [sys.executable, __file__, "--client", backend, "--endpoint", endpoint, "--run-id", run_id]
-    cmd += ["--nodes", str(nodes), "--cap", str(cap)]
+    cmd += ["--first", str(first), "--count", str(count), "--nodes", str(nodes), "--cap", str(args.cap)]
     env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=cap + 120, env=env)
-    except subprocess.TimeoutExpired:
-        return {
-            "backend": backend,
-            "nodes": nodes,
-            "done": 0,
-            "complete": False,
-            "seconds": None,
-            "errors": ["hung"],
-        }
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    tail = (proc.stderr or proc.stdout)[-800:]
-    return {
-        "backend": backend,
-        "nodes": nodes,
-        "done": 0,
-        "complete": False,
-        "seconds": None,
-        "errors": [tail],
-    }
-
-
-def _describe(result: dict[str, Any], cap: float) -> str:
-    if result["complete"]:
-        return f"{result['seconds']:.3f} s"
-    return (
-        f"did not complete within {cap:.0f} s ({result['done']}/{result['nodes']} joined) {result['errors']}"
+    return subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
 
 
-def _summary(nodes: int, results: dict[str, list[dict[str, Any]]], cap: float) -> bool:
-    def median(backend: str) -> float | None:
-        runs = results[backend]
-        times = [r["seconds"] for r in runs if r["complete"]]
-        return statistics.median(times) if runs and len(times) == len(runs) else None
+def _publish_membership(endpoint: str, run_id: str, nodes: int) -> None:
+    from kelastic.agent.rendezvous import control
 
-    ours, theirs = median("kelastic"), median("c10d")
-    print(f"rendezvous of {nodes} simulated nodes (threads, one store process), median:")
-    print(f"  kelastic : {ours:.3f} s" if ours is not None else "  kelastic : incomplete")
-    if results["c10d"]:
-        print(
-            f"  c10d     : {theirs:.3f} s"
-            if theirs is not None
-            else f"  c10d     : > {cap:.0f} s (incomplete)"
-        )
-        if ours is not None:
-            floor, prefix = (theirs, "") if theirs is not None else (cap, ">= ")
-            print(f"  ratio c10d / kelastic: {prefix}{floor / ours:.1f}x")
-    return ours is not None
+    store = control.connect(endpoint)
+    names = [f"node{i}" for i in range(nodes)]
+    control.publish_membership(store, run_id, nodes=names, min_nodes=1, max_nodes=nodes)
+
+
+def measure(
+    args: argparse.Namespace, backend: str, server_pid: int, endpoint: str, run_id: str, nodes: int
+) -> Run:
+    """One rendezvous of ``nodes`` handlers spread over client processes."""
+    processes = max(1, min(args.processes, nodes // args.min_per_process))
+    run = Run(backend, nodes, processes)
+    if backend == "kelastic" and args.controlled:
+        _publish_membership(endpoint, run_id, nodes)
+    shares = [nodes // processes + (1 if i < nodes % processes else 0) for i in range(processes)]
+    clients = []
+    first = 0
+    for share in shares:
+        clients.append(_spawn(args, backend, endpoint, run_id, first, share, nodes))
+        first += share
+    try:
+        setup_deadline = time.monotonic() + args.setup_timeout
+        for proc in clients:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # blocks; the client exits (EOF) on an error
+            if line.strip() != "READY" or time.monotonic() > setup_deadline:
+                detail = line.strip() or (proc.stderr.read()[-600:] if proc.stderr else "")
+                run.errors.append(f"a client did not get ready: {detail}")
+                return run
+        t0 = time.time() + 0.3
+        server_cpu = _cpu_seconds(server_pid)
+        for proc in clients:
+            assert proc.stdin is not None
+            proc.stdin.write(f"GO {t0}\n")
+            proc.stdin.flush()
+        outputs = []
+        for proc in clients:
+            assert proc.stdout is not None
+            outputs.append(proc.stdout.readline())
+        run.server_cpu = _cpu_seconds(server_pid) - server_cpu
+    finally:
+        from kelastic.localcluster.testing import stop_process
+
+        for proc in clients:
+            stop_process(proc, grace=2.0)
+    records: list[dict[str, Any]] = []
+    for out in outputs:
+        if not out.startswith("{"):
+            run.errors.append("a client printed no result")
+            continue
+        result = json.loads(out)
+        records += result["records"]
+        run.errors += result["errors"]
+        run.client_cpu += result["cpu"]
+    run.done = len(records)
+    run.complete = run.done == nodes and sorted(r["rank"] for r in records) == list(range(nodes))
+
+    def last(key: str) -> float | None:
+        values = [r[key] for r in records if r.get(key) is not None]
+        return max(values) - t0 if values else None
+
+    for phase, value in (
+        ("join", last("joined")),
+        ("close", min((r["closed"] for r in records if r.get("closed")), default=None)),
+        ("seen", last("closed")),
+        ("wstore", next((r["wstore"] for r in records if r["rank"] == 0 and r.get("wstore")), None)),
+        ("done", last("returned")),
+    ):
+        if value is not None:
+            run.phases[phase] = value - t0 if phase in ("close", "wstore") else value
+    return run
+
+
+def _describe(run: Run, cap: float) -> str:
+    where = f"{run.nodes:5d} nodes in {run.processes} processes"
+    if not run.complete:
+        return f"{run.backend:8s} {where}: incomplete within {cap:.0f} s ({run.done}/{run.nodes} returned) {run.errors[:2]}"
+    phases = "  ".join(f"{k} {v:6.3f}" for k, v in run.phases.items())
+    return (
+        f"{run.backend:8s} {where}: {phases}  | store server CPU {run.server_cpu:5.2f} s, "
+        f"clients CPU {run.client_cpu:5.2f} s"
+    )
+
+
+def _parse_sizes(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()] if text else []
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--nodes", type=int, default=256)
-    parser.add_argument("--repeat", type=int, default=3, help="runs of the kelastic backend")
-    parser.add_argument("--torch-repeat", type=int, default=1, help="runs of torch's c10d backend")
-    parser.add_argument("--cap", type=float, default=20.0, help="give up on one run after this many seconds")
+    parser.add_argument("--sizes", default="64,128,256,512,1024,2048,4096", help="node counts of the curve")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of the kelastic backend per size")
     parser.add_argument(
-        "--small",
-        type=int,
-        default=64,
-        help="also one run of each at this size, where c10d finishes (0: skip)",
+        "--torch-sizes", default="64,256", help="sizes at which torch's c10d handler also runs"
     )
+    parser.add_argument("--controlled", action="store_true", help="publish a controller membership first")
+    parser.add_argument("--processes", type=int, default=8, help="client processes (at most)")
+    parser.add_argument(
+        "--min-per-process", type=int, default=64, help="handlers per client process (at least)"
+    )
+    parser.add_argument("--cap", type=float, default=60.0, help="give up on one run after this many seconds")
+    parser.add_argument("--setup-timeout", type=float, default=300.0, help="bound on connecting all handlers")
     parser.add_argument("--client", choices=["kelastic", "c10d"], help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--run-id", help=argparse.SUPPRESS)
+    parser.add_argument("--first", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--nodes", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.client:
-        result = run_client(args.client, args.endpoint, args.run_id, args.nodes, args.cap)
+        result = run_client(args)
         print(json.dumps(result), flush=True)
         os._exit(0)  # handler threads may still block in the store; do not wait for them
 
     from kelastic.agent.rendezvous import start_server_process
 
-    plan = [("kelastic", args.nodes)] * args.repeat + [("c10d", args.nodes)] * args.torch_repeat
-    if args.small:
-        plan += [("kelastic", args.small), ("c10d", args.small)]
-    results: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    sizes = _parse_sizes(args.sizes)
+    plan = [("kelastic", n) for n in sizes for _ in range(args.repeat)]
+    plan += [("c10d", n) for n in _parse_sizes(args.torch_sizes)]
+    runs: list[Run] = []
     server = start_server_process("127.0.0.1", 0)
+    mode = "controlled" if args.controlled else "uncontrolled"
+    print(
+        f"rendezvous store {server.endpoint} (pid {server.pid}); kelastic rounds {mode}; phases in s after release"
+    )
     try:
         for i, (backend, nodes) in enumerate(plan):
-            started = time.perf_counter()
-            result = measure(backend, server.endpoint, f"bench-{backend}-{nodes}-{i}", nodes, args.cap)
-            results.setdefault(nodes, {"kelastic": [], "c10d": []})[backend].append(result)
-            overhead = f"(set-up {result.get('setup_seconds', '?')} s, run wall {time.perf_counter() - started:.0f} s)"
-            print(f"{backend:8s} {nodes:4d} nodes: {_describe(result, args.cap)} {overhead}", flush=True)
+            started = time.monotonic()
+            run = measure(args, backend, server.pid, server.endpoint, f"bench-{backend}-{nodes}-{i}", nodes)
+            runs.append(run)
+            print(f"{_describe(run, args.cap)}  (wall {time.monotonic() - started:.0f} s)", flush=True)
     finally:
         server.stop()
-    print()
-    ok = [_summary(nodes, by_backend, args.cap) for nodes, by_backend in results.items()]
-    return 0 if all(ok) else 1
+
+    print("\ncurve (median of complete runs; ms per node = seconds / nodes * 1000):")
+    print(f"  {'backend':8s} {'nodes':>5s} {'seconds':>8s} {'ms/node':>8s} {'server CPU s':>12s}")
+    ok = True
+    for backend, nodes in dict.fromkeys(plan):
+        mine = [r for r in runs if r.backend == backend and r.nodes == nodes]
+        times = [r.seconds for r in mine if r.seconds is not None]
+        if len(times) < len(mine) or not times:
+            print(f"  {backend:8s} {nodes:5d} {'incomplete':>8s}")
+            ok = ok and backend != "kelastic"
+            continue
+        median = statistics.median(times)
+        cpu = statistics.median(r.server_cpu for r in mine)
+        print(f"  {backend:8s} {nodes:5d} {median:8.3f} {1000 * median / nodes:8.3f} {cpu:12.2f}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ from .protocol import (
 from .server import ServedStore, serve_store
 from .settings import RendezvousSettings, settings_from_params
 
-__all__ = ["BACKEND", "KelasticRendezvousHandler", "create_handler"]
+__all__ = ["BACKEND", "KelasticRendezvousHandler", "RendezvousTimings", "create_handler"]
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,23 @@ _RECONNECT_TIMEOUT = 2.0
 
 def _backoff(failures: int) -> float:
     return min(5.0, 0.1 * 2 ** min(failures, 6))
+
+
+@dataclass
+class RendezvousTimings:
+    """Wall-clock instants (``time.time()``) of one ``next_rendezvous`` call, for benchmarks.
+
+    ``joined``: this node holds a slot and wrote its record; ``closed``: it learned
+    the size of the round it is a member of; ``worker_store``: it knows (rank 0:
+    published) the worker store; ``returned``: the call returned. None until reached.
+    Wall clock so that nodes in different processes of one machine can be compared.
+    """
+
+    started: float
+    joined: float | None = None
+    closed: float | None = None
+    worker_store: float | None = None
+    returned: float | None = None
 
 
 @dataclass(frozen=True)
@@ -213,6 +230,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         self._link: PeerLink | None = None
         self._suspects: list[tuple[int, str]] = []
         self._poke = threading.Event()  # wakes the keep-alive thread early
+        self._timings: RendezvousTimings | None = None
 
     # -- RendezvousHandler -------------------------------------------------
 
@@ -235,6 +253,11 @@ class KelasticRendezvousHandler(RendezvousHandler):
     def node_name(self) -> str:
         return self._s.node_name
 
+    @property
+    def last_timings(self) -> RendezvousTimings | None:
+        """Phases of the latest ``next_rendezvous`` call (None before the first)."""
+        return self._timings
+
     def next_rendezvous(self) -> RendezvousInfo:
         """Join the open round and return once it closed with this node as a member.
 
@@ -247,6 +270,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 f"this node's handler for rendezvous {self._s.run_id} was shut down; create a new one to rejoin"
             )
         deadline = time.monotonic() + self._s.join_timeout
+        self._timings = RendezvousTimings(started=time.time())
         self._lost.clear()
         with self._lock:
             self._member = None
@@ -431,6 +455,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
             store.add(k.heartbeat(name), 1)
             with self._lock:
                 self._joining = _Joining(r, slot)
+            if self._timings is not None:
+                self._timings.joined = time.time()
             min_nodes = ctl.min_nodes if ctl is not None else s.min_nodes
             if slot == 0 or slot + 1 == min_nodes:
                 push_event(store, k, f"join {r} {slot}")
@@ -537,7 +563,9 @@ class KelasticRendezvousHandler(RendezvousHandler):
     def _become_member(
         self, store: dist.TCPStore, r: int, rank: int, size: int, addr: str, deadline: float
     ) -> RendezvousInfo:
-        k = self._keys
+        k, timings = self._keys, self._timings
+        if timings is not None:
+            timings.closed = time.time()
         wait_for = datetime.timedelta(seconds=max(0.1, min(_PEER_KEY_WAIT, deadline - time.monotonic())))
         successor: str | None = None
         link_target: tuple[int, str, str, int] | None = None
@@ -567,6 +595,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 ) from exc
             published = json.loads(store.get(k.worker_store(r)))
             master_addr, master_port = published["addr"], int(published["port"])
+        if timings is not None:
+            timings.worker_store = time.time()
         with self._lock:
             self._member = _Member(r, rank, size, successor)
             self._changed_cache = None
@@ -584,6 +614,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
             master_addr,
             master_port,
         )
+        if timings is not None:
+            timings.returned = time.time()
         return RendezvousInfo(agent_store, rank, size, RendezvousStoreInfo(master_addr, master_port))
 
     # -- membership --------------------------------------------------------
