@@ -186,7 +186,8 @@ def test_operator_deployment_runs_non_root_with_probes_resources_and_values() ->
         assert container[probe]["httpGet"]["path"] == "/healthz"
         assert container[probe]["httpGet"]["port"] == "health"
     assert container["ports"][0]["containerPort"] == 8080
-    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert "--liveness=http://$(POD_IP):8080/healthz" in container["args"]
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
     assert container["resources"]["requests"] and container["resources"]["limits"]
     assert pod["serviceAccountName"] == by_kind(objects, "ServiceAccount")[0]["metadata"]["name"]
     selector = deployment["spec"]["selector"]["matchLabels"]
@@ -254,5 +255,5 @@ def test_operator_cli_accepts_the_rendered_arguments() -> None:
         assert container["command"] == ["kelastic-operator"]
         parsed = build_parser().parse_args(container["args"])
         assert parsed.namespace == namespaces and parsed.all_namespaces is cluster_wide
-        assert parsed.log_level == "warning" and parsed.liveness == "http://0.0.0.0:8080/healthz"
+        assert parsed.log_level == "warning" and parsed.liveness == "http://$(POD_IP):8080/healthz"
         assert parsed.lease_namespace == NAMESPACE and not parsed.standalone

@@ -1,0 +1,201 @@
+"""The operator under the chart's ServiceAccount and RBAC, on a real kube-apiserver.
+
+The emulator grants everything, so only a real API server (RBAC on, the
+OwnerReferencesPermissionEnforcement admission plugin) can show that the chart's
+Role misses a rule. Here the chart is installed with the real Helm library, the
+operator runs as a process with the chart's ServiceAccount token (no kubelet is
+needed: the job's pods only have to be created), and a job must get its store,
+Service and workers, with no 403 anywhere in the operator's log.
+
+Binaries: ``$KELASTIC_CONTROL_PLANE``, ``$KUBEBUILDER_ASSETS``, or in this
+repository's test set-up ``../shared/k8s/unpack.sh`` beside the checkout.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kelastic.agent import contract
+from kelastic.localcluster.testing import Kubectl, stop_process
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "kelastic"
+UNPACK = REPO.parent / "shared" / "k8s" / "unpack.sh"
+
+pytestmark = pytest.mark.slow
+
+
+def binaries_dir() -> Path | None:
+    from kelastic.localcluster.controlplane import control_plane_dir
+
+    found = control_plane_dir()
+    if found is not None:
+        return found
+    if UNPACK.is_file():
+        out = subprocess.run(["sh", str(UNPACK)], capture_output=True, text=True, timeout=300, check=True)
+        return Path(out.stdout.strip().splitlines()[-1])
+    return None
+
+
+class RealCluster:
+    def __init__(self, plane: Any, root: Path) -> None:
+        self.plane = plane
+        self.root = root
+        self.admin = plane.admin_kubeconfig
+        self.kubectl = Kubectl(self.admin)
+
+    def service_account_kubeconfig(self, namespace: str, account: str) -> Path:
+        """A kubeconfig holding a TokenRequest token of ``account`` (what the kubelet mounts)."""
+        from kelastic.localcluster.controlplane import write_kubeconfig
+
+        request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
+        answer = json.loads(
+            self.kubectl(
+                "create",
+                "--raw",
+                f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+                "-f",
+                "-",
+                input=json.dumps(request),
+            )
+        )
+        path = self.root / f"{namespace}-{account}.kubeconfig"
+        user = f"system:serviceaccount:{namespace}:{account}"
+        return write_kubeconfig(
+            path, self.plane.url, self.plane.ca_file, user, token=answer["status"]["token"]
+        )
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    directory = binaries_dir()
+    if directory is None:
+        pytest.skip(
+            "no Kubernetes control-plane binaries: set KELASTIC_CONTROL_PLANE (or KUBEBUILDER_ASSETS) to a "
+            "directory holding etcd and kube-apiserver v1.20 or newer"
+        )
+    from kelastic.localcluster.controlplane import ControlPlane, ControlPlaneBinaries
+
+    root = tmp_path_factory.mktemp("rbac")
+    plane = ControlPlane(ControlPlaneBinaries.find(directory), root / "plane", progress=print)
+    plane.start()
+    try:
+        yield RealCluster(plane, root)
+    finally:
+        plane.stop()
+
+
+def job(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kelastic.dev/v1alpha1",
+        "kind": "ElasticJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "replicaSpecs": {
+                "Worker": {
+                    "replicas": 2,
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {"name": "trainer", "image": "kelastic:dev", "command": ["python", "t.py"]}
+                            ]
+                        }
+                    },
+                }
+            },
+        },
+    }
+
+
+def run_under_chart_rbac(real: RealCluster, *, cluster_wide: bool, release: str, job_namespace: str) -> None:
+    from kelastic.localcluster.chart import install_chart, uninstall_chart
+
+    chart = install_chart(
+        real.admin,
+        CHART,
+        f"{release}-system",
+        release=release,
+        watch_namespaces=() if cluster_wide else (job_namespace,),
+        cluster_wide=cluster_wide,
+        wait=None,  # no kubelet here: the test runs the operator itself, with the chart's identity
+    )
+    if cluster_wide:
+        real.kubectl("create", "namespace", job_namespace)
+    (account,) = [o["metadata"]["name"] for o in chart.objects if o["kind"] == "ServiceAccount"]
+    (deployment,) = [o for o in chart.objects if o["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    kubeconfig = real.service_account_kubeconfig(chart.namespace, account)
+    log = real.root / f"{release}-operator.log"
+    # The Deployment's own arguments (scope, lease), minus the health endpoint.
+    argv = [a for a in args if not a.startswith("--liveness")]
+    operator = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kelastic.operator",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--health-port",
+            "0",
+            *argv,
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    started = time.monotonic()
+    try:
+        real.kubectl("apply", "-f", "-", input=yaml.safe_dump(job("rbac", job_namespace)))
+        deadline = time.monotonic() + 90
+        names: set[str] = set()
+        while time.monotonic() < deadline and len(names) < 3:
+            items = json.loads(
+                real.kubectl(
+                    "get", "pods", "-n", job_namespace, "-l", f"{contract.LABEL_JOB_NAME}=rbac", "-o", "json"
+                )
+            )["items"]
+            names = {p["metadata"]["name"] for p in items}
+            time.sleep(0.3)
+        elapsed = time.monotonic() - started
+        text = log.read_text(errors="replace")
+        assert names == {"rbac-rendezvous", "rbac-worker-0", "rbac-worker-1"}, (
+            f"after {elapsed:.0f}s the operator under the chart's RBAC created {sorted(names)}; log:\n{text[-4000:]}"
+        )
+        print(
+            f"{'cluster-wide' if cluster_wide else 'namespaced'}: 3 pods {elapsed:.1f}s after operator start"
+        )
+        assert "Forbidden" not in text and " 403" not in text, text[-4000:]
+        pod = items[0]
+        assert pod["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
+        real.kubectl("get", "service", "-n", job_namespace, "rbac-rendezvous")
+        status = json.loads(real.kubectl("get", "ej", "-n", job_namespace, "rbac", "-o", "json")).get(
+            "status"
+        )
+        assert status and status.get("phase"), "the operator could not write the job's status"
+        events = json.loads(real.kubectl("get", "events", "-n", job_namespace, "-o", "json"))["items"]
+        assert any(e["source"].get("component") == "kelastic-operator" for e in events)
+        lease_name = next(a.split("=", 1)[1] for a in argv if a.startswith("--lease-name="))
+        lease = json.loads(real.kubectl("get", "lease", "-n", chart.namespace, lease_name, "-o", "json"))
+        assert lease["spec"]["holderIdentity"], "the operator never held its Lease"
+    finally:
+        stop_process(operator, 10, group=True)
+        uninstall_chart(chart)
+
+
+def test_namespaced_chart_rbac_lets_the_operator_create_a_jobs_pods(real: RealCluster) -> None:
+    run_under_chart_rbac(real, cluster_wide=False, release="kelns", job_namespace="team-a")
+
+
+def test_cluster_wide_chart_rbac_lets_the_operator_create_a_jobs_pods(real: RealCluster) -> None:
+    run_under_chart_rbac(real, cluster_wide=True, release="kelcw", job_namespace="team-b")
