@@ -7,6 +7,11 @@ kelastic operator (``python -m kelastic.operator``) when it is installed,
 writes the kubeconfig and prints how to point kubectl at it. SIGTERM or Ctrl-C
 stops everything, pod processes included.
 
+Both take ``--control-plane DIR`` (else ``$KELASTIC_CONTROL_PLANE``, else
+``$KUBEBUILDER_ASSETS``): a directory with the real ``kube-apiserver`` and
+``etcd`` (and ``kube-controller-manager``, ``kube-scheduler``), run instead of
+kelastic's API server emulator (see :mod:`kelastic.localcluster.controlplane`).
+
 ``kelastic local run MANIFEST.yaml`` brings up a private cluster in a temporary
 directory, applies the manifest, relays the pods' logs prefixed by pod, waits
 until every workload in it has finished (or one has failed) (pods: phase Succeeded/Failed; other
@@ -30,13 +35,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from .apply import Applier, ManifestError, load_manifests
 from .cluster import LocalCluster
 from .completion import Outcome, outcome_of, pod_outcome, waitable
+from .controlplane import control_plane_dir
 from .logrelay import LogFollower, LogRelay
 
 __all__ = ["find_crds_dir", "main", "operator_command"]
@@ -171,6 +177,23 @@ def _start_operator(cluster: LocalCluster, out: TextIO) -> _Operator | None:
     return operator
 
 
+def _progress(out: TextIO) -> Callable[[str], None]:
+    def say(line: str) -> None:
+        print(f"kelastic: {line}", file=out, flush=True)
+
+    return say
+
+
+def _control_plane_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--control-plane",
+        type=Path,
+        metavar="DIR",
+        help="run the real kube-apiserver, etcd, kube-controller-manager and kube-scheduler found in DIR "
+        "instead of the API server emulator (default: $KELASTIC_CONTROL_PLANE, else $KUBEBUILDER_ASSETS)",
+    )
+
+
 # -- up -------------------------------------------------------------------------------
 def cmd_up(args: argparse.Namespace) -> int:
     out = sys.stdout
@@ -183,7 +206,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     else:
         temp_dir = tempfile.mkdtemp(prefix="kelastic-local-")
         data_dir = Path(temp_dir)
-    cluster = LocalCluster(data_dir, port=args.port, state_dir=state_dir, kubeconfig=args.kubeconfig)
+    cluster = LocalCluster(
+        data_dir,
+        port=args.port,
+        state_dir=state_dir,
+        kubeconfig=args.kubeconfig,
+        control_plane=control_plane_dir(args.control_plane),
+        progress=_progress(out),
+    )
     operator: _Operator | None = None
     stopper = _Stopper()
     try:
@@ -330,7 +360,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     temp_dir = Path(tempfile.mkdtemp(prefix="kelastic-run-"))
-    cluster = LocalCluster(temp_dir, workdir=Path.cwd(), backoff_base=args.backoff)
+    cluster = LocalCluster(
+        temp_dir,
+        workdir=Path.cwd(),
+        backoff_base=args.backoff,
+        control_plane=control_plane_dir(args.control_plane),
+        progress=_progress(out),
+    )
     relay = LogRelay(write=out.write, tty=out.isatty(), interval=args.progress_interval)
     operator: _Operator | None = None
     stopper = _Stopper()
@@ -460,6 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-dir", type=Path, help="pod logs and volumes (default: <state dir>/data or a temp dir)"
     )
     up.add_argument("--no-operator", action="store_true", help="do not start the kelastic operator")
+    _control_plane_flag(up)
     up.set_defaults(func=cmd_up)
 
     run = commands.add_parser("run", help="run a manifest to completion on a private local cluster")
@@ -480,6 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep", action="store_true", help="keep the temporary data directory (logs) afterwards"
     )
     run.add_argument("--no-operator", action="store_true", help="do not start the kelastic operator")
+    _control_plane_flag(run)
     run.set_defaults(func=cmd_run)
     return parser
 
