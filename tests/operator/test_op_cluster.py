@@ -303,6 +303,40 @@ def test_leader_election_hands_over_on_shutdown(env: Env, tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+def test_killed_leader_is_replaced_within_seconds_and_pods_keep_running(env: Env, tmp_path: Path) -> None:
+    """SIGKILL (no release): the standby takes over once the Lease expires; meanwhile, and
+    after, the job's pods are neither touched nor stopped: nothing in them needs the operator."""
+    env.apply(job("eta", replicas=2))
+    running = lambda: {  # noqa: E731
+        n: p["metadata"]["uid"] for n, p in env.pods("eta").items() if p["status"].get("phase") == "Running"
+    }
+    env.wait("the store and 2 workers running", lambda: len(running()) == 3)
+    assert env.operator is not None
+    stop(env.operator)
+    a = start_operator(env, tmp_path / "a.log", "--identity", "op-a")
+    b: subprocess.Popen[bytes] | None = None
+    try:
+        env.wait("op-a to lead", lambda: lease_holder(env) == "op-a")
+        b = start_operator(env, tmp_path / "b.log", "--identity", "op-b")
+        before = running()
+        time.sleep(2)  # op-b is up and a candidate
+        stop(a, signal.SIGKILL)
+        killed = time.monotonic()
+        assert running() == before, "pods changed while no operator ran"
+        env.wait("op-b to take over", lambda: lease_holder(env) == "op-b", timeout=20)
+        print(f"standby took over {time.monotonic() - killed:.1f}s after the leader was SIGKILLed")
+        assert running() == before
+        env.kubectl("scale", "ej", "eta", "--replicas", "3")
+        env.wait("the new leader to scale up", lambda: len(worker_names(env, "eta")) == 3)
+        assert {n: u for n, u in running().items() if n in before} == before
+    finally:
+        stop(a)
+        if b is not None:
+            stop(b)
+        env.operator = start_operator(env, env.log)
+
+
+@pytest.mark.slow
 def test_world_size_and_progress_reach_status_then_success(env: Env) -> None:
     """Real agents rendezvous through the operator's store; their progress shows in the job."""
     done = env.workdir / "zeta.done"

@@ -5,13 +5,23 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from kelastic.operator.kube import Kube
 from kelastic.operator.leader import LeaderElector
 
 
 def elector(kube: Kube, identity: str, lease_seconds: int = 15) -> LeaderElector:
+    short = lease_seconds < 6  # short leases for fast tests: the margins shrink with them
     return LeaderElector(
-        kube, namespace="default", name="kelastic-operator", identity=identity, lease_seconds=lease_seconds
+        kube,
+        namespace="default",
+        name="kelastic-operator",
+        identity=identity,
+        lease_seconds=lease_seconds,
+        safety_margin=lease_seconds / 4 if short else 2.0,
+        renew_every=lease_seconds / 4 if short else 1.5,
+        retry_every=0.1 if short else 1.0,
     )
 
 
@@ -58,3 +68,28 @@ def test_stop_releases_for_a_fast_takeover(kube: Kube) -> None:
     asyncio.run(scenario())
     assert changes == [True, False]
     assert elector(kube, "b").try_acquire() is True
+
+
+def test_a_crashed_holder_stops_acting_before_a_candidate_can_take_over(kube: Kube) -> None:
+    """No renewals any more (the holder was SIGKILLed): the candidate waits for the Lease to
+    expire, and by then the old holder (were it only cut off) no longer trusts its leadership."""
+    a, b = elector(kube, "a", lease_seconds=2), elector(kube, "b", lease_seconds=2)
+    acquired = time.monotonic()
+    assert a.try_acquire()
+    a._set(True)  # what its election loop does with the answer
+    assert a.is_leader
+    while not b.try_acquire():
+        assert time.monotonic() - acquired < 10, "the candidate never took over"
+        time.sleep(b.retry_every)
+    taken = time.monotonic() - acquired
+    assert taken >= 2 - 0.2, f"the Lease of 2s was taken over after {taken:.2f}s"
+    assert not a.is_leader, "two leaders: the old holder still trusted its leadership"
+    assert holder(kube) == "b"
+
+
+def test_default_numbers_take_over_within_seconds_and_keep_a_margin() -> None:
+    e = LeaderElector(None, namespace="default", name="x", identity="a")  # type: ignore[arg-type]
+    assert e.lease_seconds + e.retry_every <= 8, "a crashed operator's successor waits too long"
+    assert e.lease_seconds - e.safety_margin > e.renew_every, "a renewal must fit before trust ends"
+    with pytest.raises(ValueError, match="safety margin"):
+        LeaderElector(None, namespace="d", name="x", identity="a", lease_seconds=2, safety_margin=2)  # type: ignore[arg-type]
