@@ -63,6 +63,21 @@ def find_crds_dir() -> Path | None:
     return None
 
 
+def find_chart_dir() -> Path | None:
+    """The operator's Helm chart: ``$KELASTIC_CHART_DIR``, next to the package (source checkout), or ./helm/kelastic."""
+    candidates = []
+    if os.environ.get("KELASTIC_CHART_DIR"):
+        candidates.append(Path(os.environ["KELASTIC_CHART_DIR"]))
+    candidates += [
+        Path(__file__).resolve().parent.parent / "helm" / "kelastic",
+        Path.cwd() / "helm" / "kelastic",
+    ]
+    for candidate in candidates:
+        if (candidate / "Chart.yaml").is_file():
+            return candidate
+    return None
+
+
 def operator_command() -> list[str] | None:
     """How to start the kelastic operator, or None when it is not installed.
 
@@ -164,7 +179,37 @@ def _apply_crds(cluster: LocalCluster, out: TextIO) -> int:
     return len(crds)
 
 
-def _start_operator(cluster: LocalCluster, out: TextIO) -> _Operator | None:
+def _install_chart(cluster: LocalCluster, out: TextIO, watch: Sequence[str], cluster_wide: bool) -> bool:
+    """On a real control plane, install the operator from its chart; False when that is not possible here.
+
+    The operator then runs as the chart's Deployment under its ServiceAccount and
+    RBAC, in ``watch`` namespaces (or every namespace with ``cluster_wide``).
+    """
+    chart_dir = find_chart_dir()
+    try:
+        from .chart import install_chart
+    except ImportError as exc:  # helm-python-sdk is an extra
+        print(f"kelastic: cannot install the chart ({exc}); starting the operator as a process", file=out)
+        return False
+    if chart_dir is None:
+        print("kelastic: the chart helm/kelastic is not found; starting the operator as a process", file=out)
+        return False
+    install_chart(
+        cluster.kubeconfig,
+        chart_dir,
+        watch_namespaces=tuple(watch),
+        cluster_wide=cluster_wide,
+        progress=_progress(out),
+    )
+    return True
+
+
+def _start_operator(
+    cluster: LocalCluster, out: TextIO, watch: Sequence[str] = ("default",), cluster_wide: bool = False
+) -> _Operator | None:
+    """Start the operator: from the chart on a real control plane, else as a subprocess (None: not installed)."""
+    if cluster.real and _install_chart(cluster, out, watch, cluster_wide):
+        return None
     command = operator_command()
     if command is None:
         return None
@@ -190,7 +235,13 @@ def _control_plane_flag(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="DIR",
         help="run the real kube-apiserver, etcd, kube-controller-manager and kube-scheduler found in DIR "
-        "instead of the API server emulator (default: $KELASTIC_CONTROL_PLANE, else $KUBEBUILDER_ASSETS)",
+        "instead of the API server emulator (default: $KELASTIC_CONTROL_PLANE, else $KUBEBUILDER_ASSETS); "
+        "the operator is then installed from its Helm chart",
+    )
+    parser.add_argument(
+        "--cluster-wide",
+        action="store_true",
+        help="with --control-plane: install the chart with clusterWide=true (default: namespaced)",
     )
 
 
@@ -221,7 +272,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             cluster.start()
             _apply_crds(cluster, out)
             if not args.no_operator:
-                operator = _start_operator(cluster, out)
+                operator = _start_operator(
+                    cluster, out, args.watch_namespace or ["default"], args.cluster_wide
+                )
             print(
                 f"kelastic local is up: API server {cluster.url}\n"
                 f"kubeconfig: {cluster.kubeconfig}\n"
@@ -388,8 +441,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             if custom:
                 _apply_crds(cluster, out)
                 if not args.no_operator:
-                    operator = _start_operator(cluster, out)
-                    if operator is None:
+                    watch = sorted({str(o["metadata"].get("namespace") or "default") for o in custom})
+                    operator = _start_operator(cluster, out, watch, args.cluster_wide)
+                    if operator is None and not cluster.real:
                         kinds = ", ".join(sorted({o["kind"] for o in custom}))
                         notice(
                             f"warning: the kelastic operator is not installed: nothing will act on {kinds}"
@@ -497,6 +551,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--no-operator", action="store_true", help="do not start the kelastic operator")
     _control_plane_flag(up)
+    up.add_argument(
+        "--watch-namespace",
+        action="append",
+        metavar="NS",
+        help="with --control-plane: a namespace the chart's operator serves (repeatable; default: default)",
+    )
     up.set_defaults(func=cmd_up)
 
     run = commands.add_parser("run", help="run a manifest to completion on a private local cluster")
