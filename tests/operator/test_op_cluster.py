@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -275,26 +276,18 @@ def lease_holder(env: Env) -> str:
     return out.strip()
 
 
-@pytest.mark.slow
-def test_leader_election_hands_over_on_shutdown(env: Env, tmp_path: Path) -> None:
-    """Two electing replicas: one holds the Lease and acts; SIGTERM releases it to the other."""
-    env.apply(job("epsilon", replicas=1))
-    env.wait("a worker", lambda: worker_names(env, "epsilon") == ["epsilon-worker-0"])
+@contextlib.contextmanager
+def leader_and_standby(env: Env, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Two electing replicas instead of the standalone operator: op-a leads (yielded), op-b waits."""
     assert env.operator is not None
-    stop(env.operator)  # the standalone one steps aside for this test
+    stop(env.operator)  # the standalone one steps aside meanwhile
     a = start_operator(env, tmp_path / "a.log", "--identity", "op-a")
     b: subprocess.Popen[bytes] | None = None
     try:
         env.wait("op-a to lead", lambda: lease_holder(env) == "op-a")
         b = start_operator(env, tmp_path / "b.log", "--identity", "op-b")
-        time.sleep(2)  # op-b is up and candidate
-        env.kubectl("scale", "ej", "epsilon", "--replicas", "2")
-        env.wait("the leader to scale up", lambda: len(worker_names(env, "epsilon")) == 2)
-        assert lease_holder(env) == "op-a"
-        stop(a)
-        env.wait("op-b to take over", lambda: lease_holder(env) == "op-b", timeout=20)
-        env.kubectl("scale", "ej", "epsilon", "--replicas", "3")
-        env.wait("the new leader to scale up", lambda: len(worker_names(env, "epsilon")) == 3)
+        time.sleep(2)  # op-b is up and a candidate
+        yield a
     finally:
         stop(a)
         if b is not None:
@@ -303,23 +296,33 @@ def test_leader_election_hands_over_on_shutdown(env: Env, tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+def test_leader_election_hands_over_on_shutdown(env: Env, tmp_path: Path) -> None:
+    """Two electing replicas: one holds the Lease and acts; SIGTERM releases it to the other."""
+    env.apply(job("epsilon", replicas=1))
+    env.wait("a worker", lambda: worker_names(env, "epsilon") == ["epsilon-worker-0"])
+    with leader_and_standby(env, tmp_path) as a:
+        env.kubectl("scale", "ej", "epsilon", "--replicas", "2")
+        env.wait("the leader to scale up", lambda: len(worker_names(env, "epsilon")) == 2)
+        assert lease_holder(env) == "op-a"
+        stop(a)
+        env.wait("op-b to take over", lambda: lease_holder(env) == "op-b", timeout=20)
+        env.kubectl("scale", "ej", "epsilon", "--replicas", "3")
+        env.wait("the new leader to scale up", lambda: len(worker_names(env, "epsilon")) == 3)
+
+
+@pytest.mark.slow
 def test_killed_leader_is_replaced_within_seconds_and_pods_keep_running(env: Env, tmp_path: Path) -> None:
     """SIGKILL (no release): the standby takes over once the Lease expires; meanwhile, and
     after, the job's pods are neither touched nor stopped: nothing in them needs the operator."""
     env.apply(job("eta", replicas=2))
-    running = lambda: {  # noqa: E731
-        n: p["metadata"]["uid"] for n, p in env.pods("eta").items() if p["status"].get("phase") == "Running"
-    }
+
+    def running() -> dict[str, str]:
+        pods = env.pods("eta").items()
+        return {n: p["metadata"]["uid"] for n, p in pods if p["status"].get("phase") == "Running"}
+
     env.wait("the store and 2 workers running", lambda: len(running()) == 3)
-    assert env.operator is not None
-    stop(env.operator)
-    a = start_operator(env, tmp_path / "a.log", "--identity", "op-a")
-    b: subprocess.Popen[bytes] | None = None
-    try:
-        env.wait("op-a to lead", lambda: lease_holder(env) == "op-a")
-        b = start_operator(env, tmp_path / "b.log", "--identity", "op-b")
+    with leader_and_standby(env, tmp_path) as a:
         before = running()
-        time.sleep(2)  # op-b is up and a candidate
         stop(a, signal.SIGKILL)
         killed = time.monotonic()
         assert running() == before, "pods changed while no operator ran"
@@ -329,11 +332,6 @@ def test_killed_leader_is_replaced_within_seconds_and_pods_keep_running(env: Env
         env.kubectl("scale", "ej", "eta", "--replicas", "3")
         env.wait("the new leader to scale up", lambda: len(worker_names(env, "eta")) == 3)
         assert {n: u for n, u in running().items() if n in before} == before
-    finally:
-        stop(a)
-        if b is not None:
-            stop(b)
-        env.operator = start_operator(env, env.log)
 
 
 @pytest.mark.slow
