@@ -5,15 +5,21 @@ API server with the operator running as a subprocess, and prints:
 
 - the time until every pod exists (P workers + 1 rendezvous store per job) and
   until every job has a status;
-- the operator's CPU time (user+system, from /proc) for that burst, per job;
-- its CPU per job per minute while idle afterwards (periodic resyncs).
+- the operator's CPU time (user+system, from /proc) for that burst, per job, and
+  its peak memory (VmHWM);
+- the API requests the operator sent (its own client and kopf's, told apart from
+  this benchmark's by User-Agent, counted by the in-process API server), per job,
+  during the burst and while idle afterwards;
+- its CPU per job per minute while idle afterwards.
 
 By default only the API server runs (no kubelet), so pods are created but not
 started: this measures the operator, not the processes (N x P agents importing
 torch would swamp a laptop). ``--kubelet`` runs the whole LocalCluster instead
 and also waits until every pod is Running; use it with small N.
 
-    python bench/bench_operator.py                 # 100 jobs x 4 pods
+    python bench/bench_operator.py                       # 100 jobs x 4 pods
+    python bench/bench_operator.py --jobs 1000 --pods 8  # the scale figures
+    python bench/bench_operator.py --jobs 1 --pods 1000  # one large job
     python bench/bench_operator.py --jobs 10 --pods 2 --kubelet
 """
 
@@ -27,7 +33,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +54,56 @@ def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mib(pid: int) -> float:
+    """Peak resident memory of a process (VmHWM), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+#: User-Agent prefixes of the operator's requests: its own client, and kopf's (list, watch).
+OPERATOR_AGENTS = ("kelastic-operator", "kopf")
+
+
+class RequestCounter:
+    """Counts the operator's requests at the in-process API server, by verb and resource."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def install(self) -> None:
+        """Wrap the API server's request handler (before it starts serving)."""
+        from kelastic.localcluster import apiserver
+
+        original = apiserver._App.handle
+        counter = self
+
+        async def counting(app: Any, request: Any) -> Any:
+            if request.headers.get("User-Agent", "").startswith(OPERATOR_AGENTS):
+                counter.add(request.method, request.path, "watch" in request.query)
+            return await original(app, request)
+
+        apiserver._App.handle = counting  # type: ignore[method-assign]
+
+    def add(self, method: str, path: str, watch: bool) -> None:
+        parts = [p for p in path.split("/") if p]
+        # /api/v1/namespaces/NS/pods/NAME/log -> pods/log; /apis/G/V/namespaces/NS/PLURAL -> PLURAL
+        if "namespaces" in parts and len(parts) > parts.index("namespaces") + 2:
+            rest = parts[parts.index("namespaces") + 2 :]
+        else:
+            rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+        resource = "/".join(rest[:1] + rest[2:3]) or path
+        verb = "WATCH" if watch else method
+        with self._lock:
+            self.counts[(verb, resource)] += 1
+
+    def snapshot(self) -> Counter[tuple[str, str]]:
+        with self._lock:
+            return Counter(self.counts)
 
 
 def kubectl(kubeconfig: Path, *args: str, input: str | None = None) -> str:
@@ -112,6 +170,8 @@ def main() -> int:
 
     from kelastic.operator.kube import Kube, load_configuration
 
+    requests = RequestCounter()
+    requests.install()
     tmp = Path(tempfile.mkdtemp(prefix="kelastic-bench-operator-"))
     kubeconfig = tmp / "kubeconfig"
     # The trivial training script (--kubelet runs it): one progress report, then idle.
@@ -134,6 +194,7 @@ def main() -> int:
     try:
         kubectl(kubeconfig, "apply", "-f", str(CRD))
         kube = Kube(load_configuration(str(kubeconfig)))
+        kube._api.user_agent = "kelastic-bench"  # not counted as the operator's
 
         def pods(selector: str | None = None) -> list[dict[str, Any]]:
             query = {"labelSelector": selector or LABEL}
@@ -160,6 +221,7 @@ def main() -> int:
         expected = args.jobs * (args.pods + 1)
         manifest = yaml.safe_dump_all([job(f"bench-{i:03d}", args.pods) for i in range(args.jobs)])
         cpu0 = cpu_seconds(operator.pid)
+        requests0 = requests.snapshot()
         t0 = time.monotonic()
         kubectl(kubeconfig, "apply", "-f", "-", input=manifest)
         t_applied = time.monotonic() - t0
@@ -193,9 +255,13 @@ def main() -> int:
             )
             t_running = time.monotonic() - t0
         cpu_burst = cpu_seconds(operator.pid) - cpu0
+        burst_requests = requests.snapshot() - requests0
         cpu1 = cpu_seconds(operator.pid)
+        requests1 = requests.snapshot()
         time.sleep(args.idle)
         cpu_idle = cpu_seconds(operator.pid) - cpu1
+        idle_requests = requests.snapshot() - requests1
+        rss = peak_rss_mib(operator.pid)
 
         per_job_ready = sorted(
             max(first_seen[n] for n in first_seen if n.startswith(f"bench-{i:03d}-"))
@@ -219,9 +285,18 @@ def main() -> int:
         )
         print(f"  operator CPU while idle     : {cpu_idle:.2f} s over {args.idle:.0f} s = "
               f"{1000 * cpu_idle / args.jobs * 60 / args.idle:.1f} ms per job per minute")  # fmt: skip
+        print(f"  operator peak memory (RSS)  : {rss:.0f} MiB")
+        n_burst, n_idle = sum(burst_requests.values()), sum(idle_requests.values())
+        print(f"  API requests, burst         : {n_burst} = {n_burst / args.jobs:.1f} per job "
+              f"({', '.join(f'{v} {r} {n}' for (v, r), n in burst_requests.most_common(6))})")  # fmt: skip
+        print(f"  API requests while idle     : {n_idle} over {args.idle:.0f} s = "
+              f"{n_idle / args.jobs * 60 / args.idle:.2f} per job per minute"
+              + (f" ({', '.join(f'{v} {r} {n}' for (v, r), n in idle_requests.most_common(4))})" if n_idle else ""))  # fmt: skip
         print(json.dumps({"jobs": args.jobs, "pods_per_job": args.pods, "all_pods_s": round(t_pods, 3),
                           "status_s": round(t_status, 3), "cpu_per_job_ms": round(1000 * cpu_burst / args.jobs, 2),
-                          "idle_cpu_per_job_per_min_ms": round(1000 * cpu_idle / args.jobs * 60 / args.idle, 2)}))  # fmt: skip
+                          "idle_cpu_per_job_per_min_ms": round(1000 * cpu_idle / args.jobs * 60 / args.idle, 2),
+                          "peak_rss_mib": round(rss, 1), "requests_per_job": round(n_burst / args.jobs, 2),
+                          "idle_requests_per_job_per_min": round(n_idle / args.jobs * 60 / args.idle, 3)}))  # fmt: skip
         kube.close()
         return 0
     finally:
