@@ -1,13 +1,24 @@
 """The operator's I/O loop around the pure core: observe, reconcile, apply, record.
 
 :class:`Controller` is driven by the kopf handlers (``handlers``) through
-:meth:`Controller.trigger`: events for a job, its pods or its Services, and a
-periodic resync. Triggers for one job coalesce: at most one reconcile of a job
-runs at a time, and triggers that arrive meanwhile cause exactly one more pass.
+:meth:`Controller.trigger`. Triggers for one job coalesce: at most one reconcile
+of a job runs at a time, and triggers that arrive meanwhile cause exactly one
+more pass. Nothing polls the API server per job. A job is reconciled when:
 
-A pass reads the job fresh from the API (its status is the core's memory), takes
-pods and Services from kopf's in-memory indexes (no LIST per pass), asks the
-rendezvous store for world size and progress (off the loop, cached briefly),
+- the job, one of its pods or its Service changed (the watches);
+- a deadline the core asked for comes (``requeue_after``: timeouts, grace
+  periods, TTLs), or a failed pass is retried (backoff 1 s doubling to 60 s);
+- the rendezvous store's figures changed. Stores of running jobs are read every
+  ``store_read_interval`` (one small TCP read per job, no API request); a new
+  round or restart count triggers a pass at once, progress alone at most every
+  ``progress_interval``, so status writes per job stay bounded;
+- the slow ``resync_interval`` comes round: a safety net that reconciles every
+  job from the caches (no API request unless something must change).
+
+A pass takes the job from the watch's cache (its status is the core's memory;
+our own status write's answer replaces it, so the pass after a write starts from
+it), pods and Services from kopf's in-memory indexes (no LIST, no GET per pass),
+the rendezvous store's last figures (off the loop),
 runs :func:`~kelastic.operator.reconcile.reconcile`, applies its actions (Services
 first, then pods concurrently, then the membership), posts an Event for each
 change, and writes the status when it differs. Nothing raised inside a pass
@@ -71,6 +82,16 @@ def job_log(key: JobKey, level: int, message: str, *, exc_info: bool = False) ->
     log.log(level, "ElasticJob %s/%s: %s", key[0], key[1], message, exc_info=exc_info, extra={"k8s_ref": ref})
 
 
+def _older(body: Mapping[str, Any], than: Mapping[str, Any]) -> bool:
+    """Whether ``body``'s resourceVersion is lower than ``than``'s (False when either is not an integer)."""
+    try:
+        return int((body.get("metadata") or {}).get("resourceVersion")) < int(
+            (than.get("metadata") or {}).get("resourceVersion")
+        )
+    except (TypeError, ValueError):
+        return False
+
+
 def _key_of(body: Mapping[str, Any]) -> JobKey:
     meta = body.get("metadata") or {}
     return (str(meta.get("namespace")), str(meta.get("name")))
@@ -78,10 +99,14 @@ def _key_of(body: Mapping[str, Any]) -> JobKey:
 
 @dataclass(frozen=True)
 class ControllerOptions:
-    #: Every job is reconciled at least this often (seconds): deadlines, progress, repairs.
-    resync_interval: float = 5.0
-    #: The store's figures are read at most this often per job (seconds).
+    #: Every job is reconciled from the caches at least this often (seconds): a safety net.
+    resync_interval: float = 60.0
+    #: The stores of running jobs are read this often (seconds).
     store_read_interval: float = 2.0
+    #: Progress alone (no new round) triggers a status write at most this often per job (seconds).
+    progress_interval: float = 5.0
+    #: A failed pass is retried after 1 s, doubling up to this (seconds).
+    max_retry_delay: float = 60.0
     #: Upper bound on reconciles running at once (each may hold a few API calls).
     max_parallel: int = 16
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
@@ -111,16 +136,21 @@ class Controller:
         self._timers: dict[JobKey, asyncio.TimerHandle] = {}
         self._rdzv_cache: dict[JobKey, tuple[float, RendezvousView | None]] = {}
         self._rdzv_reading: set[JobKey] = set()
+        self._stores: dict[JobKey, tuple[str, str]] = {}  # running jobs' (store endpoint, run id)
+        self._bodies: dict[JobKey, dict[str, Any]] = {}  # the newest ElasticJob seen (watch or write)
+        self._failures: dict[JobKey, int] = {}  # consecutive failed passes, for the retry backoff
+        self._passed_at: dict[JobKey, float] = {}  # when the last pass of a job started (monotonic)
         self._to_publish: dict[JobKey, PublishMembership] = {}
         self._failure_logs: dict[str, str] = {}  # pod uid -> log tail, for failed workers
         self._own_writes: dict[JobKey, str] = {}  # resourceVersion our last status write produced
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="kelastic-api")
         self._limit = asyncio.Semaphore(self.options.max_parallel)
         self._resync_task: asyncio.Task[None] | None = None
+        self._poll_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._stopping = False
         #: Counters for tests, benchmarks and logs.
-        self.stats: dict[str, int] = {"reconciles": 0, "api_calls": 0, "errors": 0}
+        self.stats: dict[str, int] = {"reconciles": 0, "api_calls": 0, "errors": 0, "job_reads": 0}
         self.events = EventRecorder(
             lambda ns, body: self._io(self.kube.create, ns, "events", body),
             lambda ns, name, patch: self._io(self.kube.patch, ns, "events", name, patch),
@@ -137,27 +167,56 @@ class Controller:
 
     def start(self) -> None:
         self.store.warm_up()
-        self._resync_task = asyncio.get_running_loop().create_task(self._resync(), name="kelastic-resync")
+        loop = asyncio.get_running_loop()
+        self._resync_task = loop.create_task(self._resync(), name="kelastic-resync")
+        self._poll_task = loop.create_task(self._poll_stores(), name="kelastic-store-poll")
 
     async def stop(self) -> None:
         self._stopping = True
         for handle in self._timers.values():
             handle.cancel()
-        tasks = [t for t in (self._resync_task, *self._running.values(), *self._background) if t is not None]
+        tasks = [
+            t
+            for t in (self._resync_task, self._poll_task, *self._running.values(), *self._background)
+            if t is not None
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def job_seen(self, key: JobKey, resource_version: str | None = None) -> None:
-        """A job was added or changed. The echo of our own status write triggers nothing."""
+    def job_seen(
+        self, key: JobKey, resource_version: str | None = None, body: Mapping[str, Any] | None = None
+    ) -> None:
+        """A job was added or changed (``body``: as the watch delivered it).
+
+        The echo of our own status write triggers nothing.
+        """
         self._known.add(key)
+        if body is not None:
+            self._remember(key, body)
         if resource_version is not None and self._own_writes.get(key) == resource_version:
             return
         self.trigger(key)
 
+    def _remember(self, key: JobKey, body: Mapping[str, Any]) -> None:
+        """Keep ``body`` as the job's newest state, unless the cache already holds a newer one.
+
+        A watch event can arrive after the answer of our own later write; both carry a
+        resourceVersion, which etcd-backed servers issue as increasing integers. Where
+        they do not parse, the arriving body wins (the watch's order).
+        """
+        old = self._bodies.get(key)
+        if old is not None and _older(body, old):
+            return
+        self._bodies[key] = dict(body)
+
     def job_gone(self, key: JobKey, uid: str | None) -> None:
         self._known.discard(key)
+        self._bodies.pop(key, None)
+        self._stores.pop(key, None)
+        self._failures.pop(key, None)
+        self._passed_at.pop(key, None)
         self.metrics.job_removed(key)
         self._rdzv_cache.pop(key, None)
         self._own_writes.pop(key, None)
@@ -192,25 +251,30 @@ class Controller:
                 async with self._limit:
                     try:
                         await self.reconcile_once(key)
+                        self._failures.pop(key, None)
                     except asyncio.CancelledError:
                         raise
                     except ApiError as err:
                         self.stats["errors"] += 1
-                        job_log(
-                            key, logging.WARNING, f"reconcile failed: {err}; retrying on the next trigger"
-                        )
+                        delay = self._retry(key)
+                        job_log(key, logging.WARNING, f"reconcile failed: {err}; retrying in {delay:g}s")
                     except Exception:
                         self.stats["errors"] += 1
+                        delay = self._retry(key)
                         job_log(
-                            key,
-                            logging.ERROR,
-                            "reconcile failed; retrying on the next trigger",
-                            exc_info=True,
+                            key, logging.ERROR, f"reconcile failed; retrying in {delay:g}s", exc_info=True
                         )
                 if key not in self._dirty:
                     break
         finally:
             self._running.pop(key, None)
+
+    def _retry(self, key: JobKey) -> float:
+        """Schedule the retry of a failed pass (1 s, doubling up to max_retry_delay); returns the delay."""
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        delay = min(self.options.max_retry_delay, 2.0 ** (failures - 1))
+        self._requeue(key, delay)
+        return delay
 
     async def _resync(self) -> None:
         while True:
@@ -219,12 +283,21 @@ class Controller:
                 self.trigger(key)
 
     def _requeue(self, key: JobKey, delay: float | None) -> None:
-        if delay is None or delay >= self.options.resync_interval:
+        """Reconcile ``key`` after ``delay`` seconds (the earlier of this and a pending request)."""
+        if delay is None:
             return
-        old = self._timers.pop(key, None)
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(delay, 0.05) + 0.01
+        old = self._timers.get(key)
         if old is not None:
+            if old.when() <= when:
+                return
             old.cancel()
-        self._timers[key] = asyncio.get_running_loop().call_later(max(delay, 0.05) + 0.01, self.trigger, key)
+        self._timers[key] = loop.call_at(when, self._timer_fired, key)
+
+    def _timer_fired(self, key: JobKey) -> None:
+        self._timers.pop(key, None)
+        self.trigger(key)
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
         self.stats["api_calls"] += 1
@@ -241,13 +314,18 @@ class Controller:
         if not self.is_leader():
             return None
         namespace, name = key
-        body = await self._io(self.kube.get_job, namespace, name)
+        body = self._bodies.get(key)
         if body is None:
-            self.job_gone(key, None)
-            return None
+            # Triggered before the job's watch delivered it (a pod event at start-up): read it once.
+            self.stats["job_reads"] += 1
+            body = await self._io(self.kube.get_job, namespace, name)
+            if body is None:
+                self.job_gone(key, None)
+                return None
+            self._remember(key, body)
         self._known.add(key)
         self.stats["reconciles"] += 1
-        started = time.monotonic()
+        started = self._passed_at[key] = time.monotonic()
         pods = list(self._pods_index.get(key, ()))
         services = list(self._services_index.get(key, ()))
         pods = await self._with_failure_logs(namespace, pods)
@@ -273,6 +351,8 @@ class Controller:
                 rv = (written.get("metadata") or {}).get("resourceVersion")
                 if rv:
                     self._own_writes[key] = str(rv)
+                if written.get("metadata"):
+                    self._remember(key, written)
             except ApiError as err:
                 if err.status != 404:
                     raise
@@ -317,34 +397,48 @@ class Controller:
         return out
 
     async def _read_rendezvous(self, key: JobKey, job: Job, pods: list[PodView]) -> RendezvousView | None:
-        """The store's last known figures for the job; refreshed in the background when stale.
+        """The store's last known figures for the job (None before the first read).
 
         Never waits for the store: a slow or dead store must not delay the reconcile.
-        A refresh that brings new figures triggers another pass.
+        Registers the job's store for the periodic reads of :meth:`_poll_stores` while
+        the job runs with a store (and unregisters it otherwise).
         """
         spec = job.spec
+        endpoint = (spec.rdzv_endpoint or job.status.get("rdzvEndpoint")) if spec is not None else None
         if (
             spec is None
             or not builders.uses_control(spec)
             or job.status.get("phase") in {p.value for p in TERMINAL_PHASES}
+            or not endpoint
+            or (
+                not spec.rdzv_endpoint
+                and not any(
+                    p.role == contract.ROLE_RENDEZVOUS and p.phase is PodPhase.RUNNING and not p.terminating
+                    for p in pods
+                )
+            )
         ):
+            self._stores.pop(key, None)
             return None
-        endpoint = spec.rdzv_endpoint or job.status.get("rdzvEndpoint")
-        if not endpoint:
-            return None
-        if not spec.rdzv_endpoint and not any(
-            p.role == contract.ROLE_RENDEZVOUS and p.phase is PodPhase.RUNNING and not p.terminating
-            for p in pods
-        ):
-            return None
+        store = (str(endpoint), job.meta.uid)
+        first = self._stores.get(key) != store
+        self._stores[key] = store
         cached = self._rdzv_cache.get(key)
-        now = time.monotonic()
-        if (
-            cached is None or now - cached[0] >= self.options.store_read_interval
-        ) and key not in self._rdzv_reading:
+        if (first or cached is None) and key not in self._rdzv_reading:
             self._rdzv_reading.add(key)
-            self._spawn(self._refresh_rendezvous(key, str(endpoint), job.meta.uid))
+            self._spawn(self._refresh_rendezvous(key, *store))
         return cached[1] if cached is not None else None
+
+    async def _poll_stores(self) -> None:
+        """Read the store of every running job every ``store_read_interval`` (no API request)."""
+        while True:
+            await asyncio.sleep(self.options.store_read_interval)
+            if not self.is_leader():
+                continue
+            for key, store in list(self._stores.items()):
+                if key not in self._rdzv_reading:
+                    self._rdzv_reading.add(key)
+                    self._spawn(self._refresh_rendezvous(key, *store))
 
     async def _refresh_rendezvous(self, key: JobKey, endpoint: str, run_id: str) -> None:
         try:
@@ -355,16 +449,21 @@ class Controller:
         self._rdzv_cache[key] = (time.monotonic(), view)
         if view is not None and view.recoveries:
             self.metrics.recoveries_reported(key, view.recoveries)
+        if view is None or key not in self._known:
+            return
+        before = old[1] if old is not None else None
         # A new round (world size, members) or restart count is worth a pass now; progress
-        # alone waits for the next resync, which keeps status writes per job bounded.
-        figures = (view.world_size, view.members, view.restarts) if view is not None else None
-        before = (
-            (old[1].world_size, old[1].members, old[1].restarts)
-            if old is not None and old[1] is not None
-            else None
-        )
-        if figures is not None and figures != before and key in self._known:
+        # alone at most every progress_interval, which keeps status writes per job bounded.
+        if before is None or (view.world_size, view.members, view.restarts) != (
+            before.world_size,
+            before.members,
+            before.restarts,
+        ):
             self.trigger(key)
+        elif (view.step, view.total) != (before.step, before.total):
+            # Any pass writes the newest progress: wait for progress_interval after the last one.
+            due = self._passed_at.get(key, float("-inf")) + self.options.progress_interval
+            self._requeue(key, max(0.0, due - time.monotonic()))
 
     def _request_publish(self, key: JobKey, action: PublishMembership) -> None:
         """Publish the latest membership of a job in the background, one publish at a time, in order."""
@@ -464,9 +563,7 @@ class Controller:
             return None
         job_log(_key_of(body), logging.INFO, action.message)
         self.metrics.action_applied(action.reason)
-        self._event(
-            body, action.reason, action.message, warning=action.reason in ("RecreateWorker", "StoreDied")
-        )
+        self._event(body, action.reason, action.message, warning=action.warning)
         return result if result is not None else True
 
     def _event(self, body: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:

@@ -14,9 +14,10 @@ Event for each, then write ``Decision.status`` when it differs from the old one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
 from kelastic.agent import contract
@@ -64,10 +65,12 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Action:
-    """Something the handlers do to the cluster. ``reason``/``message`` become its Event."""
+    """Something the handlers do to the cluster. ``reason``/``message`` become its Event,
+    of type Warning when ``warning`` (something went wrong), else Normal."""
 
     reason: str
     message: str
+    warning: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,8 +116,6 @@ class PublishMembership(Action):
 class Emit(Action):
     """An Event without a cluster change (a state transition or a failure)."""
 
-    warning: bool = False
-
 
 @dataclass(frozen=True)
 class ReconcileConfig:
@@ -158,19 +159,31 @@ class _Pass:
     def conditions(self) -> list[dict[str, Any]]:
         return list(self.status.get("conditions") or [])
 
-    def phase(self, phase: Phase, reason: str, message: str, *, warning: bool = False) -> None:
-        """Enter ``phase``; emits an Event when the phase or its reason changes."""
-        prior = self.job.status
-        prior_cond = find_condition(prior.get("conditions") or [], phase.value)
-        changed = (
-            prior.get("phase") != phase.value
-            or prior_cond is None
-            or prior_cond.get("status") != "True"
-            or prior_cond.get("reason") != reason
+    def _was_true(self, kind: str, **same: str) -> bool:
+        """Whether condition ``kind`` was True in the job's last written status, with these
+        field values (``reason=...``, ``message=...``)."""
+        prior = find_condition(self.job.status.get("conditions") or [], kind)
+        return (
+            prior is not None
+            and prior.get("status") == "True"
+            and all(prior.get(k) == v for k, v in same.items())
         )
+
+    def condition(self, kind: str, true: bool, reason: str, message: str, *, warning: bool = False) -> None:
+        """Set condition ``kind``. Becoming True, or a new message while True, posts an Event;
+        becoming False is only recorded (a phase or another condition says what happened)."""
+        news = true and not self._was_true(kind, message=message)
+        self.status["conditions"] = set_condition(self.conditions(), kind, true, reason, message, self.now)
+        if news:
+            self.actions.append(Emit(reason=reason, message=message, warning=warning))
+
+    def phase(self, phase: Phase, reason: str, message: str, *, warning: bool = False) -> None:
+        """Enter ``phase``. A new phase, or a new reason for it, posts an Event; a new message
+        alone (a count that moved) does not."""
+        news = self.job.status.get("phase") != phase.value or not self._was_true(phase.value, reason=reason)
         self.status["phase"] = phase.value
         self.status["conditions"] = set_phase(self.conditions(), phase, reason, message, self.now)
-        if changed:
+        if news:
             self.actions.append(Emit(reason=reason, message=message, warning=warning))
 
     def after(self, seconds: float) -> None:
@@ -304,9 +317,7 @@ def reconcile(job: Job, observed: Observed, config: ReconcileConfig | None = Non
         invalid = find_condition(prior.get("conditions") or [], CONDITION_INVALID)
         if invalid is not None and invalid.get("status") == "True":
             # The spec was fixed: leave the Invalid failure behind and start afresh.
-            status["conditions"] = set_condition(
-                p.conditions(), CONDITION_INVALID, False, "SpecValid", "the spec passed validation", p.now
-            )
+            p.condition(CONDITION_INVALID, False, "SpecValid", "the spec passed validation")
             for key in ("completionTime", "startTime", "belowMinSince", "scaledTo"):
                 status.pop(key, None)
             status["phase"] = Phase.CREATED.value
@@ -348,16 +359,7 @@ def _invalid(p: _Pass, workers: list[PodView]) -> None:
     err = p.job.error
     assert err is not None
     message = f"invalid ElasticJob: {err}"
-    prior_invalid = find_condition(p.job.status.get("conditions") or [], CONDITION_INVALID)
-    p.status["conditions"] = set_condition(
-        p.conditions(), CONDITION_INVALID, True, "InvalidSpec", message, p.now
-    )
-    if (
-        prior_invalid is None
-        or prior_invalid.get("message") != message
-        or prior_invalid.get("status") != "True"
-    ):
-        p.actions.append(Emit(reason="InvalidSpec", message=message, warning=True))
+    p.condition(CONDITION_INVALID, True, "InvalidSpec", message, warning=True)
     p.status["phase"] = Phase.FAILED.value
     p.status["conditions"] = set_phase(p.conditions(), Phase.FAILED, "InvalidSpec", message, p.now)
     p.status.setdefault("completionTime", format_time(p.now))
@@ -438,129 +440,167 @@ def _suspend(p: _Pass, spec: JobSpec, workers: list[PodView]) -> None:
         p.status.pop(key, None)
 
 
+class _Next(Enum):
+    """Whether an active job's pass goes on to its next step or ends here."""
+
+    CONTINUE = "continue"
+    STOP = "stop"  # the job finished, or waits for something (a grace period, a root cause)
+
+
+@dataclass
+class _ActiveJob:
+    """What the steps of one pass over an active job share."""
+
+    spec: JobSpec
+    workers: list[PodView]
+    #: The workers the job still wants: not being deleted, index within ``spec.replicas``.
+    #: Only these decide success or failure: a pod being deleted (scaled away, replaced)
+    #: may end with any exit code, and that says nothing about the training.
+    wanted: list[PodView]
+    #: Failed workers deleted this pass to be recreated (set by the failures step).
+    recreating: list[PodView] = field(default_factory=list)
+    #: The rendezvous endpoint and the store's identity, once known (set by the store step).
+    endpoint: str | None = None
+    store_id: str | None = None
+    #: Running workers within range, by index (set by the membership step).
+    running: list[PodView] = field(default_factory=list)
+
+
 def _active(p: _Pass, spec: JobSpec, workers: list[PodView]) -> None:
-    """Drive a job that is neither finished nor suspended."""
-    now = p.now
-    status = p.status
-    start = parse_time(status.get("startTime"))
+    """Drive a job that is neither finished nor suspended: each step in order, until one ends the pass."""
+    job = _ActiveJob(
+        spec=spec,
+        workers=workers,
+        wanted=[w for w in workers if not w.terminating and w.index is not None and w.index < spec.replicas],
+    )
+    for step in _ACTIVE_STEPS:
+        if step(p, job) is _Next.STOP:
+            return
+
+
+def _deadline_step(p: _Pass, job: _ActiveJob) -> _Next:
+    """Record the start; fail the job past ``spec.activeDeadlineSeconds``."""
+    start = parse_time(p.status.get("startTime"))
     if start is None:
-        start = now
-        status["startTime"] = format_time(now)
-    if spec.active_deadline_seconds is not None:
-        left = spec.active_deadline_seconds - _seconds_since(now, start)
-        if left <= 0:
-            _finish(
-                p,
-                Phase.FAILED,
-                "DeadlineExceeded",
-                f"the job was active longer than spec.activeDeadlineSeconds={spec.active_deadline_seconds}",
-                spec,
-                workers,
-            )
-            return
-        p.after(left)
+        start = p.now
+        p.status["startTime"] = format_time(p.now)
+    limit = job.spec.active_deadline_seconds
+    if limit is None:
+        return _Next.CONTINUE
+    left = limit - _seconds_since(p.now, start)
+    if left <= 0:
+        message = f"the job was active longer than spec.activeDeadlineSeconds={limit}"
+        _finish(p, Phase.FAILED, "DeadlineExceeded", message, job.spec, job.workers)
+        return _Next.STOP
+    p.after(left)
+    return _Next.CONTINUE
 
-    # --- success: the first worker to succeed ends the job; the others get a grace period.
-    # Only pods the job still wants count: one being deleted (scaled away, replaced) may end
-    # with any exit code, and that says nothing about the training.
-    wanted = [w for w in workers if not w.terminating and w.index is not None and w.index < spec.replicas]
-    succeeded = [w for w in wanted if w.phase is PodPhase.SUCCEEDED]
-    if succeeded:
-        first = min((w.finished_at or now) for w in succeeded)
-        still = [w for w in workers if w.active]
-        waited = _seconds_since(now, first)
-        if not still or waited >= p.config.success_grace:
-            names = ", ".join(sorted(w.name for w in succeeded))
-            _finish(
-                p, Phase.SUCCEEDED, "JobSucceeded", f"training finished: {names} succeeded", spec, workers
-            )
-            return
+
+def _success_step(p: _Pass, job: _ActiveJob) -> _Next:
+    """The first wanted worker to succeed ends the job; the others get a grace period."""
+    succeeded = [w for w in job.wanted if w.phase is PodPhase.SUCCEEDED]
+    if not succeeded:
+        return _Next.CONTINUE
+    first = min((w.finished_at or p.now) for w in succeeded)
+    still = [w for w in job.workers if w.active]
+    waited = _seconds_since(p.now, first)
+    if not still or waited >= p.config.success_grace:
+        names = ", ".join(sorted(w.name for w in succeeded))
+        _finish(
+            p, Phase.SUCCEEDED, "JobSucceeded", f"training finished: {names} succeeded", job.spec, job.workers
+        )
+    else:
         p.after(p.config.success_grace - waited)
-        return
+    return _Next.STOP
 
-    # --- failures
-    backoff = int(status.get("backoffCount") or 0)
-    present_uids = {w.uid for w in workers}
-    counted = [u for u in status.get("countedFailures") or [] if u in present_uids]
-    recreating: list[PodView] = []
-    # Earliest failure first: when the job fails, its reason quotes the root cause,
-    # not a peer that merely stopped because of it.
-    failed = sorted((w for w in wanted if w.phase is PodPhase.FAILED), key=failure_order)
+
+def _failures_step(p: _Pass, job: _ActiveJob) -> _Next:
+    """Recreate failed workers while the restart policy and ``backoffLimit`` allow, else fail the job.
+
+    Each failed pod counts against ``backoffLimit`` once (its uid is kept in
+    ``countedFailures`` while the pod exists). Earliest failure first: when the job fails,
+    its reason quotes the root cause, not a peer that merely stopped because of it.
+    """
+    spec = job.spec
+    backoff = int(p.status.get("backoffCount") or 0)
+    present_uids = {w.uid for w in job.workers}
+    counted = [u for u in p.status.get("countedFailures") or [] if u in present_uids]
+    failed = sorted((w for w in job.wanted if w.phase is PodPhase.FAILED), key=failure_order)
+    ending: tuple[PodView, str, str] | None = None  # the pod that ends the job, reason, message
     for pod in failed:
         what = _describe_failure(_root_cause(pod, failed, p.config.root_cause_grace))
         if not _retryable(pod, spec.restart_policy):
-            policy = spec.restart_policy.value
             why = (
                 "restartPolicy ExitCode treats exit codes 1-127 as permanent"
                 if spec.restart_policy is RestartPolicy.EXIT_CODE
-                else f"restartPolicy {policy} does not recreate failed workers"
+                else f"restartPolicy {spec.restart_policy.value} does not recreate failed workers"
             )
-            status["countedFailures"] = counted
-            status["backoffCount"] = backoff
-            if not _awaiting_root_cause(p, pod, wanted):
-                _finish(p, Phase.FAILED, "WorkerFailed", f"{what}; {why}", spec, workers)
-            return
+            ending = (pod, "WorkerFailed", f"{what}; {why}")
+            break
         if pod.uid not in counted:
             if backoff >= spec.backoff_limit:
-                status["countedFailures"] = counted
-                status["backoffCount"] = backoff
-                if _awaiting_root_cause(p, pod, wanted):
-                    return
-                _finish(
-                    p,
-                    Phase.FAILED,
+                ending = (
+                    pod,
                     "BackoffLimitExceeded",
                     f"{what}; the job already recreated failed workers {backoff} times (spec.backoffLimit={spec.backoff_limit})",
-                    spec,
-                    workers,
                 )
-                return
+                break
             backoff += 1
             counted.append(pod.uid)
-        recreating.append(pod)
+        job.recreating.append(pod)
         p.actions.append(
             DeletePod(
                 reason="RecreateWorker",
                 message=f"{what}; recreating it ({backoff}/{spec.backoff_limit} of spec.backoffLimit used)",
+                warning=True,
                 name=pod.name,
                 uid=pod.uid,
             )
         )
-    status["countedFailures"] = counted
-    status["backoffCount"] = backoff
+    p.status["countedFailures"] = counted
+    p.status["backoffCount"] = backoff
+    if ending is None:
+        return _Next.CONTINUE
+    pod, reason, message = ending
+    if not _awaiting_root_cause(p, pod, job.wanted):
+        _finish(p, Phase.FAILED, reason, message, spec, job.workers)
+    return _Next.STOP
 
-    # --- replicas out of range on a running job: run at the bound, say so once
-    conditions = p.conditions()
+
+def _range_step(p: _Pass, job: _ActiveJob) -> _Next:
+    """Replicas outside [minReplicas, maxReplicas] on a running job: run at the bound, say so once."""
+    spec = job.spec
     if spec.replicas_requested is not None:
         message = (
             f"spec.replicaSpecs.Worker.replicas={spec.replicas_requested} is outside [spec.minReplicas, "
             f"spec.maxReplicas] = [{spec.min_replicas}, {spec.max_replicas}]; running {spec.replicas} workers"
         )
-        before = find_condition(conditions, CONDITION_OUT_OF_RANGE)
-        if before is None or before.get("status") != "True" or before.get("message") != message:
-            p.actions.append(Emit(reason="ReplicasOutOfRange", message=message, warning=True))
-        status["conditions"] = set_condition(
-            conditions, CONDITION_OUT_OF_RANGE, True, "ReplicasOutOfRange", message, now
-        )
-    elif find_condition(conditions, CONDITION_OUT_OF_RANGE) is not None:
-        status["conditions"] = set_condition(
-            conditions, CONDITION_OUT_OF_RANGE, False, "ReplicasInRange", "replicas within bounds", now
-        )
+        p.condition(CONDITION_OUT_OF_RANGE, True, "ReplicasOutOfRange", message, warning=True)
+    elif find_condition(p.conditions(), CONDITION_OUT_OF_RANGE) is not None:
+        p.condition(CONDITION_OUT_OF_RANGE, False, "ReplicasInRange", "replicas within bounds")
+    return _Next.CONTINUE
 
-    # --- the rendezvous store
-    endpoint, store_id = _ensure_store(p, spec)
 
-    # --- worker pods: indices [0, replicas); a name still taken (terminating, failed) waits.
+def _store_step(p: _Pass, job: _ActiveJob) -> _Next:
+    """Create or repair the rendezvous store; learn its endpoint and identity."""
+    job.endpoint, job.store_id = _ensure_store(p, job.spec)
+    return _Next.CONTINUE
+
+
+def _scaling_step(p: _Pass, job: _ActiveJob) -> _Next:
+    """Worker pods for indices [0, replicas); those above go. A name still taken (terminating,
+    failed) waits for the next pass."""
+    spec = job.spec
     by_index: dict[int, list[PodView]] = {}
-    for pod in workers:
+    for pod in job.workers:
         assert pod.index is not None
         by_index.setdefault(pod.index, []).append(pod)
     for index in range(spec.replicas):
         if index in by_index:
             continue
-        if endpoint is None:
+        if job.endpoint is None:
             break  # the Service has no cluster IP yet; the next pass creates the workers
-        manifest = builders.worker_pod(p.job, index, endpoint=endpoint, config=p.config.build)
+        manifest = builders.worker_pod(p.job, index, endpoint=job.endpoint, config=p.config.build)
         p.actions.append(
             CreatePod(
                 reason="CreateWorker",
@@ -568,12 +608,12 @@ def _active(p: _Pass, spec: JobSpec, workers: list[PodView]) -> None:
                 manifest=manifest,
             )
         )
-    for pod in sorted(workers, key=lambda w: -(w.index or 0)):
+    for pod in sorted(job.workers, key=lambda w: -(w.index or 0)):
         if (
             pod.index is not None
             and pod.index >= spec.replicas
             and not pod.terminating
-            and pod not in recreating
+            and pod not in job.recreating
         ):
             p.actions.append(
                 DeletePod(
@@ -583,12 +623,16 @@ def _active(p: _Pass, spec: JobSpec, workers: list[PodView]) -> None:
                     uid=pod.uid,
                 )
             )
+    return _Next.CONTINUE
 
-    # --- membership: the running workers within range are the ones the rendezvous waits for.
-    running = sorted(
+
+def _membership_step(p: _Pass, job: _ActiveJob) -> _Next:
+    """The running workers within range are the ones the rendezvous waits for: publish them."""
+    spec = job.spec
+    job.running = sorted(
         (
             w
-            for w in workers
+            for w in job.workers
             if w.phase is PodPhase.RUNNING
             and not w.terminating
             and w.index is not None
@@ -596,66 +640,64 @@ def _active(p: _Pass, spec: JobSpec, workers: list[PodView]) -> None:
         ),
         key=lambda w: w.index or 0,
     )
-    if endpoint is not None and builders.uses_control(spec) and store_id is not None:
+    if job.endpoint is not None and builders.uses_control(spec) and job.store_id is not None:
         p.actions.append(
             PublishMembership(
                 reason="Membership",
-                message=f"expected members: {', '.join(w.name for w in running) or 'none'}",
-                endpoint=endpoint,
+                message=f"expected members: {', '.join(w.name for w in job.running) or 'none'}",
+                endpoint=job.endpoint,
                 run_id=p.job.meta.uid,
-                nodes=tuple(w.name for w in running),
+                nodes=tuple(w.name for w in job.running),
                 min_nodes=spec.min_replicas,
                 max_nodes=spec.max_replicas,
-                store_id=store_id,
+                store_id=job.store_id,
             )
         )
+    return _Next.CONTINUE
 
-    # --- too few workers for too long
-    count = len(running)
-    if count < spec.min_replicas:
-        since = parse_time(status.get("belowMinSince"))
-        if since is None:
-            since = now
-            status["belowMinSince"] = format_time(now)
-        timeout = (
-            spec.min_replicas_timeout
-            if spec.min_replicas_timeout is not None
-            else p.config.min_replicas_timeout
+
+def _below_min_step(p: _Pass, job: _ActiveJob) -> _Next:
+    """Fail the job when fewer than minReplicas workers ran for longer than the timeout."""
+    spec = job.spec
+    count = len(job.running)
+    if count >= spec.min_replicas:
+        p.status.pop("belowMinSince", None)
+        return _Next.CONTINUE
+    since = parse_time(p.status.get("belowMinSince"))
+    if since is None:
+        since = p.now
+        p.status["belowMinSince"] = format_time(p.now)
+    timeout = (
+        spec.min_replicas_timeout if spec.min_replicas_timeout is not None else p.config.min_replicas_timeout
+    )
+    waited = _seconds_since(p.now, since)
+    if waited >= timeout:
+        message = (
+            f"only {count} of spec.minReplicas={spec.min_replicas} worker pods were running for {waited:.0f}s "
+            f"(limit {timeout:.0f}s)"
         )
-        waited = _seconds_since(now, since)
-        if waited >= timeout:
-            _finish(
-                p,
-                Phase.FAILED,
-                "NotEnoughWorkers",
-                f"only {count} of spec.minReplicas={spec.min_replicas} worker pods were running for {waited:.0f}s "
-                f"(limit {timeout:.0f}s)",
-                spec,
-                workers,
-            )
-            return
-        p.after(timeout - waited)
-    else:
-        status.pop("belowMinSince", None)
+        _finish(p, Phase.FAILED, "NotEnoughWorkers", message, spec, job.workers)
+        return _Next.STOP
+    p.after(timeout - waited)
+    return _Next.CONTINUE
 
-    # --- phase
+
+def _phase_step(p: _Pass, job: _ActiveJob) -> _Next:
+    """The phase of a job that goes on: Created, Running, Scaling or Restarting."""
+    spec = job.spec
+    count = len(job.running)
     has_run = find_condition(p.job.status.get("conditions") or [], Phase.RUNNING.value) is not None
-    scaled_to = status.get("scaledTo")
+    scaled_to = p.status.get("scaledTo")
     if count < spec.min_replicas:
+        message = f"{count} of spec.minReplicas={spec.min_replicas} worker pods running"
         if has_run:
-            p.phase(
-                Phase.RESTARTING,
-                "NotEnoughWorkers",
-                f"{count} of spec.minReplicas={spec.min_replicas} worker pods running",
-            )
+            p.phase(Phase.RESTARTING, "NotEnoughWorkers", message)
         else:
-            p.phase(
-                Phase.CREATED,
-                "WaitingForWorkers",
-                f"{count} of spec.minReplicas={spec.min_replicas} worker pods running",
-            )
-    elif count == spec.replicas and not any(w.index >= spec.replicas for w in workers if w.index is not None):
-        status["scaledTo"] = spec.replicas
+            p.phase(Phase.CREATED, "WaitingForWorkers", message)
+    elif count == spec.replicas and not any(
+        w.index >= spec.replicas for w in job.workers if w.index is not None
+    ):
+        p.status["scaledTo"] = spec.replicas
         p.phase(Phase.RUNNING, "WorkersRunning", f"{count} worker pods running")
     elif scaled_to is None:
         p.phase(Phase.RUNNING, "WorkersRunning", f"{count} of {spec.replicas} worker pods running")
@@ -671,6 +713,22 @@ def _active(p: _Pass, spec: JobSpec, workers: list[PodView]) -> None:
             "ReplacingWorkers",
             f"{count} of {spec.replicas} worker pods running; replacing the others",
         )
+    return _Next.CONTINUE
+
+
+#: The steps of a pass over an active job, in order. A step that finishes the job or must
+#: wait returns ``_Next.STOP``; the later steps then do not run.
+_ACTIVE_STEPS: tuple[Callable[[_Pass, _ActiveJob], _Next], ...] = (
+    _deadline_step,
+    _success_step,
+    _failures_step,
+    _range_step,
+    _store_step,
+    _scaling_step,
+    _membership_step,
+    _below_min_step,
+    _phase_step,
+)
 
 
 def _ensure_store(p: _Pass, spec: JobSpec) -> tuple[str | None, str | None]:
@@ -707,6 +765,7 @@ def _ensure_store(p: _Pass, spec: JobSpec) -> tuple[str | None, str | None]:
                 DeletePod(
                     reason="StoreDied",
                     message=f"rendezvous store pod {pod.name} ended ({pod.phase.value}); recreating it",
+                    warning=True,
                     name=pod.name,
                     uid=pod.uid,
                 )

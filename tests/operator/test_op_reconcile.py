@@ -165,6 +165,7 @@ def test_success_when_workers_succeed(kit: SimpleNamespace) -> None:
     # cleanPodPolicy Running (default): succeeded pods stay for their logs; the store goes
     assert deleted_names(d) == ["demo-rendezvous"]
     assert [a.name for a in kinds(d, DeleteService)] == ["demo-rendezvous"]
+    assert not any(a.warning for a in d.actions if not isinstance(a, Emit)), "cleanup is Normal"
     assert not created_names(d)
 
 
@@ -207,6 +208,7 @@ def test_restart_policies(
         assert d.status["phase"] == "Restarting"
         assert d.status["restarts"] == 1
         assert kinds(d, DeletePod)[0].reason == "RecreateWorker"
+        assert kinds(d, DeletePod)[0].warning, "a recreated worker is a Warning Event"
     else:
         assert d.status["phase"] == "Failed"
         failed_cond = cond(d, "Failed")
@@ -373,6 +375,7 @@ def test_dead_store_is_recreated_and_membership_republished(kit: SimpleNamespace
     workers = [kit.worker(i) for i in range(3)]
     dead = run(body, kit.observed(kit.store(PodPhase.FAILED), *workers))
     assert deleted_names(dead) == ["demo-rendezvous"]
+    assert [a.warning for a in kinds(dead, DeletePod)] == [True]
     assert not kinds(dead, PublishMembership)
     gone = run(body, kit.observed(*workers))
     assert created_names(gone) == ["demo-rendezvous"]
