@@ -1,0 +1,53 @@
+"""Test configuration shared by ``tests/`` and ``e2e/``: where the real control plane's binaries are.
+
+Tests that run kube-apiserver, etcd, kube-controller-manager and kube-scheduler
+(``kelastic local --control-plane``) take the ``control_plane_bin`` fixture. It
+looks in ``$KELASTIC_CONTROL_PLANE``, then ``$KUBEBUILDER_ASSETS``, then, in this
+repository's CI and test set-up, runs ``../shared/k8s/unpack.sh`` (relative to the
+repository root; idempotent, it prints the directory it filled). Without any of
+them the test is skipped with a reason that says how to enable it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent
+UNPACK = REPO.parent / "shared" / "k8s" / "unpack.sh"
+ENABLE = (
+    "no Kubernetes control-plane binaries: set KELASTIC_CONTROL_PLANE (or KUBEBUILDER_ASSETS) to a "
+    "directory holding kube-apiserver and etcd (plus kube-controller-manager and kube-scheduler)"
+)
+
+
+def find_control_plane_bin() -> tuple[Path | None, str]:
+    """(the binaries' directory, or None and why not)."""
+    for variable in ("KELASTIC_CONTROL_PLANE", "KUBEBUILDER_ASSETS"):
+        value = os.environ.get(variable)
+        if value:
+            path = Path(value)
+            if (path / "kube-apiserver").is_file():
+                return path, ""
+            return None, f"${variable}={value} holds no kube-apiserver; {ENABLE}"
+    if UNPACK.is_file():
+        try:
+            done = subprocess.run(["bash", str(UNPACK)], capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, f"{UNPACK} failed: {exc}; {ENABLE}"
+        if done.returncode == 0 and done.stdout.strip():
+            return Path(done.stdout.strip().splitlines()[-1]), ""
+        return None, f"{UNPACK} exited {done.returncode}: {done.stderr.strip()[-300:]}; {ENABLE}"
+    return None, ENABLE
+
+
+@pytest.fixture(scope="session")
+def control_plane_bin() -> Path:
+    """The directory of the real control plane's binaries (skips the test when there is none)."""
+    path, why = find_control_plane_bin()
+    if path is None:
+        pytest.skip(why)
+    return path

@@ -1,0 +1,234 @@
+"""The real control plane's pure parts and failure paths (no Kubernetes binaries needed)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from kelastic.localcluster.controlplane import (
+    ComponentFailed,
+    ControlPlane,
+    ControlPlaneBinaries,
+    KubeVersion,
+    control_plane_dir,
+    write_kubeconfig,
+)
+from kelastic.localcluster.kubelet import Kubelet, KubeletConfig, micro_time
+from kelastic.localcluster.pki import ensure_ca, ensure_leaf
+from kelastic.localcluster.podenv import ContainerConfigError
+from kelastic.localcluster.proxy import slice_backends
+from kelastic.localcluster.volumes import prepare_volumes, token_key
+
+
+def _exe(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_kube_version_parses_release_strings_and_orders() -> None:
+    assert KubeVersion.parse("Kubernetes v1.20.2") == KubeVersion(1, 20, 2)
+    assert KubeVersion.parse("v1.31.0-rc.1") == KubeVersion(1, 31, 0)
+    assert KubeVersion.parse("1.24") == KubeVersion(1, 24, 0)
+    assert KubeVersion(1, 20, 2) < KubeVersion(1, 24) < KubeVersion(1, 31, 1)
+    assert str(KubeVersion(1, 20, 2)) == "v1.20.2"
+    with pytest.raises(ValueError, match="no Kubernetes version"):
+        KubeVersion.parse("etcd Version: unknown")
+
+
+def test_binaries_are_found_and_missing_ones_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ControlPlaneBinaries.find(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="no executable kube-apiserver"):
+        ControlPlaneBinaries.find(tmp_path)
+    _exe(tmp_path / "kube-apiserver", "exit 0")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError, match="no etcd"):
+        ControlPlaneBinaries.find(tmp_path)
+    path_dir = tmp_path / "path"
+    path_dir.mkdir()
+    etcd = _exe(path_dir / "etcd", "exit 0")
+    monkeypatch.setenv("PATH", str(path_dir))
+    found = ControlPlaneBinaries.find(tmp_path)
+    assert found.etcd == etcd  # etcd from PATH when the directory has none
+    assert found.controller_manager is None and found.scheduler is None
+    _exe(tmp_path / "etcd", "exit 0")
+    _exe(tmp_path / "kube-scheduler", "exit 0")
+    found = ControlPlaneBinaries.find(tmp_path)
+    assert found.etcd == tmp_path / "etcd" and found.scheduler == tmp_path / "kube-scheduler"
+
+
+def test_directory_comes_from_the_flag_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KELASTIC_CONTROL_PLANE", raising=False)
+    monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
+    assert control_plane_dir(None) is None
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", "/assets")
+    assert control_plane_dir(None) == Path("/assets")
+    monkeypatch.setenv("KELASTIC_CONTROL_PLANE", "/kelastic")
+    assert control_plane_dir(None) == Path("/kelastic")
+    assert control_plane_dir("/flag") == Path("/flag")
+
+
+def test_certificates_carry_the_kubernetes_identity_and_are_reused(tmp_path: Path) -> None:
+    ca = ensure_ca(tmp_path, "ca", "test-ca")
+    node = ensure_leaf(ca, tmp_path, "node", "system:node:n1", organizations=("system:nodes",), client=True)
+    cert = x509.load_pem_x509_certificate(node.cert_pem())
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "system:node:n1"
+    assert cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:nodes"
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usages) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    assert stat.S_IMODE(os.stat(node.key).st_mode) == 0o600
+    server = ensure_leaf(ca, tmp_path, "server", "api", server=True, hosts=("127.0.0.1", "kubernetes"))
+    sans = x509.load_pem_x509_certificate(server.cert_pem()).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName
+    )
+    assert [str(ip) for ip in sans.value.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert sans.value.get_values_for_type(x509.DNSName) == ["kubernetes"]
+    # A restart on the same state keeps its identity.
+    before = node.cert_pem()
+    assert ensure_leaf(ca, tmp_path, "node", "system:node:n1", client=True).cert_pem() == before
+    issuer = x509.load_pem_x509_certificate(ca.cert_pem())
+    cert.verify_directly_issued_by(issuer)
+
+
+def test_kubeconfig_embeds_ca_and_credentials(tmp_path: Path) -> None:
+    ca = ensure_ca(tmp_path, "ca", "test-ca")
+    admin = ensure_leaf(ca, tmp_path, "admin", "admin", organizations=("system:masters",), client=True)
+    path = write_kubeconfig(tmp_path / "kc", "https://127.0.0.1:6443", ca.cert, "admin", admin)
+    config = json.loads(path.read_text())
+    user = config["users"][0]["user"]
+    assert base64.b64decode(user["client-certificate-data"]) == admin.cert_pem()
+    assert base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"]) == ca.cert_pem()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_component_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    _exe(bins / "kube-apiserver", 'echo "Kubernetes v1.20.2"')
+    _exe(bins / "etcd", 'echo "etcd: cannot open the data dir" >&2; exit 3')
+    lines: list[str] = []
+    plane = ControlPlane(
+        ControlPlaneBinaries.find(bins), tmp_path / "state", progress=lines.append, timeout=20
+    )
+    started = time.monotonic()
+    with pytest.raises(ComponentFailed) as failure:
+        plane.start()
+    assert time.monotonic() - started < 15  # noticed at once, not at the deadline
+    message = str(failure.value)
+    assert "etcd exited with code 3" in message
+    assert "cannot open the data dir" in message and "etcd.log" in message
+
+
+def test_a_component_that_never_gets_healthy_times_out_naming_the_wait(tmp_path: Path) -> None:
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    _exe(bins / "kube-apiserver", 'echo "Kubernetes v1.20.2"')
+    pid_file = tmp_path / "etcd.pid"
+    _exe(bins / "etcd", f'echo $$ > {pid_file}; echo "etcd: starting"; exec sleep 60')
+    plane = ControlPlane(ControlPlaneBinaries.find(bins), tmp_path / "state", progress=print, timeout=1.5)
+    with pytest.raises(
+        ComponentFailed, match=r"timed out after 2 s waiting for etcd /health(.|\n)*etcd: starting"
+    ):
+        plane.start()
+    with pytest.raises(ProcessLookupError):  # stopped (and reaped) on the way out
+        os.kill(int(pid_file.read_text()), 0)
+
+
+def test_slice_backends_follow_ready_endpoints_of_the_named_port() -> None:
+    v1 = {
+        "ports": [{"name": "web", "port": 8080}],
+        "endpoints": [
+            {"addresses": ["127.1.0.3"], "conditions": {"ready": True}},
+            {"addresses": ["127.1.0.4"], "conditions": {"ready": False}},
+            {"addresses": ["127.1.0.5"]},  # v1beta1 may leave the condition unset: ready
+        ],
+    }
+    other = {"ports": [{"name": "metrics", "port": 9090}], "endpoints": [{"addresses": ["127.1.0.9"]}]}
+    assert slice_backends([v1, other], "web") == [("127.1.0.3", 8080), ("127.1.0.5", 8080)]
+    assert slice_backends([v1, other], "metrics") == [("127.1.0.9", 9090)]
+    unnamed = {"ports": [{"name": None, "port": 80}], "endpoints": [{"addresses": ["127.1.0.2"]}]}
+    assert slice_backends([unnamed], "") == [("127.1.0.2", 80)]
+
+
+def _projected_pod() -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "team", "uid": "u1"},
+        "spec": {
+            "volumes": [
+                {
+                    "name": "kube-api-access",
+                    "projected": {
+                        "sources": [
+                            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                            {
+                                "configMap": {
+                                    "name": "kube-root-ca.crt",
+                                    "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                                }
+                            },
+                            {
+                                "downwardAPI": {
+                                    "items": [
+                                        {"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}
+                                    ]
+                                }
+                            },
+                        ]
+                    },
+                }
+            ]
+        },
+    }
+
+
+def test_projected_service_account_volume_holds_token_ca_and_namespace(tmp_path: Path) -> None:
+    pod = _projected_pod()
+    tokens = {token_key("kube-api-access", "token"): "tok-123"}
+    paths = prepare_volumes(pod, tmp_path, {"kube-root-ca.crt": {"ca.crt": "PEM"}}, {}, tokens)
+    volume = paths["kube-api-access"]
+    assert (volume / "token").read_text() == "tok-123"
+    assert (volume / "ca.crt").read_text() == "PEM"
+    assert (volume / "namespace").read_text() == "team"
+    with pytest.raises(ContainerConfigError, match="no service-account token"):
+        prepare_volumes(pod, tmp_path / "again", {"kube-root-ca.crt": {"ca.crt": "PEM"}}, {}, {})
+
+
+def test_a_container_mounting_the_token_gets_an_in_cluster_kubeconfig(tmp_path: Path) -> None:
+    pod = _projected_pod()
+    tokens = {token_key("kube-api-access", "token"): "tok-123"}
+    volumes = prepare_volumes(pod, tmp_path, {"kube-root-ca.crt": {"ca.crt": "PEM"}}, {}, tokens)
+    container = {
+        "name": "c",
+        "volumeMounts": [
+            {"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}
+        ],
+    }
+    emulator = Kubelet.__new__(Kubelet)
+    emulator.config = KubeletConfig(data_dir=tmp_path)
+    assert (
+        emulator.in_cluster_env(pod, container, volumes, tmp_path) == {}
+    )  # plain http: nothing to hand over
+    real = Kubelet.__new__(Kubelet)
+    real.config = KubeletConfig(data_dir=tmp_path, api_url="https://127.0.0.1:6443")
+    env = real.in_cluster_env(pod, container, volumes, tmp_path)
+    assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1" and env["KUBERNETES_SERVICE_PORT"] == "6443"
+    config = json.loads(Path(env["KUBECONFIG"]).read_text())
+    assert config["users"][0]["user"] == {"token": "tok-123"}
+    assert config["contexts"][0]["context"]["namespace"] == "team"
+    assert base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"]) == b"PEM"
+    without_mount = real.in_cluster_env(pod, {"name": "c"}, volumes, tmp_path)
+    assert "KUBECONFIG" not in without_mount and without_mount["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+
+
+def test_lease_renew_time_is_a_micro_time() -> None:
+    assert micro_time(0.25) == "1970-01-01T00:00:00.250000Z"
