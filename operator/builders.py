@@ -21,6 +21,7 @@ __all__ = [
     "BuildConfig",
     "agent_command",
     "owner_reference",
+    "scrape_annotations",
     "store_pod",
     "store_pod_name",
     "store_service",
@@ -182,12 +183,20 @@ def worker_pod(job: Job, index: int, *, endpoint: str, config: BuildConfig) -> d
     pod_spec["containers"] = containers
     pod_spec["restartPolicy"] = "Never"
     labels = _labels(job, contract.ROLE_WORKER, index)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": _metadata(job, worker_pod_name(job.meta.name, index), labels, template.get("metadata")),
-        "spec": pod_spec,
-    }
+    metadata = _metadata(job, worker_pod_name(job.meta.name, index), labels, template.get("metadata"))
+    if config.health_port is not None:
+        # The usual annotations of annotation-based Prometheus scraping: the agent serves
+        # /metrics on its health port. The template's own annotations win.
+        metadata["annotations"] = {
+            **scrape_annotations(config.health_port),
+            **(metadata.get("annotations") or {}),
+        }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def scrape_annotations(port: int) -> dict[str, str]:
+    """``prometheus.io/scrape``, ``/port`` and ``/path`` for a pod serving ``/metrics`` on ``port``."""
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
 
 
 def store_pod(job: Job, *, config: BuildConfig) -> dict[str, Any]:

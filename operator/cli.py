@@ -84,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-readiness-probe", action="store_true", help="do not add the agent readiness probe to workers"
     )
     p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus metrics on this port at /metrics (default 0: not served)",
+    )
+    p.add_argument(
+        "--metrics-address", default="0.0.0.0", help="address the metrics port binds (default %(default)s)"
+    )
+    p.add_argument(
         "--liveness",
         default=None,
         metavar="URL",
@@ -128,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _positive(parser, "--success-grace", args.success_grace)
     if not 0 <= args.health_port < 65536:
         parser.error(f"--health-port must be in 0..65535, got {args.health_port}")
+    if not 0 <= args.metrics_port < 65536:
+        parser.error(f"--metrics-port must be in 0..65535, got {args.metrics_port}")
     if args.min_replicas_timeout < 0:
         parser.error(f"--min-replicas-timeout must be >= 0, got {args.min_replicas_timeout}")
 
@@ -179,6 +190,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     elector: LeaderElector | None = None
     controller = Controller(kube, StoreClient(), options)
+    if args.metrics_port:
+        try:
+            bound = controller.metrics.serve(args.metrics_port, args.metrics_address)
+        except OSError as exc:
+            print(
+                f"kelastic-operator: cannot serve metrics on {args.metrics_address}:{args.metrics_port}: {exc}",
+                file=sys.stderr,
+            )
+            return 2
+        log.info("serving Prometheus metrics on %s:%d/metrics", args.metrics_address, bound)
     if not args.standalone:
         lease_ns = (
             args.lease_namespace or os.environ.get("POD_NAMESPACE") or (args.namespace or ["default"])[0]

@@ -13,6 +13,7 @@ from kelastic.agent.cli import LaunchConfig
 from kelastic.operator.builders import (
     BuildConfig,
     agent_command,
+    scrape_annotations,
     store_pod,
     store_service,
     worker_pod,
@@ -126,7 +127,8 @@ def test_worker_pod(kit: SimpleNamespace) -> None:
         contract.LABEL_ROLE: contract.ROLE_WORKER,
         contract.LABEL_REPLICA_INDEX: "2",
     }
-    assert meta["annotations"] == {"a": "b"}
+    # the agent's /metrics on its health port, for annotation-based Prometheus scraping
+    assert meta["annotations"] == {"a": "b", **scrape_annotations(contract.DEFAULT_HEALTH_PORT)}
     (owner,) = meta["ownerReferences"]
     assert owner == {
         "apiVersion": "kelastic.dev/v1alpha1",

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import urllib.request
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kelastic.operator.builders import BuildConfig, worker_pod
 from kelastic.operator.metrics import OperatorMetrics, new_recoveries
+from kelastic.operator.spec import parse_job
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -76,3 +79,22 @@ def test_series_follow_the_controllers_reports(metrics: OperatorMetrics) -> None
     metrics.job_removed(a)
     s = scrape(port)
     assert not any(name == "kelastic_job_world_size" for name, _ in s)
+
+
+def test_worker_pods_carry_the_scrape_annotations_of_the_agents_health_port(kit: SimpleNamespace) -> None:
+    body = kit.job_body()
+    job = parse_job(body)
+    pod = worker_pod(job, 0, endpoint="h:1", config=BuildConfig(health_port=8081))
+    assert pod["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "8081",
+        "prometheus.io/path": "/metrics",
+    }
+    # the template's own annotations win; without a health port there is nothing to scrape
+    body["spec"]["replicaSpecs"]["Worker"]["template"]["metadata"] = {
+        "annotations": {"prometheus.io/scrape": "false"}
+    }
+    pod = worker_pod(parse_job(body), 0, endpoint="h:1", config=BuildConfig(health_port=8081))
+    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "false"
+    pod = worker_pod(parse_job(kit.job_body()), 0, endpoint="h:1", config=BuildConfig(health_port=None))
+    assert "prometheus.io/scrape" not in (pod["metadata"].get("annotations") or {})

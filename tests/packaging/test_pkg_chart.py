@@ -92,7 +92,8 @@ OPERATOR_RULES = {
 def test_default_render_is_namespaced_least_privilege() -> None:
     objects = render()
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == ["Deployment", "Role", "Role", "RoleBinding", "RoleBinding", "ServiceAccount"]
+    # the Service exposes the operator's /metrics (metrics.enabled, default true)
+    assert kinds == ["Deployment", "Role", "Role", "RoleBinding", "RoleBinding", "Service", "ServiceAccount"]
     (role,) = operator_roles(objects)
     assert role["metadata"]["namespace"] == NAMESPACE
     assert_least_privilege(role["rules"])

@@ -1,0 +1,184 @@
+"""Both /metrics endpoints during a real run: the operator's and a worker agent's, on kelastic local.
+
+A LocalCluster (emulated API server, process kubelet), the operator as a subprocess
+with ``--metrics-port``, an ElasticJob whose workers train with real gloo and report
+progress; a worker pod is deleted mid-run. The series are scraped over HTTP and read
+with prometheus_client's parser, as a Prometheus server would.
+"""
+
+from __future__ import annotations
+
+import runpy
+import socket
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+cluster_test = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("test_op_cluster.py"))))
+
+pytestmark = pytest.mark.slow
+
+# Trains until told to stop (a file appears); a lost peer fails the all-reduce, the agent re-forms.
+TRAIN = """
+import os, sys, time
+import torch, torch.distributed as dist
+from kelastic.agent.progress import update
+dist.init_process_group("gloo")
+step = 0
+while not os.path.exists(sys.argv[1]):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    step += 1
+    update(step, 100000)
+    time.sleep(0.1)
+dist.destroy_process_group()
+"""
+
+HEALTH_PORT = 30081  # the agents' health port; pods have addresses of their own (127.1.x)
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str) -> Samples:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def try_scrape(url: str) -> Samples | None:
+    try:
+        return scrape(url)
+    except OSError:
+        return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from kelastic.localcluster.cluster import LocalCluster
+
+    root = tmp_path_factory.mktemp("opmetrics")
+    (root / "work").mkdir()
+    (root / "work" / "train.py").write_text(TRAIN)
+    cluster = LocalCluster(root / "data", workdir=root / "work")
+    cluster.start()
+    try:
+        e = cluster_test.Env(Path(cluster.kubeconfig), root / "work")
+        e.kubectl("apply", "-f", str(cluster_test.CRD))
+        e.wait("the ElasticJob kind", lambda: "elasticjobs" in e.kubectl("api-resources", check=False))
+        e.metrics_port = free_port()
+        e.operator = cluster_test.start_operator(
+            e,
+            e.log,
+            "--standalone",
+            "--health-port",
+            str(HEALTH_PORT),
+            "--metrics-port",
+            str(e.metrics_port),
+            "--metrics-address",
+            "127.0.0.1",
+        )
+        try:
+            yield e
+        finally:
+            cluster_test.stop(e.operator)
+            print(e.log.read_text()[-3000:])
+    finally:
+        cluster.stop()
+
+
+def test_both_metrics_endpoints_during_a_run_with_a_lost_worker(env: Any) -> None:
+    done = env.workdir / "metrics.done"
+    # cold workers (a fresh interpreter per start): what is measured here is the metrics, not warm starts
+    manifest = cluster_test.job("mx", min_r=2, max_r=3, replicas=3, warmStart=False)
+    worker = manifest["spec"]["replicaSpecs"]["Worker"]
+    worker["template"]["spec"]["containers"][0]["command"] = ["python", "train.py", str(done)]
+    env.apply(manifest)
+    operator_url = f"http://127.0.0.1:{env.metrics_port}/metrics"
+
+    def status() -> dict[str, Any]:
+        return env.get("ej", "mx").get("status") or {}
+
+    env.wait(
+        "world size 3 with progress", lambda: status().get("worldSize") == 3 and status().get("progress"), 120
+    )
+    op = env.wait(
+        "the operator's series for the job",
+        lambda: (
+            (s := try_scrape(operator_url))
+            and s.get(("kelastic_job_world_size", (("job", "mx"), ("namespace", "default")))) == 3
+            and s
+        ),
+        30,
+    )
+    assert op[("kelastic_jobs", (("phase", "Running"),))] >= 1
+    assert op[("kelastic_reconcile_total", ())] > 0
+    assert op[("kelastic_reconcile_duration_seconds_count", ())] == op[("kelastic_reconcile_total", ())]
+
+    pod_ip = env.get("pod", "mx-worker-0")["status"]["podIP"]
+    agent_url = f"http://{pod_ip}:{HEALTH_PORT}/metrics"
+    agent = env.wait(
+        "the agent's step",
+        lambda: (s := try_scrape(agent_url)) and s.get(("kelastic_agent_step", ()), 0) > 5 and s,
+        60,
+    )
+    assert agent[("kelastic_agent_world_size", ())] == 3
+    assert agent[("kelastic_agent_seconds_since_progress", ())] < 10
+    assert agent[("kelastic_agent_steps_per_second", ())] > 0
+
+    # a worker lost mid-run: the others re-form without it, the operator brings it back
+    env.kubectl("delete", "pod", "mx-worker-2", "--grace-period=0", "--force")
+    agent = env.wait(
+        "the agent's recovery",
+        lambda: (
+            (s := try_scrape(agent_url))
+            and s.get(("kelastic_agent_recovery_seconds_count", (("cause", "membership"),)), 0) >= 1
+            and s
+        ),
+        90,
+    )
+    assert 0 < agent[("kelastic_agent_recovery_seconds_sum", (("cause", "membership"),))] < 60
+    assert agent[("kelastic_agent_restarts_total", (("kind", "failure"),))] == 0
+    op = env.wait(
+        "the operator's recovery histogram",
+        lambda: (
+            (s := try_scrape(operator_url)) and s.get(("kelastic_recovery_seconds_count", ()), 0) >= 1 and s
+        ),
+        60,
+    )
+    assert 0 < op[("kelastic_recovery_seconds_sum", ())] < 60
+    print(
+        "metrics excerpt:",
+        {
+            k: v
+            for k, v in op.items()
+            if k[0].startswith(("kelastic_job", "kelastic_recovery_seconds_", "kelastic_jobs"))
+        },
+        {k: v for k, v in agent.items() if "bucket" not in k[0]},
+    )
+    done.write_text("")
+    env.wait("Succeeded", lambda: status().get("phase") == "Succeeded", 90)
+    op = env.wait(
+        "the finished job in the phase counts",
+        lambda: (
+            (s := try_scrape(operator_url))
+            and s.get(("kelastic_jobs", (("phase", "Succeeded"),)), 0) >= 1
+            and s
+        ),
+        30,
+    )
+    assert op[("kelastic_jobs", (("phase", "Running"),))] == 0
