@@ -14,6 +14,8 @@ __all__ = [
     "ENV_NODE_NAME",
     "ENV_PROGRESS_FILE",
     "ENV_TERMINATION_MESSAGE_PATH",
+    "INJECT_LAUNCHER",
+    "INJECT_LIB",
     "LABEL_JOB_NAME",
     "LABEL_REPLICA_INDEX",
     "LABEL_ROLE",
@@ -21,6 +23,7 @@ __all__ = [
     "ROLE_RENDEZVOUS",
     "ROLE_WORKER",
     "WORKER_ENV_VARS",
+    "format_endpoint",
 ]
 
 #: Variables every worker process receives, exactly as torchrun sets them, so a
@@ -71,3 +74,13 @@ ROLE_RENDEZVOUS = "rendezvous"
 DEFAULT_RDZV_PORT = 29400
 #: ``kelastic-agent --health-port`` as the operator configures it for probes.
 DEFAULT_HEALTH_PORT = 8081
+
+#: Layout of an injected agent (``python -m kelastic.agent.inject DEST``): ``DEST/<INJECT_LAUNCHER>``
+#: is the script a worker's Python runs; ``DEST/<INJECT_LIB>`` holds the ``kelastic.agent`` package.
+INJECT_LAUNCHER = "kelastic-agent"
+INJECT_LIB = "lib"
+
+
+def format_endpoint(host: str, port: int) -> str:
+    """``HOST:PORT``, with an IPv6 address in brackets (``[fd00::1]:29400``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

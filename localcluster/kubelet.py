@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import ApiClient, ApiRequestError, Informer
+from .images import ImageMap, mount_table, relocate
 from .ipam import POD_NETWORK, IpAllocator, IpExhaustedError
 from .podenv import ContainerConfigError, PodContext, resolve_command, resolve_env
 from .podstatus import (
@@ -129,6 +130,8 @@ class KubeletConfig:
     kubelet_port: int = 0
     #: How often the node's Lease and Ready heartbeat are renewed.
     heartbeat_s: float = 10.0
+    #: Which interpreter plays which image (unlisted images: this Python environment).
+    images: ImageMap = field(default_factory=ImageMap)
 
 
 class _Container:
@@ -433,6 +436,10 @@ class PodWorker:
             )
             defined = resolve_env(pod, c.spec, ctx)
             argv = resolve_command(c.spec, defined)
+            # Volumes cannot sit at their mountPath here: name their host directories instead.
+            mounts = mount_table(pod, c.spec, self.volumes)
+            defined = {k: v if provided.get(k) == v else relocate(v, mounts) for k, v in defined.items()}
+            argv = [relocate(a, mounts) for a in config.images.resolve(c.spec, argv, defined)]
         except (ContainerConfigError, ApiRequestError, OSError) as exc:
             rec.state = ContainerState.WAITING
             rec.waiting_reason = "CreateContainerConfigError"
@@ -445,7 +452,9 @@ class PodWorker:
         log_path = self.pod_dir / c.name / f"{rec.restart_count}.log"
         message_path = message_file(self.pod_dir / c.name, rec.restart_count)
         # The container's terminationMessagePath, mapped to a file of its own on this host.
-        env = {**config.base_env, **defined, ENV_TERMINATION_MESSAGE_PATH: str(message_path)}
+        env = config.images.environment(
+            c.spec, {**config.base_env, **defined, ENV_TERMINATION_MESSAGE_PATH: str(message_path)}
+        )
         c.log_path, c.message_path = log_path, message_path
         try:
             cwd.mkdir(parents=True, exist_ok=True)

@@ -5,22 +5,37 @@ and the labels of :mod:`kelastic.agent.contract`. Worker pods run the user's
 command wrapped in ``kelastic-agent``; the rendezvous store runs
 ``kelastic-rendezvous`` on its pod IP behind a ClusterIP Service, and workers get
 that Service's cluster IP (never a DNS name) as their rendezvous endpoint.
+
+With ``spec.agent: inject`` (the default) a worker pod gets an init container from
+the operator's image (``BuildConfig.agent_image``) that copies the agent into an
+``emptyDir`` (:mod:`kelastic.agent.inject`), and the worker runs it with the image's
+own Python: the worker image needs Python and torch, nothing of ours. With
+``spec.agent: image`` the image must have kelastic installed; when it has not, the
+worker exits at once with a line saying so (and what to do), which becomes the
+container's termination message and the job's Failed condition.
+
+Everything the operator adds itself (the store pod, the injection init container)
+passes the ``restricted`` Pod Security Standard, carries small requests and limits,
+and mounts no service-account token, so a locked-down namespace accepts it.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kelastic.agent import contract
-from kelastic.operator.spec import API_VERSION, KIND, Job, JobSpec, RdzvBackend
+from kelastic.operator.spec import API_VERSION, KIND, AgentMode, Job, JobSpec, RdzvBackend
 
 __all__ = [
+    "DEFAULT_OPERATOR_IMAGE",
     "BuildConfig",
     "agent_command",
+    "inject_init_container",
     "owner_reference",
+    "restricted_security_context",
     "scrape_annotations",
     "store_pod",
     "store_pod_name",
@@ -34,17 +49,56 @@ __all__ = [
 ENV_POD_IP = "POD_IP"
 ENV_POD_NAME = "POD_NAME"
 STORE_CONTAINER = "rendezvous"
+INJECT_CONTAINER = "kelastic-agent"
+#: The emptyDir volume holding the injected agent, and where worker containers mount it.
+INJECT_VOLUME = "kelastic-agent"
+INJECT_MOUNT_PATH = "/kelastic-agent"
 _RESERVED_ENV = (ENV_POD_IP, ENV_POD_NAME, contract.ENV_NODE_NAME)
+
+#: The image built from the repository's Dockerfile (the chart's default image).
+DEFAULT_OPERATOR_IMAGE = "kelastic:0.1.0"
+#: The user the Dockerfile's image runs as; the operator's own containers run as it.
+DEFAULT_RUN_AS_USER = 10001
+
+#: What ``spec.agent: image`` runs instead of ``-m kelastic.agent``: the same, after a check
+#: that turns "No module named kelastic" into a line that says what to do.
+IMAGE_AGENT_BOOTSTRAP = (
+    "import sys, importlib.util as u; "
+    "u.find_spec('kelastic') or sys.exit("
+    "'kelastic-agent: this image has no kelastic installed (' + sys.executable + ' cannot import kelastic) "
+    "and the ElasticJob sets spec.agent: image. Remove spec.agent (or set it to inject) to have the operator "
+    "inject the agent into any image with Python and torch, or install kelastic in the worker image.'); "
+    "import runpy; sys.argv[0] = 'kelastic-agent'; runpy.run_module('kelastic.agent', run_name='__main__')"
+)
+
+
+def _default_store_resources() -> dict[str, dict[str, str]]:
+    # kelastic-rendezvous imports torch for its TCPStore: about 230 MiB resident, little CPU.
+    return {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
+
+
+def _default_inject_resources() -> dict[str, dict[str, str]]:
+    # Copying a few hundred kilobytes of Python files.
+    return {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}}
 
 
 @dataclass(frozen=True)
 class BuildConfig:
     """Operator-wide settings that shape the manifests."""
 
-    #: Interpreter that runs ``-m kelastic.agent`` for non-python training commands.
+    #: Interpreter that runs the agent for non-python training commands.
     agent_python: str = "python"
+    #: Image of the injection init container (the operator's own image: it has kelastic).
+    agent_image: str = DEFAULT_OPERATOR_IMAGE
+    #: Image of the rendezvous store pod; None means ``agent_image``.
+    store_image: str | None = None
     #: Program serving the rendezvous store in the store pod.
     store_command: tuple[str, ...] = ("kelastic-rendezvous",)
+    #: Requests and limits of the store container and of the injection init container.
+    store_resources: Mapping[str, Mapping[str, str]] = field(default_factory=_default_store_resources)
+    inject_resources: Mapping[str, Mapping[str, str]] = field(default_factory=_default_inject_resources)
+    #: The non-root user the operator's own containers (store, injection) run as.
+    run_as_user: int = DEFAULT_RUN_AS_USER
     rdzv_port: int = contract.DEFAULT_RDZV_PORT
     #: ``kelastic-agent --health-port``; None runs the agent without health endpoints (and probe).
     health_port: int | None = contract.DEFAULT_HEALTH_PORT
@@ -108,16 +162,22 @@ def _downward_env() -> list[dict[str, Any]]:
 
 
 def agent_command(spec: JobSpec, *, run_id: str, endpoint: str, config: BuildConfig) -> list[str]:
-    """The worker container's command: ``<python> -m kelastic.agent <flags> <training command>``.
+    """The worker container's command: ``<python> <agent> <flags> <training command>``.
 
-    A python training command runs under the interpreter it names (its interpreter
-    options go before ``-m kelastic.agent``) and, when ``spec.warm_start``, with
-    ``--warm-start``; anything else runs under ``config.agent_python`` with
-    ``--no-python`` and never warm.
+    ``<agent>`` is the injected launcher (``/kelastic-agent/kelastic-agent``) with
+    ``spec.agent: inject``, else ``-c`` :data:`IMAGE_AGENT_BOOTSTRAP` (``-m kelastic.agent``
+    with a clear message when the image lacks kelastic). A python training command runs
+    under the interpreter it names (its interpreter options go first) and, when
+    ``spec.warm_start``, with ``--warm-start``; anything else runs under
+    ``config.agent_python`` with ``--no-python`` and never warm.
     """
     cmd = spec.command
     python = cmd.interpreter or config.agent_python
-    argv = [python, *cmd.interpreter_options, "-m", "kelastic.agent"]
+    argv = [python, *cmd.interpreter_options]
+    if spec.agent is AgentMode.INJECT:
+        argv.append(f"{INJECT_MOUNT_PATH}/{contract.INJECT_LAUNCHER}")
+    else:
+        argv += ["-c", IMAGE_AGENT_BOOTSTRAP]
     argv += [
         "--nnodes",
         f"{spec.min_replicas}:{spec.max_replicas}",
@@ -138,6 +198,7 @@ def agent_command(spec: JobSpec, *, run_id: str, endpoint: str, config: BuildCon
         argv += ["--health-port", str(config.health_port)]
     if spec.rdzv_conf:
         argv += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in sorted(spec.rdzv_conf.items()))]
+    argv += cmd.launcher_options
     if cmd.interpreter is None:
         argv.append("--no-python")  # the agent refuses --warm-start with it
     elif spec.warm_start:
@@ -179,6 +240,16 @@ def worker_pod(job: Job, index: int, *, endpoint: str, config: BuildConfig) -> d
             "periodSeconds": 2,
             "failureThreshold": 1,
         }
+    if spec.agent is AgentMode.INJECT:
+        mounts = [m for m in main.get("volumeMounts") or [] if m.get("name") != INJECT_VOLUME]
+        main["volumeMounts"] = [
+            *mounts,
+            {"name": INJECT_VOLUME, "mountPath": INJECT_MOUNT_PATH, "readOnly": True},
+        ]
+        init = [c for c in pod_spec.get("initContainers") or [] if c.get("name") != INJECT_CONTAINER]
+        pod_spec["initContainers"] = [inject_init_container(config), *init]
+        volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != INJECT_VOLUME]
+        pod_spec["volumes"] = [*volumes, {"name": INJECT_VOLUME, "emptyDir": {}}]
     containers[0] = main
     pod_spec["containers"] = containers
     pod_spec["restartPolicy"] = "Never"
@@ -199,32 +270,76 @@ def scrape_annotations(port: int) -> dict[str, str]:
     return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
 
 
-def store_pod(job: Job, *, config: BuildConfig) -> dict[str, Any]:
-    """The rendezvous store pod: ``kelastic-rendezvous`` on the pod IP, in the workers' image.
+def restricted_security_context() -> dict[str, Any]:
+    """A container securityContext that the ``restricted`` Pod Security Standard accepts."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
-    It inherits the template's scheduling fields (node selector, tolerations, image
-    pull secrets, service account) so it can run wherever the workers can.
+
+def _restricted_pod_context(config: BuildConfig) -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": config.run_as_user,
+        "runAsGroup": config.run_as_user,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def inject_init_container(config: BuildConfig) -> dict[str, Any]:
+    """The init container that copies the agent from the operator's image into the shared emptyDir."""
+    return {
+        "name": INJECT_CONTAINER,
+        "image": config.agent_image,
+        "command": ["python", "-m", "kelastic.agent.inject", INJECT_MOUNT_PATH],
+        "securityContext": {**restricted_security_context(), "runAsUser": config.run_as_user},
+        "resources": copy.deepcopy(dict(config.inject_resources)),
+        "volumeMounts": [{"name": INJECT_VOLUME, "mountPath": INJECT_MOUNT_PATH}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def store_pod(job: Job, *, config: BuildConfig) -> dict[str, Any]:
+    """The rendezvous store pod: ``kelastic-rendezvous`` on the pod IP, in the operator's image.
+
+    It runs ``config.store_image`` (default ``config.agent_image``), never the workers'
+    image, as a non-root user under the ``restricted`` Pod Security Standard, without a
+    service-account token, with small requests and limits (a ResourceQuota needs them).
+    It copies the template's scheduling fields (node selector, affinity, tolerations,
+    priority class, image pull secrets, service account) so it can run wherever the
+    workers can.
     """
     spec = job.spec
     assert spec is not None, "store_pod needs a validated job"
     template_spec = spec.template.get("spec") or {}
     pod_spec: dict[str, Any] = {
         key: copy.deepcopy(template_spec[key])
-        for key in ("nodeSelector", "tolerations", "imagePullSecrets", "serviceAccountName", "affinity")
+        for key in (
+            "nodeSelector",
+            "tolerations",
+            "imagePullSecrets",
+            "serviceAccountName",
+            "affinity",
+            "priorityClassName",
+        )
         if key in template_spec
     }
-    first = (template_spec.get("containers") or [{}])[0]
     container: dict[str, Any] = {
         "name": STORE_CONTAINER,
-        "image": spec.image,
+        "image": config.store_image or config.agent_image,
         "command": [*config.store_command, "--host", f"$({ENV_POD_IP})", "--port", str(config.rdzv_port)],
         "env": _downward_env()[:1],
         "ports": [{"name": "rendezvous", "containerPort": config.rdzv_port, "protocol": "TCP"}],
+        "resources": copy.deepcopy(dict(config.store_resources)),
+        "securityContext": restricted_security_context(),
     }
-    if "imagePullPolicy" in first:
-        container["imagePullPolicy"] = first["imagePullPolicy"]
     pod_spec["containers"] = [container]
     pod_spec["restartPolicy"] = "Always"
+    pod_spec["automountServiceAccountToken"] = False
+    pod_spec["securityContext"] = _restricted_pod_context(config)
     labels = _labels(job, contract.ROLE_RENDEZVOUS)
     return {
         "apiVersion": "v1",

@@ -25,6 +25,7 @@ __all__ = [
     "KIND",
     "PLURAL",
     "VERSION",
+    "AgentMode",
     "CleanPodPolicy",
     "Job",
     "JobMeta",
@@ -36,6 +37,7 @@ __all__ = [
     "format_time",
     "parse_job",
     "parse_time",
+    "split_launcher_args",
     "split_worker_command",
 ]
 
@@ -53,7 +55,9 @@ MAX_NAME_LENGTH = 63 - len("-rendezvous")
 ANNOTATION_MIN_REPLICAS_TIMEOUT = "kelastic.dev/min-replicas-timeout-seconds"
 
 _PYTHON_RE = re.compile(r"^python(\d+(\.\d+)*)?$")
-_ENDPOINT_RE = re.compile(r"^[^:\s]+:(\d{1,5})$")
+# HOST:PORT with a host name or IPv4 address, or [IPv6]:PORT (brackets required: the
+# port cannot be told apart from the address's last group otherwise).
+_ENDPOINT_RE = re.compile(r"^(?:[^:\s\[\]]+|\[[0-9A-Fa-f:.]+\]):(\d{1,5})$")
 _NPROC_WORDS = ("auto", "cpu", "gpu")
 
 
@@ -76,6 +80,25 @@ class CleanPodPolicy(str, enum.Enum):
 class RdzvBackend(str, enum.Enum):
     KELASTIC = "kelastic"
     C10D = "c10d"
+    #: torch's etcd rendezvous (the pytorch/elastic controller's); needs ``spec.rdzvEndpoint``
+    #: naming an etcd and the ``etcd`` client library (python-etcd) in the worker image.
+    ETCD = "etcd"
+    ETCD_V2 = "etcd-v2"
+
+    @property
+    def external(self) -> bool:
+        """The backend talks to a store the user runs (the operator runs none)."""
+        return self in (RdzvBackend.ETCD, RdzvBackend.ETCD_V2)
+
+
+class AgentMode(str, enum.Enum):
+    """Where the worker container finds kelastic-agent (``spec.agent``)."""
+
+    #: An init container copies the agent from the operator's image into an emptyDir;
+    #: the worker image needs only Python and torch.
+    INJECT = "inject"
+    #: The worker image has kelastic installed (``python -m kelastic.agent``).
+    IMAGE = "image"
 
 
 class SpecError(ValueError):
@@ -96,6 +119,8 @@ class WorkerCommand:
     ``interpreter_options`` are options for that interpreter placed before
     ``-m kelastic.agent`` (``-u``, ``-X dev`` …). ``module`` is True for
     ``python -m pkg.mod``. ``program`` and ``args`` are what the agent launches.
+    ``launcher_options`` are torchrun-style agent flags (``--nproc_per_node=2``) that
+    came first in an ``args``-only container (see :func:`split_launcher_args`).
     """
 
     interpreter: str | None
@@ -103,6 +128,7 @@ class WorkerCommand:
     module: bool
     program: str
     args: tuple[str, ...]
+    launcher_options: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,6 +167,8 @@ class JobSpec:
     min_replicas_timeout: float | None = None
     #: The out-of-range ``replicas`` a started job was scaled to; ``replicas`` holds the clamped value.
     replicas_requested: int | None = None
+    #: How the worker container gets kelastic-agent (``spec.agent``).
+    agent: AgentMode = AgentMode.INJECT
 
 
 @dataclass(frozen=True)
@@ -250,8 +278,15 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
         )
     worker = replica_specs["Worker"]
     wpath = "spec.replicaSpecs.Worker"
-    replicas = _int(worker, "replicas", f"{wpath}.replicas", default=min_r, minimum=0)
-    assert replicas is not None
+    # Required, not defaulted: the scale subresource and an HPA read this field, and a
+    # schema default cannot say "minReplicas".
+    replicas = _int(worker, "replicas", f"{wpath}.replicas", default=None, minimum=0)
+    if replicas is None:
+        raise SpecError(
+            f"{wpath}.replicas",
+            f"is required: the worker pods to start, within [minReplicas, maxReplicas] = [{min_r}, {max_r}] "
+            "(kubectl scale and autoscalers change it)",
+        )
     requested: int | None = None
     if not min_r <= replicas <= max_r and started:
         requested, replicas = replicas, min(max(replicas, min_r), max_r)
@@ -280,9 +315,8 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
     cpath = f"{wpath}.template.spec.containers[0]"
     image = container.get("image")
     if not isinstance(image, str) or not image:
-        raise SpecError(f"{cpath}.image", "is required (the store pod runs the same image)")
-    argv = _argv(container, cpath)
-    command = split_worker_command(argv, f"{cpath}.command")
+        raise SpecError(f"{cpath}.image", "is required: the worker image (Python and torch)")
+    command = _worker_command(container, cpath)
 
     nproc = spec.get("nprocPerNode", 1)
     if isinstance(nproc, bool) or not isinstance(nproc, int | str):
@@ -299,7 +333,16 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
     if endpoint is not None:
         match = _ENDPOINT_RE.match(str(endpoint))
         if not match or not 0 < int(match.group(1)) < 65536:
-            raise SpecError("spec.rdzvEndpoint", f"must be HOST:PORT, got {endpoint!r}")
+            raise SpecError(
+                "spec.rdzvEndpoint", f"must be HOST:PORT (an IPv6 address as [ADDR]:PORT), got {endpoint!r}"
+            )
+    backend = _enum(spec, "rdzvBackend", "spec.rdzvBackend", RdzvBackend, RdzvBackend.KELASTIC)
+    if backend.external and endpoint is None:
+        raise SpecError(
+            "spec.rdzvEndpoint",
+            f"is required with rdzvBackend {backend.value}: HOST:PORT of your etcd (the operator runs "
+            "a rendezvous store only for the kelastic and c10d backends)",
+        )
 
     conf_raw = spec.get("rdzvConf") or {}
     if not isinstance(conf_raw, Mapping):
@@ -350,30 +393,109 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
         backoff_limit=backoff,
         nproc_per_node=nproc,
         max_restarts=max_restarts,
-        rdzv_backend=_enum(spec, "rdzvBackend", "spec.rdzvBackend", RdzvBackend, RdzvBackend.KELASTIC),
+        rdzv_backend=backend,
         rdzv_endpoint=endpoint,
         rdzv_conf=rdzv_conf,
         suspend=suspend,
         warm_start=warm_start,
         min_replicas_timeout=timeout,
         replicas_requested=requested,
+        agent=_enum(spec, "agent", "spec.agent", AgentMode, AgentMode.INJECT),
     )
 
 
-def _argv(container: Mapping[str, Any], path: str) -> list[str]:
+def _worker_command(container: Mapping[str, Any], path: str) -> WorkerCommand:
+    """The training command of the worker container (``command`` + ``args``, or ``args`` alone)."""
     command = container.get("command") or []
     args = container.get("args") or []
     if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
         raise SpecError(f"{path}.command", "must be a list of strings")
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise SpecError(f"{path}.args", "must be a list of strings")
-    if not command:
+    if command:
+        return split_worker_command([*command, *args], f"{path}.command")
+    if not args:
         raise SpecError(
             f"{path}.command",
             "is required: the training command as you would run it on one machine "
             "(e.g. [python, train.py]); the operator wraps it in kelastic-agent",
         )
-    return [*command, *args]
+    return split_launcher_args(args, f"{path}.args")
+
+
+#: Agent flags the operator sets from the job's spec; an ``args``-only container may not repeat them.
+_OPERATOR_FLAGS = (
+    "nnodes",
+    "rdzv-backend",
+    "rdzv-endpoint",
+    "rdzv-id",
+    "max-restarts",
+    "local-addr",
+    "health-port",
+    "standalone",
+)
+
+
+def split_launcher_args(args: list[str], path: str = "args") -> WorkerCommand:
+    """An ``args``-only worker container, as pytorch/elastic's ElasticJob examples wrote it.
+
+    There the image's entrypoint was the torchelastic launcher and ``args`` were its
+    arguments: launcher options, then the training script and its arguments
+    (``[--nproc_per_node=2, /workspace/train.py, --lr=0.1]``). kelastic-agent takes the
+    launcher's place (it accepts torchrun's flags): the leading ``--flag=value`` options
+    (or bare ``--flag`` switches) go to the agent, the script runs under ``python``
+    (``-m``/``--module`` and ``--no-python``/``--no_python`` as torchrun reads them).
+    Flags the operator derives from the spec (``--nnodes``, ``--rdzv-*`` …) are refused.
+    """
+    options: list[str] = []
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        arg = args[i]
+        name = arg[2:].split("=", 1)[0].replace("_", "-") if arg.startswith("--") else arg
+        if name in _OPERATOR_FLAGS:
+            field_name = {"nnodes": "minReplicas/maxReplicas", "max-restarts": "maxRestarts"}.get(
+                name, "the job's spec"
+            )
+            raise SpecError(
+                path, f"--{name} is set by the operator (from {field_name}); remove it from the arguments"
+            )
+        options.append(arg)
+        i += 1
+    if i >= len(args):
+        raise SpecError(
+            path,
+            "has launcher options but no training script; with no command, args are "
+            "[launcher options..., script, script args...] (e.g. [--nproc_per_node=2, train.py])",
+        )
+    module = any(o in ("-m", "--module") for o in options)
+    no_python = any(o in ("--no-python", "--no_python") for o in options)
+    kept = tuple(o for o in options if o not in ("-m", "--module", "--no-python", "--no_python"))
+    for option in kept:
+        if not option.startswith("--") or (
+            "=" not in option and option[2:].replace("_", "-") in _VALUE_FLAGS
+        ):
+            raise SpecError(path, f"launcher option {option!r}: write options as --flag=value")
+    program, rest = args[i], tuple(args[i + 1 :])
+    if no_python:
+        return WorkerCommand(None, (), False, program, rest, kept)
+    return WorkerCommand("python", (), module, program, rest, kept)
+
+
+#: torchrun flags that take a value (an ``args``-only container must write them as ``--flag=value``).
+_VALUE_FLAGS = (
+    "nproc-per-node",
+    "rdzv-conf",
+    "role",
+    "monitor-interval",
+    "start-method",
+    "log-dir",
+    "redirects",
+    "tee",
+    "local-ranks-filter",
+    "node-rank",
+    "master-addr",
+    "master-port",
+)
 
 
 #: Python options that take a value as the next argument.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +13,8 @@ from kelastic.agent import cli as agent_cli
 from kelastic.agent import contract, warm
 from kelastic.agent.cli import LaunchConfig
 from kelastic.operator.builders import (
+    IMAGE_AGENT_BOOTSTRAP,
+    INJECT_MOUNT_PATH,
     BuildConfig,
     agent_command,
     scrape_annotations,
@@ -21,6 +25,7 @@ from kelastic.operator.builders import (
 from kelastic.operator.spec import Job, parse_job
 
 CFG = BuildConfig()
+LAUNCHER = f"{INJECT_MOUNT_PATH}/{contract.INJECT_LAUNCHER}"
 
 
 def job_of(kit: SimpleNamespace, **kw: object) -> Job:
@@ -36,7 +41,7 @@ def test_python_command_runs_under_its_interpreter(kit: SimpleNamespace) -> None
     assert job.spec is not None
     cmd = agent_command(job.spec, run_id="uid-demo", endpoint="127.2.0.5:29400", config=CFG)
     assert cmd == [
-        "python3", "-u", "-m", "kelastic.agent",
+        "python3", "-u", LAUNCHER,
         "--nnodes", "2:4",
         "--nproc-per-node", "2",
         "--rdzv-backend", "kelastic",
@@ -55,11 +60,11 @@ def test_module_and_non_python_commands(kit: SimpleNamespace) -> None:
     mod = job_of(kit, command=["python", "-m", "pkg.train", "--x"]).spec
     assert mod is not None
     cmd = agent_command(mod, run_id="u", endpoint="h:1", config=CFG)
-    assert cmd[:3] == ["python", "-m", "kelastic.agent"] and cmd[-3:] == ["-m", "pkg.train", "--x"]
+    assert cmd[:2] == ["python", LAUNCHER] and cmd[-3:] == ["-m", "pkg.train", "--x"]
     binary = job_of(kit, command=["bash", "-c", "echo $RANK"]).spec
     assert binary is not None
     cmd = agent_command(binary, run_id="u", endpoint="h:1", config=BuildConfig(agent_python="/opt/py"))
-    assert cmd[:3] == ["/opt/py", "-m", "kelastic.agent"] and cmd[-4:] == [
+    assert cmd[:2] == ["/opt/py", LAUNCHER] and cmd[-4:] == [
         "--no-python",
         "bash",
         "-c",
@@ -69,7 +74,8 @@ def test_module_and_non_python_commands(kit: SimpleNamespace) -> None:
 
 def agent_config(cmd: list[str]) -> LaunchConfig:
     """What the real ``kelastic-agent`` makes of a built command (the pod IP filled in)."""
-    flags = cmd[cmd.index("kelastic.agent") + 1 :]
+    agent = LAUNCHER if LAUNCHER in cmd else IMAGE_AGENT_BOOTSTRAP
+    flags = cmd[cmd.index(agent) + 1 :]
     flags = [a.replace("$(POD_IP)", "127.0.0.1") for a in flags]
     return agent_cli.config_from_args(agent_cli.build_parser().parse_args(flags))
 
@@ -166,7 +172,11 @@ def test_store_pod_and_service(kit: SimpleNamespace) -> None:
         contract.LABEL_ROLE: contract.ROLE_RENDEZVOUS,
     }
     (c,) = pod["spec"]["containers"]
-    assert c["image"] == "kelastic:dev"
+    assert c["image"] == CFG.agent_image  # the operator's image, never the workers'
+    assert (
+        store_pod(job, config=BuildConfig(store_image="store:1"))["spec"]["containers"][0]["image"]
+        == "store:1"
+    )
     assert c["command"] == ["kelastic-rendezvous", "--host", "$(POD_IP)", "--port", "29400"]
     assert c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert pod["spec"]["nodeSelector"] == {"pool": "cpu"}
@@ -188,3 +198,99 @@ def test_health_port_can_be_disabled(kit: SimpleNamespace) -> None:
     main = pod["spec"]["containers"][0]
     assert "--health-port" not in main["command"]
     assert "readinessProbe" not in main and "ports" not in main
+
+
+def test_inject_mode_copies_the_agent_through_an_init_container(kit: SimpleNamespace) -> None:
+    body = kit.job_body()
+    tmpl = body["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]
+    tmpl["initContainers"] = [{"name": "setup", "image": "busybox", "command": ["true"]}]
+    tmpl["volumes"] = [{"name": "data", "emptyDir": {}}]
+    pod = worker_pod(parse_job(body), 0, endpoint="h:1", config=BuildConfig(agent_image="op:7"))
+    spec = pod["spec"]
+    inject, setup = spec["initContainers"]  # first, so the user's init containers could use it too
+    assert setup["name"] == "setup"
+    assert inject["image"] == "op:7"
+    assert inject["command"] == ["python", "-m", "kelastic.agent.inject", INJECT_MOUNT_PATH]
+    assert inject["volumeMounts"] == [{"name": "kelastic-agent", "mountPath": INJECT_MOUNT_PATH}]
+    assert inject["securityContext"]["runAsNonRoot"] and inject["resources"]["limits"]["memory"]
+    assert {"name": "kelastic-agent", "emptyDir": {}} in spec["volumes"] and spec["volumes"][0][
+        "name"
+    ] == "data"
+    main = spec["containers"][0]
+    assert main["command"][:2] == ["python", LAUNCHER]
+    assert {"name": "kelastic-agent", "mountPath": INJECT_MOUNT_PATH, "readOnly": True} in main[
+        "volumeMounts"
+    ]
+    # Building twice from a template that already had our volume does not duplicate it.
+    again = worker_pod(parse_job(body), 0, endpoint="h:1", config=CFG)
+    assert [v["name"] for v in again["spec"]["volumes"]].count("kelastic-agent") == 1
+
+
+def test_image_mode_runs_the_images_agent_and_says_what_to_do_without_it(
+    kit: SimpleNamespace, tmp_path: Path
+) -> None:
+    spec = job_of(kit, agent="image").spec
+    assert spec is not None
+    pod = worker_pod(job_of(kit, agent="image"), 0, endpoint="h:1", config=CFG)
+    assert "initContainers" not in pod["spec"] and "volumes" not in pod["spec"]
+    cmd = agent_command(spec, run_id="u", endpoint="127.0.0.1:29400", config=CFG)
+    assert cmd[:3] == ["python", "-c", IMAGE_AGENT_BOOTSTRAP]
+    assert agent_config(cmd).nproc_per_node == 1  # the real agent reads the flags that follow
+    flags = cmd[3:]
+    # A Python that has kelastic: the bootstrap is kelastic-agent.
+    ok = subprocess.run(
+        [sys.executable, "-c", IMAGE_AGENT_BOOTSTRAP, "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert ok.returncode == 0 and "usage: kelastic-agent" in ok.stdout, ok.stderr
+    # A Python without kelastic (-S: no site-packages): one line that says what to do, exit 1.
+    bare = subprocess.run(
+        [sys.executable, "-S", "-c", IMAGE_AGENT_BOOTSTRAP, *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert bare.returncode == 1
+    assert "this image has no kelastic installed" in bare.stderr and "spec.agent" in bare.stderr, bare.stderr
+    assert "Traceback" not in bare.stderr
+
+
+def test_args_only_launcher_options_reach_the_agent(kit: SimpleNamespace) -> None:
+    body = kit.job_body()
+    main = body["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    main.pop("command")
+    main["args"] = ["--nproc_per_node=2", "train.py", "--lr=0.1"]
+    spec = parse_job(body).spec
+    assert spec is not None
+    config = agent_config(agent_command(spec, run_id="u", endpoint="127.0.0.1:29400", config=CFG))
+    assert config.nproc_per_node == 2
+    assert list(config.args)[-2:] == ["train.py", "--lr=0.1"]
+
+
+def test_store_pod_is_restricted_and_schedules_like_the_workers(kit: SimpleNamespace) -> None:
+    body = kit.job_body()
+    tmpl = body["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]
+    tmpl.update(
+        priorityClassName="training",
+        tolerations=[{"key": "gpu", "operator": "Exists"}],
+        imagePullSecrets=[{"name": "regcred"}],
+        nodeSelector={"pool": "gpu"},
+    )
+    pod = store_pod(parse_job(body), config=CFG)
+    spec = pod["spec"]
+    assert spec["priorityClassName"] == "training" and spec["nodeSelector"] == {"pool": "gpu"}
+    assert spec["tolerations"] == tmpl["tolerations"] and spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    (c,) = spec["containers"]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    custom = {"requests": {"cpu": "1"}, "limits": {"cpu": "2"}}
+    overridden = store_pod(parse_job(body), config=BuildConfig(store_resources=custom))
+    assert overridden["spec"]["containers"][0]["resources"] == custom

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from kelastic.operator.spec import (
+    AgentMode,
     CleanPodPolicy,
     RdzvBackend,
     RestartPolicy,
@@ -18,11 +19,12 @@ from kelastic.operator.spec import (
 
 
 def test_defaults_are_applied(kit: SimpleNamespace) -> None:
-    body = kit.job_body(replicas=None)
+    body = kit.job_body()
     job = parse_job(body)
     assert job.error is None and job.spec is not None
     spec = job.spec
-    assert spec.replicas == 2  # defaults to minReplicas
+    assert spec.replicas == 3
+    assert spec.agent is AgentMode.INJECT
     assert spec.restart_policy is RestartPolicy.EXIT_CODE
     assert spec.clean_pod_policy is CleanPodPolicy.RUNNING
     assert spec.rdzv_backend is RdzvBackend.KELASTIC
@@ -57,7 +59,49 @@ def test_full_spec(kit: SimpleNamespace) -> None:
     assert spec.warm_start is False
 
 
+def _main(b: dict[str, Any]) -> dict[str, Any]:
+    return b["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+
+
 INVALID: list[tuple[str, Any, str, str]] = [
+    # replicas is required: the scale subresource and an HPA would read 0 for a missing one.
+    (
+        "no-replicas",
+        lambda b: b["spec"]["replicaSpecs"]["Worker"].pop("replicas"),
+        "spec.replicaSpecs.Worker.replicas",
+        "is required",
+    ),
+    ("agent-mode", lambda b: b["spec"].update(agent="sidecar"), "spec.agent", "inject, image"),
+    (
+        "etcd-without-endpoint",
+        lambda b: b["spec"].update(rdzvBackend="etcd-v2"),
+        "spec.rdzvEndpoint",
+        "your etcd",
+    ),
+    (
+        "v6-unbracketed",
+        lambda b: b["spec"].update(rdzvEndpoint="fd00::1:29400"),
+        "spec.rdzvEndpoint",
+        "[ADDR]",
+    ),
+    (
+        "args-operator-flag",
+        lambda b: _main(b).update(command=None, args=["--nnodes=2", "train.py"]),
+        "args",
+        "set by the operator",
+    ),
+    (
+        "args-no-script",
+        lambda b: _main(b).update(command=None, args=["--nproc_per_node=2"]),
+        "args",
+        "no training",
+    ),
+    (
+        "args-spaced-value",
+        lambda b: _main(b).update(command=None, args=["--nproc_per_node", "2", "train.py"]),
+        "args",
+        "--flag=value",
+    ),
     (
         "max<min",
         lambda b: b["spec"].update(minReplicas=3, maxReplicas=2),
@@ -118,7 +162,12 @@ INVALID: list[tuple[str, Any, str, str]] = [
     ("bad-nproc", lambda b: b["spec"].update(nprocPerNode="many"), "spec.nprocPerNode", "'auto'"),
     ("zero-nproc", lambda b: b["spec"].update(nprocPerNode=0), "spec.nprocPerNode", "at least 1"),
     ("bad-endpoint", lambda b: b["spec"].update(rdzvEndpoint="nohost"), "spec.rdzvEndpoint", "HOST:PORT"),
-    ("bad-backend", lambda b: b["spec"].update(rdzvBackend="etcd"), "spec.rdzvBackend", "kelastic, c10d"),
+    (
+        "bad-backend",
+        lambda b: b["spec"].update(rdzvBackend="zookeeper"),
+        "spec.rdzvBackend",
+        "kelastic, c10d, etcd, etcd-v2",
+    ),
     (
         "bad-clean",
         lambda b: b["spec"].update(cleanPodPolicy="Some"),
@@ -163,6 +212,36 @@ def test_invalid_specs_name_the_field(kit: SimpleNamespace, mutate: Any, field: 
     assert job.spec is None and isinstance(job.error, SpecError)
     assert field in job.error.field, job.error
     assert hint in str(job.error), job.error
+
+
+def test_agent_mode_and_external_etcd_rendezvous(kit: SimpleNamespace) -> None:
+    spec = parse_job(kit.job_body(agent="image")).spec
+    assert spec is not None and spec.agent is AgentMode.IMAGE
+    etcd = parse_job(kit.job_body(rdzvBackend="etcd", rdzvEndpoint="etcd-service:2379")).spec
+    assert etcd is not None and etcd.rdzv_backend is RdzvBackend.ETCD and etcd.rdzv_backend.external
+    v6 = parse_job(kit.job_body(rdzvEndpoint="[fd00::1]:29400")).spec
+    assert v6 is not None and v6.rdzv_endpoint == "[fd00::1]:29400"
+
+
+def test_args_only_container_takes_the_launchers_place(kit: SimpleNamespace) -> None:
+    """pytorch/elastic's examples gave only args: launcher options, then the script."""
+    body = kit.job_body()
+    _main(body).update(command=None, args=["--nproc_per_node=2", "--module", "pkg.train", "--arch=resnet18"])
+    spec = parse_job(body).spec
+    assert spec is not None
+    cmd = spec.command
+    assert (cmd.interpreter, cmd.module, cmd.program, cmd.args) == (
+        "python",
+        True,
+        "pkg.train",
+        ("--arch=resnet18",),
+    )
+    assert cmd.launcher_options == ("--nproc_per_node=2",)
+    _main(body).update(args=["--no_python", "/bin/train", "-v"])
+    binary = parse_job(body).spec
+    assert (
+        binary is not None and binary.command.interpreter is None and binary.command.program == "/bin/train"
+    )
 
 
 def test_parse_never_raises_on_garbage() -> None:
