@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -100,6 +102,7 @@ class LocalCluster:
         self._endpoints: EndpointsController | None = None
         self._proxy: ServiceProxy | None = None
         self._kubelet_server: KubeletServer | None = None
+        self._etcd_tmp: Path | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._claim: NetworkClaim | None = None
@@ -156,12 +159,16 @@ class LocalCluster:
     def _start_control_plane(self, directory: Path) -> None:
         assert self._claim is not None
         state = (self.state_dir or self.data_dir) / "control-plane"
+        if self.state_dir is None and Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK):
+            # Nothing to persist: keep etcd in memory, out of reach of a slow disk's fsyncs.
+            self._etcd_tmp = Path(tempfile.mkdtemp(prefix="kelastic-etcd-", dir="/dev/shm"))
         self.control_plane = ControlPlane(
             ControlPlaneBinaries.find(directory),
             state,
             service_network=self._claim.service_network,
             node_name=self.kubelet_config.node_name,
             progress=self.progress,
+            etcd_data=self._etcd_tmp,
         )
         self.control_plane.start()
         shutil.copyfile(self.control_plane.admin_kubeconfig, self.kubeconfig)
@@ -257,6 +264,9 @@ class LocalCluster:
                 if self.control_plane is not None:
                     self.control_plane.stop()
                     self.control_plane = None
+                if self._etcd_tmp is not None:
+                    shutil.rmtree(self._etcd_tmp, ignore_errors=True)
+                    self._etcd_tmp = None
             finally:
                 if self._claim is not None:
                     self._claim.release()

@@ -243,6 +243,9 @@ class ControlPlane:
     #: Served ``group/version`` strings (``v1`` for the core group), from discovery.
     api_versions: set[str] = field(default_factory=set)
     startup_seconds: float = 0.0
+    #: etcd's data directory (default ``<state_dir>/etcd``); a tmpfs directory spares a
+    #: disposable cluster etcd's fsyncs, which stall it on a busy disk.
+    etcd_data: Path | None = None
     _components: list[_Component] = field(default_factory=list)
 
     # -- paths ----------------------------------------------------------------
@@ -325,11 +328,11 @@ class ControlPlane:
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE  # their self-signed serving certificates: health only
         for component, name, port in waits:
-            self._wait(
-                component,
-                f"{name} /healthz",
-                lambda p=port: _get(f"https://{HOST}:{p}/healthz", insecure) == b"ok",
-            )
+
+            def healthy(p: int = port) -> bool:
+                return _get(f"https://{HOST}:{p}/healthz", insecure) == b"ok"
+
+            self._wait(component, f"{name} /healthz", healthy)
             self.progress(f"{name} healthy after {time.monotonic() - started:.1f} s")
         if self.binaries.controller_manager is not None:
             # Pods are refused until their namespace's default ServiceAccount exists.
@@ -373,7 +376,7 @@ class ControlPlane:
         ensure_signing_key(pki, "sa")
 
     def _etcd_argv(self, port: int, peer_port: int) -> list[str]:
-        data = self.state_dir / "etcd"
+        data = self.etcd_data or self.state_dir / "etcd"
         data.mkdir(parents=True, exist_ok=True)
         data.chmod(0o700)
         return [

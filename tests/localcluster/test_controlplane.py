@@ -1,0 +1,184 @@
+"""``LocalCluster(control_plane=DIR)``: the process kubelet and proxy against the real kube-apiserver.
+
+One cluster for the module (the real etcd, kube-apiserver, controller-manager
+and scheduler); kubectl and pods talk to it as to any cluster. Binaries come
+from the ``control_plane_bin`` fixture (skipped with a reason without them).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kelastic.localcluster.cluster import LocalCluster
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cp_cluster(control_plane_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    lines: list[str] = []
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("cp"), control_plane=control_plane_bin, progress=lines.append
+    )
+    cluster.kubelet_config.heartbeat_s = 1.0
+    with cluster:
+        assert any("etcd healthy after" in line for line in lines), lines
+        assert any(line.startswith("control plane v") and "ready after" in line for line in lines), lines
+        yield cluster
+
+
+def kubectl(cluster: LocalCluster, *args: str, stdin: str | None = None, check: bool = True) -> str:
+    done = subprocess.run(
+        ["kubectl", "--kubeconfig", str(cluster.kubeconfig), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)}: {done.stderr}")
+    return done.stdout
+
+
+def get(cluster: LocalCluster, *args: str) -> Any:
+    return json.loads(kubectl(cluster, "get", *args, "-o", "json"))
+
+
+def wait(what: str, probe: Any, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def test_the_node_registers_stays_ready_and_renews_its_lease(cp_cluster: LocalCluster) -> None:
+    assert cp_cluster.control_plane is not None and cp_cluster.control_plane.version is not None
+    node = get(cp_cluster, "node", "kelastic-local")
+    ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready and ready[0]["status"] == "True"
+    assert not node["spec"].get("taints")
+    assert node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"] > 0
+    first = get(cp_cluster, "lease", "-n", "kube-node-lease", "kelastic-local")["spec"]["renewTime"]
+    wait(
+        "the node lease to be renewed",
+        lambda: (
+            get(cp_cluster, "lease", "-n", "kube-node-lease", "kelastic-local")["spec"]["renewTime"] != first
+        ),
+        15,
+    )
+
+
+def test_a_pod_runs_as_its_service_account_and_its_logs_are_served(cp_cluster: LocalCluster) -> None:
+    # The official client in the pod, configured only by what the kubelet hands it.
+    script = (
+        "import kubernetes as k\n"
+        "k.config.load_kube_config()\n"
+        "try:\n"
+        "    k.client.CoreV1Api().list_namespaced_pod('default')\n"
+        "except k.client.ApiException as e:\n"
+        "    print('status', e.status, 'user', e.body)\n"
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "whoami", "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "python", "command": ["python", "-c", script]}],
+        },
+    }
+    kubectl(cp_cluster, "apply", "-f", "-", stdin=json.dumps(pod))
+    wait(
+        "pod whoami to finish",
+        lambda: get(cp_cluster, "pod", "whoami")["status"].get("phase") in ("Succeeded", "Failed"),
+    )
+    status = get(cp_cluster, "pod", "whoami")
+    assert status["status"]["phase"] == "Succeeded", status["status"]
+    assert status["spec"]["nodeName"] == "kelastic-local"  # bound by the real scheduler
+    logs = kubectl(cp_cluster, "logs", "whoami")  # the API server asks the kubelet's log endpoint
+    assert "status 403" in logs and "system:serviceaccount:default:default" in logs, logs
+    assert kubectl(cp_cluster, "logs", "whoami", "--tail=1").count("\n") == 1
+    kubectl(cp_cluster, "delete", "pod", "whoami", "--wait=true", "--timeout=60s")
+
+
+def test_services_reach_pods_through_the_controller_managers_endpoint_slices(
+    cp_cluster: LocalCluster,
+) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "python",
+                    "command": ["python", "-m", "http.server", "8080", "--bind", "$(POD_IP)"],
+                    "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                    "ports": [{"name": "http", "containerPort": 8080}],
+                    "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                }
+            ]
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "web", "port": 80, "targetPort": "http"}]},
+    }
+    kubectl(
+        cp_cluster,
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [pod, service]}),
+    )
+    pod_ip = wait("pod web to get an IP", lambda: get(cp_cluster, "pod", "web")["status"].get("podIP"))
+
+    def slice_lists_pod() -> bool:
+        slices = get(cp_cluster, "endpointslices", "-l", "kubernetes.io/service-name=web")["items"]
+        return any(
+            pod_ip in e.get("addresses", []) and (e.get("conditions") or {}).get("ready")
+            for s in slices
+            for e in s.get("endpoints") or []
+        )
+
+    wait("the EndpointSlice of service web to list the ready pod", slice_lists_pod)
+    cluster_ip = get(cp_cluster, "service", "web")["spec"]["clusterIP"]
+
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{cluster_ip}:80/", timeout=3) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    wait(f"http://{cluster_ip}:80 to answer through the service proxy", answers, 30)
+    kubectl(cp_cluster, "delete", "service", "web")
+    kubectl(cp_cluster, "delete", "pod", "web", "--wait=true", "--timeout=60s")
+
+
+def test_every_component_stops_with_the_cluster(control_plane_bin: Path, tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path, control_plane=control_plane_bin)
+    cluster.start()
+    assert cluster.control_plane is not None
+    pids = cluster.control_plane.pids()
+    assert set(pids) >= {"etcd", "kube-apiserver"}
+    cluster.stop()
+    alive = subprocess.run(
+        ["ps", "-o", "pid=", "-p", ",".join(map(str, pids.values()))], capture_output=True, text=True
+    )
+    assert alive.stdout.strip() == "", f"still running after stop(): {alive.stdout} of {pids}"
