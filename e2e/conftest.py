@@ -10,6 +10,14 @@ Two modes, same scenarios:
   the command and arguments of the rendered Deployment (plus ``--kubeconfig``;
   its liveness endpoint moves to a free loopback port). RBAC is recorded but not
   enforced locally.
+* **control-plane**: the same ``kelastic local`` cluster, but on the real
+  kube-apiserver, etcd, kube-controller-manager and kube-scheduler
+  (``LocalCluster(control_plane=DIR)``, binaries from the ``control_plane_bin``
+  fixture of the repository's root conftest, else skipped saying how to enable
+  it). The chart is installed with Helm (:func:`install_chart`): the operator
+  runs as the chart's Deployment under its ServiceAccount and namespaced RBAC,
+  so RBAC, admission and the real controllers are in the loop. Every scenario
+  runs on both lanes; each lane's cluster is made once per session.
 * **real**: ``KELASTIC_E2E_REAL=1`` and ``KUBECONFIG`` naming a cluster whose
   nodes have the image (``KELASTIC_E2E_IMAGE``, default ``kelastic:0.1.0``). The
   whole rendered chart is applied and the operator Deployment must roll out.
@@ -236,6 +244,8 @@ class Cluster:
     checkpoint_root: Path
     operator: OperatorProcess | None = None
     deployment: str = ""
+    #: "emulator", "control-plane" (both kelastic local) or "real".
+    lane: str = "emulator"
     jobs_seen: set[str] = field(default_factory=set)
 
     # Scenario modules cannot import this conftest; they reach its helpers here.
@@ -457,6 +467,23 @@ def _install_local(tmp: Path) -> Iterator[Cluster]:
             operator.stop()
 
 
+def _install_control_plane(tmp: Path, bin_dir: Path) -> Iterator[Cluster]:
+    from kelastic.localcluster.chart import install_chart
+    from kelastic.localcluster.cluster import LocalCluster
+
+    with LocalCluster(tmp / "cluster", workdir=REPO, control_plane=bin_dir, progress=print) as local:
+        release = install_chart(local.kubeconfig, CHART, namespace=NAMESPACE, release=RELEASE, wait=180)
+        cluster = Cluster(
+            Kubectl(Path(local.kubeconfig), NAMESPACE),
+            local=True,
+            checkpoint_root=tmp / "checkpoints",
+            deployment=release.deployment,
+            lane="control-plane",
+        )
+        cluster.checkpoint_root.mkdir()
+        yield cluster
+
+
 def _install_real() -> Iterator[Cluster]:
     repository, _, tag = IMAGE.rpartition(":")
     crd, objects = render_chart({"image": {"repository": repository, "tag": tag}})
@@ -479,6 +506,7 @@ def _install_real() -> Iterator[Cluster]:
         local=False,
         checkpoint_root=Path("/tmp/kelastic-e2e"),
         deployment=deployment["metadata"]["name"],
+        lane="real",
     )
     root = str(cluster.checkpoint_root)
     reader = {
@@ -507,11 +535,15 @@ def _install_real() -> Iterator[Cluster]:
         kubectl.run("delete", "-f", "-", stdin=rendered, check=False, timeout=120)
 
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """kelastic installed through its chart on ``kelastic local`` (default) or a real cluster."""
-    if REAL:
+@pytest.fixture(scope="session", params=["real"] if REAL else ["emulator", "control-plane"])
+def cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """kelastic installed through its chart: on ``kelastic local`` with the emulator and with the
+    real control plane (both, one cluster each per session), or on a real cluster."""
+    if request.param == "real":
         yield from _install_real()
+    elif request.param == "control-plane":
+        bin_dir = request.getfixturevalue("control_plane_bin")  # skips the lane when there is none
+        yield from _install_control_plane(tmp_path_factory.mktemp("e2e-cp"), bin_dir)
     else:
         yield from _install_local(tmp_path_factory.mktemp("e2e"))
 

@@ -2,7 +2,9 @@
 
 Runs the CLI as a user would, from the repository checkout: it starts a local
 cluster and the operator, applies the example, relays logs and progress, and
-must exit 0 once the job Succeeded. Local mode only (it brings its own cluster).
+must exit 0 once the job Succeeded. Local mode only (it brings its own cluster),
+on both lanes: the API server emulator, and the real control plane with
+``--control-plane`` (the operator then installed from the chart).
 """
 
 from __future__ import annotations
@@ -28,12 +30,16 @@ pytestmark = [
 
 
 @pytest.mark.timeout(400)
-def test_readme_main_command_runs_the_example_to_success() -> None:
+@pytest.mark.parametrize("lane", ["emulator", "control-plane"])
+def test_readme_main_command_runs_the_example_to_success(lane: str, request: pytest.FixtureRequest) -> None:
     kelastic = shutil.which("kelastic")
     command = [kelastic] if kelastic else [sys.executable, "-m", "kelastic.localcluster"]
+    extra: list[str] = []
+    if lane == "control-plane":
+        extra = ["--control-plane", str(request.getfixturevalue("control_plane_bin"))]
     before = set(EXAMPLE_CHECKPOINTS.iterdir()) if EXAMPLE_CHECKPOINTS.exists() else set()
     proc = subprocess.Popen(
-        [*command, "local", "run", "--timeout", "300", "examples/elasticjob.yaml"],
+        [*command, "local", "run", "--timeout", "300", "examples/elasticjob.yaml", *extra],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
