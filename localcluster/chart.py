@@ -207,10 +207,10 @@ class _Api:
         from kubernetes import config, dynamic
 
         try:
-            self._client = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+            self._client = config.new_client_from_config(config_file=str(kubeconfig))
         except Exception as exc:
             raise ChartError(f"cannot load the kubeconfig {kubeconfig}: {exc}") from exc
-        self._dynamic = dynamic.DynamicClient(self._client)  # type: ignore[no-untyped-call]
+        self._dynamic = dynamic.DynamicClient(self._client)
 
     def close(self) -> None:
         self._client.close()

@@ -60,6 +60,10 @@ def _int(value: str | None) -> int | None:
         raise web.HTTPBadRequest(text=f"not an integer: {value!r}") from None
 
 
+async def _healthz(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
 class KubeletServer:
     """Serves ``/containerLogs`` and ``/healthz`` over TLS on ``host``; start and stop in one event loop."""
 
@@ -77,7 +81,7 @@ class KubeletServer:
 
     async def start(self) -> int:
         app = web.Application()
-        app.router.add_get("/healthz", lambda _: web.Response(text="ok"))
+        app.router.add_get("/healthz", _healthz)
         app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self._logs)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()

@@ -202,8 +202,8 @@ def resolve_env(pod: Mapping[str, Any], container: Mapping[str, Any], ctx: PodCo
                 if ref.get("optional", False):
                     continue
                 raise ContainerConfigError(f'{kind} "{ref.get("name", "")}" not found')
-            for key, value in data.items():
-                env[prefix + key] = _decode_secret(value) if decode else str(value)
+            for key, raw in data.items():
+                env[prefix + key] = _decode_secret(raw) if decode else str(raw)
     for var in container.get("env") or []:
         name = var.get("name")
         if not name:

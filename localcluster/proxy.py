@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .client import ApiClient, ApiRequestError, Informer
@@ -64,7 +65,7 @@ def ready_backends(endpoints: Mapping[str, Any] | None, port_name: str) -> list[
     return backends
 
 
-def slice_backends(slices: list[Mapping[str, Any]], port_name: str) -> list[tuple[str, int]]:
+def slice_backends(slices: Sequence[Mapping[str, Any]], port_name: str) -> list[tuple[str, int]]:
     """Ready ``(ip, port)`` pairs of a Service's EndpointSlices (discovery.k8s.io v1 or v1beta1).
 
     An endpoint whose ``ready`` condition is unset counts as ready, as the API defines it.
@@ -215,7 +216,7 @@ class ServiceProxy:
                 continue
             try:
                 self._servers[addr] = await asyncio.start_server(
-                    lambda r, w, a=addr: self._accept(a, r, w), host=addr[0], port=addr[1], reuse_address=True
+                    functools.partial(self._accept, addr), host=addr[0], port=addr[1], reuse_address=True
                 )
             except OSError as exc:
                 # Retried until it works (the address may be held by a listener that is
