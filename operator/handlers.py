@@ -23,6 +23,7 @@ operator runs; its pods and Services go with it through their ownerReferences.
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
@@ -100,13 +101,15 @@ def build_registry(
         kelastic_pods: kopf.Index,
         kelastic_services: kopf.Index,
         meta: kopf.Meta,
+        body: kopf.Body,
         **_: Any,
     ) -> None:
         controller.bind_indexes(kelastic_pods, kelastic_services)
         if type == "DELETED":
             controller.job_gone((namespace, name), uid)
         else:
-            controller.job_seen((namespace, name), meta.get("resourceVersion"))
+            # The watch's body is the controller's copy of the job: no GET per reconcile.
+            controller.job_seen((namespace, name), meta.get("resourceVersion"), copy.deepcopy(dict(body)))
 
     @kopf.on.event("v1", "pods", id="elasticjob-pod", registry=registry)
     @kopf.on.event("v1", "services", id="elasticjob-service", registry=registry)

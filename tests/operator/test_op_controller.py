@@ -1,0 +1,165 @@
+"""The controller's I/O loop with a recording API: watch-driven, no per-job polling."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kelastic.operator.controller import Controller, ControllerOptions
+from kelastic.operator.kube import ApiError
+from kelastic.operator.store_client import StoreClient
+
+KEY = ("ns", "demo")
+
+
+class RecordingKube:
+    """Answers like an API server for what the controller calls, and records every call."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job = job
+        self.calls: list[str] = []
+        self.fail_status_writes = 0
+        self._rv = itertools.count(100)
+
+    def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        meta["resourceVersion"] = str(next(self._rv))
+        meta.setdefault("uid", f"uid-{meta.get('name')}")
+        return obj
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append("GET job")
+        return copy.deepcopy(self.job)
+
+    def patch_job_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append("PATCH job/status")
+        if self.fail_status_writes:
+            self.fail_status_writes -= 1
+            raise ApiError(500, "InternalError", "etcd is having a bad day")
+        status = {**(self.job.get("status") or {}), **patch}
+        self.job = self._stamp({**self.job, "status": {k: v for k, v in status.items() if v is not None}})
+        return copy.deepcopy(self.job)
+
+    def create(self, namespace: str, plural: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(f"POST {plural}")
+        return self._stamp(manifest)
+
+    def delete(self, namespace: str, plural: str, name: str, uid: str | None = None) -> None:
+        self.calls.append(f"DELETE {plural}")
+
+    def patch(self, namespace: str, plural: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(f"PATCH {plural}")
+        return {}
+
+    def pod_log(self, *args: Any) -> str:
+        self.calls.append("GET pods/log")
+        return ""
+
+    def job_calls(self) -> list[str]:
+        return [c for c in self.calls if "job" in c]
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def run(loop: asyncio.AbstractEventLoop, kube: RecordingKube, scenario: Any, **options: Any) -> Controller:
+    controller = Controller(kube, StoreClient(), ControllerOptions(**options))  # type: ignore[arg-type]
+
+    async def main() -> None:
+        controller.start()
+        try:
+            await scenario(controller)
+        finally:
+            await controller.stop()
+            controller.store.close()
+
+    loop.run_until_complete(main())
+    return controller
+
+
+async def settle(controller: Controller, seconds: float = 0.3) -> None:
+    await asyncio.sleep(seconds)
+    while controller._running or controller._background:
+        await asyncio.sleep(0.02)
+
+
+def test_a_job_is_read_from_the_watch_and_an_idle_job_costs_no_request(
+    loop: asyncio.AbstractEventLoop, kit: Any
+) -> None:
+    kube = RecordingKube(kit.job_body())
+    calls_after_start: list[str] = []
+
+    async def scenario(controller: Controller) -> None:
+        controller.job_seen(KEY, "1", copy.deepcopy(kube.job))
+        await settle(controller)
+        assert "POST services" in kube.calls and "PATCH job/status" in kube.calls
+        calls_after_start.extend(kube.calls)
+        await asyncio.sleep(2.5)  # far longer than the old 1-5 s per-job poll
+        await settle(controller)
+
+    controller = run(loop, kube, scenario)
+    assert "GET job" not in kube.calls and controller.stats["job_reads"] == 0
+    assert kube.calls == calls_after_start, "an idle job made API requests"
+
+
+def test_the_status_write_answer_is_the_next_pass_input_and_a_late_older_event_is_ignored(
+    loop: asyncio.AbstractEventLoop, kit: Any
+) -> None:
+    kube = RecordingKube(kit.job_body())
+    first = copy.deepcopy(kube.job)
+    first["metadata"]["resourceVersion"] = "1"
+
+    async def scenario(controller: Controller) -> None:
+        controller.job_seen(KEY, "1", first)
+        await settle(controller)
+        written = controller._bodies[KEY]
+        assert written["status"] == kube.job["status"] and written["status"].get("phase")
+        controller.job_seen(KEY, "1", first)  # the watch repeating the old state late
+        await settle(controller)
+        assert controller._bodies[KEY] is written or controller._bodies[KEY] == written
+
+    run(loop, kube, scenario)
+    assert kube.job_calls().count("PATCH job/status") == 1, kube.calls
+
+
+def test_a_trigger_before_the_watch_delivered_the_job_reads_it_once(
+    loop: asyncio.AbstractEventLoop, kit: Any
+) -> None:
+    kube = RecordingKube(kit.job_body())
+
+    async def scenario(controller: Controller) -> None:
+        controller.trigger(KEY)  # e.g. one of its pods was seen first
+        await settle(controller)
+        controller.trigger(KEY)
+        await settle(controller)
+
+    controller = run(loop, kube, scenario)
+    assert kube.job_calls().count("GET job") == 1 and controller.stats["job_reads"] == 1
+
+
+def test_a_failed_pass_is_retried_with_backoff_without_any_poll(
+    loop: asyncio.AbstractEventLoop, kit: Any
+) -> None:
+    kube = RecordingKube(kit.job_body())
+    kube.fail_status_writes = 2
+
+    async def scenario(controller: Controller) -> None:
+        controller.job_seen(KEY, "1", copy.deepcopy(kube.job))
+        await settle(controller, 0.2)
+        assert kube.job_calls() == ["PATCH job/status"] and controller._failures[KEY] == 1
+        await settle(controller, 1.2)  # retried after 1 s
+        assert kube.job_calls().count("PATCH job/status") == 2
+        await settle(controller, 2.2)  # then after 2 s: succeeds
+        assert kube.job_calls().count("PATCH job/status") == 3 and KEY not in controller._failures
+
+    run(loop, kube, scenario)
