@@ -11,14 +11,22 @@ rejoin_timeout              10       later rounds: wait this long for members of
                                      that are neither back nor known dead (normally never needed)
 controller_timeout          30       controlled rounds: close with the joined nodes after this long
                                      if a listed node never joins
-keep_alive_interval         0.5      heartbeat period
-keep_alive_max_attempt      3        a node whose heartbeat did not move for interval * attempts
-                                     is dead (1.5 s by default, noticed within about 2 s)
+keep_alive_interval         1        heartbeat period
+keep_alive_max_attempt      5        a node whose heartbeat did not move for interval * attempts
+                                     is dead (5 s by default, noticed within about 6 s)
 node_name                   none     this node's name (default: $KELASTIC_NODE_NAME or host_pid)
 local_world_size            none     ranks on this node, shown by ``control.read_status`` (agents set it)
 ==========================  =======  ===========================================================
 
 Other keys (torchrun passes some of its own) are ignored.
+
+Why the heartbeat is this slow: a node whose process dies (crash, OOM kill,
+deleted pod) is caught within milliseconds by its watcher's TCP link (see
+:mod:`kelastic.agent.rendezvous.handler`), so the heartbeat only has to catch what
+closes no socket: a frozen process or a lost machine. A shorter timeout would
+declare live nodes dead on a real cluster, where a CPU-throttled pod, a
+garbage-collection pause or a kube-proxy/conntrack hiccup can stall a heartbeat
+for a second or two; each false "dead" costs the whole job a restart.
 """
 
 from __future__ import annotations
@@ -33,7 +41,16 @@ from kelastic.agent.contract import DEFAULT_RDZV_PORT, ENV_NODE_NAME
 
 from .protocol import TimerKind, parse_endpoint
 
-__all__ = ["RendezvousSettings", "default_node_name", "settings_from_params"]
+__all__ = [
+    "DEFAULT_KEEP_ALIVE_INTERVAL",
+    "DEFAULT_KEEP_ALIVE_MAX_ATTEMPT",
+    "RendezvousSettings",
+    "default_node_name",
+    "settings_from_params",
+]
+
+DEFAULT_KEEP_ALIVE_INTERVAL = 1.0
+DEFAULT_KEEP_ALIVE_MAX_ATTEMPT = 5
 
 
 @dataclass(frozen=True)
@@ -49,8 +66,8 @@ class RendezvousSettings:
     last_call_timeout: float = 2.0
     rejoin_timeout: float = 10.0
     controller_timeout: float = 30.0
-    keep_alive_interval: float = 0.5
-    keep_alive_max_attempt: int = 3
+    keep_alive_interval: float = DEFAULT_KEEP_ALIVE_INTERVAL
+    keep_alive_max_attempt: int = DEFAULT_KEEP_ALIVE_MAX_ATTEMPT
     local_world_size: int | None = None
 
     @property
@@ -95,7 +112,7 @@ def settings_from_params(params: RendezvousParameters) -> RendezvousSettings:
     host, port = parse_endpoint(params.endpoint or "", DEFAULT_RDZV_PORT)
     attempts_raw = params.get("keep_alive_max_attempt")
     try:
-        attempts = 3 if attempts_raw in (None, "") else int(attempts_raw)
+        attempts = DEFAULT_KEEP_ALIVE_MAX_ATTEMPT if attempts_raw in (None, "") else int(attempts_raw)
     except (TypeError, ValueError):
         raise ValueError(f"rdzv-conf keep_alive_max_attempt={attempts_raw!r} is not an integer") from None
     if attempts < 1:
@@ -118,7 +135,7 @@ def settings_from_params(params: RendezvousParameters) -> RendezvousSettings:
         last_call_timeout=_seconds(params, "last_call_timeout", 2.0, allow_zero=True),
         rejoin_timeout=_seconds(params, "rejoin_timeout", 10.0, allow_zero=True),
         controller_timeout=_seconds(params, "controller_timeout", 30.0, allow_zero=True),
-        keep_alive_interval=_seconds(params, "keep_alive_interval", 0.5),
+        keep_alive_interval=_seconds(params, "keep_alive_interval", DEFAULT_KEEP_ALIVE_INTERVAL),
         keep_alive_max_attempt=attempts,
         local_world_size=lws,
     )

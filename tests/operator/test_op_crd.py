@@ -15,6 +15,7 @@ from kelastic.operator.spec import (
     GROUP,
     KIND,
     PLURAL,
+    AgentMode,
     CleanPodPolicy,
     RdzvBackend,
     RestartPolicy,
@@ -115,6 +116,7 @@ def test_enums_match_the_operator(version: dict[str, Any]) -> None:
     assert worker["restartPolicy"]["enum"] == [p.value for p in RestartPolicy]
     assert spec["cleanPodPolicy"]["enum"] == [p.value for p in CleanPodPolicy]
     assert spec["rdzvBackend"]["enum"] == [b.value for b in RdzvBackend]
+    assert spec["agent"]["enum"] == [m.value for m in AgentMode]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert status["phase"]["enum"] == [p.value for p in Phase]
     assert spec["minReplicas"]["minimum"] == 1 and worker["replicas"]["minimum"] == 0
@@ -226,3 +228,31 @@ def test_printer_columns_and_scale_paths_exist(version: dict[str, Any]) -> None:
     for key in ("specReplicasPath", "statusReplicasPath", "labelSelectorPath"):
         assert resolve(root, scale[key])["type"] in ("integer", "string"), key
     assert version["subresources"]["status"] == {}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "valid"),
+    [
+        ("10.0.0.5:29400", True),
+        ("etcd.svc:2379", True),
+        ("[fd00::1]:29400", True),
+        ("fd00::1:29400", False),  # ambiguous: the port cannot be told from the last group
+        ("nohost", False),
+    ],
+)
+def test_endpoint_pattern_agrees_with_the_operator(
+    kit: SimpleNamespace, version: dict[str, Any], endpoint: str, valid: bool
+) -> None:
+    import re
+
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert bool(re.match(spec["rdzvEndpoint"]["pattern"], endpoint)) is valid
+    assert (parse_job(kit.job_body(rdzvEndpoint=endpoint)).error is None) is valid
+
+
+def test_replicas_is_required(version: dict[str, Any]) -> None:
+    """The scale subresource reads replicaSpecs.Worker.replicas: a missing one would read as 0."""
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    worker = spec["replicaSpecs"]["properties"]["Worker"]
+    assert "replicas" in worker["required"]
+    assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicaSpecs.Worker.replicas"
