@@ -10,10 +10,13 @@ history that rank 0 writes (``first_step`` events, see examples/train.py):
 
 Jobs run with the CRD's default ``spec.warmStart: true`` (workers forked from a
 process that already imported torch); ``--no-warm-start`` sets it to false, so
-every worker start is a fresh interpreter. Prints each round and the medians. No
-figure is asserted.
+every worker start is a fresh interpreter. ``--control-plane DIR`` measures the
+same rounds a second time on the real control plane (``kelastic local
+--control-plane``, the operator installed from the chart under its RBAC) and
+prints both lanes side by side. Prints each round and the medians. No figure is
+asserted.
 
-    python bench/bench_e2e.py [--rounds 3] [--no-warm-start]
+    python bench/bench_e2e.py [--rounds 3] [--no-warm-start] [--control-plane DIR]
 """
 
 from __future__ import annotations
@@ -177,18 +180,76 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run the jobs with spec.warmStart: false (a fresh interpreter per worker start)",
     )
+    parser.add_argument(
+        "--control-plane",
+        type=Path,
+        metavar="DIR",
+        help="also measure on the real control plane whose binaries are in DIR (kube-apiserver, etcd, ...)",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
 
+    lanes = {"emulator": measure_lane(None, args.rounds, not args.no_warm_start)}
+    if args.control_plane is not None:
+        lanes["control plane"] = measure_lane(args.control_plane, args.rounds, not args.no_warm_start)
+    rows = lanes["emulator"]
+    with tempfile.TemporaryDirectory(prefix="kelastic-bench-torchrun-") as tmp:
+        baseline = [torchrun_first_step(Path(tmp)) for _ in range(args.rounds)]
+    print(
+        f"torchrun --standalone --nproc-per-node 3, launch to first step: {', '.join(f'{b:.2f}s' for b in baseline)}"
+    )
+
+    warm = "false" if args.no_warm_start else "true"
+    print(
+        f"\nkelastic local, examples/train.py, 3 workers (min 2, max 4), warmStart: {warm}, "
+        f"{args.rounds} rounds, medians:"
+    )
+    print(f"  {'':28s} " + " ".join(f"{name:>14s}" for name in lanes))
+    for key in rows[0]:
+        print(
+            f"  {key:28s} "
+            + " ".join(
+                f"{statistics.median(r[key] for r in lane_rows):12.2f} s" for lane_rows in lanes.values()
+            )
+        )
+    base = statistics.median(baseline)
+    apply = statistics.median(r["apply_to_first_step"] for r in rows)
+    print(
+        f"  {'torchrun launch_to_first_step':28s} {base:7.2f} s   (apply_to_first_step / torchrun: {apply / base:.2f}x)"
+    )
+    return 0
+
+
+def measure_rounds(bench: Bench, rounds: int) -> list[dict[str, float]]:
+    rows: list[dict[str, float]] = []
+    for index in range(rounds):
+        figures = bench.round(index)
+        rows.append(figures)
+        print(f"round {index}: " + "  ".join(f"{k} {v:.2f}s" for k, v in figures.items()), flush=True)
+    return rows
+
+
+def measure_lane(control_plane: Path | None, rounds: int, warm_start: bool) -> list[dict[str, float]]:
+    """The rounds on one lane: the emulator with the operator as a process, or the real control
+    plane with the operator installed from the chart (namespaced to the bench's namespace)."""
     from kelastic.localcluster.cluster import LocalCluster
 
+    lane = "emulator" if control_plane is None else f"control plane {control_plane}"
+    print(f"-- lane: {lane}", flush=True)
     with (
         tempfile.TemporaryDirectory(prefix="kelastic-bench-e2e-") as tmp,
-        LocalCluster(Path(tmp) / "cluster", workdir=REPO) as cluster,
+        LocalCluster(
+            Path(tmp) / "cluster", workdir=REPO, control_plane=control_plane, progress=print
+        ) as cluster,
     ):
-        bench = Bench(Path(cluster.kubeconfig), Path(tmp) / "checkpoints", warm_start=not args.no_warm_start)
+        bench = Bench(Path(cluster.kubeconfig), Path(tmp) / "checkpoints", warm_start=warm_start)
         bench.checkpoints.mkdir()
+        if control_plane is not None:
+            from kelastic.localcluster.chart import install_chart
+
+            install_chart(cluster.kubeconfig, REPO / "helm" / "kelastic", watch_namespaces=[NAMESPACE])
+            return measure_rounds(bench, rounds)
         bench.kubectl("apply", "-f", str(REPO / "crds" / "elasticjob.yaml"))
         log_path = Path(tmp) / "operator.log"
         with log_path.open("wb") as log:
@@ -206,37 +267,13 @@ def main(argv: list[str] | None = None) -> int:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "POD_NAMESPACE": NAMESPACE},
             )
-        rows: list[dict[str, float]] = []
         try:
-            for index in range(args.rounds):
-                figures = bench.round(index)
-                rows.append(figures)
-                print(f"round {index}: " + "  ".join(f"{k} {v:.2f}s" for k, v in figures.items()), flush=True)
+            return measure_rounds(bench, rounds)
         except Exception:
             print(log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
             raise
         finally:
             stop_process(operator, 30)
-
-    with tempfile.TemporaryDirectory(prefix="kelastic-bench-torchrun-") as tmp:
-        baseline = [torchrun_first_step(Path(tmp)) for _ in range(args.rounds)]
-    print(
-        f"torchrun --standalone --nproc-per-node 3, launch to first step: {', '.join(f'{b:.2f}s' for b in baseline)}"
-    )
-
-    warm = "false" if args.no_warm_start else "true"
-    print(
-        f"\nkelastic local, examples/train.py, 3 workers (min 2, max 4), warmStart: {warm}, "
-        f"{args.rounds} rounds, medians:"
-    )
-    for key in rows[0]:
-        print(f"  {key:28s} {statistics.median(r[key] for r in rows):7.2f} s")
-    base = statistics.median(baseline)
-    apply = statistics.median(r["apply_to_first_step"] for r in rows)
-    print(
-        f"  {'torchrun launch_to_first_step':28s} {base:7.2f} s   (apply_to_first_step / torchrun: {apply / base:.2f}x)"
-    )
-    return 0
 
 
 if __name__ == "__main__":
