@@ -21,7 +21,7 @@ from datetime import datetime, timedelta, timezone
 from enum import Enum
 from typing import Any
 
-from . import fields, kinds, schema, ssa
+from . import fields, kinds, podsecurity, schema, ssa
 from .cel import MISSING
 from .errors import ApiError, FieldCause
 from .patch import PatchError, clone, json_patch, merge_patch, strategic_merge_patch
@@ -389,6 +389,8 @@ class Registry:
         self._validate(rt, obj, name)
         if rt.kind == "CustomResourceDefinition" and not rt.crd:
             self._check_crd_names(obj)
+        if rt.kind == "Pod" and not rt.crd:
+            self._admit_pod(obj, ns, name)
         if dry_run:
             if rt.kind == "Service" and not rt.crd:
                 self.services.release(obj)
@@ -396,6 +398,19 @@ class Registry:
         self.store.put(rt.key, obj, EventType.ADDED)
         self._after_write(rt, obj, None)
         return WriteResult(self.present(rt, obj), warnings, True)
+
+    def _admit_pod(self, pod: Obj, ns: str, name: str) -> None:
+        """Pod Security admission: the standard the namespace's labels enforce (403 otherwise)."""
+        nsobj = self.store.get("/namespaces", "", ns) or {}
+        level, version = podsecurity.level_of((nsobj.get("metadata") or {}).get("labels") or {})
+        found = podsecurity.violations(pod.get("spec") or {}, level)
+        if found:
+            raise ApiError(
+                403,
+                "Forbidden",
+                podsecurity.forbidden_message(name, level, version, found),
+                {"name": name, "kind": "pods"},
+            )
 
     def _check_crd_names(self, crd: Obj) -> None:
         spec = crd["spec"]
