@@ -120,6 +120,7 @@ BUILTINS: tuple[ResourceType, ...] = (
     ResourceType("events.k8s.io", "v1", "events", "event", "Event", True, ("ev",), shared_key="/events"),
     _t("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True),
     _t("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ("pdb",), subs=("status",)),
+    _t("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, ("netpol",)),
     _t("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
     _t(
         "apiextensions.k8s.io",

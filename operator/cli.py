@@ -84,6 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-readiness-probe", action="store_true", help="do not add the agent readiness probe to workers"
     )
     p.add_argument(
+        "--store-network-policy",
+        action="store_true",
+        help="create a NetworkPolicy per job that admits only the job's workers (and the operator's pods, "
+        "see --operator-pod-labels) to its rendezvous store",
+    )
+    p.add_argument(
+        "--operator-pod-labels",
+        default="",
+        metavar="K=V,...",
+        help="labels of the operator's own pods, admitted to every store by --store-network-policy",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=0,
@@ -139,6 +151,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--health-port must be in 0..65535, got {args.health_port}")
     if not 0 <= args.metrics_port < 65536:
         parser.error(f"--metrics-port must be in 0..65535, got {args.metrics_port}")
+    from kelastic.operator.netpol import NetworkPolicyConfig, parse_labels
+
+    try:
+        operator_labels = parse_labels(args.operator_pod_labels)
+    except ValueError as exc:
+        parser.error(f"--operator-pod-labels: {exc}")
     if args.min_replicas_timeout < 0:
         parser.error(f"--min-replicas-timeout must be >= 0, got {args.min_replicas_timeout}")
 
@@ -181,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         reconcile=ReconcileConfig(
             min_replicas_timeout=args.min_replicas_timeout,
             success_grace=args.success_grace,
+            network_policy=NetworkPolicyConfig(
+                enabled=args.store_network_policy, operator_labels=operator_labels
+            ),
             build=BuildConfig(
                 agent_python=args.agent_python,
                 health_port=args.health_port or None,

@@ -59,6 +59,7 @@ from kelastic.operator.reconcile import (
     DeletePod,
     DeleteService,
     Emit,
+    EnsureObject,
     PublishMembership,
     ReconcileConfig,
     reconcile,
@@ -142,6 +143,8 @@ class Controller:
         self._passed_at: dict[JobKey, float] = {}  # when the last pass of a job started (monotonic)
         self._to_publish: dict[JobKey, PublishMembership] = {}
         self._failure_logs: dict[str, str] = {}  # pod uid -> log tail, for failed workers
+        self._ensured: set[str] = set()  # EnsureObject keys created (or found) in this run
+        self._ensure_failed: dict[str, float] = {}  # key -> when creating it last failed (monotonic)
         self._own_writes: dict[JobKey, str] = {}  # resourceVersion our last status write produced
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="kelastic-api")
         self._limit = asyncio.Semaphore(self.options.max_parallel)
@@ -225,6 +228,7 @@ class Controller:
             handle.cancel()
         if uid:
             self.store.forget(uid)
+            self._ensured = {k for k in self._ensured if not k.startswith(f"{uid}/")}
 
     def on_leadership(self, leader: bool) -> None:
         if leader:
@@ -514,6 +518,8 @@ class Controller:
                     created_service = True
             elif isinstance(action, DeleteService):
                 await self._change(body, action, self.kube.delete, ns, "services", action.name)
+            elif isinstance(action, EnsureObject):
+                await self._ensure(body, action)
         # The membership goes first: survivors of a scale-down re-form before their peer is stopped.
         for action in decision.actions:
             if isinstance(action, PublishMembership):
@@ -539,6 +545,30 @@ class Controller:
                     if err.status not in (404, 409):
                         raise
         return created_service
+
+    async def _ensure(self, body: Mapping[str, Any], action: EnsureObject) -> None:
+        """Create ``action``'s object once per run; it existing already (409) is success.
+
+        A failure (no permission, an API the cluster does not serve) is an Event and a
+        log line, retried at most once a minute.
+        """
+        failed_at = self._ensure_failed.get(action.key)
+        if action.key in self._ensured or (failed_at is not None and time.monotonic() - failed_at < 60.0):
+            return
+        try:
+            await self._io(self.kube.request, "POST", action.path, dict(action.manifest))
+        except ApiError as err:
+            if err.status != 409:
+                self._ensure_failed[action.key] = time.monotonic()
+                message = f"{action.message} failed: {err}"
+                job_log(_key_of(body), logging.WARNING, message)
+                self._event(body, "FailedCreate", message, warning=True)
+                return
+        else:
+            job_log(_key_of(body), logging.INFO, action.message)
+            self._event(body, action.reason, action.message, warning=action.warning)
+        self._ensured.add(action.key)
+        self._ensure_failed.pop(action.key, None)
 
     async def _pod_action(self, body: Mapping[str, Any], ns: str, action: CreatePod | DeletePod) -> Any:
         if isinstance(action, CreatePod):

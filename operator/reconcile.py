@@ -21,7 +21,7 @@ from enum import Enum
 from typing import Any
 
 from kelastic.agent import contract
-from kelastic.operator import builders
+from kelastic.operator import builders, netpol
 from kelastic.operator.observed import (
     Observed,
     PodPhase,
@@ -55,6 +55,7 @@ __all__ = [
     "DeletePod",
     "DeleteService",
     "Emit",
+    "EnsureObject",
     "PublishMembership",
     "ReconcileConfig",
     "reconcile",
@@ -113,6 +114,19 @@ class PublishMembership(Action):
 
 
 @dataclass(frozen=True)
+class EnsureObject(Action):
+    """Create ``manifest`` at the collection URL ``path`` unless it exists (409 is success).
+
+    Returned on every pass; the controller creates each ``key`` once per operator run,
+    so a pass costs no API call for an object already ensured.
+    """
+
+    path: str = ""
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+    key: str = ""
+
+
+@dataclass(frozen=True)
 class Emit(Action):
     """An Event without a cluster change (a state transition or a failure)."""
 
@@ -128,6 +142,8 @@ class ReconcileConfig:
     #: the root cause, so the job's reason quotes it (seconds after the failure).
     root_cause_grace: float = 5.0
     build: builders.BuildConfig = field(default_factory=builders.BuildConfig)
+    #: The store's NetworkPolicy (kelastic.operator.netpol); off unless enabled.
+    network_policy: netpol.NetworkPolicyConfig = field(default_factory=netpol.NetworkPolicyConfig)
 
 
 @dataclass(frozen=True)
@@ -587,6 +603,23 @@ def _store_step(p: _Pass, job: _ActiveJob) -> _Next:
     return _Next.CONTINUE
 
 
+def _network_policy_step(p: _Pass, job: _ActiveJob) -> _Next:
+    """Ensure the NetworkPolicy that admits only the job's pods (and the operator) to its store."""
+    config = p.config.network_policy
+    if config.enabled and not job.spec.rdzv_endpoint:
+        manifest = netpol.store_network_policy(p.job, port=p.config.build.rdzv_port, config=config)
+        p.actions.append(
+            EnsureObject(
+                reason="CreateNetworkPolicy",
+                message=f"creating NetworkPolicy {manifest['metadata']['name']}: only the job's pods reach its store",
+                path=netpol.network_policy_path(p.job.meta.namespace),
+                manifest=manifest,
+                key=f"{p.job.meta.uid}/networkpolicy",
+            )
+        )
+    return _Next.CONTINUE
+
+
 def _scaling_step(p: _Pass, job: _ActiveJob) -> _Next:
     """Worker pods for indices [0, replicas); those above go. A name still taken (terminating,
     failed) waits for the next pass."""
@@ -724,6 +757,7 @@ _ACTIVE_STEPS: tuple[Callable[[_Pass, _ActiveJob], _Next], ...] = (
     _failures_step,
     _range_step,
     _store_step,
+    _network_policy_step,
     _scaling_step,
     _membership_step,
     _below_min_step,

@@ -1,7 +1,7 @@
-"""Both /metrics endpoints during a real run: the operator's and a worker agent's, on kelastic local.
+"""Both /metrics endpoints during a real run, and the store's NetworkPolicy, on kelastic local.
 
 A LocalCluster (emulated API server, process kubelet), the operator as a subprocess
-with ``--metrics-port``, an ElasticJob whose workers train with real gloo and report
+with ``--metrics-port`` and ``--store-network-policy``, an ElasticJob whose workers train with real gloo and report
 progress; a worker pod is deleted mid-run. The series are scraped over HTTP and read
 with prometheus_client's parser, as a Prometheus server would.
 """
@@ -91,6 +91,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             str(e.metrics_port),
             "--metrics-address",
             "127.0.0.1",
+            "--store-network-policy",
+            "--operator-pod-labels",
+            "app=kelastic-operator",
         )
         try:
             yield e
@@ -182,3 +185,34 @@ def test_both_metrics_endpoints_during_a_run_with_a_lost_worker(env: Any) -> Non
         30,
     )
     assert op[("kelastic_jobs", (("phase", "Running"),))] == 0
+
+
+def test_the_store_network_policy_follows_the_job(env: Any) -> None:
+    """Created with the job, selecting its real store pod and workers, removed with the job; the job
+    runs as usual (kelastic local, like a cluster without a NetworkPolicy provider, does not enforce it)."""
+    env.apply(cluster_test.job("np", min_r=1, max_r=2, replicas=2))
+    policy = env.wait("the NetworkPolicy", lambda: env.get("networkpolicy", "np-rendezvous"), 60)
+    uid = env.get("ej", "np")["metadata"]["uid"]
+    assert [o["uid"] for o in policy["metadata"]["ownerReferences"]] == [uid]
+    pods = env.wait("the store and 2 workers", lambda: len(p := env.pods("np")) == 3 and p, 60)
+    target = policy["spec"]["podSelector"]["matchLabels"]
+    (rule,) = policy["spec"]["ingress"]
+    workers, operator = rule["from"]
+    selected = sorted(n for n, p in pods.items() if target.items() <= p["metadata"]["labels"].items())
+    admitted = sorted(
+        n
+        for n, p in pods.items()
+        if workers["podSelector"]["matchLabels"].items() <= p["metadata"]["labels"].items()
+    )
+    assert selected == ["np-rendezvous"]
+    assert admitted == ["np-worker-0", "np-worker-1"]
+    assert operator["podSelector"]["matchLabels"] == {"app": "kelastic-operator"}
+    assert rule["ports"] == [{"protocol": "TCP", "port": 29400}]
+    env.wait("Running", lambda: (env.get("ej", "np").get("status") or {}).get("phase") == "Running", 60)
+    env.kubectl("delete", "ej", "np", "--wait=false")
+    env.applied.discard("np")
+    env.wait(
+        "the garbage collector to remove the NetworkPolicy",
+        lambda: "np-rendezvous" not in env.kubectl("get", "networkpolicies", "-o", "name"),
+        60,
+    )

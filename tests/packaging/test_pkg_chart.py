@@ -86,6 +86,8 @@ OPERATOR_RULES = {
     ("", "pods/log", "get"),
     ("", "events", "create"),
     ("", "events", "patch"),
+    # the store's NetworkPolicy of each job (networkPolicy.enabled, default true)
+    ("networking.k8s.io", "networkpolicies", "create"),
 }
 
 

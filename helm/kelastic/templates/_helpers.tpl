@@ -97,4 +97,11 @@ namespaced Role and the cluster-wide ClusterRole so both grant the same verbs.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if .Values.networkPolicy.enabled }}
+# Each job's NetworkPolicy that admits only its pods to its rendezvous store: created
+# once; the garbage collector removes it with the job (ownerReference).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create"]
+{{- end }}
 {{- end }}
