@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 from .client import ApiClient
 from .controlplane import ControlPlane, ControlPlaneBinaries
 from .endpoints import EndpointsController
+from .images import ImageMap
 from .ipam import NetworkClaim, claim_networks
 from .kubelet import DEFAULT_NODE_NAME, Kubelet, KubeletConfig
 from .kubeletserver import KubeletServer
@@ -78,6 +79,7 @@ class LocalCluster:
         backoff_cap: float = 300.0,
         control_plane: Path | str | None = None,
         progress: Callable[[str], None] | None = None,
+        images: ImageMap | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port
@@ -90,6 +92,7 @@ class LocalCluster:
             workdir=Path(workdir).resolve() if workdir else Path.cwd(),
             backoff_base=backoff_base,
             backoff_cap=max(backoff_cap, backoff_base),
+            images=images or ImageMap(),
         )
         self.control_plane_dir = Path(control_plane).expanduser() if control_plane else None
         self.progress: Callable[[str], None] = progress or (lambda line: None)
@@ -207,7 +210,8 @@ class LocalCluster:
         # cannot hold our loopback pod addresses there).
         if cp is None or cp.binaries.controller_manager is None:
             self._endpoints = EndpointsController(self._client)
-        self._proxy = ServiceProxy(self._proxy_client, slices=cp is not None)
+        # EndpointSlices on both API servers: Endpoints refuse our loopback pod addresses.
+        self._proxy = ServiceProxy(self._proxy_client, slices=True)
         await self.kubelet.start(timeout)
         if self._endpoints is not None:
             await self._endpoints.start(timeout)

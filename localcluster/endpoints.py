@@ -1,6 +1,6 @@
-"""The endpoints controller: keeps each Service's Endpoints object current.
+"""The endpoints controller: keeps each Service's EndpointSlices current.
 
-For every Service with a selector, the Endpoints object of the same name lists
+For every Service with a selector, the EndpointSlices of the Service list
 the pods the selector matches that have an IP and are not terminating or
 finished: ready pods under ``addresses``, the others under
 ``notReadyAddresses`` (or under ``addresses`` when the service sets
@@ -8,9 +8,12 @@ finished: ready pods under ``addresses``, the others under
 port (named ``targetPort`` looked up in the pod's container ports). Pods whose
 ports resolve alike share one subset. Headless services (``clusterIP: None``)
 are handled the same way: their endpoints list the pod IPs. Services without a
-selector are left alone (their Endpoints are the user's). The same addresses
-are also published as EndpointSlices (``discovery.k8s.io/v1``, one per port set,
-owned by the Service), which is what ``kubectl describe service`` reads.
+selector are left alone. The addresses are published as EndpointSlices
+(``discovery.k8s.io/v1``, one per port set, owned by the Service), which is
+what ``kubectl describe service`` and the service proxy read. No Endpoints
+object is written: like the real API server, the emulator refuses loopback
+addresses in Endpoints, and every pod here has one (``127.1.x.y``). The
+:func:`compute_subsets` grouping is kept as the step before the slices.
 
 :func:`compute_subsets` is the pure rule; :class:`EndpointsController` applies
 it through the API on every service or pod change.
@@ -171,13 +174,12 @@ def compute_slices(service: Mapping[str, Any], subsets: list[dict[str, Any]]) ->
 
 
 class EndpointsController:
-    """Writes Endpoints for every selector Service; start and stop in one event loop."""
+    """Writes EndpointSlices for every selector Service; start and stop in one event loop."""
 
     def __init__(self, client: ApiClient) -> None:
         self.client = client
         self.services = Informer(client, "/api/v1/services", self._on_service)
         self.pods = Informer(client, "/api/v1/pods", self._on_pod)
-        self.endpoints = Informer(client, "/api/v1/endpoints", self._on_owned)
         #: None when the API server does not serve discovery.k8s.io/v1.
         self.slices: Informer | None = None
         #: Pod UIDs each service lists now, to notice a pod leaving a service.
@@ -187,7 +189,7 @@ class EndpointsController:
         self._task: asyncio.Task[None] | None = None
 
     def _informers(self) -> list[Informer]:
-        return [i for i in (self.services, self.pods, self.endpoints, self.slices) if i is not None]
+        return [i for i in (self.services, self.pods, self.slices) if i is not None]
 
     async def start(self, timeout: float = 30.0) -> None:
         try:
@@ -197,13 +199,14 @@ class EndpointsController:
         except ApiRequestError as exc:
             if exc.status != 404:
                 raise
+            log.warning("the API server serves no discovery.k8s.io/v1: services get no endpoints")
         for informer in self._informers():
             informer.start()
         try:
             await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in self._informers())), timeout)
         except asyncio.TimeoutError:
             raise TimeoutError(
-                f"the endpoints controller could not list services, pods and endpoints within {timeout}s"
+                f"the endpoints controller could not list services, pods and endpoint slices within {timeout}s"
             ) from None
         self._dirty.update(self.services.cache)
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="endpoints controller")
@@ -226,7 +229,7 @@ class EndpointsController:
 
     def _on_owned(self, etype: str, key: str, obj: dict[str, Any]) -> None:
         # Our own writes come back here and find nothing to do; anyone else's
-        # change to a service's Endpoints is repaired.
+        # change to a service's slices is repaired.
         if key in self.services.cache:
             self._mark(key)
 
@@ -273,16 +276,12 @@ class EndpointsController:
                 self._wake.set()
 
     async def _sync(self, key: str) -> None:
-        ns, name = key.split("/", 1)
-        path = f"/api/v1/namespaces/{ns}/endpoints/{name}"
         service = self.services.cache.get(key)
-        current = self.endpoints.cache.get(key)
         if service is None or not (service.get("spec") or {}).get("selector"):
+            # No selector: the slices are the user's. A deleted Service's slices
+            # go with it (they are owned by it).
             self._members.pop(key, None)
-            if service is None and current is not None:
-                with contextlib.suppress(ApiRequestError):
-                    await self.client.delete(path)
-            return  # no selector: the Endpoints are the user's
+            return
         subsets = compute_subsets(service, self.pods.cache.values())
         self._members[key] = {
             a["targetRef"]["uid"]
@@ -290,18 +289,6 @@ class EndpointsController:
             for field in ("addresses", "notReadyAddresses")
             for a in subset.get(field) or []
         }
-        labels = dict((service.get("metadata") or {}).get("labels") or {})
-        if current is None:
-            body = {
-                "apiVersion": "v1",
-                "kind": "Endpoints",
-                "metadata": {"name": name, "namespace": ns, "labels": labels},
-                "subsets": subsets,
-            }
-            await self.client.post(f"/api/v1/namespaces/{ns}/endpoints", body)
-        elif (current.get("subsets") or []) != subsets or (current["metadata"].get("labels") or {}) != labels:
-            body = {**current, "subsets": subsets, "metadata": {**current["metadata"], "labels": labels}}
-            await self.client.put(path, body)
         if self.slices is not None:
             await self._sync_slices(service, subsets)
 

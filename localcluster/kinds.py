@@ -425,6 +425,40 @@ def metadata_causes(obj: Obj) -> list[FieldCause]:
     return out
 
 
+#: Addresses Endpoints may not hold, with the real API server's words for each.
+_FORBIDDEN_ENDPOINT_NETS = (
+    (ipaddress.ip_network("127.0.0.0/8"), "may not be in the loopback range (127.0.0.0/8)"),
+    (ipaddress.ip_network("169.254.0.0/16"), "may not be in the link-local range (169.254.0.0/16)"),
+    (ipaddress.ip_network("224.0.0.0/4"), "may not be in the link-local multicast range (224.0.0.0/24)"),
+)
+
+
+def _endpoints_causes(obj: Obj) -> list[FieldCause]:
+    """As the real API server: an Endpoints address must be a valid, routable IP.
+
+    (This is why kelastic local's pods, on 127.1.x addresses, are published
+    through EndpointSlices, which accept them.)
+    """
+    out: list[FieldCause] = []
+    for i, subset in enumerate(obj.get("subsets") or ()):
+        for group in ("addresses", "notReadyAddresses"):
+            for j, address in enumerate(subset.get(group) or ()):
+                ip, field = str(address.get("ip", "")), f"subsets[{i}].{group}[{j}].ip"
+                try:
+                    parsed = ipaddress.ip_address(ip)
+                except ValueError:
+                    out.append(
+                        FieldCause(
+                            "FieldValueInvalid", f'Invalid value: "{ip}": must be a valid IP address', field
+                        )
+                    )
+                    continue
+                for net, why in _FORBIDDEN_ENDPOINT_NETS:
+                    if parsed in net:
+                        out.append(FieldCause("FieldValueInvalid", f'Invalid value: "{ip}": {why}', field))
+    return out
+
+
 def validate_builtin(rt: ResourceType, obj: Obj) -> list[FieldCause]:
     """The validation clients rely on for built-in kinds (required fields, basic shapes)."""
     if rt.crd:
@@ -479,6 +513,8 @@ def validate_builtin(rt: ResourceType, obj: Obj) -> list[FieldCause]:
             )
     elif rt.kind == "CustomResourceDefinition":
         out.extend(_crd_causes(obj))
+    elif rt.kind == "Endpoints":
+        out.extend(_endpoints_causes(obj))
     elif rt.kind == "ConfigMap":
         for k, v in (obj.get("data") or {}).items():
             if not isinstance(v, str):
