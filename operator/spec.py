@@ -244,10 +244,87 @@ def _enum(spec: Mapping[str, Any], key: str, path: str, kind: type[enum.Enum], d
         raise SpecError(path, f"must be one of {allowed}, got {value!r}") from None
 
 
+@dataclass(frozen=True)
+class _Replicas:
+    """``spec.minReplicas``, ``spec.maxReplicas`` and the Worker replica spec, validated."""
+
+    min: int
+    max: int
+    replicas: int
+    #: The out-of-range value a started job was scaled to (``replicas`` is then clamped).
+    requested: int | None
+    restart_policy: RestartPolicy
+    worker: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class _Container:
+    """The worker pod template and what its first container runs."""
+
+    template: Mapping[str, Any]
+    image: str
+    command: WorkerCommand
+
+
+@dataclass(frozen=True)
+class _Rendezvous:
+    backend: RdzvBackend
+    endpoint: str | None
+    conf: dict[str, str]
+
+
 def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
     """Validate ``spec``. A ``started`` job (one that has run at full size) scaled out of
     ``[minReplicas, maxReplicas]`` keeps running at the nearest bound instead of failing:
-    a mistyped ``kubectl scale`` must not end a training run."""
+    a mistyped ``kubectl scale`` must not end a training run.
+
+    The parts are checked in a fixed order (name, replicas, container, processes,
+    rendezvous, the rest), so a spec with several errors always reports the same one."""
+    _check_name(meta)
+    if not isinstance(spec, Mapping):
+        raise SpecError("spec", "is required and must be an object")
+    replicas = _parse_replicas(spec, started=started)
+    container = _parse_container(replicas.worker)
+    nproc = _parse_nproc(spec)
+    rdzv = _parse_rendezvous(spec)
+    suspend = _bool(spec, "suspend", "spec.suspend", default=False)
+    warm_start = _bool(spec, "warmStart", "spec.warmStart", default=True)
+    timeout = _parse_min_replicas_timeout(meta)
+    backoff = _int(spec, "backoffLimit", "spec.backoffLimit", default=6, minimum=0)
+    max_restarts = _int(spec, "maxRestarts", "spec.maxRestarts", default=3, minimum=0)
+    assert backoff is not None and max_restarts is not None
+    return JobSpec(
+        min_replicas=replicas.min,
+        max_replicas=replicas.max,
+        replicas=replicas.replicas,
+        template=container.template,
+        command=container.command,
+        image=container.image,
+        restart_policy=replicas.restart_policy,
+        clean_pod_policy=_enum(
+            spec, "cleanPodPolicy", "spec.cleanPodPolicy", CleanPodPolicy, CleanPodPolicy.RUNNING
+        ),
+        ttl_seconds_after_finished=_int(
+            spec, "ttlSecondsAfterFinished", "spec.ttlSecondsAfterFinished", default=None, minimum=0
+        ),
+        active_deadline_seconds=_int(
+            spec, "activeDeadlineSeconds", "spec.activeDeadlineSeconds", default=None, minimum=1
+        ),
+        backoff_limit=backoff,
+        nproc_per_node=nproc,
+        max_restarts=max_restarts,
+        rdzv_backend=rdzv.backend,
+        rdzv_endpoint=rdzv.endpoint,
+        rdzv_conf=rdzv.conf,
+        suspend=suspend,
+        warm_start=warm_start,
+        min_replicas_timeout=timeout,
+        replicas_requested=replicas.requested,
+        agent=_enum(spec, "agent", "spec.agent", AgentMode, AgentMode.INJECT),
+    )
+
+
+def _check_name(meta: JobMeta) -> None:
     if not meta.name:
         raise SpecError("metadata.name", "is required")
     if len(meta.name) > MAX_NAME_LENGTH:
@@ -256,9 +333,10 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
             f"is {len(meta.name)} characters; at most {MAX_NAME_LENGTH} fit the names of the "
             "job's pods and Service",
         )
-    if not isinstance(spec, Mapping):
-        raise SpecError("spec", "is required and must be an object")
 
+
+def _parse_replicas(spec: Mapping[str, Any], *, started: bool) -> _Replicas:
+    """The replica bounds, the Worker replica spec, its replicas and restart policy."""
     min_r = _int(spec, "minReplicas", "spec.minReplicas", default=None, minimum=1)
     if min_r is None:
         raise SpecError("spec.minReplicas", "is required (the fewest worker pods the job trains with)")
@@ -298,7 +376,12 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
     restart_policy = _enum(
         worker, "restartPolicy", f"{wpath}.restartPolicy", RestartPolicy, RestartPolicy.EXIT_CODE
     )
+    return _Replicas(min_r, max_r, replicas, requested, restart_policy, worker)
 
+
+def _parse_container(worker: Mapping[str, Any]) -> _Container:
+    """The Worker's pod template and its first container's image and training command."""
+    wpath = "spec.replicaSpecs.Worker"
     template = worker.get("template")
     if not isinstance(template, Mapping) or not template:
         raise SpecError(f"{wpath}.template", "is required: the pod template of a worker")
@@ -316,11 +399,15 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
     image = container.get("image")
     if not isinstance(image, str) or not image:
         raise SpecError(f"{cpath}.image", "is required: the worker image (Python and torch)")
-    command = _worker_command(container, cpath)
+    return _Container(template, image, _worker_command(container, cpath))
 
-    nproc = spec.get("nprocPerNode", 1)
-    if isinstance(nproc, bool) or not isinstance(nproc, int | str):
-        raise SpecError("spec.nprocPerNode", f"must be a positive integer or 'auto', got {nproc!r}")
+
+def _parse_nproc(spec: Mapping[str, Any]) -> int | str:
+    """``spec.nprocPerNode``: a positive integer (also as digits) or one of the words."""
+    raw = spec.get("nprocPerNode", 1)
+    if isinstance(raw, bool) or not isinstance(raw, int | str):
+        raise SpecError("spec.nprocPerNode", f"must be a positive integer or 'auto', got {raw!r}")
+    nproc: int | str = raw
     if isinstance(nproc, str):
         if nproc.isdigit():
             nproc = int(nproc)
@@ -328,7 +415,11 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
             raise SpecError("spec.nprocPerNode", f"must be a positive integer or 'auto', got {nproc!r}")
     if isinstance(nproc, int) and nproc < 1:
         raise SpecError("spec.nprocPerNode", f"must be at least 1, got {nproc}")
+    return nproc
 
+
+def _parse_rendezvous(spec: Mapping[str, Any]) -> _Rendezvous:
+    """``spec.rdzvEndpoint``, ``spec.rdzvBackend`` and ``spec.rdzvConf``."""
     endpoint = spec.get("rdzvEndpoint") or None
     if endpoint is not None:
         match = _ENDPOINT_RE.match(str(endpoint))
@@ -353,55 +444,24 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
         if "," in text or "=" in str(key) or "," in str(key):
             raise SpecError(f"spec.rdzvConf.{key}", "keys and values may not contain ',' (or '=' in keys)")
         rdzv_conf[str(key)] = text
+    return _Rendezvous(backend, endpoint, rdzv_conf)
 
-    suspend = _bool(spec, "suspend", "spec.suspend", default=False)
-    warm_start = _bool(spec, "warmStart", "spec.warmStart", default=True)
 
+def _parse_min_replicas_timeout(meta: JobMeta) -> float | None:
+    """The job's own minReplicas timeout (seconds) from its annotation, if it has one."""
     timeout_raw = meta.annotations.get(ANNOTATION_MIN_REPLICAS_TIMEOUT)
-    timeout: float | None = None
-    if timeout_raw is not None:
-        try:
-            timeout = float(timeout_raw)
-        except ValueError:
-            timeout = -1.0
-        if timeout < 0:
-            raise SpecError(
-                f"metadata.annotations[{ANNOTATION_MIN_REPLICAS_TIMEOUT}]",
-                f"must be a number of seconds >= 0, got {timeout_raw!r}",
-            )
-
-    backoff = _int(spec, "backoffLimit", "spec.backoffLimit", default=6, minimum=0)
-    max_restarts = _int(spec, "maxRestarts", "spec.maxRestarts", default=3, minimum=0)
-    assert backoff is not None and max_restarts is not None
-    return JobSpec(
-        min_replicas=min_r,
-        max_replicas=max_r,
-        replicas=replicas,
-        template=template,
-        command=command,
-        image=image,
-        restart_policy=restart_policy,
-        clean_pod_policy=_enum(
-            spec, "cleanPodPolicy", "spec.cleanPodPolicy", CleanPodPolicy, CleanPodPolicy.RUNNING
-        ),
-        ttl_seconds_after_finished=_int(
-            spec, "ttlSecondsAfterFinished", "spec.ttlSecondsAfterFinished", default=None, minimum=0
-        ),
-        active_deadline_seconds=_int(
-            spec, "activeDeadlineSeconds", "spec.activeDeadlineSeconds", default=None, minimum=1
-        ),
-        backoff_limit=backoff,
-        nproc_per_node=nproc,
-        max_restarts=max_restarts,
-        rdzv_backend=backend,
-        rdzv_endpoint=endpoint,
-        rdzv_conf=rdzv_conf,
-        suspend=suspend,
-        warm_start=warm_start,
-        min_replicas_timeout=timeout,
-        replicas_requested=requested,
-        agent=_enum(spec, "agent", "spec.agent", AgentMode, AgentMode.INJECT),
-    )
+    if timeout_raw is None:
+        return None
+    try:
+        timeout = float(timeout_raw)
+    except ValueError:
+        timeout = -1.0
+    if timeout < 0:
+        raise SpecError(
+            f"metadata.annotations[{ANNOTATION_MIN_REPLICAS_TIMEOUT}]",
+            f"must be a number of seconds >= 0, got {timeout_raw!r}",
+        )
+    return timeout
 
 
 def _worker_command(container: Mapping[str, Any], path: str) -> WorkerCommand:
