@@ -86,10 +86,10 @@ def job_log(key: JobKey, level: int, message: str, *, exc_info: bool = False) ->
 def _older(body: Mapping[str, Any], than: Mapping[str, Any]) -> bool:
     """Whether ``body``'s resourceVersion is lower than ``than``'s (False when either is not an integer)."""
     try:
-        return int((body.get("metadata") or {}).get("resourceVersion")) < int(
-            (than.get("metadata") or {}).get("resourceVersion")
+        return int(str((body.get("metadata") or {}).get("resourceVersion"))) < int(
+            str((than.get("metadata") or {}).get("resourceVersion"))
         )
-    except (TypeError, ValueError):
+    except ValueError:
         return False
 
 
@@ -142,6 +142,7 @@ class Controller:
         self._failures: dict[JobKey, int] = {}  # consecutive failed passes, for the retry backoff
         self._passed_at: dict[JobKey, float] = {}  # when the last pass of a job started (monotonic)
         self._to_publish: dict[JobKey, PublishMembership] = {}
+        self._logged_membership: dict[JobKey, tuple[str, ...]] = {}
         self._failure_logs: dict[str, str] = {}  # pod uid -> log tail, for failed workers
         self._ensured: set[str] = set()  # EnsureObject keys created (or found) in this run
         self._ensure_failed: dict[str, float] = {}  # key -> when creating it last failed (monotonic)
@@ -220,6 +221,7 @@ class Controller:
         self._stores.pop(key, None)
         self._failures.pop(key, None)
         self._passed_at.pop(key, None)
+        self._logged_membership.pop(key, None)
         self.metrics.job_removed(key)
         self._rdzv_cache.pop(key, None)
         self._own_writes.pop(key, None)
@@ -486,7 +488,15 @@ class Controller:
                 if action is None:
                     break
                 if await self.store.publish(action):
-                    job_log(key, logging.INFO, f"published membership {list(action.nodes)}")
+                    # The store gets the membership again every few seconds (it may have
+                    # restarted); the log says so only when the membership changed.
+                    changed = self._logged_membership.get(key) != action.nodes
+                    self._logged_membership[key] = action.nodes
+                    job_log(
+                        key,
+                        logging.INFO if changed else logging.DEBUG,
+                        f"published membership {list(action.nodes)}",
+                    )
                 if self._to_publish.get(key) is action:
                     del self._to_publish[key]
         finally:
