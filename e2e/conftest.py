@@ -268,7 +268,7 @@ class Cluster:
         spec: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The example ElasticJob, renamed and tuned; checkpoints under :attr:`checkpoint_root`."""
-        (doc,) = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
+        (doc,) = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d and d["kind"] == "ElasticJob"]
         doc = copy.deepcopy(doc)
         doc["metadata"] = {"name": name, "namespace": self.kubectl.namespace}
         job_spec = doc["spec"]
@@ -276,11 +276,23 @@ class Cluster:
         job_spec["replicaSpecs"]["Worker"]["replicas"] = replicas
         pod = job_spec["replicaSpecs"]["Worker"]["template"]["spec"]
         root = str(self.checkpoint_root)
-        pod["volumes"][0]["hostPath"]["path"] = root
-        for container in [*pod["initContainers"], *pod["containers"]]:
+        # Scenarios read the training histories from a host directory: a hostPath replaces
+        # the example's claim (the scenario namespace does not enforce a Pod Security level).
+        pod["volumes"][0] = {"name": "checkpoints", "hostPath": {"path": root, "type": "DirectoryOrCreate"}}
+        for container in pod["containers"]:
             container["volumeMounts"][0]["mountPath"] = root
             container["image"] = IMAGE
-        pod["initContainers"][0]["command"][-1] = root
+        if not self.local:
+            # A node creates the hostPath owned by root: open it up for the non-root workers.
+            pod["initContainers"] = [
+                {
+                    "name": "checkpoint-dir",
+                    "image": IMAGE,
+                    "command": ["chmod", "1777", root],
+                    "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
+                    "volumeMounts": [{"name": "checkpoints", "mountPath": root}],
+                }
+            ]
         main = pod["containers"][0]
         if command is not None:
             main["command"] = command

@@ -43,6 +43,7 @@ from .apply import Applier, ManifestError, load_manifests
 from .cluster import LocalCluster
 from .completion import Outcome, outcome_of, pod_outcome, waitable
 from .controlplane import control_plane_dir
+from .images import ImageMap
 from .logrelay import LogFollower, LogRelay
 
 __all__ = ["find_crds_dir", "main", "operator_command"]
@@ -213,6 +214,9 @@ def _start_operator(
     command = operator_command()
     if command is None:
         return None
+    if not os.environ.get("KELASTIC_LOCAL_OPERATOR"):
+        # The namespaces of the applied jobs (the operator watches only "default" otherwise).
+        command += ["--all-namespaces"] if cluster_wide else [f"--namespace={ns}" for ns in watch]
     operator = _Operator(command, cluster.kubeconfig, cluster.data_dir / "operator.log")
     print(
         f"kelastic: started the operator (pid {operator.proc.pid}, log {operator.log_path})",
@@ -227,6 +231,24 @@ def _progress(out: TextIO) -> Callable[[str], None]:
         print(f"kelastic: {line}", file=out, flush=True)
 
     return say
+
+
+def _image_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="NAME=PYTHON",
+        help="run containers of image NAME with the interpreter PYTHON (e.g. a venv with torch only); "
+        "repeatable; other images run with this Python environment",
+    )
+
+
+def _images(args: argparse.Namespace) -> ImageMap:
+    try:
+        return ImageMap.from_options(args.image)
+    except ValueError as exc:
+        raise SystemExit(f"kelastic: {exc}") from None
 
 
 def _control_plane_flag(parser: argparse.ArgumentParser) -> None:
@@ -264,6 +286,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         control_plane=control_plane_dir(args.control_plane),
         progress=_progress(out),
+        images=_images(args),
     )
     operator: _Operator | None = None
     stopper = _Stopper()
@@ -419,6 +442,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         backoff_base=args.backoff,
         control_plane=control_plane_dir(args.control_plane),
         progress=_progress(out),
+        images=_images(args),
     )
     relay = LogRelay(write=out.write, tty=out.isatty(), interval=args.progress_interval)
     operator: _Operator | None = None
@@ -551,6 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--no-operator", action="store_true", help="do not start the kelastic operator")
     _control_plane_flag(up)
+    _image_flag(up)
     up.add_argument(
         "--watch-namespace",
         action="append",
@@ -578,6 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--no-operator", action="store_true", help="do not start the kelastic operator")
     _control_plane_flag(run)
+    _image_flag(run)
     run.set_defaults(func=cmd_run)
     return parser
 

@@ -419,7 +419,14 @@ class PodWorker:
             configmaps, secrets = await self.kubelet.fetch_sources(self.namespace, pod, c.spec)
             if not self.volumes:
                 tokens = await self.kubelet.fetch_tokens(pod)
-                self.volumes = prepare_volumes(pod, self.pod_dir, configmaps, secrets, tokens)
+                self.volumes = prepare_volumes(
+                    pod,
+                    self.pod_dir,
+                    configmaps,
+                    secrets,
+                    tokens,
+                    claims_dir=config.data_dir / "claims" / self.namespace,
+                )
             provided = {
                 "HOSTNAME": self.name,
                 "PYTHONUNBUFFERED": "1",

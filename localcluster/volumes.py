@@ -21,6 +21,11 @@ mounted at its ``mountPath``. kelastic local applies these rules instead:
   ``secret``/``configMap`` keys, ``downwardAPI`` fields and
   ``serviceAccountToken`` tokens (requested by the kubelet through
   TokenRequest and passed in ``tokens``).
+- ``persistentVolumeClaim``: the claim's directory under the kubelet's data
+  directory (``claims/<namespace>/<claimName>``), created on first use and
+  shared by every pod that names the claim, like a ReadWriteMany volume; it
+  outlives the pods (a local provisioner). Its ``mountPath`` is relocated as
+  for emptyDir (see :mod:`kelastic.localcluster.images`).
 - Other volume kinds are refused with a message naming them.
 """
 
@@ -114,6 +119,7 @@ def prepare_volumes(
     configmaps: Mapping[str, Mapping[str, str]],
     secrets: Mapping[str, Mapping[str, str]],
     tokens: Mapping[str, str] | None = None,
+    claims_dir: Path | None = None,
 ) -> dict[str, Path]:
     """Create the pod's volumes; return the host directory of each, by volume name.
 
@@ -152,6 +158,12 @@ def prepare_volumes(
             path = pod_dir / "volumes" / name
             path.mkdir(parents=True, exist_ok=True)
             _projected(pod, vol, path, configmaps, secrets, tokens or {})
+        elif "persistentVolumeClaim" in vol and claims_dir is not None:
+            claim = str((vol["persistentVolumeClaim"] or {}).get("claimName", ""))
+            if not claim or "/" in claim or claim.startswith("."):
+                raise ContainerConfigError(f"volume {name!r}: persistentVolumeClaim needs a claimName")
+            path = claims_dir / claim
+            path.mkdir(parents=True, exist_ok=True)
         elif "downwardAPI" in vol:
             path = pod_dir / "volumes" / name
             _write_files(path, _downward_files(pod, vol["downwardAPI"] or {}), False)
@@ -159,7 +171,7 @@ def prepare_volumes(
             kinds = sorted(k for k in vol if k != "name")
             raise ContainerConfigError(
                 f"volume {name!r} of kind {', '.join(kinds) or 'unknown'} is not supported by kelastic local "
-                "(supported: emptyDir, hostPath, configMap, secret, projected, downwardAPI)"
+                "(supported: emptyDir, hostPath, configMap, secret, projected, downwardAPI, persistentVolumeClaim)"
             )
         paths[name] = path
     return paths

@@ -32,7 +32,7 @@ CHART = REPO / "helm" / "kelastic"
 
 
 def example() -> dict[str, Any]:
-    (doc,) = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
+    (doc,) = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d and d["kind"] == "ElasticJob"]
     return doc
 
 
@@ -46,16 +46,20 @@ def test_example_job_is_what_the_operator_runs() -> None:
     assert (spec.min_replicas, spec.max_replicas, spec.replicas) == (2, 4, 3)
     assert spec.command.interpreter == "python" and spec.command.program == "examples/train.py"
     checkpoint_args = [a for a in spec.command.args if a.startswith("--checkpoint-dir=")]
-    assert checkpoint_args == ["--checkpoint-dir=/tmp/kelastic-example/{run_id}"]
+    assert checkpoint_args == ["--checkpoint-dir=/checkpoints/{run_id}"]
     pod = worker_pod(job, 0, endpoint="127.2.0.10:29400", config=BuildConfig())
     (main,) = pod["spec"]["containers"]
     assert main["command"][-len(spec.command.args) - 1 :] == ["examples/train.py", *spec.command.args]
-    assert pod["spec"]["initContainers"][0]["command"][0] == "chmod"
+    (inject,) = pod["spec"]["initContainers"]  # the agent, injected: no root init container
+    assert inject["command"][:3] == ["python", "-m", "kelastic.agent.inject"]
     mount = main["volumeMounts"][0]
-    (volume,) = pod["spec"]["volumes"]
-    assert mount["mountPath"] == volume["hostPath"]["path"], (
-        "kelastic local needs a hostPath mounted at its own path"
-    )
+    volume = pod["spec"]["volumes"][0]
+    assert mount == {"name": "checkpoints", "mountPath": "/checkpoints"}
+    assert volume["persistentVolumeClaim"]["claimName"] == "train-example-checkpoints"
+    # The whole pod passes the restricted Pod Security Standard.
+    from kelastic.localcluster.podsecurity import Level, violations
+
+    assert violations(pod["spec"], Level.RESTRICTED) == []
 
 
 @pytest.fixture
