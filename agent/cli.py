@@ -164,7 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start and supervise this node's workers of an elastic PyTorch job (torchrun-compatible).",
     )
 
+    # A flag is named by its long form, with or without the dashes (the contract's
+    # FLAG_* constants carry them).
     def names(name: str, short: str | None) -> tuple[str, list[str]]:
+        name = name.removeprefix("--")
         dest = name.replace("-", "_")
         flags = ([short] if short else []) + [f"--{name}"] + ([f"--{dest}"] if dest != name else [])
         return dest, flags
@@ -177,24 +180,31 @@ def build_parser() -> argparse.ArgumentParser:
         dest, flags = names(name, short)
         p.add_argument(*flags, dest=dest, action="store_true", default=_env_flag(dest), help=help)
 
-    opt("nnodes", default="1:1", type=str, help="number of nodes, N or MIN:MAX (default 1:1)")
+    opt(contract.FLAG_NNODES, default="1:1", type=str, help="number of nodes, N or MIN:MAX (default 1:1)")
     opt(
-        "nproc-per-node",
+        contract.FLAG_NPROC_PER_NODE,
         default="1",
         type=str,
         help="workers per node: an integer, auto, cpu or gpu (default 1)",
     )
-    opt("rdzv-backend", default="kelastic", type=str, help=f"rendezvous backend: {_BACKENDS_HINT}")
-    opt("rdzv-endpoint", default="", type=str, help="rendezvous store HOST:PORT")
-    opt("rdzv-id", default="none", type=str, help="job id shared by all nodes of a job")
     opt(
-        "rdzv-conf",
+        contract.FLAG_RDZV_BACKEND, default="kelastic", type=str, help=f"rendezvous backend: {_BACKENDS_HINT}"
+    )
+    opt(contract.FLAG_RDZV_ENDPOINT, default="", type=str, help="rendezvous store HOST:PORT")
+    opt(contract.FLAG_RDZV_ID, default="none", type=str, help="job id shared by all nodes of a job")
+    opt(
+        contract.FLAG_RDZV_CONF,
         default="",
         type=str,
         help="extra rendezvous settings, key=value,... (e.g. join_timeout=600)",
     )
     flag("standalone", help="single-node job with an embedded rendezvous store on a free port")
-    opt("max-restarts", default=0, type=int, help="worker group restarts before failing (default 0)")
+    opt(
+        contract.FLAG_MAX_RESTARTS,
+        default=0,
+        type=int,
+        help="worker group restarts before failing (default 0)",
+    )
     opt("monitor-interval", default=0.1, type=float, help="seconds between worker checks (default 0.1)")
     opt(
         "start-method",
@@ -204,11 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="how callables are started (default spawn)",
     )
     opt("role", default="default", type=str, help="role of this node's workers")
-    flag("module", short="-m", help="run the script as a Python module (python -m)")
-    flag("no-python", help="run the script as a program, without prepending python")
+    flag("module", short=contract.FLAG_MODULE, help="run the script as a Python module (python -m)")
+    flag(contract.FLAG_NO_PYTHON, help="run the script as a program, without prepending python")
     flag("run-path", help="run the script with runpy.run_path in the worker instead of a new interpreter")
     flag(
-        "warm-start",
+        contract.FLAG_WARM_START,
         help="fork workers from a server that already imported torch (much faster restarts; see kelastic.agent.warm)",
     )
     opt(
@@ -241,12 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     opt("master-addr", default="127.0.0.1", type=str, help="master address (static backend only)")
     opt("master-port", default=29500, type=int, help="master port (static backend only)")
     opt(
-        "local-addr",
+        contract.FLAG_LOCAL_ADDR,
         default=None,
         type=str,
         help="address peers reach this node on (default: this host's name)",
     )
-    opt("health-port", default=None, type=int, help="serve /healthz and /readyz on this port")
+    opt(contract.FLAG_HEALTH_PORT, default=None, type=int, help="serve /healthz and /readyz on this port")
     p.add_argument("training_script", type=str, help="the script (or module, or program) each worker runs")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments of the script")
     return p

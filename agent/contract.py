@@ -1,6 +1,6 @@
 """Names shared by the agent, the operator and users' scripts.
 
-This module is the operator↔agent contract of DESIGN.md in code: flag names,
+This module is the operator↔agent contract (docs/architecture.md) in code: flag names,
 environment variables, label keys and well-known ports. The operator may import
 it; it imports nothing else from kelastic, so it is safe to import anywhere.
 """
@@ -14,6 +14,18 @@ __all__ = [
     "ENV_NODE_NAME",
     "ENV_PROGRESS_FILE",
     "ENV_TERMINATION_MESSAGE_PATH",
+    "FLAG_HEALTH_PORT",
+    "FLAG_LOCAL_ADDR",
+    "FLAG_MAX_RESTARTS",
+    "FLAG_MODULE",
+    "FLAG_NNODES",
+    "FLAG_NO_PYTHON",
+    "FLAG_NPROC_PER_NODE",
+    "FLAG_RDZV_BACKEND",
+    "FLAG_RDZV_CONF",
+    "FLAG_RDZV_ENDPOINT",
+    "FLAG_RDZV_ID",
+    "FLAG_WARM_START",
     "INJECT_LAUNCHER",
     "INJECT_LIB",
     "LABEL_JOB_NAME",
@@ -59,6 +71,23 @@ DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 #: (downward API) so the membership it publishes names the same nodes the agents
 #: join as. Without it the agent uses ``<hostname>_<pid>``.
 ENV_NODE_NAME = "KELASTIC_NODE_NAME"
+
+#: Flags of ``kelastic-agent`` that the operator writes into a worker's command
+#: (``kelastic.operator.builders.agent_command``); ``kelastic.agent.cli`` defines them under
+#: these names (and accepts each with underscores too, and as ``PET_<NAME>``).
+FLAG_NNODES = "--nnodes"
+FLAG_NPROC_PER_NODE = "--nproc-per-node"
+FLAG_RDZV_BACKEND = "--rdzv-backend"
+FLAG_RDZV_ENDPOINT = "--rdzv-endpoint"
+FLAG_RDZV_ID = "--rdzv-id"
+FLAG_RDZV_CONF = "--rdzv-conf"
+FLAG_MAX_RESTARTS = "--max-restarts"
+FLAG_LOCAL_ADDR = "--local-addr"
+FLAG_HEALTH_PORT = "--health-port"
+FLAG_NO_PYTHON = "--no-python"
+FLAG_WARM_START = "--warm-start"
+#: The training program is a Python module (``python -m``).
+FLAG_MODULE = "-m"
 
 #: torchrun/Kubeflow convention: ``PET_NNODES`` is the fallback for ``--nnodes``.
 PET_PREFIX = "PET_"

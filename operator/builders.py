@@ -179,32 +179,32 @@ def agent_command(spec: JobSpec, *, run_id: str, endpoint: str, config: BuildCon
     else:
         argv += ["-c", IMAGE_AGENT_BOOTSTRAP]
     argv += [
-        "--nnodes",
+        contract.FLAG_NNODES,
         f"{spec.min_replicas}:{spec.max_replicas}",
-        "--nproc-per-node",
+        contract.FLAG_NPROC_PER_NODE,
         str(spec.nproc_per_node),
-        "--rdzv-backend",
+        contract.FLAG_RDZV_BACKEND,
         spec.rdzv_backend.value,
-        "--rdzv-endpoint",
+        contract.FLAG_RDZV_ENDPOINT,
         endpoint,
-        "--rdzv-id",
+        contract.FLAG_RDZV_ID,
         run_id,
-        "--max-restarts",
+        contract.FLAG_MAX_RESTARTS,
         str(spec.max_restarts),
-        "--local-addr",
+        contract.FLAG_LOCAL_ADDR,
         f"$({ENV_POD_IP})",
     ]
     if config.health_port is not None:
-        argv += ["--health-port", str(config.health_port)]
+        argv += [contract.FLAG_HEALTH_PORT, str(config.health_port)]
     if spec.rdzv_conf:
-        argv += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in sorted(spec.rdzv_conf.items()))]
+        argv += [contract.FLAG_RDZV_CONF, ",".join(f"{k}={v}" for k, v in sorted(spec.rdzv_conf.items()))]
     argv += cmd.launcher_options
     if cmd.interpreter is None:
-        argv.append("--no-python")  # the agent refuses --warm-start with it
+        argv.append(contract.FLAG_NO_PYTHON)  # the agent refuses --warm-start with it
     elif spec.warm_start:
-        argv.append("--warm-start")
+        argv.append(contract.FLAG_WARM_START)
     if cmd.module:
-        argv.append("-m")
+        argv.append(contract.FLAG_MODULE)
     argv += [cmd.program, *cmd.args]
     return argv
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kelastic.agent import warm
+from kelastic.agent import contract, warm
 from kelastic.agent.cli import (
     build_parser,
     config_from_args,
@@ -36,6 +36,14 @@ def test_operator_command_line() -> None:
     assert c.entrypoint == sys.executable
     assert c.args == ("-u", "train.py", "--lr", "0.1")
     assert not c.standalone
+
+
+def test_every_contract_flag_is_a_flag_of_the_agent() -> None:
+    """The operator writes the contract's FLAG_* names into worker commands: each is defined here."""
+    flags = {name: value for name, value in vars(contract).items() if name.startswith("FLAG_")}
+    assert len(flags) >= 12, flags
+    known = build_parser()._option_string_actions
+    assert {name: flag for name, flag in flags.items() if flag not in known} == {}
 
 
 def test_underscore_spellings_and_short_flags() -> None:

@@ -56,6 +56,28 @@ def test_python_command_runs_under_its_interpreter(kit: SimpleNamespace) -> None
     ]  # fmt: skip
 
 
+def test_the_agent_reads_the_command_the_operator_writes(kit: SimpleNamespace) -> None:
+    """Both sides of the contract: kelastic-agent's own parser reads what agent_command builds."""
+    from kelastic.agent.cli import build_parser, config_from_args
+
+    job = job_of(
+        kit, command=["python3", "-u", "train.py", "--lr", "0.1"], rdzvConf={"a": "x"}, nprocPerNode=2
+    )
+    assert job.spec is not None
+    cmd = agent_command(job.spec, run_id="uid-demo", endpoint="127.2.0.5:29400", config=CFG)
+    c = config_from_args(build_parser().parse_args(cmd[cmd.index(LAUNCHER) + 1 :]))
+    assert (c.min_nodes, c.max_nodes, c.nproc_per_node, c.max_restarts) == (2, 4, 2, 3)
+    assert (c.rdzv_backend, c.rdzv_endpoint, c.run_id, c.health_port) == (
+        "kelastic",
+        "127.2.0.5:29400",
+        "uid-demo",
+        8081,
+    )
+    assert c.local_addr == "$(POD_IP)"  # the kubelet expands it from the downward API
+    assert c.start_method == "forkserver"  # --warm-start
+    assert c.args == ("train.py", "--lr", "0.1")
+
+
 def test_module_and_non_python_commands(kit: SimpleNamespace) -> None:
     mod = job_of(kit, command=["python", "-m", "pkg.train", "--x"]).spec
     assert mod is not None
