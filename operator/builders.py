@@ -141,7 +141,9 @@ def _labels(job: Job, role: str, index: int | None = None) -> dict[str, str]:
     return labels
 
 
-def _metadata(job: Job, name: str, labels: dict[str, str], extra: Mapping[str, Any] | None = None) -> dict:
+def _metadata(
+    job: Job, name: str, labels: dict[str, str], extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     meta: dict[str, Any] = dict(copy.deepcopy(extra or {}))
     meta.pop("name", None)
     meta.pop("generateName", None)
