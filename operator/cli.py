@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kelastic.agent.contract import DEFAULT_HEALTH_PORT
+from kelastic.operator.builders import DEFAULT_OPERATOR_IMAGE
 
 __all__ = ["build_parser", "main"]
 
@@ -53,7 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-format", choices=("text", "json"), default="text", help="json: one JSON object per line"
     )
     p.add_argument(
-        "--resync-interval", type=float, default=5.0, help="reconcile every job at least this often (s)"
+        "--resync-interval",
+        type=float,
+        default=60.0,
+        help="reconcile every job from the caches at least this often (s); a safety net: changes, deadlines "
+        "and the rendezvous store trigger passes themselves",
     )
     p.add_argument(
         "--min-replicas-timeout",
@@ -72,6 +77,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--agent-python",
         default="python",
         help="interpreter that runs kelastic.agent for non-python training commands",
+    )
+    p.add_argument(
+        "--agent-image",
+        default=os.environ.get("KELASTIC_OPERATOR_IMAGE") or DEFAULT_OPERATOR_IMAGE,
+        help="image of the init container that injects kelastic-agent into workers (spec.agent: inject); "
+        "the operator's own image (default $KELASTIC_OPERATOR_IMAGE, else %(default)s)",
+    )
+    p.add_argument(
+        "--store-image",
+        default=None,
+        help="image of the rendezvous store pods (default: --agent-image)",
     )
     p.add_argument(
         "--health-port",
@@ -180,8 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     logging.getLogger("urllib3").setLevel(logging.WARNING)
     if args.log_level != "debug":
-        # kopf reports every handler run at INFO; our own lines say what changed.
-        for name in ("kopf.objects", "kopf.activities"):
+        # kopf reports every handler run at INFO, its liveness endpoint every probe (aiohttp's
+        # access log); our own lines say what changed.
+        for name in ("kopf.objects", "kopf.activities", "aiohttp.access"):
             logging.getLogger(name).setLevel(logging.WARNING)
     log = logging.getLogger("kelastic.operator")
 
@@ -204,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
             build=BuildConfig(
                 agent_python=args.agent_python,
+                agent_image=args.agent_image,
+                store_image=args.store_image,
                 health_port=args.health_port or None,
                 readiness_probe=not args.no_readiness_probe,
             ),
@@ -238,7 +257,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> Any:
-        return _connection_info(cfg)
+        # kopf logs in at start and again after a 401: read the credentials afresh, so a
+        # rotated service-account token (in-cluster, or the kubeconfig a kubelet wrote) is used.
+        try:
+            return _connection_info(load_configuration(args.kubeconfig, args.context))
+        except Exception as exc:
+            log.warning(
+                "could not reload Kubernetes credentials from %s (%s); using those loaded at start",
+                source,
+                exc,
+            )
+            return _connection_info(cfg)
 
     scope = "all namespaces" if args.all_namespaces else ", ".join(args.namespace or ["default"])
     log.info(

@@ -16,7 +16,7 @@ def test_defaults() -> None:
     assert (args.namespace, args.all_namespaces, args.standalone) == ([], False, False)
     assert (args.health_port, args.resync_interval, args.min_replicas_timeout, args.log_format) == (
         8081,
-        5.0,
+        60.0,
         300.0,
         "text",
     )
