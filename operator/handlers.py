@@ -30,9 +30,9 @@ from typing import Any
 import kopf
 
 from kelastic.agent import contract
-from kelastic.operator.controller import Controller
+from kelastic.operator.controller import Controller, JobKey
 from kelastic.operator.leader import LeaderElector
-from kelastic.operator.observed import pod_view, service_view
+from kelastic.operator.observed import PodView, ServiceView, pod_view, service_view
 from kelastic.operator.spec import GROUP, PLURAL, VERSION
 
 __all__ = ["OWNED_SELECTOR", "build_registry", "configure_settings"]
@@ -80,49 +80,56 @@ def build_registry(
 
     # Only labelled objects arrive (the server filters the watch); the checks below keep a
     # selector that a cluster failed to apply from turning into a crash.
+    # (kopf types ``namespace`` as optional for cluster-scoped kinds; every kind here is
+    # namespaced, so it is always set.)
     @kopf.index("v1", "pods", id="kelastic_pods", registry=registry)
-    def kelastic_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    def kelastic_pods(
+        namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+    ) -> dict[JobKey, PodView]:
         job = labels.get(contract.LABEL_JOB_NAME)
-        return {(namespace, job): pod_view(body)} if job else {}
+        return {(namespace or "", job): pod_view(body)} if job else {}
 
     @kopf.index("v1", "services", id="kelastic_services", registry=registry)
     def kelastic_services(
-        namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any
-    ) -> dict[Any, Any]:
+        namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+    ) -> dict[JobKey, ServiceView]:
         job = labels.get(contract.LABEL_JOB_NAME)
-        return {(namespace, job): service_view(body)} if job else {}
+        return {(namespace or "", job): service_view(body)} if job else {}
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, id="elasticjob", registry=registry)
+    # kopf passes each index as a keyword argument named after it (kelastic_pods, ...);
+    # its handler protocols cannot declare such names, hence the two ignores below.
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="elasticjob", registry=registry)  # type: ignore[arg-type]
     async def job_event(
         type: str | None,
-        namespace: str,
+        namespace: str | None,
         name: str,
         uid: str,
-        kelastic_pods: kopf.Index,
-        kelastic_services: kopf.Index,
+        kelastic_pods: kopf.Index[JobKey, PodView],
+        kelastic_services: kopf.Index[JobKey, ServiceView],
         meta: kopf.Meta,
         body: kopf.Body,
         **_: Any,
     ) -> None:
         controller.bind_indexes(kelastic_pods, kelastic_services)
+        key = (namespace or "", name)
         if type == "DELETED":
-            controller.job_gone((namespace, name), uid)
+            controller.job_gone(key, uid)
         else:
             # The watch's body is the controller's copy of the job: no GET per reconcile.
-            controller.job_seen((namespace, name), meta.get("resourceVersion"), copy.deepcopy(dict(body)))
+            controller.job_seen(key, meta.get("resourceVersion"), copy.deepcopy(dict(body)))
 
     @kopf.on.event("v1", "pods", id="elasticjob-pod", registry=registry)
-    @kopf.on.event("v1", "services", id="elasticjob-service", registry=registry)
+    @kopf.on.event("v1", "services", id="elasticjob-service", registry=registry)  # type: ignore[arg-type]
     async def owned_event(
-        namespace: str,
-        labels: dict[str, str],
-        kelastic_pods: kopf.Index,
-        kelastic_services: kopf.Index,
+        namespace: str | None,
+        labels: kopf.Labels,
+        kelastic_pods: kopf.Index[JobKey, PodView],
+        kelastic_services: kopf.Index[JobKey, ServiceView],
         **_: Any,
     ) -> None:
         controller.bind_indexes(kelastic_pods, kelastic_services)
         job = labels.get(contract.LABEL_JOB_NAME)
         if job:
-            controller.trigger((namespace, job))
+            controller.trigger((namespace or "", job))
 
     return registry
