@@ -51,6 +51,7 @@ from aiohttp import web
 
 from . import discovery, kinds, openapi
 from .errors import ApiError, status_object
+from .eviction import evict
 from .fields import component_schemas
 from .gc import GarbageCollector
 from .protobuf import ProtobufError, decode_object
@@ -341,12 +342,7 @@ class _App:
             if sub == "binding":
                 return _json(self._bind(rt, ns or "", name, body), 201)
             if sub == "eviction":
-                opts = DeleteOptions()
-                d = (body or {}).get("deleteOptions") or {}
-                opts.grace_period = d.get("gracePeriodSeconds")
-                opts.propagation = d.get("propagationPolicy")
-                reg.delete(rt, ns, name, opts)
-                return _json(status_object("Success", 201, "", ""), 201)
+                return _json(evict(reg, rt, ns or "", name, body), 201)
             raise ApiError.method_not_allowed(f"POST is not supported on a named {rt.kind}")
         if method == "PUT":
             if name is None:

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kelastic.agent import contract
+from kelastic.operator.disruption import disruption_reason
 from kelastic.operator.spec import parse_time
 
 __all__ = [
@@ -66,6 +67,8 @@ class PodView:
     message: str | None = None
     #: Name of the container whose end counts (the worker container).
     container: str | None = None
+    #: Why the pod was evicted or preempted (kelastic.operator.disruption), None if it was not.
+    disruption: str | None = None
 
     @property
     def active(self) -> bool:
@@ -162,6 +165,7 @@ def pod_view(body: Mapping[str, Any], worker_container: str | None = None) -> Po
         pod_ip=status.get("podIP"),
         message=message,
         container=worker_container,
+        disruption=disruption_reason(status),
     )
 
 

@@ -21,7 +21,7 @@ from enum import Enum
 from typing import Any
 
 from kelastic.agent import contract
-from kelastic.operator import builders, netpol
+from kelastic.operator import builders, disruption, netpol
 from kelastic.operator.observed import (
     Observed,
     PodPhase,
@@ -530,6 +530,44 @@ def _success_step(p: _Pass, job: _ActiveJob) -> _Next:
     return _Next.STOP
 
 
+def _disruption_step(p: _Pass, job: _ActiveJob) -> _Next:
+    """Evicted or preempted workers are no failure of the training: the job shrinks, the pod is
+    recreated when it can be, ``backoffLimit`` is not touched; a ``Disrupted`` condition and an
+    Event name the pod and the reason (``kelastic.operator.disruption``)."""
+    disrupted = [w for w in job.workers if w.disruption is not None and (w.terminating or w in job.wanted)]
+    for pod in disrupted:
+        if pod.terminating:
+            continue  # deleted already (the eviction API, the scheduler): its index is recreated when it is gone
+        assert pod.disruption is not None
+        job.recreating.append(pod)
+        p.actions.append(
+            DeletePod(
+                reason="RecreateEvicted",
+                message=f"{disruption.describe(pod.name, pod.disruption)}; recreating it",
+                name=pod.name,
+                uid=pod.uid,
+            )
+        )
+    job.wanted = [w for w in job.wanted if w.disruption is None]
+    if disrupted:
+        described = "; ".join(disruption.describe(w.name, w.disruption or "") for w in disrupted)
+        p.condition(
+            disruption.CONDITION_DISRUPTED,
+            True,
+            disrupted[0].disruption or "Disrupted",
+            f"{described}: the job goes on without it and recreates it when it can; "
+            "not counted against spec.backoffLimit",
+            warning=True,
+        )
+    elif (
+        p._was_true(disruption.CONDITION_DISRUPTED)
+        and all(w.phase is PodPhase.RUNNING for w in job.wanted)
+        and len(job.wanted) >= job.spec.replicas
+    ):
+        p.condition(disruption.CONDITION_DISRUPTED, False, "Recovered", "every disrupted worker was replaced")
+    return _Next.CONTINUE
+
+
 def _failures_step(p: _Pass, job: _ActiveJob) -> _Next:
     """Recreate failed workers while the restart policy and ``backoffLimit`` allow, else fail the job.
 
@@ -754,6 +792,7 @@ def _phase_step(p: _Pass, job: _ActiveJob) -> _Next:
 _ACTIVE_STEPS: tuple[Callable[[_Pass, _ActiveJob], _Next], ...] = (
     _deadline_step,
     _success_step,
+    _disruption_step,
     _failures_step,
     _range_step,
     _store_step,
@@ -783,7 +822,7 @@ def _ensure_store(p: _Pass, spec: JobSpec) -> tuple[str | None, str | None]:
             )
         )
     elif svc.cluster_ip and not svc.terminating and svc.owner_uid in (p.job.meta.uid, None):
-        endpoint = f"{svc.cluster_ip}:{build.rdzv_port}"
+        endpoint = contract.format_endpoint(svc.cluster_ip, build.rdzv_port)  # [v6]:port
         p.status["rdzvEndpoint"] = endpoint
     # else: the name is still held (being deleted, or left by an earlier job of the same
     # name that the garbage collector has not removed yet): wait for it to go.
