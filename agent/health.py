@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +23,17 @@ from kelastic.agent.exposition import CONTENT_TYPE
 __all__ = ["HealthServer"]
 
 _log = logging.getLogger(__name__)
+
+
+def _server_class(host: str) -> type[ThreadingHTTPServer]:
+    """An HTTP server class of the address family of ``host`` (an IPv6 pod IP needs AF_INET6)."""
+    if ":" not in host:
+        return ThreadingHTTPServer
+
+    class V6Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    return V6Server
 
 
 class HealthServer:
@@ -70,7 +82,7 @@ class HealthServer:
                 return None  # probes every few seconds would flood the agent's log
 
         try:
-            self._server = ThreadingHTTPServer((host, port), Handler)
+            self._server = _server_class(host)((host, port), Handler)
         except OSError as e:
             raise OSError(e.errno, f"cannot serve health endpoints on {host}:{port}: {e.strerror}") from e
         self._server.daemon_threads = True
