@@ -1,4 +1,5 @@
-"""Both /metrics endpoints during a real run, and the store's NetworkPolicy, on kelastic local.
+"""Operating a job on kelastic local: both /metrics endpoints during a real run, the store's
+NetworkPolicy, a worker evicted through the eviction API.
 
 A LocalCluster (emulated API server, process kubelet), the operator as a subprocess
 with ``--metrics-port`` and ``--store-network-policy``, an ElasticJob whose workers train with real gloo and report
@@ -8,6 +9,7 @@ with prometheus_client's parser, as a Prometheus server would.
 
 from __future__ import annotations
 
+import json
 import runpy
 import socket
 import urllib.request
@@ -216,3 +218,77 @@ def test_the_store_network_policy_follows_the_job(env: Any) -> None:
         lambda: "np-rendezvous" not in env.kubectl("get", "networkpolicies", "-o", "name"),
         60,
     )
+
+
+def test_an_evicted_worker_shrinks_the_job_and_comes_back_without_spending_a_restart(env: Any) -> None:
+    """The eviction API (policy/v1), as ``kubectl drain`` uses it, on a worker of a training job."""
+    done = env.workdir / "evict.done"
+    manifest = cluster_test.job("ev", min_r=2, max_r=3, replicas=3, warmStart=False, backoffLimit=0)
+    manifest["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"] = [
+        "python", "train.py", str(done),
+    ]  # fmt: skip
+
+    def status() -> dict[str, Any]:
+        return env.get("ej", "ev").get("status") or {}
+
+    env.apply(manifest)
+    env.wait(
+        "world size 3 with progress", lambda: status().get("worldSize") == 3 and status().get("progress"), 120
+    )
+    before = env.get("pod", "ev-worker-1")["metadata"]["uid"]
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "ev-worker-1", "namespace": "default"},
+    }
+    env.kubectl(
+        "create",
+        "--raw",
+        "/api/v1/namespaces/default/pods/ev-worker-1/eviction",
+        "-f",
+        "-",
+        input=json.dumps(eviction),
+    )
+    cond = env.wait(
+        "the Disrupted condition",
+        lambda: next(
+            (
+                c
+                for c in status().get("conditions") or []
+                if c["type"] == "Disrupted" and c["status"] == "True"
+            ),
+            None,
+        ),
+        30,
+    )
+    assert cond["reason"] == "EvictionByEvictionAPI" and "ev-worker-1 was evicted" in cond["message"]
+    events = env.wait(
+        "the Event",
+        lambda: [
+            e
+            for e in env.get("events")["items"]
+            if e["involvedObject"].get("name") == "ev" and e["reason"] == "EvictionByEvictionAPI"
+        ],
+        30,
+    )
+    assert events[0]["type"] == "Warning" and "not counted against spec.backoffLimit" in events[0]["message"]
+    # recreated under the same name, the group back at 3; backoffLimit 0 was not touched
+    env.wait(
+        "a new ev-worker-1",
+        lambda: (p := env.pods("ev").get("ev-worker-1")) is not None and p["metadata"]["uid"] != before,
+        60,
+    )
+    env.wait("world size 3 again", lambda: status().get("worldSize") == 3, 120)
+    st = status()
+    assert st["phase"] in ("Running", "Restarting") and int(st.get("backoffCount") or 0) == 0
+    env.wait(
+        "the condition to clear",
+        lambda: any(
+            c["type"] == "Disrupted" and c["status"] == "False" for c in status().get("conditions") or []
+        ),
+        60,
+    )
+    agent = scrape(f"http://{env.get('pod', 'ev-worker-0')['status']['podIP']}:{HEALTH_PORT}/metrics")
+    assert agent[("kelastic_agent_restarts_total", (("kind", "failure"),))] == 0
+    done.write_text("")
+    env.wait("Succeeded", lambda: status().get("phase") == "Succeeded", 90)
