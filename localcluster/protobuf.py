@@ -221,6 +221,15 @@ MESSAGES: dict[str, Fields] = {
         7: _f("name"),
     },
     "NonResourceAttributes": {1: _f("path"), 2: _f("verb")},
+    # meta/v1: what Go clients (Helm's uninstall among them) send with a DELETE
+    "DeleteOptions": {
+        1: _f("gracePeriodSeconds", "optional int"),
+        2: _f("preconditions", "Preconditions"),
+        3: _f("orphanDependents", "optional bool"),
+        4: _f("propagationPolicy"),
+        5: _f("dryRun", "string", True),
+    },
+    "Preconditions": {1: _f("uid"), 2: _f("resourceVersion")},
 }
 
 #: Kinds whose top-level protobuf can be decoded (typed-client creates).
@@ -238,6 +247,7 @@ TOP_LEVEL = (
     "Deployment",
     "Job",
     "CronJob",
+    "DeleteOptions",
 )
 
 
@@ -285,9 +295,9 @@ def _signed(v: int) -> int:
 def _scalar(kind: str, value: int | bytes) -> Any:
     if kind == "string":
         return value.decode() if isinstance(value, bytes) else str(value)
-    if kind == "int":
+    if kind in ("int", "optional int"):
         return _signed(value) if isinstance(value, int) else 0
-    if kind == "bool":
+    if kind in ("bool", "optional bool"):
         return bool(value)
     if kind == "raw":
         return value
@@ -329,8 +339,9 @@ def _message(name: str, data: bytes) -> Any:
             item = _scalar(kind, value)
         if repeated:
             out.setdefault(json_name, []).append(item)
-        elif item not in ("", 0, False, {}) or kind == "IntOrString":
-            # Go writes zero values of plain fields; their JSON form omits them.
+        elif item not in ("", 0, False, {}) or kind == "IntOrString" or kind.startswith("optional"):
+            # Go writes zero values of plain fields; their JSON form omits them. An optional
+            # (pointer) field is written only when set: gracePeriodSeconds=0 means "now".
             out[json_name] = item
     if name == "Time":
         if not out.get("seconds"):
