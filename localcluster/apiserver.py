@@ -15,11 +15,11 @@ printer columns, finalizers, graceful pod deletion, pod binding and eviction,
 ownerReference garbage collection, namespace termination, pod logs, and the
 protobuf request bodies of ``kubectl create <kind>``.
 
-Known differences: server-side apply records each manager's applied fields and
-removes those it stops applying, but does not detect conflicts between managers
-(every apply wins, as with ``--force-conflicts``) nor track fields written by
-updates; CEL validation rules are evaluated for a subset of CEL (see :mod:`.cel`;
-rules outside it are not enforced); responses are JSON only; there
+Known differences: server-side apply records each manager's applied fields,
+removes those it stops applying and reports conflicts between apply managers,
+but does not track fields written by updates; CEL validation rules are
+evaluated for a subset of CEL (see :mod:`.cel`; rules outside it are not
+enforced); responses are JSON only; there
 is no exec/attach/port-forward, no authentication or authorization (every
 request is allowed), and the only controllers are garbage collection and
 namespace termination (Deployments, Jobs and the like are stored as data).
@@ -387,6 +387,7 @@ class _App:
                 validation=self._validation(request),
                 dry_run=self._dry_run(request),
                 field_manager=q.get("fieldManager"),
+                force=q.get("force") == "true",
             )
             return _json(res.obj, 201 if res.created else 200, res.warnings)
         if method == "DELETE":

@@ -40,6 +40,7 @@ import ipaddress
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -299,10 +300,10 @@ class ControlPlane:
         self._make_pki()
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
         self.url = f"https://{HOST}:{api_port}"
-        etcd = self._spawn("etcd", self._etcd_argv(etcd_port, peer_port))
-        self._wait(
-            etcd, "etcd /health", lambda: b'"health":"true"' in _get(f"http://{HOST}:{etcd_port}/health")
-        )
+        member = f"kelastic-{secrets.token_hex(4)}"
+        etcd = self._spawn("etcd", self._etcd_argv(etcd_port, peer_port, member))
+        # Ours, not another cluster's etcd that won the race for a free port: its member name.
+        self._wait(etcd, "etcd /health", lambda: _etcd_member(f"http://{HOST}:{etcd_port}") == member)
         self.progress(f"etcd healthy after {time.monotonic() - started:.1f} s")
         apiserver = self._spawn("kube-apiserver", self._apiserver_argv(etcd_port, api_port))
         admin_ctx = self.ssl_context(self.credentials("admin"))
@@ -329,8 +330,10 @@ class ControlPlane:
         insecure.verify_mode = ssl.CERT_NONE  # their self-signed serving certificates: health only
         for component, name, port in waits:
 
-            def healthy(p: int = port) -> bool:
-                return _get(f"https://{HOST}:{p}/healthz", insecure) == b"ok"
+            def healthy(p: int = port, c: _Component = component) -> bool:
+                # Still running too: a port lost to another process would answer for it.
+                alive = c.process is not None and c.process.poll() is None
+                return alive and _get(f"https://{HOST}:{p}/healthz", insecure) == b"ok"
 
             self._wait(component, f"{name} /healthz", healthy)
             self.progress(f"{name} healthy after {time.monotonic() - started:.1f} s")
@@ -375,19 +378,19 @@ class ControlPlane:
         ensure_leaf(front, pki, "front-proxy-client", "front-proxy-client", client=True)
         ensure_signing_key(pki, "sa")
 
-    def _etcd_argv(self, port: int, peer_port: int) -> list[str]:
+    def _etcd_argv(self, port: int, peer_port: int, member: str) -> list[str]:
         data = self.etcd_data or self.state_dir / "etcd"
         data.mkdir(parents=True, exist_ok=True)
         data.chmod(0o700)
         return [
             str(self.binaries.etcd),
-            "--name=kelastic",
+            f"--name={member}",
             f"--data-dir={data}",
             f"--listen-client-urls=http://{HOST}:{port}",
             f"--advertise-client-urls=http://{HOST}:{port}",
             f"--listen-peer-urls=http://{HOST}:{peer_port}",
             f"--initial-advertise-peer-urls=http://{HOST}:{peer_port}",
-            f"--initial-cluster=kelastic=http://{HOST}:{peer_port}",
+            f"--initial-cluster={member}=http://{HOST}:{peer_port}",
             "--initial-cluster-state=new",
             "--logger=zap",
             "--log-outputs=stderr",
@@ -564,6 +567,16 @@ def _binary_version(binary: Path) -> KubeVersion:
 def _get(url: str, ctx: ssl.SSLContext | None = None) -> bytes:
     with urllib.request.urlopen(url, timeout=5, context=ctx) as resp:
         return bytes(resp.read())
+
+
+def _etcd_member(url: str) -> str:
+    """The name of the (single) member of the etcd at ``url``, once it is healthy; "" before."""
+    if b'"health":"true"' not in _get(url + "/health"):
+        return ""
+    request = urllib.request.Request(url + "/v3/cluster/member/list", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        members = json.loads(resp.read()).get("members") or []
+    return str(members[0].get("name", "")) if len(members) == 1 else ""
 
 
 def _exists(url: str, ctx: ssl.SSLContext) -> bool:

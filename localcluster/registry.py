@@ -685,6 +685,7 @@ class Registry:
         validation: FieldValidation = FieldValidation.WARN,
         dry_run: bool = False,
         field_manager: str | None = None,
+        force: bool = False,
     ) -> WriteResult:
         ns = self._ns(rt, namespace)
         old = self.store.get(rt.key, ns, name)
@@ -706,16 +707,29 @@ class Registry:
                     rt, namespace, body, validation=validation, dry_run=dry_run, managed=managed
                 )
             current = self.present(rt, old)
+            config = {k: v for k, v in patch.items() if k not in ("apiVersion", "kind")}
+            previous_managers = old["metadata"].get("managedFields")
+            clashes = ssa.conflicts(current, field_manager, fields_set, config)
+            if clashes and not force:
+                message, causes = ssa.conflict_message(clashes)
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    message,
+                    {"name": name, "group": rt.group, "kind": rt.plural},
+                    [FieldCause("FieldManagerConflict", m, f) for m, f in causes],
+                )
+            if clashes:
+                previous_managers = ssa.release(previous_managers, clashes)
             stripped = ssa.without_fields(
                 current, ssa.removed_fields(ssa.owned_fields(old, field_manager), fields_set)
             )
-            config = {k: v for k, v in patch.items() if k not in ("apiVersion", "kind")}
             try:
                 new = merge_patch(stripped, config) if rt.crd else strategic_merge_patch(stripped, config)
             except PatchError as exc:
                 raise ApiError.bad_request(str(exc)) from None
             new.setdefault("metadata", {})["managedFields"] = ssa.record(
-                old["metadata"].get("managedFields"), field_manager, rt.api_version, fields_set, now_rfc3339()
+                previous_managers, field_manager, rt.api_version, fields_set, now_rfc3339()
             )
             _check_preconditions(rt, old, patch.get("metadata") or {})
             return self._write_update(rt, old, new, subresource, validation, dry_run)

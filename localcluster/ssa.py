@@ -4,8 +4,10 @@ Each apply manager's fields are recorded in ``metadata.managedFields`` (an entry
 with ``operation: Apply`` and a ``fieldsV1`` set, in the API's format:
 ``f:<field>``, ``k:{<merge key>}`` for list elements, ``v:<value>`` for set
 members). When a manager applies again, the fields it owned before but no longer
-sets are removed, then its configuration is merged in. Ownership conflicts
-between managers are not detected (an apply always wins, as with ``--force-conflicts``).
+sets are removed, then its configuration is merged in. An apply that would
+change a field another apply manager owns is a conflict (409, one cause per
+field, as the API server answers) unless forced (``force=true``), which moves
+the field to the applying manager. Fields written by updates are not tracked.
 All functions are pure.
 """
 
@@ -16,7 +18,16 @@ from typing import Any
 
 from .patch import clone, merge_key_for
 
-__all__ = ["applied_fields", "owned_fields", "record", "removed_fields", "without_fields"]
+__all__ = [
+    "applied_fields",
+    "conflict_message",
+    "conflicts",
+    "owned_fields",
+    "record",
+    "release",
+    "removed_fields",
+    "without_fields",
+]
 
 Obj = dict[str, Any]
 _ROOT_SKIP = ("apiVersion", "kind")
@@ -143,4 +154,96 @@ def record(managed: list[Obj] | None, manager: str, api_version: str, fields: Ob
                 "fieldsV1": fields,
             }
         )
+    return out
+
+
+def _leaves(fields: Obj, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The paths (fieldsV1 keys) of the leaves of a fieldsV1 set."""
+    out: list[tuple[str, ...]] = []
+    for k, sub in fields.items():
+        if k == ".":
+            continue
+        children = {c: v for c, v in (sub or {}).items() if c != "."}
+        if children:
+            out.extend(_leaves(children, (*prefix, k)))
+        else:
+            out.append((*prefix, k))
+    return out
+
+
+def _contains(fields: Obj, path: tuple[str, ...]) -> bool:
+    node: Any = fields
+    for k in path:
+        if not isinstance(node, dict) or k not in node:
+            return False
+        node = node[k]
+    return True
+
+
+_MISSING = object()
+
+
+def _value_at(obj: Any, path: tuple[str, ...]) -> Any:
+    for k in path:
+        if k.startswith("f:") and isinstance(obj, dict):
+            obj = obj.get(k[2:], _MISSING)
+        elif k.startswith("k:") and isinstance(obj, list):
+            obj = next((i for i in obj if _matches(i, k)), _MISSING)
+        elif k.startswith("v:") and isinstance(obj, list):
+            obj = json.loads(k[2:]) if json.loads(k[2:]) in obj else _MISSING
+        else:
+            return _MISSING
+        if obj is _MISSING:
+            return obj
+    return obj
+
+
+def _display(path: tuple[str, ...]) -> str:
+    out = ""
+    for k in path:
+        if k.startswith("f:"):
+            out += "." + k[2:]
+        elif k.startswith("k:"):
+            out += "[" + ",".join(f"{a}={json.dumps(b)}" for a, b in json.loads(k[2:]).items()) + "]"
+        else:
+            out += f"[{k[2:]}]"
+    return out
+
+
+def conflicts(obj: Obj, manager: str, fields: Obj, config: Obj) -> dict[str, list[tuple[str, ...]]]:
+    """Fields other apply managers own that applying ``config`` would change, by manager."""
+    out: dict[str, list[tuple[str, ...]]] = {}
+    for entry in obj.get("metadata", {}).get("managedFields") or ():
+        other = entry.get("manager")
+        if other == manager or entry.get("operation") != "Apply":
+            continue
+        owned = entry.get("fieldsV1") or {}
+        for path in _leaves(fields):
+            if _contains(owned, path) and _value_at(obj, path) != _value_at(config, path):
+                out.setdefault(str(other), []).append(path)
+    return out
+
+
+def conflict_message(clashes: dict[str, list[tuple[str, ...]]]) -> tuple[str, list[tuple[str, str]]]:
+    """The API server's message and (message, field) causes for ``clashes``."""
+    causes = [(f'conflict with "{m}"', _display(p)) for m, paths in clashes.items() for p in paths]
+    count = len(causes)
+    listed = "\n".join(f"{message}: {field}" for message, field in causes)
+    return f"Apply failed with {count} conflict{'s' if count != 1 else ''}: {listed}", causes
+
+
+def release(managed: list[Obj] | None, clashes: dict[str, list[tuple[str, ...]]]) -> list[Obj]:
+    """managedFields with the clashing fields taken from their previous owners (a forced apply)."""
+    out = []
+    for entry in managed or ():
+        paths = clashes.get(str(entry.get("manager"))) if entry.get("operation") == "Apply" else None
+        if paths:
+            fields = clone(entry.get("fieldsV1") or {})
+            for path in paths:
+                node = fields
+                for k in path[:-1]:
+                    node = node.get(k) or {}
+                node.pop(path[-1], None)
+            entry = {**clone(entry), "fieldsV1": fields}
+        out.append(entry)
     return out

@@ -108,9 +108,9 @@ class Server:
             request.add_header("Content-Type", content_type)
         try:
             with urllib.request.urlopen(request, timeout=30, context=self.ssl) as resp:
-                return resp.status, json.loads(resp.read() or b"{}")
+                return resp.status, _decode(resp.read())
         except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
+            return exc.code, _decode(exc.read())
 
     def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -120,6 +120,13 @@ class Server:
             text=True,
             timeout=60,
         )
+
+
+def _decode(raw: bytes) -> Any:
+    try:
+        return json.loads(raw or b"{}")
+    except json.JSONDecodeError:  # e.g. "404 page not found" for a group not served yet
+        return {"text": raw.decode(errors="replace")}
 
 
 def status_body(body: Any) -> dict[str, Any]:
@@ -317,13 +324,10 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def real(control_plane_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     state = tmp_path_factory.mktemp("control-plane")
-    plane = ControlPlane(
-        ControlPlaneBinaries.find(control_plane_bin), state, etcd_data=Path("/dev/shm") / state.name
-    )
+    plane = ControlPlane(ControlPlaneBinaries.find(control_plane_bin), state)
     with plane:
-        yield Server(
-            "kube-apiserver", plane.url, plane.admin_kubeconfig, plane.ssl_context(plane.credentials("admin"))
-        )
+        admin = plane.ssl_context(plane.credentials("admin"))
+        yield Server("kube-apiserver", plane.url, plane.admin_kubeconfig, admin)
 
 
 def test_emulator_answers_like_the_real_api_server(emulator: Server, real: Server) -> None:
