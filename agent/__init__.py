@@ -23,6 +23,7 @@ from typing import Any
 __all__ = [
     "ElasticAgent",
     "LocalElasticAgent",
+    "MembershipWatcher",
     "RunResult",
     "SimpleElasticAgent",
     "Worker",
@@ -33,6 +34,7 @@ __all__ = [
 
 _HOME = {
     "ElasticAgent": "kelastic.agent.api",
+    "MembershipWatcher": "kelastic.agent.api",
     "RunResult": "kelastic.agent.api",
     "SimpleElasticAgent": "kelastic.agent.api",
     "Worker": "kelastic.agent.api",

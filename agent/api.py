@@ -53,7 +53,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from torch.distributed import Store
 from torch.distributed.elastic.rendezvous import RendezvousHandler
@@ -68,6 +68,7 @@ __all__ = [
     "DEFAULT_ROLE",
     "ElasticAgent",
     "MembershipChangedError",
+    "MembershipWatcher",
     "RankAssignment",
     "RoleInstanceInfo",
     "RunResult",
@@ -88,6 +89,25 @@ DEFAULT_ROLE = "default"
 _ROLE_INFO_PREFIX = "kelastic/role_info/"
 _ASSIGNED_PREFIX = "kelastic/assigned_ranks/"
 _EXIT_BARRIER_PREFIX = "kelastic/exit_barrier/"
+
+
+@runtime_checkable
+class MembershipWatcher(Protocol):
+    """What the agent may ask of a rendezvous handler beyond torch's ``RendezvousHandler``.
+
+    A handler that has these (kelastic's) lets the agent wait on the membership instead of
+    sleeping, restart at once when a peer is lost or joins, and tell a failure caused by a
+    lost peer from a failure of its own. With a handler that has not (torch's ``c10d`` and
+    ``static``), the agent polls ``num_nodes_waiting()`` every ``monitor_interval``.
+    """
+
+    def membership_changed(self) -> bool:
+        """True once the round this node is a member of is no longer the current one."""
+        ...
+
+    def wait_membership_change(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds; True as soon as :meth:`membership_changed` is."""
+        ...
 
 
 @dataclass
@@ -394,6 +414,7 @@ def _default_grace(handler: RendezvousHandler) -> float:
     A peer's death usually breaks a collective at once, while the rendezvous
     declares it dead only after its heartbeat timeout; kelastic's handler exposes
     that timeout (``settings.node_timeout``), plus one keep-alive period of slack.
+    (torch's c10d handler has ``settings`` too, without a ``node_timeout``: hence the checks.)
     """
     settings = getattr(handler, "settings", None)
     node_timeout = getattr(settings, "node_timeout", None)
@@ -593,28 +614,34 @@ class SimpleElasticAgent(ElasticAgent):
         worker_group.state = WorkerState.STOPPED
         self._initialize_workers(worker_group)
 
+    def _watcher(self) -> MembershipWatcher | None:
+        """The rendezvous handler, if it can watch the membership (see :class:`MembershipWatcher`)."""
+        handler = self._worker_group.spec.rdzv_handler
+        return handler if isinstance(handler, MembershipWatcher) else None
+
     def _watches_membership(self) -> bool:
-        return callable(getattr(self._worker_group.spec.rdzv_handler, "wait_membership_change", None))
+        return self._watcher() is not None
 
     def _wait_for_membership_change(self, timeout: float) -> bool:
         """Block up to ``timeout`` s; True if the rendezvous membership changed meanwhile."""
-        handler = self._worker_group.spec.rdzv_handler
-        if self._watches_membership():
-            return bool(handler.wait_membership_change(timeout))  # type: ignore[attr-defined]
+        watcher = self._watcher()
+        if watcher is not None:
+            return bool(watcher.wait_membership_change(timeout))
         time.sleep(timeout)
         return False
 
     def _membership_changed_now(self) -> bool:
-        return bool(self._worker_group.spec.rdzv_handler.membership_changed())  # type: ignore[attr-defined]
+        watcher = self._watcher()
+        return watcher is not None and bool(watcher.membership_changed())
 
     def _failure_was_membership_change(self) -> bool:
         """After workers failed: did the group change (a peer died/left/joined) around it?"""
-        if not self._watches_membership() or self._worker_group.group_world_size == 1:
+        watcher = self._watcher()
+        if watcher is None or self._worker_group.group_world_size == 1:
             return False  # alone in the round: no peer whose loss could have caused it
-        handler = self._worker_group.spec.rdzv_handler
-        if handler.membership_changed():  # type: ignore[attr-defined]
+        if watcher.membership_changed():
             return True
-        return bool(handler.wait_membership_change(self._membership_grace))  # type: ignore[attr-defined]
+        return bool(watcher.wait_membership_change(self._membership_grace))
 
     def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
         spec = self._worker_group.spec

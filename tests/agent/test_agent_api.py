@@ -16,6 +16,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 from kelastic.agent import warm
 from kelastic.agent.api import (
     MembershipChangedError,
+    MembershipWatcher,
     RankAssignment,
     RoleInstanceInfo,
     RunResult,
@@ -76,6 +77,20 @@ class OneNodeHandler(RendezvousHandler):
 
     def wait_membership_change(self, timeout: float) -> bool:
         return self.changes.pop(0) if self.changes else False
+
+
+def test_membership_watching_is_a_capability_the_handler_declares() -> None:
+    """The agent asks through MembershipWatcher, not by probing attributes: kelastic's handler
+    (and this module's test handler) have it, torch's own handlers do not."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+
+    from kelastic.agent.rendezvous.handler import KelasticRendezvousHandler
+
+    assert issubclass(KelasticRendezvousHandler, MembershipWatcher)
+    assert isinstance(OneNodeHandler(), MembershipWatcher)
+    assert not issubclass(DynamicRendezvousHandler, MembershipWatcher)
+    assert not issubclass(StaticTCPRendezvous, MembershipWatcher)
 
 
 class ScriptedAgent(SimpleElasticAgent):
