@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from kelastic.agent import contract
-from kelastic.operator import builders
+from kelastic.operator import builders, validation
 from kelastic.operator.events import EventRecorder
 from kelastic.operator.kube import ApiError, Kube
 from kelastic.operator.metrics import OperatorMetrics
@@ -64,7 +64,7 @@ from kelastic.operator.reconcile import (
     ReconcileConfig,
     reconcile,
 )
-from kelastic.operator.spec import API_VERSION, KIND, Job, parse_job
+from kelastic.operator.spec import API_VERSION, KIND, Job, SpecError, parse_job
 from kelastic.operator.status import TERMINAL_PHASES, merge_patch
 from kelastic.operator.store_client import StoreClient
 
@@ -141,6 +141,8 @@ class Controller:
         self._bodies: dict[JobKey, dict[str, Any]] = {}  # the newest ElasticJob seen (watch or write)
         self._failures: dict[JobKey, int] = {}  # consecutive failed passes, for the retry backoff
         self._passed_at: dict[JobKey, float] = {}  # when the last pass of a job started (monotonic)
+        #: Per job: the generation whose pod template the API server judged, and its verdict.
+        self._template_checks: dict[JobKey, tuple[int, SpecError | None]] = {}
         self._to_publish: dict[JobKey, PublishMembership] = {}
         self._logged_membership: dict[JobKey, tuple[str, ...]] = {}
         self._failure_logs: dict[str, str] = {}  # pod uid -> log tail, for failed workers
@@ -221,6 +223,7 @@ class Controller:
         self._stores.pop(key, None)
         self._failures.pop(key, None)
         self._passed_at.pop(key, None)
+        self._template_checks.pop(key, None)
         self._logged_membership.pop(key, None)
         self.metrics.job_removed(key)
         self._rdzv_cache.pop(key, None)
@@ -335,7 +338,7 @@ class Controller:
         pods = list(self._pods_index.get(key, ()))
         services = list(self._services_index.get(key, ()))
         pods = await self._with_failure_logs(namespace, pods)
-        job = parse_job(body)
+        job = await self._with_template_check(key, parse_job(body))
         rdzv = await self._read_rendezvous(key, job, pods)
         original_status = dict(body.get("status") or {})
         decision: Decision | None = None
@@ -371,6 +374,32 @@ class Controller:
             restarts=decision.status.get("restarts"),
         )
         return decision
+
+    async def _with_template_check(self, key: JobKey, job: Job) -> Job:
+        """``job``, made invalid when the API server refuses its pod template (checked once per generation)."""
+        if job.spec is None or job.deleting or job.status.get("phase") in {p.value for p in TERMINAL_PHASES}:
+            return job
+        checked = self._template_checks.get(key)
+        if checked is None or checked[0] != job.meta.generation:
+            manifest = builders.worker_pod(
+                job, 0, endpoint="127.0.0.1:1", config=self.options.reconcile.build
+            )
+
+            def dry_run() -> dict[str, Any]:
+                return self.kube.dry_run_create(job.meta.namespace, "pods", manifest)
+
+            try:
+                error = await self._io(validation.pod_error, manifest, dry_run, ApiError, lambda e: e.status)
+            except ApiError as err:
+                # Not the template's fault (unreachable, forbidden, quota): pod creation reports it.
+                if err.status == 0:
+                    raise  # no pods before a verdict: this pass is retried
+                job_log(key, logging.INFO, f"could not validate the pod template: {err}")
+                error = None
+            checked = self._template_checks[key] = (job.meta.generation, error)
+        if checked[1] is None:
+            return job
+        return replace(job, spec=None, error=checked[1])
 
     async def _with_failure_logs(self, namespace: str, pods: list[PodView]) -> list[PodView]:
         """Give failed workers without a termination message the tail of their log instead.

@@ -135,6 +135,12 @@ class Kube:
     def create(self, namespace: str, plural: str, manifest: Mapping[str, Any]) -> dict[str, Any]:
         return self.request("POST", self.core_path(namespace, plural), dict(manifest))
 
+    def dry_run_create(self, namespace: str, plural: str, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """What creating ``manifest`` would store, with unknown fields refused where the server can
+        (``fieldValidation=Strict``; older servers ignore it and prune them). Creates nothing."""
+        query = {"dryRun": "All", "fieldValidation": "Strict"}
+        return self.request("POST", self.core_path(namespace, plural), dict(manifest), query=query)
+
     def patch(self, namespace: str, plural: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch of one core object (the operator patches only its own Events)."""
         return self.request(

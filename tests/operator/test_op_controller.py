@@ -50,6 +50,10 @@ class RecordingKube:
         self.calls.append(f"POST {plural}")
         return self._stamp(manifest)
 
+    def dry_run_create(self, namespace: str, plural: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(f"POST {plural} (dry run)")
+        return copy.deepcopy(manifest)
+
     def delete(self, namespace: str, plural: str, name: str, uid: str | None = None) -> None:
         self.calls.append(f"DELETE {plural}")
 
