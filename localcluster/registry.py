@@ -16,68 +16,44 @@ import json
 import secrets
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from enum import Enum
 from typing import Any
 
 from . import fields, kinds, podsecurity, schema, ssa
 from .cel import MISSING
 from .errors import ApiError, FieldCause
+from .namespaces import Namespaces
 from .patch import PatchError, clone, json_patch, merge_patch, strategic_merge_patch
+from .registry_types import (
+    DeleteOptions,
+    FieldValidation,
+    ListResult,
+    Obj,
+    PatchType,
+    WriteResult,
+    check_preconditions,
+    now_rfc3339,
+)
 from .resources import ResourceType, TypeRegistry
-from .selectors import make_predicate, parse_field_selector, parse_label_selector, selector_string
+from .scale import ScaleSubresource
+from .selectors import make_predicate, parse_field_selector, parse_label_selector
 from .storage import EventType, Gone, Store
 
-__all__ = ["DeleteOptions", "FieldValidation", "ListResult", "PatchType", "Registry", "now_rfc3339"]
+__all__ = [
+    "FINALIZER_FOREGROUND",
+    "FINALIZER_ORPHAN",
+    "DeleteOptions",
+    "FieldValidation",
+    "ListResult",
+    "PatchType",
+    "Registry",
+    "WriteResult",
+    "now_rfc3339",
+]
 
-Obj = dict[str, Any]
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 
 FINALIZER_ORPHAN = "orphan"
 FINALIZER_FOREGROUND = "foregroundDeletion"
-
-
-def now_rfc3339(delta: float = 0.0) -> str:
-    t = datetime.now(timezone.utc) + timedelta(seconds=delta)
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class PatchType(str, Enum):
-    JSON = "application/json-patch+json"
-    MERGE = "application/merge-patch+json"
-    STRATEGIC = "application/strategic-merge-patch+json"
-    APPLY = "application/apply-patch+yaml"
-
-
-class FieldValidation(str, Enum):
-    IGNORE = "Ignore"
-    WARN = "Warn"
-    STRICT = "Strict"
-
-
-@dataclass
-class DeleteOptions:
-    propagation: str | None = None  # Background, Foreground, Orphan
-    grace_period: int | None = None
-    precondition_uid: str | None = None
-    precondition_rv: str | None = None
-    dry_run: bool = False
-
-
-@dataclass
-class ListResult:
-    items: list[Obj]
-    resource_version: str
-    continue_token: str = ""
-    remaining: int | None = None
-
-
-@dataclass
-class WriteResult:
-    obj: Obj
-    warnings: list[str] = field(default_factory=list)
-    created: bool = False
 
 
 def _strip(obj: Obj, *, keep_status: bool) -> Obj:
@@ -90,48 +66,6 @@ def _strip_meta(obj: Obj) -> Obj:
     return {k: v for k, v in obj.items() if k not in ("metadata", "apiVersion", "kind")}
 
 
-def _get_path(obj: Obj, dotted: str) -> Any:
-    cur: Any = obj
-    for part in dotted.strip(".").split("."):
-        if not isinstance(cur, dict):
-            return None
-        cur = cur.get(part)
-    return cur
-
-
-def _set_path(obj: Obj, dotted: str, value: Any) -> None:
-    parts = dotted.strip(".").split(".")
-    cur = obj
-    for part in parts[:-1]:
-        nxt = cur.get(part)
-        if not isinstance(nxt, dict):
-            nxt = {}
-            cur[part] = nxt
-        cur = nxt
-    cur[parts[-1]] = value
-
-
-def _check_preconditions(rt: ResourceType, old: Obj, meta: Obj) -> None:
-    """409 Conflict when ``meta`` names another resourceVersion or uid than the stored object."""
-    name = old["metadata"]["name"]
-    rv = meta.get("resourceVersion")
-    if rv and rv != old["metadata"]["resourceVersion"]:
-        raise ApiError.conflict(
-            rt.group,
-            rt.plural,
-            name,
-            "the object has been modified; please apply your changes to the latest version and try again",
-        )
-    uid = meta.get("uid")
-    if uid and uid != old["metadata"]["uid"]:
-        raise ApiError.conflict(
-            rt.group,
-            rt.plural,
-            name,
-            f"Precondition failed: UID in precondition: {uid}, UID in object meta: {old['metadata']['uid']}",
-        )
-
-
 class Registry:
     """The API's object semantics over a :class:`Store` (see module docstring)."""
 
@@ -141,6 +75,10 @@ class Registry:
         self.services = kinds.ServiceAddresses()
         #: Hooks run after a CRD's types change (discovery/openapi caches).
         self.on_types_changed: list[Callable[[], None]] = []
+        #: ``.../scale`` of the kinds that have one.
+        self.scale = ScaleSubresource(self)
+        #: Creating into, deleting and finalizing namespaces.
+        self.namespaces = Namespaces(self)
 
     # ---- bootstrap -----------------------------------------------------------
     def bootstrap(self) -> None:
@@ -200,32 +138,6 @@ class Registry:
 
     def get(self, rt: ResourceType, namespace: str | None, name: str) -> Obj:
         return self.present(rt, self._stored(rt, self._ns(rt, namespace), name))
-
-    def _check_namespace(self, rt: ResourceType, ns: str) -> None:
-        if not rt.namespaced:
-            return
-        nsobj = self.store.get("/namespaces", "", ns)
-        if nsobj is None:
-            raise ApiError(
-                404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"}
-            )
-        if nsobj["metadata"].get("deletionTimestamp"):
-            raise ApiError(
-                403,
-                "Forbidden",
-                f'{rt.plural} "" is forbidden: unable to create new content in '
-                f"namespace {ns} because it is being terminated",
-                {
-                    "kind": rt.plural,
-                    "causes": [
-                        {
-                            "reason": "NamespaceTerminating",
-                            "message": f"namespace {ns} is being terminated",
-                            "field": "metadata.namespace",
-                        }
-                    ],
-                },
-            )
 
     def _check_body(self, rt: ResourceType, body: Any, namespace: str) -> Obj:
         if not isinstance(body, dict):
@@ -354,7 +266,7 @@ class Registry:
         causes = kinds.name_causes(rt, name)
         if causes:
             raise ApiError.invalid(rt.group, rt.kind, name, causes)
-        self._check_namespace(rt, ns)
+        self.namespaces.check_open(rt, ns)
         if self.store.get(rt.key, ns, name) is not None:
             raise ApiError.already_exists(rt.group, rt.plural, name)
         if rt.namespaced:
@@ -434,7 +346,8 @@ class Registry:
         if rt.crd:
             return
         if rt.kind == "CustomResourceDefinition":
-            self.types.register_crd(obj)
+            for served in self.types.register_crd(obj):
+                self.store.open_history(served.key)
             self._types_changed()
         elif rt.kind == "Namespace" and old is None:
             sa = self.types.lookup("", "v1", "serviceaccounts")
@@ -546,7 +459,7 @@ class Registry:
             raise ApiError.bad_request(
                 f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
             )
-        _check_preconditions(rt, old, meta)
+        check_preconditions(rt, old, meta)
         return self._write_update(rt, old, clone(body), subresource, validation, dry_run)
 
     def _write_update(
@@ -731,12 +644,12 @@ class Registry:
             new.setdefault("metadata", {})["managedFields"] = ssa.record(
                 previous_managers, field_manager, rt.api_version, fields_set, now_rfc3339()
             )
-            _check_preconditions(rt, old, patch.get("metadata") or {})
+            check_preconditions(rt, old, patch.get("metadata") or {})
             return self._write_update(rt, old, new, subresource, validation, dry_run)
         if old is None:
             raise ApiError.not_found(rt.group, rt.plural, name)
         if subresource == "scale":
-            return self.patch_scale(rt, namespace, name, patch_type, patch, dry_run=dry_run)
+            return self.scale.patch(rt, namespace, name, patch_type, patch, dry_run=dry_run)
         if patch_type is PatchType.STRATEGIC and rt.crd:
             raise ApiError(
                 415,
@@ -765,7 +678,7 @@ class Registry:
         if not isinstance(new, dict):
             raise ApiError.bad_request("the patch must leave an object")
         meta = new.get("metadata") or {}
-        _check_preconditions(rt, old, meta)
+        check_preconditions(rt, old, meta)
         new = clone(new)
         if rt.shared_key == "/events":
             res = self._write_update(
@@ -773,101 +686,6 @@ class Registry:
             )
             return WriteResult(self.present(rt, res.obj), res.warnings)
         return self._write_update(rt, old, new, subresource, validation, dry_run)
-
-    # ---- scale subresource ----------------------------------------------------
-    def _scale_paths(self, rt: ResourceType) -> tuple[str, str, str | None]:
-        if rt.crd:
-            if not rt.scale:
-                raise ApiError.not_found(rt.group, f"{rt.plural}/scale", "")
-            return (
-                rt.scale["specReplicasPath"],
-                rt.scale["statusReplicasPath"],
-                rt.scale.get("labelSelectorPath"),
-            )
-        return ".spec.replicas", ".status.replicas", None
-
-    def get_scale(self, rt: ResourceType, namespace: str | None, name: str) -> Obj:
-        return self._scale_of(rt, self._stored(rt, self._ns(rt, namespace), name))
-
-    def _scale_of(self, rt: ResourceType, obj: Obj) -> Obj:
-        spec_path, status_path, selector_path = self._scale_paths(rt)
-        m = obj["metadata"]
-        if selector_path:
-            selector = _get_path(obj, selector_path) or ""
-        else:
-            selector = selector_string((obj.get("spec") or {}).get("selector"))
-        status: Obj = {"replicas": int(_get_path(obj, status_path) or 0)}
-        if selector:
-            status["selector"] = selector
-        return {
-            "kind": "Scale",
-            "apiVersion": "autoscaling/v1",
-            "metadata": {
-                k: m[k]
-                for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
-                if k in m
-            },
-            "spec": {"replicas": int(_get_path(obj, spec_path) or 0)},
-            "status": status,
-        }
-
-    def update_scale(
-        self, rt: ResourceType, namespace: str | None, name: str, body: Any, *, dry_run: bool = False
-    ) -> WriteResult:
-        ns = self._ns(rt, namespace)
-        old = self._stored(rt, ns, name)
-        if not isinstance(body, dict):
-            raise ApiError.bad_request("the body must be an autoscaling/v1 Scale")
-        _check_preconditions(rt, old, body.get("metadata") or {})
-        return self._apply_scale(rt, old, body, FieldValidation.WARN, dry_run)
-
-    def patch_scale(
-        self,
-        rt: ResourceType,
-        namespace: str | None,
-        name: str,
-        patch_type: PatchType,
-        patch: Any,
-        *,
-        dry_run: bool = False,
-    ) -> WriteResult:
-        ns = self._ns(rt, namespace)
-        old = self._stored(rt, ns, name)
-        scale = self._scale_of(rt, old)
-        try:
-            if patch_type is PatchType.JSON:
-                new_scale = json_patch(scale, patch)
-            elif isinstance(patch, dict):
-                new_scale = merge_patch(scale, patch)
-            else:
-                raise PatchError("a scale patch must be a JSON object")
-        except PatchError as exc:
-            raise ApiError.bad_request(str(exc)) from None
-        return self._apply_scale(rt, old, new_scale, FieldValidation.WARN, dry_run)
-
-    def _apply_scale(
-        self, rt: ResourceType, old: Obj, scale: Obj, validation: FieldValidation, dry_run: bool
-    ) -> WriteResult:
-        replicas = (scale.get("spec") or {}).get("replicas")
-        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
-            raise ApiError.invalid(
-                "autoscaling",
-                "Scale",
-                old["metadata"]["name"],
-                [
-                    FieldCause(
-                        "FieldValueInvalid",
-                        f"Invalid value: {json.dumps(replicas)}: must be greater than or equal to 0",
-                        "spec.replicas",
-                    )
-                ],
-            )
-        spec_path, _, _ = self._scale_paths(rt)
-        new = clone(old)
-        _set_path(new, spec_path, replicas)
-        result = self._write_update(rt, old, new, "", validation, dry_run)
-        stored = self.store.get(rt.key, old["metadata"].get("namespace", ""), old["metadata"]["name"])
-        return WriteResult(self._scale_of(rt, stored or result.obj), result.warnings)
 
     # ---- delete --------------------------------------------------------------
     def delete(
@@ -913,14 +731,7 @@ class Registry:
         ):
             finalizers.append(FINALIZER_FOREGROUND)
         if rt.kind == "Namespace" and not rt.crd:
-            if name in _PROTECTED_NAMESPACES:
-                raise ApiError(
-                    403,
-                    "Forbidden",
-                    f'namespaces "{name}" is forbidden: this namespace may not be deleted',
-                    {"name": name, "kind": "namespaces"},
-                )
-            return self._delete_namespace(rt, obj, opts)
+            return self.namespaces.delete(rt, obj, opts)
         if opts.dry_run:
             return self.present(rt, obj), False
         if meta.get("deletionTimestamp"):
@@ -968,44 +779,8 @@ class Registry:
                 for cr in self.store.list(t.key):
                     self.store.remove(t.key, cr)
                 self.store.drop_key(t.key)
+                self.store.close_history(t.key)
             self._types_changed()
-
-    def _delete_namespace(self, rt: ResourceType, obj: Obj, opts: DeleteOptions) -> tuple[Obj, bool]:
-        if opts.dry_run or obj["metadata"].get("deletionTimestamp"):
-            return self.present(rt, obj), False
-        new = clone(obj)
-        new["metadata"]["deletionTimestamp"] = now_rfc3339()
-        new["metadata"]["deletionGracePeriodSeconds"] = 0
-        new["status"] = {"phase": "Terminating"}
-        self.store.put(rt.key, new, EventType.MODIFIED)
-        return self.present(rt, new), False
-
-    # builtins.list: inside this class, `list` names the method Registry.list.
-    def finalize_namespace(self, name: str, finalizers: builtins.list[str]) -> Obj:
-        """The ``finalize`` subresource: set spec.finalizers; a terminating namespace left empty goes."""
-        rt = self.types.lookup("", "v1", "namespaces")
-        assert rt is not None
-        old = self._stored(rt, "", name)
-        new = clone(old)
-        new["spec"] = {"finalizers": finalizers}
-        result = self._write_update(rt, old, new, "", FieldValidation.IGNORE, False).obj
-        self.finish_namespace(name)
-        return result
-
-    def finish_namespace(self, name: str) -> bool:
-        """Remove a terminating namespace once it holds nothing; True if removed."""
-        ns = self.store.get("/namespaces", "", name)
-        if ns is None or not ns["metadata"].get("deletionTimestamp"):
-            return False
-        for t in self.types.all():
-            if t.namespaced and self.store.count(t.key, name):
-                return False
-        if ns["metadata"].get("finalizers"):
-            return False
-        rt = self.types.lookup("", "v1", "namespaces")
-        assert rt is not None
-        self._remove(rt, ns)
-        return True
 
     def delete_collection(
         self,
@@ -1033,8 +808,6 @@ class Registry:
         except Gone as exc:
             raise ApiError.gone(str(exc)) from None
 
-
-_PROTECTED_NAMESPACES = frozenset({"default", "kube-system", "kube-public"})
 
 _OBJECT_META_FIELDS = frozenset(
     {

@@ -133,6 +133,8 @@ class Store:
         self._history: deque[WatchEvent] = deque(maxlen=history_size)
         # Everything at or below this version has left the history.
         self._compacted_rv = 0
+        # Per collection key: the version its history starts at (see open_history).
+        self._history_start: dict[str, int] = {}
         self._watchers: dict[str, set[Watcher]] = {}
         self._state_dir = state_dir
         self._flush_interval = flush_interval
@@ -259,8 +261,23 @@ class Store:
         self._history.clear()
         self._compacted_rv = self.rv
 
+    def open_history(self, key: str) -> None:
+        """Start ``key``'s watch history now (a newly served custom resource type).
+
+        As with the real API server, whose watch cache of a custom resource
+        begins when its CRD is established, a watch from an older version gets
+        :class:`Gone`. Kept across CRD updates; forgotten with :meth:`close_history`.
+        """
+        self._history_start.setdefault(key, self.rv)
+
+    def close_history(self, key: str) -> None:
+        self._history_start.pop(key, None)
+
     def events_since(self, key: str, rv: int) -> Iterator[WatchEvent]:
         """Events of ``key`` after ``rv``; raises :class:`Gone` if some were compacted away."""
+        start = self._history_start.get(key, 0)
+        if rv < start:
+            raise Gone(f"too old resource version: {rv} ({start})")
         if rv < self._compacted_rv:
             raise Gone(f"too old resource version: {rv} ({self._compacted_rv + 1})")
         hist = self._history
