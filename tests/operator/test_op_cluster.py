@@ -85,7 +85,6 @@ def start_operator(env: Env, log: Path, *extra: str) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable, "-m", "kelastic.operator",
         "--kubeconfig", str(env.kubeconfig),
-        "--resync-interval", "1",
         "--health-port", "0",
         "--log-format", "json",
         *(extra or ("--standalone",)),
