@@ -481,7 +481,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             notice(f"applied {len(applied)} object(s); waiting for {', '.join(_describe(o) for o in waited)}")
             outcomes, end = _watch(cluster, waited, relay, stopper, args, started, operator)
             if any(o.get("kind") != "Pod" for o in waited):
-                pods = _all_pods(cluster)
+                # The workloads' pods (not the operator's, installed in its own namespace).
+                namespaces = {str(o["metadata"].get("namespace") or "default") for o in waited}
+                pods = [p for p in _all_pods(cluster) if p["metadata"].get("namespace") in namespaces]
             if end is RunEnd.OPERATOR_EXITED and operator is not None:
                 lines = operator.log_path.read_text(errors="replace").splitlines()[-15:]
                 operator_tail = (

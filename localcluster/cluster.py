@@ -172,6 +172,7 @@ class LocalCluster:
             node_name=self.kubelet_config.node_name,
             progress=self.progress,
             etcd_data=self._etcd_tmp,
+            api_port=self.port,
         )
         self.control_plane.start()
         shutil.copyfile(self.control_plane.admin_kubeconfig, self.kubeconfig)

@@ -247,6 +247,8 @@ class ControlPlane:
     #: etcd's data directory (default ``<state_dir>/etcd``); a tmpfs directory spares a
     #: disposable cluster etcd's fsyncs, which stall it on a busy disk.
     etcd_data: Path | None = None
+    #: The API server's port (0: a free one).
+    api_port: int = 0
     _components: list[_Component] = field(default_factory=list)
 
     # -- paths ----------------------------------------------------------------
@@ -298,7 +300,7 @@ class ControlPlane:
     def _start(self, started: float) -> None:
         version = _binary_version(self.binaries.apiserver)
         self._make_pki()
-        etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+        etcd_port, peer_port, api_port = free_port(), free_port(), self.api_port or free_port()
         self.url = f"https://{HOST}:{api_port}"
         member = f"kelastic-{secrets.token_hex(4)}"
         etcd = self._spawn("etcd", self._etcd_argv(etcd_port, peer_port, member))
