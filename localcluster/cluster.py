@@ -46,6 +46,7 @@ from .images import ImageMap
 from .ipam import NetworkClaim, claim_networks
 from .kubelet import DEFAULT_NODE_NAME, Kubelet, KubeletConfig
 from .kubeletserver import KubeletServer
+from .provisioner import ClaimProvisioner
 from .proxy import ServiceProxy
 
 __all__ = ["LocalCluster"]
@@ -103,6 +104,7 @@ class LocalCluster:
         self._node_client: ApiClient | None = None
         self._proxy_client: ApiClient | None = None
         self._endpoints: EndpointsController | None = None
+        self._provisioner: ClaimProvisioner | None = None
         self._proxy: ServiceProxy | None = None
         self._kubelet_server: KubeletServer | None = None
         self._etcd_tmp: Path | None = None
@@ -213,7 +215,10 @@ class LocalCluster:
             self._endpoints = EndpointsController(self._client)
         # EndpointSlices on both API servers: Endpoints refuse our loopback pod addresses.
         self._proxy = ServiceProxy(self._proxy_client, slices=True)
+        # Claims are node directories (the kubelet's claims_dir): bind them so pods schedule.
+        self._provisioner = ClaimProvisioner(self._client, self.data_dir / "claims", real=cp is not None)
         await self.kubelet.start(timeout)
+        await self._provisioner.start(timeout)
         if self._endpoints is not None:
             await self._endpoints.start(timeout)
         await self._proxy.start(timeout)
@@ -226,6 +231,8 @@ class LocalCluster:
             await self.kubelet.stop()
         if self._proxy is not None:
             await self._proxy.stop()
+        if self._provisioner is not None:
+            await self._provisioner.stop()
         if self._endpoints is not None:
             await self._endpoints.stop()
         for client in {id(c): c for c in (self._client, self._node_client, self._proxy_client) if c}.values():

@@ -1,0 +1,88 @@
+"""Claims on kelastic local: bound at once, one shared directory per claim, mount paths relocated to it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kelastic.localcluster.cluster import LocalCluster
+from kelastic.localcluster.provisioner import volume_for
+
+
+def test_volume_for_a_claim_is_prebound_to_it(tmp_path: Path) -> None:
+    claim = {
+        "metadata": {"name": "data", "namespace": "ns", "uid": "u-1"},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "2Gi"}}},
+    }
+    pv = volume_for(claim, tmp_path / "ns" / "data")
+    assert pv["metadata"]["name"] == "kelastic-u-1"
+    assert pv["spec"]["claimRef"] == {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "namespace": "ns",
+        "name": "data",
+        "uid": "u-1",
+    }
+    assert pv["spec"]["capacity"] == {"storage": "2Gi"} and pv["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pv["spec"]["hostPath"]["path"] == str(tmp_path / "ns" / "data")
+    assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain" and pv["spec"]["storageClassName"] == ""
+
+
+def wait(what: str, probe: Any, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_pods_share_a_claim_through_its_mount_path(tmp_path: Path) -> None:
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "shared"},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+
+    def writer(name: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "python",
+                        # The mount path in the command line is relocated to the claim's directory.
+                        "command": ["python", "-c", "import sys; open(sys.argv[1], 'w').write(sys.argv[2])"],
+                        "args": [f"/kelastic-test-claim/{name}.txt", name],
+                        "volumeMounts": [{"name": "d", "mountPath": "/kelastic-test-claim"}],
+                    }
+                ],
+                "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "shared"}}],
+            },
+        }
+
+    with LocalCluster(tmp_path / "cluster", workdir=tmp_path) as cluster:
+        kubectl = ["kubectl", "--kubeconfig", str(cluster.kubeconfig)]
+        docs = [claim, writer("a"), writer("b")]
+        subprocess.run([*kubectl, "apply", "-f", "-"], input=yaml.safe_dump_all(docs), text=True, check=True)
+
+        def phase(kind: str, name: str) -> str:
+            out = subprocess.run([*kubectl, "get", kind, name, "-o", "json"], capture_output=True, text=True)
+            return str((json.loads(out.stdout or "{}").get("status") or {}).get("phase", ""))
+
+        wait("the claim to be Bound", lambda: phase("pvc", "shared") == "Bound")
+        wait("both writers to succeed", lambda: phase("pod", "a") == phase("pod", "b") == "Succeeded", 120)
+        directory = cluster.data_dir / "claims" / "default" / "shared"
+        assert sorted(p.read_text() for p in directory.iterdir()) == ["a", "b"]
+    assert not Path("/kelastic-test-claim").exists()
