@@ -319,7 +319,7 @@ class _App:
                     raise ApiError.method_not_allowed(f"{rt.plural} cannot be listed")
                 return self._list(request, r)
             if sub == "scale":
-                return _json(reg.get_scale(rt, ns, name))
+                return _json(reg.scale.get(rt, ns, name))
             if sub == "log":
                 return await self._logs(request, ns or "", name)
             if sub and sub != "status":
@@ -349,7 +349,7 @@ class _App:
                 raise ApiError.method_not_allowed(f"PUT needs an object name for {rt.plural}")
             body = await self._body(request)
             if sub == "scale":
-                res = reg.update_scale(rt, ns, name, body, dry_run=self._dry_run(request))
+                res = reg.scale.update(rt, ns, name, body, dry_run=self._dry_run(request))
                 return _json(res.obj)
             if sub == "finalize":
                 return _json(self._finalize_namespace(name, body))
@@ -417,7 +417,7 @@ class _App:
 
     def _finalize_namespace(self, name: str, body: Any) -> Obj:
         finalizers = list(((body or {}).get("spec") or {}).get("finalizers") or [])
-        return self.registry.finalize_namespace(name, finalizers)
+        return self.registry.namespaces.finalize(name, finalizers)
 
     # ---- output formats -------------------------------------------------------------------
     @staticmethod

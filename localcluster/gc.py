@@ -65,7 +65,7 @@ class GarbageCollector:
                 self._maybe_finish_foreground(ref.get("uid", ""))
             ns = meta.get("namespace")
             if ns:
-                self.registry.finish_namespace(ns)
+                self.registry.namespaces.finish(ns)
             return
         current = self.store.get(ev.key, meta.get("namespace", ""), meta["name"])
         if current is None or current["metadata"].get("uid") != uid:
@@ -164,4 +164,4 @@ class GarbageCollector:
             for obj in self.store.list(rt.key, ns):
                 if not obj["metadata"].get("deletionTimestamp"):
                     self._delete(rt.key, obj, "Background")
-        self.registry.finish_namespace(ns)
+        self.registry.namespaces.finish(ns)

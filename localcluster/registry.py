@@ -137,6 +137,7 @@ class Registry:
         return obj
 
     def get(self, rt: ResourceType, namespace: str | None, name: str) -> Obj:
+        """GET one object, as served at ``rt``'s version; 404 NotFound when it does not exist."""
         return self.present(rt, self._stored(rt, self._ns(rt, namespace), name))
 
     def _check_body(self, rt: ResourceType, body: Any, namespace: str) -> Obj:
@@ -233,6 +234,14 @@ class Registry:
         dry_run: bool = False,
         managed: list[Obj] | None = None,
     ) -> WriteResult:
+        """POST: create ``body`` (``generateName`` honoured) in ``namespace``.
+
+        Assigns uid, creationTimestamp, resourceVersion and generation 1; prunes, defaults
+        and validates against the kind's schema (422 Invalid, naming each field); admits
+        pods (Pod Security); 409 AlreadyExists for a taken name, 403/404 for a namespace
+        that is terminating or missing. ``dry_run`` checks everything and stores nothing;
+        ``managed`` seeds managedFields (server-side apply's create).
+        """
         if rt.shared_key == "/events":
             res = self.create(
                 self._core_events(),
@@ -368,6 +377,9 @@ class Registry:
         resource_version: str | None = None,
         resource_version_match: str | None = None,
     ) -> ListResult:
+        """LIST ``rt`` objects (all namespaces when ``namespace`` is None), filtered by label
+        and field selectors, in pages of ``limit`` with ``continue_token``; 410 Gone for a
+        continue token or resourceVersion older than the retained history."""
         ns = namespace if rt.namespaced and namespace else None
         pred = make_predicate(
             ns, parse_label_selector(label_selector), parse_field_selector(field_selector, rt.kind)
@@ -440,6 +452,12 @@ class Registry:
         validation: FieldValidation = FieldValidation.WARN,
         dry_run: bool = False,
     ) -> WriteResult:
+        """PUT: replace an object (or its ``status`` subresource) with ``body``.
+
+        ``metadata.resourceVersion``, when given, must match (409 Conflict); the other
+        part (status for the main resource, everything else for ``status``) is kept;
+        generation moves only when the spec changes. Schema checks as for :meth:`create`.
+        """
         if rt.shared_key == "/events":
             res = self.update(
                 self._core_events(),
@@ -600,6 +618,9 @@ class Registry:
         field_manager: str | None = None,
         force: bool = False,
     ) -> WriteResult:
+        """PATCH an object (or its ``status`` or ``scale`` subresource): JSON, merge,
+        strategic-merge, or server-side apply (``field_manager``; a field another manager
+        owns is a 409 Conflict unless ``force``). Then as :meth:`update`."""
         ns = self._ns(rt, namespace)
         old = self.store.get(rt.key, ns, name)
         if patch_type is PatchType.APPLY:
@@ -790,6 +811,7 @@ class Registry:
         label_selector: str | None = None,
         field_selector: str | None = None,
     ) -> builtins.list[Obj]:
+        """DELETE a collection: :meth:`delete` each matching object; returns them."""
         result = self.list(rt, namespace, label_selector=label_selector, field_selector=field_selector)
         out = []
         for obj in result.items:
@@ -803,6 +825,8 @@ class Registry:
 
     # ---- watch ---------------------------------------------------------------
     def events_since(self, rt: ResourceType, rv: int) -> builtins.list[Any]:
+        """The stored watch events of ``rt`` after resourceVersion ``rv``; 410 Gone when
+        ``rv`` is older than the retained history (the client must list again)."""
         try:
             return list(self.store.events_since(rt.key, rv))
         except Gone as exc:
