@@ -73,6 +73,8 @@ class LaunchConfig:
     master_addr: str | None = None
     master_port: int | None = None
     health_port: int | None = None
+    #: Restart the workers when none of the local ranks reported progress this long (seconds).
+    hang_timeout: float | None = None
     entrypoint: Callable[..., Any] | str = ""
     args: tuple[Any, ...] = ()
     entrypoint_name: str = ""
@@ -256,7 +258,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=str,
         help="address peers reach this node on (default: this host's name)",
     )
-    opt(contract.FLAG_HEALTH_PORT, default=None, type=int, help="serve /healthz and /readyz on this port")
+    opt(
+        contract.FLAG_HEALTH_PORT,
+        default=None,
+        type=int,
+        help="serve /healthz, /readyz and /metrics on this port",
+    )
+    opt(
+        contract.FLAG_HANG_TIMEOUT,
+        default=None,
+        type=float,
+        help="restart the workers (spending a restart) when none of the local ranks that reported "
+        "progress (kelastic.agent.progress.update) did so for this many seconds",
+    )
     p.add_argument("training_script", type=str, help="the script (or module, or program) each worker runs")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments of the script")
     return p
@@ -282,6 +296,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         )
     if args.health_port is not None and not 0 <= args.health_port < 65536:
         raise ValueError(f"--health-port must be in 0..65535, got {args.health_port}")
+    if args.hang_timeout is not None and args.hang_timeout <= 0:
+        raise ValueError(f"--hang-timeout must be > 0 seconds, got {args.hang_timeout}")
     rdzv_conf: dict[str, Any] = parse_rdzv_conf(args.rdzv_conf)
     backend = args.rdzv_backend.strip()
     endpoint = args.rdzv_endpoint.strip()
@@ -351,6 +367,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         master_addr=master_addr,
         master_port=master_port,
         health_port=args.health_port,
+        hang_timeout=args.hang_timeout,
         entrypoint=entrypoint,
         args=tuple(cmd_args),
         entrypoint_name=os.path.basename(script),

@@ -14,6 +14,7 @@ __all__ = [
     "ENV_NODE_NAME",
     "ENV_PROGRESS_FILE",
     "ENV_TERMINATION_MESSAGE_PATH",
+    "FLAG_HANG_TIMEOUT",
     "FLAG_HEALTH_PORT",
     "FLAG_LOCAL_ADDR",
     "FLAG_MAX_RESTARTS",
@@ -84,6 +85,8 @@ FLAG_RDZV_CONF = "--rdzv-conf"
 FLAG_MAX_RESTARTS = "--max-restarts"
 FLAG_LOCAL_ADDR = "--local-addr"
 FLAG_HEALTH_PORT = "--health-port"
+#: Restart the workers when none of a node's ranks reported progress for this many seconds.
+FLAG_HANG_TIMEOUT = "--hang-timeout"
 FLAG_NO_PYTHON = "--no-python"
 FLAG_WARM_START = "--warm-start"
 #: The training program is a Python module (``python -m``).

@@ -149,6 +149,7 @@ def launch_agent(config: LaunchConfig) -> RunResult:
             event_sink=telemetry,
             metrics=telemetry.metrics,
             recovery=telemetry.last_recovery,
+            hang_timeout=config.hang_timeout,
         )
         telemetry.start_sampler(agent.rank_progress)
         _log.info(

@@ -32,11 +32,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kelastic.agent import contract
+from kelastic.agent import contract, hang
 from kelastic.agent.api import RunResult, SimpleElasticAgent, WorkerGroup, WorkerSpec, WorkerState
 from kelastic.agent.events import EventSink
 from kelastic.agent.metrics import Metrics
-from kelastic.agent.multiprocessing import PContext, Std, start_processes, to_std_map
+from kelastic.agent.multiprocessing import PContext, ProcessFailure, Std, start_processes, to_std_map
 from kelastic.agent.progress import (
     NodeProgress,
     ProgressDisplay,
@@ -106,7 +106,10 @@ class LocalElasticAgent(SimpleElasticAgent):
     others are redirected to their log files only. ``progress`` turns the
     node's progress display on (default). ``rdzv_endpoint`` is where progress
     is published when the backend is kelastic; ``recovery`` (optional) gives the
-    node's latest recovery ``(seconds, ended)`` published with it.
+    node's latest recovery ``(seconds, ended)`` published with it. ``hang_timeout``
+    (seconds, optional) turns on hang detection (:mod:`kelastic.agent.hang`): workers
+    whose ranks all stopped reporting progress that long are failed and restarted,
+    and the verdict is published with the node's progress.
     """
 
     def __init__(
@@ -123,6 +126,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         progress: bool = True,
         rdzv_endpoint: str | None = None,
         recovery: Callable[[], tuple[float, float] | None] | None = None,
+        hang_timeout: float | None = None,
     ) -> None:
         super().__init__(
             spec,
@@ -147,6 +151,9 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._show_progress = progress
         self._rdzv_endpoint = rdzv_endpoint
         self._recovery = recovery
+        self._hang_timeout = hang_timeout
+        #: The latest hang verdict: (global ranks, seconds without progress, when, epoch s).
+        self._last_hang: tuple[tuple[int, ...], float, float] | None = None
         self._progress_store: Any = None
         self._last_publish = 0.0
         self._publish_paused_until = 0.0
@@ -236,7 +243,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             return RunResult(state=WorkerState.UNKNOWN)
         result = self._pcontext.wait(0)
         if result is None:
-            return RunResult(state=WorkerState.HEALTHY)
+            return self._judge_hang(worker_group) or RunResult(state=WorkerState.HEALTHY)
         by_local = {w.local_rank: w.global_rank for w in worker_group.workers}
         if result.is_failed():
             return RunResult(
@@ -247,6 +254,36 @@ class LocalElasticAgent(SimpleElasticAgent):
             state=WorkerState.SUCCEEDED,
             return_values={by_local[lr]: v for lr, v in result.return_values.items()},
         )
+
+    def _judge_hang(self, worker_group: WorkerGroup) -> RunResult | None:
+        """With a hang timeout: a FAILED result naming the stalled ranks when the workers hang
+        (:mod:`kelastic.agent.hang`), so the loop restarts the group and spends a restart."""
+        if not self._hang_timeout or self._pcontext is None:
+            return None
+        verdict = hang.judge(self.rank_progress(), now=time.time(), timeout=self._hang_timeout)
+        if verdict is None:
+            return None
+        by_local = {w.local_rank: w.global_rank for w in worker_group.workers}
+        message = verdict.describe(by_local, self._hang_timeout)
+        _log.error("[%s] %s", worker_group.spec.role, message)
+        self._last_hang = (tuple(by_local[lr] for lr in verdict.local_ranks), verdict.seconds, verdict.at)
+        pids = self._pcontext.pids()
+        failures = {
+            by_local[lr]: ProcessFailure(
+                local_rank=lr,
+                pid=int(pids.get(lr, 0) or 0),
+                exitcode=-int(signal.SIGTERM),  # what stopping it will do
+                error_file="",
+                error_file_data={"message": message, "timestamp": verdict.at},
+            )
+            for lr in verdict.local_ranks
+        }
+        return RunResult(state=WorkerState.FAILED, failures=failures)
+
+    @property
+    def last_hang(self) -> tuple[tuple[int, ...], float, float] | None:
+        """The latest hang verdict: (global ranks, seconds without progress, when in epoch seconds)."""
+        return self._last_hang
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM) -> None:
         self._close_workers(death_sig)
@@ -328,6 +365,7 @@ class LocalElasticAgent(SimpleElasticAgent):
                 restarts=self.restart_count,
                 local_world_size=spec.local_world_size,
                 recovery=self._recovery() if self._recovery is not None else None,
+                hang=self._last_hang,
             )
             self._publish_failed_logged = False
         except Exception as e:  # progress is best effort; the store may be restarting

@@ -35,7 +35,10 @@ The controller (kelastic's operator) is a client of the same store as the agents
     ``recovery`` (optional) is the node's latest recovery: how long it took from the
     agent deciding to restart its workers (a peer lost or joined, workers failed) to
     the next round closing, and when that round closed; ``read_status`` lists the
-    current members' recoveries so the operator can count them.
+    current members' recoveries so the operator can count them. ``hang`` (optional)
+    is the node's latest hang verdict (``kelastic.agent.hang``): the global ranks
+    that made no progress, for how long, and when; ``read_status`` lists the
+    current members' verdicts so the operator can name the stalled ranks.
 
 ``connect(endpoint, timeout)`` opens a client of the store and raises an error
 naming the endpoint if it is unreachable.
@@ -68,6 +71,7 @@ from .protocol import (
 
 __all__ = [
     "AgentReport",
+    "Hang",
     "JobProgress",
     "Recovery",
     "RendezvousStatus",
@@ -103,6 +107,16 @@ class Recovery:
 
 
 @dataclass(frozen=True)
+class Hang:
+    """One node's hang verdict: ``ranks`` (global) without progress for ``seconds``, judged at ``at``."""
+
+    node: str
+    ranks: tuple[int, ...]
+    seconds: float
+    at: float
+
+
+@dataclass(frozen=True)
 class AgentReport:
     """One agent's latest report as ``publish_progress`` stored it; ``step`` is None until its
     workers report a step. (The agent computes its step with
@@ -115,6 +129,7 @@ class AgentReport:
     local_world_size: int | None
     time: float
     recovery: Recovery | None = None
+    hang: Hang | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +142,7 @@ class RendezvousStatus:
     restarts: int  # highest TORCHELASTIC_RESTART_COUNT an agent reported
     progress: JobProgress | None
     recoveries: tuple[Recovery, ...] = ()  # the current members' latest recoveries
+    hangs: tuple[Hang, ...] = ()  # the current members' latest hang verdicts
 
 
 def connect(endpoint: str, timeout: float = 5.0) -> dist.Store:
@@ -176,6 +192,7 @@ def publish_progress(
     restarts: int,
     local_world_size: int | None = None,
     recovery: tuple[float, float] | None = None,
+    hang: tuple[tuple[int, ...], float, float] | None = None,
 ) -> None:
     """Record ``node``'s latest progress (overwrites its previous report).
 
@@ -191,6 +208,8 @@ def publish_progress(
     }
     if recovery is not None:  # (seconds, when the round closed)
         report["recovery"] = [float(recovery[0]), float(recovery[1])]
+    if hang is not None:  # (global ranks, seconds without progress, when)
+        report["hang"] = [[int(r) for r in hang[0]], float(hang[1]), float(hang[2])]
     store.set(RunKeys(run_id).progress(node), json.dumps(report))
 
 
@@ -200,6 +219,7 @@ def read_progress(store: dist.Store, run_id: str, node: str) -> AgentReport | No
         return None
     data = json.loads(raw)
     rec = data.get("recovery")
+    hung = data.get("hang")
     return AgentReport(
         node=node,
         step=None if data.get("step") is None else int(data["step"]),
@@ -208,6 +228,7 @@ def read_progress(store: dist.Store, run_id: str, node: str) -> AgentReport | No
         local_world_size=data.get("local_world_size"),
         time=float(data.get("time", 0.0)),
         recovery=Recovery(node, float(rec[0]), float(rec[1])) if rec else None,
+        hang=Hang(node, tuple(int(r) for r in hung[0]), float(hung[1]), float(hung[2])) if hung else None,
     )
 
 
@@ -248,6 +269,7 @@ def read_status(store: dist.Store, run_id: str) -> RendezvousStatus:
         restarts=max((r.restarts for r in reports), default=0),
         progress=job_progress(reports),
         recoveries=tuple(r.recovery for r in reports if r.recovery is not None),
+        hangs=tuple(r.hang for r in reports if r.hang is not None),
     )
 
 

@@ -61,6 +61,7 @@ class Cluster:
         *,
         rendezvous: bool = True,
         env: dict[str, str] | None = None,
+        script: Path | None = None,
     ) -> AgentProc:
         rdzv = (
             ["--rdzv-backend", "kelastic", "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.run_id]
@@ -70,7 +71,7 @@ class Cluster:
         cmd = [
             sys.executable, "-m", "kelastic.agent", *rdzv, "--local-addr", "127.0.0.1",
             "--log-dir", str(self.logs / name), *agent_args,
-            str(SCRIPT), "--out", str(self.out), *script_args,
+            str(script or SCRIPT), "--out", str(self.out), *script_args,
         ]  # fmt: skip
         extra = env or {}
         env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS" and not k.startswith("PET_")}
