@@ -198,6 +198,8 @@ def agent_command(spec: JobSpec, *, run_id: str, endpoint: str, config: BuildCon
     ]
     if config.health_port is not None:
         argv += [contract.FLAG_HEALTH_PORT, str(config.health_port)]
+    if spec.hang_timeout_seconds is not None:
+        argv += [contract.FLAG_HANG_TIMEOUT, str(spec.hang_timeout_seconds)]
     if spec.rdzv_conf:
         argv += [contract.FLAG_RDZV_CONF, ",".join(f"{k}={v}" for k, v in sorted(spec.rdzv_conf.items()))]
     argv += cmd.launcher_options

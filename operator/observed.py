@@ -96,6 +96,8 @@ class RendezvousView:
     total: int | None = None
     #: The current members' latest recoveries as reported by their agents: (node, seconds, ended).
     recoveries: tuple[tuple[str, float, float], ...] = ()
+    #: The current members' latest hang verdicts: (node, global ranks, seconds without progress, when).
+    hangs: tuple[tuple[str, tuple[int, ...], float, float], ...] = ()
 
 
 @dataclass(frozen=True)

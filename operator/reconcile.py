@@ -21,7 +21,7 @@ from enum import Enum
 from typing import Any
 
 from kelastic.agent import contract
-from kelastic.operator import builders, disruption, netpol
+from kelastic.operator import builders, disruption, netpol, stall
 from kelastic.operator.observed import (
     Observed,
     PodPhase,
@@ -727,6 +727,22 @@ def _membership_step(p: _Pass, job: _ActiveJob) -> _Next:
     return _Next.CONTINUE
 
 
+def _stall_step(p: _Pass, job: _ActiveJob) -> _Next:
+    """With ``spec.hangTimeoutSeconds``: the ``Stalled`` condition (and an Event) names the ranks
+    of the latest hang the agents reported through the store (``kelastic.operator.stall``)."""
+    timeout = job.spec.hang_timeout_seconds
+    rdzv = p.observed.rendezvous
+    if timeout is None or rdzv is None:
+        return _Next.CONTINUE  # no figures this pass: the condition stays as it was
+    latest = stall.summarize(rdzv.hangs, timeout)
+    if latest is not None and p.now.timestamp() - latest.at < stall.remembered_for(timeout):
+        p.condition(stall.CONDITION_STALLED, True, "NoProgress", latest.message(timeout), warning=True)
+        p.after(stall.remembered_for(timeout) - (p.now.timestamp() - latest.at))
+    elif p._was_true(stall.CONDITION_STALLED):
+        p.condition(stall.CONDITION_STALLED, False, "ProgressResumed", "no hang reported recently")
+    return _Next.CONTINUE
+
+
 def _below_min_step(p: _Pass, job: _ActiveJob) -> _Next:
     """Fail the job when fewer than minReplicas workers ran for longer than the timeout."""
     spec = job.spec
@@ -799,6 +815,7 @@ _ACTIVE_STEPS: tuple[Callable[[_Pass, _ActiveJob], _Next], ...] = (
     _network_policy_step,
     _scaling_step,
     _membership_step,
+    _stall_step,
     _below_min_step,
     _phase_step,
 )

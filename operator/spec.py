@@ -155,6 +155,8 @@ class JobSpec:
     clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
     ttl_seconds_after_finished: int | None = None
     active_deadline_seconds: int | None = None
+    #: Restart the group when no rank reported progress this long (``kelastic-agent --hang-timeout``).
+    hang_timeout_seconds: int | None = None
     backoff_limit: int = 6
     nproc_per_node: int | str = 1
     max_restarts: int = 3
@@ -309,6 +311,9 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
         ),
         active_deadline_seconds=_int(
             spec, "activeDeadlineSeconds", "spec.activeDeadlineSeconds", default=None, minimum=1
+        ),
+        hang_timeout_seconds=_int(
+            spec, "hangTimeoutSeconds", "spec.hangTimeoutSeconds", default=None, minimum=1
         ),
         backoff_limit=backoff,
         nproc_per_node=nproc,

@@ -165,4 +165,5 @@ def _read(store: Any, run_id: str) -> RendezvousView:
         step=progress.step if progress is not None else None,
         total=progress.total if progress is not None else None,
         recoveries=tuple((r.node, r.seconds, r.ended) for r in status.recoveries),
+        hangs=tuple((h.node, h.ranks, h.seconds, h.at) for h in status.hangs),
     )
