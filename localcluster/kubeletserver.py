@@ -87,9 +87,7 @@ class KubeletServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, 0, ssl_context=self._ssl)
         await site.start()
-        server = site._server
-        assert server is not None
-        self.port = int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+        self.port = int(self._runner.addresses[0][1])  # the port the kernel chose
         return self.port
 
     async def stop(self) -> None:
