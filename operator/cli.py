@@ -10,6 +10,7 @@ SIGTERM/SIGINT stop it cleanly (the Lease is released for a fast takeover).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import socket
@@ -90,6 +91,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="image of the rendezvous store pods (default: --agent-image)",
     )
     p.add_argument(
+        "--store-resources",
+        type=_resources,
+        default=None,
+        metavar="JSON",
+        help='requests and limits of the store container, e.g. \'{"requests": {"cpu": "50m", "memory": '
+        '"256Mi"}, "limits": {"memory": "512Mi"}}\' (default: those)',
+    )
+    p.add_argument(
+        "--inject-resources",
+        type=_resources,
+        default=None,
+        metavar="JSON",
+        help="requests and limits of the agent-injection init container (default: 10m/32Mi, limits 500m/128Mi)",
+    )
+    p.add_argument(
         "--health-port",
         type=int,
         default=DEFAULT_HEALTH_PORT,
@@ -127,6 +143,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
     )
     return p
+
+
+def _resources(text: str) -> dict[str, dict[str, str]]:
+    """``{"requests": {...}, "limits": {...}}`` as JSON (a usage error otherwise)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict) or set(value) - {"requests", "limits"}:
+        raise argparse.ArgumentTypeError('expected a JSON object {"requests": {...}, "limits": {...}}')
+    if not all(isinstance(v, dict) for v in value.values()):
+        raise argparse.ArgumentTypeError('requests and limits must be objects such as {"cpu": "50m"}')
+    return {k: {str(n): str(q) for n, q in v.items()} for k, v in value.items()}
+
+
+def bracketed_url(url: str | None) -> str | None:
+    """``http://fd00::1:8080/x`` → ``http://[fd00::1]:8080/x``: a URL made from an IPv6 pod IP."""
+    if not url or "://" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    host, _, port = netloc.rpartition(":")
+    if host.count(":") >= 1 and not host.startswith("[") and port.isdigit():
+        return f"{scheme}://[{host}]:{port}{slash}{path}"
+    return url
 
 
 def _positive(parser: argparse.ArgumentParser, name: str, value: float) -> None:
@@ -223,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 agent_python=args.agent_python,
                 agent_image=args.agent_image,
                 store_image=args.store_image,
+                **({"store_resources": args.store_resources} if args.store_resources else {}),
+                **({"inject_resources": args.inject_resources} if args.inject_resources else {}),
                 health_port=args.health_port or None,
                 readiness_probe=not args.no_readiness_probe,
             ),
@@ -281,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             clusterwide=args.all_namespaces,
             namespaces=args.namespace or ([] if args.all_namespaces else ["default"]),
             standalone=True,
-            liveness_endpoint=args.liveness,
+            liveness_endpoint=bracketed_url(args.liveness),  # $(POD_IP) may be an IPv6 address
         )
     except KeyboardInterrupt:
         pass

@@ -11,6 +11,7 @@ import pytest
 from kelastic.agent import contract
 from kelastic.agent.health import HealthServer
 from kelastic.agent.rendezvous.protocol import parse_endpoint
+from kelastic.operator.cli import bracketed_url
 from kelastic.operator.reconcile import CreatePod, ReconcileConfig, reconcile
 from kelastic.operator.spec import parse_job
 
@@ -54,3 +55,11 @@ def test_health_server_binds_an_ipv6_pod_address() -> None:
             assert json.loads(reply.read()) == {"status": "ready"}
     finally:
         server.stop()
+
+
+def test_liveness_url_from_an_ipv6_pod_ip_is_bracketed() -> None:
+    """The chart passes --liveness=http://$(POD_IP):8080/healthz; an IPv6 POD_IP needs brackets."""
+    assert bracketed_url("http://fd00::7:8080/healthz") == "http://[fd00::7]:8080/healthz"
+    assert bracketed_url("http://10.1.2.3:8080/healthz") == "http://10.1.2.3:8080/healthz"
+    assert bracketed_url("http://[::1]:8080/healthz") == "http://[::1]:8080/healthz"
+    assert bracketed_url(None) is None

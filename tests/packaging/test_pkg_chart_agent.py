@@ -44,3 +44,14 @@ def test_agent_and_store_images_can_be_set() -> None:
 
     parsed = build_parser().parse_args(args[args.index("--agent-image=mirror/kelastic:1.2") :][:2])
     assert (parsed.agent_image, parsed.store_image) == ("mirror/kelastic:1.2", "mirror/store:1")
+
+
+def test_helper_resources_reach_the_operator() -> None:
+    store = {"requests": {"cpu": "100m", "memory": "300Mi"}, "limits": {"memory": "1Gi"}}
+    args = operator_args({"agent": {"storeResources": store, "injectResources": {"limits": {"cpu": "1"}}}})
+    from kelastic.operator.cli import build_parser
+
+    flags = [a for a in args if a.startswith(("--store-resources=", "--inject-resources="))]
+    parsed = build_parser().parse_args(flags)
+    assert parsed.store_resources == store and parsed.inject_resources == {"limits": {"cpu": "1"}}
+    assert not [a for a in operator_args({}) if "resources" in a]  # the operator's defaults apply
