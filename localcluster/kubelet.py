@@ -88,6 +88,9 @@ DEFAULT_NODE_NAME = "kelastic-local"
 CONFIG_RETRY_S = 2.0
 #: How soon a status write that failed is tried again (a status must never stay stale).
 STATUS_RETRY_S = 1.0
+#: How long after a pod's start a 403 on its secrets/configmaps/tokens is taken for
+#: the Node authorizer not having seen the pod's binding yet.
+AUTHORIZER_GRACE_S = 10.0
 #: Where Kubernetes mounts a pod's service-account credentials.
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 #: The node Lease's duration, as a real kubelet sets it.
@@ -448,6 +451,15 @@ class PodWorker:
             defined = {k: v if provided.get(k) == v else relocate(v, mounts) for k, v in defined.items()}
             argv = [relocate(a, mounts) for a in config.images.resolve(c.spec, argv, defined)]
         except (ContainerConfigError, ApiRequestError, OSError) as exc:
+            if (
+                isinstance(exc, ApiRequestError)
+                and exc.status == 403
+                and time.time() - (self.start_time or 0.0) < AUTHORIZER_GRACE_S
+            ):
+                # The Node authorizer learns of a pod's binding from its own watch,
+                # a moment after we do: a refused read of the pod's secret is retried
+                # quietly for a little while before it counts as an error.
+                return time.time() + 0.5
             rec.state = ContainerState.WAITING
             rec.waiting_reason = "CreateContainerConfigError"
             rec.waiting_message = str(exc)
