@@ -83,6 +83,34 @@ def job_log(key: JobKey, level: int, message: str, *, exc_info: bool = False) ->
     log.log(level, "ElasticJob %s/%s: %s", key[0], key[1], message, exc_info=exc_info, extra={"k8s_ref": ref})
 
 
+#: How long a pod this operator created counts as existing before the watch shows it (seconds).
+EXPECT_SECONDS = 5.0
+
+
+def combined_message(messages: list[str], limit: int = 1024) -> str:
+    """One Event message for several like actions.
+
+    ``["creating worker pod a", "creating worker pod b"]`` gives ``"creating worker
+    pods a, b"``; messages of other shapes are joined with ``"; "``. Past ``limit``
+    characters the names end with ``"... and N more"``.
+    """
+    if len(messages) == 1:
+        return messages[0][:limit]
+    heads = {m.rsplit(" ", 1)[0] for m in messages}
+    if len(heads) == 1 and all(" " in m for m in messages):
+        head, names = heads.pop() + "s", [m.rsplit(" ", 1)[1] for m in messages]
+        sep = ", "
+    else:
+        head, names, sep = "", messages, "; "
+    text = f"{head} " if head else ""
+    for i, name in enumerate(names):
+        more = f" ... and {len(names) - i} more"
+        if len(text) + len(name) + len(sep) + len(more) > limit:
+            return text.rstrip(sep) + more
+        text += name + (sep if i < len(names) - 1 else "")
+    return text
+
+
 def _older(body: Mapping[str, Any], than: Mapping[str, Any]) -> bool:
     """Whether ``body``'s resourceVersion is lower than ``than``'s (False when either is not an integer)."""
     try:
@@ -144,6 +172,8 @@ class Controller:
         #: Per job: the generation whose pod template the API server judged, and its verdict.
         self._template_checks: dict[JobKey, tuple[int, SpecError | None]] = {}
         self._to_publish: dict[JobKey, PublishMembership] = {}
+        #: Pods created by this operator and not yet seen by the watch: name -> (when, view).
+        self._created: dict[JobKey, dict[str, tuple[float, PodView]]] = {}
         self._logged_membership: dict[JobKey, tuple[str, ...]] = {}
         self._failure_logs: dict[str, str] = {}  # pod uid -> log tail, for failed workers
         self._ensured: set[str] = set()  # EnsureObject keys created (or found) in this run
@@ -225,6 +255,7 @@ class Controller:
         self._passed_at.pop(key, None)
         self._template_checks.pop(key, None)
         self._logged_membership.pop(key, None)
+        self._created.pop(key, None)
         self.metrics.job_removed(key)
         self._rdzv_cache.pop(key, None)
         self._own_writes.pop(key, None)
@@ -335,7 +366,7 @@ class Controller:
         self._known.add(key)
         self.stats["reconciles"] += 1
         started = self._passed_at[key] = time.monotonic()
-        pods = list(self._pods_index.get(key, ()))
+        pods = self._with_expected(key, list(self._pods_index.get(key, ())))
         services = list(self._services_index.get(key, ()))
         pods = await self._with_failure_logs(namespace, pods)
         job = await self._with_template_check(key, parse_job(body))
@@ -400,6 +431,29 @@ class Controller:
         if checked[1] is None:
             return job
         return replace(job, spec=None, error=checked[1])
+
+    def _with_expected(self, key: JobKey, pods: list[PodView]) -> list[PodView]:
+        """``pods`` plus the pods this operator created that the watch has not delivered yet.
+
+        Without them, a pass that starts between a create and its watch event would
+        create the same pod again (a 409, a wasted request per pod). As with the
+        ReplicaSet controller's expectations, a created pod is assumed to exist for
+        :data:`EXPECT_SECONDS` at most; a pass is scheduled for then, so a pod deleted
+        before the watch ever showed it is noticed.
+        """
+        created = self._created.get(key)
+        if not created:
+            return pods
+        seen = {p.name for p in pods}
+        now = time.monotonic()
+        for name, (since, _) in list(created.items()):
+            if name in seen or now - since > EXPECT_SECONDS:
+                del created[name]
+        if not created:
+            del self._created[key]
+            return pods
+        self._requeue(key, EXPECT_SECONDS)
+        return pods + [view for _, view in created.values()]
 
     async def _with_failure_logs(self, namespace: str, pods: list[PodView]) -> list[PodView]:
         """Give failed workers without a termination message the tail of their log instead.
@@ -565,11 +619,20 @@ class Controller:
                 self._request_publish((ns, job.meta.name), action)
         pod_actions = [a for a in decision.actions if isinstance(a, CreatePod | DeletePod)]
         results = await asyncio.gather(*(self._pod_action(body, ns, a) for a in pod_actions))
+        key = (ns, job.meta.name)
+        created: list[CreatePod] = []
         for action, result in zip(pod_actions, results, strict=True):
             if isinstance(action, CreatePod) and isinstance(result, dict):
-                pods.append(pod_view(result))
+                view = pod_view(result)
+                pods.append(view)
+                created.append(action)
+                self._created.setdefault(key, {})[view.name] = (time.monotonic(), view)
             elif isinstance(action, DeletePod) and result is not None:
                 pods[:] = [replace(p, terminating=True) if p.uid == action.uid else p for p in pods]
+        # One Event per reason for the pods a pass created (a job of 1,000 pods: one Event, not 1,000).
+        for reason in dict.fromkeys(a.reason for a in created):
+            same = [a for a in created if a.reason == reason]
+            self._event(body, reason, combined_message([a.message for a in same]), warning=same[0].warning)
         for action in decision.actions:
             if isinstance(action, Emit):
                 self._event(body, action.reason, action.message, warning=action.warning)
@@ -611,13 +674,19 @@ class Controller:
 
     async def _pod_action(self, body: Mapping[str, Any], ns: str, action: CreatePod | DeletePod) -> Any:
         if isinstance(action, CreatePod):
-            return await self._change(body, action, self.kube.create, ns, "pods", action.manifest)
+            # The Event comes per reason for the whole pass (see _apply).
+            return await self._change(
+                body, action, self.kube.create, ns, "pods", action.manifest, event=False
+            )
         return await self._change(body, action, self.kube.delete, ns, "pods", action.name, action.uid)
 
     async def _change(
-        self, body: Mapping[str, Any], action: Action, fn: Callable[..., Any], *args: Any
+        self, body: Mapping[str, Any], action: Action, fn: Callable[..., Any], *args: Any, event: bool = True
     ) -> Any:
-        """Run one create/delete; Event on success or real failure. Returns the result, None if not done."""
+        """Run one create/delete; Event on success (unless ``event`` is False) or real failure.
+
+        Returns the result, None if not done.
+        """
         try:
             result = await self._io(fn, *args)
         except ApiError as err:
@@ -632,7 +701,8 @@ class Controller:
             return None
         job_log(_key_of(body), logging.INFO, action.message)
         self.metrics.action_applied(action.reason)
-        self._event(body, action.reason, action.message, warning=action.warning)
+        if event:
+            self._event(body, action.reason, action.message, warning=action.warning)
         return result if result is not None else True
 
     def _event(self, body: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
