@@ -137,8 +137,9 @@ def run_under_chart_rbac(real: RealCluster, *, cluster_wide: bool, release: str,
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     kubeconfig = real.service_account_kubeconfig(chart.namespace, account)
     log = real.root / f"{release}-operator.log"
-    # The Deployment's own arguments (scope, lease), minus the health endpoint.
-    argv = [a for a in args if not a.startswith("--liveness")]
+    # The Deployment's own arguments (scope, lease, ...), without the endpoints that would bind
+    # ports on this machine (liveness, metrics).
+    argv = [a for a in args if not a.startswith(("--liveness", "--metrics-"))]
     operator = subprocess.Popen(
         [
             sys.executable,
