@@ -1,5 +1,5 @@
 """Operating a job on kelastic local: both /metrics endpoints during a real run, the store's
-NetworkPolicy, a worker evicted through the eviction API.
+NetworkPolicy, a worker evicted through the eviction API, a job whose ranks hang in a collective.
 
 A LocalCluster (emulated API server, process kubelet), the operator as a subprocess
 with ``--metrics-port`` and ``--store-network-policy``, an ElasticJob whose workers train with real gloo and report
@@ -41,6 +41,8 @@ while not os.path.exists(sys.argv[1]):
 dist.destroy_process_group()
 """
 
+HANG_WORKER = Path(__file__).parents[1] / "agent" / "scripts" / "hang_worker.py"
+
 HEALTH_PORT = 30081  # the agents' health port; pods have addresses of their own (127.1.x)
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -76,6 +78,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     root = tmp_path_factory.mktemp("opmetrics")
     (root / "work").mkdir()
     (root / "work" / "train.py").write_text(TRAIN)
+    (root / "work" / "hang_worker.py").write_text(HANG_WORKER.read_text())
     cluster = LocalCluster(root / "data", workdir=root / "work")
     cluster.start()
     try:
@@ -292,3 +295,35 @@ def test_an_evicted_worker_shrinks_the_job_and_comes_back_without_spending_a_res
     assert agent[("kelastic_agent_restarts_total", (("kind", "failure"),))] == 0
     done.write_text("")
     env.wait("Succeeded", lambda: status().get("phase") == "Succeeded", 90)
+
+
+def test_a_hang_in_a_collective_restarts_the_group_and_names_the_ranks(env: Any) -> None:
+    """spec.hangTimeoutSeconds: rank 1 stops, rank 0 blocks in its all-reduce; the agents restart the
+    group (a restart spent), the job's Stalled condition names the ranks, and the second attempt succeeds."""
+    manifest = cluster_test.job("hang", min_r=2, max_r=2, replicas=2, warmStart=False, hangTimeoutSeconds=5)
+    manifest["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"] = [
+        "python", "hang_worker.py", "--out", str(env.workdir), "--hang-at", "5", "--steps", "5",
+    ]  # fmt: skip
+
+    def status() -> dict[str, Any]:
+        return env.get("ej", "hang").get("status") or {}
+
+    env.apply(manifest)
+    cond = env.wait(
+        "the Stalled condition",
+        lambda: next(
+            (c for c in status().get("conditions") or [] if c["type"] == "Stalled" and c["status"] == "True"),
+            None,
+        ),
+        180,
+    )
+    assert cond["reason"] == "NoProgress" and "spec.hangTimeoutSeconds=5" in cond["message"]
+    assert "rank(s) 0, 1" in cond["message"] or "rank(s) 0" in cond["message"]
+    events = [
+        e
+        for e in env.get("events")["items"]
+        if e["involvedObject"].get("name") == "hang" and e["reason"] == "NoProgress"
+    ]
+    assert events and events[0]["type"] == "Warning"
+    st = env.wait("Succeeded", lambda: (s := status()).get("phase") == "Succeeded" and s, 180)
+    assert int(st.get("restarts") or 0) >= 1  # the hang spent a restart
