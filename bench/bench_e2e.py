@@ -57,15 +57,15 @@ class Bench:
         return result.stdout
 
     def manifest(self, name: str) -> dict[str, Any]:
-        (doc,) = [d for d in yaml.safe_load_all((REPO / "examples" / "elasticjob.yaml").read_text()) if d]
+        example = (REPO / "examples" / "elasticjob.yaml").read_text()
+        (doc,) = [d for d in yaml.safe_load_all(example) if d and d["kind"] == "ElasticJob"]
         doc["metadata"] = {"name": name, "namespace": NAMESPACE}
         doc["spec"]["warmStart"] = self.warm_start
         pod = doc["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]
         root = str(self.checkpoints)
-        pod["volumes"][0]["hostPath"]["path"] = root
-        for container in [*pod["initContainers"], *pod["containers"]]:
-            container["volumeMounts"][0]["mountPath"] = root
-        pod["initContainers"][0]["command"][-1] = root
+        # Histories are read from a host directory: a hostPath replaces the example's claim.
+        pod["volumes"][0] = {"name": "checkpoints", "hostPath": {"path": root, "type": "DirectoryOrCreate"}}
+        pod["containers"][0]["volumeMounts"][0]["mountPath"] = root
         pod["containers"][0]["args"] = [
             "--steps=1000000",
             "--step-delay=0.05",
