@@ -132,3 +132,23 @@ def test_agent_image_without_kelastic_fails_fast_saying_what_to_do(
     summary = output[output.rindex("kelastic: summary") :]
     assert "Failed" in summary and hint in summary and "spec.agent" in summary, summary
     assert "Traceback" not in output, output[-4000:]
+
+
+@pytest.mark.timeout(600)
+def test_agent_image_runs_the_images_own_kelastic(tmp_path: Path) -> None:
+    """spec.agent: image with an image that has kelastic (unmapped images run this environment)."""
+    text = manifest(agent="image").replace(f"image: {IMAGE}", "image: kelastic:0.1.0")
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    kelastic = shutil.which("kelastic")
+    command = [kelastic] if kelastic else [sys.executable, "-m", "kelastic.localcluster"]
+    proc = subprocess.run(
+        [*command, "local", "run", "--timeout", "400", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-5000:]
+    assert "[train] done: 60 steps" in output, output[-4000:]
