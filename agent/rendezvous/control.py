@@ -56,6 +56,7 @@ import torch.distributed as dist
 from kelastic.agent.contract import DEFAULT_RDZV_PORT
 
 from .protocol import (
+    ControllerBounds,
     ControllerMembership,
     Fate,
     RunKeys,
@@ -170,7 +171,19 @@ def publish_membership(
         )
     keys = RunKeys(run_id)
     wanted = ControllerMembership(names, min_nodes, max_nodes)
-    if read_membership(store, keys) != wanted:
+    previous = read_membership(store, keys)
+    if previous != wanted:
+        # Agents read only their own ``ctl/listed/<name>`` and the small bounds (O(1)
+        # per node); the full list is for the few that decide a close. Only the
+        # difference is written, and the full list last, so that a publication cut
+        # short is redone by the next call.
+        before = set(previous.nodes) if previous is not None else set()
+        for name in names:
+            if name not in before:
+                store.set(keys.listed(name), "1")
+        for name in before - set(names):
+            store.delete_key(keys.listed(name))
+        store.set(keys.bounds, ControllerBounds(min_nodes, max_nodes, len(names)).to_json())
         store.set(keys.membership, wanted.to_json())
         push_event(store, keys, "membership")
     # Checked on every call, not only on a change: the current round may have closed

@@ -139,10 +139,12 @@ from .protocol import (
     connect_store,
     decide_close,
     first_line,
+    get_or_none,
     listed_all_joined,
     new_token,
     open_round,
     push_event,
+    read_bounds,
     read_counter,
     read_membership,
     read_optional,
@@ -159,8 +161,13 @@ BACKEND = "kelastic"
 
 #: How long the watcher blocks on one event key before re-arming (no meaning beyond that).
 _EVENT_WAIT = datetime.timedelta(hours=1)
-#: Slots of an open round whose nodes sweep the previous round's heartbeats.
-_SWEEPERS = 3
+#: Slots of an open round whose nodes evaluate the close rule on every event, run its
+#: timers and sweep the previous round's heartbeats (the *deciders*).
+_DECIDERS = 3
+#: Readings of an unmoved heartbeat (besides its age) before its node counts as dead.
+_MIN_READINGS = 3
+#: Other waiters evaluate the close rule this often, in case every decider died.
+_FALLBACK_EVALUATION = 5.0
 #: Bound on waiting for a key a peer writes right after taking its slot.
 _PEER_KEY_WAIT = 10.0
 #: Background threads retry a lost store with this connect timeout and a capped backoff.
@@ -168,7 +175,7 @@ _RECONNECT_TIMEOUT = 2.0
 
 
 def _backoff(failures: int) -> float:
-    return min(5.0, 0.1 * 2 ** min(failures, 6))
+    return min(5.0, 0.1 * 2.0 ** min(failures, 6))
 
 
 @dataclass
@@ -222,6 +229,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         self._joining: _Joining | None = None
         self._worker_store: ServedStore | None = None
         self._lost = threading.Event()
+        self._job_closed = threading.Event()  # set by the event watcher once the job is closed
         self._stop = threading.Event()
         self._wake = threading.Condition()
         self._generation = 0
@@ -433,15 +441,17 @@ class KelasticRendezvousHandler(RendezvousHandler):
         next_round = 0
         while True:
             generation = self._generation
-            if store.check([k.closed]):
+            if self._job_closed.is_set() or store.check([k.closed]):
                 raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
-            ctl = read_membership(store, k)
-            if ctl is not None and name not in ctl.nodes:
+            bounds = read_bounds(store, k)
+            if bounds is not None and not store.check([k.listed(name)]):
                 # The controller has not admitted this node (yet): wait for a publication.
                 if time.monotonic() >= deadline:
+                    listed = read_membership(store, k)
                     raise RendezvousTimeoutError(
                         f"node {name} was not listed by the controller of rendezvous {s.run_id} at "
-                        f"{s.endpoint} within join_timeout={s.join_timeout:g}s (listed: {list(ctl.nodes)})"
+                        f"{s.endpoint} within join_timeout={s.join_timeout:g}s (listed: "
+                        f"{list(listed.nodes) if listed is not None else []})"
                     )
                 self._wait_event(generation, deadline - time.monotonic())
                 continue
@@ -449,29 +459,46 @@ class KelasticRendezvousHandler(RendezvousHandler):
             slot = int(store.add(k.joined(r), 1)) - 1
             addr = self._local_addr()
             link = self._link.port if self._link is not None else None
-            record = {"name": name, "addr": addr, "link": link, "local_world_size": s.local_world_size}
-            store.set(k.node(r, slot), json.dumps(record))
-            store.set(k.slot(r, name), str(slot))
+            record: dict[str, object] = {
+                "name": name,
+                "addr": addr,
+                "link": link,
+                "local_world_size": s.local_world_size,
+            }
+            if slot == 0:
+                # Slot 0 is rank 0 of the round whenever it closes: host the worker store
+                # now, so that the closed round needs no second broadcast.
+                record["wstore"] = self._serve_worker_store(addr)
+            # torch implements Store.multi_set; its stubs do not declare it.
+            store.multi_set([k.node(r, slot), k.slot(r, name)], [json.dumps(record), str(slot)])  # type: ignore[attr-defined]
             store.add(k.heartbeat(name), 1)
             with self._lock:
                 self._joining = _Joining(r, slot)
             if self._timings is not None:
                 self._timings.joined = time.time()
-            min_nodes = ctl.min_nodes if ctl is not None else s.min_nodes
-            if slot == 0 or slot + 1 == min_nodes:
-                push_event(store, k, f"join {r} {slot}")
+            if slot == 0 and r > 1:
+                push_event(store, k, f"join {r}")  # running members learn that nodes wait
             self._account_previous_round(store, r)
             try:
-                size = self._wait_closed(store, r, deadline)
+                size = self._wait_closed(store, r, slot, deadline)
             finally:
                 with self._lock:
                     self._joining = None
             if slot < size:
                 return self._become_member(store, r, slot, size, addr, deadline)
+            if slot == 0:
+                self._close_worker_store()
             log.info(
                 "kelastic rendezvous: %s came too late for round %d; waiting for round %d", name, r, r + 1
             )
             next_round = r + 1
+
+    def _serve_worker_store(self, addr: str) -> int:
+        with self._lock:
+            self._close_worker_store()
+            served = serve_store(addr, 0)
+            self._worker_store = served
+        return served.port
 
     def _account_previous_round(self, store: dist.TCPStore, r: int) -> None:
         """If this node was a member of round r-1, claim its fate there: it re-joined."""
@@ -479,61 +506,86 @@ class KelasticRendezvousHandler(RendezvousHandler):
         previous = r - 1
         if previous < 1:
             return
-        raw = read_optional(store, k.slot(previous, name))
+        raw = get_or_none(store, k.slot(previous, name))
         if raw is not None and int(raw) < read_size(store, k, previous):
             claim_fate(store, k, previous, name, Fate.REJOIN, name)
 
     def _observe(self, store: dist.TCPStore, r: int) -> RoundView:
+        """The close rule's inputs: O(1) reads, plus O(N) only when every listed node may be here."""
         k, s = self._keys, self._s
         joined = read_counter(store, k.joined(r))
-        ctl = read_membership(store, k)
+        bounds = read_bounds(store, k)
         prev_size = read_size(store, k, r - 1)
         prev_accounted = read_counter(store, k.accounted(r - 1)) if prev_size else 0
-        listed = ctl is not None and joined >= len(ctl.nodes) and listed_all_joined(store, k, r, ctl.nodes)
+        min_nodes = bounds.min_nodes if bounds is not None else s.min_nodes
+        listed = False
+        if bounds is not None and joined >= min_nodes:
+            gone = read_counter(store, k.gone(r - 1)) if prev_size else 0
+            if joined + gone >= bounds.count:
+                membership = read_membership(store, k)
+                listed = membership is not None and listed_all_joined(store, k, r, joined, membership.nodes)
         return RoundView(
             joined=joined,
-            min_nodes=ctl.min_nodes if ctl is not None else s.min_nodes,
-            max_nodes=ctl.max_nodes if ctl is not None else s.max_nodes,
+            min_nodes=min_nodes,
+            max_nodes=bounds.max_nodes if bounds is not None else s.max_nodes,
             prev_size=prev_size,
             prev_accounted=prev_accounted,
-            controlled=ctl is not None,
+            controlled=bounds is not None,
             listed_all_joined=listed,
         )
 
-    def _wait_closed(self, store: dist.TCPStore, r: int, deadline: float) -> int:
-        """Block until round r is closed (closing it if this node sees the condition); its size."""
+    def _wait_closed(self, store: dist.TCPStore, r: int, slot: int, deadline: float) -> int:
+        """Block until round r is closed (closing it if this node sees the condition); its size.
+
+        Every joiner evaluates the close rule once, right after its join. Afterwards
+        only the deciders (slots below ``_DECIDERS``) evaluate it on each event and
+        run its timers; the others read one key per event (the round's size) and
+        evaluate only every ``_FALLBACK_EVALUATION`` s, in case every decider died.
+        So an event costs O(1) per node and the round O(N) in all.
+        """
         k, s = self._keys, self._s
+        decider = slot < _DECIDERS
         timer: TimerKind | None = None
         timer_deadline = math.inf
+        next_full = time.monotonic()  # the first evaluation is right after joining
+        first = True
         while True:
             generation = self._generation
             size = read_size(store, k, r)
             if size:
                 return size
-            if store.check([k.closed]):
+            if self._job_closed.is_set():
                 raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
-            view = self._observe(store, r)
-            decision = decide_close(view)
             now = time.monotonic()
-            if decision.action is CloseAction.CLOSE:
-                self._try_close(store, r, decision.size)
-                continue
-            if decision.action is CloseAction.TIMER:
-                if timer is not decision.timer:
-                    timer, timer_deadline = decision.timer, now + s.timer(decision.timer)
-                if now >= timer_deadline:
-                    self._try_close(store, r, min(view.joined, view.max_nodes))
+            if decider or timer is not None or now >= next_full:
+                next_full = now + _FALLBACK_EVALUATION
+                view = self._observe(store, r)
+                decision = decide_close(view)
+                now = time.monotonic()
+                if decision.action is CloseAction.CLOSE:
+                    self._try_close(store, r, decision.size)
                     continue
-            else:
-                timer, timer_deadline = None, math.inf
+                if first and slot + 1 == view.min_nodes:
+                    push_event(store, k, f"min {r}")  # min reached: the deciders start their timers
+                first = False
+                if decision.action is CloseAction.TIMER:
+                    assert decision.timer is not None
+                    if timer is not decision.timer:
+                        timer, timer_deadline = decision.timer, now + s.timer(decision.timer)
+                    if now >= timer_deadline:
+                        self._try_close(store, r, min(view.joined, view.max_nodes))
+                        continue
+                else:
+                    timer, timer_deadline = None, math.inf
             if now >= deadline:
+                joined = read_counter(store, k.joined(r))
                 raise RendezvousTimeoutError(
                     f"rendezvous {s.run_id} at {s.endpoint}: round {r} did not close within "
-                    f"join_timeout={s.join_timeout:g}s ({view.joined} joined, min {view.min_nodes}, "
-                    f"max {view.max_nodes}; previous round {view.prev_size} members, "
-                    f"{view.prev_accounted} accounted for)"
+                    f"join_timeout={s.join_timeout:g}s ({joined} joined, min {s.min_nodes}, max "
+                    f"{s.max_nodes} unless the controller set other bounds)"
                 )
-            self._wait_event(generation, min(deadline, timer_deadline) - now)
+            wake = min(deadline, timer_deadline) if decider else min(deadline, timer_deadline, next_full)
+            self._wait_event(generation, wake - now)
 
     def _try_close(self, store: dist.TCPStore, r: int, size: int) -> bool:
         """Close round r with ``size`` members if nobody did yet; the winner does the bookkeeping."""
@@ -554,8 +606,9 @@ class KelasticRendezvousHandler(RendezvousHandler):
         store.set(k.members(r), json.dumps(names))
         ctl = read_membership(store, k)
         if ctl is not None:
+            listed = set(ctl.nodes)
             for member in names:
-                if member not in ctl.nodes:
+                if member not in listed:
                     claim_fate(store, k, r, member, Fate.DROPPED, name)
         log.info("kelastic rendezvous: closed round %d with %d nodes", r, size)
         return True
@@ -563,38 +616,41 @@ class KelasticRendezvousHandler(RendezvousHandler):
     def _become_member(
         self, store: dist.TCPStore, r: int, rank: int, size: int, addr: str, deadline: float
     ) -> RendezvousInfo:
+        """Read rank 0's record (the worker store) and the ring successor's in one round trip."""
         k, timings = self._keys, self._timings
         if timings is not None:
             timings.closed = time.time()
         wait_for = datetime.timedelta(seconds=max(0.1, min(_PEER_KEY_WAIT, deadline - time.monotonic())))
+        successor_rank = (rank + 1) % size
+        wanted = sorted({0, successor_rank} - {rank})
+        keys = [k.node(r, i) for i in wanted]
+        records: dict[int, dict[str, object]] = {}
+        if keys:
+            try:
+                store.wait(keys, wait_for)
+            except dist.DistStoreError as exc:
+                raise RendezvousTimeoutError(
+                    f"rendezvous {self._s.run_id}: ranks {wanted} of round {r} did not write their "
+                    f"records within {wait_for.total_seconds():.0f}s"
+                ) from exc
+            records = {i: json.loads(raw) for i, raw in zip(wanted, store.multi_get(keys), strict=True)}
         successor: str | None = None
         link_target: tuple[int, str, str, int] | None = None
         if size > 1:
-            key = k.node(r, (rank + 1) % size)
-            try:
-                store.wait([key], wait_for)
-                record = json.loads(store.get(key))
-                successor = record["name"]
-                if record.get("link") and self._link is not None:
-                    link_target = (r, successor, str(record["addr"]), int(record["link"]))
-            except dist.DistStoreError:
-                log.warning("kelastic rendezvous: no record for rank %d of round %d", (rank + 1) % size, r)
+            record = records[successor_rank]
+            successor = str(record["name"])
+            if record.get("link") and self._link is not None:
+                link_target = (r, successor, str(record["addr"]), int(str(record["link"])))
         if rank == 0:
-            served = serve_store(addr, 0)
             with self._lock:
-                self._worker_store = served
-            store.set(k.worker_store(r), json.dumps({"addr": addr, "port": served.port}))
+                served = self._worker_store
+            if served is None:  # shut down meanwhile
+                raise RendezvousClosedError(
+                    f"this node's handler for rendezvous {self._s.run_id} was shut down"
+                )
             master_addr, master_port = addr, served.port
         else:
-            try:
-                store.wait([k.worker_store(r)], wait_for)
-            except dist.DistStoreError as exc:
-                raise RendezvousTimeoutError(
-                    f"rendezvous {self._s.run_id}: rank 0 of round {r} did not publish its worker store "
-                    f"within {wait_for.total_seconds():.0f}s"
-                ) from exc
-            published = json.loads(store.get(k.worker_store(r)))
-            master_addr, master_port = published["addr"], int(published["port"])
+            master_addr, master_port = str(records[0]["addr"]), int(str(records[0]["wstore"]))
         if timings is not None:
             timings.worker_store = time.time()
         with self._lock:
@@ -626,8 +682,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
             return True
         if read_counter(store, k.joined(r + 1)) == 0:
             return False
-        ctl = read_membership(store, k)
-        max_nodes = ctl.max_nodes if ctl is not None else self._s.max_nodes
+        bounds = read_bounds(store, k)
+        max_nodes = bounds.max_nodes if bounds is not None else self._s.max_nodes
         return member.size < max_nodes
 
     # -- connection, events, threads ----------------------------------------
@@ -685,13 +741,13 @@ class KelasticRendezvousHandler(RendezvousHandler):
         self._threads = [
             threading.Thread(
                 target=self._watch_events,
-                args=(self._store.clone(),),
+                args=(self._store.clone(),),  # type: ignore[attr-defined]  # torch's stubs lack TCPStore.clone
                 name=f"kelastic-rdzv-events {tag}",
                 daemon=True,
             ),
             threading.Thread(
                 target=self._keep_alive,
-                args=(self._store.clone(),),
+                args=(self._store.clone(),),  # type: ignore[attr-defined]  # torch's stubs lack TCPStore.clone
                 name=f"kelastic-rdzv-keepalive {tag}",
                 daemon=True,
             ),
@@ -718,9 +774,11 @@ class KelasticRendezvousHandler(RendezvousHandler):
                     return
                 store.wait([k.event(seq + 1)], _EVENT_WAIT)
                 seq = read_counter(store, k.events)
-                self._bump()
                 if store.check([k.closed]):
+                    self._job_closed.set()
+                    self._bump()
                     return  # the job is finished: nothing left to watch
+                self._bump()
             except dist.DistStoreError:
                 continue  # the long wait expired: re-arm
             except (dist.DistError, RendezvousConnectionError, RuntimeError) as exc:
@@ -734,7 +792,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
     def _keep_alive(self, first: dist.TCPStore) -> None:
         """Beat every keep_alive_interval; watch the ring successor and, when sweeping, the old round."""
-        tracker = HeartbeatTracker(self._s.node_timeout)
+        tracker = HeartbeatTracker(self._s.node_timeout, min_readings=_MIN_READINGS)
         members_cache: dict[int, list[str]] = {}
         store: dist.TCPStore | None = first
         failures = 0
@@ -789,7 +847,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         targets: list[tuple[int, str]] = []
         if member is not None and member.successor is not None:
             targets.append((member.round, member.successor))
-        if joining is not None and joining.slot < _SWEEPERS and joining.round > 1:
+        if joining is not None and joining.slot < _DECIDERS and joining.round > 1:
             previous = joining.round - 1
             if previous not in members_cache:
                 raw = read_optional(store, k.members(previous))
@@ -801,10 +859,17 @@ class KelasticRendezvousHandler(RendezvousHandler):
         if not targets:
             return
         hb_keys = [k.heartbeat(name) for _, name in targets]
-        if not store.check(hb_keys):
+        if len(hb_keys) == 1:  # the usual case, a member watching its successor: one round trip
+            one = get_or_none(store, hb_keys[0])
+            if one is None:
+                return
+            values: list[bytes] = [one]
+        elif store.check(hb_keys):
+            values = store.multi_get(hb_keys)
+        else:
             return
         now = time.monotonic()
-        for (r, name), value in zip(targets, store.multi_get(hb_keys), strict=True):
+        for (r, name), value in zip(targets, values, strict=True):
             if tracker.observe(name, int(value), now):
                 tracker.forget(name)
                 if claim_fate(store, k, r, name, Fate.DEAD, me):

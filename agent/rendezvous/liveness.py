@@ -17,19 +17,28 @@ __all__ = ["HeartbeatTracker", "PeerLink"]
 
 
 class HeartbeatTracker:
-    """Remembers, per peer, the last heartbeat value seen and since when it has not moved."""
+    """Remembers, per peer, the last heartbeat value seen, since when and how often.
 
-    def __init__(self, timeout: float) -> None:
+    ``min_readings``: a peer is judged dead only after the observer read the same
+    value that many times. An observer that was itself stalled (its reads came
+    late, like the peer's beats) has few readings of the window and judges nobody
+    on them; without this, a loaded machine turns its own stall into deaths.
+    """
+
+    def __init__(self, timeout: float, min_readings: int = 1) -> None:
         self.timeout = timeout
-        self._seen: dict[str, tuple[int, float]] = {}
+        self.min_readings = max(1, min_readings)
+        self._seen: dict[str, tuple[int, float, int]] = {}
 
     def observe(self, name: str, value: int, now: float) -> bool:
         """Record a reading; True if ``name``'s heartbeat has not moved for ``timeout`` s."""
         previous = self._seen.get(name)
         if previous is None or previous[0] != value:
-            self._seen[name] = (value, now)
+            self._seen[name] = (value, now, 1)
             return False
-        return now - previous[1] >= self.timeout
+        readings = previous[2] + 1
+        self._seen[name] = (value, previous[1], readings)
+        return now - previous[1] >= self.timeout and readings >= self.min_readings
 
     def forget(self, name: str) -> None:
         self._seen.pop(name, None)

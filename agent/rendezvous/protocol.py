@@ -12,15 +12,23 @@ Key layout (all under ``kelastic/<run_id>/``)::
     ev                       event counter; ``ev/<n>`` is set for event n (wakes every watcher)
     open                     counter; the round open for joining is ``open + 1``
     r/<R>/joined             counter; ``add`` returns the joiner's slot + 1 (slot = group rank)
-    r/<R>/node/<slot>        JSON {"name", "addr"} of the node in that slot
+    r/<R>/node/<slot>        JSON {"name", "addr", "link", "local_world_size", "wstore"} of the
+                             node in that slot; slot 0 (always rank 0) adds "wstore", the port of
+                             the round's worker store it hosts
     r/<R>/slot/<name>        the slot ``name`` took in round R
     r/<R>/size               "N|closer" once round R is closed with members in slots 0..N-1
     r/<R>/members            JSON list of member names by rank (written by the closer)
-    r/<R>/wstore             "addr:port" of the worker store hosted by rank 0 of round R
     r/<R>/fate/<name>        first claim wins: rejoin | dead | left | dropped (+ "|claimer")
     r/<R>/accounted          counter of members of R with a claimed fate
+    r/<R>/gone               counter of members of R with a fate other than rejoin
     hb/<name>                heartbeat counter, incremented by the node every keep-alive interval
     ctl/membership           JSON from the controller: {"nodes", "min_nodes", "max_nodes"}
+    ctl/bounds               JSON {"min_nodes", "max_nodes", "count"}: the same without the names
+    ctl/listed/<name>        present while the controller lists ``name``
+
+Every node reads O(1) keys of O(1) size per round; only a few nodes (the
+*deciders*, slots 0-2 of the open round, and a joiner that may be the last one
+expected) read O(N) data, and only when the round may close.
     progress/<name>          JSON progress report of a node (see ``control``)
     agent/<R>/...            keys of the agent's own algorithms for round R (RendezvousInfo.store)
 """
@@ -40,6 +48,7 @@ from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 __all__ = [
     "CloseAction",
     "CloseDecision",
+    "ControllerBounds",
     "ControllerMembership",
     "Fate",
     "RoundView",
@@ -49,10 +58,12 @@ __all__ = [
     "connect_store",
     "decide_close",
     "first_line",
+    "get_or_none",
     "new_token",
     "open_round",
     "parse_endpoint",
     "push_event",
+    "read_bounds",
     "read_counter",
     "read_membership",
     "read_optional",
@@ -118,14 +129,14 @@ class RunKeys:
     def members(self, r: int) -> str:
         return self._k(f"r/{r}/members")
 
-    def worker_store(self, r: int) -> str:
-        return self._k(f"r/{r}/wstore")
-
     def fate(self, r: int, name: str) -> str:
         return self._k(f"r/{r}/fate/{name}")
 
     def accounted(self, r: int) -> str:
         return self._k(f"r/{r}/accounted")
+
+    def gone(self, r: int) -> str:
+        return self._k(f"r/{r}/gone")
 
     def heartbeat(self, name: str) -> str:
         return self._k(f"hb/{name}")
@@ -133,6 +144,13 @@ class RunKeys:
     @property
     def membership(self) -> str:
         return self._k("ctl/membership")
+
+    @property
+    def bounds(self) -> str:
+        return self._k("ctl/bounds")
+
+    def listed(self, name: str) -> str:
+        return self._k(f"ctl/listed/{name}")
 
     def progress(self, name: str) -> str:
         return self._k(f"progress/{name}")
@@ -158,6 +176,23 @@ class ControllerMembership:
     def from_json(raw: bytes | str) -> ControllerMembership:
         data = json.loads(raw)
         return ControllerMembership(tuple(data["nodes"]), int(data["min_nodes"]), int(data["max_nodes"]))
+
+
+@dataclass(frozen=True)
+class ControllerBounds:
+    """The controller's membership without the names: what every node reads (O(1) bytes)."""
+
+    min_nodes: int
+    max_nodes: int
+    count: int  # how many nodes the controller lists
+
+    def to_json(self) -> str:
+        return json.dumps({"min_nodes": self.min_nodes, "max_nodes": self.max_nodes, "count": self.count})
+
+    @staticmethod
+    def from_json(raw: bytes | str) -> ControllerBounds:
+        data = json.loads(raw)
+        return ControllerBounds(int(data["min_nodes"]), int(data["max_nodes"]), int(data["count"]))
 
 
 def first_line(exc: BaseException) -> str:
@@ -228,6 +263,21 @@ def read_optional(store: dist.Store, key: str) -> bytes | None:
     return store.get(key)
 
 
+#: A value no key ever holds: ``compare_set(key, _ABSENT, _ABSENT)`` reads without writing.
+_ABSENT = "\x00absent"
+
+
+def get_or_none(store: dist.Store, key: str) -> bytes | None:
+    """The value of ``key`` or None in ONE round trip (``read_optional`` takes two).
+
+    A compare-and-set whose expected value no key holds never writes: on a missing
+    key it returns the expected value, else the current one.
+    """
+    got = store.compare_set(key, _ABSENT, _ABSENT)
+    raw = got if isinstance(got, bytes) else str(got).encode()
+    return None if raw == _ABSENT.encode() else raw
+
+
 def open_round(store: dist.Store, keys: RunKeys) -> int:
     """The round currently open for joining (rounds are numbered from 1)."""
     return read_counter(store, keys.open) + 1
@@ -237,7 +287,7 @@ def read_size(store: dist.Store, keys: RunKeys, r: int) -> int:
     """Number of members of round r, or 0 while it is still open (or r < 1)."""
     if r < 1:
         return 0
-    raw = read_optional(store, keys.size(r))
+    raw = get_or_none(store, keys.size(r))
     if raw is None:
         return 0
     return int(raw.decode().split("|", 1)[0])
@@ -263,14 +313,23 @@ def claim_fate(store: dist.Store, keys: RunKeys, r: int, name: str, fate: Fate, 
     if (got.decode() if isinstance(got, bytes) else got) != mine:
         return False
     accounted = int(store.add(keys.accounted(r), 1))
+    if fate is not Fate.REJOIN:
+        store.add(keys.gone(r), 1)
     if fate is not Fate.REJOIN or accounted == 1:
         push_event(store, keys, f"{fate.value} {r} {name}")
     return True
 
 
 def read_membership(store: dist.Store, keys: RunKeys) -> ControllerMembership | None:
+    """The controller's full membership (O(N) bytes: for the few nodes that decide)."""
     raw = read_optional(store, keys.membership)
     return None if raw is None else ControllerMembership.from_json(raw)
+
+
+def read_bounds(store: dist.Store, keys: RunKeys) -> ControllerBounds | None:
+    """The controller's bounds and node count in one round trip (None: no controller)."""
+    raw = get_or_none(store, keys.bounds)
+    return None if raw is None else ControllerBounds.from_json(raw)
 
 
 # ---------------------------------------------------------------------------
@@ -299,7 +358,9 @@ class RoundView:
     prev_size: int  # 0 if there is no previous round
     prev_accounted: int
     controlled: bool  # a controller membership is published
-    listed_all_joined: bool  # every node the controller lists has joined (False if not controlled)
+    # Every node the controller lists has joined or is known gone: it has a fate other
+    # than rejoin in the previous round (dead, left, dropped). False if not controlled.
+    listed_all_joined: bool
 
 
 @dataclass(frozen=True)
@@ -314,8 +375,9 @@ def decide_close(view: RoundView) -> CloseDecision:
 
     A round never closes while the previous round is intact (it has members and
     none of them is accounted for): nodes that arrive then are spare and wait.
-    Otherwise it closes at once when ``max`` nodes joined, when the controller's
-    listed nodes all joined, or when every member of the previous round is
+    Otherwise it closes at once when ``max`` nodes joined, when every node the
+    controller lists joined or is known gone (a dead node the controller still
+    lists never delays the round), or when every member of the previous round is
     accounted for; else a timer starts once ``min`` is reached.
     """
     if view.joined < 1 or (view.prev_size > 0 and view.prev_accounted == 0):
@@ -335,5 +397,25 @@ def decide_close(view: RoundView) -> CloseDecision:
     return CloseDecision(CloseAction.TIMER, timer=TimerKind.LAST_CALL)
 
 
-def listed_all_joined(store: dist.Store, keys: RunKeys, r: int, nodes: Sequence[str]) -> bool:
-    return bool(nodes) and bool(store.check([keys.slot(r, n) for n in nodes]))
+def listed_all_joined(store: dist.Store, keys: RunKeys, r: int, joined: int, nodes: Sequence[str]) -> bool:
+    """Whether each of ``nodes`` is in one of the first ``joined`` slots of round r or is gone.
+
+    Gone: its fate in round r-1 is dead, left or dropped, whatever the controller
+    still lists (the controller may be down and its list stale). O(N) data in two
+    round trips plus one per listed node that did not join; callers first check
+    the O(1) precondition ``joined + gone(r-1) >= len(nodes)``. False while a
+    joiner has not written its record yet (it evaluates again once it has).
+    """
+    if not nodes:
+        return False
+    node_keys = [keys.node(r, i) for i in range(joined)]
+    if node_keys and not store.check(node_keys):
+        return False
+    here = {json.loads(raw)["name"] for raw in store.multi_get(node_keys)} if node_keys else set()
+    for name in nodes:
+        if name in here:
+            continue
+        fate = get_or_none(store, keys.fate(r - 1, name)) if r > 1 else None
+        if fate is None or fate.decode().split("|", 1)[0] == Fate.REJOIN.value:
+            return False
+    return True

@@ -81,6 +81,16 @@ def test_heartbeat_tracker_uses_the_observers_clock() -> None:
     assert not tracker.observe("a", 8, now=200.0)
 
 
+def test_heartbeat_tracker_judges_nobody_on_a_stalled_observers_few_readings() -> None:
+    tracker = HeartbeatTracker(timeout=1.5, min_readings=3)
+    assert not tracker.observe("a", 7, now=100.0)
+    assert not tracker.observe("a", 7, now=104.0)  # the observer itself stalled for 4 s
+    assert not tracker.observe("a", 8, now=104.5)  # the peer was alive all along
+    assert not tracker.observe("a", 8, now=105.0)
+    assert not tracker.observe("a", 8, now=105.5)
+    assert tracker.observe("a", 8, now=106.0)  # four readings over 1.5 s: dead
+
+
 def test_settings_defaults_and_conf() -> None:
     params = RendezvousParameters(
         "kelastic", "h:1", "run", 1, 3, node_name="me", keep_alive_interval="0.25", keep_alive_max_attempt="4"
