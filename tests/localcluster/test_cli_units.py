@@ -99,3 +99,30 @@ def test_manifest_errors_name_the_document(tmp_path: Path) -> None:
         load_manifests([bad])
     with pytest.raises(ManifestError, match="cannot read"):
         load_manifests([tmp_path / "missing.yaml"])
+
+
+def test_control_plane_flags_and_chart_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kelastic.localcluster.cli import build_parser, find_chart_dir
+
+    args = build_parser().parse_args(
+        [
+            "local",
+            "up",
+            "--control-plane",
+            "/k8s/bin",
+            "--cluster-wide",
+            "--watch-namespace",
+            "a",
+            "--watch-namespace",
+            "b",
+        ]
+    )
+    assert args.control_plane == Path("/k8s/bin") and args.cluster_wide and args.watch_namespace == ["a", "b"]
+    run = build_parser().parse_args(["local", "run", "job.yaml"])
+    assert run.control_plane is None and not run.cluster_wide
+    chart = tmp_path / "chart"
+    chart.mkdir()
+    monkeypatch.setenv("KELASTIC_CHART_DIR", str(chart))
+    assert find_chart_dir() != chart  # no Chart.yaml: not a chart
+    (chart / "Chart.yaml").write_text("name: kelastic\n")
+    assert find_chart_dir() == chart
