@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -176,7 +178,7 @@ class Controller:
         self._created: dict[JobKey, dict[str, tuple[float, PodView]]] = {}
         self._logged_membership: dict[JobKey, tuple[str, ...]] = {}
         self._failure_logs: dict[str, str] = {}  # pod uid -> log tail, for failed workers
-        self._ensured: set[str] = set()  # EnsureObject keys created (or found) in this run
+        self._ensured: dict[str, str] = {}  # EnsureObject key -> the manifest last made true (JSON)
         self._ensure_failed: dict[str, float] = {}  # key -> when creating it last failed (monotonic)
         self._own_writes: dict[JobKey, str] = {}  # resourceVersion our last status write produced
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="kelastic-api")
@@ -264,7 +266,7 @@ class Controller:
             handle.cancel()
         if uid:
             self.store.forget(uid)
-            self._ensured = {k for k in self._ensured if not k.startswith(f"{uid}/")}
+            self._ensured = {k: v for k, v in self._ensured.items() if not k.startswith(f"{uid}/")}
 
     def on_leadership(self, leader: bool) -> None:
         if leader:
@@ -415,6 +417,8 @@ class Controller:
             manifest = builders.worker_pod(
                 job, 0, endpoint="127.0.0.1:1", config=self.options.reconcile.build
             )
+            # A name no real pod has: a running worker-0 would make the dry run a 409.
+            manifest["metadata"]["name"] = f"{job.meta.name}-template-check"
 
             def dry_run() -> dict[str, Any]:
                 return self.kube.dry_run_create(job.meta.namespace, "pods", manifest)
@@ -649,27 +653,43 @@ class Controller:
         return created_service
 
     async def _ensure(self, body: Mapping[str, Any], action: EnsureObject) -> None:
-        """Create ``action``'s object once per run; it existing already (409) is success.
+        """Make ``action``'s object exist with its manifest's labels and spec.
 
-        A failure (no permission, an API the cluster does not serve) is an Event and a
-        log line, retried at most once a minute.
+        Once per run and whenever the manifest changes: create it; if it exists (409),
+        merge-patch its labels and spec. A failure (no permission, an API the cluster
+        does not serve) is an Event and a log line, retried at most once a minute.
         """
+        wanted = json.dumps(action.manifest, sort_keys=True, default=str)
         failed_at = self._ensure_failed.get(action.key)
-        if action.key in self._ensured or (failed_at is not None and time.monotonic() - failed_at < 60.0):
+        if self._ensured.get(action.key) == wanted or (
+            failed_at is not None and time.monotonic() - failed_at < 60.0
+        ):
             return
         try:
-            await self._io(self.kube.request, "POST", action.path, dict(action.manifest))
+            try:
+                await self._io(self.kube.request, "POST", action.path, dict(action.manifest))
+                message = action.message
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+                name = str((action.manifest.get("metadata") or {}).get("name"))
+                patch = {
+                    "metadata": {"labels": (action.manifest.get("metadata") or {}).get("labels") or {}},
+                    "spec": action.manifest.get("spec") or {},
+                }
+                merge = functools.partial(self.kube.request, content_type="application/merge-patch+json")
+                await self._io(merge, "PATCH", f"{action.path}/{name}", patch)
+                message = f"{action.message} (updated the existing one)"
         except ApiError as err:
-            if err.status != 409:
-                self._ensure_failed[action.key] = time.monotonic()
-                message = f"{action.message} failed: {err}"
-                job_log(_key_of(body), logging.WARNING, message)
-                self._event(body, "FailedCreate", message, warning=True)
-                return
-        else:
-            job_log(_key_of(body), logging.INFO, action.message)
-            self._event(body, action.reason, action.message, warning=action.warning)
-        self._ensured.add(action.key)
+            self._ensure_failed[action.key] = time.monotonic()
+            failure = f"{action.message} failed: {err}"
+            job_log(_key_of(body), logging.WARNING, failure)
+            self._event(body, "FailedCreate", failure, warning=True)
+            return
+        if action.key in self._ensured or message == action.message:
+            job_log(_key_of(body), logging.INFO, message)
+            self._event(body, action.reason, message, warning=action.warning)
+        self._ensured[action.key] = wanted
         self._ensure_failed.pop(action.key, None)
 
     async def _pod_action(self, body: Mapping[str, Any], ns: str, action: CreatePod | DeletePod) -> Any:
