@@ -69,6 +69,7 @@ __all__ = [
     "ElasticAgent",
     "MembershipChangedError",
     "MembershipWatcher",
+    "NamedNode",
     "RankAssignment",
     "RoleInstanceInfo",
     "RunResult",
@@ -108,6 +109,18 @@ class MembershipWatcher(Protocol):
     def wait_membership_change(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds; True as soon as :meth:`membership_changed` is."""
         ...
+
+
+@runtime_checkable
+class NamedNode(Protocol):
+    """A rendezvous handler that names this node in the rendezvous store (kelastic's).
+
+    The agent publishes the node's progress under that name (see
+    :class:`kelastic.agent.progress_publisher.ProgressPublisher`), where the operator reads it.
+    """
+
+    @property
+    def node_name(self) -> str: ...
 
 
 @dataclass

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kelastic.agent import contract, hang
-from kelastic.agent.api import RunResult, SimpleElasticAgent, WorkerGroup, WorkerSpec, WorkerState
+from kelastic.agent.api import NamedNode, RunResult, SimpleElasticAgent, WorkerGroup, WorkerSpec, WorkerState
 from kelastic.agent.events import EventSink
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import PContext, ProcessFailure, Std, start_processes, to_std_map
@@ -45,14 +45,12 @@ from kelastic.agent.progress import (
     progress_file,
     read_report,
 )
+from kelastic.agent.progress_publisher import ProgressPublisher
 from kelastic.agent.warm import prewarm_forkserver
 
 __all__ = ["LocalElasticAgent", "worker_env"]
 
 _log = logging.getLogger(__name__)
-
-_PROGRESS_PUBLISH_PERIOD = 1.0
-_PUBLISH_PAUSE_AFTER_ERROR = 5.0
 
 
 def worker_env(
@@ -154,11 +152,13 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._hang_timeout = hang_timeout
         #: The latest hang verdict: (global ranks, seconds without progress, when, epoch s).
         self._last_hang: tuple[tuple[int, ...], float, float] | None = None
-        self._progress_store: Any = None
-        self._last_publish = 0.0
-        self._publish_paused_until = 0.0
-        self._last_progress: tuple[int | None, int | None] = (None, None)
-        self._publish_failed_logged = False
+        handler = spec.rdzv_handler
+        #: Progress goes to the store of a rendezvous that names this node (kelastic's).
+        self._publisher = (
+            ProgressPublisher(rdzv_endpoint, handler.get_run_id(), handler.node_name)
+            if rdzv_endpoint and isinstance(handler, NamedNode)
+            else None
+        )
 
     @property
     def run_log_dir(self) -> Path:
@@ -192,7 +192,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         attempt_dir.parent.mkdir(parents=True, exist_ok=True)
         handler = spec.rdzv_handler
         run_id = handler.get_run_id()
-        use_agent_store = bool(getattr(handler, "use_agent_store", False))
+        use_agent_store = bool(handler.use_agent_store)
         base_env = dict(os.environ)
         n = spec.local_world_size
         self._progress_files = {lr: str(progress_file(attempt_dir, lr)) for lr in range(n)}
@@ -226,7 +226,6 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._point_display(display)
         # Published at every (re)start, not only on monitor ticks: workers that crash at
         # once never reach a tick, and the operator would show no restarts at all.
-        self._last_publish = time.monotonic()
         self._publish_progress()
         return dict(self._pcontext.pids())
 
@@ -288,15 +287,12 @@ class LocalElasticAgent(SimpleElasticAgent):
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM) -> None:
         self._close_workers(death_sig)
         self._stop_display()
-        if self._progress_store is not None:
-            self._progress_store = None
+        if self._publisher is not None:
+            self._publisher.close()
 
     def _on_monitor_tick(self, worker_group: WorkerGroup) -> None:
-        now = time.monotonic()
-        if now - self._last_publish < _PROGRESS_PUBLISH_PERIOD:
-            return
-        self._last_publish = now
-        self._publish_progress()
+        if self._publisher is not None and self._publisher.due():
+            self._publish_progress()
 
     # progress ---------------------------------------------------------------------------------
     def _ensure_display(self) -> ProgressDisplay | None:
@@ -332,45 +328,14 @@ class LocalElasticAgent(SimpleElasticAgent):
         return aggregate({lr: r for lr, r in reports.items() if r is not None})
 
     def _publish_progress(self) -> None:
-        """Publish this node's progress (and size) to the rendezvous store; best effort.
-
-        Before the workers of the current attempt report, the last published step is
-        repeated (a restarted worker resumes from its checkpoint, not from 0). After a
-        failure to reach the store, publishing pauses for a few seconds so the monitor
-        loop is never held up by a store that is restarting.
-        """
-        spec = self._worker_group.spec
-        now = time.monotonic()
-        if (
-            spec.rdzv_handler.get_backend() != "kelastic"
-            or not self._rdzv_endpoint
-            or now < self._publish_paused_until
-        ):
+        """Publish this node's progress, restart count and size to the rendezvous store (best
+        effort, see :class:`~kelastic.agent.progress_publisher.ProgressPublisher`)."""
+        if self._publisher is None:
             return
-        progress = self.node_progress()
-        if progress is not None:
-            self._last_progress = (progress.step, progress.total)
-        step, total = self._last_progress
-        from kelastic.agent.rendezvous import control
-
-        try:
-            if self._progress_store is None:
-                self._progress_store = control.connect(self._rdzv_endpoint, timeout=1.0)
-            control.publish_progress(
-                self._progress_store,
-                spec.rdzv_handler.get_run_id(),
-                str(spec.rdzv_handler.node_name),  # type: ignore[attr-defined]
-                step=step,
-                total=total,
-                restarts=self.restart_count,
-                local_world_size=spec.local_world_size,
-                recovery=self._recovery() if self._recovery is not None else None,
-                hang=self._last_hang,
-            )
-            self._publish_failed_logged = False
-        except Exception as e:  # progress is best effort; the store may be restarting
-            self._progress_store = None
-            self._publish_paused_until = now + _PUBLISH_PAUSE_AFTER_ERROR
-            if not self._publish_failed_logged:
-                _log.warning("could not publish progress to %s: %s", self._rdzv_endpoint, e)
-                self._publish_failed_logged = True
+        self._publisher.publish(
+            self.node_progress(),
+            restarts=self.restart_count,
+            local_world_size=self._worker_group.spec.local_world_size,
+            recovery=self._recovery() if self._recovery is not None else None,
+            hang=self._last_hang,
+        )
