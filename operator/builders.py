@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kelastic.agent import contract
+from kelastic.operator import podgroup
 from kelastic.operator.spec import API_VERSION, KIND, AgentMode, Job, JobSpec, RdzvBackend
 
 __all__ = [
@@ -100,6 +101,8 @@ class BuildConfig:
     #: The non-root user the operator's own containers (store, injection) run as.
     run_as_user: int = DEFAULT_RUN_AS_USER
     rdzv_port: int = contract.DEFAULT_RDZV_PORT
+    #: ``schedulerName`` of the scheduler-plugins coscheduling scheduler (``kelastic.operator.podgroup``).
+    coscheduling_scheduler: str = podgroup.DEFAULT_COSCHEDULING_SCHEDULER
     #: ``kelastic-agent --health-port``; None runs the agent without health endpoints (and probe).
     health_port: int | None = contract.DEFAULT_HEALTH_PORT
     #: Add a readiness probe on the agent's ``/readyz`` unless the template has one.
@@ -258,7 +261,14 @@ def worker_pod(job: Job, index: int, *, endpoint: str, config: BuildConfig) -> d
     pod_spec["containers"] = containers
     pod_spec["restartPolicy"] = "Never"
     labels = _labels(job, contract.ROLE_WORKER, index)
-    metadata = _metadata(job, worker_pod_name(job.meta.name, index), labels, template.get("metadata"))
+    # A gang-scheduled worker names its PodGroup (named after the job) by a label or annotation.
+    gang = podgroup.gang_scheduler(spec, config.coscheduling_scheduler)
+    group_labels, group_annotations = podgroup.member_marks(gang, job.meta.name) if gang else ({}, {})
+    metadata = _metadata(
+        job, worker_pod_name(job.meta.name, index), {**labels, **group_labels}, template.get("metadata")
+    )
+    if group_annotations:
+        metadata["annotations"] = {**(metadata.get("annotations") or {}), **group_annotations}
     if config.health_port is not None:
         # The usual annotations of annotation-based Prometheus scraping: the agent serves
         # /metrics on its health port. The template's own annotations win.

@@ -116,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-readiness-probe", action="store_true", help="do not add the agent readiness probe to workers"
     )
     p.add_argument(
+        "--coscheduling-scheduler-name",
+        default=None,
+        metavar="NAME",
+        help="schedulerName of the scheduler-plugins coscheduling scheduler: jobs whose workers use it get a "
+        "scheduling.x-k8s.io PodGroup (default scheduler-plugins-scheduler; volcano is always recognised)",
+    )
+    p.add_argument(
         "--store-network-policy",
         action="store_true",
         help="create a NetworkPolicy per job that admits only the job's workers (and the operator's pods, "
@@ -268,6 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 **({"inject_resources": args.inject_resources} if args.inject_resources else {}),
                 health_port=args.health_port or None,
                 readiness_probe=not args.no_readiness_probe,
+                **(
+                    {"coscheduling_scheduler": args.coscheduling_scheduler_name}
+                    if args.coscheduling_scheduler_name
+                    else {}
+                ),
             ),
         ),
     )

@@ -21,7 +21,7 @@ from enum import Enum
 from typing import Any
 
 from kelastic.agent import contract
-from kelastic.operator import builders, disruption, netpol, stall
+from kelastic.operator import builders, disruption, netpol, podgroup, stall
 from kelastic.operator.observed import (
     Observed,
     PodPhase,
@@ -658,6 +658,28 @@ def _network_policy_step(p: _Pass, job: _ActiveJob) -> _Next:
     return _Next.CONTINUE
 
 
+def _gang_step(p: _Pass, job: _ActiveJob) -> _Next:
+    """With a gang scheduler (the template's ``schedulerName``): the job's PodGroup, before its
+    pods, kept in step with ``spec.schedulingPolicy`` and the replicas (``kelastic.operator.podgroup``)."""
+    kind = podgroup.gang_scheduler(job.spec, p.config.build.coscheduling_scheduler)
+    if kind is None:
+        return _Next.CONTINUE
+    meta = p.job.meta
+    manifest = podgroup.pod_group(
+        kind, name=meta.name, namespace=meta.namespace, spec=job.spec, owner=builders.owner_reference(p.job)
+    )
+    p.actions.append(
+        EnsureObject(
+            reason="PodGroup",
+            message=f"PodGroup {meta.name} for {kind.value}: minMember {manifest['spec']['minMember']}",
+            path=podgroup.pod_group_path(kind, meta.namespace),
+            manifest=manifest,
+            key=f"{meta.uid}/podgroup",
+        )
+    )
+    return _Next.CONTINUE
+
+
 def _scaling_step(p: _Pass, job: _ActiveJob) -> _Next:
     """Worker pods for indices [0, replicas); those above go. A name still taken (terminating,
     failed) waits for the next pass."""
@@ -813,6 +835,7 @@ _ACTIVE_STEPS: tuple[Callable[[_Pass, _ActiveJob], _Next], ...] = (
     _range_step,
     _store_step,
     _network_policy_step,
+    _gang_step,
     _scaling_step,
     _membership_step,
     _stall_step,

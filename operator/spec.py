@@ -32,6 +32,7 @@ __all__ = [
     "JobSpec",
     "RdzvBackend",
     "RestartPolicy",
+    "SchedulingPolicy",
     "SpecError",
     "WorkerCommand",
     "format_time",
@@ -157,6 +158,8 @@ class JobSpec:
     active_deadline_seconds: int | None = None
     #: Restart the group when no rank reported progress this long (``kelastic-agent --hang-timeout``).
     hang_timeout_seconds: int | None = None
+    #: Gang scheduling (``spec.schedulingPolicy``); None when the job has none.
+    scheduling_policy: SchedulingPolicy | None = None
     backoff_limit: int = 6
     nproc_per_node: int | str = 1
     max_restarts: int = 3
@@ -247,6 +250,48 @@ def _enum(spec: Mapping[str, Any], key: str, path: str, kind: type[enum.Enum], d
 
 
 @dataclass(frozen=True)
+class SchedulingPolicy:
+    """``spec.schedulingPolicy`` (Kubeflow's run-policy names), for gang schedulers' PodGroups."""
+
+    #: Workers the gang scheduler must place together before any starts; None: ``minReplicas``.
+    min_available: int | None = None
+    queue: str | None = None
+    priority_class: str | None = None
+    schedule_timeout_seconds: int | None = None
+
+
+def _str(spec: Mapping[str, Any], key: str, path: str) -> str | None:
+    value = spec.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise SpecError(path, f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _parse_scheduling_policy(spec: Mapping[str, Any], max_replicas: int) -> SchedulingPolicy | None:
+    policy = spec.get("schedulingPolicy")
+    if policy is None:
+        return None
+    if not isinstance(policy, Mapping):
+        raise SpecError("spec.schedulingPolicy", f"must be an object, got {policy!r}")
+    path = "spec.schedulingPolicy"
+    min_available = _int(policy, "minAvailable", f"{path}.minAvailable", default=None, minimum=1)
+    if min_available is not None and min_available > max_replicas:
+        raise SpecError(
+            f"{path}.minAvailable", f"must be at most spec.maxReplicas={max_replicas}, got {min_available}"
+        )
+    return SchedulingPolicy(
+        min_available=min_available,
+        queue=_str(policy, "queue", f"{path}.queue"),
+        priority_class=_str(policy, "priorityClass", f"{path}.priorityClass"),
+        schedule_timeout_seconds=_int(
+            policy, "scheduleTimeoutSeconds", f"{path}.scheduleTimeoutSeconds", default=None, minimum=1
+        ),
+    )
+
+
+@dataclass(frozen=True)
 class _Replicas:
     """``spec.minReplicas``, ``spec.maxReplicas`` and the Worker replica spec, validated."""
 
@@ -315,6 +360,7 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
         hang_timeout_seconds=_int(
             spec, "hangTimeoutSeconds", "spec.hangTimeoutSeconds", default=None, minimum=1
         ),
+        scheduling_policy=_parse_scheduling_policy(spec, replicas.max),
         backoff_limit=backoff,
         nproc_per_node=nproc,
         max_restarts=max_restarts,

@@ -1,5 +1,6 @@
 """Operating a job on kelastic local: both /metrics endpoints during a real run, the store's
-NetworkPolicy, a worker evicted through the eviction API, a job whose ranks hang in a collective.
+NetworkPolicy, a worker evicted through the eviction API, a job whose ranks hang in a collective,
+PodGroups for gang schedulers.
 
 A LocalCluster (emulated API server, process kubelet), the operator as a subprocess
 with ``--metrics-port`` and ``--store-network-policy``, an ElasticJob whose workers train with real gloo and report
@@ -42,6 +43,7 @@ dist.destroy_process_group()
 """
 
 HANG_WORKER = Path(__file__).parents[1] / "agent" / "scripts" / "hang_worker.py"
+PODGROUP_CRDS = Path(__file__).parent / "crds" / "podgroups.yaml"
 
 HEALTH_PORT = 30081  # the agents' health port; pods have addresses of their own (127.1.x)
 
@@ -79,6 +81,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     (root / "work").mkdir()
     (root / "work" / "train.py").write_text(TRAIN)
     (root / "work" / "hang_worker.py").write_text(HANG_WORKER.read_text())
+    (root / "work" / "worker.py").write_text(cluster_test.WORKER_SCRIPT)
     cluster = LocalCluster(root / "data", workdir=root / "work")
     cluster.start()
     try:
@@ -327,3 +330,72 @@ def test_a_hang_in_a_collective_restarts_the_group_and_names_the_ranks(env: Any)
     assert events and events[0]["type"] == "Warning"
     st = env.wait("Succeeded", lambda: (s := status()).get("phase") == "Succeeded" and s, 180)
     assert int(st.get("restarts") or 0) >= 1  # the hang spent a restart
+
+
+def test_podgroups_follow_the_job_through_scale_and_deletion(env: Any) -> None:
+    """With the PodGroup CRDs installed: Volcano's and scheduler-plugins' PodGroups, their fields,
+    the pods that name them, minMember on scale, garbage collection with the job."""
+    env.kubectl("apply", "-f", str(PODGROUP_CRDS))
+    env.wait("the PodGroup kinds", lambda: "scheduling.x-k8s.io" in env.kubectl("api-resources", check=False))
+    volcano_pg, cosched_pg = "podgroups.scheduling.volcano.sh", "podgroups.scheduling.x-k8s.io"
+
+    def maybe_get(kind: str, name: str) -> dict[str, Any] | None:
+        out = env.kubectl("get", kind, name, "-o", "json", check=False)
+        return json.loads(out) if out.strip() else None
+
+    gang = cluster_test.job(
+        "gang",
+        min_r=2,
+        max_r=4,
+        replicas=4,
+        schedulingPolicy={"minAvailable": 3, "queue": "research", "priorityClass": "high"},
+    )
+    gang["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["schedulerName"] = "volcano"
+    env.apply(gang)
+    group = env.wait("the Volcano PodGroup", lambda: maybe_get(volcano_pg, "gang"), 60)
+    assert group["spec"] == {"minMember": 3, "queue": "research", "priorityClassName": "high"}
+    assert [o["uid"] for o in group["metadata"]["ownerReferences"]] == [
+        env.get("ej", "gang")["metadata"]["uid"]
+    ]
+    pods = env.wait(
+        "4 workers",
+        lambda: len(p := {n: x for n, x in env.pods("gang").items() if "worker" in n}) == 4 and p,
+        60,
+    )
+    assert all(p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "gang" for p in pods.values())
+    assert "scheduling.k8s.io/group-name" not in (
+        env.get("pod", "gang-rendezvous")["metadata"].get("annotations") or {}
+    )
+    env.kubectl("scale", "ej", "gang", "--replicas", "2")
+    env.wait(
+        "minMember to follow the scale", lambda: env.get(volcano_pg, "gang")["spec"]["minMember"] == 2, 60
+    )
+
+    cosched = cluster_test.job(
+        "cosched", min_r=2, max_r=3, replicas=3, schedulingPolicy={"scheduleTimeoutSeconds": 90}
+    )
+    cosched["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["schedulerName"] = (
+        "scheduler-plugins-scheduler"
+    )
+    env.apply(cosched)
+    group = env.wait("the coscheduling PodGroup", lambda: maybe_get(cosched_pg, "cosched"), 60)
+    assert group["spec"] == {"minMember": 2, "scheduleTimeoutSeconds": 90}  # minReplicas, not the 3 replicas
+    env.wait(
+        "a labelled worker",
+        lambda: (
+            (p := env.pods("cosched").get("cosched-worker-0"))
+            and p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "cosched"
+        ),
+        60,
+    )
+
+    env.kubectl("delete", "ej", "gang", "cosched", "--wait=false")
+    env.applied.difference_update({"gang", "cosched"})
+    env.wait(
+        "both PodGroups to go with their jobs",
+        lambda: (
+            not env.kubectl("get", volcano_pg, "-o", "name").strip()
+            and not env.kubectl("get", cosched_pg, "-o", "name").strip()
+        ),
+        60,
+    )

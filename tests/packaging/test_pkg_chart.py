@@ -86,6 +86,12 @@ OPERATOR_RULES = {
     ("", "pods/log", "get"),
     ("", "events", "create"),
     ("", "events", "patch"),
+    # gang scheduling: each job's PodGroup (Volcano, scheduler-plugins)
+    *{
+        (g, "podgroups", v)
+        for g in ("scheduling.volcano.sh", "scheduling.x-k8s.io")
+        for v in ("create", "patch")
+    },
     # the store's NetworkPolicy of each job (networkPolicy.enabled, default true)
     ("networking.k8s.io", "networkpolicies", "create"),
 }

@@ -97,6 +97,11 @@ namespaced Role and the cluster-wide ClusterRole so both grant the same verbs.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
+# Gang scheduling: the PodGroup of a job whose workers use Volcano or the scheduler-plugins
+# coscheduling scheduler; created, and patched when the job scales. Removed with the job.
+- apiGroups: ["scheduling.volcano.sh", "scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["create", "patch"]
 {{- if .Values.networkPolicy.enabled }}
 # Each job's NetworkPolicy that admits only its pods to its rendezvous store: created
 # once; the garbage collector removes it with the job (ownerReference).
