@@ -212,9 +212,10 @@ class LocalElasticAgent(SimpleElasticAgent):
         args = {lr: _substitute_local_rank(spec.args, lr) for lr in range(n)}
         redirects, tee = self._std_maps(n)
         display = self._ensure_display()
+        assert spec.entrypoint is not None  # WorkerSpec refuses a spec without one
         self._pcontext = start_processes(
             name=spec.role,
-            entrypoint=spec.entrypoint,  # type: ignore[arg-type]
+            entrypoint=spec.entrypoint,
             args=args,
             envs=envs,
             log_dir=str(attempt_dir),

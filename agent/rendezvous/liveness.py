@@ -142,8 +142,9 @@ class PeerLink:
                             current = None
         finally:
             for key in list(sel.get_map().values()):
-                if key.data != "wake":
-                    key.fileobj.close()  # type: ignore[union-attr]
+                # Every registered object but the wake-up pipe is a socket of ours.
+                if key.data != "wake" and isinstance(key.fileobj, socket.socket):
+                    key.fileobj.close()
             sel.close()
             self._wake_r.close()
             self._wake_w.close()
