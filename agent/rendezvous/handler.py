@@ -16,10 +16,11 @@ Round R is closed by a compare-and-set on ``r/R/size`` (first writer wins) with
 N members: the nodes in slots 0..N-1. A node whose slot is >= N came too late;
 it joins round R+1 at once and is thereby *waiting* (it shows up in
 ``num_nodes_waiting`` of the running members). The closer bumps ``open``, pushes
-an event and writes the member list for the controller. Rank 0 of the round then
-hosts a fresh worker TCPStore on its ``local_addr`` (port bound by itself, handed
-to the store with ``master_listen_fd``) and publishes it in ``r/R/wstore``; that
-is ``bootstrap_store_info``, the workers' MASTER_ADDR/MASTER_PORT.
+an event and writes the member list for the controller. The node in slot 0 (rank 0
+whenever the round closes) hosts a fresh worker TCPStore on its ``local_addr`` as
+soon as it joins (port bound by itself, handed to the store with
+``master_listen_fd``) and puts the port in its node record (``r/R/node/0``, field
+``wstore``); that is ``bootstrap_store_info``, the workers' MASTER_ADDR/MASTER_PORT.
 
 When a round closes (``protocol.decide_close``, evaluated by every waiter after
 its own join and on every event; first to see it true closes):

@@ -16,7 +16,8 @@ Key layout (all under ``kelastic/<run_id>/``)::
                              node in that slot; slot 0 (always rank 0) adds "wstore", the port of
                              the round's worker store it hosts
     r/<R>/slot/<name>        the slot ``name`` took in round R
-    r/<R>/size               "N|closer" once round R is closed with members in slots 0..N-1
+    r/<R>/size               "N|closer|token" once round R is closed with members in slots 0..N-1
+                             (the closer's name and its handler's token, to know its own win)
     r/<R>/members            JSON list of member names by rank (written by the closer)
     r/<R>/fate/<name>        first claim wins: rejoin | dead | left | dropped (+ "|claimer")
     r/<R>/accounted          counter of members of R with a claimed fate
@@ -25,12 +26,12 @@ Key layout (all under ``kelastic/<run_id>/``)::
     ctl/membership           JSON from the controller: {"nodes", "min_nodes", "max_nodes"}
     ctl/bounds               JSON {"min_nodes", "max_nodes", "count"}: the same without the names
     ctl/listed/<name>        present while the controller lists ``name``
+    progress/<name>          JSON progress report of a node (see ``control.publish_progress``)
+    agent/<R>/...            keys of the agent's own algorithms for round R (RendezvousInfo.store)
 
 Every node reads O(1) keys of O(1) size per round; only a few nodes (the
 *deciders*, slots 0-2 of the open round, and a joiner that may be the last one
 expected) read O(N) data, and only when the round may close.
-    progress/<name>          JSON progress report of a node (see ``control``)
-    agent/<R>/...            keys of the agent's own algorithms for round R (RendezvousInfo.store)
 """
 
 from __future__ import annotations
