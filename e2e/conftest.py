@@ -168,8 +168,11 @@ class OperatorProcess:
         program = shutil.which(container["command"][0])
         command = [program] if program else [sys.executable, "-m", "kelastic.operator"]
         self.health_port = free_port()
+        # $(POD_IP) is the kubelet's to expand; the local process listens on loopback.
         args = [
-            f"--liveness=http://127.0.0.1:{self.health_port}/healthz" if a.startswith("--liveness=") else a
+            f"--liveness=http://127.0.0.1:{self.health_port}/healthz"
+            if a.startswith("--liveness=")
+            else a.replace("$(POD_IP)", "127.0.0.1")
             for a in container["args"]
         ]
         self.argv = [*command, *args, f"--kubeconfig={kubeconfig}"]
