@@ -100,7 +100,8 @@ Use from an agent
 ``next_rendezvous()`` again. ``RendezvousInfo.store`` is a ``PrefixStore``
 private to the round over this node's own store connection. At the end:
 ``set_closed()`` then ``shutdown()`` on success, only ``shutdown()`` when the
-node is stopped. ``publish_progress()`` feeds ``control.read_status``.
+node is stopped. The agent publishes its progress for ``control.read_status``
+itself (``kelastic.agent.progress_publisher``), over a connection of its own.
 """
 
 from __future__ import annotations
@@ -128,7 +129,6 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
-from . import control
 from .liveness import HeartbeatTracker, PeerLink
 from .protocol import (
     CloseAction,
@@ -165,6 +165,8 @@ _EVENT_WAIT = datetime.timedelta(hours=1)
 #: Slots of an open round whose nodes evaluate the close rule on every event, run its
 #: timers and sweep the previous round's heartbeats (the *deciders*).
 _DECIDERS = 3
+#: Longest a non-deciding waiter blocks in the store before looking at its own state.
+_SIZE_WAIT_SLICE = 1.0
 #: Readings of an unmoved heartbeat (besides its age) before its node counts as dead.
 _MIN_READINGS = 3
 #: Other waiters evaluate the close rule this often, in case every decider died.
@@ -410,31 +412,6 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 return False
             self._wait_event(generation, remaining)
 
-    def publish_progress(
-        self, *, step: int | None, total: int | None, restarts: int, local_world_size: int | None = None
-    ) -> bool:
-        """Report this node's progress for ``control.read_status`` (rate-limit to ~1/s).
-
-        Returns False, without raising, when the store is not reachable right now.
-        """
-        with self._lock:
-            store = self._store
-            if store is None:
-                return False
-            try:
-                control.publish_progress(
-                    store,
-                    self._s.run_id,
-                    self._s.node_name,
-                    step=step,
-                    total=total,
-                    restarts=restarts,
-                    local_world_size=local_world_size,
-                )
-            except dist.DistError:
-                return False
-        return True
-
     # -- joining -----------------------------------------------------------
 
     def _join(self, store: dist.TCPStore, deadline: float) -> RendezvousInfo:
@@ -585,8 +562,16 @@ class KelasticRendezvousHandler(RendezvousHandler):
                     f"join_timeout={s.join_timeout:g}s ({joined} joined, min {s.min_nodes}, max "
                     f"{s.max_nodes} unless the controller set other bounds)"
                 )
-            wake = min(deadline, timer_deadline) if decider else min(deadline, timer_deadline, next_full)
-            self._wait_event(generation, wake - now)
+            if decider or timer is not None:
+                self._wait_event(generation, min(deadline, timer_deadline) - now)
+                continue
+            # The store wakes this node when the size is set: no thread of ours runs per
+            # event. Slices bound how late the job's closing or a shutdown is seen.
+            wait = min(deadline, next_full, now + _SIZE_WAIT_SLICE) - now
+            try:
+                store.wait([k.size(r)], datetime.timedelta(seconds=max(wait, 0.01)))
+            except dist.DistStoreError:
+                pass  # the slice expired
 
     def _try_close(self, store: dist.TCPStore, r: int, size: int) -> bool:
         """Close round r with ``size`` members if nobody did yet; the winner does the bookkeeping."""

@@ -81,7 +81,7 @@ def test_status_aggregates_progress(server: ServerProcess, run_id: str) -> None:
     status = control.read_status(store, run_id)
     assert status.progress is None
     assert status.world_size == 1 + 4  # a reported nothing yet; b joined with 4 ranks
-    assert hs[0].publish_progress(step=40, total=100, restarts=1, local_world_size=2)
+    control.publish_progress(store, run_id, "a", step=40, total=100, restarts=1, local_world_size=2)
     control.publish_progress(store, run_id, "b", step=30, total=100, restarts=2, local_world_size=3)
     status = control.read_status(store, run_id)
     assert status.world_size == 5
