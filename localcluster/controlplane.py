@@ -453,7 +453,11 @@ class ControlPlane:
             pki = self.pki_dir
             argv += [
                 f"--client-ca-file={pki / 'ca.crt'}",
-                "--controllers=*",
+                # Endpoints may not hold our loopback pod addresses: the Endpoints
+                # controller would only fail and warn for every Service (EndpointSlices
+                # carry them). Its name changed in 1.28 (the old one is an alias after).
+                "--controllers=*,-"
+                + ("endpoint" if version < KubeVersion(1, 28) else "endpoints-controller"),
                 "--use-service-account-credentials",
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--root-ca-file={pki / 'ca.crt'}",
