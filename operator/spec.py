@@ -15,12 +15,13 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any
 
 __all__ = [
     "API_VERSION",
+    "DEFAULTS",
     "GROUP",
     "KIND",
     "PLURAL",
@@ -174,6 +175,11 @@ class JobSpec:
     replicas_requested: int | None = None
     #: How the worker container gets kelastic-agent (``spec.agent``).
     agent: AgentMode = AgentMode.INJECT
+
+
+#: JobSpec's field defaults: the one place the operator's defaults are written. The CRD
+#: declares the same ones for the API server to fill in; a test holds the two equal.
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(JobSpec) if f.default is not MISSING}
 
 
 @dataclass(frozen=True)
@@ -334,11 +340,11 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
     container = _parse_container(replicas.worker)
     nproc = _parse_nproc(spec)
     rdzv = _parse_rendezvous(spec)
-    suspend = _bool(spec, "suspend", "spec.suspend", default=False)
-    warm_start = _bool(spec, "warmStart", "spec.warmStart", default=True)
+    suspend = _bool(spec, "suspend", "spec.suspend", default=DEFAULTS["suspend"])
+    warm_start = _bool(spec, "warmStart", "spec.warmStart", default=DEFAULTS["warm_start"])
     timeout = _parse_min_replicas_timeout(meta)
-    backoff = _int(spec, "backoffLimit", "spec.backoffLimit", default=6, minimum=0)
-    max_restarts = _int(spec, "maxRestarts", "spec.maxRestarts", default=3, minimum=0)
+    backoff = _int(spec, "backoffLimit", "spec.backoffLimit", default=DEFAULTS["backoff_limit"], minimum=0)
+    max_restarts = _int(spec, "maxRestarts", "spec.maxRestarts", default=DEFAULTS["max_restarts"], minimum=0)
     assert backoff is not None and max_restarts is not None
     return JobSpec(
         min_replicas=replicas.min,
@@ -349,7 +355,7 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
         image=container.image,
         restart_policy=replicas.restart_policy,
         clean_pod_policy=_enum(
-            spec, "cleanPodPolicy", "spec.cleanPodPolicy", CleanPodPolicy, CleanPodPolicy.RUNNING
+            spec, "cleanPodPolicy", "spec.cleanPodPolicy", CleanPodPolicy, DEFAULTS["clean_pod_policy"]
         ),
         ttl_seconds_after_finished=_int(
             spec, "ttlSecondsAfterFinished", "spec.ttlSecondsAfterFinished", default=None, minimum=0
@@ -371,7 +377,7 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
         warm_start=warm_start,
         min_replicas_timeout=timeout,
         replicas_requested=replicas.requested,
-        agent=_enum(spec, "agent", "spec.agent", AgentMode, AgentMode.INJECT),
+        agent=_enum(spec, "agent", "spec.agent", AgentMode, DEFAULTS["agent"]),
     )
 
 
@@ -425,7 +431,7 @@ def _parse_replicas(spec: Mapping[str, Any], *, started: bool) -> _Replicas:
             f"({replicas}) must be within [spec.minReplicas, spec.maxReplicas] = [{min_r}, {max_r}]",
         )
     restart_policy = _enum(
-        worker, "restartPolicy", f"{wpath}.restartPolicy", RestartPolicy, RestartPolicy.EXIT_CODE
+        worker, "restartPolicy", f"{wpath}.restartPolicy", RestartPolicy, DEFAULTS["restart_policy"]
     )
     return _Replicas(min_r, max_r, replicas, requested, restart_policy, worker)
 
@@ -455,7 +461,7 @@ def _parse_container(worker: Mapping[str, Any]) -> _Container:
 
 def _parse_nproc(spec: Mapping[str, Any]) -> int | str:
     """``spec.nprocPerNode``: a positive integer (also as digits) or one of the words."""
-    raw = spec.get("nprocPerNode", 1)
+    raw = spec.get("nprocPerNode", DEFAULTS["nproc_per_node"])
     if isinstance(raw, bool) or not isinstance(raw, int | str):
         raise SpecError("spec.nprocPerNode", f"must be a positive integer or 'auto', got {raw!r}")
     nproc: int | str = raw
@@ -478,7 +484,7 @@ def _parse_rendezvous(spec: Mapping[str, Any]) -> _Rendezvous:
             raise SpecError(
                 "spec.rdzvEndpoint", f"must be HOST:PORT (an IPv6 address as [ADDR]:PORT), got {endpoint!r}"
             )
-    backend = _enum(spec, "rdzvBackend", "spec.rdzvBackend", RdzvBackend, RdzvBackend.KELASTIC)
+    backend = _enum(spec, "rdzvBackend", "spec.rdzvBackend", RdzvBackend, DEFAULTS["rdzv_backend"])
     if backend.external and endpoint is None:
         raise SpecError(
             "spec.rdzvEndpoint",

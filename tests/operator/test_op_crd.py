@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -12,6 +13,7 @@ import yaml
 
 from kelastic.operator.spec import (
     API_VERSION,
+    DEFAULTS,
     GROUP,
     KIND,
     PLURAL,
@@ -204,6 +206,17 @@ def test_every_schema_default_is_the_operators_default(kit: SimpleNamespace, ver
             schema = schema["properties"][part]
         other = parse_job(with_value(left_out, path, another_value(schema, default)))
         assert other.error is None and other.spec != plain.spec, f"{where}: the operator ignores the field"
+
+
+def test_the_schema_declares_every_default_of_the_operator(version: dict[str, Any]) -> None:
+    """The other direction: each default JobSpec has (other than "unset") is in the CRD too, with
+    the same value, so ``kubectl get -o yaml`` shows what the operator will do."""
+    declared = {
+        re.sub(r"(?<!^)(?=[A-Z])", "_", path[-1]).lower(): default
+        for path, default in declared_defaults(version["schema"]["openAPIV3Schema"])
+    }
+    mine = {name: getattr(value, "value", value) for name, value in DEFAULTS.items() if value is not None}
+    assert declared == mine
 
 
 def resolve(root: dict[str, Any], json_path: str) -> dict[str, Any]:
