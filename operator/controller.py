@@ -170,6 +170,7 @@ class Controller:
         self._stores: dict[JobKey, tuple[str, str]] = {}  # running jobs' (store endpoint, run id)
         self._bodies: dict[JobKey, dict[str, Any]] = {}  # the newest ElasticJob seen (watch or write)
         self._failures: dict[JobKey, int] = {}  # consecutive failed passes, for the retry backoff
+        self._change_failed: set[JobKey] = set()  # jobs whose last pass had a create/delete fail
         self._passed_at: dict[JobKey, float] = {}  # when the last pass of a job started (monotonic)
         #: Per job: the generation whose pod template the API server judged, and its verdict.
         self._template_checks: dict[JobKey, tuple[int, SpecError | None]] = {}
@@ -292,8 +293,15 @@ class Controller:
                 self._dirty.discard(key)
                 async with self._limit:
                     try:
+                        self._change_failed.discard(key)
                         await self.reconcile_once(key)
-                        self._failures.pop(key, None)
+                        if key in self._change_failed:
+                            # A create or delete failed (its Event says why): nothing else
+                            # would bring the job back soon, so retry as for a failed pass.
+                            delay = self._retry(key)
+                            job_log(key, logging.INFO, f"retrying the failed change in {delay:g}s")
+                        else:
+                            self._failures.pop(key, None)
                     except asyncio.CancelledError:
                         raise
                     except ApiError as err:
@@ -716,6 +724,7 @@ class Controller:
                 return None
             verb = "FailedCreate" if isinstance(action, CreatePod | CreateService) else "FailedDelete"
             message = f"{action.message} failed: {err}"
+            self._change_failed.add(_key_of(body))
             job_log(_key_of(body), logging.WARNING, message)
             self._event(body, verb, message, warning=True)
             return None

@@ -25,6 +25,7 @@ class RecordingKube:
         self.calls: list[str] = []
         self.event_messages: list[str] = []
         self.fail_status_writes = 0
+        self.fail_pod_creates = 0
         self._rv = itertools.count(100)
 
     def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -49,6 +50,9 @@ class RecordingKube:
 
     def create(self, namespace: str, plural: str, manifest: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(f"POST {plural}")
+        if plural == "pods" and self.fail_pod_creates:
+            self.fail_pod_creates -= 1
+            raise ApiError(0, "Unreachable", "the API server did not answer")
         if plural == "events":
             self.event_messages.append(manifest["message"])
         created = self._stamp(manifest)
@@ -200,3 +204,20 @@ def test_combined_event_message() -> None:
     many = combined_message([f"creating worker pod job-worker-{i}" for i in range(1000)])
     assert len(many) <= 1024 and many.startswith("creating worker pods job-worker-0, job-worker-1,")
     assert many.endswith(" more") and "... and 9" in many
+
+
+def test_a_failed_create_is_retried_without_waiting_for_the_resync(
+    loop: asyncio.AbstractEventLoop, kit: Any
+) -> None:
+    kube = RecordingKube(kit.job_body(min_r=1, replicas=1))
+    kube.fail_pod_creates = 3  # every create of the first pass times out
+
+    async def scenario(controller: Controller) -> None:
+        controller.job_seen(KEY, "1", copy.deepcopy(kube.job))
+        await settle(controller, 0.2)
+        assert any("failed" in m for m in kube.event_messages), kube.event_messages
+        attempts = kube.calls.count("POST pods")
+        await settle(controller, 1.5)  # retried after 1 s, not after the 60 s resync
+        assert kube.calls.count("POST pods") > attempts, kube.calls
+
+    run(loop, kube, scenario)
