@@ -168,10 +168,14 @@ class OperatorProcess:
         program = shutil.which(container["command"][0])
         command = [program] if program else [sys.executable, "-m", "kelastic.operator"]
         self.health_port = free_port()
-        # $(POD_IP) is the kubelet's to expand; the local process listens on loopback.
+        metrics_port = free_port()
+        # $(POD_IP) is the kubelet's to expand; the local process listens on loopback,
+        # on free ports (the chart's fixed ones may be taken on a shared machine).
         args = [
             f"--liveness=http://127.0.0.1:{self.health_port}/healthz"
             if a.startswith("--liveness=")
+            else f"--metrics-port={metrics_port}"
+            if a.startswith("--metrics-port=")
             else a.replace("$(POD_IP)", "127.0.0.1")
             for a in container["args"]
         ]
