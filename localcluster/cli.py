@@ -380,7 +380,9 @@ def _watch(
     """Relay logs and report progress until the workloads finish; (last outcomes, why it ended)."""
     assert cluster.client is not None
     applier = Applier(cluster.client)
-    follower = LogFollower(cluster.data_dir, relay)
+    # The workloads' output; not the operator's, when the chart runs it as a pod of its own namespace.
+    namespaces = {str(o["metadata"].get("namespace") or "default") for o in waited}
+    follower = LogFollower(cluster.data_dir, relay, namespaces)
     deadline = started + args.timeout
     outcomes: list[tuple[Outcome, str]] = []
     last_summary, last_print, next_status = "", time.monotonic(), 0.0

@@ -105,9 +105,11 @@ class _File:
 class LogFollower:
     """Polls the kubelet's log directory and relays new output of every container run."""
 
-    def __init__(self, data_dir: Path, relay: LogRelay) -> None:
+    def __init__(self, data_dir: Path, relay: LogRelay, namespaces: set[str] | None = None) -> None:
         self.pods_dir = data_dir / "pods"
         self.relay = relay
+        #: Only pods of these namespaces are relayed (None: every pod).
+        self.namespaces = namespaces
         self._files: dict[Path, _File] = {}
 
     @staticmethod
@@ -122,6 +124,8 @@ class LogFollower:
         if not self.pods_dir.is_dir():
             return
         for pod_dir in sorted(self.pods_dir.iterdir()):
+            if self.namespaces is not None and pod_dir.name.split("_", 1)[0] not in self.namespaces:
+                continue
             containers = sorted(p for p in pod_dir.iterdir() if p.is_dir() and p.name != "volumes")
             for cdir in containers:
                 runs = sorted(cdir.glob("*.log"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
