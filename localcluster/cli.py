@@ -44,6 +44,7 @@ from .cluster import LocalCluster
 from .completion import Outcome, outcome_of, pod_outcome, waitable
 from .controlplane import control_plane_dir
 from .images import ImageMap
+from .jobsummary import JobTimeline
 from .logrelay import LogFollower, LogRelay
 
 __all__ = ["find_crds_dir", "main", "operator_command"]
@@ -354,6 +355,38 @@ def _poll_outcomes(
     return cluster.call(run(), timeout=30.0)
 
 
+def _sample_jobs(
+    cluster: LocalCluster, applier: Applier, jobs: Sequence[dict[str, Any]], timeline: JobTimeline
+) -> None:
+    """One look at each ElasticJob's status, for the per-job summary."""
+
+    async def run() -> list[dict[str, Any] | None]:
+        return [await applier.get(o) for o in jobs]
+
+    now = time.monotonic()
+    for current in cluster.call(run(), timeout=30.0):
+        if current is not None:
+            timeline.observe(current, now)
+
+
+def _job_events(cluster: LocalCluster, jobs: Sequence[dict[str, Any]], timeline: JobTimeline) -> None:
+    """The Events about each ElasticJob (their reasons explain restarts), for the summary."""
+    assert cluster.client is not None
+    for ns in {str(o["metadata"].get("namespace") or "default") for o in jobs}:
+        listing = cluster.call(cluster.client.get(f"/api/v1/namespaces/{ns}/events"), timeout=30.0)
+        for job in jobs:
+            name = job["metadata"]["name"]
+            timeline.set_events(
+                name,
+                [
+                    e
+                    for e in listing.get("items") or []
+                    if (e.get("involvedObject") or {}).get("kind") == "ElasticJob"
+                    and (e.get("involvedObject") or {}).get("name") == name
+                ],
+            )
+
+
 def _finished(outcomes: Sequence[tuple[Outcome, str]]) -> bool:
     """The run is over when every workload finished, or as soon as one failed."""
     return all(r[0] is not Outcome.PENDING for r in outcomes) or any(r[0] is Outcome.FAILED for r in outcomes)
@@ -376,6 +409,7 @@ def _watch(
     args: argparse.Namespace,
     started: float,
     operator: _Operator | None,
+    timeline: JobTimeline | None = None,
 ) -> tuple[list[tuple[Outcome, str]], RunEnd]:
     """Relay logs and report progress until the workloads finish; (last outcomes, why it ended)."""
     assert cluster.client is not None
@@ -385,11 +419,15 @@ def _watch(
     follower = LogFollower(cluster.data_dir, relay, namespaces)
     deadline = started + args.timeout
     outcomes: list[tuple[Outcome, str]] = []
-    last_summary, last_print, next_status = "", time.monotonic(), 0.0
+    last_summary, last_print, next_status, next_sample = "", time.monotonic(), 0.0, 0.0
+    jobs = [o for o in waited if o.get("kind") == "ElasticJob"]
     end = RunEnd.FINISHED
     while True:
         now = time.monotonic()
         follower.poll(time.time())
+        if timeline is not None and jobs and now >= next_sample:
+            _sample_jobs(cluster, applier, jobs, timeline)
+            next_sample = now + 1.0
         if now >= next_status:
             outcomes = _poll_outcomes(cluster, applier, waited)
             next_status = now + 0.5
@@ -455,6 +493,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     pods: list[dict[str, Any]] = []
     end = RunEnd.INTERRUPTED
     operator_tail = ""
+    timeline = JobTimeline()
 
     def notice(text: str) -> None:
         relay.line("kelastic", text)
@@ -481,7 +520,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 return 2
             waited = [o for o in applied if waitable(o)]
             notice(f"applied {len(applied)} object(s); waiting for {', '.join(_describe(o) for o in waited)}")
-            outcomes, end = _watch(cluster, waited, relay, stopper, args, started, operator)
+            outcomes, end = _watch(cluster, waited, relay, stopper, args, started, operator, timeline)
+            jobs = [o for o in waited if o.get("kind") == "ElasticJob"]
+            if jobs and cluster.client is not None:
+                _sample_jobs(cluster, Applier(cluster.client), jobs, timeline)  # the final state
+                _job_events(cluster, jobs, timeline)
             if any(o.get("kind") != "Pod" for o in waited):
                 # The workloads' pods (not the operator's, installed in its own namespace).
                 namespaces = {str(o["metadata"].get("namespace") or "default") for o in waited}
@@ -502,7 +545,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"kelastic: pod logs kept in {temp_dir}/pods", file=out, flush=True)
         else:
             shutil.rmtree(temp_dir, ignore_errors=True)
-    return _summarize(waited, outcomes, pods, time.monotonic() - started, end, operator_tail, args, out)
+    return _summarize(
+        waited, outcomes, pods, time.monotonic() - started, end, operator_tail, args, out, timeline.lines()
+    )
 
 
 def _all_pods(cluster: LocalCluster) -> list[dict[str, Any]]:
@@ -523,6 +568,7 @@ def _summarize(
     operator_tail: str,
     args: argparse.Namespace,
     out: TextIO,
+    job_lines: Sequence[str] = (),
 ) -> int:
     print("kelastic: summary", file=out)
     width = max((len(_describe(o)) for o in waited), default=0)
@@ -532,6 +578,8 @@ def _summarize(
         # Still pending at the end: stopped with the cluster (a failure elsewhere, a timeout).
         label = "Unfinished" if outcome is Outcome.PENDING else outcome.value
         print(f"  {_describe(obj):<{width}}  {label:<10}  {detail}", file=out)
+    for line in job_lines:  # per ElasticJob: duration, restarts and causes, speed per world size
+        print(line, file=out)
     if pods:
         print("  pods:", file=out)
         width = max(len(p["metadata"]["name"]) for p in pods)
