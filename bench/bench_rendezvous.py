@@ -1,8 +1,9 @@
 """Rendezvous of many simulated nodes: kelastic's backend against torch's c10d handler.
 
 One ``kelastic-rendezvous`` store process serves every measurement. A measurement
-of N nodes spreads N handlers over several client processes (up to
-``--processes``, at least ``--min-per-process`` handlers each), so that the figure
+of N nodes spreads N handlers over ceil(N / ``--per-process``) client processes
+(128 each by default: more threads per interpreter and the wait for its GIL after
+every store operation grows faster than linearly), so that the figure
 measures the rendezvous and not the GIL of one harness process. Each client
 connects its handlers (not measured), reports ready, and all clients release
 their handlers into ``next_rendezvous`` at the same wall-clock instant.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -182,7 +184,7 @@ def measure(
     args: argparse.Namespace, backend: str, server_pid: int, endpoint: str, run_id: str, nodes: int
 ) -> Run:
     """One rendezvous of ``nodes`` handlers spread over client processes."""
-    processes = max(1, min(args.processes, nodes // args.min_per_process))
+    processes = max(1, math.ceil(nodes / args.per_process))
     run = Run(backend, nodes, processes)
     if backend == "kelastic" and args.controlled:
         _publish_membership(endpoint, run_id, nodes)
@@ -271,9 +273,8 @@ def main() -> int:
         "--torch-sizes", default="64,256", help="sizes at which torch's c10d handler also runs"
     )
     parser.add_argument("--controlled", action="store_true", help="publish a controller membership first")
-    parser.add_argument("--processes", type=int, default=8, help="client processes (at most)")
     parser.add_argument(
-        "--min-per-process", type=int, default=64, help="handlers per client process (at least)"
+        "--per-process", type=int, default=128, help="simulated nodes per client process (at most)"
     )
     parser.add_argument("--cap", type=float, default=60.0, help="give up on one run after this many seconds")
     parser.add_argument(
