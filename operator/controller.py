@@ -69,6 +69,7 @@ from kelastic.operator.reconcile import (
 from kelastic.operator.spec import API_VERSION, KIND, Job, SpecError, parse_job
 from kelastic.operator.status import TERMINAL_PHASES, merge_patch
 from kelastic.operator.store_client import StoreClient
+from kelastic.operator.workqueue import WorkQueue
 
 __all__ = ["Controller", "ControllerOptions", "JobKey"]
 
@@ -162,14 +163,14 @@ class Controller:
         self._pods_index: Mapping[JobKey, Iterable[PodView]] = {}
         self._services_index: Mapping[JobKey, Iterable[ServiceView]] = {}
         self._known: set[JobKey] = set()
-        self._running: dict[JobKey, asyncio.Task[None]] = {}
-        self._dirty: set[JobKey] = set()
-        self._timers: dict[JobKey, asyncio.TimerHandle] = {}
+        #: Which jobs to reconcile when: coalesced triggers, deadlines, back-off after failures.
+        self.queue: WorkQueue[JobKey] = WorkQueue(
+            self._process, max_delay=self.options.max_retry_delay, describe=lambda k: f"{k[0]}/{k[1]}"
+        )
         self._rdzv_cache: dict[JobKey, tuple[float, RendezvousView | None]] = {}
         self._rdzv_reading: set[JobKey] = set()
         self._stores: dict[JobKey, tuple[str, str]] = {}  # running jobs' (store endpoint, run id)
         self._bodies: dict[JobKey, dict[str, Any]] = {}  # the newest ElasticJob seen (watch or write)
-        self._failures: dict[JobKey, int] = {}  # consecutive failed passes, for the retry backoff
         self._change_failed: set[JobKey] = set()  # jobs whose last pass had a create/delete fail
         self._passed_at: dict[JobKey, float] = {}  # when the last pass of a job started (monotonic)
         #: Per job: the generation whose pod template the API server judged, and its verdict.
@@ -212,13 +213,8 @@ class Controller:
 
     async def stop(self) -> None:
         self._stopping = True
-        for handle in self._timers.values():
-            handle.cancel()
-        tasks = [
-            t
-            for t in (self._resync_task, self._poll_task, *self._running.values(), *self._background)
-            if t is not None
-        ]
+        await self.queue.stop()
+        tasks = [t for t in (self._resync_task, self._poll_task, *self._background) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -254,7 +250,7 @@ class Controller:
         self._known.discard(key)
         self._bodies.pop(key, None)
         self._stores.pop(key, None)
-        self._failures.pop(key, None)
+        self.queue.discard(key)
         self._passed_at.pop(key, None)
         self._template_checks.pop(key, None)
         self._logged_membership.pop(key, None)
@@ -262,9 +258,6 @@ class Controller:
         self.metrics.job_removed(key)
         self._rdzv_cache.pop(key, None)
         self._own_writes.pop(key, None)
-        handle = self._timers.pop(key, None)
-        if handle is not None:
-            handle.cancel()
         if uid:
             self.store.forget(uid)
             self._ensured = {k: v for k, v in self._ensured.items() if not k.startswith(f"{uid}/")}
@@ -278,53 +271,33 @@ class Controller:
 
     def trigger(self, key: JobKey) -> None:
         """Reconcile ``key`` soon; coalesces with a pass already running."""
-        if self._stopping:
-            return
-        if key in self._running:
-            self._dirty.add(key)
-            return
-        self._running[key] = asyncio.get_running_loop().create_task(
-            self._worker(key), name=f"reconcile {key[0]}/{key[1]}"
-        )
+        if not self._stopping:
+            self.queue.add(key)
 
-    async def _worker(self, key: JobKey) -> None:
-        try:
-            while True:
-                self._dirty.discard(key)
-                async with self._limit:
-                    try:
-                        self._change_failed.discard(key)
-                        await self.reconcile_once(key)
-                        if key in self._change_failed:
-                            # A create or delete failed (its Event says why): nothing else
-                            # would bring the job back soon, so retry as for a failed pass.
-                            delay = self._retry(key)
-                            job_log(key, logging.INFO, f"retrying the failed change in {delay:g}s")
-                        else:
-                            self._failures.pop(key, None)
-                    except asyncio.CancelledError:
-                        raise
-                    except ApiError as err:
-                        self.stats["errors"] += 1
-                        delay = self._retry(key)
-                        job_log(key, logging.WARNING, f"reconcile failed: {err}; retrying in {delay:g}s")
-                    except Exception:
-                        self.stats["errors"] += 1
-                        delay = self._retry(key)
-                        job_log(
-                            key, logging.ERROR, f"reconcile failed; retrying in {delay:g}s", exc_info=True
-                        )
-                if key not in self._dirty:
-                    break
-        finally:
-            self._running.pop(key, None)
-
-    def _retry(self, key: JobKey) -> float:
-        """Schedule the retry of a failed pass (1 s, doubling up to max_retry_delay); returns the delay."""
-        failures = self._failures[key] = self._failures.get(key, 0) + 1
-        delay = min(self.options.max_retry_delay, 2.0 ** (failures - 1))
-        self._requeue(key, delay)
-        return delay
+    async def _process(self, key: JobKey) -> None:
+        """One reconcile pass of ``key`` (the work queue's callback): a failed pass, or one
+        whose create or delete failed, is logged and retried with the job's back-off."""
+        async with self._limit:
+            try:
+                self._change_failed.discard(key)
+                await self.reconcile_once(key)
+                if key in self._change_failed:
+                    # A create or delete failed (its Event says why): nothing else
+                    # would bring the job back soon, so retry as for a failed pass.
+                    delay = self.queue.retry(key)
+                    job_log(key, logging.INFO, f"retrying the failed change in {delay:g}s")
+                else:
+                    self.queue.forget(key)
+            except asyncio.CancelledError:
+                raise
+            except ApiError as err:
+                self.stats["errors"] += 1
+                delay = self.queue.retry(key)
+                job_log(key, logging.WARNING, f"reconcile failed: {err}; retrying in {delay:g}s")
+            except Exception:
+                self.stats["errors"] += 1
+                delay = self.queue.retry(key)
+                job_log(key, logging.ERROR, f"reconcile failed; retrying in {delay:g}s", exc_info=True)
 
     async def _resync(self) -> None:
         while True:
@@ -334,20 +307,7 @@ class Controller:
 
     def _requeue(self, key: JobKey, delay: float | None) -> None:
         """Reconcile ``key`` after ``delay`` seconds (the earlier of this and a pending request)."""
-        if delay is None:
-            return
-        loop = asyncio.get_running_loop()
-        when = loop.time() + max(delay, 0.05) + 0.01
-        old = self._timers.get(key)
-        if old is not None:
-            if old.when() <= when:
-                return
-            old.cancel()
-        self._timers[key] = loop.call_at(when, self._timer_fired, key)
-
-    def _timer_fired(self, key: JobKey) -> None:
-        self._timers.pop(key, None)
-        self.trigger(key)
+        self.queue.add_after(key, delay)
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
         self.stats["api_calls"] += 1

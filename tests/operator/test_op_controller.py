@@ -103,7 +103,7 @@ def run(loop: asyncio.AbstractEventLoop, kube: RecordingKube, scenario: Any, **o
 
 async def settle(controller: Controller, seconds: float = 0.3) -> None:
     await asyncio.sleep(seconds)
-    while controller._running or controller._background:
+    while controller.queue.busy or controller._background:
         await asyncio.sleep(0.02)
 
 
@@ -170,11 +170,11 @@ def test_a_failed_pass_is_retried_with_backoff_without_any_poll(
     async def scenario(controller: Controller) -> None:
         controller.job_seen(KEY, "1", copy.deepcopy(kube.job))
         await settle(controller, 0.2)
-        assert kube.job_calls() == ["PATCH job/status"] and controller._failures[KEY] == 1
+        assert kube.job_calls() == ["PATCH job/status"] and controller.queue.failures(KEY) == 1
         await settle(controller, 1.2)  # retried after 1 s
         assert kube.job_calls().count("PATCH job/status") == 2
         await settle(controller, 2.2)  # then after 2 s: succeeds
-        assert kube.job_calls().count("PATCH job/status") == 3 and KEY not in controller._failures
+        assert kube.job_calls().count("PATCH job/status") == 3 and controller.queue.failures(KEY) == 0
 
     run(loop, kube, scenario)
 
