@@ -56,6 +56,73 @@ FINALIZER_ORPHAN = "orphan"
 FINALIZER_FOREGROUND = "foregroundDeletion"
 
 
+#: Metadata the server sets and a write cannot change.
+_SERVER_METADATA = (
+    "name",
+    "uid",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generation",
+)
+
+
+def _carry_over(rt: ResourceType, old: Obj, new: Obj, subresource: str) -> Obj:
+    """``new`` with what this write may not change taken from ``old``.
+
+    A ``status`` write changes the status only: the rest is ``old``'s. Any other write
+    keeps ``old``'s status (when the kind has the subresource), the metadata the server
+    sets, the namespace, and managedFields unless it sends its own. Adding a finalizer
+    to an object being deleted is 422 Invalid. ``new`` is changed in place.
+    """
+    if subresource == "status":
+        status = new.get("status")
+        new = clone(old)
+        if status is None:
+            new.pop("status", None)
+        else:
+            new["status"] = status
+        return new
+    if rt.has_status:
+        if "status" in old:
+            new["status"] = clone(old["status"])
+        else:
+            new.pop("status", None)
+    meta = new.setdefault("metadata", {})
+    if meta is None:
+        meta = new["metadata"] = {}
+    om = old["metadata"]
+    for f in _SERVER_METADATA:
+        if f in om:
+            meta[f] = om[f]
+        else:
+            meta.pop(f, None)
+    if "namespace" in om:
+        meta["namespace"] = om["namespace"]
+    if meta.get("managedFields") is None:
+        # Server-side apply's records survive writes that do not mention them.
+        meta.pop("managedFields", None)
+        if om.get("managedFields"):
+            meta["managedFields"] = om["managedFields"]
+    meta.pop("selfLink", None)
+    if om.get("deletionTimestamp"):
+        added = set(meta.get("finalizers") or ()) - set(om.get("finalizers") or ())
+        if added:
+            raise ApiError.invalid(
+                rt.group,
+                rt.kind,
+                om["name"],
+                [
+                    FieldCause(
+                        "FieldValueForbidden",
+                        "Forbidden: no new finalizers can be added if the object is being deleted",
+                        "metadata.finalizers",
+                    )
+                ],
+            )
+    return new
+
+
 def _strip(obj: Obj, *, keep_status: bool) -> Obj:
     """The object without metadata (and status when it is a subresource): what generation tracks."""
     return {k: v for k, v in obj.items() if k != "metadata" and (keep_status or k != "status")}
@@ -489,61 +556,11 @@ class Registry:
         validation: FieldValidation,
         dry_run: bool,
     ) -> WriteResult:
+        """Write ``new`` over ``old`` (update, patch and their ``status`` forms end here):
+        keep what the write may not change, check it, bump generation, store it."""
         name = old["metadata"]["name"]
-        st = self._storage_type(rt)
-        if subresource == "status":
-            status = new.get("status")
-            new = clone(old)
-            if status is None:
-                new.pop("status", None)
-            else:
-                new["status"] = status
-        else:
-            if rt.has_status:
-                if "status" in old:
-                    new["status"] = clone(old["status"])
-                else:
-                    new.pop("status", None)
-            meta = new.setdefault("metadata", {})
-            if meta is None:
-                meta = new["metadata"] = {}
-            om = old["metadata"]
-            for f in (
-                "name",
-                "uid",
-                "creationTimestamp",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-                "generation",
-            ):
-                if f in om:
-                    meta[f] = om[f]
-                else:
-                    meta.pop(f, None)
-            if "namespace" in om:
-                meta["namespace"] = om["namespace"]
-            if meta.get("managedFields") is None:
-                # Server-side apply's records survive writes that do not mention them.
-                meta.pop("managedFields", None)
-                if om.get("managedFields"):
-                    meta["managedFields"] = om["managedFields"]
-            meta.pop("selfLink", None)
-            if om.get("deletionTimestamp"):
-                added = set(meta.get("finalizers") or ()) - set(om.get("finalizers") or ())
-                if added:
-                    raise ApiError.invalid(
-                        rt.group,
-                        rt.kind,
-                        name,
-                        [
-                            FieldCause(
-                                "FieldValueForbidden",
-                                "Forbidden: no new finalizers can be added if the object is being deleted",
-                                "metadata.finalizers",
-                            )
-                        ],
-                    )
-        new["apiVersion"] = st.api_version
+        new = _carry_over(rt, old, new, subresource)
+        new["apiVersion"] = self._storage_type(rt).api_version
         new["kind"] = rt.kind
         new, warnings = self._schema_pass(rt, new, validation, name, old)
         kinds.prepare_update(rt, new, old)
@@ -562,14 +579,19 @@ class Registry:
             return WriteResult(self.present(rt, old), warnings)
         if dry_run:
             return WriteResult(self.present(rt, new), warnings)
+        return WriteResult(self.present(rt, self._store_update(rt, old, new)), warnings)
+
+    def _store_update(self, rt: ResourceType, old: Obj, new: Obj) -> Obj:
+        """Store a changed object; one being deleted that has no finalizer (and whose grace
+        period is over) is removed instead. Returns what was stored or removed."""
         nm = new["metadata"]
         if nm.get("deletionTimestamp") and not nm.get("finalizers") and self._grace_done(rt, new):
             final = self.store.remove(rt.key, new)
             self._after_remove(rt, final)
-            return WriteResult(self.present(rt, final), warnings)
+            return final
         self.store.put(rt.key, new, EventType.MODIFIED)
         self._after_write(rt, new, old)
-        return WriteResult(self.present(rt, new), warnings)
+        return new
 
     def _grace_done(self, rt: ResourceType, obj: Obj) -> bool:
         """Whether an object being deleted may go once its finalizers are gone."""
