@@ -131,8 +131,8 @@ def wait(what: str, cond: Callable[[], Any], timeout: float, every: float = 0.1)
     raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def job(name: str, pods: int) -> dict[str, Any]:
-    return {
+def job(name: str, pods: int, agent: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
         "apiVersion": "kelastic.dev/v1alpha1",
         "kind": "ElasticJob",
         "metadata": {"name": name, "namespace": "default"},
@@ -153,6 +153,9 @@ def job(name: str, pods: int) -> dict[str, Any]:
             },
         },
     }
+    if agent:
+        body["spec"]["agent"] = agent
+    return body
 
 
 def main() -> int:
@@ -173,6 +176,12 @@ def main() -> int:
         type=Path,
         help="run the operator from this directory first on its PYTHONPATH (one holding kelastic/operator and "
         "kelastic/agent of another revision, e.g. from `git archive REV operator agent`): before/after figures",
+    )
+    ap.add_argument(
+        "--agent",
+        choices=("inject", "image"),
+        help="the jobs' spec.agent (default: the CRD's, inject); `image` makes pods without the agent's "
+        "init container, as revisions before agent injection did",
     )
     args = ap.parse_args()
 
@@ -235,14 +244,16 @@ def main() -> int:
         )
 
         # Warm up (imports, watches, caches) with one job, then remove it.
-        kubectl(kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(job("warmup", 1)))
+        kubectl(kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(job("warmup", 1, args.agent)))
         wait("the warm-up job's pods", lambda: len(pods(f"{LABEL}=warmup")) == 2, 120)
         kubectl(kubeconfig, "delete", "ej", "warmup", "--wait=false")
         wait("the warm-up pods to go", lambda: not pods(f"{LABEL}=warmup"), 60)
         time.sleep(1.0)
 
         expected = args.jobs * (args.pods + 1)
-        manifest = yaml.safe_dump_all([job(f"bench-{i:04d}", args.pods) for i in range(args.jobs)])
+        manifest = yaml.safe_dump_all(
+            [job(f"bench-{i:04d}", args.pods, args.agent) for i in range(args.jobs)]
+        )
         cpu0 = cpu_seconds(operator.pid)
         requests0 = requests.snapshot()
         t0 = time.monotonic()
