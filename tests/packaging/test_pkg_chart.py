@@ -94,6 +94,7 @@ OPERATOR_RULES = {
     },
     # the store's NetworkPolicy of each job (networkPolicy.enabled, default true)
     ("networking.k8s.io", "networkpolicies", "create"),
+    ("networking.k8s.io", "networkpolicies", "patch"),
 }
 
 
