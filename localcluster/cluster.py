@@ -180,6 +180,7 @@ class LocalCluster:
         shutil.copyfile(self.control_plane.admin_kubeconfig, self.kubeconfig)
         self.kubeconfig.chmod(0o600)
         self.kubelet_config.api_url = self.control_plane.url
+        self.kubelet_config.version = f"{self.control_plane.version}-kelastic"
         # Without a scheduler nothing else binds pods: the kubelet does, as the admin.
         self.kubelet_config.bind_pods = self.control_plane.binaries.scheduler is None
 

@@ -133,6 +133,8 @@ class KubeletConfig:
     kubelet_port: int = 0
     #: How often the node's Lease and Ready heartbeat are renewed.
     heartbeat_s: float = 10.0
+    #: The version the Node reports (that of the control plane, when there is a real one).
+    version: str = "v1.32.0-kelastic"
     #: Which interpreter plays which image (unlisted images: this Python environment).
     images: ImageMap = field(default_factory=ImageMap)
 
@@ -1041,7 +1043,7 @@ class Kubelet:
                 "conditions": [self._ready_condition()],
                 "daemonEndpoints": {"kubeletEndpoint": {"Port": self.config.kubelet_port}},
                 "nodeInfo": {
-                    "kubeletVersion": "v1.32.0-kelastic",
+                    "kubeletVersion": self.config.version,
                     "containerRuntimeVersion": "kelastic-process://1",
                     "operatingSystem": "linux",
                     "architecture": platform.machine(),

@@ -70,6 +70,8 @@ def test_the_node_registers_stays_ready_and_renews_its_lease(cp_cluster: LocalCl
     assert ready and ready[0]["status"] == "True"
     assert not node["spec"].get("taints")
     assert node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"] > 0
+    # The node reports the control plane's version (no skew for version-aware clients).
+    assert node["status"]["nodeInfo"]["kubeletVersion"].startswith(str(cp_cluster.control_plane.version))
     first = get(cp_cluster, "lease", "-n", "kube-node-lease", "kelastic-local")["spec"]["renewTime"]
     wait(
         "the node lease to be renewed",
