@@ -27,18 +27,23 @@ cluster_test = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("te
 pytestmark = pytest.mark.slow
 
 # Trains until told to stop (a file appears); a lost peer fails the all-reduce, the agent re-forms.
+# The ranks agree on the step they stop at (the all-reduce carries "stop"), so none is left alone
+# in a collective when the others exit.
 TRAIN = """
 import os, sys, time
 import torch, torch.distributed as dist
 from kelastic.agent.progress import update
 dist.init_process_group("gloo")
 step = 0
-while not os.path.exists(sys.argv[1]):
-    t = torch.ones(1)
-    dist.all_reduce(t)
+while True:
+    t = torch.tensor([1.0 if os.path.exists(sys.argv[1]) else 0.0])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if t.item() > 0:
+        break
     step += 1
     update(step, 100000)
     time.sleep(0.1)
+dist.barrier()
 dist.destroy_process_group()
 """
 
