@@ -191,6 +191,7 @@ def run_under_chart_rbac(real: RealCluster, *, cluster_wide: bool, release: str,
         assert lease["spec"]["holderIdentity"], "the operator never held its Lease"
     finally:
         stop_process(operator, 10, group=True)
+        real.kubectl("delete", "ej", "rbac", "-n", job_namespace, "--wait=false", "--ignore-not-found")
         uninstall_chart(chart)
 
 
