@@ -8,18 +8,25 @@ measures the rendezvous and not the GIL of one harness process. Each client
 connects its handlers (not measured), reports ready, and all clients release
 their handlers into ``next_rendezvous`` at the same wall-clock instant.
 
-Per run it prints the phases, as the instant the LAST node reached them (seconds
-after the release): ``join`` (slot taken, record written), ``close`` (first node
-saw the round closed), ``seen`` (every node knew the round's size), ``wstore``
-(rank 0 published the worker store), ``done`` (every call returned); the store
-server's CPU seconds during the run; the clients' CPU seconds. Then the curve:
+Per run it prints the phases in seconds after the release: ``join`` (the last node
+took its slot and wrote its record), ``close`` (the first node learned the round's
+size), ``seen`` (the last one did), ``wstore`` (rank 0 had its ring successor's
+record; it hosts the worker store since its join), ``done`` (the last call
+returned); the store server's CPU seconds during the run and its idle load with
+every node connected (heartbeats); the clients' CPU seconds. Then the curve:
 median seconds and milliseconds per node for every size.
+
+The clients run niced, so that the store server is not starved by thousands of
+simulated nodes on few cores, where real nodes each have their own. On a loaded
+machine their heartbeats can stall for seconds and read as deaths (each one an
+event every node handles); ``--keep-alive 5`` (a 25 s verdict) keeps that harness
+effect out of the figure.
 
 ``--controlled`` publishes a controller membership listing all N nodes first (as
 the operator does), so the controlled close rule is measured. torch's c10d
 handler runs side by side at ``--torch-sizes`` (it does not reach large sizes).
 
-    python bench/bench_rendezvous.py                                  # curve 64 .. 4096
+    python bench/bench_rendezvous.py --keep-alive 5                   # curve 64 .. 4096
     python bench/bench_rendezvous.py --sizes 1024 --repeat 3 --controlled
     python bench/bench_rendezvous.py --sizes 256 --torch-sizes 64,256
 
@@ -43,6 +50,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+#: Seconds over which the store's idle load (heartbeats of connected nodes) is sampled.
+_IDLE_SAMPLE = 2.0
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -141,6 +150,7 @@ class Run:
     done: int = 0
     phases: dict[str, float] = field(default_factory=dict)
     server_cpu: float = 0.0
+    idle_server_load: float = 0.0  # CPU seconds per second of the store before the release
     client_cpu: float = 0.0
     errors: list[str] = field(default_factory=list)
 
@@ -203,6 +213,10 @@ def measure(
                 detail = line.strip() or _stderr_tail(run_id, first)
                 run.errors.append(f"a client did not get ready: {detail}")
                 return run
+        # The store's load with every node connected and idle: heartbeats, mostly.
+        idle = _cpu_seconds(server_pid)
+        time.sleep(_IDLE_SAMPLE)
+        run.idle_server_load = (_cpu_seconds(server_pid) - idle) / _IDLE_SAMPLE
         t0 = time.time() + 0.3
         server_cpu = _cpu_seconds(server_pid)
         for proc in clients:
@@ -254,7 +268,8 @@ def _describe(run: Run, cap: float) -> str:
         return f"{run.backend:8s} {where}: incomplete within {cap:.0f} s ({run.done}/{run.nodes} returned) {run.errors[:2]}"
     phases = "  ".join(f"{k} {v:6.3f}" for k, v in run.phases.items())
     return (
-        f"{run.backend:8s} {where}: {phases}  | store server CPU {run.server_cpu:5.2f} s, "
+        f"{run.backend:8s} {where}: {phases}  | store server CPU {run.server_cpu:5.2f} s "
+        f"(idle load {100 * run.idle_server_load:.0f}%), "
         f"clients CPU {run.client_cpu:5.2f} s"
     )
 
