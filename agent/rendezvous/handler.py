@@ -22,13 +22,17 @@ soon as it joins (port bound by itself, handed to the store with
 ``master_listen_fd``) and puts the port in its node record (``r/R/node/0``, field
 ``wstore``); that is ``bootstrap_store_info``, the workers' MASTER_ADDR/MASTER_PORT.
 
-When a round closes (``protocol.decide_close``, evaluated by every waiter after
-its own join and on every event; first to see it true closes):
+When a round closes (``protocol.decide_close``, evaluated by every joiner once
+after its own join, then on every event by the *deciders* only, the nodes in
+slots 0-2, and by the others every few seconds in case every decider died; first
+to see it true closes):
 
 - never while the previous round R-1 is intact (it has members and none of them
   is accounted for): nodes arriving then are spare and wait;
 - at once when ``max`` nodes joined;
-- with a controller: at once when every node it lists has joined (>= min);
+- with a controller: at once when every node it lists has joined or is known
+  gone, i.e. has a fate other than rejoin in R-1 (>= min joined). A dead node the
+  controller still lists (the controller is down or slow) never delays the round;
 - without: at once when every member of R-1 is accounted for (re-joined, dead,
   left or dropped) and >= min joined; in the very first round after a short
   last call (``last_call_timeout``) once ``min`` joined;
@@ -46,11 +50,20 @@ Waking up without polling
 Anything another node must react to pushes an *event*: ``add(ev, 1)`` then set
 ``ev/<n>``. Each handler runs one watcher thread blocked in ``store.wait`` on the
 next event key; when it fires it bumps a local generation counter and notifies
-a condition variable. ``next_rendezvous`` and ``wait_membership_change`` block on
-that condition (with their own deadlines), never on a sleep loop, so a round
-closes as soon as its condition holds. Events are rare: first join of a round,
-``min`` reached, round closed, a fate other than rejoin (plus the first fate of
-a round), controller publication, job closed.
+a condition variable. Deciders and ``wait_membership_change`` block on that
+condition (with their own deadlines), never on a sleep loop, so a round closes as
+soon as its condition holds. The other waiters of an open round block in
+``store.wait`` on the round's size key: the store wakes them once, at the close.
+Events are rare: first join of a round after the first, ``min`` reached, round
+closed, a fate other than rejoin (plus the first fate of a round), controller
+publication, job closed.
+
+Cost at scale
+-------------
+A node's join, wait and start take O(1) store operations on O(1)-sized values
+(its own listing key and the controller's bounds, never the full list). O(N)
+data is read only by the closer (the member list) and by a joiner or decider
+that may see the last listed node arrive (``joined + gone >= listed``).
 
 Failure detection
 -----------------
@@ -63,9 +76,10 @@ mod N), two ways:
   watcher claims ``dead`` within milliseconds;
 - a heartbeat: a keep-alive thread increments ``hb/<name>`` every
   ``keep_alive_interval``; a heartbeat that did not move for
-  ``keep_alive_interval * keep_alive_max_attempt`` (1.5 s by default; judged on
-  the observer's monotonic clock, so clock skew does not matter) also means
-  ``dead``. This covers what closes no socket: a frozen process, a lost machine.
+  ``keep_alive_interval * keep_alive_max_attempt`` (see ``settings``; judged on
+  the observer's monotonic clock, so clock skew does not matter, and only on at
+  least three readings, so an observer that was itself stalled judges nobody) also
+  means ``dead``. This covers what closes no socket: a frozen process, a lost machine.
 
 The whole job reads O(N) keys per interval. The fate ``dead`` wakes everyone.
 Nodes waiting in slots 0-2 of an open round also sweep the heartbeats of all
