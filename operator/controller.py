@@ -590,7 +590,8 @@ class Controller:
             if isinstance(action, PublishMembership):
                 self._request_publish((ns, job.meta.name), action)
         pod_actions = [a for a in decision.actions if isinstance(a, CreatePod | DeletePod)]
-        results = await asyncio.gather(*(self._pod_action(body, ns, a) for a in pod_actions))
+        failed_creates: list[str] = []
+        results = await asyncio.gather(*(self._pod_action(body, ns, a, failed_creates) for a in pod_actions))
         key = (ns, job.meta.name)
         created: list[CreatePod] = []
         for action, result in zip(pod_actions, results, strict=True):
@@ -605,6 +606,8 @@ class Controller:
         for reason in dict.fromkeys(a.reason for a in created):
             same = [a for a in created if a.reason == reason]
             self._event(body, reason, combined_message([a.message for a in same]), warning=same[0].warning)
+        if failed_creates:  # likewise one Event for the creates that failed (a 403 on 1,000 pods)
+            self._event(body, "FailedCreate", combined_message(failed_creates), warning=True)
         for action in decision.actions:
             if isinstance(action, Emit):
                 self._event(body, action.reason, action.message, warning=action.warning)
@@ -660,18 +663,34 @@ class Controller:
         self._ensured[action.key] = wanted
         self._ensure_failed.pop(action.key, None)
 
-    async def _pod_action(self, body: Mapping[str, Any], ns: str, action: CreatePod | DeletePod) -> Any:
+    async def _pod_action(
+        self, body: Mapping[str, Any], ns: str, action: CreatePod | DeletePod, failed_creates: list[str]
+    ) -> Any:
         if isinstance(action, CreatePod):
             # The Event comes per reason for the whole pass (see _apply).
             return await self._change(
-                body, action, self.kube.create, ns, "pods", action.manifest, event=False
+                body,
+                action,
+                self.kube.create,
+                ns,
+                "pods",
+                action.manifest,
+                event=False,
+                failures=failed_creates,
             )
         return await self._change(body, action, self.kube.delete, ns, "pods", action.name, action.uid)
 
     async def _change(
-        self, body: Mapping[str, Any], action: Action, fn: Callable[..., Any], *args: Any, event: bool = True
+        self,
+        body: Mapping[str, Any],
+        action: Action,
+        fn: Callable[..., Any],
+        *args: Any,
+        event: bool = True,
+        failures: list[str] | None = None,
     ) -> Any:
-        """Run one create/delete; Event on success (unless ``event`` is False) or real failure.
+        """Run one create/delete; Event on success (unless ``event`` is False) or real failure
+        (with ``failures``, the failure's message is added there for one Event per pass instead).
 
         Returns the result, None if not done.
         """
@@ -686,7 +705,10 @@ class Controller:
             message = f"{action.message} failed: {err}"
             self._change_failed.add(_key_of(body))
             job_log(_key_of(body), logging.WARNING, message)
-            self._event(body, verb, message, warning=True)
+            if failures is not None:
+                failures.append(message)
+            else:
+                self._event(body, verb, message, warning=True)
             return None
         job_log(_key_of(body), logging.INFO, action.message)
         self.metrics.action_applied(action.reason)
