@@ -51,7 +51,8 @@ def main() -> None:
     _, status = os.waitpid(child, 0)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # these two cannot be handled, so are never set
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)  # die the same way, so the kubelet sees the signal
         sys.exit(128 + sig)  # a signal whose default is not to terminate
     sys.exit(os.waitstatus_to_exitcode(status))
