@@ -323,9 +323,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         # The operator and the cluster wind down side by side.
         if operator is not None:
             operator.terminate()
-        cluster.stop()
-        if operator is not None:
-            operator.stop()
+        try:
+            cluster.stop()
+        finally:  # a cluster that did not stop cleanly must not orphan the operator
+            if operator is not None:
+                operator.stop()
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
     print("kelastic: stopped", file=out, flush=True)
@@ -538,9 +540,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if operator is not None:
             operator.terminate()
-        cluster.stop()
-        if operator is not None:
-            operator.stop()
+        try:
+            cluster.stop()
+        finally:  # a cluster that did not stop cleanly must not orphan the operator
+            if operator is not None:
+                operator.stop()
         if args.keep:
             print(f"kelastic: pod logs kept in {temp_dir}/pods", file=out, flush=True)
         else:

@@ -53,6 +53,9 @@ __all__ = ["LocalCluster"]
 
 T = TypeVar("T")
 
+#: Seconds the node components get to stop (pods included) before the rest is stopped anyway.
+STOP_TIMEOUT = 60.0
+
 
 class LocalCluster:
     """API server + kubelet + endpoints controller + service proxy.
@@ -155,7 +158,9 @@ class LocalCluster:
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="kelastic-node", daemon=True)
             self._thread.start()
-            self.call(self._start_components(timeout), timeout=timeout + 5)
+            self.call(
+                self._start_components(timeout), timeout=timeout + 5, what="starting the node components"
+            )
         except BaseException:
             self.stop()
             raise
@@ -239,8 +244,12 @@ class LocalCluster:
         for client in {id(c): c for c in (self._client, self._node_client, self._proxy_client) if c}.values():
             await client.close()
 
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = 60.0) -> T:
-        """Run ``coro`` in the node components' event loop and return its result."""
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = 60.0, *, what: str = "") -> T:
+        """Run ``coro`` in the node components' event loop and return its result.
+
+        Raises :class:`TimeoutError` after ``timeout`` seconds, naming ``what`` (a phrase
+        such as "stopping the kubelet"; by default the coroutine's function), never a raw repr.
+        """
         if self._loop is None:
             raise RuntimeError("the local cluster is not started")
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -248,17 +257,24 @@ class LocalCluster:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise TimeoutError(f"the local cluster did not finish {coro!r} within {timeout}s") from None
+            raise TimeoutError(
+                f"{what or _describe(coro)} did not finish within {timeout:g} s (local cluster)"
+            ) from None
 
     def stop(self) -> None:
         """Stop the node components (killing every pod process), then the API server. Idempotent.
 
         Each part is stopped even when an earlier one fails; the first error is raised at the end.
         """
+        stuck: TimeoutError | None = None
         try:
             if self._loop is not None and self._thread is not None and self._thread.is_alive():
                 try:
-                    self.call(self._stop_components(), timeout=60.0)
+                    self.call(
+                        self._stop_components(), timeout=STOP_TIMEOUT, what="stopping the node components"
+                    )
+                except TimeoutError:
+                    stuck = TimeoutError(_stuck_message(STOP_TIMEOUT))  # raised once the rest is stopped
                 finally:
                     # Ending the thread also fires the pod shims' parent-death signal:
                     # whatever the kubelet could not stop dies with it.
@@ -284,6 +300,8 @@ class LocalCluster:
                 if self._claim is not None:
                     self._claim.release()
                     self._claim = None
+        if stuck is not None:
+            raise stuck
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -295,3 +313,18 @@ class LocalCluster:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _describe(coro: Coroutine[Any, Any, Any]) -> str:
+    """A readable name for a coroutine (its function), never its ``<coroutine object ...>`` repr."""
+    name = getattr(coro, "__qualname__", "") or type(coro).__name__
+    return f"{name.replace('.<locals>', '')}()"
+
+
+def _stuck_message(timeout: float) -> str:
+    """What to tell the user when the node components did not stop in time."""
+    return (
+        f"the node components (kubelet, service proxy, endpoints, volume provisioner) did not stop within "
+        f"{timeout:g} s; the API server was stopped anyway and the pods' processes are killed when this "
+        "process exits. If any remain, list them with `pgrep -af localcluster/shim.py` and kill them"
+    )
