@@ -10,11 +10,13 @@ SIGTERM/SIGINT stop it cleanly (the Lease is released for a fast takeover).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
 import socket
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -207,6 +209,7 @@ def _connection_info(cfg: Any) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The process's entry point: once the operator has stopped, the process ends within seconds."""
     parser = build_parser()
     args = parser.parse_args(argv)
     _positive(parser, "--resync-interval", args.resync_interval)
@@ -330,8 +333,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         scope,
         "standalone" if elector is None else f"leader election on Lease {elector.namespace}/{elector.name}",
     )
+    # Our own loop, not asyncio.run's: that one waits at the end for every thread still
+    # blocked in a request to an API server that is gone (up to its timeouts and retries).
+    loop = asyncio.new_event_loop()
     try:
         kopf.run(
+            loop=loop,
             registry=registry,
             clusterwide=args.all_namespaces,
             namespaces=args.namespace or ([] if args.all_namespaces else ["default"]),
@@ -342,7 +349,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     finally:
         kube.close()
+    loop.close()  # lets idle executor threads end, without waiting for busy ones
+    _exit_within(2.0, 0, log)
     return 0
+
+
+def _exit_within(grace: float, code: int, log: logging.Logger) -> None:
+    """Make sure the process ends at most ``grace`` seconds from now, with ``code``.
+
+    Python joins every worker thread at exit; one blocked in a request to an API server
+    that is gone would hold a SIGTERM up for the request's timeouts and retries (minutes).
+    Called once the cleanup is done, so nothing is lost by not waiting for such requests.
+    """
+
+    def force() -> None:
+        log.warning("requests to the API server still unanswered after %g s: exiting without them", grace)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    timer = threading.Timer(grace, force)
+    timer.daemon = True  # a normal exit does not wait for it; it runs while the exit waits
+    timer.start()
 
 
 if __name__ == "__main__":

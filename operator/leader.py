@@ -53,6 +53,7 @@ class LeaderElector:
         renew_every: float = 1.5,
         retry_every: float = 1.0,
         safety_margin: float = 2.0,
+        release_timeout: float = 2.0,
         on_change: Callable[[bool], None] | None = None,
     ) -> None:
         if not 0 < safety_margin < lease_seconds or renew_every >= lease_seconds - safety_margin:
@@ -68,6 +69,7 @@ class LeaderElector:
         self.renew_every = renew_every
         self.retry_every = retry_every
         self.safety_margin = safety_margin
+        self.release_timeout = release_timeout  # how long stop() tries to release the Lease
         self.on_change = on_change
         self._leader = False
         # Monotonic: leadership is trusted until then (the margin before the Lease can expire).
@@ -94,7 +96,16 @@ class LeaderElector:
                 pass
         if self._leader:
             try:
-                await asyncio.to_thread(self._release)
+                # Bounded: an API server that does not answer must not hold up the shutdown.
+                await asyncio.wait_for(asyncio.to_thread(self._release), self.release_timeout)
+            except asyncio.TimeoutError:
+                log.warning(
+                    "could not release lease %s/%s: no answer within %g s; it expires by itself in %d s",
+                    self.namespace,
+                    self.name,
+                    self.release_timeout,
+                    self.lease_seconds,
+                )
             except Exception as exc:  # best effort: the lease expires anyway
                 log.warning("could not release lease %s/%s: %s", self.namespace, self.name, exc)
         self._set(False)
