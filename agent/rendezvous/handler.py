@@ -52,9 +52,8 @@ Anything another node must react to pushes an *event*: ``add(ev, 1)`` then set
 next event key; when it fires it bumps a local generation counter and notifies
 a condition variable. Deciders and ``wait_membership_change`` block on that
 condition (with their own deadlines), never on a sleep loop, so a round closes as
-soon as its condition holds. The other waiters of an open round block in
-``store.wait`` on the round's size key: the store wakes them once, at the close.
-Events are rare: first join of a round after the first, ``min`` reached, round
+soon as its condition holds; the other waiters of an open round only read the
+round's size (one key) when woken. Events are rare: first join of a round after the first, ``min`` reached, round
 closed, a fate other than rejoin (plus the first fate of a round), controller
 publication, job closed.
 
@@ -179,8 +178,6 @@ _EVENT_WAIT = datetime.timedelta(hours=1)
 #: Slots of an open round whose nodes evaluate the close rule on every event, run its
 #: timers and sweep the previous round's heartbeats (the *deciders*).
 _DECIDERS = 3
-#: Longest a non-deciding waiter blocks in the store before looking at its own state.
-_SIZE_WAIT_SLICE = 1.0
 #: Readings of an unmoved heartbeat (besides its age) before its node counts as dead.
 _MIN_READINGS = 3
 #: Other waiters evaluate the close rule this often, in case every decider died.
@@ -576,16 +573,11 @@ class KelasticRendezvousHandler(RendezvousHandler):
                     f"join_timeout={s.join_timeout:g}s ({joined} joined, min {s.min_nodes}, max "
                     f"{s.max_nodes} unless the controller set other bounds)"
                 )
-            if decider or timer is not None:
-                self._wait_event(generation, min(deadline, timer_deadline) - now)
-                continue
-            # The store wakes this node when the size is set: no thread of ours runs per
-            # event. Slices bound how late the job's closing or a shutdown is seen.
-            wait = min(deadline, next_full, now + _SIZE_WAIT_SLICE) - now
-            try:
-                store.wait([k.size(r)], datetime.timedelta(seconds=max(wait, 0.01)))
-            except dist.DistStoreError:
-                pass  # the slice expired
+            # Woken by the event watcher. Not blocked in ``store.wait`` on the size key:
+            # measured slower, as every expired wait raises through torch (with a C++
+            # backtrace) and the close wakes each node twice (store and event).
+            wake = min(deadline, timer_deadline) if decider else min(deadline, timer_deadline, next_full)
+            self._wait_event(generation, wake - now)
 
     def _try_close(self, store: dist.TCPStore, r: int, size: int) -> bool:
         """Close round r with ``size`` members if nobody did yet; the winner does the bookkeeping."""
