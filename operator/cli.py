@@ -185,9 +185,6 @@ def _positive(parser: argparse.ArgumentParser, name: str, value: float) -> None:
 
 
 def _connection_info(cfg: Any) -> Any:
-    # torch's C++ store client prints multi-line warnings while a store is still starting; the
-    # operator reports reachability itself, in its own log format.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     import kopf
 
     token = None

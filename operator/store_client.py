@@ -5,9 +5,13 @@ progress through :mod:`kelastic.agent.rendezvous.control`. Store calls block (th
 are TCP round trips), so they run in a small thread pool of their own; one
 connection per endpoint is kept and used by one thread at a time.
 
-Tolerant of an unreachable store: a failed call returns ``None``/``False``, logs
-once per outage, and the endpoint is not retried for ``retry_after`` seconds, so a
-dead store neither stalls the operator nor floods the pool. A membership is
+Tolerant of an unreachable store: a failed call returns ``None``/``False`` and the
+endpoint is not retried for ``retry_after`` seconds, so a dead store neither stalls
+the operator nor floods the pool. A store not reachable yet (a new job's Service not
+routed, its pod starting) is expected: one line when it starts, then one every
+``report_every`` seconds while it lasts, one when it ends; torch's C++ client logs,
+which print a multi-line stack trace per failed connect, are silenced. Any other
+error is logged each time it happens (at most once per ``retry_after``). A membership is
 republished when it changes, when the store was restarted (``store_id``), and at
 least every ``refresh`` seconds.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +44,9 @@ class _Conn:
     lock: threading.Lock
     store: Any = None
     down_until: float = 0.0
-    reported: bool = False
+    reported: bool = False  # an outage was logged and its end is not yet
+    down_since: float | None = None  # monotonic start of the current "not reachable" spell
+    next_report: float = 0.0
 
 
 class StoreClient:
@@ -50,10 +57,15 @@ class StoreClient:
         retry_after: float = 2.0,
         refresh: float = 5.0,
         max_workers: int = 4,
+        report_every: float = 60.0,
     ) -> None:
+        # torch's C++ side logs each failed connect with a stack trace (ERROR level), before
+        # raising the error we report ourselves. Read once, when torch is first imported.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
         self.connect_timeout = connect_timeout
         self.retry_after = retry_after
         self.refresh = refresh
+        self.report_every = report_every
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="kelastic-store"
         )
@@ -119,18 +131,55 @@ class StoreClient:
             except Exception as exc:  # the store is remote and may be gone: never let it escape
                 conn.store = None
                 conn.down_until = time.monotonic() + self.retry_after
-                if not conn.reported:
-                    log.warning(
-                        "rendezvous store %s unreachable: %s",
-                        endpoint,
-                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                    )
-                    conn.reported = True
+                self._report(endpoint, conn, exc)
                 return None
             if conn.reported:
                 log.info("rendezvous store %s reachable again", endpoint)
-                conn.reported = False
+            conn.reported, conn.down_since, conn.next_report = False, None, 0.0
             return result
+
+    def _report(self, endpoint: str, conn: _Conn, exc: Exception) -> None:
+        """One readable line: rate-limited for "not reachable", every time for anything else."""
+        now = time.monotonic()
+        if not _unreachable(exc):
+            log.warning("rendezvous store %s: %s: %s", endpoint, type(exc).__name__, _first_line(exc))
+            conn.reported = True
+            return
+        if conn.down_since is None:
+            conn.down_since = now
+        if now < conn.next_report:
+            return
+        conn.next_report = now + self.report_every
+        reason = _first_line(exc.__cause__ or exc)
+        if not conn.reported:
+            log.info(
+                "rendezvous store %s not reachable yet (%s); retrying every %g s",
+                endpoint,
+                reason,
+                self.retry_after,
+            )
+        else:
+            log.warning(
+                "rendezvous store %s still not reachable after %.0f s (%s)",
+                endpoint,
+                now - conn.down_since,
+                reason,
+            )
+        conn.reported = True
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store cannot be reached (rather than that a call went wrong)."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    # By name: torch's classes (RendezvousConnectionError, DistNetworkError) without importing torch.
+    return any(cls.__name__ in ("RendezvousConnectionError", "DistNetworkError") for cls in type(exc).__mro__)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (torch appends C++ stack traces), or its class name."""
+    text = str(exc).strip()
+    return text.splitlines()[0].rstrip(".") if text else type(exc).__name__
 
 
 def _noop(store: Any, arg: Any) -> bool:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,3 +100,65 @@ def test_unreachable_store_is_tolerated_and_not_hammered() -> None:
     assert first is None and published is False
     assert first_took < 10.0
     assert second_took < 0.1, "within retry_after a dead store is not dialled again"
+
+
+def _dead_endpoint() -> str:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_a_store_not_reachable_yet_is_one_readable_line_then_rate_limited(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dead = _dead_endpoint()
+    client = StoreClient(connect_timeout=0.3, retry_after=0.0, report_every=3600.0)
+    caplog.set_level(logging.INFO, logger="kelastic.operator.store_client")
+    try:
+        assert run(client.read(dead, "r")) is None
+        assert run(client.read(dead, "r")) is None  # within report_every: silent
+        client._conns[dead].next_report = 0.0  # as if report_every had passed
+        assert run(client.read(dead, "r")) is None
+    finally:
+        client.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"rendezvous store {dead} not reachable yet (")
+    assert lines[1].startswith(f"rendezvous store {dead} still not reachable after ")
+    assert all("\n" not in line and "frame #" not in line for line in lines)
+
+
+def test_other_store_errors_stay_visible_each_time(caplog: pytest.LogCaptureFixture, endpoint: str) -> None:
+    client = StoreClient(retry_after=0.0)
+
+    def broken(store: Any, arg: Any) -> None:
+        raise ValueError(f"bad run id {arg!r}\nsecond line")
+
+    caplog.set_level(logging.INFO, logger="kelastic.operator.store_client")
+    try:
+        for _ in range(2):
+            assert run(client._call(endpoint, broken, "x")) is None
+    finally:
+        client.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"rendezvous store {endpoint}: ValueError: bad run id 'x'"
+    ] * 2
+
+
+def test_the_operator_process_prints_no_cpp_stack_trace_for_an_unreachable_store(tmp_path: Path) -> None:
+    script = (
+        "import asyncio, logging\n"
+        "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')\n"
+        "from kelastic.operator.store_client import StoreClient\n"
+        "client = StoreClient(connect_timeout=0.5, retry_after=0.0)\n"
+        f"for _ in range(3): asyncio.run(client.read({_dead_endpoint()!r}, 'r'))\n"
+        "client.close()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_CPP_LOG_LEVEL"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert "frame #" not in done.stderr and "socket.cpp" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "not reachable yet" in done.stderr
