@@ -478,6 +478,9 @@ class ControlPlane:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent,
+                # Not in our process group: a terminal's Ctrl-C is for kelastic, which then
+                # stops the components in order (they would otherwise die mid-start or first).
+                start_new_session=True,
             )
         self._components.append(component)
         return component

@@ -8,6 +8,7 @@ from the ``control_plane_bin`` fixture (skipped with a reason without them).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import urllib.request
@@ -61,6 +62,13 @@ def wait(what: str, probe: Any, timeout: float = 60.0) -> Any:
             return last
         time.sleep(0.3)
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def test_components_are_out_of_reach_of_a_terminals_ctrl_c(cp_cluster: LocalCluster) -> None:
+    # Ctrl-C signals the terminal's process group: only kelastic must get it (it stops them in order).
+    assert cp_cluster.control_plane is not None
+    groups = {name: os.getpgid(pid) for name, pid in cp_cluster.control_plane.pids().items()}
+    assert groups and os.getpgrp() not in groups.values(), groups
 
 
 def test_the_node_registers_stays_ready_and_renews_its_lease(cp_cluster: LocalCluster) -> None:
