@@ -168,7 +168,7 @@ def _apply_all(cluster: LocalCluster, objects: Sequence[dict[str, Any]]) -> list
     async def run() -> list[dict[str, Any]]:
         return [await applier.apply(obj) for obj in ordered]
 
-    return cluster.call(run(), timeout=60.0)
+    return cluster.call(run(), timeout=60.0, what="applying the manifest's objects")
 
 
 def _apply_crds(cluster: LocalCluster, out: TextIO) -> int:
@@ -354,7 +354,7 @@ def _poll_outcomes(
                 results.append(outcome_of(current))
         return results
 
-    return cluster.call(run(), timeout=30.0)
+    return cluster.call(run(), timeout=30.0, what="reading the workloads' state")
 
 
 def _sample_jobs(
@@ -366,7 +366,7 @@ def _sample_jobs(
         return [await applier.get(o) for o in jobs]
 
     now = time.monotonic()
-    for current in cluster.call(run(), timeout=30.0):
+    for current in cluster.call(run(), timeout=30.0, what="reading the jobs' status"):
         if current is not None:
             timeline.observe(current, now)
 
@@ -375,7 +375,11 @@ def _job_events(cluster: LocalCluster, jobs: Sequence[dict[str, Any]], timeline:
     """The Events about each ElasticJob (their reasons explain restarts), for the summary."""
     assert cluster.client is not None
     for ns in {str(o["metadata"].get("namespace") or "default") for o in jobs}:
-        listing = cluster.call(cluster.client.get(f"/api/v1/namespaces/{ns}/events"), timeout=30.0)
+        listing = cluster.call(
+            cluster.client.get(f"/api/v1/namespaces/{ns}/events"),
+            timeout=30.0,
+            what=f"listing the events in {ns}",
+        )
         for job in jobs:
             name = job["metadata"]["name"]
             timeline.set_events(
@@ -557,7 +561,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _all_pods(cluster: LocalCluster) -> list[dict[str, Any]]:
     """Every pod of the cluster (the workload's pods, for the summary)."""
     assert cluster.client is not None
-    listing = cluster.call(cluster.client.get("/api/v1/pods"), timeout=30.0)
+    listing = cluster.call(cluster.client.get("/api/v1/pods"), timeout=30.0, what="listing the pods")
     return sorted(
         listing.get("items") or [], key=lambda p: (p["metadata"].get("namespace", ""), p["metadata"]["name"])
     )
