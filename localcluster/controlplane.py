@@ -144,6 +144,10 @@ class ControlPlaneBinaries:
         return cls(apiserver, etcd, exe("kube-controller-manager"), exe("kube-scheduler"))
 
 
+#: Starts tried when a component finds its port taken (a race with another process).
+PORT_ATTEMPTS = 3
+
+
 def control_plane_dir(flag: Path | str | None = None) -> Path | None:
     """The binaries' directory: ``flag``, else ``$KELASTIC_CONTROL_PLANE``, else ``$KUBEBUILDER_ASSETS``."""
     if flag:
@@ -285,11 +289,25 @@ class ControlPlane:
         started = time.monotonic()
         self.state_dir = self.state_dir.resolve()
         self.logs_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            self._start(started)
-        except BaseException:
-            self.stop()
-            raise
+        etcd_data = self.etcd_data or self.state_dir / "etcd"
+        fresh = not (etcd_data.is_dir() and any(etcd_data.iterdir()))
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._start(started)
+                break
+            except ComponentFailed as exc:
+                self.stop()
+                # Free ports are picked before the components bind them, so another process
+                # can take one in between: pick new ones rather than fail the whole start.
+                if "address already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
+                    raise
+                self.progress(f"a port was taken while starting ({attempt}/{PORT_ATTEMPTS}): retrying")
+                if fresh:  # etcd's half-made member under the old ports must not be reused
+                    shutil.rmtree(etcd_data, ignore_errors=True)
+                self.url, self.version = "", None
+            except BaseException:
+                self.stop()
+                raise
         self.startup_seconds = time.monotonic() - started
         self.progress(
             f"control plane {self.version} ready after {self.startup_seconds:.1f} s: {self.url} "

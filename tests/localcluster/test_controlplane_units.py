@@ -129,6 +129,27 @@ def test_a_component_that_exits_is_reported_with_its_log(tmp_path: Path) -> None
     assert "cannot open the data dir" in message and "etcd.log" in message
 
 
+def test_a_port_taken_before_the_component_binds_it_is_retried_with_new_ports(tmp_path: Path) -> None:
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    _exe(bins / "kube-apiserver", 'echo "Kubernetes v1.20.2"')
+    tries = tmp_path / "tries"
+    # Every start loses its port: the message names the cause, and each attempt picked new ports.
+    _exe(
+        bins / "etcd",
+        f'echo "$@" >> {tries}; echo "listen tcp 127.0.0.1:1: bind: address already in use" >&2; exit 1',
+    )
+    lines: list[str] = []
+    plane = ControlPlane(
+        ControlPlaneBinaries.find(bins), tmp_path / "state", progress=lines.append, timeout=20
+    )
+    with pytest.raises(ComponentFailed, match="address already in use"):
+        plane.start()
+    attempts = tries.read_text().splitlines()
+    assert len(attempts) == 3 and len(set(attempts)) == 3
+    assert sum("a port was taken while starting" in line for line in lines) == 2
+
+
 def test_a_component_that_never_gets_healthy_times_out_naming_the_wait(tmp_path: Path) -> None:
     bins = tmp_path / "bin"
     bins.mkdir()
