@@ -29,21 +29,8 @@ from kelastic.localcluster.testing import Kubectl, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "kelastic"
-UNPACK = REPO.parent / "shared" / "k8s" / "unpack.sh"
 
 pytestmark = pytest.mark.slow
-
-
-def binaries_dir() -> Path | None:
-    from kelastic.localcluster.controlplane import control_plane_dir
-
-    found = control_plane_dir()
-    if found is not None:
-        return found
-    if UNPACK.is_file():
-        out = subprocess.run(["sh", str(UNPACK)], capture_output=True, text=True, timeout=300, check=True)
-        return Path(out.stdout.strip().splitlines()[-1])
-    return None
 
 
 class RealCluster:
@@ -76,13 +63,8 @@ class RealCluster:
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
-    directory = binaries_dir()
-    if directory is None:
-        pytest.skip(
-            "no Kubernetes control-plane binaries: set KELASTIC_CONTROL_PLANE (or KUBEBUILDER_ASSETS) to a "
-            "directory holding etcd and kube-apiserver v1.20 or newer"
-        )
+def real(tmp_path_factory: pytest.TempPathFactory, control_plane_bin: Path) -> Iterator[RealCluster]:
+    directory = control_plane_bin  # skips, saying how to enable it, when there are no binaries
     from kelastic.localcluster.controlplane import ControlPlane, ControlPlaneBinaries
 
     root = tmp_path_factory.mktemp("rbac")
