@@ -101,7 +101,7 @@ def test_signal_stops_workers_with_it_and_health_endpoints(node: Any) -> None:
         rendezvous=False,
     )
     node.wait_for("both workers running", lambda: len(node.records()) == 2, 60)
-    port = int(re.search(r"/readyz on port (\d+)", agent.output()).group(1))  # type: ignore[union-attr]
+    port = int(re.search(r"serving /healthz.* on port (\d+)", agent.output()).group(1))  # type: ignore[union-attr]
     base = f"http://127.0.0.1:{port}"
     node.wait_for("/readyz 200", lambda: _status(base + "/readyz") == 200, 10)
     assert _status(base + "/healthz") == 200
