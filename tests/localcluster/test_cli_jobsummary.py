@@ -65,15 +65,15 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 marker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lost-once")
 step = int(open("ckpt").read()) if os.path.exists("ckpt") else 0  # written atomically below
-while step < 120:
+while step < 240:
     t = torch.ones(1)
     dist.all_reduce(t)
     step += 1
-    update(step, 120)
+    update(step, 240)
     if rank == 0:
         open("ckpt.tmp", "w").write(str(step))
         os.replace("ckpt.tmp", "ckpt")
-    if step == 40 and world == 2 and os.environ["KELASTIC_NODE_NAME"].endswith("-1") and not os.path.exists(marker):
+    if step == 80 and world == 2 and os.environ["KELASTIC_NODE_NAME"].endswith("-1") and not os.path.exists(marker):
         open(marker, "w").write("")
         os.kill(os.getppid(), signal.SIGKILL)  # the whole pod goes: its agent dies with it
     time.sleep(0.1)
@@ -96,6 +96,12 @@ spec:
       restartPolicy: OnFailure
       template:
         spec:
+          # The recreated worker waits before it joins, so the job runs at world 1 for a
+          # while whatever the machine's speed (a fast rejoin would leave no sample at 1).
+          initContainers:
+          - name: hold
+            image: kelastic:dev
+            command: ["python", "-c", "import os, time; time.sleep(5 if os.path.exists('lost-once') else 0)"]
           containers:
           - name: trainer
             image: kelastic:dev
