@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import ssl
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ import pytest
 
 from kelastic.localcluster.apiserver import ApiServer
 from kelastic.localcluster.controlplane import ControlPlane, ControlPlaneBinaries
+from kelastic.localcluster.testing import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -145,14 +145,7 @@ def status_body(body: Any) -> dict[str, Any]:
 
 
 def wait(what: str, probe: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+    return wait_for(probe, timeout, what, interval=0.2)
 
 
 def widget(name: str, **spec: Any) -> dict[str, Any]:

@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kelastic.localcluster.cluster import LocalCluster
+from kelastic.localcluster.testing import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -53,15 +53,8 @@ def get(cluster: LocalCluster, *args: str) -> Any:
     return json.loads(kubectl(cluster, "get", *args, "-o", "json"))
 
 
-def wait(what: str, probe: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+def wait(what: str, probe: Callable[[], Any], timeout: float = 60.0) -> Any:
+    return wait_for(probe, timeout, what, interval=0.2)
 
 
 def test_components_are_out_of_reach_of_a_terminals_ctrl_c(cp_cluster: LocalCluster) -> None:
