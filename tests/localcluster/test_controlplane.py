@@ -69,7 +69,13 @@ def test_the_node_registers_stays_ready_and_renews_its_lease(cp_cluster: LocalCl
     node = get(cp_cluster, "node", "kelastic-local")
     ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
     assert ready and ready[0]["status"] == "True"
-    assert not node["spec"].get("taints")
+    # The API server's TaintNodesByCondition admission taints a new Node not-ready; the node
+    # lifecycle controller lifts it once it sees the Ready heartbeat.
+    wait(
+        "the not-ready taint to be lifted",
+        lambda: not get(cp_cluster, "node", "kelastic-local")["spec"].get("taints"),
+        30,
+    )
     assert node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"] > 0
     # The node reports the control plane's version (no skew for version-aware clients).
     assert node["status"]["nodeInfo"]["kubeletVersion"].startswith(str(cp_cluster.control_plane.version))
