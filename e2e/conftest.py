@@ -581,3 +581,36 @@ def kel(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Cluster]:
         cluster.start_operator()  # a scenario that stopped it must not break the next one
     for name in sorted(cluster.jobs_seen):
         cluster.delete_job(name)
+
+
+@pytest.fixture
+def local_run(request: pytest.FixtureRequest) -> Callable[[list[str], str, float], tuple[int, str]]:
+    """``kelastic local run ARGS`` on a lane, as a user runs it: (exit code, output).
+
+    The control-plane lane adds ``--control-plane`` (skipping, with how to enable it,
+    where there are no binaries). A run that outlives ``timeout`` seconds is stopped as
+    Ctrl-C stops it, which stops its cluster and pods, and the test fails with its output.
+    """
+
+    def run(args: list[str], lane: str, timeout: float) -> tuple[int, str]:
+        kelastic = shutil.which("kelastic")
+        command = [kelastic] if kelastic else [sys.executable, "-m", "kelastic.localcluster"]
+        if lane == "control-plane":
+            args = [*args, "--control-plane", str(request.getfixturevalue("control_plane_bin"))]
+        proc = subprocess.Popen(
+            [*command, "local", "run", *args],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)
+            output, _ = proc.communicate(timeout=60)
+            pytest.fail(f"kelastic local run did not finish within {timeout:g} s:\n{output[-4000:]}")
+        return proc.returncode, output
+
+    return run

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,30 +77,15 @@ def manifest(agent: str | None) -> str:
 
 
 def run(
-    tmp_path: Path, python: Path, text: str, lane: str, request: pytest.FixtureRequest
+    tmp_path: Path,
+    python: Path,
+    text: str,
+    lane: str,
+    local_run: Callable[[list[str], str, float], tuple[int, str]],
 ) -> tuple[int, str]:
     path = tmp_path / "job.yaml"
     path.write_text(text)
-    kelastic = shutil.which("kelastic")
-    command = [kelastic] if kelastic else [sys.executable, "-m", "kelastic.localcluster"]
-    extra: list[str] = []
-    if lane == "control-plane":
-        extra = ["--control-plane", str(request.getfixturevalue("control_plane_bin"))]
-    proc = subprocess.Popen(
-        [*command, "local", "run", "--timeout", "400", "--image", f"{IMAGE}={python}", str(path), *extra],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=480)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGINT)  # the CLI stops its cluster and pods on SIGINT
-        output, _ = proc.communicate(timeout=60)
-        pytest.fail(f"kelastic local run did not finish within 480 s:\n{output[-4000:]}")
-    return proc.returncode, output
+    return local_run(["--timeout", "400", "--image", f"{IMAGE}={python}", str(path)], lane, 480)
 
 
 LANES = ["emulator", "control-plane"]
@@ -110,9 +94,12 @@ LANES = ["emulator", "control-plane"]
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("lane", LANES)
 def test_injected_agent_runs_the_example_on_a_torch_only_image_in_a_restricted_namespace(
-    torch_python: Path, tmp_path: Path, lane: str, request: pytest.FixtureRequest
+    torch_python: Path,
+    tmp_path: Path,
+    lane: str,
+    local_run: Callable[[list[str], str, float], tuple[int, str]],
 ) -> None:
-    code, output = run(tmp_path, torch_python, manifest(agent=None), lane, request)
+    code, output = run(tmp_path, torch_python, manifest(agent=None), lane, local_run)
     assert code == 0, f"kelastic local run exited {code}:\n{output[-5000:]}"
     assert "[train] done: 60 steps" in output, output[-4000:]
     assert "forbidden" not in output and "violates PodSecurity" not in output, output[-4000:]
@@ -122,9 +109,12 @@ def test_injected_agent_runs_the_example_on_a_torch_only_image_in_a_restricted_n
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("lane", LANES)
 def test_agent_image_without_kelastic_fails_fast_saying_what_to_do(
-    torch_python: Path, tmp_path: Path, lane: str, request: pytest.FixtureRequest
+    torch_python: Path,
+    tmp_path: Path,
+    lane: str,
+    local_run: Callable[[list[str], str, float], tuple[int, str]],
 ) -> None:
-    code, output = run(tmp_path, torch_python, manifest(agent="image"), lane, request)
+    code, output = run(tmp_path, torch_python, manifest(agent="image"), lane, local_run)
     assert code != 0, output[-4000:]
     # In the pod's log (relayed) and in the job's Failed condition (the summary line).
     hint = "this image has no kelastic installed"

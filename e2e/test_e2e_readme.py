@@ -10,10 +10,7 @@ on both lanes: the API server emulator, and the real control plane with
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,27 +27,11 @@ pytestmark = [
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("lane", ["emulator", "control-plane"])
-def test_readme_main_command_runs_the_example_to_success(lane: str, request: pytest.FixtureRequest) -> None:
-    kelastic = shutil.which("kelastic")
-    command = [kelastic] if kelastic else [sys.executable, "-m", "kelastic.localcluster"]
-    extra: list[str] = []
-    if lane == "control-plane":
-        extra = ["--control-plane", str(request.getfixturevalue("control_plane_bin"))]
-    proc = subprocess.Popen(
-        [*command, "local", "run", "--timeout", "300", "examples/elasticjob.yaml", *extra],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=360)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGINT)  # the CLI stops its cluster and pods on SIGINT
-        output, _ = proc.communicate(timeout=60)
-        pytest.fail(f"kelastic local run did not finish within 360 s:\n{output[-4000:]}")
-    assert proc.returncode == 0, f"kelastic local run exited {proc.returncode}:\n{output[-4000:]}"
+def test_readme_main_command_runs_the_example_to_success(
+    lane: str, local_run: Callable[[list[str], str, float], tuple[int, str]]
+) -> None:
+    code, output = local_run(["--timeout", "300", "examples/elasticjob.yaml"], lane, 360)
+    assert code == 0, f"kelastic local run exited {code}:\n{output[-4000:]}"
     # Readable logs and progress reached the terminal: the pods' output is relayed with their names.
     assert "[train] done: 300 steps" in output, output[-4000:]
     assert "train-example-worker-" in output
