@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = [
     pytest.mark.slow,
