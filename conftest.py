@@ -6,6 +6,12 @@ looks in ``$KELASTIC_CONTROL_PLANE``, then ``$KUBEBUILDER_ASSETS``, then, in thi
 repository's CI and test set-up, runs ``../shared/k8s/unpack.sh`` (relative to the
 repository root; idempotent, it prints the directory it filled). Without any of
 them the test is skipped with a reason that says how to enable it.
+
+Every test picks its lane explicitly: the variables are read once and then removed
+from the test processes' environment, so a ``kelastic local`` started without
+``--control-plane`` runs the emulator even where CI exports ``$KELASTIC_CONTROL_PLANE``
+(otherwise the emulator lane would silently become a second control-plane lane, and
+tests that stop the API server's process group would stop the wrong processes).
 """
 
 from __future__ import annotations
@@ -24,10 +30,21 @@ ENABLE = (
 )
 
 
+VARIABLES = ("KELASTIC_CONTROL_PLANE", "KUBEBUILDER_ASSETS")
+_from_environment: dict[str, str] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for variable in VARIABLES:
+        value = os.environ.pop(variable, None)
+        if value is not None:
+            _from_environment.setdefault(variable, value)
+
+
 def find_control_plane_bin() -> tuple[Path | None, str]:
     """(the binaries' directory, or None and why not)."""
-    for variable in ("KELASTIC_CONTROL_PLANE", "KUBEBUILDER_ASSETS"):
-        value = os.environ.get(variable)
+    for variable in VARIABLES:
+        value = _from_environment.get(variable) or os.environ.get(variable)
         if value:
             path = Path(value)
             if (path / "kube-apiserver").is_file():

@@ -209,9 +209,18 @@ def _install_chart(cluster: LocalCluster, out: TextIO, watch: Sequence[str], clu
 def _start_operator(
     cluster: LocalCluster, out: TextIO, watch: Sequence[str] = ("default",), cluster_wide: bool = False
 ) -> _Operator | None:
-    """Start the operator: from the chart on a real control plane, else as a subprocess (None: not installed)."""
-    if cluster.real and _install_chart(cluster, out, watch, cluster_wide):
-        return None
+    """Start the operator: from the chart on a real control plane, else as a subprocess (None: not installed).
+
+    ``$KELASTIC_LOCAL_OPERATOR`` wins on both: whoever sets it asked for that command.
+    """
+    if cluster.real:
+        if os.environ.get("KELASTIC_LOCAL_OPERATOR"):
+            print(
+                "kelastic: $KELASTIC_LOCAL_OPERATOR is set: running it instead of installing the chart",
+                file=out,
+            )
+        elif _install_chart(cluster, out, watch, cluster_wide):
+            return None
     command = operator_command()
     if command is None:
         return None
