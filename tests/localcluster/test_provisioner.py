@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import yaml
 
 from kelastic.localcluster.cluster import LocalCluster
 from kelastic.localcluster.provisioner import volume_for
+from kelastic.localcluster.testing import wait_for
 
 
 def test_volume_for_a_claim_is_prebound_to_it(tmp_path: Path) -> None:
@@ -31,16 +31,6 @@ def test_volume_for_a_claim_is_prebound_to_it(tmp_path: Path) -> None:
     assert pv["spec"]["capacity"] == {"storage": "2Gi"} and pv["spec"]["accessModes"] == ["ReadWriteMany"]
     assert pv["spec"]["hostPath"]["path"] == str(tmp_path / "ns" / "data")
     assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain" and pv["spec"]["storageClassName"] == ""
-
-
-def wait(what: str, probe: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_pods_share_a_claim_through_its_mount_path(tmp_path: Path) -> None:
@@ -81,8 +71,13 @@ def test_pods_share_a_claim_through_its_mount_path(tmp_path: Path) -> None:
             out = subprocess.run([*kubectl, "get", kind, name, "-o", "json"], capture_output=True, text=True)
             return str((json.loads(out.stdout or "{}").get("status") or {}).get("phase", ""))
 
-        wait("the claim to be Bound", lambda: phase("pvc", "shared") == "Bound")
-        wait("both writers to succeed", lambda: phase("pod", "a") == phase("pod", "b") == "Succeeded", 120)
+        wait_for(lambda: phase("pvc", "shared") == "Bound", 60, "the claim to be Bound", interval=0.3)
+        wait_for(
+            lambda: phase("pod", "a") == phase("pod", "b") == "Succeeded",
+            120,
+            "both writers to succeed",
+            interval=0.3,
+        )
         directory = cluster.data_dir / "claims" / "default" / "shared"
         assert sorted(p.read_text() for p in directory.iterdir()) == ["a", "b"]
     assert not Path("/kelastic-test-claim").exists()
