@@ -62,6 +62,8 @@ __all__ = [
     "ControlPlaneBinaries",
     "KubeVersion",
     "control_plane_dir",
+    "endpoints_controller_name",
+    "version_flags",
     "write_kubeconfig",
 ]
 
@@ -465,17 +467,11 @@ class ControlPlane:
             "--leader-elect=false",
             "--v=1",
         ]
-        if version < KubeVersion(1, 24):
-            argv.append("--port=0")  # the insecure port exists (and is on) only before 1.24
+        argv += version_flags(name, version)
         if name == "kube-controller-manager":
             pki = self.pki_dir
             argv += [
                 f"--client-ca-file={pki / 'ca.crt'}",
-                # Endpoints may not hold our loopback pod addresses: the Endpoints
-                # controller would only fail and warn for every Service (EndpointSlices
-                # carry them). Its name changed in 1.28 (the old one is an alias after).
-                "--controllers=*,-"
-                + ("endpoint" if version < KubeVersion(1, 28) else "endpoints-controller"),
                 "--use-service-account-credentials",
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--root-ca-file={pki / 'ca.crt'}",
@@ -576,6 +572,34 @@ class ControlPlane:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+#: Since this release kube-controller-manager's controllers have canonical names
+#: (``endpoints-controller``); the older short ones (``endpoint``) stay accepted as aliases.
+CANONICAL_CONTROLLER_NAMES = KubeVersion(1, 28)
+#: From this release on the components have no insecure ``--port`` any more (it was on by default).
+NO_INSECURE_PORT = KubeVersion(1, 24)
+
+
+def endpoints_controller_name(version: KubeVersion) -> str:
+    """What ``--controllers`` of kube-controller-manager ``version`` calls the Endpoints controller."""
+    return "endpoints-controller" if version >= CANONICAL_CONTROLLER_NAMES else "endpoint"
+
+
+def version_flags(component: str, version: KubeVersion) -> list[str]:
+    """The flags of ``component`` (kube-controller-manager, kube-scheduler) that depend on its release.
+
+    - ``--port=0`` turns off the insecure HTTP port, which exists (and is on) only up to 1.23;
+      later releases refuse the flag.
+    - the controller-manager runs every default controller but the Endpoints one: Endpoints
+      may not hold our loopback pod addresses, so it would only fail and warn for every
+      Service (EndpointSlices carry the addresses). The name is the release's own: the
+      canonical one from 1.28, the short one (which 1.20 knows) before.
+    """
+    flags = ["--port=0"] if version < NO_INSECURE_PORT else []
+    if component == "kube-controller-manager":
+        flags.append(f"--controllers=*,-{endpoints_controller_name(version)}")
+    return flags
 
 
 def _binary_version(binary: Path) -> KubeVersion:

@@ -20,6 +20,8 @@ from kelastic.localcluster.controlplane import (
     ControlPlaneBinaries,
     KubeVersion,
     control_plane_dir,
+    endpoints_controller_name,
+    version_flags,
     write_kubeconfig,
 )
 from kelastic.localcluster.kubelet import Kubelet, KubeletConfig, micro_time
@@ -253,3 +255,22 @@ def test_a_container_mounting_the_token_gets_an_in_cluster_kubeconfig(tmp_path: 
 
 def test_lease_renew_time_is_a_micro_time() -> None:
     assert micro_time(0.25) == "1970-01-01T00:00:00.250000Z"
+
+
+@pytest.mark.parametrize(
+    ("version", "port", "endpoints"),
+    [
+        (KubeVersion(1, 20, 2), ["--port=0"], "endpoint"),
+        (KubeVersion(1, 23, 17), ["--port=0"], "endpoint"),
+        (KubeVersion(1, 24, 0), [], "endpoint"),
+        (KubeVersion(1, 27, 16), [], "endpoint"),
+        (KubeVersion(1, 28, 0), [], "endpoints-controller"),
+        (KubeVersion(1, 34, 1), [], "endpoints-controller"),
+    ],
+)
+def test_component_flags_follow_the_release(version: KubeVersion, port: list[str], endpoints: str) -> None:
+    # 1.20 knows only the short controller names (and refuses unknown ones); 1.28 made
+    # "endpoints-controller" canonical; the insecure port (and its flag) ended with 1.23.
+    assert endpoints_controller_name(version) == endpoints
+    assert version_flags("kube-controller-manager", version) == [*port, f"--controllers=*,-{endpoints}"]
+    assert version_flags("kube-scheduler", version) == port
