@@ -293,9 +293,10 @@ class ControlPlane:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         etcd_data = self.etcd_data or self.state_dir / "etcd"
         fresh = not (etcd_data.is_dir() and any(etcd_data.iterdir()))
+        member = self._etcd_member_name(fresh)
         for attempt in range(1, PORT_ATTEMPTS + 1):
             try:
-                self._start(started)
+                self._start(started, member)
                 break
             except ComponentFailed as exc:
                 self.stop()
@@ -317,12 +318,32 @@ class ControlPlane:
         )
         return self
 
-    def _start(self, started: float) -> None:
+    @property
+    def etcd_member_file(self) -> Path:
+        """Where the etcd member's name is kept, next to the data it names."""
+        return self.state_dir / "etcd-member"
+
+    def _etcd_member_name(self, fresh: bool) -> str:
+        """The etcd member's name: the one recorded with the data being reused, else a new one.
+
+        One name per data directory, so that a reused state directory restarts the same
+        member (and the health check below recognises it) instead of a renamed one.
+        """
+        if not fresh and self.etcd_data is None:
+            with contextlib.suppress(OSError):
+                recorded = self.etcd_member_file.read_text().strip()
+                if re.fullmatch(r"kelastic-[0-9a-f]+", recorded):
+                    return recorded
+        # Random: it also tells our etcd from another cluster's that won the race for a port.
+        member = f"kelastic-{secrets.token_hex(4)}"
+        self.etcd_member_file.write_text(member + "\n")
+        return member
+
+    def _start(self, started: float, member: str) -> None:
         version = _binary_version(self.binaries.apiserver)
         self._make_pki()
         etcd_port, peer_port, api_port = free_port(), free_port(), self.api_port or free_port()
         self.url = f"https://{HOST}:{api_port}"
-        member = f"kelastic-{secrets.token_hex(4)}"
         etcd = self._spawn("etcd", self._etcd_argv(etcd_port, peer_port, member))
         # Ours, not another cluster's etcd that won the race for a free port: its member name.
         self._wait(etcd, "etcd /health", lambda: _etcd_member(f"http://{HOST}:{etcd_port}") == member)
