@@ -32,7 +32,6 @@ import asyncio
 import concurrent.futures
 import os
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -48,11 +47,14 @@ from .kubelet import DEFAULT_NODE_NAME, Kubelet, KubeletConfig
 from .kubeletserver import KubeletServer
 from .provisioner import ClaimProvisioner
 from .proxy import ServiceProxy
+from .tmpfs import claim_scratch_dir, sweep_scratch_dirs
 
 __all__ = ["LocalCluster"]
 
 T = TypeVar("T")
 
+#: Where a control plane without a state directory keeps etcd's data (RAM).
+SHM = Path("/dev/shm")
 #: Seconds the node components get to stop (pods included) before the rest is stopped anyway.
 STOP_TIMEOUT = 60.0
 
@@ -169,16 +171,22 @@ class LocalCluster:
     def _start_control_plane(self, directory: Path) -> None:
         assert self._claim is not None
         state = (self.state_dir or self.data_dir) / "control-plane"
-        if self.state_dir is None and Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK):
+        if self.state_dir is None and SHM.is_dir() and os.access(SHM, os.W_OK):
             # Nothing to persist: keep etcd in memory, out of reach of a slow disk's fsyncs.
-            self._etcd_tmp = Path(tempfile.mkdtemp(prefix="kelastic-etcd-", dir="/dev/shm"))
+            # First free the memory that SIGKILLed clusters left there (they could not clean up).
+            for swept in sweep_scratch_dirs(SHM):
+                self.progress(
+                    f"removed {swept.path} ({swept.size_bytes / 1e6:.0f} MB), a stopped cluster's etcd "
+                    f"data: {swept.reason}"
+                )
+            self._etcd_tmp = claim_scratch_dir(SHM)
         self.control_plane = ControlPlane(
             ControlPlaneBinaries.find(directory),
             state,
             service_network=self._claim.service_network,
             node_name=self.kubelet_config.node_name,
             progress=self.progress,
-            etcd_data=self._etcd_tmp,
+            etcd_data=self._etcd_tmp / "data" if self._etcd_tmp is not None else None,
             api_port=self.port,
         )
         self.control_plane.start()
