@@ -17,7 +17,7 @@ directory, applies the manifest, relays the pods' logs prefixed by pod, waits
 until every workload in it has finished (or one has failed) (pods: phase Succeeded/Failed; other
 kinds: see :mod:`kelastic.localcluster.completion`), prints a summary, and
 exits 0 only when all of them succeeded (1 when one failed or the wait timed
-out, 2 for bad input, 130 when interrupted).
+out, 2 for bad input, 130 or 143 when stopped by SIGINT or SIGTERM).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from .apply import Applier, ManifestError, load_manifests
 from .cluster import LocalCluster
@@ -48,6 +48,8 @@ from .jobsummary import JobTimeline
 from .logrelay import LogFollower, LogRelay
 
 __all__ = ["find_crds_dir", "main", "operator_command"]
+
+T = TypeVar("T")
 
 #: Kinds applied before everything else: what other objects need to exist first.
 _FIRST = ("Namespace", "CustomResourceDefinition")
@@ -101,16 +103,51 @@ def operator_command() -> list[str] | None:
     return [exe] if exe else None
 
 
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived while starting up (a BaseException, like KeyboardInterrupt:
+    no ``except Exception`` on the way may swallow it, every ``finally`` stops what it started)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def exit_code(signum: int) -> int:
+    """What a shell reports for a command stopped by ``signum``: 130 for SIGINT, 143 for SIGTERM."""
+    return 128 + signum
+
+
 class _Stopper:
-    """Turns SIGTERM/SIGINT into an event the foreground loop polls."""
+    """Turns SIGTERM/SIGINT into an event the foreground loop polls.
+
+    Inside :meth:`interruptible` (the start-up: control plane, chart, manifest) the first
+    signal also raises :class:`Interrupted` in the main thread, so that a start-up that
+    takes a while stops at once instead of finishing first; later signals only set the
+    event, so that they cannot break off the clean-up.
+    """
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.signal: int | None = None
+        self._raise = False
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.signal = signum
         self.event.set()
+        if self._raise:
+            self._raise = False
+            raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """Raise :class:`Interrupted` inside this block at the first signal (at once if one came)."""
+        if self.signal is not None:
+            raise Interrupted(self.signal)
+        self._raise = True
+        try:
+            yield
+        finally:
+            self._raise = False
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[_Stopper]:
@@ -181,6 +218,31 @@ def _apply_crds(cluster: LocalCluster, out: TextIO) -> int:
     return len(crds)
 
 
+def _in_thread(what: str, fn: Callable[[], T]) -> T:
+    """``fn()`` in a worker thread while this one waits, so that a signal can interrupt the wait.
+
+    Helm runs in a native library: a signal handler would run only once its call
+    returned. On :class:`Interrupted` the worker is abandoned (a daemon thread); it
+    fails soon after, once the cluster it talks to is stopped.
+    """
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # handed to the waiting thread
+            error.append(exc)
+
+    worker = threading.Thread(target=work, name=what, daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.2)
+    if error:
+        raise error[0]
+    return result[0]
+
+
 def _install_chart(cluster: LocalCluster, out: TextIO, watch: Sequence[str], cluster_wide: bool) -> bool:
     """On a real control plane, install the operator from its chart; False when that is not possible here.
 
@@ -196,12 +258,15 @@ def _install_chart(cluster: LocalCluster, out: TextIO, watch: Sequence[str], clu
     if chart_dir is None:
         print("kelastic: the chart helm/kelastic is not found; starting the operator as a process", file=out)
         return False
-    install_chart(
-        cluster.kubeconfig,
-        chart_dir,
-        watch_namespaces=tuple(watch),
-        cluster_wide=cluster_wide,
-        progress=_progress(out),
+    _in_thread(
+        "installing the chart",
+        lambda: install_chart(
+            cluster.kubeconfig,
+            chart_dir,
+            watch_namespaces=tuple(watch),
+            cluster_wide=cluster_wide,
+            progress=_progress(out),
+        ),
     )
     return True
 
@@ -300,14 +365,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     operator: _Operator | None = None
     stopper = _Stopper()
-    try:
-        with stopper.installed():
-            cluster.start()
-            _apply_crds(cluster, out)
-            if not args.no_operator:
-                operator = _start_operator(
-                    cluster, out, args.watch_namespace or ["default"], args.cluster_wide
-                )
+    with stopper.installed():  # also during the clean-up: a second Ctrl-C must not break it off
+        try:
+            try:
+                with stopper.interruptible():
+                    cluster.start()
+                    _apply_crds(cluster, out)
+                    if not args.no_operator:
+                        operator = _start_operator(
+                            cluster, out, args.watch_namespace or ["default"], args.cluster_wide
+                        )
+            except Interrupted as exc:
+                print(f"kelastic: {exc} while starting: stopping what was started", file=out, flush=True)
+                return exit_code(exc.signum)
             print(
                 f"kelastic local is up: API server {cluster.url}\n"
                 f"kubeconfig: {cluster.kubeconfig}\n"
@@ -328,18 +398,18 @@ def cmd_up(args: argparse.Namespace) -> int:
                     )
                     reported = True
             print("kelastic: stopping", file=out, flush=True)
-    finally:
-        # The operator and the cluster wind down side by side.
-        if operator is not None:
-            operator.terminate()
-        try:
-            cluster.stop()
-        finally:  # a cluster that did not stop cleanly must not orphan the operator
+        finally:
+            # The operator and the cluster wind down side by side.
             if operator is not None:
-                operator.stop()
-        if temp_dir is not None:
-            shutil.rmtree(temp_dir, ignore_errors=True)
-    print("kelastic: stopped", file=out, flush=True)
+                operator.terminate()
+            try:
+                cluster.stop()
+            finally:  # a cluster that did not stop cleanly must not orphan the operator
+                if operator is not None:
+                    operator.stop()
+                if temp_dir is not None:
+                    shutil.rmtree(temp_dir, ignore_errors=True)
+                print("kelastic: stopped", file=out, flush=True)
     return 0
 
 
@@ -514,56 +584,72 @@ def cmd_run(args: argparse.Namespace) -> int:
         relay.line("kelastic", text)
         out.flush()
 
-    try:
-        with stopper.installed():
-            cluster.start()
-            custom = [o for o in objects if "/" in str(o["apiVersion"]) and o["kind"] not in _FIRST]
-            if custom:
-                _apply_crds(cluster, out)
-                if not args.no_operator:
-                    watch = sorted({str(o["metadata"].get("namespace") or "default") for o in custom})
-                    operator = _start_operator(cluster, out, watch, args.cluster_wide)
-                    if operator is None and not cluster.real:
-                        kinds = ", ".join(sorted({o["kind"] for o in custom}))
-                        notice(
-                            f"warning: the kelastic operator is not installed: nothing will act on {kinds}"
-                        )
-            try:
-                applied = _apply_all(cluster, objects)
-            except Exception as exc:  # any refusal of the API server, named in the message
-                notice(f"could not apply {manifest}: {exc}")
-                return 2
-            waited = [o for o in applied if waitable(o)]
-            notice(f"applied {len(applied)} object(s); waiting for {', '.join(_describe(o) for o in waited)}")
-            outcomes, end = _watch(cluster, waited, relay, stopper, args, started, operator, timeline)
-            jobs = [o for o in waited if o.get("kind") == "ElasticJob"]
-            if jobs and cluster.client is not None:
-                _sample_jobs(cluster, Applier(cluster.client), jobs, timeline)  # the final state
-                _job_events(cluster, jobs, timeline)
-            if any(o.get("kind") != "Pod" for o in waited):
-                # The workloads' pods (not the operator's, installed in its own namespace).
-                namespaces = {str(o["metadata"].get("namespace") or "default") for o in waited}
-                pods = [p for p in _all_pods(cluster) if p["metadata"].get("namespace") in namespaces]
-            if end is RunEnd.OPERATOR_EXITED and operator is not None:
-                lines = operator.log_path.read_text(errors="replace").splitlines()[-15:]
-                operator_tail = (
-                    f"the operator exited with code {operator.poll()}; its last lines:\n"
-                    + "\n".join(f"    {line}" for line in lines)
-                )
-    finally:
-        if operator is not None:
-            operator.terminate()
+    with stopper.installed():  # also during the clean-up: a second Ctrl-C must not break it off
         try:
-            cluster.stop()
-        finally:  # a cluster that did not stop cleanly must not orphan the operator
+            try:
+                with stopper.interruptible():
+                    cluster.start()
+                    custom = [o for o in objects if "/" in str(o["apiVersion"]) and o["kind"] not in _FIRST]
+                    if custom:
+                        _apply_crds(cluster, out)
+                        if not args.no_operator:
+                            watch = sorted({str(o["metadata"].get("namespace") or "default") for o in custom})
+                            operator = _start_operator(cluster, out, watch, args.cluster_wide)
+                            if operator is None and not cluster.real:
+                                kinds = ", ".join(sorted({o["kind"] for o in custom}))
+                                notice(
+                                    f"warning: the kelastic operator is not installed: nothing will act on {kinds}"
+                                )
+                    try:
+                        applied = _apply_all(cluster, objects)
+                    except Exception as exc:  # any refusal of the API server, named in the message
+                        notice(f"could not apply {manifest}: {exc}")
+                        return 2
+            except Interrupted as exc:
+                notice(f"{exc} while starting: stopping what was started")
+            else:
+                waited = [o for o in applied if waitable(o)]
+                notice(
+                    f"applied {len(applied)} object(s); waiting for {', '.join(_describe(o) for o in waited)}"
+                )
+                outcomes, end = _watch(cluster, waited, relay, stopper, args, started, operator, timeline)
+                jobs = [o for o in waited if o.get("kind") == "ElasticJob"]
+                if jobs and cluster.client is not None:
+                    _sample_jobs(cluster, Applier(cluster.client), jobs, timeline)  # the final state
+                    _job_events(cluster, jobs, timeline)
+                if any(o.get("kind") != "Pod" for o in waited):
+                    # The workloads' pods (not the operator's, installed in its own namespace).
+                    namespaces = {str(o["metadata"].get("namespace") or "default") for o in waited}
+                    pods = [p for p in _all_pods(cluster) if p["metadata"].get("namespace") in namespaces]
+                if end is RunEnd.OPERATOR_EXITED and operator is not None:
+                    lines = operator.log_path.read_text(errors="replace").splitlines()[-15:]
+                    operator_tail = (
+                        f"the operator exited with code {operator.poll()}; its last lines:\n"
+                        + "\n".join(f"    {line}" for line in lines)
+                    )
+        finally:
             if operator is not None:
-                operator.stop()
-        if args.keep:
-            print(f"kelastic: pod logs kept in {temp_dir}/pods", file=out, flush=True)
-        else:
-            shutil.rmtree(temp_dir, ignore_errors=True)
+                operator.terminate()
+            try:
+                cluster.stop()
+            finally:  # a cluster that did not stop cleanly must not orphan the operator
+                if operator is not None:
+                    operator.stop()
+                if args.keep:
+                    print(f"kelastic: pod logs kept in {temp_dir}/pods", file=out, flush=True)
+                else:
+                    shutil.rmtree(temp_dir, ignore_errors=True)
     return _summarize(
-        waited, outcomes, pods, time.monotonic() - started, end, operator_tail, args, out, timeline.lines()
+        waited,
+        outcomes,
+        pods,
+        time.monotonic() - started,
+        end,
+        operator_tail,
+        args,
+        out,
+        timeline.lines(),
+        signum=stopper.signal or signal.SIGINT,
     )
 
 
@@ -586,6 +672,7 @@ def _summarize(
     args: argparse.Namespace,
     out: TextIO,
     job_lines: Sequence[str] = (),
+    signum: int = signal.SIGINT,
 ) -> int:
     print("kelastic: summary", file=out)
     width = max((len(_describe(o)) for o in waited), default=0)
@@ -618,7 +705,7 @@ def _summarize(
         print(f"kelastic: {verdict} in {elapsed:.1f}s", file=out)
     out.flush()
     if end is RunEnd.INTERRUPTED:
-        return 130  # the shell convention for "stopped by a signal"
+        return exit_code(signum)  # the shell convention for "stopped by a signal"
     return 0 if ok else 1
 
 
