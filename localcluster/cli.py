@@ -342,6 +342,17 @@ def _control_plane_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _stop_all(cluster: LocalCluster, operator: _Operator | None) -> None:
+    """Stop the operator and the cluster side by side; the operator even when the cluster fails to stop."""
+    if operator is not None:
+        operator.terminate()
+    try:
+        cluster.stop()
+    finally:  # a cluster that did not stop cleanly must not orphan the operator
+        if operator is not None:
+            operator.stop()
+
+
 # -- up -------------------------------------------------------------------------------
 def cmd_up(args: argparse.Namespace) -> int:
     out = sys.stdout
@@ -399,14 +410,9 @@ def cmd_up(args: argparse.Namespace) -> int:
                     reported = True
             print("kelastic: stopping", file=out, flush=True)
         finally:
-            # The operator and the cluster wind down side by side.
-            if operator is not None:
-                operator.terminate()
             try:
-                cluster.stop()
-            finally:  # a cluster that did not stop cleanly must not orphan the operator
-                if operator is not None:
-                    operator.stop()
+                _stop_all(cluster, operator)
+            finally:
                 if temp_dir is not None:
                     shutil.rmtree(temp_dir, ignore_errors=True)
                 print("kelastic: stopped", file=out, flush=True)
@@ -628,13 +634,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                         + "\n".join(f"    {line}" for line in lines)
                     )
         finally:
-            if operator is not None:
-                operator.terminate()
             try:
-                cluster.stop()
-            finally:  # a cluster that did not stop cleanly must not orphan the operator
-                if operator is not None:
-                    operator.stop()
+                _stop_all(cluster, operator)
+            finally:
                 if args.keep:
                     print(f"kelastic: pod logs kept in {temp_dir}/pods", file=out, flush=True)
                 else:
