@@ -59,7 +59,7 @@ from typing import Any
 from .client import ApiClient, ApiRequestError, Informer
 from .images import ImageMap, mount_table, relocate
 from .ipam import POD_NETWORK, IpAllocator, IpExhaustedError
-from .podenv import ContainerConfigError, PodContext, resolve_command, resolve_env
+from .podenv import ContainerConfigError, PodContext, resolve_command, resolve_env, without_credentials
 from .podstatus import (
     ContainerRecord,
     ContainerState,
@@ -473,8 +473,19 @@ class PodWorker:
         log_path = self.pod_dir / c.name / f"{rec.restart_count}.log"
         message_path = message_file(self.pod_dir / c.name, rec.restart_count)
         # The container's terminationMessagePath, mapped to a file of its own on this host.
+        # Not this process's kubeconfig, nor ~/.kube/config (the clients' fallback): a
+        # pod without service-account credentials gets an empty one unless it sets its own.
+        no_credentials = {
+            "KUBECONFIG": str(write_empty_kubeconfig(self.pod_dir / "no-credentials.kubeconfig"))
+        }
         env = config.images.environment(
-            c.spec, {**config.base_env, **defined, ENV_TERMINATION_MESSAGE_PATH: str(message_path)}
+            c.spec,
+            {
+                **without_credentials(config.base_env),
+                **no_credentials,
+                **defined,
+                ENV_TERMINATION_MESSAGE_PATH: str(message_path),
+            },
         )
         c.log_path, c.message_path = log_path, message_path
         try:
@@ -1165,6 +1176,15 @@ class Kubelet:
 def micro_time(t: float) -> str:
     """A ``MicroTime`` (RFC 3339 with microseconds), as Lease ``renewTime`` requires."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
+
+
+def write_empty_kubeconfig(path: Path) -> Path:
+    """A kubeconfig with no cluster and no user (clients that read it fail saying so)."""
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        empty = {"apiVersion": "v1", "kind": "Config", "clusters": [], "contexts": [], "users": []}
+        path.write_text(json.dumps(empty) + "\n")
+    return path
 
 
 def write_token_kubeconfig(path: Path, server: str, token: str, ca_file: Path | None, namespace: str) -> None:

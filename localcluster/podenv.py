@@ -42,6 +42,7 @@ __all__ = [
     "python_or",
     "resolve_command",
     "resolve_env",
+    "without_credentials",
 ]
 
 # Names that mean "the Python of this environment" in a container's argv[0].
@@ -226,6 +227,17 @@ def resolve_env(pod: Mapping[str, Any], container: Mapping[str, Any], ctx: PodCo
         if value is not None:
             env[name] = value
     return env
+
+
+def without_credentials(environ: Mapping[str, str]) -> dict[str, str]:
+    """The kubelet's environment minus what names its own cluster and identity.
+
+    Containers start from the environment of ``kelastic local`` (they run in its
+    Python environment), but its ``KUBECONFIG`` (often an admin one, perhaps of a
+    real cluster) and the ``KUBERNETES_*`` variables of a cluster it may itself run
+    in are not the pod's: a pod gets only the credentials its spec asks for.
+    """
+    return {k: v for k, v in environ.items() if k != "KUBECONFIG" and not k.startswith("KUBERNETES_")}
 
 
 def resolve_command(container: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:

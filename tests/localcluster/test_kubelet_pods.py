@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -553,3 +555,50 @@ def test_host_network_pods_get_the_node_address(kubectl: Kubectl) -> None:
     )
     wait_for(lambda: _phase(kubectl, "hostnet") == "Succeeded", 20, "pod hostnet to succeed")
     assert _pod(kubectl, "hostnet")["status"]["podIP"] == "127.0.0.1"
+
+
+ENV_REPORT = (
+    "import json, os, sys\n"
+    "path = os.environ.get('KUBECONFIG', '')\n"
+    "users = json.load(open(path)).get('users') if path and os.path.isfile(path) else None\n"
+    "print(json.dumps({'kubeconfig': path, 'users': users,"
+    " 'kubernetes': sorted(k for k in os.environ if k.startswith('KUBERNETES_'))}))\n"
+)
+
+
+def test_a_pod_gets_no_credentials_of_the_kelastic_process(tmp_path: Path) -> None:
+    # kelastic local started with an admin kubeconfig and inside some cluster: none of it reaches pods.
+    parent = tmp_path / "admin.kubeconfig"
+    parent.write_text('{"users": [{"name": "admin", "user": {"token": "secret"}}]}')
+    local = LocalCluster(tmp_path / "data", workdir=tmp_path)
+    local.kubelet_config.base_env = {
+        **os.environ,
+        "KUBECONFIG": str(parent),
+        "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+        "KUBERNETES_SERVICE_PORT": "443",
+    }
+    with local:
+        kubectl = Kubectl(local.kubeconfig)
+        for name, env in (("bare", []), ("own", [{"name": "KUBECONFIG", "value": "/etc/own.kubeconfig"}])):
+            kubectl.apply_object(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": name},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {"name": "c", "image": "x", "command": ["python", "-c", ENV_REPORT], "env": env}
+                        ],
+                    },
+                }
+            )
+        for name in ("bare", "own"):
+            wait_for(lambda n=name: _phase(kubectl, n) == "Succeeded", 30, f"pod {name} to succeed")
+        bare = json.loads(kubectl("logs", "bare"))
+        own = json.loads(kubectl("logs", "own"))
+    assert bare["kubeconfig"] != str(parent) and bare["users"] == [], (
+        bare
+    )  # empty: no ~/.kube/config fallback
+    assert bare["kubernetes"] == [], bare
+    assert own["kubeconfig"] == "/etc/own.kubeconfig", own  # what the spec gives is kept
