@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -63,6 +64,12 @@ def peak_rss_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def own_cpu_seconds() -> float:
+    """User + system CPU of this process, all threads (the in-process API server's share)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 #: User-Agent prefixes of the operator's requests: its own client, and kopf's (list, watch).
@@ -255,6 +262,7 @@ def main() -> int:
             [job(f"bench-{i:04d}", args.pods, args.agent) for i in range(args.jobs)]
         )
         cpu0 = cpu_seconds(operator.pid)
+        server_cpu0 = own_cpu_seconds()
         requests0 = requests.snapshot()
         t0 = time.monotonic()
         kubectl(kubeconfig, "apply", "-f", "-", input=manifest)
@@ -302,6 +310,7 @@ def main() -> int:
             )
             t_running = time.monotonic() - t0
         cpu_burst = cpu_seconds(operator.pid) - cpu0
+        server_cpu = own_cpu_seconds() - server_cpu0
         burst_requests = requests.snapshot() - requests0
         cpu1 = cpu_seconds(operator.pid)
         requests1 = requests.snapshot()
@@ -332,6 +341,9 @@ def main() -> int:
         print(
             f"  operator CPU for the burst  : {cpu_burst:.2f} s = {1000 * cpu_burst / args.jobs:.1f} ms per job"
         )
+        print(
+            f"  API server CPU, burst       : {server_cpu:.2f} s (the in-process API server and this benchmark's polls)"
+        )
         print(f"  operator CPU while idle     : {cpu_idle:.2f} s over {args.idle:.0f} s = "
               f"{1000 * cpu_idle / args.jobs * 60 / args.idle:.1f} ms per job per minute")  # fmt: skip
         print(f"  operator peak memory (RSS)  : {rss:.0f} MiB")
@@ -343,6 +355,7 @@ def main() -> int:
               + (f" ({', '.join(f'{v} {r} {n}' for (v, r), n in idle_requests.most_common(4))})" if n_idle else ""))  # fmt: skip
         print(json.dumps({"jobs": args.jobs, "pods_per_job": args.pods, "all_pods_s": round(t_pods, 3),
                           "status_s": round(t_status, 3), "cpu_per_job_ms": round(1000 * cpu_burst / args.jobs, 2),
+                          "server_cpu_s": round(server_cpu, 2),
                           "idle_cpu_per_job_per_min_ms": round(1000 * cpu_idle / args.jobs * 60 / args.idle, 2),
                           "peak_rss_mib": round(rss, 1), "requests_per_job": round(n_burst / args.jobs, 2),
                           "idle_requests_per_job_per_min": round(n_idle / args.jobs * 60 / args.idle, 3)}))  # fmt: skip

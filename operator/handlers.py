@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
@@ -35,7 +36,7 @@ from kelastic.operator.leader import LeaderElector
 from kelastic.operator.observed import PodView, ServiceView, pod_view, service_view
 from kelastic.operator.spec import GROUP, PLURAL, VERSION
 
-__all__ = ["OWNED_SELECTOR", "build_registry", "configure_settings"]
+__all__ = ["OWNED_SELECTOR", "NoDiffBase", "build_registry", "configure_settings"]
 
 #: The server-side selector of the pods and Services the operator owns (label exists).
 OWNED_SELECTOR = contract.LABEL_JOB_NAME
@@ -43,8 +44,31 @@ OWNED_SELECTOR = contract.LABEL_JOB_NAME
 OWNED_KINDS = (("v1", "pods"), ("v1", "services"))
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """A diff base that keeps nothing: kelastic-operator has no change-detecting handlers.
+
+    kopf builds every watched object's "essence" (a deep copy of the body less its
+    metadata and status) at each event, for ``on.create``/``on.update`` diffs, even
+    when no such handler exists. Every handler here is ``on.event`` or an index, which
+    never read it: at 1,000 jobs of 8 pods the copies were about a tenth of the
+    operator's CPU. Nothing is stored on the objects either.
+    """
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[kopf.FieldSpec] | None = None
+    ) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 def configure_settings(settings: kopf.OperatorSettings, *, cluster_wide: bool) -> None:
     """The kopf settings of kelastic-operator (applied at startup, before any watch starts)."""
+    settings.persistence.diffbase_storage = NoDiffBase()
     # Our own Events say what happened; kopf's would repeat each handler run.
     settings.posting.level = logging.ERROR
     settings.watching.server_timeout = 300

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import date, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -46,6 +47,19 @@ def load_configuration(kubeconfig: str | None = None, context: str | None = None
     return cfg
 
 
+def _json_default(value: Any) -> str:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def encode_body(body: Any) -> bytes:
+    """A request body as JSON bytes (datetimes as ISO 8601, as the official client writes them)."""
+    if isinstance(body, bytes):
+        return body
+    return json.dumps(body, default=_json_default, separators=(",", ":")).encode()
+
+
 class Kube:
     """JSON-over-HTTP access to the handful of endpoints the operator writes to."""
 
@@ -75,33 +89,43 @@ class Kube:
         self, method: str, path: str, body: Any, content_type: str, query: Mapping[str, str] | None
     ) -> tuple[int, Any, str]:
         headers = {"Accept": "application/json, */*", "Content-Type": content_type}
-        m, url, hdrs, data, _ = self._api.param_serialize(
+        # The client only resolves the URL and the credentials: a body is encoded here, once,
+        # by the C encoder. Its own path walks the body in Python (sanitize_for_serialization)
+        # before encoding it, about a quarter of a millisecond per pod manifest: at 1,000 jobs
+        # of 8 pods, seconds of the operator's CPU.
+        m, url, hdrs, _, _ = self._api.param_serialize(
             method,
             path,
             query_params=list((query or {}).items()),
             header_params=headers,
-            body=body,
             auth_settings=["BearerToken"],
         )
         try:
-            resp = self._api.call_api(m, url, header_params=hdrs, body=data, _request_timeout=self._timeout)
+            if body is None:
+                answer = self._api.call_api(m, url, header_params=hdrs, _request_timeout=self._timeout)
+                status, reason, raw = int(answer.status), str(answer.reason), answer.read()
+            else:
+                resp = self._api.rest_client.pool_manager.request(
+                    m,
+                    url,
+                    body=encode_body(body),
+                    headers=hdrs,
+                    timeout=urllib3.Timeout(total=self._timeout),
+                )
+                status, reason, raw = int(resp.status), str(resp.reason), resp.data
         except client.ApiException as exc:
             raise ApiError(int(exc.status or 0), str(exc.reason or "error"), str(exc.body or exc)) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ApiError(
                 0, "Unreachable", f"{method} {path}: the API server did not answer: {exc}"
             ) from None
-        status = int(resp.status)
-        raw = resp.read()
         if status >= 400:
             try:
                 decoded = json.loads(raw)
             except ValueError:
                 decoded = {}
-            raise ApiError(
-                status, str(decoded.get("reason") or resp.reason), str(decoded.get("message") or raw)
-            )
-        return status, raw, str(resp.reason)
+            raise ApiError(status, str(decoded.get("reason") or reason), str(decoded.get("message") or raw))
+        return status, raw, reason
 
     def request(
         self,

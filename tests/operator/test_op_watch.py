@@ -23,7 +23,7 @@ import pytest
 from kelastic.agent import contract
 from kelastic.operator.cli import _connection_info
 from kelastic.operator.controller import Controller
-from kelastic.operator.handlers import OWNED_SELECTOR, build_registry, configure_settings
+from kelastic.operator.handlers import OWNED_SELECTOR, NoDiffBase, build_registry, configure_settings
 from kelastic.operator.kube import Kube, load_configuration
 from kelastic.operator.store_client import StoreClient
 
@@ -159,6 +159,16 @@ def test_settings_filter_owned_kinds_on_the_server_and_scan_only_cluster_wide() 
     settings = kopf.OperatorSettings()
     configure_settings(settings, cluster_wide=True)
     assert settings.scanning.disabled is False
+
+
+def test_kopf_keeps_no_diff_base_of_the_watched_objects() -> None:
+    # Only on.event handlers and indexes: kopf's per-event deep copy of each body is waste.
+    settings = kopf.OperatorSettings()
+    configure_settings(settings, cluster_wide=False)
+    storage = settings.persistence.diffbase_storage
+    assert isinstance(storage, NoDiffBase)
+    pod = kopf.Body({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"x": [1]}})
+    assert storage.build(body=pod) == {} and storage.fetch(body=pod) is None
 
 
 def test_namespaced_operator_never_lists_namespaces_or_crds_and_pods_are_filtered_by_the_server(
