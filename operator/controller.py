@@ -66,7 +66,7 @@ from kelastic.operator.reconcile import (
     ReconcileConfig,
     reconcile,
 )
-from kelastic.operator.spec import API_VERSION, KIND, Job, SpecError, parse_job
+from kelastic.operator.spec import API_VERSION, KIND, Job, parse_job
 from kelastic.operator.status import TERMINAL_PHASES, merge_patch
 from kelastic.operator.store_client import StoreClient
 from kelastic.operator.workqueue import WorkQueue
@@ -173,8 +173,10 @@ class Controller:
         self._bodies: dict[JobKey, dict[str, Any]] = {}  # the newest ElasticJob seen (watch or write)
         self._change_failed: set[JobKey] = set()  # jobs whose last pass had a create/delete fail
         self._passed_at: dict[JobKey, float] = {}  # when the last pass of a job started (monotonic)
-        #: Per job: the generation whose pod template the API server judged, and its verdict.
-        self._template_checks: dict[JobKey, tuple[int, SpecError | None]] = {}
+        #: The API server's verdict on each job's pod template, once per generation.
+        self.templates = validation.TemplateChecker(
+            self.kube.dry_run_create, self._io, self.options.reconcile.build
+        )
         self._to_publish: dict[JobKey, PublishMembership] = {}
         #: Pods created by this operator and not yet seen by the watch: name -> (when, view).
         self._created: dict[JobKey, dict[str, tuple[float, PodView]]] = {}
@@ -190,7 +192,12 @@ class Controller:
         self._background: set[asyncio.Task[Any]] = set()
         self._stopping = False
         #: Counters for tests, benchmarks and logs.
-        self.stats: dict[str, int] = {"reconciles": 0, "api_calls": 0, "errors": 0, "job_reads": 0}
+        self.stats: dict[str, int] = {
+            "reconciles": 0,
+            "api_calls": 0,
+            "errors": 0,
+            "job_reads": 0,
+        }
         self.events = EventRecorder(
             lambda ns, body: self._io(self.kube.create, ns, "events", body),
             lambda ns, name, patch: self._io(self.kube.patch, ns, "events", name, patch),
@@ -252,7 +259,7 @@ class Controller:
         self._stores.pop(key, None)
         self.queue.discard(key)
         self._passed_at.pop(key, None)
-        self._template_checks.pop(key, None)
+        self.templates.forget(key)
         self._logged_membership.pop(key, None)
         self._created.pop(key, None)
         self.metrics.job_removed(key)
@@ -339,7 +346,7 @@ class Controller:
         pods = self._with_expected(key, list(self._pods_index.get(key, ())))
         services = list(self._services_index.get(key, ()))
         pods = await self._with_failure_logs(namespace, pods)
-        job = await self._with_template_check(key, parse_job(body))
+        job = await self.templates.check(parse_job(body))
         rdzv = await self._read_rendezvous(key, job, pods)
         original_status = dict(body.get("status") or {})
         decision: Decision | None = None
@@ -375,34 +382,6 @@ class Controller:
             restarts=decision.status.get("restarts"),
         )
         return decision
-
-    async def _with_template_check(self, key: JobKey, job: Job) -> Job:
-        """``job``, made invalid when the API server refuses its pod template (checked once per generation)."""
-        if job.spec is None or job.deleting or job.status.get("phase") in {p.value for p in TERMINAL_PHASES}:
-            return job
-        checked = self._template_checks.get(key)
-        if checked is None or checked[0] != job.meta.generation:
-            manifest = builders.worker_pod(
-                job, 0, endpoint="127.0.0.1:1", config=self.options.reconcile.build
-            )
-            # A name no real pod has: a running worker-0 would make the dry run a 409.
-            manifest["metadata"]["name"] = f"{job.meta.name}-template-check"
-
-            def dry_run() -> dict[str, Any]:
-                return self.kube.dry_run_create(job.meta.namespace, "pods", manifest)
-
-            try:
-                error = await self._io(validation.pod_error, manifest, dry_run, ApiError, lambda e: e.status)
-            except ApiError as err:
-                # Not the template's fault (unreachable, forbidden, quota): pod creation reports it.
-                if err.status == 0:
-                    raise  # no pods before a verdict: this pass is retried
-                job_log(key, logging.INFO, f"could not validate the pod template: {err}")
-                error = None
-            checked = self._template_checks[key] = (job.meta.generation, error)
-        if checked[1] is None:
-            return job
-        return replace(job, spec=None, error=checked[1])
 
     def _with_expected(self, key: JobKey, pods: list[PodView]) -> list[PodView]:
         """``pods`` plus the pods this operator created that the watch has not delivered yet.
