@@ -76,6 +76,7 @@ from .podstatus import (
 )
 from .probes import ProbeResult, ProbeSpec, ProbeTracker, run_probe
 from .runtime import ContainerProcess, ExitStatus, spawn
+from .satokens import DEFAULT_EXPIRATION_S, IssuedToken, issued_token, refresh_due, write_atomically
 from .termination import ENV_TERMINATION_MESSAGE_PATH, message_file, read_termination_message
 from .volumes import mount_env, prepare_volumes, token_key
 
@@ -93,6 +94,10 @@ STATUS_RETRY_S = 1.0
 AUTHORIZER_GRACE_S = 10.0
 #: Where Kubernetes mounts a pod's service-account credentials.
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+#: The kubeconfig (in the pod's directory) that hands a container its service-account token.
+SERVICE_ACCOUNT_KUBECONFIG = "serviceaccount.kubeconfig"
+#: Seconds before a refused token refresh is tried again (the old token is still valid).
+TOKEN_RETRY_S = 10.0
 #: The node Lease's duration, as a real kubelet sets it.
 LEASE_DURATION_S = 40
 
@@ -186,6 +191,8 @@ class PodWorker:
         self.start_time: float | None = None
         self.last_status: dict[str, Any] | None = None
         self.volumes: dict[str, Path] = {}
+        #: The projected service-account tokens written into ``volumes``, by token_key.
+        self.tokens: dict[str, IssuedToken] = {}
         self.volume_error = ""
         self.facts_reason = ""
         self.facts_message = ""
@@ -266,11 +273,58 @@ class PodWorker:
                 return
             if pod["spec"].get("nodeName") == self.kubelet.config.node_name:
                 due = await self._sync(pod)
+                refresh = await self.refresh_tokens(pod)
+                due = refresh if due is None else due if refresh is None else min(due, refresh)
             else:
                 due = None
             timeout = None if due is None else max(0.0, due - time.time())
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout)
+
+    async def refresh_tokens(self, pod: Mapping[str, Any], now: float | None = None) -> float | None:
+        """Replace the tokens that are due (see :mod:`~kelastic.localcluster.satokens`); when to look next.
+
+        The token file is rewritten in place (atomically), and so is the container's
+        service-account kubeconfig that carries it. A refused request keeps the old
+        token (still valid for a fifth of its life) and is retried shortly.
+        """
+        now = time.time() if now is None else now
+        sources = {
+            token_key(
+                str(vol.get("name", "")), str((src["serviceAccountToken"] or {}).get("path", "token"))
+            ): src["serviceAccountToken"] or {}
+            for vol in pod["spec"].get("volumes") or []
+            for src in (vol.get("projected") or {}).get("sources") or []
+            if "serviceAccountToken" in src
+        }
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            return None  # no container will run again to read them
+        upcoming: list[float] = []
+        for key, old in list(self.tokens.items()):
+            directory = self.volumes.get(old.volume)
+            if key not in sources or directory is None:
+                continue  # nowhere to write it
+            if not refresh_due(old, now):
+                upcoming.append(old.refresh_at)
+                continue
+            try:
+                new = await self.kubelet.request_token(pod, old.volume, sources[key])
+                write_atomically(directory / old.path, new.token, 0o644)
+                kubeconfig = self.pod_dir / SERVICE_ACCOUNT_KUBECONFIG
+                if kubeconfig.is_file():
+                    rewrite_token_kubeconfig(kubeconfig, old.token, new.token)
+            except (ApiRequestError, OSError) as exc:
+                log.warning(
+                    "could not refresh the service-account token of pod %s volume %s: %s",
+                    self.key,
+                    old.volume,
+                    exc,
+                )
+                upcoming.append(now + TOKEN_RETRY_S)
+                continue
+            self.tokens[key] = new
+            upcoming.append(max(new.refresh_at, now + TOKEN_RETRY_S))
+        return min(upcoming, default=None)
 
     def _load(self, pod: Mapping[str, Any]) -> None:
         """Build container state, carrying over what a previous kubelet reported."""
@@ -423,13 +477,13 @@ class PodWorker:
         try:
             configmaps, secrets = await self.kubelet.fetch_sources(self.namespace, pod, c.spec)
             if not self.volumes:
-                tokens = await self.kubelet.fetch_tokens(pod)
+                self.tokens = await self.kubelet.fetch_tokens(pod)
                 self.volumes = prepare_volumes(
                     pod,
                     self.pod_dir,
                     configmaps,
                     secrets,
-                    tokens,
+                    {key: issued.token for key, issued in self.tokens.items()},
                     claims_dir=config.data_dir / "claims" / self.namespace,
                 )
             provided = {
@@ -864,42 +918,47 @@ class Kubelet:
                 found[resource][name] = dict(obj.get("data") or {})
         return found["configmaps"], found["secrets"]
 
-    async def fetch_tokens(self, pod: Mapping[str, Any]) -> dict[str, str]:
-        """Tokens for the pod's projected ``serviceAccountToken`` sources, by :func:`token_key`.
+    async def fetch_tokens(self, pod: Mapping[str, Any]) -> dict[str, IssuedToken]:
+        """Tokens for the pod's projected ``serviceAccountToken`` sources, by :func:`token_key`."""
+        tokens: dict[str, IssuedToken] = {}
+        for vol in (pod.get("spec") or {}).get("volumes") or []:
+            for source in (vol.get("projected") or {}).get("sources") or []:
+                request = source.get("serviceAccountToken")
+                if request is not None:
+                    issued = await self.request_token(pod, str(vol.get("name", "")), request)
+                    tokens[token_key(issued.volume, issued.path)] = issued
+        return tokens
+
+    async def request_token(
+        self, pod: Mapping[str, Any], volume: str, request: Mapping[str, Any]
+    ) -> IssuedToken:
+        """A token for one ``serviceAccountToken`` source of ``pod``'s ``volume``.
 
         Requested through the ServiceAccount's ``token`` subresource (TokenRequest),
         bound to the pod like a real kubelet's, so they die with it.
         """
         meta = pod.get("metadata") or {}
-        spec = pod.get("spec") or {}
         namespace = meta.get("namespace", "default")
-        account = spec.get("serviceAccountName") or "default"
-        tokens: dict[str, str] = {}
-        for vol in spec.get("volumes") or []:
-            for source in (vol.get("projected") or {}).get("sources") or []:
-                request = source.get("serviceAccountToken")
-                if request is None:
-                    continue
-                body: dict[str, Any] = {
-                    "apiVersion": "authentication.k8s.io/v1",
-                    "kind": "TokenRequest",
-                    "spec": {
-                        "audiences": [request["audience"]] if request.get("audience") else [],
-                        "expirationSeconds": int(request.get("expirationSeconds") or 3607),
-                        "boundObjectRef": {
-                            "apiVersion": "v1",
-                            "kind": "Pod",
-                            "name": meta.get("name"),
-                            "uid": meta.get("uid"),
-                        },
-                    },
-                }
-                answer = await self.client.post(
-                    f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token", body
-                )
-                token = str((answer.get("status") or {}).get("token", ""))
-                tokens[token_key(vol.get("name", ""), str(request.get("path", "token")))] = token
-        return tokens
+        account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+        seconds = int(request.get("expirationSeconds") or DEFAULT_EXPIRATION_S)
+        body: dict[str, Any] = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": [request["audience"]] if request.get("audience") else [],
+                "expirationSeconds": seconds,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": meta.get("name"),
+                    "uid": meta.get("uid"),
+                },
+            },
+        }
+        answer = await self.client.post(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token", body
+        )
+        return issued_token(volume, str(request.get("path", "token")), answer, seconds, time.time())
 
     def in_cluster_env(
         self, pod: Mapping[str, Any], container: Mapping[str, Any], volumes: Mapping[str, Path], pod_dir: Path
@@ -932,7 +991,7 @@ class Kubelet:
             token_file, ca_file = source / "token", source / "ca.crt"
             if not token_file.is_file():
                 break
-            kubeconfig = pod_dir / "serviceaccount.kubeconfig"
+            kubeconfig = pod_dir / SERVICE_ACCOUNT_KUBECONFIG
             write_token_kubeconfig(
                 kubeconfig,
                 self.config.api_url,
@@ -1206,6 +1265,13 @@ def write_token_kubeconfig(path: Path, server: str, token: str, ca_file: Path | 
         "current-context": "in-cluster",
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(config, f, indent=1)
+    write_atomically(path, json.dumps(config, indent=1))
+
+
+def rewrite_token_kubeconfig(path: Path, old: str, new: str) -> None:
+    """Put token ``new`` in place of ``old`` in a kubeconfig of :func:`write_token_kubeconfig`."""
+    config = json.loads(path.read_text())
+    for user in config.get("users") or []:
+        if (user.get("user") or {}).get("token") == old:
+            user["user"]["token"] = new
+    write_atomically(path, json.dumps(config, indent=1))

@@ -122,6 +122,76 @@ def test_a_pod_runs_as_its_service_account_and_its_logs_are_served(cp_cluster: L
     kubectl(cp_cluster, "delete", "pod", "whoami", "--wait=true", "--timeout=60s")
 
 
+def test_a_projected_token_is_rewritten_before_it_expires(cp_cluster: LocalCluster) -> None:
+    # The API server grants 600 s at least: the kubelet's clock is moved forward instead of waiting.
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "token-holder", "namespace": "default"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "python",
+                    "command": ["python", "-c", "import time; time.sleep(600)"],
+                    "volumeMounts": [
+                        {"name": "sa", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}
+                    ],
+                }
+            ],
+            "volumes": [
+                {
+                    "name": "sa",
+                    "projected": {
+                        "sources": [
+                            {"serviceAccountToken": {"path": "token", "expirationSeconds": 600}},
+                            {
+                                "configMap": {
+                                    "name": "kube-root-ca.crt",
+                                    "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                                }
+                            },
+                        ]
+                    },
+                }
+            ],
+        },
+    }
+    kubectl(cp_cluster, "apply", "-f", "-", stdin=json.dumps(pod))
+    wait(
+        "pod token-holder to run",
+        lambda: get(cp_cluster, "pod", "token-holder")["status"].get("phase") == "Running",
+    )
+    uid = get(cp_cluster, "pod", "token-holder")["metadata"]["uid"]
+    assert cp_cluster.kubelet is not None
+    worker = cp_cluster.kubelet.workers[uid]
+    current = cp_cluster.kubelet.pods[worker.key]
+    (issued,) = worker.tokens.values()
+    assert issued.expiration_seconds == 600
+    token_file = worker.volumes["sa"] / "token"
+    kubeconfig = worker.pod_dir / "serviceaccount.kubeconfig"
+    first = token_file.read_text()
+    assert first == issued.token and first in kubeconfig.read_text()
+
+    # Half-way: nothing to do; the next look is due at 80 %.
+    due = cp_cluster.call(worker.refresh_tokens(current, now=issued.issued_at + 300))
+    assert due == issued.refresh_at == issued.issued_at + 480
+    assert token_file.read_text() == first
+    # At 81 %: a new token, in the file and in the container's kubeconfig, and it authenticates.
+    cp_cluster.call(worker.refresh_tokens(current, now=issued.issued_at + 486))
+    second = token_file.read_text()
+    assert second != first and worker.tokens[next(iter(worker.tokens))].token == second
+    config = json.loads(kubeconfig.read_text())
+    assert config["users"][0]["user"]["token"] == second
+    request = urllib.request.Request(
+        cp_cluster.url + "/apis/authentication.k8s.io/v1", headers={"Authorization": f"Bearer {second}"}
+    )
+    assert cp_cluster.control_plane is not None
+    with urllib.request.urlopen(request, timeout=30, context=cp_cluster.control_plane.ssl_context()) as resp:
+        assert resp.status == 200  # 401 for a token the API server does not take
+    kubectl(cp_cluster, "delete", "pod", "token-holder", "--grace-period=1", "--wait=true", "--timeout=60s")
+
+
 def test_services_reach_pods_through_the_controller_managers_endpoint_slices(
     cp_cluster: LocalCluster,
 ) -> None:
