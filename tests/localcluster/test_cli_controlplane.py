@@ -6,6 +6,7 @@ the ``control_plane_bin`` fixture; skipped with a reason without them).
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -134,6 +135,29 @@ def test_a_signal_while_the_control_plane_starts_stops_it_at_once(
     assert took < 15, f"took {took:.1f} s to stop"  # not a benchmark: the start-up alone takes longer
     assert not any("kelastic local is up" in line for line in cli.lines), cli.lines
     assert any("while starting: stopping what was started" in line for line in cli.lines), cli.lines
+
+
+def test_run_stopped_while_starting_exits_143_on_sigterm(control_plane_bin: Path, tmp_path: Path) -> None:
+    manifest = tmp_path / "pod.json"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "never-started"},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x", "command": ["true"]}]},
+    }
+    manifest.write_text(json.dumps(pod))
+    with _kelastic(
+        ["local", "run", str(manifest), "--control-plane", str(control_plane_bin)], tmp_path
+    ) as cli:
+        cli.wait_line(lambda line: "etcd healthy after" in line, 60, "etcd healthy")
+        sent = time.monotonic()
+        cli.proc.send_signal(signal.SIGTERM)
+        code = cli.finish(30)
+        took = time.monotonic() - sent
+    assert code == 143, cli.lines
+    assert took < 15, f"took {took:.1f} s to stop"
+    assert any("interrupted; everything was stopped" in line for line in cli.lines), cli.lines
+    assert not any("applied" in line and "object(s)" in line for line in cli.lines), cli.lines
 
 
 def test_a_signal_while_the_chart_installs_stops_everything(control_plane_bin: Path, tmp_path: Path) -> None:
