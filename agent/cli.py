@@ -34,12 +34,14 @@ import shutil
 import signal
 import socket
 import sys
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kelastic.agent import contract, warm
+from kelastic.agent.events import Event, EventMetadataValue, EventSink, EventSource, default_sink, record
 from kelastic.agent.multiprocessing import Std
 
 __all__ = ["LaunchConfig", "build_parser", "config_from_args", "main", "parse_nnodes", "parse_nproc_per_node"]
@@ -377,20 +379,62 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
 # --- running --------------------------------------------------------------------------------------
 
 
+def process_started_at() -> float | None:
+    """When this process was created (epoch seconds, to the kernel's clock tick), or None
+    where ``/proc`` does not tell (not Linux). Counts the interpreter's start-up and every
+    import before the agent's first line, which a timestamp taken in Python would miss."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            # Field 22 (starttime, ticks after boot); the command name in (...) may hold spaces.
+            ticks = int(f.read().rpartition(")")[2].split()[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - max(0.0, age)
+
+
+def _startup_event(sink: EventSink, name: str, **metadata: EventMetadataValue) -> None:
+    """An agent event before the agent exists (same metadata keys as the agent's own)."""
+    node = os.environ.get(contract.ENV_NODE_NAME) or socket.gethostname()
+    record(
+        Event(name=name, source=EventSource.AGENT, metadata={"node": node, "pid": os.getpid(), **metadata}),
+        sink,
+    )
+
+
 def run(config: LaunchConfig) -> int:
     """Run the agent for ``config``; return the process exit status."""
     if config.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
         # as torchrun does: several ranks per node must not each use every core
         os.environ["OMP_NUM_THREADS"] = "1"
-    if config.start_method == "forkserver":
-        # Start the fork server's imports now, in parallel with the agent's own import of torch.
-        warm.prewarm_forkserver()
-    from torch.distributed.elastic.rendezvous import RendezvousError
+    sink = default_sink()
+    _startup_event(sink, "kelastic.agent.started", process_start=process_started_at())
+    began = time.monotonic()
+    forked = False
+    try:
+        if config.start_method == "forkserver":
+            # The agent needs torch anyway: import it once, then fork the fork server from
+            # here, while this process still runs a single thread (see kelastic.agent.warm).
+            forked = warm.fork_forkserver()
+        from torch.distributed.elastic.rendezvous import RendezvousError
 
-    from kelastic.agent.launch import launch_agent
-    from kelastic.agent.multiprocessing import SignalException, install_signal_handlers
-    from kelastic.agent.summary import format_failure_summary
+        from kelastic.agent.launch import launch_agent
+        from kelastic.agent.multiprocessing import SignalException, install_signal_handlers
+        from kelastic.agent.summary import format_failure_summary
+    except ImportError as e:  # torch is there (the launcher checked) but does not import
+        print(
+            f"kelastic-agent: {sys.executable} cannot import torch.distributed: {e}. "
+            "Install a PyTorch build with distributed support in this image.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
 
+    _startup_event(
+        sink, "kelastic.agent.torch_imported", seconds=round(time.monotonic() - began, 3), warm_forked=forked
+    )
     # From here on SIGTERM & co. raise SignalException, so workers are stopped with the same signal.
     install_signal_handlers()
     try:

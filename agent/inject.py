@@ -42,10 +42,11 @@ where = "this image's Python (" + sys.executable + ", " + sys.version.split()[0]
 if sys.version_info < (3, 10):
     sys.exit("kelastic-agent: " + where + " is too old: the injected agent needs Python 3.10 or newer. "
              "Use a worker image with a newer Python.")
-try:
-    import torch  # noqa: F401
-except ImportError as exc:
-    sys.exit("kelastic-agent: " + where + " cannot import torch (" + str(exc) + "). "
+# Only looked up, not imported: the agent imports torch itself a moment later (once: its
+# fork server is a fork of it), and an import here would be a second one on every start.
+from importlib.util import find_spec
+if find_spec("torch") is None:
+    sys.exit("kelastic-agent: " + where + " cannot import torch (no module named 'torch'). "
              "The worker image needs PyTorch installed; kelastic brings everything else.")
 sys.path.insert(0, lib)
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (lib, os.environ.get("PYTHONPATH")) if p)

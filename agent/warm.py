@@ -9,6 +9,14 @@ still going on), has it import :data:`PRELOAD`, and every worker start is a
 :func:`run_module` for ``-m``), i.e. ``runpy`` with ``__name__ == "__main__"``,
 ``sys.argv`` and ``sys.path[0]`` as ``python`` would set them.
 
+``kelastic-agent`` imports torch itself (its rendezvous needs it), so rather than have
+a second interpreter import it again, :func:`fork_forkserver` makes the fork server a
+``fork`` of the agent taken right after that import, while the agent still runs a single
+thread: one ``import torch`` per node instead of two, and the server is ready the
+moment the agent is. Where that cannot be done safely (another thread already runs, a
+Python whose fork server works differently) it falls back to
+:func:`prewarm_forkserver`, multiprocessing's own fresh server.
+
 Differences from a fresh interpreter a script may notice: torch is already
 imported (so environment variables that torch reads at import time come from
 the agent's environment; the agent sets ``OMP_NUM_THREADS=1`` in its own
@@ -19,16 +27,41 @@ interpreter should not use ``--warm-start``.
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import logging
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.forkserver
 import os
 import runpy
+import socket
 import sys
+import threading
+from typing import Any
 
-__all__ = ["PRELOAD", "prewarm_forkserver", "run_module", "run_script"]
+__all__ = [
+    "AGENT_IMPORTS",
+    "PRELOAD",
+    "fork_forkserver",
+    "preload",
+    "prewarm_forkserver",
+    "run_module",
+    "run_script",
+]
 
-#: Modules the fork server imports once, so that workers do not.
-PRELOAD: tuple[str, ...] = ("torch", "torch.distributed", "kelastic.agent.multiprocessing.child")
+#: Modules the fork server imports once, so that workers do not. ``torch._dynamo`` is what a
+#: script's first ``torch.optim`` optimizer imports (over a second of CPU, about as much as
+#: ``import torch``), so a forked worker reaches its first step without it.
+PRELOAD: tuple[str, ...] = (
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "kelastic.agent.multiprocessing.child",
+)
+#: What the agent itself needs of :data:`PRELOAD` (its rendezvous uses torch's store): it
+#: imports these before :func:`fork_forkserver` forks, the server imports the rest after.
+AGENT_IMPORTS: tuple[str, ...] = ("torch", "torch.distributed")
 
 
 def run_script(script: str, *args: str) -> None:
@@ -49,3 +82,109 @@ def prewarm_forkserver(preload: tuple[str, ...] = PRELOAD) -> None:
     """Start the fork server now and have it import ``preload`` (idempotent; returns at once)."""
     multiprocessing.set_forkserver_preload(list(preload))
     multiprocessing.forkserver.ensure_running()
+
+
+def preload(modules: tuple[str, ...] = PRELOAD) -> None:
+    """Import ``modules`` into this process (what the fork server would import)."""
+    for name in modules:
+        importlib.import_module(name)
+
+
+#: ``multiprocessing.forkserver.main``'s parameters on the Pythons whose fork server
+#: :func:`fork_forkserver` knows how to start (3.10 to 3.13; 3.14 added an authkey).
+_KNOWN_MAIN = ("listener_fd", "alive_r", "preload", "main_path", "sys_path")
+
+
+def _forkable() -> str | None:
+    """Why the fork server cannot be forked from this process, or None when it can."""
+    if threading.active_count() > 1:
+        return "another thread is running"
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    if server is None or hasattr(server, "_forkserver_authkey"):
+        return "this Python's fork server is not the one kelastic knows"
+    if not all(hasattr(server, a) for a in ("_lock", "_forkserver_pid", "_forkserver_address")):
+        return "this Python's fork server is not the one kelastic knows"
+    if not hasattr(multiprocessing.connection, "arbitrary_address"):
+        return "this Python's fork server is not the one kelastic knows"
+    if tuple(inspect.signature(multiprocessing.forkserver.main).parameters) != _KNOWN_MAIN:
+        return "this Python's fork server is not the one kelastic knows"
+    return None
+
+
+def fork_forkserver(modules: tuple[str, ...] = PRELOAD, *, here: tuple[str, ...] = AGENT_IMPORTS) -> bool:
+    """Import ``here`` in this process, then make multiprocessing's fork server a fork of it
+    that imports the rest of ``modules`` on its own, while this process goes on (the
+    agent to its rendezvous); the server serves its first worker once they are imported.
+
+    Call it while this process runs a single thread (before any server, watcher or
+    signal handler of the agent starts). Returns True when the server was forked (it
+    holds everything imported so far), False when it fell back to
+    :func:`prewarm_forkserver` (the reason is logged at INFO) or a server was already
+    running. Either way later ``forkserver`` starts use the server, and one that dies is
+    restarted by multiprocessing as a fresh interpreter that imports ``modules``.
+    """
+    multiprocessing.set_forkserver_preload(list(modules))
+    # Private state of CPython's fork server, checked by _forkable() before it is used.
+    server: Any = getattr(multiprocessing.forkserver, "_forkserver", None)
+    if getattr(server, "_forkserver_pid", None) is not None:
+        return False  # already running (ensure_running checks that it still is)
+    preload(here)
+    why = _forkable()
+    if why is not None:
+        logging.getLogger(__name__).info("starting a fresh fork server: %s", why)
+        prewarm_forkserver(modules)
+        return False
+    from multiprocessing import resource_tracker, util
+
+    private: Any = multiprocessing.connection  # arbitrary_address is not in its stubs
+
+    with server._lock:
+        # Started first so that the fork server and the workers share it, as they would
+        # with multiprocessing's own start.
+        resource_tracker.ensure_running()
+        with socket.socket(socket.AF_UNIX) as listener:
+            address = private.arbitrary_address("AF_UNIX")
+            listener.bind(address)
+            if not util.is_abstract_socket_namespace(address):
+                os.chmod(address, 0o600)
+            listener.listen()
+            # Every client holds the write end of the "alive" pipe: when they are all
+            # gone, the server reads EOF and exits.
+            alive_r, alive_w = os.pipe()
+            try:
+                pid = os.fork()
+            except BaseException:
+                os.close(alive_r)
+                os.close(alive_w)
+                raise
+            if pid == 0:  # the fork server
+                code = 0
+                try:
+                    os.close(alive_w)
+                    # Held by the parent at the fork: a script's own forkserver use in a
+                    # worker must not find it taken forever.
+                    server._lock = threading.Lock()
+                    _as_fresh_interpreter()
+                    rest = [m for m in modules if m not in sys.modules]
+                    multiprocessing.forkserver.main(listener.fileno(), alive_r, rest)
+                except SystemExit as e:  # main() ends so when the last client is gone
+                    code = e.code if isinstance(e.code, int) else 0
+                except BaseException:
+                    code = 1
+                    sys.excepthook(*sys.exc_info())
+                finally:
+                    os._exit(code)
+            os.close(alive_r)
+        server._forkserver_address = address
+        server._forkserver_alive_fd = alive_w
+        server._forkserver_pid = pid
+    return True
+
+
+def _as_fresh_interpreter() -> None:
+    """Undo, in the forked server, what the agent configured that a script expects untouched."""
+    # A script's logging.basicConfig() must take effect, as in a fresh interpreter.
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)

@@ -8,6 +8,18 @@ history that rank 0 writes (``first_step`` events, see examples/train.py):
 * a worker pod force-deleted → first step of the re-formed group;
 * ``kubectl scale --replicas 4`` → first step at world size 4.
 
+For apply → first step it also prints where the time goes, along the critical
+path (each milestone is the latest of the three workers): ``kubectl apply``
+creating the job and the operator creating the pods (both seen by ``kubectl get
+--watch`` started before the apply), the
+kubelet starting each agent (the agent's process start time from ``/proc``), the
+agent's start-up, its ``import torch`` (with warm start: the fork server forked
+from it), the rendezvous, the workers' start, their gloo process group (rank 0's
+``start`` record, after ``init_process_group`` and DDP's first broadcast) and the
+first step. The agents' milestones are their own timestamped events
+(``kelastic.agent.started``, ``.torch_imported``, ``.rendezvous``,
+``.workers_started``), which the bench collects through ``$KELASTIC_EVENTS_FILE``.
+
 Jobs run with the CRD's default ``spec.warmStart: true`` (workers forked from a
 process that already imported torch); ``--no-warm-start`` sets it to false, so
 every worker start is a fresh interpreter. ``--control-plane DIR`` measures the
@@ -28,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +52,145 @@ from kelastic.localcluster.testing import stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "default"
+WORKERS = 3
+
+#: The breakdown of apply → first step: (label, from milestone, to milestone).
+PHASES: tuple[tuple[str, str, str], ...] = (
+    ("apply -> job created (kubectl)", "apply", "job"),
+    ("job -> worker pods created", "job", "created"),
+    ("pod created -> agent process", "created", "process"),
+    ("agent process -> agent main", "process", "main"),
+    ("agent main -> torch imported", "main", "torch"),
+    ("torch -> rendezvous closed", "torch", "rendezvous"),
+    ("rendezvous -> workers started", "rendezvous", "workers"),
+    ("workers -> gloo group up", "workers", "gloo"),
+    ("gloo group up -> first step", "gloo", "first_step"),
+)
+
+STORE_CREATED = "(store pod created, after apply)"
+
+
+class Watch:
+    """When each object of ``resource`` matching ``selector`` (kubectl flags) was first seen:
+    ``kubectl get --watch``, started (and its watch established) before the job is applied,
+    so a first sighting is a creation."""
+
+    def __init__(self, bench: Bench, resource: str, *selector: str, timeout: float = 60) -> None:
+        self.seen: dict[str, float] = {}
+        self._watching = threading.Event()
+        self._proc = subprocess.Popen(
+            [
+                "kubectl",
+                "--kubeconfig",
+                str(bench.kubeconfig),
+                "-n",
+                NAMESPACE,
+                "get",
+                resource,
+                "--watch",
+                "-v=6",  # logs the watch request once the API server answered it
+                *selector,
+                "-o",
+                "jsonpath={.metadata.name}{'\\n'}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        threading.Thread(target=self._read_names, daemon=True).start()
+        threading.Thread(target=self._read_log, daemon=True).start()
+        if not self._watching.wait(timeout):
+            self.stop()
+            raise TimeoutError(f"kubectl get {resource} --watch did not start watching within {timeout:.0f}s")
+
+    def _read_names(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            if line.strip():
+                self.seen.setdefault(line.strip(), time.time())
+
+    def _read_log(self) -> None:
+        assert self._proc.stderr is not None
+        for line in self._proc.stderr:
+            if "watch=true" in line:
+                self._watching.set()
+
+    def stop(self) -> None:
+        stop_process(self._proc, 10)
+
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file being appended to (a history, an agent's
+    ``$KELASTIC_EVENTS_FILE``), oldest first, up to a line still being written; [] when none yet."""
+    events = []
+    for line in (path.read_text() if path.exists() else "").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return events
+
+
+def milestones(
+    applied: float,
+    created: dict[str, float],
+    agents: dict[str, list[dict[str, Any]]],
+    history: list[dict[str, Any]],
+) -> dict[str, float]:
+    """The absolute times of apply → first step's milestones, each the latest of the workers
+    (the critical path); a milestone that was not observed is left out."""
+    first = next(e for e in history if e["event"] == "first_step" and e["world_size"] == WORKERS)
+    until = float(first["time"])
+    points = {"apply": applied, "first_step": until}
+    if len(created) == WORKERS:
+        points["created"] = max(created.values())
+    gloo = [
+        e["time"]
+        for e in history
+        if e["event"] == "start" and e["world_size"] == WORKERS and e["time"] <= until
+    ]
+    if gloo:
+        points["gloo"] = gloo[-1]
+
+    def latest(pick: Callable[[list[dict[str, Any]]], float | None]) -> float | None:
+        times = [pick(events) for events in agents.values()]
+        return (
+            max(t for t in times if t is not None) if len(agents) == WORKERS and None not in times else None
+        )
+
+    def first_of(name: str, key: str = "timestamp") -> Callable[[list[dict[str, Any]]], float | None]:
+        def pick(events: list[dict[str, Any]]) -> float | None:
+            for e in events:
+                if e["name"] == name:
+                    value = e["timestamp"] if key == "timestamp" else e["metadata"].get(key)
+                    return None if value is None else float(value)
+            return None
+
+        return pick
+
+    def last_before(name: str) -> Callable[[list[dict[str, Any]]], float | None]:
+        def pick(events: list[dict[str, Any]]) -> float | None:
+            times = [float(e["timestamp"]) for e in events if e["name"] == name and e["timestamp"] <= until]
+            return times[-1] if times else None
+
+        return pick
+
+    for key, pick in (
+        ("process", first_of("kelastic.agent.started", "process_start")),
+        ("main", first_of("kelastic.agent.started")),
+        ("torch", first_of("kelastic.agent.torch_imported")),
+        ("rendezvous", last_before("kelastic.agent.rendezvous")),
+        ("workers", last_before("kelastic.agent.workers_started")),
+    ):
+        value = latest(pick)
+        if value is not None:
+            points[key] = value
+    return points
+
+
+def breakdown(points: dict[str, float]) -> dict[str, float]:
+    """Seconds per phase of :data:`PHASES` whose two milestones were observed."""
+    return {label: points[b] - points[a] for label, a, b in PHASES if a in points and b in points}
 
 
 class Bench:
@@ -66,6 +218,10 @@ class Bench:
         # Histories are read from a host directory: a hostPath replaces the example's claim.
         pod["volumes"][0] = {"name": "checkpoints", "hostPath": {"path": root, "type": "DirectoryOrCreate"}}
         pod["containers"][0]["volumeMounts"][0]["mountPath"] = root
+        # The agents' timestamped events, for the breakdown (POD_NAME is the operator's downward env).
+        pod["containers"][0].setdefault("env", []).append(
+            {"name": "KELASTIC_EVENTS_FILE", "value": f"{root}/events/$(POD_NAME).jsonl"}
+        )
         pod["containers"][0]["args"] = [
             "--steps=1000000",
             "--step-delay=0.05",
@@ -76,14 +232,7 @@ class Bench:
         return doc
 
     def history(self, uid: str) -> list[dict[str, Any]]:
-        path = self.checkpoints / uid / "history.jsonl"
-        events = []
-        for line in (path.read_text() if path.exists() else "").splitlines():
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-        return events
+        return json_lines(self.checkpoints / uid / "history.jsonl")
 
     def first_step(self, uid: str, since: float, world: int | None, what: str, timeout: float = 300) -> float:
         """Seconds from ``since`` to the first step completed after it (at ``world`` ranks, if given)."""
@@ -108,12 +257,30 @@ class Bench:
                 raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
             time.sleep(0.2)
 
-    def round(self, index: int) -> dict[str, float]:
+    def round(self, index: int) -> tuple[dict[str, float], dict[str, float]]:
+        """One job's latencies, and the breakdown of its apply → first step."""
         name = f"bench-{index}"
-        started = time.time()
-        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(self.manifest(name)))
-        uid = self.kubectl("get", "elasticjob", name, "-o", "jsonpath={.metadata.uid}").strip()
-        figures = {"apply_to_first_step": self.first_step(uid, started, 3, f"{name} to train at world 3")}
+        watch = Watch(self, "pods", "-l", f"kelastic.dev/job-name={name}")
+        job_watch = Watch(self, "elasticjobs", "--field-selector", f"metadata.name={name}")
+        try:
+            started = time.time()
+            self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(self.manifest(name)))
+            uid = self.kubectl("get", "elasticjob", name, "-o", "jsonpath={.metadata.uid}").strip()
+            figures = {
+                "apply_to_first_step": self.first_step(uid, started, WORKERS, f"{name} to train at world 3")
+            }
+        finally:
+            watch.stop()
+            job_watch.stop()
+        workers = [f"{name}-worker-{i}" for i in range(WORKERS)]
+        agents = {w: json_lines(self.checkpoints / "events" / f"{w}.jsonl") for w in workers}
+        created = {w: watch.seen[w] for w in workers if w in watch.seen}
+        points = milestones(started, created, agents, self.history(uid))
+        if name in job_watch.seen:
+            points["job"] = job_watch.seen[name]
+        phases = breakdown(points)
+        if f"{name}-rendezvous" in watch.seen:
+            phases[STORE_CREATED] = watch.seen[f"{name}-rendezvous"] - started
 
         killed = time.time()
         self.kubectl("delete", "pod", f"{name}-worker-1", "--grace-period=0", "--force")
@@ -134,7 +301,7 @@ class Bench:
                 not self.kubectl("get", "pods", "-l", f"kelastic.dev/job-name={name}", "-o", "name").strip()
             ),
         )
-        return figures
+        return figures, phases
 
 
 def torchrun_first_step(checkpoints: Path, timeout: float = 300) -> float:
@@ -223,11 +390,27 @@ def main(argv: list[str] | None = None) -> int:
 
 def measure_rounds(bench: Bench, rounds: int) -> list[dict[str, float]]:
     rows: list[dict[str, float]] = []
+    phases: list[dict[str, float]] = []
     for index in range(rounds):
-        figures = bench.round(index)
+        figures, parts = bench.round(index)
         rows.append(figures)
+        phases.append(parts)
         print(f"round {index}: " + "  ".join(f"{k} {v:.2f}s" for k, v in figures.items()), flush=True)
+        print("  apply -> first step: " + ", ".join(f"{k} {v:.2f}s" for k, v in parts.items()), flush=True)
+    print_breakdown(phases)
     return rows
+
+
+def print_breakdown(phases: list[dict[str, float]]) -> None:
+    """Medians of each phase of apply → first step over the rounds that observed it."""
+    print(f"apply -> first step, where the time goes (medians of {len(phases)} rounds, latest worker):")
+    labels = [label for label, _, _ in PHASES] + [STORE_CREATED]
+    for label in labels:
+        values = [p[label] for p in phases if label in p]
+        if values:
+            print(f"  {label:34s} {statistics.median(values):6.2f} s")
+        else:
+            print(f"  {label:34s}      - (not observed)")
 
 
 def measure_lane(control_plane: Path | None, rounds: int, warm_start: bool) -> list[dict[str, float]]:
