@@ -42,7 +42,7 @@ from kelastic.agent import contract
 from kelastic.operator import builders, validation
 from kelastic.operator.events import EventRecorder
 from kelastic.operator.kube import ApiError, Kube
-from kelastic.operator.metrics import OperatorMetrics
+from kelastic.operator.metrics import OperatorMetrics, count_recoveries
 from kelastic.operator.observed import (
     Observed,
     PodPhase,
@@ -361,7 +361,10 @@ class Controller:
             # The new Service has its cluster IP now: decide again so workers start in this pass.
             job = parse_job({**body, "status": decision.status})
         assert decision is not None
-        patch = merge_patch(original_status, decision.status)
+        # Recoveries are counted once their mark is in the status: a new operator reads it
+        # and does not count them again (the agents report their latest for as long as they run).
+        recoveries, status = count_recoveries(decision.status, rdzv.recoveries if rdzv is not None else ())
+        patch = merge_patch(original_status, status)
         if patch and not any(isinstance(a, DeleteJob) for a in decision.actions):
             try:
                 written = await self._io(self.kube.patch_job_status, namespace, name, patch)
@@ -373,6 +376,8 @@ class Controller:
             except ApiError as err:
                 if err.status != 404:
                     raise
+            else:
+                self.metrics.recoveries_counted(recoveries)
         self._requeue(key, decision.requeue_after)
         self.metrics.reconciled(time.monotonic() - started)
         self.metrics.job_observed(
@@ -487,17 +492,16 @@ class Controller:
             self._rdzv_reading.discard(key)
         old = self._rdzv_cache.get(key)
         self._rdzv_cache[key] = (time.monotonic(), view)
-        if view is not None and view.recoveries:
-            self.metrics.recoveries_reported(key, view.recoveries)
         if view is None or key not in self._known:
             return
         before = old[1] if old is not None else None
         # A new round (world size, members) or restart count is worth a pass now; progress
         # alone at most every progress_interval, which keeps status writes per job bounded.
-        if before is None or (view.world_size, view.members, view.restarts) != (
+        if before is None or (view.world_size, view.members, view.restarts, view.recoveries) != (
             before.world_size,
             before.members,
             before.restarts,
+            before.recoveries,
         ):
             self.trigger(key)
         elif (view.step, view.total) != (before.step, before.total):

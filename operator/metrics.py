@@ -23,25 +23,31 @@ and it keeps the series:
     round closing, as the agents report it through the store (see
     ``kelastic.agent.rendezvous.control``). Every member of a round reports the same
     recovery; reports of one job that end within :data:`SAME_RECOVERY_WINDOW`
-    seconds of each other count once, with the longest duration.
+    seconds of each other count once, with the longest duration. The end of the
+    latest recovery counted is kept in the job's status (:data:`RECOVERY_FIELD`), so
+    an operator that restarts or takes over never counts a recovery again: the
+    agents keep reporting their latest one for as long as they run.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from kelastic.operator.spec import parse_time
 from kelastic.operator.status import Phase
 
 __all__ = [
     "RECOVERY_BUCKETS",
+    "RECOVERY_FIELD",
     "RECREATION_REASONS",
     "SAME_RECOVERY_WINDOW",
     "OperatorMetrics",
+    "count_recoveries",
     "new_recoveries",
 ]
 
@@ -53,13 +59,8 @@ RECREATION_REASONS = frozenset({"RecreateWorker", "StoreDied", "RecreateEvicted"
 RECOVERY_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 #: Recovery reports of one job ending this close together (seconds) are one recovery.
 SAME_RECOVERY_WINDOW = 3.0
-
-
-@dataclass(frozen=True)
-class _Seen:
-    """The last recovery counted for a job: when it ended."""
-
-    ended: float
+#: The ElasticJob status field holding when the latest recovery counted ended (RFC 3339, ms).
+RECOVERY_FIELD = "lastRecoveryTime"
 
 
 def new_recoveries(
@@ -86,6 +87,25 @@ def new_recoveries(
         else:
             groups.append((ended, ended, seconds))
     return [(longest, latest) for _, latest, longest in groups]
+
+
+def count_recoveries(
+    status: Mapping[str, Any], reports: Iterable[tuple[str, float, float]]
+) -> tuple[list[float], dict[str, Any]]:
+    """The recoveries in ``reports`` that no operator counted yet, and ``status`` recording them (pure).
+
+    ``status`` is the job's status as stored; its :data:`RECOVERY_FIELD` says when
+    the latest counted recovery ended. Returns the new recoveries' durations (count
+    them once the returned status is written) and the status to write: ``status``
+    itself when there is nothing new, else a copy with the field moved forward.
+    """
+    since = parse_time(status.get(RECOVERY_FIELD))
+    fresh = new_recoveries(reports, since.timestamp() if since is not None else None)
+    if not fresh:
+        return [], dict(status)
+    ended = datetime.fromtimestamp(max(end for _, end in fresh), timezone.utc)
+    mark = ended.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return [seconds for seconds, _ in fresh], {**status, RECOVERY_FIELD: mark}
 
 
 class OperatorMetrics:
@@ -128,7 +148,6 @@ class OperatorMetrics:
         )
         self._lock = threading.Lock()
         self._phases: dict[JobKey, str] = {}
-        self._recovered: dict[JobKey, _Seen] = {}
         self._servers: list[Any] = []
         for phase in Phase:
             self.jobs.labels(phase.value).set(0)
@@ -150,7 +169,6 @@ class OperatorMetrics:
         """The job is gone: drop it from the phase counts and its own series."""
         with self._lock:
             self._phases.pop(key, None)
-            self._recovered.pop(key, None)
             self._set_phases()
         for gauge in (self.world_size, self.restarts):
             try:
@@ -176,16 +194,10 @@ class OperatorMetrics:
     def api_error(self, status: int) -> None:
         self.api_errors.labels(str(status)).inc()
 
-    def recoveries_reported(self, key: JobKey, reports: Iterable[tuple[str, float, float]]) -> list[float]:
-        """Count the agents' recovery reports of ``key`` not counted yet; returns the new durations."""
-        with self._lock:
-            seen = self._recovered.get(key)
-            fresh = new_recoveries(reports, None if seen is None else seen.ended)
-            if fresh:
-                self._recovered[key] = _Seen(max(ended for _, ended in fresh))
-        for seconds, _ in fresh:
+    def recoveries_counted(self, durations: Iterable[float]) -> None:
+        """Observe recoveries that :func:`count_recoveries` found new (once their status is written)."""
+        for seconds in durations:
             self.recovery_seconds.observe(seconds)
-        return [seconds for seconds, _ in fresh]
 
     def phase_counts(self) -> Mapping[str, int]:
         with self._lock:

@@ -5,13 +5,18 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from kelastic.agent import contract
 from kelastic.operator.controller import Controller, ControllerOptions, combined_message
 from kelastic.operator.kube import ApiError
+from kelastic.operator.metrics import RECOVERY_FIELD
+from kelastic.operator.observed import PodPhase, PodView, RendezvousView
 from kelastic.operator.store_client import StoreClient
 
 KEY = ("ns", "demo")
@@ -86,8 +91,14 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop.close()
 
 
-def run(loop: asyncio.AbstractEventLoop, kube: RecordingKube, scenario: Any, **options: Any) -> Controller:
-    controller = Controller(kube, StoreClient(), ControllerOptions(**options))  # type: ignore[arg-type]
+def run(
+    loop: asyncio.AbstractEventLoop,
+    kube: RecordingKube,
+    scenario: Any,
+    store: StoreClient | None = None,
+    **options: Any,
+) -> Controller:
+    controller = Controller(kube, store or StoreClient(), ControllerOptions(**options))  # type: ignore[arg-type]
 
     async def main() -> None:
         controller.start()
@@ -223,3 +234,65 @@ def test_a_failed_create_is_retried_without_waiting_for_the_resync(
         assert kube.calls.count("POST pods") > attempts, kube.calls
 
     run(loop, kube, scenario)
+
+
+class RecoveredStore(StoreClient):
+    """A job's store whose two agents report one recovery, as they do for as long as they run."""
+
+    def __init__(self, view: RendezvousView) -> None:
+        super().__init__()
+        self.view = view
+
+    async def read(self, endpoint: str, run_id: str) -> RendezvousView | None:
+        return self.view
+
+    async def connect(self, endpoint: str) -> bool:
+        return True
+
+    async def publish(self, action: Any) -> bool:
+        return True
+
+
+def test_a_recovery_is_counted_once_across_operator_restarts(
+    loop: asyncio.AbstractEventLoop, kit: Any
+) -> None:
+    kube = RecordingKube(kit.job_body(replicas=2, status={"rdzvEndpoint": "127.2.0.9:29400"}))
+    store_pod = PodView(
+        name="demo-rendezvous",
+        uid="uid-store",
+        role=contract.ROLE_RENDEZVOUS,
+        index=None,
+        phase=PodPhase.RUNNING,
+        owner_uid="uid-demo",
+    )
+    ended = time.time() - 30
+    view = RendezvousView(
+        world_size=2,
+        restarts=1,
+        members=("demo-worker-0", "demo-worker-1"),
+        recoveries=(("demo-worker-0", 2.0, ended), ("demo-worker-1", 2.5, ended + 0.2)),
+    )
+
+    def operator(store: RecoveredStore) -> Controller:
+        async def scenario(controller: Controller) -> None:
+            controller.bind_indexes({KEY: [store_pod]}, {})
+            controller.job_seen(KEY, None, copy.deepcopy(kube.job))
+            await settle(controller)
+            for _ in range(3):  # store reads, resyncs: more passes over the same reports
+                controller.trigger(KEY)
+                await settle(controller, 0.05)
+
+        return run(loop, kube, scenario, store=store, store_read_interval=0.05)
+
+    def recoveries(controller: Controller) -> float | None:
+        return controller.metrics.registry.get_sample_value("kelastic_recovery_seconds_count")
+
+    first = operator(RecoveredStore(view))
+    assert recoveries(first) == 1
+    assert first.metrics.registry.get_sample_value("kelastic_recovery_seconds_sum") == 2.5
+    assert kube.job["status"][RECOVERY_FIELD]
+    # A new operator (restarted, or the standby taking over) reads the same reports again.
+    assert recoveries(operator(RecoveredStore(view))) == 0
+    # It does count the job's next recovery.
+    later = replace(view, recoveries=(*view.recoveries, ("demo-worker-0", 4.0, ended + 20)))
+    assert recoveries(operator(RecoveredStore(later))) == 1

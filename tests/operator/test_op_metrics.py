@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kelastic.operator.builders import BuildConfig, worker_pod
-from kelastic.operator.metrics import OperatorMetrics, new_recoveries
+from kelastic.operator.metrics import RECOVERY_FIELD, OperatorMetrics, count_recoveries, new_recoveries
 from kelastic.operator.spec import parse_job
 
 
@@ -34,6 +34,22 @@ def test_recoveries_of_one_round_count_once_with_the_longest_duration() -> None:
     assert new_recoveries([], None) == []
 
 
+def test_a_recovery_counted_is_marked_in_the_status_and_never_counted_again() -> None:
+    # The agents keep reporting their latest recovery for as long as they run: an operator
+    # that restarts (or a standby that takes over) reads the mark and counts nothing again.
+    reports = [("a", 2.0, 1_700_000_100.25), ("b", 2.4, 1_700_000_100.5)]
+    status = {"phase": "Running", "worldSize": 2}
+    durations, written = count_recoveries(status, reports)
+    assert durations == [2.4]
+    assert written == {**status, RECOVERY_FIELD: "2023-11-14T22:15:00.500Z"}
+    assert count_recoveries(written, reports) == ([], written)  # the next operator, same reports
+    later = [*reports, ("a", 7.0, 1_700_000_160.0)]  # the next recovery, a minute later
+    durations, again = count_recoveries(written, later)
+    assert durations == [7.0] and again[RECOVERY_FIELD] == "2023-11-14T22:16:00.000Z"
+    # No mark yet (a job from before the field existed), or no reports: nothing is lost or invented.
+    assert count_recoveries({}, []) == ([], {})
+
+
 @pytest.fixture
 def metrics() -> Iterator[OperatorMetrics]:
     m = OperatorMetrics()
@@ -52,8 +68,10 @@ def test_series_follow_the_controllers_reports(metrics: OperatorMetrics) -> None
     metrics.action_applied("RecreateWorker")
     metrics.action_applied("CreateWorker")  # creating a missing worker is not a recreation
     metrics.api_error(409)
-    assert metrics.recoveries_reported(a, [("w0", 3.0, 50.0), ("w1", 3.5, 50.2)]) == [3.5]
-    assert metrics.recoveries_reported(a, [("w0", 3.0, 50.0), ("w1", 3.5, 50.2)]) == []  # same again
+    durations, status = count_recoveries({}, [("w0", 3.0, 50.0), ("w1", 3.5, 50.2)])
+    assert durations == [3.5]
+    metrics.recoveries_counted(durations)
+    assert count_recoveries(status, [("w0", 3.0, 50.0), ("w1", 3.5, 50.2)])[0] == []  # same again
     s = scrape(port)
     assert s[("kelastic_jobs", (("phase", "Running"),))] == 1
     assert s[("kelastic_jobs", (("phase", "Created"),))] == 1  # no phase yet
