@@ -11,6 +11,10 @@ changes alike), continuing after the attempts an earlier agent left in the same
 directory, so no log is ever overwritten. Without ``log_dir`` a temporary
 directory is used.
 
+Warm start (``start_method="forkserver"``): the node joins its first rendezvous once
+its fork server has imported what workers need (:func:`kelastic.agent.warm.wait_ready`),
+so a node that is still warming up never holds a running group's workers stopped.
+
 Progress: the agent owns the node's one progress display
 (:mod:`kelastic.agent.progress`), pointed at the progress files of the current
 attempt. With the kelastic rendezvous backend it also publishes the node's
@@ -32,7 +36,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kelastic.agent import contract, hang
+from kelastic.agent import contract, hang, warm
 from kelastic.agent.api import NamedNode, RunResult, SimpleElasticAgent, WorkerGroup, WorkerSpec, WorkerState
 from kelastic.agent.events import EventSink
 from kelastic.agent.metrics import Metrics
@@ -51,6 +55,11 @@ from kelastic.agent.warm import prewarm_forkserver
 __all__ = ["LocalElasticAgent", "worker_env"]
 
 _log = logging.getLogger(__name__)
+
+#: Seconds a node waits for its fork server's imports before joining the rendezvous anyway,
+#: and between progress lines meanwhile.
+WARM_WAIT = 300.0
+WARM_PROGRESS_EVERY = 10.0
 
 
 def worker_env(
@@ -186,6 +195,39 @@ class LocalElasticAgent(SimpleElasticAgent):
         return redirects, tee
 
     # SimpleElasticAgent ---------------------------------------------------------------------
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        if self._start_method == "forkserver":
+            self._await_warm(worker_group.spec.role)
+        super()._rendezvous(worker_group)
+
+    def _await_warm(self, role: str) -> None:
+        """Join the first round only once the fork server has imported its preload
+        (:func:`kelastic.agent.warm.wait_ready`): a node that joins a running group earlier
+        would stop the group's workers and keep them waiting for that import. Bounded by
+        :data:`WARM_WAIT` seconds (then the node joins anyway); recorded as the event
+        ``kelastic.agent.warm_ready`` with the seconds waited."""
+        began = time.monotonic()
+        ready = warm.wait_ready(WARM_PROGRESS_EVERY)
+        if ready is None:
+            return  # no server of ours to wait for, or waited already
+        while ready is False and time.monotonic() - began < WARM_WAIT:
+            _log.info(
+                "[%s] the fork server is still importing %s (%.0fs); joining the rendezvous when it is done",
+                role,
+                ", ".join(warm.PRELOAD[len(warm.AGENT_IMPORTS) :]),
+                time.monotonic() - began,
+            )
+            ready = warm.wait_ready(WARM_PROGRESS_EVERY)
+        if not ready:
+            _log.warning(
+                "[%s] the fork server is not ready after %.0fs; joining the rendezvous anyway",
+                role,
+                WARM_WAIT,
+            )
+        self._event(
+            "kelastic.agent.warm_ready", seconds=round(time.monotonic() - began, 3), ready=bool(ready)
+        )
+
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         spec = worker_group.spec
         attempt_dir = self._attempt_dir()

@@ -27,6 +27,7 @@ interpreter should not use ``--warm-start``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import logging
@@ -35,6 +36,7 @@ import multiprocessing.connection
 import multiprocessing.forkserver
 import os
 import runpy
+import select
 import socket
 import sys
 import threading
@@ -48,6 +50,7 @@ __all__ = [
     "prewarm_forkserver",
     "run_module",
     "run_script",
+    "wait_ready",
 ]
 
 #: Modules the fork server imports once, so that workers do not. ``torch._dynamo`` is what a
@@ -90,6 +93,9 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> None:
         importlib.import_module(name)
 
 
+#: The read end of the forked server's "ready" pipe, until :func:`wait_ready` saw it.
+_ready_fd: int | None = None
+
 #: ``multiprocessing.forkserver.main``'s parameters on the Pythons whose fork server
 #: :func:`fork_forkserver` knows how to start (3.10 to 3.13; 3.14 added an authkey).
 _KNOWN_MAIN = ("listener_fd", "alive_r", "preload", "main_path", "sys_path")
@@ -114,7 +120,8 @@ def _forkable() -> str | None:
 def fork_forkserver(modules: tuple[str, ...] = PRELOAD, *, here: tuple[str, ...] = AGENT_IMPORTS) -> bool:
     """Import ``here`` in this process, then make multiprocessing's fork server a fork of it
     that imports the rest of ``modules`` on its own, while this process goes on (the
-    agent to its rendezvous); the server serves its first worker once they are imported.
+    agent to its rendezvous); the server serves its first worker once they are imported,
+    which :func:`wait_ready` tells.
 
     Call it while this process runs a single thread (before any server, watcher or
     signal handler of the agent starts). Returns True when the server was forked (it
@@ -149,24 +156,31 @@ def fork_forkserver(modules: tuple[str, ...] = PRELOAD, *, here: tuple[str, ...]
                 os.chmod(address, 0o600)
             listener.listen()
             # Every client holds the write end of the "alive" pipe: when they are all
-            # gone, the server reads EOF and exits.
+            # gone, the server reads EOF and exits. The server says on "ready" when it has
+            # imported the rest (or closes it by dying).
             alive_r, alive_w = os.pipe()
+            ready_r, ready_w = os.pipe()
             try:
                 pid = os.fork()
             except BaseException:
-                os.close(alive_r)
-                os.close(alive_w)
+                for fd in (alive_r, alive_w, ready_r, ready_w):
+                    os.close(fd)
                 raise
             if pid == 0:  # the fork server
                 code = 0
                 try:
                     os.close(alive_w)
+                    os.close(ready_r)
                     # Held by the parent at the fork: a script's own forkserver use in a
                     # worker must not find it taken forever.
                     server._lock = threading.Lock()
                     _as_fresh_interpreter()
-                    rest = [m for m in modules if m not in sys.modules]
-                    multiprocessing.forkserver.main(listener.fileno(), alive_r, rest)
+                    for name in modules:
+                        with contextlib.suppress(ImportError):  # as multiprocessing's preload
+                            importlib.import_module(name)
+                    os.write(ready_w, b"1")
+                    os.close(ready_w)
+                    multiprocessing.forkserver.main(listener.fileno(), alive_r, [])
                 except SystemExit as e:  # main() ends so when the last client is gone
                     code = e.code if isinstance(e.code, int) else 0
                 except BaseException:
@@ -175,9 +189,28 @@ def fork_forkserver(modules: tuple[str, ...] = PRELOAD, *, here: tuple[str, ...]
                 finally:
                     os._exit(code)
             os.close(alive_r)
+            os.close(ready_w)
+        global _ready_fd
+        _ready_fd = ready_r
         server._forkserver_address = address
         server._forkserver_alive_fd = alive_w
         server._forkserver_pid = pid
+    return True
+
+
+def wait_ready(timeout: float) -> bool | None:
+    """Wait up to ``timeout`` s for the server :func:`fork_forkserver` forked to have imported
+    its modules. True once it has (or died: nothing left to wait for), False on time-out,
+    None when there is nothing to wait for (no forked server, or already waited)."""
+    global _ready_fd
+    fd = _ready_fd
+    if fd is None:
+        return None
+    readable, _, _ = select.select([fd], [], [], max(0.0, timeout))
+    if not readable:
+        return False
+    os.close(fd)
+    _ready_fd = None
     return True
 
 

@@ -19,6 +19,9 @@ from it), the rendezvous, the workers' start, their gloo process group (rank 0's
 first step. The agents' milestones are their own timestamped events
 (``kelastic.agent.started``, ``.torch_imported``, ``.rendezvous``,
 ``.workers_started``), which the bench collects through ``$KELASTIC_EVENTS_FILE``.
+It adds the CPU seconds every part used meanwhile (from ``/proc``: pods, store,
+operator, the kubelet and API emulator in this process), and torchrun's CPU to its
+first step: on a small machine the start is CPU-bound, and these say by what.
 
 Jobs run with the CRD's default ``spec.warmStart: true`` (workers forked from a
 process that already imported torch); ``--no-warm-start`` sets it to false, so
@@ -36,13 +39,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -54,20 +60,32 @@ REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "default"
 WORKERS = 3
 
-#: The breakdown of apply → first step: (label, from milestone, to milestone).
-PHASES: tuple[tuple[str, str, str], ...] = (
-    ("apply -> job created (kubectl)", "apply", "job"),
-    ("job -> worker pods created", "job", "created"),
-    ("pod created -> agent process", "created", "process"),
-    ("agent process -> agent main", "process", "main"),
-    ("agent main -> torch imported", "main", "torch"),
-    ("torch -> rendezvous closed", "torch", "rendezvous"),
-    ("rendezvous -> workers started", "rendezvous", "workers"),
-    ("workers -> gloo group up", "workers", "gloo"),
-    ("gloo group up -> first step", "gloo", "first_step"),
+#: The milestones of apply → first step, in order: (key, what it is). A phase is the time
+#: between two consecutive milestones that were observed (without warm start there is no
+#: fork server, say).
+MILESTONES: tuple[tuple[str, str], ...] = (
+    ("apply", "apply"),
+    ("job", "job created"),
+    ("created", "pods created"),
+    ("process", "agent process"),
+    ("main", "agent main"),
+    ("torch", "torch imported"),
+    ("warm", "fork server ready"),
+    ("rendezvous", "rendezvous closed"),
+    ("workers", "workers started"),
+    ("gloo", "gloo group up"),
+    ("first_step", "first step"),
 )
 
 STORE_CREATED = "(store pod created, after apply)"
+#: CPU seconds spent between apply and the first step, by live processes (see Bench.round).
+CPU_PODS = "CPU: worker pods (all processes)"
+CPU_STORE = "CPU: store pod"
+CPU_BENCH = "CPU: kubelet, proxy, API emulator"
+CPU_OPERATOR = "CPU: operator"
+CPU_CONTROL_PLANE = "CPU: etcd, kube-apiserver, ..."
+CPU_TOTAL = "CPU: total"
+CPU_LABELS = (CPU_PODS, CPU_STORE, CPU_BENCH, CPU_OPERATOR, CPU_CONTROL_PLANE, CPU_TOTAL)
 
 
 class Watch:
@@ -179,6 +197,7 @@ def milestones(
         ("process", first_of("kelastic.agent.started", "process_start")),
         ("main", first_of("kelastic.agent.started")),
         ("torch", first_of("kelastic.agent.torch_imported")),
+        ("warm", first_of("kelastic.agent.warm_ready")),
         ("rendezvous", last_before("kelastic.agent.rendezvous")),
         ("workers", last_before("kelastic.agent.workers_started")),
     ):
@@ -188,9 +207,64 @@ def milestones(
     return points
 
 
+def process_table() -> dict[int, tuple[int, str, float]]:
+    """Every process: pid → (parent pid, command line, CPU seconds used so far), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    table: dict[int, tuple[int, str, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat.rpartition(")")[2].split()  # the command name in (...) may hold spaces
+        table[int(entry)] = (int(fields[1]), cmd, (int(fields[11]) + int(fields[12])) / tick)
+    return table
+
+
+def descendants(root: int, table: dict[int, tuple[int, str, float]]) -> list[int]:
+    """The pids below ``root`` in ``table`` (children, their children, ...)."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def children_cpu(
+    before: dict[int, tuple[int, str, float]], after: dict[int, tuple[int, str, float]]
+) -> dict[str, float]:
+    """CPU seconds that the live processes below this one used between two tables, by kind:
+    the worker pods, the store pod, the operator, the control plane's binaries."""
+    cpu = {CPU_PODS: 0.0, CPU_STORE: 0.0, CPU_OPERATOR: 0.0}
+    for pid in descendants(os.getpid(), after):
+        _, cmd, seconds = after[pid]
+        old = before.get(pid)
+        used = seconds - (old[2] if old is not None and old[1] == cmd else 0.0)
+        program = os.path.basename(cmd.split(" ", 1)[0])
+        if program == "kubectl":
+            continue  # the bench's own
+        if program in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+            cpu[CPU_CONTROL_PLANE] = cpu.get(CPU_CONTROL_PLANE, 0.0) + used
+        elif "kelastic.operator" in cmd or "kelastic-operator" in cmd:
+            cpu[CPU_OPERATOR] += used
+        elif "kelastic-rendezvous" in cmd:
+            cpu[CPU_STORE] += used
+        else:
+            cpu[CPU_PODS] += used
+    return cpu
+
+
 def breakdown(points: dict[str, float]) -> dict[str, float]:
-    """Seconds per phase of :data:`PHASES` whose two milestones were observed."""
-    return {label: points[b] - points[a] for label, a, b in PHASES if a in points and b in points}
+    """Seconds per phase between consecutive observed :data:`MILESTONES`, by label."""
+    seen = [(key, name) for key, name in MILESTONES if key in points]
+    return {f"{a_name} -> {b_name}": points[b] - points[a] for (a, a_name), (b, b_name) in pairwise(seen)}
 
 
 class Bench:
@@ -263,12 +337,17 @@ class Bench:
         watch = Watch(self, "pods", "-l", f"kelastic.dev/job-name={name}")
         job_watch = Watch(self, "elasticjobs", "--field-selector", f"metadata.name={name}")
         try:
+            processes = process_table()
+            bench_cpu = time.process_time()  # the emulator, kubelet and proxy run in this process
             started = time.time()
             self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(self.manifest(name)))
             uid = self.kubectl("get", "elasticjob", name, "-o", "jsonpath={.metadata.uid}").strip()
             figures = {
                 "apply_to_first_step": self.first_step(uid, started, WORKERS, f"{name} to train at world 3")
             }
+            # At once, while every pod process of the start is still alive.
+            cpu = children_cpu(processes, process_table())
+            cpu[CPU_BENCH] = time.process_time() - bench_cpu
         finally:
             watch.stop()
             job_watch.stop()
@@ -281,6 +360,8 @@ class Bench:
         phases = breakdown(points)
         if f"{name}-rendezvous" in watch.seen:
             phases[STORE_CREATED] = watch.seen[f"{name}-rendezvous"] - started
+        cpu[CPU_TOTAL] = sum(cpu.values())
+        phases.update(cpu)
 
         killed = time.time()
         self.kubectl("delete", "pod", f"{name}-worker-1", "--grace-period=0", "--force")
@@ -304,8 +385,9 @@ class Bench:
         return figures, phases
 
 
-def torchrun_first_step(checkpoints: Path, timeout: float = 300) -> float:
-    """Baseline: seconds from launching ``torchrun --standalone`` with 3 ranks to their first step."""
+def torchrun_first_step(checkpoints: Path, timeout: float = 300) -> tuple[float, float]:
+    """Baseline: seconds from launching ``torchrun --standalone`` with 3 ranks to their first
+    step, and the CPU seconds its processes (agent and workers) used until then."""
     directory = checkpoints / f"torchrun-{time.time_ns()}"
     started = time.time()
     proc = subprocess.Popen(
@@ -330,7 +412,9 @@ def torchrun_first_step(checkpoints: Path, timeout: float = 300) -> float:
         while time.monotonic() < deadline:
             if history.exists() and '"first_step"' in history.read_text():
                 first = next(json.loads(x) for x in history.read_text().splitlines() if '"first_step"' in x)
-                return float(first["time"]) - started
+                table = process_table()
+                cpu = sum(table[p][2] for p in [proc.pid, *descendants(proc.pid, table)] if p in table)
+                return float(first["time"]) - started, cpu
             if proc.poll() is not None:
                 raise RuntimeError(f"torchrun exited with {proc.returncode} before its first step")
             time.sleep(0.05)
@@ -362,9 +446,11 @@ def main(argv: list[str] | None = None) -> int:
         lanes["control plane"] = measure_lane(args.control_plane, args.rounds, not args.no_warm_start)
     rows = lanes["emulator"]
     with tempfile.TemporaryDirectory(prefix="kelastic-bench-torchrun-") as tmp:
-        baseline = [torchrun_first_step(Path(tmp)) for _ in range(args.rounds)]
+        runs = [torchrun_first_step(Path(tmp)) for _ in range(args.rounds)]
+    baseline = [seconds for seconds, _ in runs]
     print(
         f"torchrun --standalone --nproc-per-node 3, launch to first step: {', '.join(f'{b:.2f}s' for b in baseline)}"
+        f" (CPU used until then: {', '.join(f'{c:.2f}s' for _, c in runs)})"
     )
 
     warm = "false" if args.no_warm_start else "true"
@@ -404,13 +490,39 @@ def measure_rounds(bench: Bench, rounds: int) -> list[dict[str, float]]:
 def print_breakdown(phases: list[dict[str, float]]) -> None:
     """Medians of each phase of apply → first step over the rounds that observed it."""
     print(f"apply -> first step, where the time goes (medians of {len(phases)} rounds, latest worker):")
-    labels = [label for label, _, _ in PHASES] + [STORE_CREATED]
+    labels = list(dict.fromkeys(label for p in phases for label in p if label not in CPU_LABELS))
+    labels = [label for label in labels if label != STORE_CREATED] + [STORE_CREATED, *CPU_LABELS]
     for label in labels:
         values = [p[label] for p in phases if label in p]
         if values:
-            print(f"  {label:34s} {statistics.median(values):6.2f} s")
+            print(f"  {label:38s} {statistics.median(values):6.2f} s")
         else:
-            print(f"  {label:34s}      - (not observed)")
+            print(f"  {label:38s}      - (not observed)")
+
+
+def settle(pid: int, liveness: str, timeout: float = 120) -> None:
+    """Wait until the operator answers its liveness probe and then idles (under 5% of a core
+    for a second), printing what it waits for."""
+    print("waiting for the operator to start and settle", flush=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(liveness, timeout=2) as answer:
+                if answer.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the operator did not answer {liveness} within {timeout:.0f}s")
+        time.sleep(0.2)
+    used = process_table()[pid][2]
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = process_table()[pid][2]
+        if now - used < 0.05:
+            return
+        used = now
+    raise TimeoutError(f"the operator kept using CPU for {timeout:.0f}s after it started")
 
 
 def measure_lane(control_plane: Path | None, rounds: int, warm_start: bool) -> list[dict[str, float]]:
@@ -435,6 +547,9 @@ def measure_lane(control_plane: Path | None, rounds: int, warm_start: bool) -> l
             return measure_rounds(bench, rounds)
         bench.kubectl("apply", "-f", str(REPO / "crds" / "elasticjob.yaml"))
         log_path = Path(tmp) / "operator.log"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            liveness_port = s.getsockname()[1]
         with log_path.open("wb") as log:
             operator = subprocess.Popen(
                 [
@@ -445,12 +560,16 @@ def measure_lane(control_plane: Path | None, rounds: int, warm_start: bool) -> l
                     f"--namespace={NAMESPACE}",
                     "--standalone",
                     "--log-level=warning",
+                    f"--liveness=http://127.0.0.1:{liveness_port}/healthz",
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "POD_NAMESPACE": NAMESPACE},
             )
         try:
+            # A running operator is what a job meets in a cluster: its own start-up (imports,
+            # first listings) must not fall into the first round.
+            settle(operator.pid, f"http://127.0.0.1:{liveness_port}/healthz")
             return measure_rounds(bench, rounds)
         except Exception:
             print(log_path.read_text(errors="replace")[-3000:], file=sys.stderr)

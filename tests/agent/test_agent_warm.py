@@ -40,6 +40,9 @@ SCRIPT = textwrap.dedent(
             stop = threading.Event()
             threading.Thread(target=stop.wait, daemon=True).start()
         forked = warm.fork_forkserver()
+        # The server imports torch._dynamo for a second or more: not ready at once.
+        early = warm.wait_ready(0)
+        ready = warm.wait_ready(120)
         server = multiprocessing.forkserver._forkserver._forkserver_pid
         ctx = multiprocessing.get_context("forkserver")
         queue = ctx.Queue()
@@ -52,7 +55,7 @@ SCRIPT = textwrap.dedent(
         with open(f"/proc/{server}/stat") as f:
             server_parent = int(f.read().rpartition(")")[2].split()[1])
         print(json.dumps({
-            "forked": forked, "worker": seen, "server": server, "server_cmdline": cmdline,
+            "forked": forked, "early": early, "ready": ready, "again": warm.wait_ready(0), "worker": seen, "server": server, "server_cmdline": cmdline,
             "server_parent": server_parent, "me": os.getpid(), "exitcode": p.exitcode,
         }))
     """
@@ -73,6 +76,8 @@ def _run(tmp_path: Path, *args: str) -> dict[str, Any]:
 def test_the_fork_server_is_a_fork_of_the_agent_and_preloads_the_rest(tmp_path: Path) -> None:
     seen = _run(tmp_path)
     assert seen["forked"] is True
+    # wait_ready: not yet right after the fork, then ready, then nothing left to wait for.
+    assert (seen["early"], seen["ready"], seen["again"]) == (False, True, None)
     # A fork of the agent runs the agent's command line, not multiprocessing's -c main(...).
     assert "multiprocessing.forkserver" not in seen["server_cmdline"]
     assert "warm_probe.py" in seen["server_cmdline"]
@@ -94,6 +99,7 @@ def test_the_fork_server_is_a_fork_of_the_agent_and_preloads_the_rest(tmp_path: 
 def test_with_another_thread_running_the_fork_server_is_a_fresh_interpreter(tmp_path: Path) -> None:
     seen = _run(tmp_path, "thread")
     assert seen["forked"] is False
+    assert seen["ready"] is None  # multiprocessing's own server: nothing of ours to wait for
     assert "from multiprocessing.forkserver import main" in seen["server_cmdline"]
     # multiprocessing's own server still preloads everything the workers should find.
     assert "torch._dynamo" in seen["worker"]["modules"]
@@ -132,13 +138,15 @@ def test_the_agent_records_its_start_up_milestones(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     events = [json.loads(line) for line in events_file.read_text().splitlines()]
     names = [e["name"] for e in events]
-    assert names[:4] == [
+    assert names[:5] == [
         "kelastic.agent.started",
         "kelastic.agent.torch_imported",
+        "kelastic.agent.warm_ready",  # the node joins the rendezvous once its server is ready
         "kelastic.agent.rendezvous",
         "kelastic.agent.workers_started",
     ], names
-    started, imported = events[0], events[1]
+    started, imported, ready = events[0], events[1], events[2]
+    assert ready["metadata"]["ready"] is True
     # The process start comes from the kernel: before the agent's first line, after we launched it.
     assert before - 0.05 <= started["metadata"]["process_start"] <= started["timestamp"] <= after
     assert imported["metadata"]["warm_forked"] is True

@@ -133,9 +133,10 @@ def test_logs_tee_filter_and_events_file(node: Any) -> None:
         assert (run_dir / "attempt_0" / rank / "stdout.log").exists()
         assert (run_dir / "attempt_0" / rank / "stderr.log").exists()
     names = [json.loads(line)["name"] for line in events.read_text().splitlines()]
-    assert names[:3] == [
+    assert names[:4] == [
         "kelastic.agent.started",
         "kelastic.agent.torch_imported",
+        "kelastic.agent.warm_ready",
         "kelastic.agent.rendezvous",
     ]
     assert names.count("kelastic.worker.SUCCEEDED") == 2 and names[-1] == "kelastic.agent.succeeded"
