@@ -1,4 +1,10 @@
-"""Kubernetes Events about ElasticJobs, aggregated as kubectl and client-go expect.
+"""Kubernetes Events about ElasticJobs: built, posted off the pass, aggregated as kubectl expects.
+
+:class:`EventEmitter` is what the controller calls: ``emit(job body, reason,
+message)`` builds the v1 Event (:func:`job_event`) and posts it in the background,
+so an Event never delays or fails a reconcile pass (Events are best effort).
+:func:`combined_message` folds like messages of one pass into one Event (a job of
+1,000 pods gets one "creating worker pods" Event, not 1,000).
 
 A reconcile is level-based: the same cause (a worker failing to be created, a store
 that died) may be reported at every pass. Posting a new Event object each time would
@@ -19,15 +25,18 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from kelastic.operator.kube import ApiError
-from kelastic.operator.spec import format_time
+from kelastic.operator.spec import API_VERSION, KIND, format_time
 
-__all__ = ["EventRecorder", "event_key"]
+__all__ = ["COMPONENT", "EventEmitter", "EventRecorder", "combined_message", "event_key", "job_event"]
+
+#: The Events' source and reporting component.
+COMPONENT = "kelastic-operator"
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +116,73 @@ def _event_name(event: Mapping[str, Any]) -> str:
     """``<object name>.<hex nanoseconds>``: unique per post, sortable, like client-go's names."""
     obj = event.get("involvedObject") or {}
     return f"{obj.get('name') or 'kelastic'}.{time.time_ns():x}"
+
+
+def combined_message(messages: list[str], limit: int = 1024) -> str:
+    """One Event message for several like actions.
+
+    ``["creating worker pod a", "creating worker pod b"]`` gives ``"creating worker
+    pods a, b"``; messages of other shapes are joined with ``"; "``. Past ``limit``
+    characters the names end with ``"... and N more"``.
+    """
+    if len(messages) == 1:
+        return messages[0][:limit]
+    heads = {m.rsplit(" ", 1)[0] for m in messages}
+    if len(heads) == 1 and all(" " in m for m in messages):
+        head, names = heads.pop() + "s", [m.rsplit(" ", 1)[1] for m in messages]
+        sep = ", "
+    else:
+        head, names, sep = "", messages, "; "
+    text = f"{head} " if head else ""
+    for i, name in enumerate(names):
+        more = f" ... and {len(names) - i} more"
+        if len(text) + len(name) + len(sep) + len(more) > limit:
+            return text.rstrip(sep) + more
+        text += name + (sep if i < len(names) - 1 else "")
+    return text
+
+
+def job_event(body: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> dict[str, Any]:
+    """The v1 Event (no name, no timestamps: :class:`EventRecorder` adds them) about the job ``body``."""
+    meta = body.get("metadata") or {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"namespace": meta.get("namespace")},
+        "involvedObject": {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+    }
+
+
+class EventEmitter:
+    """Posts Events about jobs through ``recorder`` in background tasks made by ``spawn``.
+
+    :meth:`emit` returns at once and never raises; a post that fails is logged at
+    debug level and dropped.
+    """
+
+    def __init__(self, recorder: EventRecorder, spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+        self.recorder = recorder
+        self._spawn = spawn
+
+    def emit(self, body: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        """Post an Event about the job ``body`` (in the background)."""
+        self._spawn(self._post(job_event(body, reason, message, warning=warning)))
+
+    async def _post(self, event: dict[str, Any]) -> None:
+        """Post or count the Event (a repeat of the same cause updates one object)."""
+        try:
+            await self.recorder.record(event)
+        except Exception as exc:  # Events are best effort
+            log.debug("could not post Event %s: %s", event.get("reason"), exc)

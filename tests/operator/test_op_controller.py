@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from kelastic.agent import contract
-from kelastic.operator.controller import Controller, ControllerOptions, combined_message
+from kelastic.operator.controller import Controller, ControllerOptions
+from kelastic.operator.events import combined_message
 from kelastic.operator.kube import ApiError
 from kelastic.operator.metrics import RECOVERY_FIELD
 from kelastic.operator.observed import PodPhase, PodView, RendezvousView
@@ -147,11 +148,11 @@ def test_the_status_write_answer_is_the_next_pass_input_and_a_late_older_event_i
     async def scenario(controller: Controller) -> None:
         controller.job_seen(KEY, "1", first)
         await settle(controller)
-        assert controller._bodies[KEY] == kube.job and kube.job["status"].get("phase")
+        assert controller.cache.body(KEY) == kube.job and kube.job["status"].get("phase")
         controller.job_seen(KEY, "1", first)  # the watch repeating the old state late
         await settle(controller)
-        assert controller._bodies[KEY]["metadata"]["resourceVersion"] != "1"
-        assert controller._bodies[KEY] == kube.job, "the last write's answer is the controller's copy"
+        assert controller.cache.body(KEY)["metadata"]["resourceVersion"] != "1"
+        assert controller.cache.body(KEY) == kube.job, "the last write's answer is the controller's copy"
 
     run(loop, kube, scenario)
     assert "GET job" not in kube.calls

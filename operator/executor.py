@@ -1,0 +1,242 @@
+"""Applying a reconcile decision: the only place the controller changes the cluster.
+
+:class:`ActionExecutor` takes a :class:`~kelastic.operator.reconcile.Decision` and
+carries its actions out, in the order that keeps a job whole:
+
+1. Services, and the objects made to exist (``EnsureObject``: the store's
+   NetworkPolicy, the PodGroup), in order;
+2. the membership, handed to the store publisher (survivors of a scale-down
+   re-form before their peer is stopped);
+3. pod creates and deletes, concurrently;
+4. Events (one per reason for the pods of one pass, one for the creates that failed
+   together), then the job's own deletion (``DeleteJob``, its TTL).
+
+A create that finds the object (409) or a delete that finds it gone (404/409) is
+the desired state, not a failure. Any other failed create or delete is a log line
+and a ``FailedCreate``/``FailedDelete`` Event, and marks the job in
+:attr:`ActionExecutor.failed` so the controller retries the pass with its back-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from kelastic.operator.events import EventEmitter, combined_message
+from kelastic.operator.jobcache import JobCache
+from kelastic.operator.joblog import JobKey, job_log, key_of
+from kelastic.operator.kube import ApiError, Kube
+from kelastic.operator.metrics import OperatorMetrics
+from kelastic.operator.observed import PodView, ServiceView, pod_view, service_view
+from kelastic.operator.reconcile import (
+    Action,
+    CreatePod,
+    CreateService,
+    Decision,
+    DeleteJob,
+    DeletePod,
+    DeleteService,
+    Emit,
+    EnsureObject,
+    PublishMembership,
+)
+from kelastic.operator.spec import Job
+
+__all__ = ["ENSURE_RETRY_SECONDS", "ActionExecutor"]
+
+#: An object whose creation failed (no permission, an API not served) is tried again after this (seconds).
+ENSURE_RETRY_SECONDS = 60.0
+
+#: Runs a blocking API call off the event loop: ``await io(fn, *args)`` is ``fn(*args)``.
+Io = Callable[..., Awaitable[Any]]
+
+
+class ActionExecutor:
+    """Carries decisions out through ``kube`` (each call through ``io``), reporting through
+    ``events`` and ``metrics``; pods it creates are expected in ``cache``; memberships go to
+    ``publish(key, action)``."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        io: Io,
+        events: EventEmitter,
+        metrics: OperatorMetrics,
+        cache: JobCache,
+        publish: Callable[[JobKey, PublishMembership], None],
+    ) -> None:
+        self.kube = kube
+        self._io = io
+        self.events = events
+        self.metrics = metrics
+        self.cache = cache
+        self._publish = publish
+        #: Jobs whose last :meth:`apply` had a create or delete fail (cleared by the controller).
+        self.failed: set[JobKey] = set()
+        self._ensured: dict[str, str] = {}  # EnsureObject key -> the manifest last made true (JSON)
+        self._ensure_failed: dict[str, float] = {}  # key -> when creating it last failed (monotonic)
+
+    def forget(self, uid: str) -> None:
+        """The job with ``uid`` is gone: what was made to exist for it goes with it."""
+        self._ensured = {k: v for k, v in self._ensured.items() if not k.startswith(f"{uid}/")}
+
+    async def apply(
+        self,
+        job: Job,
+        body: Mapping[str, Any],
+        decision: Decision,
+        pods: list[PodView],
+        services: list[ServiceView],
+    ) -> bool:
+        """Apply ``decision``; update ``pods``/``services`` with what changed. True if a Service was created.
+
+        Raises :class:`ApiError` only when deleting the job itself fails (other than 404/409).
+        """
+        ns = job.meta.namespace
+        key = (ns, job.meta.name)
+        created_service = False
+        for action in decision.actions:
+            if isinstance(action, CreateService):
+                result = await self._change(body, action, self.kube.create, ns, "services", action.manifest)
+                if result is not None:
+                    services.append(service_view(result))
+                    created_service = True
+            elif isinstance(action, DeleteService):
+                await self._change(body, action, self.kube.delete, ns, "services", action.name)
+            elif isinstance(action, EnsureObject):
+                await self._ensure(body, action)
+        # The membership goes first: survivors of a scale-down re-form before their peer is stopped.
+        for action in decision.actions:
+            if isinstance(action, PublishMembership):
+                self._publish(key, action)
+        pod_actions = [a for a in decision.actions if isinstance(a, CreatePod | DeletePod)]
+        failed_creates: list[str] = []
+        results = await asyncio.gather(*(self._pod_action(body, ns, a, failed_creates) for a in pod_actions))
+        created: list[CreatePod] = []
+        for action, result in zip(pod_actions, results, strict=True):
+            if isinstance(action, CreatePod) and isinstance(result, dict):
+                view = pod_view(result)
+                pods.append(view)
+                created.append(action)
+                self.cache.expect(key, view)
+            elif isinstance(action, DeletePod) and result is not None:
+                pods[:] = [replace(p, terminating=True) if p.uid == action.uid else p for p in pods]
+        # One Event per reason for the pods a pass created (a job of 1,000 pods: one Event, not 1,000).
+        for reason in dict.fromkeys(a.reason for a in created):
+            same = [a for a in created if a.reason == reason]
+            self.events.emit(
+                body, reason, combined_message([a.message for a in same]), warning=same[0].warning
+            )
+        if failed_creates:  # likewise one Event for the creates that failed (a 403 on 1,000 pods)
+            self.events.emit(body, "FailedCreate", combined_message(failed_creates), warning=True)
+        for action in decision.actions:
+            if isinstance(action, Emit):
+                self.events.emit(body, action.reason, action.message, warning=action.warning)
+                job_log(key, logging.WARNING if action.warning else logging.INFO, action.message)
+            elif isinstance(action, DeleteJob):
+                job_log(key, logging.INFO, action.message)
+                try:
+                    await self._io(self.kube.delete_job, ns, job.meta.name, job.meta.uid)
+                except ApiError as err:
+                    if err.status not in (404, 409):
+                        raise
+        return created_service
+
+    async def _ensure(self, body: Mapping[str, Any], action: EnsureObject) -> None:
+        """Make ``action``'s object exist with its manifest's labels and spec.
+
+        Once per run and whenever the manifest changes: create it; if it exists (409),
+        merge-patch its labels and spec. A failure (no permission, an API the cluster
+        does not serve) is an Event and a log line, retried at most once a minute.
+        """
+        wanted = json.dumps(action.manifest, sort_keys=True, default=str)
+        failed_at = self._ensure_failed.get(action.key)
+        if self._ensured.get(action.key) == wanted or (
+            failed_at is not None and time.monotonic() - failed_at < ENSURE_RETRY_SECONDS
+        ):
+            return
+        try:
+            try:
+                await self._io(self.kube.request, "POST", action.path, dict(action.manifest))
+                message = action.message
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+                name = str((action.manifest.get("metadata") or {}).get("name"))
+                patch = {
+                    "metadata": {"labels": (action.manifest.get("metadata") or {}).get("labels") or {}},
+                    "spec": action.manifest.get("spec") or {},
+                }
+                merge = functools.partial(self.kube.request, content_type="application/merge-patch+json")
+                await self._io(merge, "PATCH", f"{action.path}/{name}", patch)
+                message = f"{action.message} (updated the existing one)"
+        except ApiError as err:
+            self._ensure_failed[action.key] = time.monotonic()
+            failure = f"{action.message} failed: {err}"
+            job_log(key_of(body), logging.WARNING, failure)
+            self.events.emit(body, "FailedCreate", failure, warning=True)
+            return
+        if action.key in self._ensured or message == action.message:
+            job_log(key_of(body), logging.INFO, message)
+            self.events.emit(body, action.reason, message, warning=action.warning)
+        self._ensured[action.key] = wanted
+        self._ensure_failed.pop(action.key, None)
+
+    async def _pod_action(
+        self, body: Mapping[str, Any], ns: str, action: CreatePod | DeletePod, failed_creates: list[str]
+    ) -> Any:
+        if isinstance(action, CreatePod):
+            # The Event comes per reason for the whole pass (see apply).
+            return await self._change(
+                body,
+                action,
+                self.kube.create,
+                ns,
+                "pods",
+                action.manifest,
+                event=False,
+                failures=failed_creates,
+            )
+        return await self._change(body, action, self.kube.delete, ns, "pods", action.name, action.uid)
+
+    async def _change(
+        self,
+        body: Mapping[str, Any],
+        action: Action,
+        fn: Callable[..., Any],
+        *args: Any,
+        event: bool = True,
+        failures: list[str] | None = None,
+    ) -> Any:
+        """Run one create/delete; Event on success (unless ``event`` is False) or real failure
+        (with ``failures``, the failure's message is added there for one Event per pass instead).
+
+        Returns the result, None if not done.
+        """
+        try:
+            result = await self._io(fn, *args)
+        except ApiError as err:
+            # 409 on create: it exists already (a stale cache or a repeated event); 404/409 on
+            # delete: it is gone or was replaced. Both are the desired state, not failures.
+            if err.status in (404, 409):
+                return None
+            verb = "FailedCreate" if isinstance(action, CreatePod | CreateService) else "FailedDelete"
+            message = f"{action.message} failed: {err}"
+            self.failed.add(key_of(body))
+            job_log(key_of(body), logging.WARNING, message)
+            if failures is not None:
+                failures.append(message)
+            else:
+                self.events.emit(body, verb, message, warning=True)
+            return None
+        job_log(key_of(body), logging.INFO, action.message)
+        self.metrics.action_applied(action.reason)
+        if event:
+            self.events.emit(body, action.reason, action.message, warning=action.warning)
+        return result if result is not None else True
