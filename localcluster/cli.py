@@ -42,8 +42,9 @@ from typing import Any, TextIO, TypeVar
 from .apply import Applier, ManifestError, load_manifests
 from .cluster import LocalCluster
 from .completion import Outcome, outcome_of, pod_outcome, waitable
-from .controlplane import control_plane_dir
+from .controlplane import control_plane_dir, die_with_parent
 from .images import ImageMap
+from .interrupts import interrupt, uninterrupted
 from .jobsummary import JobTimeline
 from .logrelay import LogFollower, LogRelay
 
@@ -136,7 +137,7 @@ class _Stopper:
         self.event.set()
         if self._raise:
             self._raise = False
-            raise Interrupted(signum)
+            interrupt(Interrupted(signum))  # at once, or once a child just started is recorded
 
     @contextlib.contextmanager
     def interruptible(self) -> Iterator[None]:
@@ -148,6 +149,10 @@ class _Stopper:
             yield
         finally:
             self._raise = False
+        if self.signal is not None:
+            # The signal came, but its exception was swallowed on the way (a handler runs
+            # wherever the main thread is, a __del__ included): stop now, if not at once.
+            raise Interrupted(self.signal)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[_Stopper]:
@@ -165,7 +170,7 @@ class _Operator:
     def __init__(self, command: list[str], kubeconfig: Path, log_path: Path) -> None:
         self.log_path = log_path
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-        with open(log_path, "ab") as log:
+        with uninterrupted(), open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 command,
                 env=env,
@@ -173,6 +178,8 @@ class _Operator:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # Dies with kelastic even when kelastic is killed without cleaning up.
+                preexec_fn=die_with_parent,
             )
 
     def poll(self) -> int | None:

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .interrupts import uninterrupted
 from .pki import CertPair, ensure_ca, ensure_leaf, ensure_signing_key
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "ControlPlaneBinaries",
     "KubeVersion",
     "control_plane_dir",
+    "die_with_parent",
     "endpoints_controller_name",
     "version_flags",
     "write_kubeconfig",
@@ -148,6 +150,8 @@ class ControlPlaneBinaries:
 
 #: Starts tried when a component finds its port taken (a race with another process).
 PORT_ATTEMPTS = 3
+#: Seconds a component gets to exit on SIGTERM when its start was broken off (Ctrl-C).
+ABORT_GRACE_S = 2.0
 
 
 def control_plane_dir(flag: Path | str | None = None) -> Path | None:
@@ -160,7 +164,7 @@ def control_plane_dir(flag: Path | str | None = None) -> Path | None:
     return None
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # In the child, before exec: SIGTERM when the thread that started us ends,
     # so no component outlives a kelastic that was killed without cleaning up.
     pr_set_pdeathsig = 1
@@ -308,8 +312,9 @@ class ControlPlane:
                 if fresh:  # etcd's half-made member under the old ports must not be reused
                     shutil.rmtree(etcd_data, ignore_errors=True)
                 self.url, self.version = "", None
-            except BaseException:
-                self.stop()
+            except BaseException as exc:
+                # Broken off (Ctrl-C): the components are half-started, nothing to wind down gently.
+                self.stop(None if isinstance(exc, Exception) else ABORT_GRACE_S)
                 raise
         self.startup_seconds = time.monotonic() - started
         self.progress(
@@ -506,18 +511,19 @@ class ControlPlane:
 
     def _spawn(self, name: str, argv: list[str]) -> _Component:
         component = _Component(name, argv, self.logs_dir / f"{name}.log")
-        with open(component.log_path, "ab") as log:
+        # Started and recorded in one piece: a Ctrl-C in between would leave it unknown to stop().
+        with uninterrupted(), open(component.log_path, "ab") as log:
             component.process = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
                 # Not in our process group: a terminal's Ctrl-C is for kelastic, which then
                 # stops the components in order (they would otherwise die mid-start or first).
                 start_new_session=True,
             )
-        self._components.append(component)
+            self._components.append(component)
         return component
 
     def _wait(self, component: _Component | None, what: str, ready: Callable[[], bool]) -> None:
@@ -571,8 +577,9 @@ class ControlPlane:
     def pids(self) -> dict[str, int]:
         return {c.name: c.process.pid for c in self._components if c.process is not None}
 
-    def stop(self) -> None:
-        """Stop every component, last started first: SIGTERM, then SIGKILL after ``stop_grace``."""
+    def stop(self, grace: float | None = None) -> None:
+        """Stop every component, last started first: SIGTERM, then SIGKILL after ``grace`` (default ``stop_grace``)."""
+        grace = self.stop_grace if grace is None else grace
         for component in reversed(self._components):
             proc = component.process
             if proc is None:
@@ -581,9 +588,9 @@ class ControlPlane:
                 with contextlib.suppress(ProcessLookupError):
                     proc.terminate()
                 try:
-                    proc.wait(self.stop_grace)
+                    proc.wait(grace)
                 except subprocess.TimeoutExpired:
-                    self.progress(f"{component.name} ignored SIGTERM for {self.stop_grace:g} s: killing it")
+                    self.progress(f"{component.name} ignored SIGTERM for {grace:g} s: killing it")
                     proc.kill()
                     proc.wait()
         self._components.clear()

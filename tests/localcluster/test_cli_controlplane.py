@@ -108,7 +108,17 @@ def _stopped_promptly(cli: _Cli, sig: int, state: Path) -> tuple[int, float]:
     cli.proc.send_signal(sig)
     code = cli.finish(30)
     took = time.monotonic() - sent
-    wait_for(lambda: not _processes_naming(str(state)), 10, "no component or pod process left running")
+    left: list[str] = []
+
+    def none_left() -> bool:
+        left[:] = [
+            Path(f"/proc/{p}/cmdline").read_bytes()[:200].decode(errors="replace")
+            for p in _processes_naming(str(state))
+        ]
+        return not left
+
+    wait_for(none_left, 10, "no component or pod process left running")
+    assert not left
     return code, took
 
 

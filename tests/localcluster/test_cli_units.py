@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
 from kelastic.localcluster.apply import ManifestError, load_manifests
+from kelastic.localcluster.cli import Interrupted, _Stopper, exit_code
 from kelastic.localcluster.completion import Outcome, outcome_of, register_rule, waitable
 from kelastic.localcluster.logrelay import LogFollower, LogRelay
 
@@ -126,3 +130,31 @@ def test_control_plane_flags_and_chart_lookup(tmp_path: Path, monkeypatch: pytes
     assert find_chart_dir() != chart  # no Chart.yaml: not a chart
     (chart / "Chart.yaml").write_text("name: kelastic\n")
     assert find_chart_dir() == chart
+
+
+def test_a_signal_during_start_up_breaks_off_the_wait_at_once() -> None:
+    stopper = _Stopper()
+    with stopper.installed():
+        started = time.monotonic()
+        with pytest.raises(Interrupted) as caught, stopper.interruptible():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # a start-up step that would take long
+        assert time.monotonic() - started < 10
+        assert caught.value.signum == signal.SIGTERM and exit_code(caught.value.signum) == 143
+        # Afterwards (the clean-up) a signal only sets the event.
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stopper.event.wait(5) and stopper.signal == signal.SIGINT
+    assert exit_code(signal.SIGINT) == 130
+
+
+def test_a_swallowed_interruption_still_ends_the_start_up() -> None:
+    stopper = _Stopper()
+    with stopper.installed():
+        with pytest.raises(Interrupted), stopper.interruptible():
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(30)
+            except BaseException:  # as a __del__ or an over-broad handler would
+                pass
+        with pytest.raises(Interrupted), stopper.interruptible():  # a signal that came before it
+            pass
