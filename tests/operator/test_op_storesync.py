@@ -1,0 +1,131 @@
+"""The store sync: a pass never waits for a store; a new round triggers a pass, progress alone is paced."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from types import SimpleNamespace
+from typing import Any
+
+from kelastic.agent import contract
+from kelastic.operator.observed import PodPhase, PodView, RendezvousView
+from kelastic.operator.spec import parse_job
+from kelastic.operator.store_client import StoreClient
+from kelastic.operator.storesync import StoreSync
+
+KEY = ("ns", "demo")
+STORE_POD = PodView(
+    name="demo-rendezvous", uid="s", role=contract.ROLE_RENDEZVOUS, index=None, phase=PodPhase.RUNNING
+)
+
+
+async def until(what: str, cond: Any, timeout: float = 10.0) -> None:
+    """Wait for ``cond()`` with a generous deadline (the machine may be loaded)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+class ScriptedStore(StoreClient):
+    """Answers each read with the next view of a script (the last one again once it ends)."""
+
+    def __init__(self, views: list[RendezvousView | None]) -> None:
+        super().__init__()
+        self.views = views
+        self.reads = 0
+
+    async def read(self, endpoint: str, run_id: str) -> RendezvousView | None:
+        view = self.views[min(self.reads, len(self.views) - 1)]
+        self.reads += 1
+        return view
+
+
+def _sync(
+    store: StoreClient, calls: list[tuple[str, float]], leader: list[bool]
+) -> tuple[StoreSync, set[Any]]:
+    tasks: set[Any] = set()
+
+    def spawn(coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    sync = StoreSync(
+        store,
+        trigger=lambda key: calls.append(("trigger", 0.0)),
+        requeue=lambda key, delay: calls.append(("requeue", delay)),
+        known=lambda key: True,
+        spawn=spawn,
+        is_leader=lambda: leader[0],
+        read_interval=0.05,
+        progress_interval=5.0,
+    )
+    return sync, tasks
+
+
+def test_a_new_round_triggers_a_pass_and_progress_alone_waits_for_the_interval(kit: SimpleNamespace) -> None:
+    job = parse_job(kit.job_body(status={"rdzvEndpoint": "127.2.0.9:29400"}))
+    round1 = RendezvousView(world_size=2, restarts=0, members=("a", "b"), step=10, total=100)
+    views: list[RendezvousView | None] = [
+        round1,
+        RendezvousView(world_size=2, restarts=0, members=("a", "b"), step=20, total=100),  # progress only
+        RendezvousView(world_size=3, restarts=1, members=("a", "b", "c"), step=20, total=100),  # new round
+    ]
+    store = ScriptedStore(views)
+    calls: list[tuple[str, float]] = []
+    leader = [True]
+
+    async def scenario() -> None:
+        sync, tasks = _sync(store, calls, leader)
+        sync.pass_started(KEY)
+        assert sync.observe(KEY, job, [STORE_POD]) is None  # not read yet: the pass does not wait
+        await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        assert calls == [("trigger", 0.0)] and sync.observe(KEY, job, [STORE_POD]) == round1
+        poller = asyncio.get_running_loop().create_task(sync.poll())
+        await until("the progress and the new round read", lambda: len(calls) >= 3)
+        await asyncio.sleep(0.2)  # more reads of the unchanged store
+        poller.cancel()
+        await asyncio.gather(poller, *tasks, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert calls[1][0] == "requeue" and 4.0 < calls[1][1] <= 5.0, calls  # progress: after the last pass + 5 s
+    assert calls[2] == ("trigger", 0.0), calls  # the new round: at once
+    assert all(c == ("trigger", 0.0) or c[0] == "requeue" for c in calls)
+    assert len([c for c in calls if c[0] == "trigger"]) == 2, "an unchanged store triggers nothing"
+
+
+def test_no_store_is_read_for_a_job_without_a_running_store_or_by_a_standby(kit: SimpleNamespace) -> None:
+    job = parse_job(kit.job_body(status={"rdzvEndpoint": "127.2.0.9:29400"}))
+    store = ScriptedStore([RendezvousView(world_size=1, restarts=0)])
+    calls: list[tuple[str, float]] = []
+    leader = [False]
+
+    async def scenario() -> None:
+        sync, tasks = _sync(store, calls, leader)
+        pending = PodView(
+            name="demo-rendezvous", uid="s", role=contract.ROLE_RENDEZVOUS, index=None, phase=PodPhase.PENDING
+        )
+        assert sync.observe(KEY, job, [pending]) is None
+        poller = asyncio.get_running_loop().create_task(sync.poll())
+        await asyncio.sleep(0.2)
+        assert store.reads == 0  # the store pod does not run yet
+        sync.observe(KEY, job, [STORE_POD])
+        await asyncio.gather(*tasks)
+        first = store.reads
+        await asyncio.sleep(0.2)
+        assert store.reads == first == 1  # a standby does not poll
+        leader[0] = True
+        await until("the leader's reads", lambda: store.reads > first)
+        sync.forget(KEY, None)
+        await asyncio.sleep(0.1)
+        after = store.reads
+        await asyncio.sleep(0.2)
+        assert store.reads == after  # forgotten: no more reads
+        poller.cancel()
+        await asyncio.gather(poller, *tasks, return_exceptions=True)
+
+    asyncio.run(scenario())
