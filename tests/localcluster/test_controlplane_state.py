@@ -1,20 +1,23 @@
-"""The real control plane across starts: a reused state directory, leaked tmpfs etcd directories.
+"""The real control plane across starts on one state directory.
 
-Runs etcd and kube-apiserver (from the ``control_plane_bin`` fixture; skipped with a
-reason without them), without the controller-manager and scheduler: these tests are
-about etcd's data, and every start costs seconds.
+Binaries from the ``control_plane_bin`` fixture (skipped with a reason without
+them). The first test runs etcd and kube-apiserver alone (it is about etcd's
+data, and every start costs seconds); the second the whole local cluster.
 """
 
 from __future__ import annotations
 
 import json
 import ssl
+import subprocess
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from kelastic.localcluster.cluster import LocalCluster
 from kelastic.localcluster.controlplane import ControlPlane, ControlPlaneBinaries
+from kelastic.localcluster.testing import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -56,3 +59,47 @@ def test_a_state_dir_is_reused_and_keeps_its_objects(control_plane_bin: Path, tm
         assert kept["data"] == {"k": "v"}
     assert (state / "etcd-member").read_text().strip() == member
     assert sum("etcd healthy" in line for line in lines) == 2, lines
+
+
+def test_a_local_cluster_restarted_on_its_state_dir_keeps_objects_and_runs_pods(
+    control_plane_bin: Path, tmp_path: Path
+) -> None:
+    # What `kelastic local up --control-plane DIR --state-dir S` does twice.
+    state = tmp_path / "state"
+
+    def kubectl(cluster: LocalCluster, *args: str, stdin: str | None = None) -> str:
+        done = subprocess.run(
+            ["kubectl", "--kubeconfig", str(cluster.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    with LocalCluster(state / "data", state_dir=state, control_plane=control_plane_bin) as first:
+        kubectl(first, "create", "configmap", "kept", "--from-literal=k=v")
+    with LocalCluster(state / "data", state_dir=state, control_plane=control_plane_bin) as second:
+        assert json.loads(kubectl(second, "get", "configmap", "kept", "-o", "json"))["data"] == {"k": "v"}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "after-restart"},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "c", "image": "x", "command": ["true"]}],
+            },
+        }
+        kubectl(second, "apply", "-f", "-", stdin=json.dumps(pod))
+        wait_for(
+            lambda: (
+                json.loads(kubectl(second, "get", "pod", "after-restart", "-o", "json"))["status"].get(
+                    "phase"
+                )
+                == "Succeeded"
+            ),
+            90,
+            "a pod to run on the restarted cluster",
+            interval=0.5,
+        )
