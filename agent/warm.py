@@ -160,6 +160,10 @@ def fork_forkserver(modules: tuple[str, ...] = PRELOAD, *, here: tuple[str, ...]
             # imported the rest (or closes it by dying).
             alive_r, alive_w = os.pipe()
             ready_r, ready_w = os.pipe()
+            # Output still buffered here would be written again by the server's children.
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
             try:
                 pid = os.fork()
             except BaseException:

@@ -39,6 +39,7 @@ SCRIPT = textwrap.dedent(
         if sys.argv[1:] == ["thread"]:
             stop = threading.Event()
             threading.Thread(target=stop.wait, daemon=True).start()
+        print("buffered before the fork")  # stdout is a pipe: block-buffered, not flushed
         forked = warm.fork_forkserver()
         # The server imports torch._dynamo for a second or more: not ready at once.
         early = warm.wait_ready(0)
@@ -65,10 +66,19 @@ SCRIPT = textwrap.dedent(
 def _run(tmp_path: Path, *args: str) -> dict[str, Any]:
     script = tmp_path / "warm_probe.py"
     script.write_text(SCRIPT)
+    # Buffered output, as for an agent whose stdout is a pipe (the default for a program).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     proc = subprocess.run(
-        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=300, cwd=tmp_path
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
+    # Output pending at the fork is written once, not again by the server's children.
+    assert proc.stdout.count("buffered before the fork") == 1, proc.stdout
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 
