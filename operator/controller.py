@@ -287,10 +287,13 @@ class Controller:
                 now=datetime.now(timezone.utc), pods=tuple(pods), services=tuple(services), rendezvous=rdzv
             )
             decision = reconcile(job, observed, self.options.reconcile)
-            created_service = await self.executor.apply(job, body, decision, pods, services)
-            if not created_service:
+            applied = await self.executor.apply(job, body, decision, pods, services)
+            # Decide again over what this pass made: a new Service has its cluster IP, so
+            # workers start in this pass; new pods count in the status this pass writes
+            # (else the next pass writes it again). Not after a delete: a replacement waits
+            # for the watch to show the old pod gone.
+            if not (applied.created_service or (applied.created_pods and not applied.deleted_pods)):
                 break
-            # The new Service has its cluster IP now: decide again so workers start in this pass.
             job = parse_job({**body, "status": decision.status})
         assert decision is not None
         # Recoveries are counted once their mark is in the status: a new operator reads it

@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kelastic.operator.events import EventEmitter, combined_message
@@ -48,13 +48,23 @@ from kelastic.operator.reconcile import (
 )
 from kelastic.operator.spec import Job
 
-__all__ = ["ENSURE_RETRY_SECONDS", "ActionExecutor"]
+__all__ = ["ENSURE_RETRY_SECONDS", "ActionExecutor", "Applied"]
 
 #: An object whose creation failed (no permission, an API not served) is tried again after this (seconds).
 ENSURE_RETRY_SECONDS = 60.0
 
 #: Runs a blocking API call off the event loop: ``await io(fn, *args)`` is ``fn(*args)``.
 Io = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What :meth:`ActionExecutor.apply` changed: whether it created a Service, how many pods it
+    created and deleted."""
+
+    created_service: bool = False
+    created_pods: int = 0
+    deleted_pods: int = 0
 
 
 class ActionExecutor:
@@ -93,8 +103,8 @@ class ActionExecutor:
         decision: Decision,
         pods: list[PodView],
         services: list[ServiceView],
-    ) -> bool:
-        """Apply ``decision``; update ``pods``/``services`` with what changed. True if a Service was created.
+    ) -> Applied:
+        """Apply ``decision``; update ``pods``/``services`` with what changed, and say what it was.
 
         Raises :class:`ApiError` only when deleting the job itself fails (other than 404/409).
         """
@@ -117,6 +127,7 @@ class ActionExecutor:
                 self._publish(key, action)
         pod_actions = [a for a in decision.actions if isinstance(a, CreatePod | DeletePod)]
         failed_creates: list[str] = []
+        deleted = 0
         results = await asyncio.gather(*(self._pod_action(body, ns, a, failed_creates) for a in pod_actions))
         created: list[CreatePod] = []
         for action, result in zip(pod_actions, results, strict=True):
@@ -127,6 +138,7 @@ class ActionExecutor:
                 self.cache.expect(key, view)
             elif isinstance(action, DeletePod) and result is not None:
                 pods[:] = [replace(p, terminating=True) if p.uid == action.uid else p for p in pods]
+                deleted += 1
         # One Event per reason for the pods a pass created (a job of 1,000 pods: one Event, not 1,000).
         for reason in dict.fromkeys(a.reason for a in created):
             same = [a for a in created if a.reason == reason]
@@ -146,7 +158,7 @@ class ActionExecutor:
                 except ApiError as err:
                     if err.status not in (404, 409):
                         raise
-        return created_service
+        return Applied(created_service, len(created), deleted)
 
     async def _ensure(self, body: Mapping[str, Any], action: EnsureObject) -> None:
         """Make ``action``'s object exist with its manifest's labels and spec.

@@ -26,6 +26,7 @@ but those names; a pass is kept for ``ttl`` seconds, so a changed admission poli
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -216,6 +217,7 @@ class TemplateChecker:
         self._judged: dict[tuple[str, str], tuple[int, SpecError | None]] = {}
         #: Dry runs sent (for tests and benchmarks).
         self.dry_runs = 0
+        self._asking: dict[str, asyncio.Event] = {}  # shared key -> set when its dry run is answered
 
     def forget(self, key: tuple[str, str]) -> None:
         """The job is gone: drop its verdict."""
@@ -237,8 +239,18 @@ class TemplateChecker:
         shared = manifest_key(
             builders.worker_pod(stand_in(job), 0, endpoint="127.0.0.1:1", config=self._build)
         )
+        # Jobs applied together reach here together: one asks, the others wait for its answer.
+        while shared in self._asking:
+            await self._asking[shared].wait()
         if shared in self.passed:
             return None
+        self._asking[shared] = asyncio.Event()
+        try:
+            return await self._ask(job, shared)
+        finally:
+            self._asking.pop(shared).set()
+
+    async def _ask(self, job: Job, shared: str) -> SpecError | None:
         manifest = builders.worker_pod(job, 0, endpoint="127.0.0.1:1", config=self._build)
         # A name no real pod has: a running worker-0 would make the dry run a 409.
         manifest["metadata"]["name"] = f"{job.meta.name}-template-check"

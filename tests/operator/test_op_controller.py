@@ -297,3 +297,18 @@ def test_a_recovery_is_counted_once_across_operator_restarts(
     # It does count the job's next recovery.
     later = replace(view, recoveries=(*view.recoveries, ("demo-worker-0", 4.0, ended + 20)))
     assert recoveries(operator(RecoveredStore(later))) == 1
+
+
+def test_a_new_job_gets_its_pods_and_one_status_write_that_counts_them(
+    loop: asyncio.AbstractEventLoop, kit: Any
+) -> None:
+    kube = RecordingKube(kit.job_body(replicas=4, min_r=1, max_r=4))
+
+    async def scenario(controller: Controller) -> None:
+        controller.job_seen(KEY, "1", copy.deepcopy(kube.job))
+        await settle(controller)
+
+    run(loop, kube, scenario)
+    # One pass: the Service, then (with its cluster IP) the store and the workers, then the status.
+    assert kube.calls.count("POST pods") == 5 and kube.job_calls() == ["PATCH job/status"], kube.calls
+    assert kube.job["status"]["replicaStatuses"]["Worker"]["active"] == 4

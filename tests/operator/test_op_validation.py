@@ -195,3 +195,21 @@ def _typo_job_named(kit: SimpleNamespace, name: str) -> Any:
     main = body["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     main["resource"] = {"limits": {"cpu": "1"}}
     return parse_job(body)
+
+
+def test_jobs_applied_together_wait_for_one_dry_run(kit: SimpleNamespace) -> None:
+    dry_runs = DryRuns()
+
+    async def slow(fn: Callable[..., Any], *args: Any) -> Any:
+        await asyncio.sleep(0.05)  # the dry run is in flight while the other passes start
+        return fn(*args)
+
+    checker = TemplateChecker(dry_runs, slow, BuildConfig())
+
+    async def together() -> list[Any]:
+        return await asyncio.gather(
+            *(checker.check(parse_job(kit.job_body(f"batch-{i:02d}"))) for i in range(20))
+        )
+
+    jobs = asyncio.run(together())
+    assert all(j.spec is not None for j in jobs) and dry_runs.names == ["batch-00-template-check"]
