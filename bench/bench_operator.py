@@ -6,7 +6,8 @@ API server with the operator running as a subprocess, and prints:
 - the time until every pod exists (P workers + 1 rendezvous store per job) and
   until every job has a status;
 - the operator's CPU time (user+system, from /proc) for that burst, per job, and
-  its peak memory (VmHWM);
+  its peak memory (VmHWM); the CPU of this process meanwhile (the in-process API
+  server, plus this benchmark's own polls), to tell which side is the bottleneck;
 - the API requests the operator sent (its own client and kopf's, told apart from
   this benchmark's by User-Agent, counted by the in-process API server), per job,
   during the burst and while idle afterwards;
