@@ -63,6 +63,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class ControllerOptions:
+    """How often the controller acts on its own, and how much it does at once."""
+
     #: Every job is reconciled from the caches at least this often (seconds): a safety net.
     resync_interval: float = 60.0
     #: The stores of running jobs are read this often (seconds).
@@ -151,12 +153,17 @@ class Controller:
         self._services_index = services
 
     def start(self) -> None:
+        """Start the resync and the store reads (inside the running event loop)."""
         self.store.warm_up()
         loop = asyncio.get_running_loop()
         self._resync_task = loop.create_task(self._resync(), name="kelastic-resync")
         self._poll_task = loop.create_task(self.stores.poll(), name="kelastic-store-poll")
 
     async def stop(self) -> None:
+        """Stop: no new pass; running passes, timers and background tasks are cancelled and awaited.
+
+        Threads blocked in an API request are not waited for (the process may exit with them).
+        """
         self._stopping = True
         await self.queue.stop()
         tasks = [t for t in (self._resync_task, self._poll_task, *self._background) if t is not None]
@@ -190,6 +197,7 @@ class Controller:
             self.executor.forget(uid)
 
     def on_leadership(self, leader: bool) -> None:
+        """Leadership changed: a new leader passes over every known job (a standby only observed)."""
         if leader:
             for key in list(self.cache.known):
                 self.trigger(key)
