@@ -271,7 +271,8 @@ def children_cpu(
 
 
 def breakdown(points: dict[str, float]) -> dict[str, float]:
-    """Seconds per phase between consecutive observed :data:`MILESTONES`, by label."""
+    """Seconds per phase between consecutive observed :data:`MILESTONES`, by label; they add
+    up to apply → first step (both ends are always observed)."""
     seen = [(key, name) for key, name in MILESTONES if key in points]
     return {f"{a_name} -> {b_name}": points[b] - points[a] for (a, a_name), (b, b_name) in pairwise(seen)}
 
