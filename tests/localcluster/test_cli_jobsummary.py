@@ -65,15 +65,17 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 marker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lost-once")
 step = int(open("ckpt").read()) if os.path.exists("ckpt") else 0  # written atomically below
-while step < 240:
+while step < 280:
     t = torch.ones(1)
     dist.all_reduce(t)
     step += 1
-    update(step, 240)
+    update(step, 280)
     if rank == 0:
         open("ckpt.tmp", "w").write(str(step))
         os.replace("ckpt.tmp", "ckpt")
-    if step == 80 and world == 2 and os.environ["KELASTIC_NODE_NAME"].endswith("-1") and not os.path.exists(marker):
+    # 120 steps (12 s and more) at world 2: the job's PROGRESS moves every few seconds, and a
+    # loaded machine delays it further; the stretch must hold two samples of it.
+    if step == 120 and world == 2 and os.environ["KELASTIC_NODE_NAME"].endswith("-1") and not os.path.exists(marker):
         open(marker, "w").write("")
         os.kill(os.getppid(), signal.SIGKILL)  # the whole pod goes: its agent dies with it
     time.sleep(0.1)
