@@ -186,6 +186,10 @@ class Controller:
             return
         self.trigger(key)
 
+    def pod_seen(self, key: JobKey, name: str) -> None:
+        """The watch delivered an event of the job's pod ``name``: it is no longer only expected."""
+        self.cache.seen(key, name)
+
     def job_gone(self, key: JobKey, uid: str | None) -> None:
         """The job was deleted: forget everything kept about it."""
         self.cache.forget(key)

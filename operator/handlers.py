@@ -146,7 +146,9 @@ def build_registry(
     @kopf.on.event("v1", "services", id="elasticjob-service", registry=registry)  # type: ignore[arg-type]
     async def owned_event(
         namespace: str | None,
+        name: str | None,
         labels: kopf.Labels,
+        resource: kopf.Resource,
         kelastic_pods: kopf.Index[JobKey, PodView],
         kelastic_services: kopf.Index[JobKey, ServiceView],
         **_: Any,
@@ -154,6 +156,9 @@ def build_registry(
         controller.bind_indexes(kelastic_pods, kelastic_services)
         job = labels.get(contract.LABEL_JOB_NAME)
         if job:
-            controller.trigger((namespace or "", job))
+            key = (namespace or "", job)
+            if resource.plural == "pods" and name:
+                controller.pod_seen(key, name)
+            controller.trigger(key)
 
     return registry

@@ -29,7 +29,10 @@ from kelastic.operator.observed import PodPhase, PodView
 __all__ = ["EXPECT_SECONDS", "JobCache", "older"]
 
 #: How long a pod this operator created counts as existing before the watch shows it (seconds).
-EXPECT_SECONDS = 5.0
+#: The watch's first event of the pod ends it sooner (:meth:`JobCache.seen`); this bound only
+#: matters when that event never comes (a watch that broke). Under load the watch can lag the
+#: creates by many seconds: at 5 s, a burst of 1,000 jobs re-sent some 2,000 creates (409s).
+EXPECT_SECONDS = 30.0
 #: Failed workers' log tails kept at most (the oldest go first).
 MAX_FAILURE_LOGS = 1000
 
@@ -95,6 +98,12 @@ class JobCache:
     def expect(self, key: JobKey, view: PodView) -> None:
         """This operator just created the pod ``view``: count it as existing until the watch shows it."""
         self._created.setdefault(key, {})[view.name] = (self._clock(), view)
+
+    def seen(self, key: JobKey, name: str) -> None:
+        """The watch delivered an event of the pod ``name``: from now on the index tells of it."""
+        created = self._created.get(key)
+        if created is not None and created.pop(name, None) is not None and not created:
+            del self._created[key]
 
     def with_expected(self, key: JobKey, pods: list[PodView]) -> tuple[list[PodView], bool]:
         """``pods`` plus the pods this operator created that the watch has not delivered yet.

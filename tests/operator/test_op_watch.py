@@ -25,6 +25,7 @@ from kelastic.operator.cli import _connection_info
 from kelastic.operator.controller import Controller
 from kelastic.operator.handlers import OWNED_SELECTOR, NoDiffBase, build_registry, configure_settings
 from kelastic.operator.kube import Kube, load_configuration
+from kelastic.operator.observed import PodPhase, PodView
 from kelastic.operator.store_client import StoreClient
 
 REPO = Path(__file__).resolve().parents[2]
@@ -200,3 +201,20 @@ def test_cluster_wide_operator_watches_all_namespaces_with_the_selector(
     assert "foreign" not in op.delivered
     assert "/api/v1/pods" in wire.paths("GET")
     assert not [p for p in wire.paths("GET") if p.endswith("/api/v1/namespaces")]
+
+
+def test_the_watch_ends_the_expectation_of_a_pod_the_operator_created(
+    wire: Wire, api: tuple[Kube, Any]
+) -> None:
+    kube, cfg = api
+    key = ("default", "demo")
+    op = Operator(kube, cfg)
+    op.controller.is_leader = lambda: False  # passes change nothing: only the watch may end it
+    with op:
+        # As after the operator's own create: the pod counts as existing until the watch shows it.
+        expected = PodView(name="ours-3", uid="u", role=contract.ROLE_WORKER, index=0, phase=PodPhase.PENDING)
+        op.controller.cache.expect(key, expected)
+        assert op.controller.cache.with_expected(key, [])[1]
+        seed(kube, "-3")
+        wait("the labelled pod delivered", lambda: "ours-3" in op.delivered)
+        wait("the expectation ended", lambda: not op.controller.cache.with_expected(key, [])[1])
