@@ -414,15 +414,16 @@ def run(config: LaunchConfig) -> int:
     began = time.monotonic()
     forked = False
     try:
-        if config.start_method == "forkserver":
-            # The agent needs torch anyway: import it once, then fork the fork server from
-            # here, while this process still runs a single thread (see kelastic.agent.warm).
-            forked = warm.fork_forkserver()
-        from torch.distributed.elastic.rendezvous import RendezvousError
+        with warm.paused_gc():  # imports only: collections would scan torch's objects for nothing
+            if config.start_method == "forkserver":
+                # The agent needs torch anyway: import it once, then fork the fork server from
+                # here, while this process still runs a single thread (see kelastic.agent.warm).
+                forked = warm.fork_forkserver()
+            from torch.distributed.elastic.rendezvous import RendezvousError
 
-        from kelastic.agent.launch import launch_agent
-        from kelastic.agent.multiprocessing import SignalException, install_signal_handlers
-        from kelastic.agent.summary import format_failure_summary
+            from kelastic.agent.launch import launch_agent
+            from kelastic.agent.multiprocessing import SignalException, install_signal_handlers
+            from kelastic.agent.summary import format_failure_summary
     except ImportError as e:  # torch is there (the launcher checked) but does not import
         print(
             f"kelastic-agent: {sys.executable} cannot import torch.distributed: {e}. "

@@ -22,7 +22,7 @@ import pytest
 #: fork server, starts one worker through it, prints what the worker and the server saw.
 SCRIPT = textwrap.dedent(
     """
-    import json, logging, multiprocessing, os, sys, threading
+    import gc, json, logging, multiprocessing, os, sys, threading
 
     from kelastic.agent import warm
 
@@ -32,6 +32,8 @@ SCRIPT = textwrap.dedent(
             "root_handlers": len(logging.getLogger().handlers),
             "root_level": logging.getLogger().level,
             "ppid": os.getppid(),
+            "gc": gc.isenabled(),
+            "frozen": gc.get_freeze_count(),
         })
 
     if __name__ == "__main__":
@@ -56,7 +58,7 @@ SCRIPT = textwrap.dedent(
         with open(f"/proc/{server}/stat") as f:
             server_parent = int(f.read().rpartition(")")[2].split()[1])
         print(json.dumps({
-            "forked": forked, "early": early, "ready": ready, "again": warm.wait_ready(0), "worker": seen, "server": server, "server_cmdline": cmdline,
+            "forked": forked, "gc": gc.isenabled(), "early": early, "ready": ready, "again": warm.wait_ready(0), "worker": seen, "server": server, "server_cmdline": cmdline,
             "server_parent": server_parent, "me": os.getpid(), "exitcode": p.exitcode,
         }))
     """
@@ -103,6 +105,10 @@ def test_the_fork_server_is_a_fork_of_the_agent_and_preloads_the_rest(tmp_path: 
     ]
     # The agent's logging set-up is not the script's: basicConfig() in a script takes effect.
     assert (worker["root_handlers"], worker["root_level"]) == (0, 30)
+    # The collector is on again in the agent and in the workers; what the server imported is
+    # frozen (never scanned, its pages stay shared).
+    assert seen["gc"] is True and worker["gc"] is True
+    assert worker["frozen"] > 100_000
     assert seen["exitcode"] == 0
 
 
@@ -113,6 +119,7 @@ def test_with_another_thread_running_the_fork_server_is_a_fresh_interpreter(tmp_
     assert "from multiprocessing.forkserver import main" in seen["server_cmdline"]
     # multiprocessing's own server still preloads everything the workers should find.
     assert "torch._dynamo" in seen["worker"]["modules"]
+    assert seen["gc"] is True
     assert seen["exitcode"] == 0
 
 
