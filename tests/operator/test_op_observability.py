@@ -333,7 +333,15 @@ def test_a_hang_in_a_collective_restarts_the_group_and_names_the_ranks(env: Any)
         if e["involvedObject"].get("name") == "hang" and e["reason"] == "NoProgress"
     ]
     assert events and events[0]["type"] == "Warning"
-    st = env.wait("Succeeded", lambda: (s := status()).get("phase") == "Succeeded" and s, 180)
+    try:
+        st = env.wait("an end", lambda: (s := status()).get("phase") in ("Succeeded", "Failed") and s, 180)
+    except AssertionError:
+        st = status()
+    if st.get("phase") != "Succeeded":
+        logs = {name: env.kubectl("logs", name, "--tail", "40", check=False) for name in env.pods("hang")}
+        pytest.fail(
+            f"the job is {st.get('phase')}: {json.dumps(st, indent=1)}\npod logs: {json.dumps(logs, indent=1)}"
+        )
     assert int(st.get("restarts") or 0) >= 1  # the hang spent a restart
 
 
