@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import ssl
-import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 
 from kelastic.localcluster.cluster import LocalCluster
 from kelastic.localcluster.controlplane import ControlPlane, ControlPlaneBinaries
-from kelastic.localcluster.testing import wait_for
+from kelastic.localcluster.testing import Kubectl, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -67,21 +66,11 @@ def test_a_local_cluster_restarted_on_its_state_dir_keeps_objects_and_runs_pods(
     # What `kelastic local up --control-plane DIR --state-dir S` does twice.
     state = tmp_path / "state"
 
-    def kubectl(cluster: LocalCluster, *args: str, stdin: str | None = None) -> str:
-        done = subprocess.run(
-            ["kubectl", "--kubeconfig", str(cluster.kubeconfig), *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
-
     with LocalCluster(state / "data", state_dir=state, control_plane=control_plane_bin) as first:
-        kubectl(first, "create", "configmap", "kept", "--from-literal=k=v")
+        Kubectl(first.kubeconfig)("create", "configmap", "kept", "--from-literal=k=v")
     with LocalCluster(state / "data", state_dir=state, control_plane=control_plane_bin) as second:
-        assert json.loads(kubectl(second, "get", "configmap", "kept", "-o", "json"))["data"] == {"k": "v"}
+        kubectl = Kubectl(second.kubeconfig)
+        assert kubectl.json("configmap", "kept")["data"] == {"k": "v"}
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -91,14 +80,9 @@ def test_a_local_cluster_restarted_on_its_state_dir_keeps_objects_and_runs_pods(
                 "containers": [{"name": "c", "image": "x", "command": ["true"]}],
             },
         }
-        kubectl(second, "apply", "-f", "-", stdin=json.dumps(pod))
+        kubectl.apply_object(pod)
         wait_for(
-            lambda: (
-                json.loads(kubectl(second, "get", "pod", "after-restart", "-o", "json"))["status"].get(
-                    "phase"
-                )
-                == "Succeeded"
-            ),
+            lambda: kubectl.json("pod", "after-restart")["status"].get("phase") == "Succeeded",
             90,
             "a pod to run on the restarted cluster",
             interval=0.5,
