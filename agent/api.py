@@ -21,12 +21,18 @@ The pieces a caller may rely on:
 
   - SUCCEEDED: wait at the exit barrier (bounded by ``exit_barrier_timeout``;
     a timeout is logged, not fatal) and return the result;
-  - FAILED/UNHEALTHY: if the rendezvous membership changed (a peer died, left
-    or joined; checked for up to ``membership_grace`` seconds when the round
-    has peers, since a peer's death usually shows up first as a failed
-    collective; default: the handler's dead-node timeout) restart *without*
-    spending a restart; else restart while restarts remain, else stop the
-    workers and return the failure;
+  - FAILED/UNHEALTHY: if the failure was caused by the group changing (with
+    kelastic's handler, a :class:`LossWatcher`: a member of the round died,
+    left or was dropped; with others: any membership change), checked for up to
+    ``membership_grace`` seconds when the round has peers, since a peer's death
+    usually shows up first as a failed collective (default: the handler's
+    dead-node timeout), restart *without* spending a restart; else restart
+    while restarts remain, else stop the workers and return the failure. A
+    peer that re-joined without a loss ends the wait at once: its workers
+    failed too, and the failure is the group's own;
+  - ``TORCHELASTIC_RESTART_COUNT`` is the group's: the most restarts any agent
+    of the round spent (:class:`RankAssignment`), so all ranks of an attempt
+    agree on it;
   - HEALTHY: with a handler that can watch membership (kelastic's, which has
     ``wait_membership_change``) the loop blocks on the store instead of
     sleeping and restarts at once, without spending a restart, when the
@@ -67,6 +73,7 @@ from kelastic.agent.multiprocessing import ProcessFailure, SignalException, Std
 __all__ = [
     "DEFAULT_ROLE",
     "ElasticAgent",
+    "LossWatcher",
     "MembershipChangedError",
     "MembershipWatcher",
     "NamedNode",
@@ -108,6 +115,22 @@ class MembershipWatcher(Protocol):
 
     def wait_membership_change(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds; True as soon as :meth:`membership_changed` is."""
+        ...
+
+
+@runtime_checkable
+class LossWatcher(Protocol):
+    """A rendezvous handler that can tell a lost member from a re-formed round (kelastic's).
+
+    With one, a failure of this node's workers is free only when a member of the
+    round was actually lost (dead, left, dropped); a peer that merely re-joined
+    after its own workers failed does not excuse it. Without one, any membership
+    change within the grace period excuses it.
+    """
+
+    def wait_member_lost(self, timeout: float) -> bool:
+        """Block up to ``timeout`` s; True once a member of this node's round was lost,
+        False once a peer re-joined without a loss, or on timeout."""
         ...
 
 
@@ -259,39 +282,57 @@ class RunResult:
 
 @dataclass(frozen=True)
 class RoleInstanceInfo:
-    """What one agent tells the others before ranks are assigned."""
+    """What one agent tells the others before ranks are assigned.
+
+    ``restarts`` is how many restarts this agent has spent (its own budget).
+    """
 
     role: str
     rank: int  # group rank of the agent
     local_world_size: int
+    restarts: int = 0
 
     def to_json(self) -> str:
-        return json.dumps([self.role, self.rank, self.local_world_size])
+        return json.dumps([self.role, self.rank, self.local_world_size, self.restarts])
 
     @staticmethod
     def from_json(data: str | bytes) -> RoleInstanceInfo:
-        role, rank, lws = json.loads(data)
-        return RoleInstanceInfo(str(role), int(rank), int(lws))
+        role, rank, lws, *rest = json.loads(data)
+        return RoleInstanceInfo(str(role), int(rank), int(lws), int(rest[0]) if rest else 0)
 
 
 @dataclass(frozen=True)
 class RankAssignment:
-    """An agent's share of ranks: its workers get ``base_* + local_rank``."""
+    """An agent's share of ranks: its workers get ``base_* + local_rank``.
+
+    ``group_restart_count`` is the worker group's restart count for this round, the
+    same for every agent of the round: the most restarts any of its agents spent.
+    It is what workers get as ``TORCHELASTIC_RESTART_COUNT``, so every rank of an
+    attempt agrees on it, including ranks on an agent that was spared (its peer's
+    failure cost it nothing) or that joined late.
+    """
 
     base_global_rank: int
     global_world_size: int
     base_role_rank: int
     role_world_size: int
+    group_restart_count: int = 0
 
     def to_json(self) -> str:
         return json.dumps(
-            [self.base_global_rank, self.global_world_size, self.base_role_rank, self.role_world_size]
+            [
+                self.base_global_rank,
+                self.global_world_size,
+                self.base_role_rank,
+                self.role_world_size,
+                self.group_restart_count,
+            ]
         )
 
     @staticmethod
     def from_json(data: str | bytes) -> RankAssignment:
-        a, b, c, d = json.loads(data)
-        return RankAssignment(int(a), int(b), int(c), int(d))
+        a, b, c, d, *rest = json.loads(data)
+        return RankAssignment(int(a), int(b), int(c), int(d), int(rest[0]) if rest else 0)
 
 
 def assign_ranks(infos: Sequence[RoleInstanceInfo]) -> dict[int, RankAssignment]:
@@ -321,12 +362,14 @@ def assign_ranks(infos: Sequence[RoleInstanceInfo]) -> dict[int, RankAssignment]
         base_role[info.rank] = role_offsets.get(info.role, 0)
         role_offsets[info.role] = base_role[info.rank] + info.local_world_size
 
+    group_restarts = max(i.restarts for i in by_rank)
     return {
         info.rank: RankAssignment(
             base_global_rank=base_global[info.rank],
             global_world_size=global_size,
             base_role_rank=base_role[info.rank],
             role_world_size=role_sizes[info.role],
+            group_restart_count=group_restarts,
         )
         for info in by_rank
     }
@@ -365,8 +408,12 @@ def exchange_rank_assignments(
     local_world_size: int,
     timeout: float = 300.0,
     abort: Callable[[], bool] | None = None,
+    restarts: int = 0,
 ) -> RankAssignment:
     """Publish this agent's role info, let group rank 0 assign all ranks, return this agent's share.
+
+    ``restarts`` is what this agent spent of its restart budget; the share's
+    ``group_restart_count`` is the round's maximum of them (see :class:`RankAssignment`).
 
     ``store`` must be private to the current rendezvous round (the handlers'
     ``RendezvousInfo.store`` is). Raises :class:`TimeoutError` naming what it
@@ -374,7 +421,7 @@ def exchange_rank_assignments(
     :class:`MembershipChangedError` as soon as ``abort()`` (checked every half
     second while waiting) returns True.
     """
-    me = RoleInstanceInfo(role, group_rank, local_world_size)
+    me = RoleInstanceInfo(role, group_rank, local_world_size, restarts)
     store.set(f"{_ROLE_INFO_PREFIX}{group_rank}", me.to_json())
     if group_rank == 0:
         keys = [f"{_ROLE_INFO_PREFIX}{i}" for i in range(group_world_size)]
@@ -474,6 +521,7 @@ class SimpleElasticAgent(ElasticAgent):
     ) -> None:
         self._worker_group = WorkerGroup(spec)
         self._remaining_restarts = spec.max_restarts
+        self._group_restart_count = 0  # of the last round (see RankAssignment)
         self._store: Store | None = None
         self._exit_barrier_timeout = exit_barrier_timeout
         self._membership_grace = (
@@ -509,9 +557,18 @@ class SimpleElasticAgent(ElasticAgent):
         return self._worker_group
 
     @property
-    def restart_count(self) -> int:
-        """Restarts spent so far (TORCHELASTIC_RESTART_COUNT of the current workers)."""
+    def restarts_spent(self) -> int:
+        """Restarts this agent spent of its own ``max_restarts`` budget."""
         return self._worker_group.spec.max_restarts - self._remaining_restarts
+
+    @property
+    def restart_count(self) -> int:
+        """The worker group's restart count: ``TORCHELASTIC_RESTART_COUNT`` of the current workers.
+
+        The most restarts any agent of the current round had spent when it formed
+        (the same on every agent of the round), and never less than this agent's own.
+        """
+        return max(self.restarts_spent, self._group_restart_count)
 
     @property
     def attempt(self) -> int:
@@ -568,7 +625,9 @@ class SimpleElasticAgent(ElasticAgent):
                 spec.role,
                 spec.local_world_size,
                 abort=self._membership_changed_now if self._watches_membership() else None,
+                restarts=self.restarts_spent,
             )
+        self._group_restart_count = assignment.group_restart_count
         worker_group.workers = workers_for(assignment, spec.local_world_size)
         worker_group.store = store
         worker_group.group_rank = group_rank
@@ -647,14 +706,25 @@ class SimpleElasticAgent(ElasticAgent):
         watcher = self._watcher()
         return watcher is not None and bool(watcher.membership_changed())
 
-    def _failure_was_membership_change(self) -> bool:
-        """After workers failed: did the group change (a peer died/left/joined) around it?"""
+    def _failure_was_membership_change(self, changed: bool) -> bool:
+        """After workers failed: was it caused by the group changing around them?
+
+        ``changed``: the membership was seen changed just before the failure was.
+        With a :class:`LossWatcher` only a lost member counts (a peer re-joining
+        after its own failure is the same failure, and spends a restart on every
+        agent alike); otherwise any change within the grace period does.
+        """
         watcher = self._watcher()
-        if watcher is None or self._worker_group.group_world_size == 1:
-            return False  # alone in the round: no peer whose loss could have caused it
-        if watcher.membership_changed():
+        if watcher is None:
+            return False
+        alone = self._worker_group.group_world_size == 1  # no peer whose loss could have caused it
+        if isinstance(watcher, LossWatcher):
+            return not alone and bool(watcher.wait_member_lost(self._membership_grace))
+        if changed:
             return True
-        return bool(watcher.wait_membership_change(self._membership_grace))
+        if alone:
+            return False
+        return watcher.membership_changed() or bool(watcher.wait_membership_change(self._membership_grace))
 
     def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
         spec = self._worker_group.spec
@@ -678,9 +748,12 @@ class SimpleElasticAgent(ElasticAgent):
                 self._exit_barrier()
                 return result
             if state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
-                if changed or self._failure_was_membership_change():
+                if self._failure_was_membership_change(changed):
                     self.metrics.incr("agent", "membership_restarts")
-                    self._restart_workers(self._worker_group, "membership changed while workers failed")
+                    self._restart_workers(
+                        self._worker_group,
+                        "a peer was lost or the membership changed as workers failed; no restart spent",
+                    )
                 elif self._remaining_restarts > 0:
                     self._remaining_restarts -= 1
                     self.metrics.incr("agent", "restarts")

@@ -128,6 +128,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -413,15 +414,55 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
     def wait_membership_change(self, timeout: float) -> bool:
         """Block (on store events, not a sleep loop) up to ``timeout`` s; True if membership changed."""
+        return self._wait_verdict(lambda: True if self.membership_changed() else None, timeout)
+
+    def wait_member_lost(self, timeout: float) -> bool:
+        """After this node's workers failed: was a member of its round lost?
+
+        Blocks on store events (not a sleep loop) for up to ``timeout`` seconds.
+        True as soon as a member of this node's round has a fate other than rejoin
+        (dead, left, dropped) or the store connection is lost: the failure is the
+        loss's consequence. False as soon as a peer re-joined while no member was
+        lost (that peer's workers failed too, or it saw nodes waiting: the failure
+        is the group's own), when ``timeout`` passes, or when this node is not a
+        member of a round.
+        """
+        return self._wait_verdict(self._member_lost_now, timeout)
+
+    def _wait_verdict(self, verdict: Callable[[], bool | None], timeout: float) -> bool:
+        """Re-evaluate ``verdict`` on every store event until it is not None; False after ``timeout`` s."""
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
             generation = self._generation
-            if self.membership_changed():
-                return True
+            answer = verdict()
+            if answer is not None:
+                return answer
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._stop.is_set():
                 return False
             self._wait_event(generation, remaining)
+
+    def _member_lost_now(self) -> bool | None:
+        """True: a member was lost; False: a peer re-joined without a loss, or not a member; None: neither yet."""
+        if self._lost.is_set():
+            return True
+        with self._lock:
+            member, store = self._member, self._store
+            if member is None:
+                return False
+            if store is None:
+                return True
+            try:
+                # ``claim_fate`` counts a loss in ``gone`` before ``accounted``: reading
+                # ``accounted`` first, a loss it includes is always seen in ``gone``.
+                accounted = read_counter(store, self._keys.accounted(member.round))
+                gone = read_counter(store, self._keys.gone(member.round))
+            except dist.DistNetworkError:
+                self._drop_connection()
+                return True
+        if gone > 0:
+            return True
+        return False if accounted > 0 else None
 
     # -- joining -----------------------------------------------------------
 

@@ -313,9 +313,11 @@ def claim_fate(store: dist.Store, keys: RunKeys, r: int, name: str, fate: Fate, 
     got = store.compare_set(keys.fate(r, name), "", mine)
     if (got.decode() if isinstance(got, bytes) else got) != mine:
         return False
-    accounted = int(store.add(keys.accounted(r), 1))
+    # A loss is counted in ``gone`` before ``accounted``, so that whoever reads
+    # ``accounted`` and then ``gone`` sees every loss the first count includes.
     if fate is not Fate.REJOIN:
         store.add(keys.gone(r), 1)
+    accounted = int(store.add(keys.accounted(r), 1))
     if fate is not Fate.REJOIN or accounted == 1:
         push_event(store, keys, f"{fate.value} {r} {name}")
     return True

@@ -13,8 +13,9 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
-from kelastic.agent import warm
+from kelastic.agent import api, warm
 from kelastic.agent.api import (
+    LossWatcher,
     MembershipChangedError,
     MembershipWatcher,
     RankAssignment,
@@ -148,6 +149,17 @@ def test_heterogeneous_ranks_and_role_ranks() -> None:
     assert (got[2].base_role_rank, got[2].role_world_size) == (2, 5)
 
 
+def test_the_group_restart_count_is_the_most_any_agent_spent() -> None:
+    got = assign_ranks([RoleInstanceInfo("w", 0, 1, restarts=0), RoleInstanceInfo("w", 1, 1, restarts=2)])
+    assert {a.group_restart_count for a in got.values()} == {2}
+    info = RoleInstanceInfo("w", 1, 3, restarts=2)
+    assert RoleInstanceInfo.from_json(info.to_json()) == info
+    assert RankAssignment.from_json(got[1].to_json()) == got[1]
+    # an agent of an earlier release sends and reads the shorter forms
+    assert RoleInstanceInfo.from_json('["w", 1, 3]') == RoleInstanceInfo("w", 1, 3, 0)
+    assert RankAssignment.from_json("[0, 2, 0, 2]") == RankAssignment(0, 2, 0, 2, 0)
+
+
 def test_ranks_need_contiguous_group_ranks() -> None:
     with pytest.raises(ValueError, match=r"group ranks 0\.\.1"):
         assign_ranks([RoleInstanceInfo("w", 0, 1), RoleInstanceInfo("w", 2, 1)])
@@ -270,6 +282,57 @@ def test_failure_during_membership_change_is_free() -> None:
     agent = ScriptedAgent(_spec(handler, max_restarts=0), [F, S])
     assert agent.run().state == S
     assert agent.starts == [0, 0]
+
+
+class PeerHandler(OneNodeHandler):
+    """Rank 0 of two; the peer is scripted: its role info (with the restarts it spent) is in
+    every round's store, and ``losses`` answers whether a member was lost after a failure."""
+
+    def __init__(self, losses: list[bool], peer_restarts: int = 0, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.losses = list(losses)
+        self.peer_restarts = peer_restarts
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        from torch.distributed import PrefixStore
+
+        self.rounds += 1
+        store = PrefixStore(f"round{self.rounds}", self.store)
+        peer = RoleInstanceInfo("trainer", 1, 2, restarts=self.peer_restarts)
+        store.set(f"{api._ROLE_INFO_PREFIX}1", peer.to_json())
+        return RendezvousInfo(store, 0, 2, RendezvousStoreInfo("127.0.0.1", 29999))
+
+    def wait_member_lost(self, timeout: float) -> bool:
+        return self.losses.pop(0)
+
+
+def test_a_failure_without_a_lost_member_spends_a_restart_though_the_round_changed() -> None:
+    """The peer re-joined (the round changed) because its workers failed in the same
+    collective: that is the group's own failure, and it costs a restart here too."""
+    F, S = WorkerState.FAILED, WorkerState.SUCCEEDED
+    handler = PeerHandler(losses=[False], changes=[True, False])
+    assert isinstance(handler, LossWatcher)
+    agent = ScriptedAgent(_spec(handler, max_restarts=1), [F, S])
+    assert agent.run().state == S
+    assert agent.starts == [0, 1] and agent.restarts_spent == 1
+
+
+def test_a_failure_with_a_lost_member_is_free() -> None:
+    F, S = WorkerState.FAILED, WorkerState.SUCCEEDED
+    agent = ScriptedAgent(_spec(PeerHandler(losses=[True]), max_restarts=0), [F, S])
+    assert agent.run().state == S
+    assert agent.starts == [0, 0] and agent.metrics.counters()["agent.membership_restarts"] == 1
+
+
+def test_workers_get_the_groups_restart_count() -> None:
+    """A spared agent (or one that joined late) starts its workers with the count of the
+    agent that spent the most, so that every rank of the attempt agrees."""
+    agent = ScriptedAgent(
+        _spec(PeerHandler(losses=[], peer_restarts=2), max_restarts=3), [WorkerState.SUCCEEDED]
+    )
+    agent.run()
+    assert agent.starts == [2]
+    assert agent.restarts_spent == 0 and agent.restart_count == 2
 
 
 def test_signal_stops_workers_with_the_same_signal() -> None:
