@@ -26,7 +26,7 @@ The pieces a caller may rely on:
     left or was dropped; with others: any membership change), checked for up to
     ``membership_grace`` seconds when the round has peers, since a peer's death
     usually shows up first as a failed collective (default: the handler's
-    dead-node timeout), restart *without* spending a restart; else restart
+    ``loss_notice``, about 2 s with kelastic's peer link), restart *without* spending a restart; else restart
     while restarts remain, else stop the workers and return the failure. A
     peer that re-joined without a loss ends the wait at once: its workers
     failed too, and the failure is the group's own;
@@ -129,8 +129,17 @@ class LossWatcher(Protocol):
     """
 
     def wait_member_lost(self, timeout: float) -> bool:
-        """Block up to ``timeout`` s; True once a member of this node's round was lost,
-        False once a peer re-joined without a loss, or on timeout."""
+        """Block up to ``timeout`` s; True once a member of this node's round was lost (or
+        announced it is leaving), False once a peer re-joined without a loss, or on timeout."""
+        ...
+
+    def announce_leaving(self) -> None:
+        """Tell the round this node is stopping its workers to leave (best effort)."""
+        ...
+
+    @property
+    def loss_notice(self) -> float:
+        """Seconds a lost member may take to show after its process is gone."""
         ...
 
 
@@ -471,11 +480,14 @@ def exit_barrier(store: Store, world_size: int, timeout: float) -> bool:
 def _default_grace(handler: RendezvousHandler) -> float:
     """How long a failure may precede the membership change that explains it.
 
-    A peer's death usually breaks a collective at once, while the rendezvous
-    declares it dead only after its heartbeat timeout; kelastic's handler exposes
-    that timeout (``settings.node_timeout``), plus one keep-alive period of slack.
+    A peer's death usually breaks a collective at once. kelastic's handler says
+    how soon it sees a loss (:attr:`LossWatcher.loss_notice`: about two keep-alive
+    periods with its peer link, else its heartbeat timeout). For other handlers
+    with a heartbeat setting: ``settings.node_timeout`` plus one keep-alive period.
     (torch's c10d handler has ``settings`` too, without a ``node_timeout``: hence the checks.)
     """
+    if isinstance(handler, LossWatcher):
+        return float(handler.loss_notice)
     settings = getattr(handler, "settings", None)
     node_timeout = getattr(settings, "node_timeout", None)
     interval = getattr(settings, "keep_alive_interval", None)
@@ -524,9 +536,7 @@ class SimpleElasticAgent(ElasticAgent):
         self._group_restart_count = 0  # of the last round (see RankAssignment)
         self._store: Store | None = None
         self._exit_barrier_timeout = exit_barrier_timeout
-        self._membership_grace = (
-            membership_grace if membership_grace is not None else _default_grace(spec.rdzv_handler)
-        )
+        self._membership_grace_override = membership_grace
         self._event_sink: EventSink = event_sink if event_sink is not None else default_sink()
         self.metrics = metrics if metrics is not None else Metrics()
         self._total_execution_time = 0.0
@@ -593,6 +603,7 @@ class SimpleElasticAgent(ElasticAgent):
             return RunResult(state=WorkerState.SUCCEEDED)
         except SignalException as e:
             _log.warning("agent received %s, stopping workers with it", e.sigval)
+            self._announce_leaving()
             self._event("kelastic.agent.signal", signal=signal.Signals(e.sigval).name)
             self._shutdown(e.sigval)
             shutdown_called = True
@@ -686,6 +697,15 @@ class SimpleElasticAgent(ElasticAgent):
         worker_group.state = WorkerState.STOPPED
         self._initialize_workers(worker_group)
 
+    def _announce_leaving(self) -> None:
+        """Before stopping on a signal: let peers judge what their workers see next a loss."""
+        handler = self._worker_group.spec.rdzv_handler
+        if isinstance(handler, LossWatcher):
+            try:
+                handler.announce_leaving()
+            except Exception as e:  # best effort: stopping matters more
+                _log.warning("could not announce leaving the rendezvous: %s", e)
+
     def _watcher(self) -> MembershipWatcher | None:
         """The rendezvous handler, if it can watch the membership (see :class:`MembershipWatcher`)."""
         handler = self._worker_group.spec.rdzv_handler
@@ -705,6 +725,14 @@ class SimpleElasticAgent(ElasticAgent):
     def _membership_changed_now(self) -> bool:
         watcher = self._watcher()
         return watcher is not None and bool(watcher.membership_changed())
+
+    @property
+    def _membership_grace(self) -> float:
+        # Asked at each failure, not once: a handler knows how fast it sees a loss
+        # only once it is connected (kelastic's peer link).
+        if self._membership_grace_override is not None:
+            return self._membership_grace_override
+        return _default_grace(self._worker_group.spec.rdzv_handler)
 
     def _failure_was_membership_change(self, changed: bool) -> bool:
         """After workers failed: was it caused by the group changing around them?

@@ -5,9 +5,12 @@ Four agents with one rank each (``--nnodes 2:4``) run a worker (this file with
 For each launcher and each repetition:
 
 1. cold start: agents started → every rank has done a step at world 4;
-2. recovery: SIGKILL of one whole node (agent and worker) → every survivor has
+2. worker crash: one rank exits with an error (a bug, an exception) while the
+   others wait in the all-reduce → every rank's *new* process has done a step
+   (a crash restarts the whole group with either launcher, spending a restart);
+3. recovery: SIGKILL of one whole node (agent and worker) → every survivor has
    done a step at world 3;
-3. scale up: a fresh agent for the fourth node starts → every rank has done a
+4. scale up: a fresh agent for the fourth node starts → every rank has done a
    step at world 4.
 
 kelastic runs with ``--rdzv-backend kelastic`` against a ``kelastic-rendezvous``
@@ -64,10 +67,14 @@ def worker(out: Path, duration: float) -> None:
     (out / f"pid_{node}").write_text(str(os.getpid()))
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     log = open(out / f"steps_{node}.log", "a", buffering=1)  # noqa: SIM115 - lives as long as the worker
+    crash = out / f"crash_{node}"
     end = time.monotonic() + duration
     step = 0
     x = torch.ones(1)
     while time.monotonic() < end:
+        if crash.exists():
+            crash.unlink()
+            os._exit(1)  # a failing rank: the others block in the all-reduce until it is gone
         dist.all_reduce(x)
         log.write(f"{time.time():.6f} {world} {rank} {step}\n")
         step += 1
@@ -95,24 +102,32 @@ class Launcher:
     nodes: list[Node] = field(default_factory=list)
 
 
-def _first_steps(out: Path, world: int, since: float) -> dict[str, float]:
-    """Per node: time of its first step at ``world`` after ``since``."""
+def _first_steps(out: Path, world: int, since: float, fresh: bool = False) -> dict[str, float]:
+    """Per node: time of its first step at ``world`` after ``since`` (``fresh``: of a new process,
+    i.e. its step 0)."""
     firsts: dict[str, float] = {}
     for path in out.glob("steps_*.log"):
         node = path.stem[len("steps_") :]
         for line in path.read_text().splitlines():
             parts = line.split()
-            if len(parts) == 4 and int(parts[1]) == world and float(parts[0]) >= since:
+            if (
+                len(parts) == 4
+                and int(parts[1]) == world
+                and float(parts[0]) >= since
+                and (not fresh or parts[3] == "0")
+            ):
                 firsts[node] = float(parts[0])
                 break
     return firsts
 
 
-def _wait_all_at(out: Path, world: int, nodes: set[str], since: float, cap: float) -> float | None:
+def _wait_all_at(
+    out: Path, world: int, nodes: set[str], since: float, cap: float, fresh: bool = False
+) -> float | None:
     """Seconds from ``since`` until every node in ``nodes`` stepped at ``world``; None past ``cap``."""
     deadline = since + cap
     while time.time() < deadline:
-        firsts = _first_steps(out, world, since)
+        firsts = _first_steps(out, world, since, fresh)
         if nodes <= set(firsts):
             return max(firsts[n] for n in nodes) - since
         time.sleep(0.05)
@@ -161,7 +176,7 @@ def _start_job(launcher: Launcher, names: list[str], out: Path, logs: Path, t0: 
 
 
 def run_once(launcher: Launcher, cap: float, logs: Path) -> dict[str, float | None]:
-    """One repetition: cold start, recovery, scale up (see the module docstring)."""
+    """One repetition: cold start, worker crash, recovery, scale up (see the module docstring)."""
     out = Path(tempfile.mkdtemp(prefix=f"bench_{launcher.label}_"))
     store = launcher.start_store()
     names = [f"node{i}" for i in range(NODES)]
@@ -173,6 +188,12 @@ def run_once(launcher: Launcher, cap: float, logs: Path) -> dict[str, float | No
         if result["cold start"] is None:
             return result
         time.sleep(1.0)  # steady state
+        t_crash = time.time()
+        (out / f"crash_{names[1]}").touch()
+        result["worker crash"] = _wait_all_at(out, NODES, set(names), t_crash, cap, fresh=True)
+        if result["worker crash"] is None:
+            return result
+        time.sleep(1.0)
         victim = launcher.nodes[-1]
         t_kill = time.time()
         _kill_node(victim, out)
@@ -261,7 +282,7 @@ def _fmt(v: float | None, cap: float) -> str:
     return f"> {cap:.0f} s" if v is None else f"{v:.2f} s"
 
 
-PHASES = ("cold start", "recovery", "scale up")
+PHASES = ("cold start", "worker crash", "recovery", "scale up")
 
 
 def _median(values: list[float | None], cap: float) -> tuple[float, bool]:

@@ -110,7 +110,12 @@ Use from an agent
 ``next_rendezvous()`` after (re)starting; then, while workers run, block in
 ``wait_membership_change(monitor_interval)`` (or poll the cheap, event-cached
 ``membership_changed()``); when it is True stop the workers and call
-``next_rendezvous()`` again. ``RendezvousInfo.store`` is a ``PrefixStore``
+``next_rendezvous()`` again. When the workers fail, ``wait_member_lost(loss_notice)``
+tells whether a member was lost (the failure is its consequence: restart for
+free) or a peer re-joined without a loss (the group's own failure). Before
+stopping its workers on a signal, an agent calls ``announce_leaving()`` (counter
+``r/<R>/leaving``), so that the failures its leave causes are judged losses.
+``RendezvousInfo.store`` is a ``PrefixStore``
 private to the round over this node's own store connection. At the end:
 ``set_closed()`` then ``shutdown()`` on success, only ``shutdown()`` when the
 node is stopped. The agent publishes its progress for ``control.read_status``
@@ -457,12 +462,43 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 # ``accounted`` first, a loss it includes is always seen in ``gone``.
                 accounted = read_counter(store, self._keys.accounted(member.round))
                 gone = read_counter(store, self._keys.gone(member.round))
+                leaving = read_counter(store, self._keys.leaving(member.round))
             except dist.DistNetworkError:
                 self._drop_connection()
                 return True
-        if gone > 0:
+        if gone > 0 or leaving > 0:
             return True
         return False if accounted > 0 else None
+
+    def announce_leaving(self) -> None:
+        """Tell the round's members that this node is stopping its workers to leave.
+
+        For the agent to call before it stops its workers on a signal: a failure
+        the others see meanwhile is then judged a loss (:meth:`wait_member_lost`),
+        however long the workers take to stop. It does not end the round for
+        anyone (``shutdown`` does, with the fate ``left``). Best effort.
+        """
+        with self._lock:
+            member, store = self._member, self._store
+            if member is None or store is None:
+                return
+            try:
+                store.add(self._keys.leaving(member.round), 1)
+                push_event(store, self._keys, f"leaving {member.round} {self._s.node_name}")
+            except dist.DistError as exc:
+                log.warning("kelastic rendezvous: could not announce leaving: %s", first_line(exc))
+
+    @property
+    def loss_notice(self) -> float:
+        """How long after a member's process is gone its loss may take to show, at most.
+
+        With the peer link the watcher sees the connection close at once: two
+        keep-alive periods cover a loaded machine. Without it only the heartbeat
+        tells: ``node_timeout`` plus one keep-alive period.
+        """
+        if self._link is not None:
+            return 2.0 * self._s.keep_alive_interval
+        return self._s.node_timeout + self._s.keep_alive_interval
 
     # -- joining -----------------------------------------------------------
 

@@ -22,6 +22,8 @@ Key layout (all under ``kelastic/<run_id>/``)::
     r/<R>/fate/<name>        first claim wins: rejoin | dead | left | dropped (+ "|claimer")
     r/<R>/accounted          counter of members of R with a claimed fate
     r/<R>/gone               counter of members of R with a fate other than rejoin
+    r/<R>/leaving            counter of members of R that announced they are stopping their
+                             workers to leave (before their fate ``left``)
     hb/<name>                heartbeat counter, incremented by the node every keep-alive interval
     ctl/membership           JSON from the controller: {"nodes", "min_nodes", "max_nodes"}
     ctl/bounds               JSON {"min_nodes", "max_nodes", "count"}: the same without the names
@@ -138,6 +140,9 @@ class RunKeys:
 
     def gone(self, r: int) -> str:
         return self._k(f"r/{r}/gone")
+
+    def leaving(self, r: int) -> str:
+        return self._k(f"r/{r}/leaving")
 
     def heartbeat(self, name: str) -> str:
         return self._k(f"hb/{name}")

@@ -122,6 +122,16 @@ class ScriptedAgent(SimpleElasticAgent):
         self.shutdown_signals.append(death_sig)
 
 
+class SimpleScriptedAgent(ScriptedAgent):
+    """A scripted agent with the default membership grace (the handler's)."""
+
+    def __init__(self, spec: WorkerSpec, states: list[Any]) -> None:
+        SimpleElasticAgent.__init__(self, spec, exit_barrier_timeout=5, event_sink=MemorySink())
+        self.states = list(states)
+        self.starts = []
+        self.shutdown_signals = []
+
+
 def _spec(handler: RendezvousHandler, **kw: Any) -> WorkerSpec:
     return WorkerSpec(role="trainer", local_world_size=2, rdzv_handler=handler, entrypoint="python", **kw)
 
@@ -303,7 +313,15 @@ class PeerHandler(OneNodeHandler):
         return RendezvousInfo(store, 0, 2, RendezvousStoreInfo("127.0.0.1", 29999))
 
     def wait_member_lost(self, timeout: float) -> bool:
+        self.grace = timeout
         return self.losses.pop(0)
+
+    def announce_leaving(self) -> None:
+        self.announced = True
+
+    @property
+    def loss_notice(self) -> float:
+        return 1.5
 
 
 def test_a_failure_without_a_lost_member_spends_a_restart_though_the_round_changed() -> None:
@@ -319,9 +337,19 @@ def test_a_failure_without_a_lost_member_spends_a_restart_though_the_round_chang
 
 def test_a_failure_with_a_lost_member_is_free() -> None:
     F, S = WorkerState.FAILED, WorkerState.SUCCEEDED
-    agent = ScriptedAgent(_spec(PeerHandler(losses=[True]), max_restarts=0), [F, S])
+    handler = PeerHandler(losses=[True])
+    agent = SimpleScriptedAgent(_spec(handler, max_restarts=0), [F, S])
     assert agent.run().state == S
     assert agent.starts == [0, 0] and agent.metrics.counters()["agent.membership_restarts"] == 1
+    assert handler.grace == 1.5, "without an override the grace is the handler's loss_notice"
+
+
+def test_a_signal_announces_leaving_before_the_workers_stop() -> None:
+    handler = PeerHandler(losses=[])
+    agent = ScriptedAgent(_spec(handler), [SignalException("stop", sigval=signal.SIGTERM)])
+    with pytest.raises(SignalException):
+        agent.run()
+    assert getattr(handler, "announced", False) and agent.shutdown_signals == [signal.SIGTERM]
 
 
 def test_workers_get_the_groups_restart_count() -> None:

@@ -78,3 +78,19 @@ def test_no_news_is_a_failure_of_its_own_after_the_grace(server: ServerProcess, 
 def test_not_a_member_means_no_loss(server: ServerProcess, run_id: str) -> None:
     handler = kelastic_handler(server.endpoint, run_id, "alone", 1, 1)
     assert handler.wait_member_lost(5.0) is False
+
+
+def test_a_peer_announcing_its_leave_excuses_the_failure_at_once(server: ServerProcess, run_id: str) -> None:
+    """A pod being deleted: its agent announces it before stopping its workers (which may take
+    long), so what the others' workers see meanwhile is judged a loss, not their own failure."""
+    a, b, c = _round_of_three(server, run_id)
+    assert not b.membership_changed()
+    a.announce_leaving()
+    assert b.wait_member_lost(20.0) is True
+    assert not c.membership_changed(), "announcing alone does not end the round: the fate 'left' does"
+
+
+def test_the_loss_notice_is_short_with_the_peer_link(server: ServerProcess, run_id: str) -> None:
+    a, _, _ = _round_of_three(server, run_id)
+    settings = a.settings
+    assert a.loss_notice == 2 * settings.keep_alive_interval < settings.node_timeout
