@@ -83,6 +83,16 @@ def find_chart_dir() -> Path | None:
     return None
 
 
+#: A command line that replaces the operator ``kelastic local`` starts (e.g. with other flags).
+OPERATOR_OVERRIDE_ENV = "KELASTIC_LOCAL_OPERATOR"
+
+
+def operator_override() -> list[str] | None:
+    """The operator command ``$KELASTIC_LOCAL_OPERATOR`` sets, split like a shell would (None: unset)."""
+    raw = os.environ.get(OPERATOR_OVERRIDE_ENV)
+    return shlex.split(raw) if raw else None
+
+
 def operator_command() -> list[str] | None:
     """How to start the kelastic operator, or None when it is not installed.
 
@@ -90,8 +100,9 @@ def operator_command() -> list[str] | None:
     pass the operator flags. Otherwise looks for the module's files without
     importing it: the local cluster must not depend on the operator.
     """
-    if os.environ.get("KELASTIC_LOCAL_OPERATOR"):
-        return shlex.split(os.environ["KELASTIC_LOCAL_OPERATOR"])
+    override = operator_override()
+    if override is not None:
+        return override
     try:
         spec = importlib.util.find_spec("kelastic.operator")
     except (ImportError, ValueError):
@@ -285,18 +296,19 @@ def _start_operator(
 
     ``$KELASTIC_LOCAL_OPERATOR`` wins on both: whoever sets it asked for that command.
     """
+    override = operator_override()
     if cluster.real:
-        if os.environ.get("KELASTIC_LOCAL_OPERATOR"):
+        if override is not None:
             print(
-                "kelastic: $KELASTIC_LOCAL_OPERATOR is set: running it instead of installing the chart",
+                f"kelastic: ${OPERATOR_OVERRIDE_ENV} is set: running it instead of installing the chart",
                 file=out,
             )
         elif _install_chart(cluster, out, watch, cluster_wide):
             return None
-    command = operator_command()
+    command = override if override is not None else operator_command()
     if command is None:
         return None
-    if not os.environ.get("KELASTIC_LOCAL_OPERATOR"):
+    if override is None:
         # The namespaces of the applied jobs (the operator watches only "default" otherwise).
         command += ["--all-namespaces"] if cluster_wide else [f"--namespace={ns}" for ns in watch]
     operator = _Operator(command, cluster.kubeconfig, cluster.data_dir / "operator.log")
