@@ -26,10 +26,12 @@ The pieces a caller may rely on:
     left or was dropped; with others: any membership change), checked for up to
     ``membership_grace`` seconds when the round has peers, since a peer's death
     usually shows up first as a failed collective (default: the handler's
-    ``loss_notice``, about 2 s with kelastic's peer link), restart *without* spending a restart; else restart
-    while restarts remain, else stop the workers and return the failure. A
-    peer that re-joined without a loss ends the wait at once: its workers
-    failed too, and the failure is the group's own;
+    ``loss_notice``, about 2 s with kelastic's peer link; its heartbeat timeout
+    when no restart is left, since the verdict then ends the job), restart
+    *without* spending a restart; else restart while restarts remain, else stop
+    the workers and return the failure. A peer that re-joined without a loss
+    ends the wait at once: its workers failed too, and the failure is the
+    group's own;
   - ``TORCHELASTIC_RESTART_COUNT`` is the group's: the most restarts any agent
     of the round spent (:class:`RankAssignment`), so all ranks of an attempt
     agree on it;
@@ -477,16 +479,19 @@ def exit_barrier(store: Store, world_size: int, timeout: float) -> bool:
 # --- agents ----------------------------------------------------------------------------
 
 
-def _default_grace(handler: RendezvousHandler) -> float:
+def _default_grace(handler: RendezvousHandler, *, final: bool = False) -> float:
     """How long a failure may precede the membership change that explains it.
 
     A peer's death usually breaks a collective at once. kelastic's handler says
     how soon it sees a loss (:attr:`LossWatcher.loss_notice`: about two keep-alive
-    periods with its peer link, else its heartbeat timeout). For other handlers
-    with a heartbeat setting: ``settings.node_timeout`` plus one keep-alive period.
+    periods with its peer link, else its heartbeat timeout). ``final``: the
+    failure would end the job (no restart left), so wait as long as the slowest
+    detection, the heartbeat timeout: a loss seen late there costs the whole job,
+    where elsewhere it costs one restart. For other handlers with a heartbeat
+    setting: ``settings.node_timeout`` plus one keep-alive period.
     (torch's c10d handler has ``settings`` too, without a ``node_timeout``: hence the checks.)
     """
-    if isinstance(handler, LossWatcher):
+    if isinstance(handler, LossWatcher) and not final:
         return float(handler.loss_notice)
     settings = getattr(handler, "settings", None)
     node_timeout = getattr(settings, "node_timeout", None)
@@ -732,7 +737,8 @@ class SimpleElasticAgent(ElasticAgent):
         # only once it is connected (kelastic's peer link).
         if self._membership_grace_override is not None:
             return self._membership_grace_override
-        return _default_grace(self._worker_group.spec.rdzv_handler)
+        handler = self._worker_group.spec.rdzv_handler
+        return _default_grace(handler, final=self._remaining_restarts == 0)
 
     def _failure_was_membership_change(self, changed: bool) -> bool:
         """After workers failed: was it caused by the group changing around them?

@@ -6,6 +6,7 @@ import signal
 import threading
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -338,10 +339,23 @@ def test_a_failure_without_a_lost_member_spends_a_restart_though_the_round_chang
 def test_a_failure_with_a_lost_member_is_free() -> None:
     F, S = WorkerState.FAILED, WorkerState.SUCCEEDED
     handler = PeerHandler(losses=[True])
-    agent = SimpleScriptedAgent(_spec(handler, max_restarts=0), [F, S])
+    agent = SimpleScriptedAgent(_spec(handler, max_restarts=1), [F, S])
     assert agent.run().state == S
     assert agent.starts == [0, 0] and agent.metrics.counters()["agent.membership_restarts"] == 1
+    assert agent.restarts_spent == 0
     assert handler.grace == 1.5, "without an override the grace is the handler's loss_notice"
+
+
+def test_a_failure_that_would_end_the_job_waits_for_the_heartbeat_timeout() -> None:
+    """With no restart left a late-seen loss would cost the whole job: wait as long as the
+    slowest detection (the heartbeat timeout), not just the peer link's."""
+    F, S = WorkerState.FAILED, WorkerState.SUCCEEDED
+    handler = PeerHandler(losses=[False, True])
+    handler.settings = SimpleNamespace(node_timeout=5.0, keep_alive_interval=1.0)  # type: ignore[attr-defined]
+    agent = SimpleScriptedAgent(_spec(handler, max_restarts=1), [F, F, S])
+    assert agent.run().state == S
+    assert handler.grace == 6.0  # the second failure came with no restart left
+    assert agent.starts == [0, 1, 1]
 
 
 def test_a_signal_announces_leaving_before_the_workers_stop() -> None:
