@@ -48,20 +48,26 @@ the old round will come, so the new round closes without any timer.
 Waking up without polling
 -------------------------
 Anything another node must react to pushes an *event*: ``add(ev, 1)`` then set
-``ev/<n>``. Each handler runs one watcher thread blocked in ``store.wait`` on the
-next event key; when it fires it bumps a local generation counter and notifies
-a condition variable. Deciders and ``wait_membership_change`` block on that
-condition (with their own deadlines), never on a sleep loop, so a round closes as
-soon as its condition holds; the other waiters of an open round only read the
-round's size (one key) when woken. Events are rare: first join of a round after the first, ``min`` reached, round
-closed, a fate other than rejoin (plus the first fate of a round), controller
-publication, job closed.
+``ev/<n>`` to what happened. Each handler runs one watcher thread that takes the
+events one by one, each with a single blocking ``get`` of the next event key;
+it bumps a local generation counter and notifies a condition variable.
+Deciders and ``wait_membership_change`` block on that condition (with their own
+deadlines), never on a sleep loop, so a round closes as soon as its condition
+holds. The close of a round travels in its event (``closed <R> <size value>``:
+the size and rank 0's worker store, which the closer read from rank 0's record),
+so the other waiters of the open round read nothing when woken: one store call
+per node (the watcher's) tells every waiter the outcome. They read the size key
+only when the event may have been missed (before the first event, after the
+watcher reconnected) and on their fall-back evaluation. Events are rare: first
+join of a round after the first, ``min`` reached, round closed, a fate other than
+rejoin (plus the first fate of a round), controller publication, job closed.
 
 Cost at scale
 -------------
 A node's join, wait and start take O(1) store operations on O(1)-sized values
-(its own listing key and the controller's bounds, never the full list). O(N)
-data is read only by the closer (the member list) and by a joiner or decider
+(its own listing key and the controller's bounds, never the full list): about
+nine to join and wait, then one for its ring successor's record once the round
+closed, plus the watcher's one per event. O(N) data is read only by the closer (the member list) and by a joiner or decider
 that may see the last listed node arrive (``joined + gone >= listed``).
 
 Failure detection
@@ -150,12 +156,15 @@ from torch.distributed.elastic.rendezvous import (
 
 from .liveness import HeartbeatTracker, PeerLink
 from .protocol import (
+    JOB_CLOSED_EVENT,
     CloseAction,
     Fate,
+    RoundClose,
     RoundView,
     RunKeys,
     TimerKind,
     claim_fate,
+    close_event,
     connect_store,
     decide_close,
     first_line,
@@ -163,8 +172,10 @@ from .protocol import (
     listed_all_joined,
     new_token,
     open_round,
+    parse_close_event,
     push_event,
     read_bounds,
+    read_close,
     read_counter,
     read_membership,
     read_optional,
@@ -253,6 +264,11 @@ class KelasticRendezvousHandler(RendezvousHandler):
         self._stop = threading.Event()
         self._wake = threading.Condition()
         self._generation = 0
+        # Rounds whose close event the watcher saw (guarded by _wake), and how often the
+        # watcher (re)connected: after a reconnect it may have missed events.
+        self._closes: dict[int, RoundClose] = {}
+        self._watch_epoch = 0
+        self._link_target: tuple[int, str, str, int] | None = None
         self._changed_cache: tuple[int, bool] | None = None
         self._threads: list[threading.Thread] = []
         self._link: PeerLink | None = None
@@ -304,8 +320,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._member = None
             self._changed_cache = None
             self._close_worker_store()
-        if self._link is not None:
-            self._link.watch(None)
+        self._watch_link(None)
         while True:
             try:
                 store = self._connected(deadline)
@@ -333,7 +348,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         store = self._connected(time.monotonic() + min(self._s.join_timeout, 30.0))
         with self._lock:
             store.set(self._keys.closed, "1")
-            push_event(store, self._keys, "closed-job")
+            push_event(store, self._keys, JOB_CLOSED_EVENT)
 
     def num_nodes_waiting(self) -> int:
         """>0 when this node's round is no longer current (nodes wait, or a member changed)."""
@@ -546,12 +561,12 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 push_event(store, k, f"join {r}")  # running members learn that nodes wait
             self._account_previous_round(store, r)
             try:
-                size = self._wait_closed(store, r, slot, deadline)
+                close = self._wait_closed(store, r, slot, deadline)
             finally:
                 with self._lock:
                     self._joining = None
-            if slot < size:
-                return self._become_member(store, r, slot, size, addr, deadline)
+            if slot < close.size:
+                return self._become_member(store, r, slot, close, addr, deadline)
             if slot == 0:
                 self._close_worker_store()
             log.info(
@@ -600,14 +615,15 @@ class KelasticRendezvousHandler(RendezvousHandler):
             listed_all_joined=listed,
         )
 
-    def _wait_closed(self, store: dist.TCPStore, r: int, slot: int, deadline: float) -> int:
-        """Block until round r is closed (closing it if this node sees the condition); its size.
+    def _wait_closed(self, store: dist.TCPStore, r: int, slot: int, deadline: float) -> RoundClose:
+        """Block until round r is closed (closing it if this node sees the condition); how it closed.
 
         Every joiner evaluates the close rule once, right after its join. Afterwards
         only the deciders (slots below ``_DECIDERS``) evaluate it on each event and
-        run its timers; the others read one key per event (the round's size) and
-        evaluate only every ``_FALLBACK_EVALUATION`` s, in case every decider died.
-        So an event costs O(1) per node and the round O(N) in all.
+        run its timers; the others evaluate only every ``_FALLBACK_EVALUATION`` s, in
+        case every decider died, and otherwise read nothing: the round's close event
+        carries its size and worker store, which the watcher hands over. So an event
+        costs O(1) per node and the round O(N) in all.
         """
         k, s = self._keys, self._s
         decider = slot < _DECIDERS
@@ -615,21 +631,31 @@ class KelasticRendezvousHandler(RendezvousHandler):
         timer_deadline = math.inf
         next_full = time.monotonic()  # the first evaluation is right after joining
         first = True
+        synced_epoch = -1
         while True:
             generation = self._generation
-            size = read_size(store, k, r)
-            if size:
-                return size
+            epoch = self._watch_epoch
+            now = time.monotonic()
+            full = decider or timer is not None or now >= next_full
+            with self._wake:
+                close = self._closes.get(r)
+            # The store is read when the close event may have been missed: before the
+            # first event, after the watcher reconnected, and on each full evaluation.
+            if close is None and (full or epoch != synced_epoch):
+                synced_epoch = epoch
+                close = read_close(store, k, r)
+            if close is not None:
+                return close
             if self._job_closed.is_set():
                 raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
-            now = time.monotonic()
-            if decider or timer is not None or now >= next_full:
+            if full:
                 next_full = now + _FALLBACK_EVALUATION
                 view = self._observe(store, r)
                 decision = decide_close(view)
                 now = time.monotonic()
                 if decision.action is CloseAction.CLOSE:
                     self._try_close(store, r, decision.size)
+                    synced_epoch = -1  # read the outcome (this node's close or another's)
                     continue
                 if first and slot + 1 == view.min_nodes:
                     push_event(store, k, f"min {r}")  # min reached: the deciders start their timers
@@ -640,6 +666,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
                         timer, timer_deadline = decision.timer, now + s.timer(decision.timer)
                     if now >= timer_deadline:
                         self._try_close(store, r, min(view.joined, view.max_nodes))
+                        synced_epoch = -1
                         continue
                 else:
                     timer, timer_deadline = None, math.inf
@@ -650,21 +677,27 @@ class KelasticRendezvousHandler(RendezvousHandler):
                     f"join_timeout={s.join_timeout:g}s ({joined} joined, min {s.min_nodes}, max "
                     f"{s.max_nodes} unless the controller set other bounds)"
                 )
-            # Woken by the event watcher. Not blocked in ``store.wait`` on the size key:
-            # measured slower, as every expired wait raises through torch (with a C++
-            # backtrace) and the close wakes each node twice (store and event).
+            # Woken by the event watcher, which has already read the close event's value.
+            # Not blocked in ``store.wait`` on the size key: every expired wait raises
+            # through torch (with a C++ backtrace), and the close would wake each node
+            # twice (store and event).
             wake = min(deadline, timer_deadline) if decider else min(deadline, timer_deadline, next_full)
             self._wait_event(generation, wake - now)
 
     def _try_close(self, store: dist.TCPStore, r: int, size: int) -> bool:
-        """Close round r with ``size`` members if nobody did yet; the winner does the bookkeeping."""
+        """Close round r with ``size`` members if nobody did yet; the winner does the bookkeeping.
+
+        The close names rank 0's worker store (slot 0 publishes it with its join
+        record), so that members learn everything from the close event alone.
+        """
         k, name = self._keys, self._s.node_name
-        mine = f"{size}|{name}|{self._token}"
-        got = store.compare_set(k.size(r), "", mine)
-        if (got.decode() if isinstance(got, bytes) else got) != mine:
+        master_addr, master_port = self._read_worker_store(store, r)
+        mine = RoundClose(size, name, self._token, master_addr, master_port)
+        got = store.compare_set(k.size(r), "", mine.to_value())
+        if (got.decode() if isinstance(got, bytes) else got) != mine.to_value():
             return False
         store.add(k.open, 1)
-        push_event(store, k, f"closed {r} {size}")
+        push_event(store, k, close_event(r, mine))
         node_keys = [k.node(r, i) for i in range(size)]
         try:
             store.wait(node_keys, datetime.timedelta(seconds=_PEER_KEY_WAIT))
@@ -682,27 +715,35 @@ class KelasticRendezvousHandler(RendezvousHandler):
         log.info("kelastic rendezvous: closed round %d with %d nodes", r, size)
         return True
 
+    def _read_worker_store(self, store: dist.TCPStore, r: int) -> tuple[str, int]:
+        """Rank 0's worker store in round r from its record; ("", 0) if it did not write it in time."""
+        key = self._keys.node(r, 0)
+        raw = get_or_none(store, key)
+        if raw is None:  # slot 0 is taken (a node joined) but its record is still on the way
+            try:
+                store.wait([key], datetime.timedelta(seconds=_PEER_KEY_WAIT))
+            except dist.DistStoreError:
+                return "", 0
+            raw = store.get(key)
+        record = json.loads(raw)
+        return str(record["addr"]), int(str(record.get("wstore") or 0))
+
     def _become_member(
-        self, store: dist.TCPStore, r: int, rank: int, size: int, addr: str, deadline: float
+        self, store: dist.TCPStore, r: int, rank: int, close: RoundClose, addr: str, deadline: float
     ) -> RendezvousInfo:
-        """Read rank 0's record (the worker store) and the ring successor's in one round trip."""
-        k, timings = self._keys, self._timings
+        """Read the ring successor's record (and rank 0's, if the close did not name its store).
+
+        One round trip when the record is there, as it nearly always is: members
+        write it right after taking their slot. Bounded wait otherwise.
+        """
+        k, timings, size = self._keys, self._timings, close.size
         if timings is not None:
             timings.closed = time.time()
-        wait_for = datetime.timedelta(seconds=max(0.1, min(_PEER_KEY_WAIT, deadline - time.monotonic())))
         successor_rank = (rank + 1) % size
-        wanted = sorted({0, successor_rank} - {rank})
-        keys = [k.node(r, i) for i in wanted]
-        records: dict[int, dict[str, object]] = {}
-        if keys:
-            try:
-                store.wait(keys, wait_for)
-            except dist.DistStoreError as exc:
-                raise RendezvousTimeoutError(
-                    f"rendezvous {self._s.run_id}: ranks {wanted} of round {r} did not write their "
-                    f"records within {wait_for.total_seconds():.0f}s"
-                ) from exc
-            records = {i: json.loads(raw) for i, raw in zip(wanted, store.multi_get(keys), strict=True)}
+        wanted = {successor_rank} if size > 1 else set()
+        if rank != 0 and not close.master_port:
+            wanted.add(0)
+        records = self._read_records(store, r, sorted(wanted), deadline)
         successor: str | None = None
         link_target: tuple[int, str, str, int] | None = None
         if size > 1:
@@ -718,6 +759,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
                     f"this node's handler for rendezvous {self._s.run_id} was shut down"
                 )
             master_addr, master_port = addr, served.port
+        elif close.master_port:
+            master_addr, master_port = close.master_addr, close.master_port
         else:
             master_addr, master_port = str(records[0]["addr"]), int(str(records[0]["wstore"]))
         if timings is not None:
@@ -725,8 +768,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         with self._lock:
             self._member = _Member(r, rank, size, successor)
             self._changed_cache = None
-        if self._link is not None:
-            self._link.watch(link_target)
+        self._watch_link(link_target)
         # The agent's keys share this node's store connection (opening one per round
         # would add a connect to every recovery); TCPStore clients serialize their ops.
         agent_store = dist.PrefixStore(k.agent_prefix(r), store)
@@ -742,6 +784,34 @@ class KelasticRendezvousHandler(RendezvousHandler):
         if timings is not None:
             timings.returned = time.time()
         return RendezvousInfo(agent_store, rank, size, RendezvousStoreInfo(master_addr, master_port))
+
+    def _read_records(
+        self, store: dist.TCPStore, r: int, slots: list[int], deadline: float
+    ) -> dict[int, dict[str, object]]:
+        """The join records of ``slots`` in round r, waiting (bounded) for ones still on the way."""
+        k = self._keys
+        if len(slots) == 1:
+            raw = get_or_none(store, k.node(r, slots[0]))
+            if raw is not None:
+                return {slots[0]: json.loads(raw)}
+        if not slots:
+            return {}
+        keys = [k.node(r, i) for i in slots]
+        wait_for = datetime.timedelta(seconds=max(0.1, min(_PEER_KEY_WAIT, deadline - time.monotonic())))
+        try:
+            store.wait(keys, wait_for)
+        except dist.DistStoreError as exc:
+            raise RendezvousTimeoutError(
+                f"rendezvous {self._s.run_id}: ranks {slots} of round {r} did not write their "
+                f"records within {wait_for.total_seconds():.0f}s"
+            ) from exc
+        return {i: json.loads(raw) for i, raw in zip(slots, store.multi_get(keys), strict=True)}
+
+    def _watch_link(self, target: tuple[int, str, str, int] | None) -> None:
+        """Point the peer link at ``target``; waking its thread only for a change."""
+        if self._link is not None and target != self._link_target:
+            self._link_target = target
+            self._link.watch(target)
 
     # -- membership --------------------------------------------------------
 
@@ -768,13 +838,17 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 raise RendezvousConnectionError(
                     f"rendezvous {self._s.run_id}: {exc} (gave up after join_timeout={self._s.join_timeout:g}s)"
                 ) from exc.__cause__
-            got = store.compare_set(self._keys.incarnation, "", self._token)
+            # A fresh token per connection: one that a handler reused could win again
+            # on a restarted store and hide the restart from that very handler.
+            got = store.compare_set(self._keys.incarnation, "", new_token())
             incarnation = got.decode() if isinstance(got, bytes) else got
             if self._incarnation is not None and incarnation != self._incarnation:
                 log.warning(
                     "kelastic rendezvous: the store at %s was restarted; joining afresh", self._s.endpoint
                 )
                 self._member = None
+                with self._wake:
+                    self._closes.clear()  # rounds of the old store
             self._incarnation = incarnation
             self._store = store
             if not self._threads:
@@ -807,10 +881,13 @@ class KelasticRendezvousHandler(RendezvousHandler):
         except OSError as exc:
             log.warning("kelastic rendezvous: no peer link (%s); dead nodes are found by heartbeat only", exc)
         tag = f"{self._s.run_id}/{self._s.node_name}"
+        # Read here, not in the thread: every event after the first connection is seen,
+        # including the close of a round this node is about to join.
+        seq = read_counter(self._store, self._keys.events)
         self._threads = [
             threading.Thread(
                 target=self._watch_events,
-                args=(self._store.clone(),),  # type: ignore[attr-defined]  # torch's stubs lack TCPStore.clone
+                args=(self._store.clone(), seq),  # type: ignore[attr-defined]  # torch's stubs lack TCPStore.clone
                 name=f"kelastic-rdzv-events {tag}",
                 daemon=True,
             ),
@@ -825,31 +902,40 @@ class KelasticRendezvousHandler(RendezvousHandler):
             thread.start()
         _live_handlers.add(self)
 
-    def _watch_events(self, first: dist.TCPStore) -> None:
-        """Block on the next event key; on each event wake local waiters."""
+    def _watch_events(self, first: dist.TCPStore, seq: int) -> None:
+        """Take the events one by one (a blocking get of the next event key) and wake local waiters.
+
+        One store call per event (torch's ``get`` waits for the key, then reads it),
+        whose value is all a waiter needs from it: the size and worker store of a
+        closed round, or that the job is finished.
+        """
         k = self._keys
         store: dist.TCPStore | None = first
-        seq = read_counter(first, k.events)
+        first.set_timeout(_EVENT_WAIT)
         failures = 0
         while not self._stop.is_set():
             try:
                 if store is None:
                     store = connect_store(self._s.host, self._s.port, _RECONNECT_TIMEOUT)
+                    store.set_timeout(_EVENT_WAIT)
                     seq = read_counter(store, k.events)
                     failures = 0
+                    with self._wake:
+                        self._watch_epoch += 1  # events may have been missed: waiters re-read
                     self._bump()
                 # Checked after reading seq: ``_stop_threads`` sets stop before pushing its event.
                 if self._stop.is_set():
                     return
-                store.wait([k.event(seq + 1)], _EVENT_WAIT)
-                seq = read_counter(store, k.events)
-                if store.check([k.closed]):
-                    self._job_closed.set()
-                    self._bump()
+                try:
+                    kind = store.get(k.event(seq + 1))
+                except dist.DistStoreError:
+                    # The long wait expired, or whoever took event seq+1 died before setting
+                    # it: go on from the latest event.
+                    seq = max(seq, read_counter(store, k.events))
+                    continue
+                seq += 1
+                if not self._on_event(kind):
                     return  # the job is finished: nothing left to watch
-                self._bump()
-            except dist.DistStoreError:
-                continue  # the long wait expired: re-arm
             except (dist.DistError, RendezvousConnectionError, RuntimeError) as exc:
                 if store is not None and not self._stop.is_set():
                     log.warning("kelastic rendezvous: event watch lost the store: %s", first_line(exc))
@@ -858,6 +944,23 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 store = None
                 failures += 1
                 self._stop.wait(_backoff(failures))
+
+    def _on_event(self, kind: bytes) -> bool:
+        """Record what the event tells and wake the waiters; False once the job is closed."""
+        if kind == JOB_CLOSED_EVENT.encode():
+            self._job_closed.set()
+            self._bump()
+            return False
+        closed = parse_close_event(kind)
+        with self._wake:
+            if closed is not None:
+                r, close = closed
+                self._closes[r] = close
+                for old in [n for n in self._closes if n < r - 2]:  # only recent rounds are waited on
+                    del self._closes[old]
+            self._generation += 1
+            self._wake.notify_all()
+        return True
 
     def _keep_alive(self, first: dist.TCPStore) -> None:
         """Beat every keep_alive_interval; watch the ring successor and, when sweeping, the old round."""

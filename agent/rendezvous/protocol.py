@@ -9,15 +9,17 @@ Key layout (all under ``kelastic/<run_id>/``)::
 
     incarnation              random token set once per store lifetime (detects a restarted store)
     closed                   present once the job is finished (``set_closed``)
-    ev                       event counter; ``ev/<n>`` is set for event n (wakes every watcher)
+    ev                       event counter; ``ev/<n>`` is set for event n (wakes every watcher);
+                             its value says what happened, e.g. ``closed <R> <value of r/R/size>``
     open                     counter; the round open for joining is ``open + 1``
     r/<R>/joined             counter; ``add`` returns the joiner's slot + 1 (slot = group rank)
     r/<R>/node/<slot>        JSON {"name", "addr", "link", "local_world_size", "wstore"} of the
                              node in that slot; slot 0 (always rank 0) adds "wstore", the port of
                              the round's worker store it hosts
     r/<R>/slot/<name>        the slot ``name`` took in round R
-    r/<R>/size               "N|closer|token" once round R is closed with members in slots 0..N-1
-                             (the closer's name and its handler's token, to know its own win)
+    r/<R>/size               "N|closer|token|addr|port" once round R is closed with members in
+                             slots 0..N-1: the closer's name and its handler's token (to know its
+                             own win), then rank 0's worker store (port 0: not known to the closer)
     r/<R>/members            JSON list of member names by rank (written by the closer)
     r/<R>/fate/<name>        first claim wins: rejoin | dead | left | dropped (+ "|claimer")
     r/<R>/accounted          counter of members of R with a claimed fate
@@ -49,24 +51,29 @@ import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
 __all__ = [
+    "JOB_CLOSED_EVENT",
     "CloseAction",
     "CloseDecision",
     "ControllerBounds",
     "ControllerMembership",
     "Fate",
+    "RoundClose",
     "RoundView",
     "RunKeys",
     "TimerKind",
     "claim_fate",
+    "close_event",
     "connect_store",
     "decide_close",
     "first_line",
     "get_or_none",
     "new_token",
     "open_round",
+    "parse_close_event",
     "parse_endpoint",
     "push_event",
     "read_bounds",
+    "read_close",
     "read_counter",
     "read_membership",
     "read_optional",
@@ -289,14 +296,68 @@ def open_round(store: dist.Store, keys: RunKeys) -> int:
     return read_counter(store, keys.open) + 1
 
 
+@dataclass(frozen=True)
+class RoundClose:
+    """What closing a round fixed: its size, and rank 0's worker store (the closer read it).
+
+    ``master_port`` 0: rank 0 had not published its worker store when the round
+    closed; members then read it from rank 0's record.
+    """
+
+    size: int
+    closer: str
+    token: str
+    master_addr: str = ""
+    master_port: int = 0
+
+    def to_value(self) -> str:
+        """The value of ``r/<R>/size`` (and the tail of the round's close event)."""
+        return f"{self.size}|{self.closer}|{self.token}|{self.master_addr}|{self.master_port}"
+
+    @staticmethod
+    def from_value(raw: bytes | str) -> RoundClose:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        parts = text.split("|")
+        if len(parts) < 5:  # written without the worker store
+            parts += [""] * (5 - len(parts))
+        return RoundClose(int(parts[0]), parts[1], parts[2], parts[3], int(parts[4] or 0))
+
+
+#: The event pushed by ``set_closed``: the job is finished.
+JOB_CLOSED_EVENT = "closed-job"
+#: Kind prefix of the event pushed when a round closes: ``closed <R> <RoundClose value>``.
+_CLOSE_EVENT = "closed "
+
+
+def close_event(r: int, close: RoundClose) -> str:
+    """The event value announcing that round r closed: a woken waiter needs no further read."""
+    return f"{_CLOSE_EVENT}{r} {close.to_value()}"
+
+
+def parse_close_event(kind: bytes | str) -> tuple[int, RoundClose] | None:
+    """(round, close) if ``kind`` announces a closed round, else None (any other event)."""
+    text = kind.decode() if isinstance(kind, bytes) else kind
+    if not text.startswith(_CLOSE_EVENT):
+        return None
+    try:
+        r, value = text[len(_CLOSE_EVENT) :].split(" ", 1)
+        return int(r), RoundClose.from_value(value)
+    except ValueError:
+        return None
+
+
+def read_close(store: dist.Store, keys: RunKeys, r: int) -> RoundClose | None:
+    """How round r closed, in one round trip; None while it is open (or r < 1)."""
+    if r < 1:
+        return None
+    raw = get_or_none(store, keys.size(r))
+    return None if raw is None else RoundClose.from_value(raw)
+
+
 def read_size(store: dist.Store, keys: RunKeys, r: int) -> int:
     """Number of members of round r, or 0 while it is still open (or r < 1)."""
-    if r < 1:
-        return 0
-    raw = get_or_none(store, keys.size(r))
-    if raw is None:
-        return 0
-    return int(raw.decode().split("|", 1)[0])
+    close = read_close(store, keys, r)
+    return 0 if close is None else close.size
 
 
 def push_event(store: dist.Store, keys: RunKeys, kind: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import threading
@@ -22,7 +23,9 @@ from kelastic.agent.rendezvous import (
     ServerProcess,
     get_rendezvous_handler,
 )
+from kelastic.agent.rendezvous.protocol import RoundClose, RunKeys, close_event, parse_close_event, push_event
 from kelastic.agent.rendezvous.testing import kelastic_handler, rendezvous_concurrently
+from kelastic.localcluster.testing import wait_for
 
 
 def make_handler(
@@ -181,3 +184,52 @@ def test_torch_backends_still_resolve(server: ServerProcess) -> None:
     assert static.get_backend() == "static"
     info = static.next_rendezvous()
     assert (info.rank, info.world_size) == (0, 1)
+
+
+def _raw_store(endpoint: str) -> Any:
+    from kelastic.agent.rendezvous import control
+
+    return control.connect(endpoint)
+
+
+def test_close_event_carries_the_size_and_the_worker_store(
+    server: ServerProcess, handlers: list, run_id: str
+) -> None:
+    handlers += [make_handler(server.endpoint, f"n{i}", 3, 3, run_id=run_id) for i in range(3)]
+    infos = rendezvous_concurrently(handlers)
+    store, keys = _raw_store(server.endpoint), RunKeys(run_id)
+    events = [store.get(keys.event(n)) for n in range(1, int(store.add(keys.events, 0)) + 1)]
+    closes = [c for c in map(parse_close_event, events) if c is not None]
+    assert len(closes) == 1, events
+    r, close = closes[0]
+    boot = infos[0].bootstrap_store_info
+    assert (r, close.size, close.master_addr, close.master_port) == (1, 3, boot.master_addr, boot.master_port)
+    assert RoundClose.from_value(store.get(keys.size(1))) == close
+
+
+def test_a_waiter_learns_the_round_from_the_close_event_alone(
+    server: ServerProcess, handlers: list, run_id: str
+) -> None:
+    """A woken non-decider takes size and worker store from the event: no read of r/R/size.
+
+    The event is pushed by hand without setting the size key, so a waiter that
+    re-read the store when woken would never see the round closed (it would time out).
+    """
+    store, keys = _raw_store(server.endpoint), RunKeys(run_id)
+    # Three nodes hold slots 0-2 (the deciders) and wrote their records.
+    store.add(keys.joined(1), 3)
+    for slot in range(3):
+        store.set(keys.node(1, slot), json.dumps({"name": f"d{slot}", "addr": "127.0.0.1", "link": None}))
+    waiter = make_handler(server.endpoint, "w", 5, 5, run_id=run_id, join_timeout=30)
+    handlers.append(waiter)
+    thread, out = in_thread(waiter.next_rendezvous)
+    wait_for(lambda: store.check([keys.node(1, 3)]), timeout=20, what="the waiter's join record")
+    push_event(store, keys, close_event(1, RoundClose(4, "d0", "t", "127.0.0.9", 4321)))
+    thread.join(20.0)
+    assert not thread.is_alive(), "the close event did not end the waiter's wait"
+    info = out[0]
+    assert isinstance(info, RendezvousInfo), info
+    assert (info.rank, info.world_size) == (3, 4)
+    boot = info.bootstrap_store_info
+    assert (boot.master_addr, boot.master_port) == ("127.0.0.9", 4321)
+    assert not store.check([keys.size(1)])

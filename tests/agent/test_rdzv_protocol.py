@@ -10,9 +10,12 @@ from kelastic.agent.rendezvous.liveness import HeartbeatTracker
 from kelastic.agent.rendezvous.protocol import (
     CloseAction,
     CloseDecision,
+    RoundClose,
     RoundView,
     TimerKind,
+    close_event,
     decide_close,
+    parse_close_event,
     parse_endpoint,
 )
 
@@ -102,3 +105,13 @@ def test_settings_defaults_and_conf() -> None:
         settings_from_params(RendezvousParameters("kelastic", "h:1", "run", 1, 3, keep_alive_max_attempt="0"))
     with pytest.raises(ValueError, match="join_timeout"):
         settings_from_params(RendezvousParameters("kelastic", "h:1", "run", 1, 3, join_timeout="-1"))
+
+
+def test_round_close_round_trips_through_its_value_and_its_event() -> None:
+    close = RoundClose(4096, "node7", "abc", "fd00::1", 29500)
+    assert RoundClose.from_value(close.to_value().encode()) == close
+    assert parse_close_event(close_event(12, close).encode()) == (12, close)
+    # A size written without the worker store (port 0: members read rank 0's record).
+    assert RoundClose.from_value(b"3|n0|tok") == RoundClose(3, "n0", "tok", "", 0)
+    for other in (b"closed-job", b"min 3", b"dead 2 n1", b"closed x y"):
+        assert parse_close_event(other) is None
