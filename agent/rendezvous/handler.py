@@ -158,6 +158,7 @@ from .liveness import HeartbeatTracker, PeerLink
 from .protocol import (
     JOB_CLOSED_EVENT,
     CloseAction,
+    ControllerBounds,
     Fate,
     RoundClose,
     RoundView,
@@ -226,6 +227,13 @@ class RendezvousTimings:
     returned: float | None = None
 
 
+class _Unread:
+    """Marks an argument as not read yet (None being a meaningful value)."""
+
+
+_UNREAD = _Unread()
+
+
 @dataclass(frozen=True)
 class _Member:
     round: int
@@ -268,6 +276,10 @@ class KelasticRendezvousHandler(RendezvousHandler):
         # watcher (re)connected: after a reconnect it may have missed events.
         self._closes: dict[int, RoundClose] = {}
         self._watch_epoch = 0
+        self._watching = False  # the watcher is connected (events are being taken)
+        # The watcher epoch in which the store said the job is not closed: while the
+        # watcher stays connected, its closed-job event tells the rest.
+        self._closed_checked: int | None = None
         self._link_target: tuple[int, str, str, int] | None = None
         self._changed_cache: tuple[int, bool] | None = None
         self._threads: list[threading.Thread] = []
@@ -522,7 +534,14 @@ class KelasticRendezvousHandler(RendezvousHandler):
         next_round = 0
         while True:
             generation = self._generation
-            if self._job_closed.is_set() or store.check([k.closed]):
+            # Read before the open round: from here on every event reaches this node
+            # (unless the epoch changes), the job's and the round's close included.
+            epoch = self._watched_epoch()
+            if epoch is None or epoch != self._closed_checked:
+                if store.check([k.closed]):
+                    raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
+                self._closed_checked = epoch
+            if self._job_closed.is_set():
                 raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
             bounds = read_bounds(store, k)
             if bounds is not None and not store.check([k.listed(name)]):
@@ -561,7 +580,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 push_event(store, k, f"join {r}")  # running members learn that nodes wait
             self._account_previous_round(store, r)
             try:
-                close = self._wait_closed(store, r, slot, deadline)
+                close = self._wait_closed(store, r, slot, deadline, epoch, bounds)
             finally:
                 with self._lock:
                     self._joining = None
@@ -591,11 +610,17 @@ class KelasticRendezvousHandler(RendezvousHandler):
         if raw is not None and int(raw) < read_size(store, k, previous):
             claim_fate(store, k, previous, name, Fate.REJOIN, name)
 
-    def _observe(self, store: dist.TCPStore, r: int) -> RoundView:
-        """The close rule's inputs: O(1) reads, plus O(N) only when every listed node may be here."""
+    def _observe(
+        self, store: dist.TCPStore, r: int, bounds: ControllerBounds | _Unread | None = _UNREAD
+    ) -> RoundView:
+        """The close rule's inputs: O(1) reads, plus O(N) only when every listed node may be here.
+
+        ``bounds``: the controller's bounds if just read (None: no controller).
+        """
         k, s = self._keys, self._s
         joined = read_counter(store, k.joined(r))
-        bounds = read_bounds(store, k)
+        if isinstance(bounds, _Unread):
+            bounds = read_bounds(store, k)
         prev_size = read_size(store, k, r - 1)
         prev_accounted = read_counter(store, k.accounted(r - 1)) if prev_size else 0
         min_nodes = bounds.min_nodes if bounds is not None else s.min_nodes
@@ -615,7 +640,15 @@ class KelasticRendezvousHandler(RendezvousHandler):
             listed_all_joined=listed,
         )
 
-    def _wait_closed(self, store: dist.TCPStore, r: int, slot: int, deadline: float) -> RoundClose:
+    def _wait_closed(
+        self,
+        store: dist.TCPStore,
+        r: int,
+        slot: int,
+        deadline: float,
+        epoch: int | None,
+        bounds: ControllerBounds | None,
+    ) -> RoundClose:
         """Block until round r is closed (closing it if this node sees the condition); how it closed.
 
         Every joiner evaluates the close rule once, right after its join. Afterwards
@@ -624,6 +657,11 @@ class KelasticRendezvousHandler(RendezvousHandler):
         case every decider died, and otherwise read nothing: the round's close event
         carries its size and worker store, which the watcher hands over. So an event
         costs O(1) per node and the round O(N) in all.
+
+        ``epoch``: the watcher's epoch when this node read the open round (None: the
+        watcher was not connected); while it holds, the close event cannot have been
+        missed and the size key is not read. ``bounds``: the controller's bounds
+        read then, for the first evaluation.
         """
         k, s = self._keys, self._s
         decider = slot < _DECIDERS
@@ -631,17 +669,17 @@ class KelasticRendezvousHandler(RendezvousHandler):
         timer_deadline = math.inf
         next_full = time.monotonic()  # the first evaluation is right after joining
         first = True
-        synced_epoch = -1
+        synced_epoch = epoch
         while True:
             generation = self._generation
-            epoch = self._watch_epoch
+            epoch = self._watched_epoch()
             now = time.monotonic()
             full = decider or timer is not None or now >= next_full
             with self._wake:
                 close = self._closes.get(r)
-            # The store is read when the close event may have been missed: before the
-            # first event, after the watcher reconnected, and on each full evaluation.
-            if close is None and (full or epoch != synced_epoch):
+            # The store is read when the close event may have been missed (the watcher
+            # was or is disconnected) and on each evaluation but a joiner's first.
+            if close is None and ((full and not first) or epoch is None or epoch != synced_epoch):
                 synced_epoch = epoch
                 close = read_close(store, k, r)
             if close is not None:
@@ -650,12 +688,12 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
             if full:
                 next_full = now + _FALLBACK_EVALUATION
-                view = self._observe(store, r)
+                view = self._observe(store, r, bounds) if first else self._observe(store, r)
                 decision = decide_close(view)
                 now = time.monotonic()
                 if decision.action is CloseAction.CLOSE:
                     self._try_close(store, r, decision.size)
-                    synced_epoch = -1  # read the outcome (this node's close or another's)
+                    synced_epoch, first = None, False  # read the outcome (this node's close or another's)
                     continue
                 if first and slot + 1 == view.min_nodes:
                     push_event(store, k, f"min {r}")  # min reached: the deciders start their timers
@@ -666,7 +704,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
                         timer, timer_deadline = decision.timer, now + s.timer(decision.timer)
                     if now >= timer_deadline:
                         self._try_close(store, r, min(view.joined, view.max_nodes))
-                        synced_epoch = -1
+                        synced_epoch = None
                         continue
                 else:
                     timer, timer_deadline = None, math.inf
@@ -884,6 +922,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         # Read here, not in the thread: every event after the first connection is seen,
         # including the close of a round this node is about to join.
         seq = read_counter(self._store, self._keys.events)
+        self._watching = True
         self._threads = [
             threading.Thread(
                 target=self._watch_events,
@@ -920,8 +959,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
                     store.set_timeout(_EVENT_WAIT)
                     seq = read_counter(store, k.events)
                     failures = 0
-                    with self._wake:
-                        self._watch_epoch += 1  # events may have been missed: waiters re-read
+                    self._set_watching(True)
                     self._bump()
                 # Checked after reading seq: ``_stop_threads`` sets stop before pushing its event.
                 if self._stop.is_set():
@@ -930,13 +968,17 @@ class KelasticRendezvousHandler(RendezvousHandler):
                     kind = store.get(k.event(seq + 1))
                 except dist.DistStoreError:
                     # The long wait expired, or whoever took event seq+1 died before setting
-                    # it: go on from the latest event.
-                    seq = max(seq, read_counter(store, k.events))
+                    # it: go on from the latest event (waiters re-read what they skipped).
+                    latest = read_counter(store, k.events)
+                    if latest > seq:
+                        seq = latest
+                        self._set_watching(True)
                     continue
                 seq += 1
                 if not self._on_event(kind):
                     return  # the job is finished: nothing left to watch
             except (dist.DistError, RendezvousConnectionError, RuntimeError) as exc:
+                self._set_watching(False)
                 if store is not None and not self._stop.is_set():
                     log.warning("kelastic rendezvous: event watch lost the store: %s", first_line(exc))
                     self._lost.set()
@@ -944,6 +986,17 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 store = None
                 failures += 1
                 self._stop.wait(_backoff(failures))
+
+    def _set_watching(self, connected: bool) -> None:
+        """A new epoch: events of the old one may have been missed."""
+        with self._wake:
+            self._watching = connected
+            self._watch_epoch += 1
+
+    def _watched_epoch(self) -> int | None:
+        """The watcher's epoch, None while it is disconnected (events are being missed)."""
+        with self._wake:
+            return self._watch_epoch if self._watching else None
 
     def _on_event(self, kind: bytes) -> bool:
         """Record what the event tells and wake the waiters; False once the job is closed."""
