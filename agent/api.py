@@ -127,7 +127,8 @@ class LossWatcher(Protocol):
     With one, a failure of this node's workers is free only when a member of the
     round was actually lost (dead, left, dropped); a peer that merely re-joined
     after its own workers failed does not excuse it. Without one, any membership
-    change within the grace period excuses it.
+    change within the grace period excuses it. Such a handler's ``shutdown()`` is
+    this node's graceful leave, and ``set_closed()`` ends the job for everyone.
     """
 
     def wait_member_lost(self, timeout: float) -> bool:

@@ -38,7 +38,7 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 import kelastic.agent.rendezvous  # noqa: F401  (registers the "kelastic" backend with torch)
 from kelastic.agent import contract
-from kelastic.agent.api import RunResult, WorkerSpec, WorkerState
+from kelastic.agent.api import LossWatcher, RunResult, WorkerSpec, WorkerState
 from kelastic.agent.events import default_sink
 from kelastic.agent.health import HealthServer
 from kelastic.agent.local_agent import LocalElasticAgent
@@ -56,11 +56,13 @@ _log = logging.getLogger(__name__)
 
 
 def _leave_rendezvous(handler: RendezvousHandler, *, close_job: bool) -> None:
-    kelastic = handler.get_backend() == "kelastic"
+    # A handler that tells a leaving node from a lost one (kelastic's) leaves with
+    # shutdown() and closes the job with set_closed(); torch's close it in shutdown().
+    leaves = isinstance(handler, LossWatcher)
     try:
-        if close_job and kelastic:
+        if close_job and leaves:
             handler.set_closed()
-        if close_job or kelastic:
+        if close_job or leaves:
             handler.shutdown()
     except Exception as e:  # best effort: the store may already be gone
         _log.warning("leaving the rendezvous failed: %s", e)
