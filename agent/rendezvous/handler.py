@@ -65,10 +65,15 @@ rejoin (plus the first fate of a round), controller publication, job closed.
 Cost at scale
 -------------
 A node's join, wait and start take O(1) store operations on O(1)-sized values
-(its own listing key and the controller's bounds, never the full list): about
-nine to join and wait, then one for its ring successor's record once the round
-closed, plus the watcher's one per event. O(N) data is read only by the closer (the member list) and by a joiner or decider
-that may see the last listed node arrive (``joined + gone >= listed``).
+(its own listing key and the controller's bounds, never the full list): six
+calls to join and wait in the first round (reading ``open`` and the bounds,
+taking a slot, writing the record, a heartbeat, the close rule's ``joined``),
+then two (check, read) for its ring successor's record once the round closed,
+plus the watcher's one per event. The job's ``closed`` key is read once per
+watcher connection, the round's size only when its close event may have been
+missed.
+O(N) data is read only by the closer (the member list) and by a joiner or
+decider that may see the last listed node arrive (``joined + gone >= listed``).
 
 Failure detection
 -----------------
@@ -756,14 +761,14 @@ class KelasticRendezvousHandler(RendezvousHandler):
     def _read_worker_store(self, store: dist.TCPStore, r: int) -> tuple[str, int]:
         """Rank 0's worker store in round r from its record; ("", 0) if it did not write it in time."""
         key = self._keys.node(r, 0)
-        raw = get_or_none(store, key)
-        if raw is None:  # slot 0 is taken (a node joined) but its record is still on the way
+        # Not ``get_or_none``: on the libuv store a compare-and-set of a missing key
+        # wakes every client waiting for that key, and members may wait for this one.
+        if not store.check([key]):  # slot 0 is taken (a node joined); its record is on the way
             try:
                 store.wait([key], datetime.timedelta(seconds=_PEER_KEY_WAIT))
             except dist.DistStoreError:
                 return "", 0
-            raw = store.get(key)
-        record = json.loads(raw)
+        record = json.loads(store.get(key))
         return str(record["addr"]), int(str(record.get("wstore") or 0))
 
     def _become_member(
@@ -771,8 +776,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
     ) -> RendezvousInfo:
         """Read the ring successor's record (and rank 0's, if the close did not name its store).
 
-        One round trip when the record is there, as it nearly always is: members
-        write it right after taking their slot. Bounded wait otherwise.
+        Two calls when the record is there, as it nearly always is (members write it
+        right after taking their slot); a bounded wait otherwise.
         """
         k, timings, size = self._keys, self._timings, close.size
         if timings is not None:
@@ -827,22 +832,20 @@ class KelasticRendezvousHandler(RendezvousHandler):
         self, store: dist.TCPStore, r: int, slots: list[int], deadline: float
     ) -> dict[int, dict[str, object]]:
         """The join records of ``slots`` in round r, waiting (bounded) for ones still on the way."""
-        k = self._keys
-        if len(slots) == 1:
-            raw = get_or_none(store, k.node(r, slots[0]))
-            if raw is not None:
-                return {slots[0]: json.loads(raw)}
         if not slots:
             return {}
-        keys = [k.node(r, i) for i in slots]
-        wait_for = datetime.timedelta(seconds=max(0.1, min(_PEER_KEY_WAIT, deadline - time.monotonic())))
-        try:
-            store.wait(keys, wait_for)
-        except dist.DistStoreError as exc:
-            raise RendezvousTimeoutError(
-                f"rendezvous {self._s.run_id}: ranks {slots} of round {r} did not write their "
-                f"records within {wait_for.total_seconds():.0f}s"
-            ) from exc
+        keys = [self._keys.node(r, i) for i in slots]
+        # Not ``get_or_none`` (one round trip less): on the libuv store a compare-and-set
+        # of a missing key wakes every client waiting for it, whose read then finds nothing.
+        if not store.check(keys):
+            wait_for = datetime.timedelta(seconds=max(0.1, min(_PEER_KEY_WAIT, deadline - time.monotonic())))
+            try:
+                store.wait(keys, wait_for)
+            except dist.DistStoreError as exc:
+                raise RendezvousTimeoutError(
+                    f"rendezvous {self._s.run_id}: ranks {slots} of round {r} did not write their "
+                    f"records within {wait_for.total_seconds():.0f}s"
+                ) from exc
         return {i: json.loads(raw) for i, raw in zip(slots, store.multi_get(keys), strict=True)}
 
     def _watch_link(self, target: tuple[int, str, str, int] | None) -> None:

@@ -284,7 +284,10 @@ def get_or_none(store: dist.Store, key: str) -> bytes | None:
     """The value of ``key`` or None in ONE round trip (``read_optional`` takes two).
 
     A compare-and-set whose expected value no key holds never writes: on a missing
-    key it returns the expected value, else the current one.
+    key it returns the expected value, else the current one. Only for keys nobody
+    waits for: torch's libuv store (the default) wakes every client waiting for the
+    key on any compare-and-set, even one that wrote nothing, and their read then
+    finds no value.
     """
     got = store.compare_set(key, _ABSENT, _ABSENT)
     raw = got if isinstance(got, bytes) else str(got).encode()

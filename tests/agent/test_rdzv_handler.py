@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import socket
@@ -233,3 +234,25 @@ def test_a_waiter_learns_the_round_from_the_close_event_alone(
     boot = info.bootstrap_store_info
     assert (boot.master_addr, boot.master_port) == ("127.0.0.9", 4321)
     assert not store.check([keys.size(1)])
+
+
+def test_store_fact_a_compare_and_set_of_a_missing_key_wakes_its_waiters(
+    server: ServerProcess, run_id: str
+) -> None:
+    """Why ``get_or_none`` is never used on a key somebody may wait for (join records, events).
+
+    torch's libuv store wakes the waiters of a key on every compare-and-set, even one
+    that wrote nothing; the woken client's read then finds no value. Should a torch
+    release change this, this test says so.
+    """
+    from kelastic.agent.rendezvous.protocol import get_or_none
+
+    store, other = _raw_store(server.endpoint), _raw_store(server.endpoint)
+    key = RunKeys(run_id).node(1, 0)
+    thread, out = in_thread(lambda: other.wait([key], datetime.timedelta(seconds=20)))
+    # Repeated: the waiter's request may reach the server after a first probe.
+    wait_for(
+        lambda: get_or_none(store, key) is None and not thread.is_alive(), timeout=15, what="a woken waiter"
+    )
+    assert out == [None], out
+    assert not store.check([key])
