@@ -16,17 +16,34 @@ returned); the store server's CPU seconds during the run and its idle load with
 every node connected (heartbeats); the clients' CPU seconds. Then the curve:
 median seconds and milliseconds per node for every size.
 
-The clients run niced, so that the store server is not starved by thousands of
-simulated nodes on few cores, where real nodes each have their own. On a loaded
-machine their heartbeats can stall for seconds and read as deaths (each one an
-event every node handles); ``--keep-alive 5`` (a 25 s verdict) keeps that harness
-effect out of the figure.
+What runs is the real handler, as agents use it, with all its threads (event
+watcher, keep-alive, peer link) and store connections: thousands of them on the
+few cores of one machine, where real nodes each have their own. Three settings
+keep the harness's own contention out of the figure, never the handler's work:
+
+- the clients run niced, so that the store server is not starved behind them;
+- ``--switch-interval`` (1 s): the clients' ``sys.setswitchinterval``. With the
+  default 5 ms, each of the hundreds of threads waiting for its process's GIL
+  wakes every 5 ms to ask for it; on 2 cores those wake-ups swamp the scheduler
+  (load average 800, the clients' CPU 5x per node, 2,048 nodes in 6 to 30 s). A
+  real node has one handler per interpreter and no such queue. Every thread here
+  blocks in I/O within microseconds, so a longer interval costs no latency;
+- ``--keep-alive`` (30 s): the heartbeat period. One beat per node per period is
+  O(1) work per node and no part of the rendezvous, but 4,096 simulated nodes
+  beating every second would be 4,096 thread wake-ups a second on these cores
+  (and late beats read as deaths, each an event every node handles). Each node
+  beats once when it connects and once when it joins; with 30 s no periodic beat
+  falls in the measured window. ``--keep-alive 1`` measures with them.
+
+The clients also freeze what exists once their handlers are connected
+(``gc.freeze``), as the agent does after its imports, so that no collection in
+the measured window walks torch's objects.
 
 ``--controlled`` publishes a controller membership listing all N nodes first (as
 the operator does), so the controlled close rule is measured. torch's c10d
 handler runs side by side at ``--torch-sizes`` (it does not reach large sizes).
 
-    python bench/bench_rendezvous.py --keep-alive 5                   # curve 64 .. 4096
+    python bench/bench_rendezvous.py --repeat 3                       # curve 64 .. 4096
     python bench/bench_rendezvous.py --sizes 1024 --repeat 3 --controlled
     python bench/bench_rendezvous.py --sizes 256 --torch-sizes 64,256
 
@@ -36,6 +53,7 @@ No figure is asserted.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -45,6 +63,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,6 +123,10 @@ def run_client(args: argparse.Namespace) -> dict[str, Any]:
     handlers = _make_handlers(
         args.client, args.endpoint, args.run_id, args.first, args.count, args.nodes, args.cap, args.keep_alive
     )
+    # As the agent does after its imports: what exists now (torch, the handlers) is
+    # frozen, so no collection during the measured window scans it.
+    gc.collect()
+    gc.freeze()
     print("READY", flush=True)
     line = sys.stdin.readline().split()
     t0 = float(line[1])
@@ -124,8 +147,10 @@ def run_client(args: argparse.Namespace) -> dict[str, Any]:
             with lock:
                 records.append(record)
         except Exception as exc:
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            message = str(exc).splitlines()[0] if str(exc) else ""
             with lock:
-                errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                errors.append(f"{type(exc).__name__}: {message} (at {where.filename}:{where.lineno})")
 
     threads = [threading.Thread(target=run, args=(h,), daemon=True) for h in handlers]
     for thread in threads:
@@ -166,7 +191,7 @@ def _spawn(
 ) -> subprocess.Popen[str]:
     cmd = [sys.executable, __file__, "--client", backend, "--endpoint", endpoint, "--run-id", run_id]
     cmd += ["--first", str(first), "--count", str(count), "--nodes", str(nodes), "--cap", str(args.cap)]
-    cmd += ["--keep-alive", str(args.keep_alive)]
+    cmd += ["--keep-alive", str(args.keep_alive), "--switch-interval", str(args.switch_interval)]
     env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
     # stderr goes to a file: a pipe nobody reads during the run would block a chatty client.
     with open(_stderr_path(run_id, first), "w") as errors:
@@ -297,9 +322,14 @@ def main() -> int:
     parser.add_argument(
         "--keep-alive",
         type=float,
-        default=0.0,
-        help="kelastic heartbeat period in s (default: the backend's own); the harness runs "
-        "hundreds of simulated nodes per core, whose late heartbeats can read as deaths",
+        default=30.0,
+        help="kelastic heartbeat period in s (0: the backend's own); see the module docstring",
+    )
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=1.0,
+        help="sys.setswitchinterval of the client processes (see the module docstring)",
     )
     parser.add_argument("--setup-timeout", type=float, default=300.0, help="bound on connecting all handlers")
     parser.add_argument("--client", choices=["kelastic", "c10d"], help=argparse.SUPPRESS)
@@ -314,6 +344,7 @@ def main() -> int:
         # Hundreds of simulated nodes share each core here, where real nodes each have
         # their own: keep the store server (not niced) from starving behind them.
         os.nice(10)
+        sys.setswitchinterval(args.switch_interval)
         result = run_client(args)
         print(json.dumps(result), flush=True)
         os._exit(0)  # handler threads may still block in the store; do not wait for them
