@@ -616,11 +616,21 @@ class KelasticRendezvousHandler(RendezvousHandler):
             claim_fate(store, k, previous, name, Fate.REJOIN, name)
 
     def _observe(
-        self, store: dist.TCPStore, r: int, bounds: ControllerBounds | _Unread | None = _UNREAD
+        self,
+        store: dist.TCPStore,
+        r: int,
+        bounds: ControllerBounds | _Unread | None = _UNREAD,
+        own_count: int | None = None,
+        deep: bool = True,
     ) -> RoundView:
         """The close rule's inputs: O(1) reads, plus O(N) only when every listed node may be here.
 
         ``bounds``: the controller's bounds if just read (None: no controller).
+        The O(N) check that every listed node joined is made by a joiner only when
+        its own join (``own_count`` = its slot + 1) completed the count, waiting for
+        records still on the way, and by the deciders (``deep``). Nodes that merely
+        read a complete count do not: thousands of simultaneous joiners would
+        otherwise each read every record (O(N) each, O(N^2) for the store).
         """
         k, s = self._keys, self._s
         joined = read_counter(store, k.joined(r))
@@ -630,11 +640,14 @@ class KelasticRendezvousHandler(RendezvousHandler):
         prev_accounted = read_counter(store, k.accounted(r - 1)) if prev_size else 0
         min_nodes = bounds.min_nodes if bounds is not None else s.min_nodes
         listed = False
-        if bounds is not None and joined >= min_nodes:
+        if bounds is not None and joined >= min_nodes and (deep or own_count is not None):
             gone = read_counter(store, k.gone(r - 1)) if prev_size else 0
-            if joined + gone >= bounds.count:
+            if (joined if own_count is None else own_count) + gone >= bounds.count:
                 membership = read_membership(store, k)
-                listed = membership is not None and listed_all_joined(store, k, r, joined, membership.nodes)
+                wait = _PEER_KEY_WAIT if own_count is not None else 0.0
+                listed = membership is not None and listed_all_joined(
+                    store, k, r, joined, membership.nodes, wait=wait
+                )
         return RoundView(
             joined=joined,
             min_nodes=min_nodes,
@@ -693,7 +706,10 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
             if full:
                 next_full = now + _FALLBACK_EVALUATION
-                view = self._observe(store, r, bounds) if first else self._observe(store, r)
+                if first:
+                    view = self._observe(store, r, bounds, own_count=slot + 1)
+                else:
+                    view = self._observe(store, r, deep=decider)
                 decision = decide_close(view)
                 now = time.monotonic()
                 if decision.action is CloseAction.CLOSE:

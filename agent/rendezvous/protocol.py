@@ -469,20 +469,28 @@ def decide_close(view: RoundView) -> CloseDecision:
     return CloseDecision(CloseAction.TIMER, timer=TimerKind.LAST_CALL)
 
 
-def listed_all_joined(store: dist.Store, keys: RunKeys, r: int, joined: int, nodes: Sequence[str]) -> bool:
+def listed_all_joined(
+    store: dist.Store, keys: RunKeys, r: int, joined: int, nodes: Sequence[str], wait: float = 0.0
+) -> bool:
     """Whether each of ``nodes`` is in one of the first ``joined`` slots of round r or is gone.
 
     Gone: its fate in round r-1 is dead, left or dropped, whatever the controller
     still lists (the controller may be down and its list stale). O(N) data in two
     round trips plus one per listed node that did not join; callers first check
-    the O(1) precondition ``joined + gone(r-1) >= len(nodes)``. False while a
-    joiner has not written its record yet (it evaluates again once it has).
+    the O(1) precondition ``joined + gone(r-1) >= len(nodes)``. A joiner's record
+    that is not written yet is waited for up to ``wait`` seconds; then (or at once
+    with ``wait`` 0) the answer is False and the deciders evaluate again later.
     """
     if not nodes:
         return False
     node_keys = [keys.node(r, i) for i in range(joined)]
     if node_keys and not store.check(node_keys):
-        return False
+        if wait <= 0:
+            return False
+        try:
+            store.wait(node_keys, datetime.timedelta(seconds=wait))
+        except dist.DistStoreError:
+            return False
     here = {json.loads(raw)["name"] for raw in store.multi_get(node_keys)} if node_keys else set()
     for name in nodes:
         if name in here:

@@ -256,3 +256,25 @@ def test_store_fact_a_compare_and_set_of_a_missing_key_wakes_its_waiters(
     )
     assert out == [None], out
     assert not store.check([key])
+
+
+def test_the_completing_joiner_waits_for_records_still_on_the_way(server: ServerProcess, run_id: str) -> None:
+    """The one O(N) check of a controlled round (by the joiner that completed the count) waits.
+
+    Without the wait it would see a record missing, answer False, and the round
+    would close only at the controller timer.
+    """
+    from kelastic.agent.rendezvous.protocol import listed_all_joined
+
+    store, keys = _raw_store(server.endpoint), RunKeys(run_id)
+    store.set(keys.node(1, 0), json.dumps({"name": "a"}))
+    assert not listed_all_joined(store, keys, 1, 2, ["a", "b"])
+    timer = threading.Timer(
+        0.5, lambda: _raw_store(server.endpoint).set(keys.node(1, 1), json.dumps({"name": "b"}))
+    )
+    timer.start()
+    try:
+        assert listed_all_joined(store, keys, 1, 2, ["a", "b"], wait=20.0)
+    finally:
+        timer.cancel()
+    assert not listed_all_joined(store, keys, 1, 3, ["a", "b", "c"], wait=0.2)
