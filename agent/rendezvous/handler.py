@@ -72,8 +72,10 @@ then two (check, read) for its ring successor's record once the round closed,
 plus the watcher's one per event. The job's ``closed`` key is read once per
 watcher connection, the round's size only when its close event may have been
 missed.
-O(N) data is read only by the closer (the member list) and by a joiner or
-decider that may see the last listed node arrive (``joined + gone >= listed``).
+O(N) data is read only by the closer (the member list) and, in a controlled
+round, by the joiner whose own join completed the listed count (``slot + 1 +
+gone >= listed``; it waits for records still on the way) and by the deciders
+once the count is complete, never by every node that reads a complete count.
 
 Failure detection
 -----------------
@@ -672,7 +674,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
         Every joiner evaluates the close rule once, right after its join. Afterwards
         only the deciders (slots below ``_DECIDERS``) evaluate it on each event and
         run its timers; the others evaluate only every ``_FALLBACK_EVALUATION`` s, in
-        case every decider died, and otherwise read nothing: the round's close event
+        case every decider died (without the O(N) listed check: their timers close
+        the round then), and otherwise read nothing: the round's close event
         carries its size and worker store, which the watcher hands over. So an event
         costs O(1) per node and the round O(N) in all.
 

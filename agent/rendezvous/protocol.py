@@ -34,8 +34,8 @@ Key layout (all under ``kelastic/<run_id>/``)::
     agent/<R>/...            keys of the agent's own algorithms for round R (RendezvousInfo.store)
 
 Every node reads O(1) keys of O(1) size per round; only a few nodes (the
-*deciders*, slots 0-2 of the open round, and a joiner that may be the last one
-expected) read O(N) data, and only when the round may close.
+*deciders*, slots 0-2 of the open round, and the joiner whose join completed
+the controller's count) read O(N) data, and only when the round may close.
 """
 
 from __future__ import annotations
