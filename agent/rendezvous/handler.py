@@ -432,6 +432,14 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
     def membership_changed(self) -> bool:
         """Non-blocking: True once this node's round is no longer current."""
+        return bool(self._ask_own_round(self._changed_cached))
+
+    def _ask_own_round(self, question: Callable[[dist.TCPStore, _Member], bool | None]) -> bool | None:
+        """``question(store, member)`` about this node's round, asked under the lock.
+
+        Not a member: False. The store connection lost (now or while asking): True,
+        since the round is then no longer current and its members may be gone.
+        """
         if self._lost.is_set():
             return True
         with self._lock:
@@ -440,16 +448,20 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 return False
             if store is None:
                 return True
-            generation = self._generation
-            if self._changed_cache is not None and self._changed_cache[0] == generation:
-                return self._changed_cache[1]
             try:
-                changed = self._evaluate_changed(store, member)
+                return question(store, member)
             except dist.DistNetworkError:
                 self._drop_connection()
                 return True
-            self._changed_cache = (generation, changed)
-            return changed
+
+    def _changed_cached(self, store: dist.TCPStore, member: _Member) -> bool:
+        """:meth:`_evaluate_changed`, read from the store once per event generation."""
+        generation = self._generation
+        if self._changed_cache is not None and self._changed_cache[0] == generation:
+            return self._changed_cache[1]
+        changed = self._evaluate_changed(store, member)
+        self._changed_cache = (generation, changed)
+        return changed
 
     def wait_membership_change(self, timeout: float) -> bool:
         """Block (on store events, not a sleep loop) up to ``timeout`` s; True if membership changed."""
@@ -483,23 +495,14 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
     def _member_lost_now(self) -> bool | None:
         """True: a member was lost; False: a peer re-joined without a loss, or not a member; None: neither yet."""
-        if self._lost.is_set():
-            return True
-        with self._lock:
-            member, store = self._member, self._store
-            if member is None:
-                return False
-            if store is None:
-                return True
-            try:
-                # ``claim_fate`` counts a loss in ``gone`` before ``accounted``: reading
-                # ``accounted`` first, a loss it includes is always seen in ``gone``.
-                accounted = read_counter(store, self._keys.accounted(member.round))
-                gone = read_counter(store, self._keys.gone(member.round))
-                leaving = read_counter(store, self._keys.leaving(member.round))
-            except dist.DistNetworkError:
-                self._drop_connection()
-                return True
+        return self._ask_own_round(self._loss_verdict)
+
+    def _loss_verdict(self, store: dist.TCPStore, member: _Member) -> bool | None:
+        # ``claim_fate`` counts a loss in ``gone`` before ``accounted``: reading
+        # ``accounted`` first, a loss it includes is always seen in ``gone``.
+        accounted = read_counter(store, self._keys.accounted(member.round))
+        gone = read_counter(store, self._keys.gone(member.round))
+        leaving = read_counter(store, self._keys.leaving(member.round))
         if gone > 0 or leaving > 0:
             return True
         return False if accounted > 0 else None
