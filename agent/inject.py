@@ -5,7 +5,8 @@ the operator's image, with DEST an ``emptyDir`` shared with the worker container
 writes:
 
 - ``DEST/lib/kelastic/agent/...``: the ``kelastic.agent`` package (its ``.py`` files
-  only). It imports nothing but the standard library, torch and NumPy (through
+  only), and beside it the short names workers import, ``kelastic.checkpoint`` and
+  ``kelastic.data``. It imports nothing but the standard library, torch and NumPy (through
   torch), so any image with Python >= 3.10 and torch can run it;
 - ``DEST/kelastic-agent``: the launcher. A worker runs ``python DEST/kelastic-agent
   <kelastic-agent flags> <training command>`` with the image's own Python. The
@@ -77,13 +78,13 @@ def install(dest: Path) -> Path:
     staging.chmod(0o755)
     try:
         target = staging / "kelastic" / "agent"
-        shutil.copytree(
-            _package_root(),
-            target,
-            ignore=lambda _dir, names: [
-                n for n in names if n == "__pycache__" or n.endswith((".pyc", ".pyo"))
-            ],
-        )
+        skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo")
+        shutil.copytree(_package_root(), target, ignore=skip)
+        # The short public names (kelastic.checkpoint, kelastic.data) that workers import
+        # sit beside the agent, as in an installed kelastic.
+        for public in sorted((_package_root() / "public").iterdir()):
+            if public.is_dir() and (public / "__init__.py").exists():
+                shutil.copytree(public, staging / "kelastic" / public.name, ignore=skip)
         lib = dest / INJECT_LIB
         if lib.exists():
             shutil.rmtree(lib)
