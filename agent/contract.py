@@ -11,9 +11,17 @@ __all__ = [
     "DEFAULT_HEALTH_PORT",
     "DEFAULT_RDZV_PORT",
     "DEFAULT_TERMINATION_MESSAGE_PATH",
+    "ENV_CHECKPOINT_DIR",
+    "ENV_CHECKPOINT_ENDPOINT",
     "ENV_NODE_NAME",
     "ENV_PROGRESS_FILE",
     "ENV_TERMINATION_MESSAGE_PATH",
+    "FLAG_CHECKPOINT_DIR",
+    "FLAG_CHECKPOINT_MEMORY",
+    "FLAG_CHECKPOINT_PERSIST_DIR",
+    "FLAG_CHECKPOINT_PERSIST_EVERY",
+    "FLAG_CHECKPOINT_PERSIST_INTERVAL",
+    "FLAG_CHECKPOINT_REPLICAS",
     "FLAG_HANG_TIMEOUT",
     "FLAG_HEALTH_PORT",
     "FLAG_LOCAL_ADDR",
@@ -91,6 +99,25 @@ FLAG_NO_PYTHON = "--no-python"
 FLAG_WARM_START = "--warm-start"
 #: The training program is a Python module (``python -m``).
 FLAG_MODULE = "-m"
+
+#: The memory checkpoint the agent keeps for its workers (``kelastic.checkpoint``):
+#: where its bytes live (a tmpfs folder, ``/dev/shm`` in a pod), how many bytes it may
+#: hold on this node (a Kubernetes quantity such as ``4Gi``, or ``auto``: derived from the
+#: container's memory limit), how many peers hold a copy of this node's part, and the
+#: durable copy: a directory (a PersistentVolumeClaim's mount path) written every Nth
+#: checkpoint and/or at most every T seconds, in torch.distributed.checkpoint's own layout.
+FLAG_CHECKPOINT_DIR = "--checkpoint-dir"
+FLAG_CHECKPOINT_MEMORY = "--checkpoint-memory"
+FLAG_CHECKPOINT_REPLICAS = "--checkpoint-replicas"
+FLAG_CHECKPOINT_PERSIST_DIR = "--checkpoint-persist-dir"
+FLAG_CHECKPOINT_PERSIST_EVERY = "--checkpoint-persist-every"
+FLAG_CHECKPOINT_PERSIST_INTERVAL = "--checkpoint-persist-interval"
+
+#: Set by the agent for each worker: ``HOST:PORT`` of the agent's checkpoint service and
+#: the folder holding the node's checkpoint memory; ``MemoryWriter``/``MemoryReader`` find
+#: the agent through them (outside a kelastic worker they are unset).
+ENV_CHECKPOINT_ENDPOINT = "KELASTIC_CHECKPOINT_ENDPOINT"
+ENV_CHECKPOINT_DIR = "KELASTIC_CHECKPOINT_DIR"
 
 #: torchrun/Kubeflow convention: ``PET_NNODES`` is the fallback for ``--nnodes``.
 PET_PREFIX = "PET_"
