@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -206,8 +206,12 @@ def publish_progress(
     local_world_size: int | None = None,
     recovery: tuple[float, float] | None = None,
     hang: tuple[tuple[int, ...], float, float] | None = None,
+    checkpoint: Mapping[str, object] | None = None,
 ) -> None:
     """Record ``node``'s latest progress (overwrites its previous report).
+
+    ``checkpoint`` is the node's memory checkpoint state (``CheckpointKeeper.status``:
+    latest, step, restored, bytes, limit), published as is under ``"checkpoint"``.
 
     ``step`` is None for a node whose workers have not reported a step yet (a node
     that just joined): it then counts for restarts and size but not for progress.
@@ -223,6 +227,8 @@ def publish_progress(
         report["recovery"] = [float(recovery[0]), float(recovery[1])]
     if hang is not None:  # (global ranks, seconds without progress, when)
         report["hang"] = [[int(r) for r in hang[0]], float(hang[1]), float(hang[2])]
+    if checkpoint is not None:
+        report["checkpoint"] = dict(checkpoint)
     store.set(RunKeys(run_id).progress(node), json.dumps(report))
 
 
