@@ -181,9 +181,10 @@ class CheckpointService:
         self._stopped.set()
         self._jobs.put(None)
         try:
-            self._listener.close()
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
         except OSError:
             pass
+        self._listener.close()
         with self._lock:
             for c in list(self._conns):
                 try:
