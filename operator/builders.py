@@ -14,6 +14,9 @@ own Python: the worker image needs Python and torch, nothing of ours. With
 worker exits at once with a line saying so (and what to do), which becomes the
 container's termination message and the job's Failed condition.
 
+Every worker pod gets a memory-backed ``emptyDir`` at /dev/shm for the checkpoint the
+agent keeps (``spec.checkpoint``, docs/checkpointing.md) unless its template mounts one.
+
 Everything the operator adds itself (the store pod, the injection init container)
 passes the ``restricted`` Pod Security Standard, carries small requests and limits,
 and mounts no service-account token, so a locked-down namespace accepts it.
@@ -283,6 +286,8 @@ def worker_pod(job: Job, index: int, *, endpoint: str, config: BuildConfig) -> d
 
     The pod's own restartPolicy is Never: the operator decides about recreation
     (``spec.replicaSpecs.Worker.restartPolicy``) so every failure is seen and counted.
+    The worker container gets :func:`shm_volume` at /dev/shm (the agent's checkpoint
+    memory) unless the template mounts a volume there itself.
     """
     spec = job.spec
     assert spec is not None, "worker_pod needs a validated job"
