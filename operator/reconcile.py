@@ -6,7 +6,7 @@ same input gives the same result; applying its actions and running it again
 converges, so a lost or repeated event, or an operator restarted mid-job, changes
 nothing. Everything it must remember between passes lives in the status it
 returns (``backoffCount``, ``countedFailures``, ``belowMinSince``, ``scaledTo``,
-``startTime``), so several operator replicas or restarts agree.
+``startTime``, ``checkpoint.restoredTime``), so several operator replicas or restarts agree.
 
 The handlers apply ``Decision.actions`` in order (Service before pods), post an
 Event for each, then write ``Decision.status`` when it differs from the old one.
@@ -21,7 +21,7 @@ from enum import Enum
 from typing import Any
 
 from kelastic.agent import contract
-from kelastic.operator import builders, disruption, netpol, podgroup, stall
+from kelastic.operator import builders, checkpoint, disruption, netpol, podgroup, stall
 from kelastic.operator.observed import (
     Observed,
     PodPhase,
@@ -362,6 +362,13 @@ def _rendezvous_figures(p: _Pass) -> None:
         text = progress_text(rdzv.step, rdzv.total)
         if text is not None:
             status["progress"] = text
+        figures, restored = checkpoint.checkpoint_status(
+            status.get(checkpoint.STATUS_FIELD), rdzv.checkpoints
+        )
+        if figures is not None:
+            status[checkpoint.STATUS_FIELD] = figures
+        if restored is not None:
+            p.actions.append(Emit(reason=checkpoint.EVENT_RESTORED, message=restored))
     elif not running:
         status["worldSize"] = 0
     status.setdefault("worldSize", 0)
