@@ -20,7 +20,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 WORKER = "tests/gpu/scripts/nccl_worker.py"  # the local kubelet runs pods in the repository
 
 
-def gpu_job(kel: Any, name: str, out: Path, *, min_replicas: int, worker_args: list[str]) -> dict[str, Any]:
+def gpu_job(
+    kel: Any,
+    name: str,
+    out: Path,
+    *,
+    min_replicas: int,
+    worker_args: list[str],
+    spec: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Two pods of one GPU each, one worker per GPU (``nprocPerNode: gpu``), warm starts."""
     if kel.lane == "real":
         pytest.skip("the GPU scenarios run the repository's worker script: kelastic local only")
@@ -31,7 +39,7 @@ def gpu_job(kel: Any, name: str, out: Path, *, min_replicas: int, worker_args: l
         max_replicas=2,
         command=["python", WORKER],
         args=["--out", str(out), *worker_args],
-        spec={"nprocPerNode": "gpu", "warmStart": True},
+        spec={"nprocPerNode": "gpu", "warmStart": True, **(spec or {})},
     )
     container = doc["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     container["resources"] = {"limits": {"nvidia.com/gpu": 1}}
@@ -69,3 +77,26 @@ def test_a_force_deleted_gpu_pod_is_replaced_on_its_freed_gpu_and_the_job_comple
     assert len(seen) > 2, seen
     for r in seen:
         assert r["device_count"] == 1 and not r["bad_fork"]
+
+
+def test_a_crashing_gpu_rank_restarts_the_group_on_the_same_gpus(kel: Any, tmp_path: Path) -> None:
+    args = ["--steps", "10", "--crash-rank", "1", "--crash-times", "1", "--hold-fraction", "0.6"]
+    kel.apply_job(gpu_job(kel, "e2e-gpu-c", tmp_path, min_replicas=2, worker_args=args))
+    status = kel.wait_phase("e2e-gpu-c", {"Succeeded", "Failed"}, timeout=300)
+    assert status["phase"] == "Succeeded", status
+    again = [r for r in records(tmp_path) if r["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"]
+    assert sorted(int(r["env"]["RANK"]) for r in again) == [0, 1], records(tmp_path)
+    assert len({r["device_uuid"] for r in again}) == 2 and all(r["held_bytes"] > 0 for r in again)
+
+
+def test_a_gpu_rank_stuck_outside_the_allreduce_is_restarted_by_hang_detection(
+    kel: Any, tmp_path: Path
+) -> None:
+    args = ["--steps", "10", "--hang-rank", "1", "--hang-at", "5"]
+    job = gpu_job(
+        kel, "e2e-gpu-d", tmp_path, min_replicas=2, worker_args=args, spec={"hangTimeoutSeconds": 10}
+    )
+    kel.apply_job(job)
+    status = kel.wait_phase("e2e-gpu-d", {"Succeeded", "Failed"}, timeout=400)
+    assert status["phase"] == "Succeeded", status
+    assert sorted(p.name for p in tmp_path.glob("done_*")) == ["done_r1_rank0", "done_r1_rank1"]

@@ -22,6 +22,8 @@ SCENARIOS = (
     "test_counting_gpus_leaves_cuda_uninitialised_so_a_fork_can_use_it",
     "test_gpu_pods_each_get_their_own_gpu_and_train_over_nccl",
     "test_a_force_deleted_gpu_pod_is_replaced_on_its_freed_gpu",
+    "test_a_crashing_gpu_rank_restarts_the_group_on_the_same_gpus",
+    "test_a_gpu_rank_stuck_outside_the_allreduce_is_restarted_by_hang_detection",
 )
 
 

@@ -13,9 +13,9 @@ fork server). Then:
   (the others block in the all-reduce on the GPU until kelastic's hang detection acts);
 * ``--until-world W``: steps until the agent restarts it at world size W, then ``--steps`` more;
 * otherwise ``--steps`` steps and exit 0.
-* ``--hold-fraction F``: before the first step, allocate F of the device's memory and keep
-  it: a replacement started while the previous worker still held its memory would fail
-  with an out-of-memory error.
+* ``--hold-fraction F``: before the first step, allocate F of the device's total memory
+  and keep it: with F above one half, a replacement started while the previous worker
+  still held its memory would fail with an out-of-memory error.
 
 Every step (one all-reduce on the GPU, synchronised) is appended to
 ``<out>/steps.log`` as ``<time> <world> <rank> <step>``. The NCCL timeout is
@@ -78,8 +78,8 @@ def main() -> None:
     device = torch.device("cuda", local_rank)
     held = None
     if a.hold_fraction > 0:
-        free, _total = torch.cuda.mem_get_info(device)
-        held = torch.empty(int(free * a.hold_fraction), dtype=torch.uint8, device=device)
+        _free, total = torch.cuda.mem_get_info(device)
+        held = torch.empty(int(total * a.hold_fraction), dtype=torch.uint8, device=device)
     dist.init_process_group("nccl", timeout=timedelta(seconds=a.nccl_timeout))
     t = torch.tensor([float(rank)], device=device)
     dist.all_reduce(t)
