@@ -34,6 +34,7 @@ __all__ = [
     "container_gpus",
     "detect_gpus",
     "device_env",
+    "narrow_to_visible",
     "pod_claim",
 ]
 
@@ -54,8 +55,10 @@ def detect_gpus(
 ) -> tuple[str, ...]:
     """The node's GPU ordinals (``"0"``, ``"1"``, …). First answer wins: ``override``, then
     ``$KELASTIC_LOCAL_GPUS`` (both a count, 0 turns GPUs off), the driver's
-    ``/proc/driver/nvidia/gpus``, ``nvidia-smi -L``. A bad ``$KELASTIC_LOCAL_GPUS`` raises
-    ValueError. Neither source initialises CUDA."""
+    ``/proc/driver/nvidia/gpus``, ``nvidia-smi -L``. A detected list is narrowed to the
+    ordinals that ``CUDA_VISIBLE_DEVICES`` names, when ``kelastic local`` was started with
+    one (:func:`narrow_to_visible`). A bad ``$KELASTIC_LOCAL_GPUS`` raises ValueError.
+    Neither source initialises CUDA."""
     environ = os.environ if environ is None else environ
     if override is None and environ.get(ENV_GPUS, "").strip():
         text = environ[ENV_GPUS].strip()
@@ -79,7 +82,27 @@ def detect_gpus(
                 count = sum(1 for line in listed.stdout.splitlines() if re.match(r"GPU \d+:", line))
         except (OSError, subprocess.TimeoutExpired):
             count = 0
-    return tuple(str(i) for i in range(count))
+    return narrow_to_visible(count, environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def narrow_to_visible(count: int, visible: str | None) -> tuple[str, ...]:
+    """The ordinals of ``count`` GPUs that ``visible`` (a ``CUDA_VISIBLE_DEVICES`` value of
+    ordinals) leaves, in its order; all of them when it is unset or names devices by UUID
+    (pure). Entries are read as CUDA reads them: the list ends at the first one that is not
+    an ordinal of this node, and a repeated one leaves none."""
+    every = tuple(str(i) for i in range(count))
+    if visible is None or visible.strip().startswith(("GPU-", "MIG-")):
+        return every
+    kept: list[str] = []
+    for entry in visible.split(","):
+        digits = re.match(r"\s*(\d+)", entry)
+        if digits is None or int(digits.group(1)) >= count:
+            break
+        ordinal = str(int(digits.group(1)))
+        if ordinal in kept:
+            return ()
+        kept.append(ordinal)
+    return tuple(kept)
 
 
 def container_gpus(container: Mapping[str, Any]) -> int:

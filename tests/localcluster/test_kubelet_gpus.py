@@ -49,6 +49,31 @@ def test_detection_prefers_the_override_then_the_variable_then_the_driver(tmp_pa
         detect_gpus(environ={ENV_GPUS: "two"}, proc_dir=proc)
 
 
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [
+        (None, ("0", "1", "2", "3")),
+        ("2,3", ("2", "3")),  # kelastic local started on part of the machine's GPUs
+        ("3,1", ("3", "1")),
+        ("1,7,2", ("1",)),  # CUDA's rule: the list ends at a device the node lacks
+        ("1,x", ("1",)),
+        ("0,0", ()),  # a repeated ordinal hides every device
+        ("", ()),
+        ("GPU-0b1c2d3e-0000-1111-2222-333344445555", ("0", "1", "2", "3")),  # by UUID: not narrowed
+    ],
+)
+def test_detected_gpus_are_narrowed_to_kelastics_own_cuda_visible_devices(
+    visible: str | None, expected: tuple[str, ...], tmp_path: Path
+) -> None:
+    proc = tmp_path / "gpus"
+    for bus in ("0000:1b:00.0", "0000:3d:00.0", "0000:9a:00.0", "0000:bc:00.0"):
+        (proc / bus).mkdir(parents=True)
+    environ = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert detect_gpus(environ=environ, proc_dir=proc) == expected
+    # a count given explicitly is taken as it is
+    assert detect_gpus(2, environ=environ, proc_dir=proc) == ("0", "1")
+
+
 def test_detection_falls_back_to_nvidia_smi(tmp_path: Path) -> None:
     smi = tmp_path / "nvidia-smi"
     smi.write_text(
