@@ -236,6 +236,11 @@ def _exercise_gpu_pods(kubectl: Kubectl, tmp: Path, *, scheduler_message: str) -
     wait_for(lambda: _status(kubectl, "gpu-a").get("phase") == "Succeeded", 60, "gpu-a to succeed")
     c = wait_for(lambda: _devices(kubectl, "gpu-c"), 60, "gpu-c to start and print its devices")
     assert c == f"devices='{freed}' nvidia='{freed}'"
+    # More than the node has: Pending for good, and deleting it leaves nothing behind.
+    kubectl.apply_object(_pod("gpu-too-many", 3, script, tmp / "never"))
+    wait_for(lambda: _status(kubectl, "gpu-too-many").get("conditions"), 60, "gpu-too-many to be reported")
+    assert _status(kubectl, "gpu-too-many").get("phase") == "Pending"
+    kubectl("delete", "pod", "gpu-too-many", "--wait=true", "--timeout=60s")
     for path in done.values():
         path.write_text("")
     for name in ("gpu-b", "gpu-c", "no-gpu"):
