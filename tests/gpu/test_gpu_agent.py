@@ -30,7 +30,7 @@ AGENT_TESTS = Path(__file__).resolve().parents[1] / "agent"
 harness = SimpleNamespace(**runpy.run_path(str(AGENT_TESTS / "agent_harness.py")))
 WORKER = Path(__file__).parent / "scripts" / "nccl_worker.py"
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
