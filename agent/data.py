@@ -164,7 +164,7 @@ class ElasticSampler(Sampler[list[int]]):
         self.drop_last = drop_last
         self._epoch = 0
         self._consumed = 0
-        self._order: tuple[int, list[int]] | None = None  # (epoch, its stream), drawn once
+        self._order: tuple[int, torch.Tensor] | None = None  # (epoch, its shuffled stream)
         # For the warning about a loop that never marks a step consumed: the position an
         # iteration started at, and whether that iteration ran to the epoch's end.
         self._iter_start: tuple[int, int] | None = None
@@ -219,16 +219,18 @@ class ElasticSampler(Sampler[list[int]]):
 
     # -- the stream -----------------------------------------------------------------------
 
-    def _stream(self, epoch: int) -> list[int]:
+    def _indices(self, epoch: int, start: int, stop: int) -> list[int]:
+        """The epoch's stream from ``start`` to ``stop``."""
+        if not self.shuffle:
+            return list(range(start, stop))
         if self._order is None or self._order[0] != epoch:
-            if self.shuffle:
-                g = torch.Generator()
-                g.manual_seed(self.seed + epoch)
-                order = torch.randperm(self.dataset_len, generator=g).tolist()
-            else:
-                order = list(range(self.dataset_len))
-            self._order = (epoch, order)
-        return self._order[1]
+            # Kept as a tensor (8 bytes an index, where a list of ints takes about 36), drawn
+            # once per epoch however many iterations and restarts of the loop read it.
+            g = torch.Generator()
+            g.manual_seed(self.seed + epoch)
+            self._order = (epoch, torch.randperm(self.dataset_len, generator=g))
+        indices: list[int] = self._order[1][start:stop].tolist()
+        return indices
 
     def __iter__(self) -> Iterator[list[int]]:
         start = (self._epoch, self._consumed)
@@ -247,14 +249,13 @@ class ElasticSampler(Sampler[list[int]]):
     def _iterate(self, epoch: int, consumed: int, generation: int) -> Iterator[list[int]]:
         # Its own cursor: the position moves only by advance(), so an iteration that a
         # DataLoader runs ahead of the training loop leaves the position where it was.
-        order = self._stream(epoch)
         yielded = False
         while True:
             step = _step_size(self.dataset_len - consumed, self.world_size, self.batch_size, self.drop_last)
             if step == 0:
                 break
             lo, hi = _rank_slice(step, self.world_size, self.batch_size, self.rank)
-            yield order[consumed + lo : consumed + hi]
+            yield self._indices(epoch, consumed + lo, consumed + hi)
             yielded = True
             consumed += step
         if yielded and generation == self._iter_generation:  # not replaced by a later iteration
