@@ -465,3 +465,27 @@ def test_dcp_checkpoint_saved_by_two_ranks_resumes_three(tmp_path: Path) -> None
     before = [i for rec in saved for b in rec["consumed_batches"] for i in b]
     after = [i for rec in loaded for b in rec["rest"] for i in b]
     assert sorted(before + after) == list(range(50))
+
+
+# -- in a torch-only image, through the injected agent ---------------------------------------
+
+
+@pytest.mark.slow
+def test_injected_agent_brings_kelastic_data_to_a_torch_only_python(tmp_path: Path) -> None:
+    from kelastic.agent import contract
+    from kelastic.agent.inject import install
+    from kelastic.localcluster.images import torch_environment
+
+    python = torch_environment(tmp_path / "venv")
+    install(tmp_path / "agent")
+    program = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(tmp_path / 'agent' / contract.INJECT_LIB)!r})\n"
+        "from kelastic.data import ElasticSampler\n"
+        "s = ElasticSampler(10, 2, 1, 2, seed=3)\n"
+        "print(json.dumps([list(s), ElasticSampler.__module__]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    proc = subprocess.run([str(python), "-c", program], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [list(ElasticSampler(10, 2, 1, 2, seed=3)), "kelastic.agent.data"]
