@@ -22,8 +22,9 @@ What a caller may rely on
 -------------------------
 * **Exactly once per epoch.** Across all ranks, all restarts and all resizes, every
   index of an epoch is yielded to the training loop as part of a consumed step exactly
-  once, as long as each group resumes from the state of the last consumed step (every
-  rank holds the same state, so any rank's copy will do). With ``drop_last=True`` "every
+  once, as long as the sampler's state is saved and restored with the rest of the
+  training state (the same checkpoint): steps after the checkpoint are redone with the
+  model they were lost with. Every rank holds the same state, so any rank's copy will do. With ``drop_last=True`` "every
   index" is every index but the epoch's final short step (fewer than
   ``world_size * batch_size`` samples at the world size of that moment), which no rank
   yields; nothing is yielded twice either way.
@@ -55,6 +56,8 @@ What a caller may rely on
   written for ``DistributedSampler``: ``set_epoch(e)`` with ``e`` the current epoch keeps
   the position (so a resumed loop that calls it does not rewind); another ``e`` starts
   epoch ``e`` from its beginning. Resume with ``for epoch in range(sampler.epoch, E)``.
+  An epoch with no step at all (``drop_last=True`` and fewer samples than one step)
+  yields nothing and ends only by ``set_epoch``.
 * **One batch per global step, every rank.** ``len(sampler)`` is the number of steps left
   in the current epoch from the consumed position, the same on every rank.
 * **Checkpoints.** :meth:`ElasticSampler.state_dict` returns plain ints and bools
