@@ -28,6 +28,8 @@ exit code), :class:`ChildFailedError`, :class:`ErrorHandler`, :func:`get_error_h
 - ``ProcessFailure`` also accepts ``message``, ``timestamp`` and ``error_file_data`` as
   arguments (the agent builds failures for hung ranks that way) and has ``failed_at``
   (float seconds) and ``traceback()``.
+- an error file that is not JSON or has no ``message`` does not make ``ProcessFailure``
+  raise (torch's does): a launcher must still report the failure, from its exit code;
 - :func:`record` records every exception, ``KeyboardInterrupt`` included, not only
   ``Exception`` subclasses, and takes an ``error_file`` argument besides torch's
   ``error_handler``.
@@ -242,7 +244,7 @@ def record(
     ``SystemExit(0)`` returns ``None`` (a script that calls ``sys.exit(0)`` succeeded);
     any other ``SystemExit`` is an intentional exit and propagates unrecorded. A
     :class:`ChildFailedError` copies the first failed child's error file instead of
-    recording itself. Usable bare (``@record``) or with arguments.
+    recording itself (and writes nothing when that child left no error file). Usable bare (``@record``) or with arguments.
     """
     if fn is None:
         return functools.partial(record, error_handler=error_handler, error_file=error_file)
@@ -258,11 +260,15 @@ def record(
                 return None
             raise
         except ChildFailedError as e:
-            _, failure = e.get_first_failure()
+            rank, failure = e.get_first_failure()
             if failure.error_file != NOT_AVAILABLE and os.path.isfile(failure.error_file):
                 handler.dump_error_file(failure.error_file, failure.exitcode)
             else:
-                handler.record_exception(e)
+                # Not recorded as this process's own error: the child's is what matters,
+                # and a reader of the error file would take the launcher for the culprit.
+                logger.info(
+                    "rank %s failed without an error file; decorate its entrypoint with @record", rank
+                )
             raise
         except BaseException as exc:
             handler.record_exception(exc)

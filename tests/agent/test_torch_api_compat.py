@@ -351,6 +351,25 @@ def test_child_failed_error_copies_the_childs_error_file(
     assert parent["message"]["message"] == "OOM" and parent["message"]["errorCode"] == -9
 
 
+@BOTH
+def test_child_failed_error_without_a_child_error_file_writes_none(
+    impl: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "parent.json"))
+    failure = impl.errors.ProcessFailure(
+        local_rank=0, pid=7, exitcode=1, error_file=str(tmp_path / "none.json")
+    )
+
+    @impl.errors.record
+    def launcher() -> None:
+        raise impl.errors.ChildFailedError("trainer", {0: failure})
+
+    with pytest.raises(impl.errors.ChildFailedError):
+        launcher()
+    # the launcher's own error file would name the launcher, not the child, as the culprit
+    assert not (tmp_path / "parent.json").exists()
+
+
 # --- signals, tailing, redirects -------------------------------------------------------------
 
 
