@@ -170,10 +170,16 @@ def test_under_kelastic_a_killed_rank_resumes_from_the_memory_checkpoint(tmp_pat
             assert agent.poll() is None, f"the agent exited early:\n{agent.communicate()[0]}"
             assert time.monotonic() < deadline, f"no checkpoint at step >= 65 in 120 s: {history(ckpt)}"
             time.sleep(0.05)
-        workers = [p for p in descendants(agent.pid) if "train.py" in Path(f"/proc/{p}/cmdline").read_text()]
+        # the ranks: `python -u examples/train.py …`, not the agent's helper processes
+        workers = [
+            p
+            for p in descendants(agent.pid)
+            if Path(f"/proc/{p}/cmdline").read_text().split("\0")[1:3] == ["-u", str(TRAIN)]
+        ]
+        assert workers, "no worker process found"
         last = max(e["step"] for e in history(ckpt) if e["event"] == "checkpoint")
         os.kill(max(workers), signal.SIGKILL)
-        output = agent.communicate(timeout=120)[0]
+        output = agent.communicate(timeout=300)[0]
     finally:
         kill_tree(agent.pid)
         shutil.rmtree(shm, ignore_errors=True)
