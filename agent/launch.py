@@ -238,6 +238,8 @@ def launch_agent(config: LaunchConfig) -> RunResult:
             checkpoint_status=checkpoints.keeper.status if checkpoints is not None else None,
         )
         telemetry.start_sampler(agent.rank_progress)
+        if checkpoints is not None:
+            telemetry.watch_checkpoint(checkpoints.keeper.status)
         _log.info(
             "agent for %s: nnodes=%d:%d nproc_per_node=%d backend=%s endpoint=%s run_id=%s logs=%s",
             config.entrypoint_name,

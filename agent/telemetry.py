@@ -21,7 +21,12 @@ spends one of ``--max-restarts``, ``membership`` does not),
 ``recovery_seconds{cause}`` (histogram), ``world_size``, ``restart_count``,
 ``step`` (the slowest local rank's last step), ``steps_per_second`` (over the
 last ``rate_window`` seconds of samples), ``seconds_since_progress`` (since the
-most recent report of any local rank; absent until a rank reports).
+most recent report of any local rank; absent until a rank reports); with the memory
+checkpoint (``kelastic.checkpoint``): ``checkpoint_latest`` (the newest complete
+checkpoint), ``checkpoint_bytes`` and ``checkpoint_limit_bytes`` (held on this node, and
+its limit), ``checkpoint_saves_total``, ``checkpoint_refused_total`` (saves that did not
+fit), ``checkpoint_restores_total{source}`` (memory, replica or durable) and
+``checkpoint_restore_seconds`` (the latest restore).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kelastic.agent.events import Event, EventSink, record
 from kelastic.agent.exposition import Family, counter, gauge, histogram, render
@@ -97,6 +103,7 @@ class AgentTelemetry:
         self._samples: collections.deque[ProgressSample] = collections.deque()
         self._last_report: float | None = None
         self._progress: Callable[[], Mapping[int, ProgressReport]] | None = None
+        self._checkpoint: Callable[[], Mapping[str, Any]] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -235,7 +242,49 @@ class AgentTelemetry:
             ),
         ]
 
+    def watch_checkpoint(self, status: Callable[[], Mapping[str, Any]]) -> None:
+        """Report the node's memory checkpoint (``CheckpointKeeper.status``) in ``/metrics``."""
+        self._checkpoint = status
+
+    def _checkpoint_families(self) -> list[Family]:
+        if self._checkpoint is None:
+            return []
+        st = self._checkpoint()
+        restored = st.get("restored") or {}
+        restores = dict(st.get("restores") or {})
+        return [
+            gauge(
+                f"{_PREFIX}checkpoint_latest",
+                "The newest complete memory checkpoint this node holds.",
+                st.get("latest"),
+            ),
+            gauge(
+                f"{_PREFIX}checkpoint_bytes",
+                "Bytes of memory checkpoints held on this node.",
+                st.get("bytes"),
+            ),
+            gauge(
+                f"{_PREFIX}checkpoint_limit_bytes", "This node's checkpoint memory limit.", st.get("limit")
+            ),
+            counter(f"{_PREFIX}checkpoint_saves_total", "Memory checkpoints committed.", st.get("saves", 0)),
+            counter(
+                f"{_PREFIX}checkpoint_refused_total",
+                "Memory checkpoints not saved because they did not fit in this node's limit.",
+                st.get("refused", 0),
+            ),
+            counter(
+                f"{_PREFIX}checkpoint_restores_total",
+                "Restores reported by this node's ranks, by where the checkpoint came from.",
+                {(("source", src),): restores.get(src, 0) for src in ("memory", "replica", "durable")},
+            ),
+            gauge(
+                f"{_PREFIX}checkpoint_restore_seconds",
+                "Seconds the latest restore took, from choosing the checkpoint to the last byte read.",
+                restored.get("seconds"),
+            ),
+        ]
+
     def render(self) -> str:
         """The ``/metrics`` body (samples progress first, so a scrape sees the latest step)."""
         self._sample_now()
-        return render(self.families())
+        return render([*self.families(), *self._checkpoint_families()])

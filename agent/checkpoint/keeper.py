@@ -101,6 +101,7 @@ class CheckpointKeeper:
         self._last_persist: float | None = None
         self._saves = 0
         self._refused = 0
+        self._restores: dict[str, int] = {}
         self._load_existing()
 
     # --- paths -------------------------------------------------------------------------------
@@ -408,6 +409,8 @@ class CheckpointKeeper:
             for newer in [c for c in self._ckpts if c > cid and c not in self._pinned]:
                 self._drop(newer)
             first = self._restored is None or self._restored.get("id") != cid
+            if first:
+                self._restores[source] = self._restores.get(source, 0) + 1
             if first or seconds > float((self._restored or {}).get("seconds", 0)):
                 self._restored = {
                     "id": cid,
@@ -431,6 +434,7 @@ class CheckpointKeeper:
                 "limit": self.settings.limit,
                 "saves": self._saves,
                 "refused": self._refused,
+                "restores": dict(self._restores),
             }
 
     # --- dropping ----------------------------------------------------------------------------

@@ -311,3 +311,24 @@ def test_bytes_items_round_trip(
     target = {"blob": io.BytesIO(), "t": torch.zeros(5, dtype=torch.int64)}
     dcp.load(target, storage_reader=MemoryReader(), no_dist=True)
     assert target["blob"].getvalue() == b"kelastic" * 100 and torch.equal(target["t"], torch.arange(5))
+
+
+def test_the_agents_metrics_show_saves_restores_and_memory(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kelastic.agent.telemetry import AgentTelemetry
+
+    a = service(services, shm, "a")
+    worker_of(a, monkeypatch)
+    telemetry = AgentTelemetry()
+    telemetry.watch_checkpoint(a.keeper.status)
+    save(state(1))
+    save(state(2))
+    load()
+    text = telemetry.render()
+    assert "kelastic_agent_checkpoint_latest 2" in text
+    assert "kelastic_agent_checkpoint_saves_total 2" in text
+    assert 'kelastic_agent_checkpoint_restores_total{source="memory"} 1' in text
+    assert "kelastic_agent_checkpoint_limit_bytes 268435456" in text
+    held = next(line for line in text.splitlines() if line.startswith("kelastic_agent_checkpoint_bytes "))
+    assert float(held.split()[1]) > 0
