@@ -12,7 +12,7 @@ from typing import Any
 from kelastic.agent import contract
 from kelastic.operator import builders
 from kelastic.operator.observed import Observed, PodView, ServiceView
-from kelastic.operator.reconcile.actions import Action, Emit, ReconcileConfig
+from kelastic.operator.reconcile.actions import Action, DeletePod, Emit, ReconcileConfig
 from kelastic.operator.spec import Job, JobSpec
 from kelastic.operator.status import Phase, find_condition, set_condition, set_phase
 
@@ -64,6 +64,12 @@ class Pass:
 
     def after(self, seconds: float) -> None:
         self.requeue.append(max(0.0, seconds))
+
+    def delete_pod(self, pod: PodView, reason: str, message: str, *, warning: bool = False) -> None:
+        """Delete ``pod`` (this incarnation of it: its uid is the precondition), with an Event."""
+        self.actions.append(
+            DeletePod(reason=reason, message=message, warning=warning, name=pod.name, uid=pod.uid)
+        )
 
 
 def worker_pods(p: Pass) -> list[PodView]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from kelastic.operator import disruption
 from kelastic.operator.observed import PodPhase
-from kelastic.operator.reconcile.actions import DeletePod
 from kelastic.operator.reconcile.context import ActiveJob, Next, Pass
 
 
@@ -20,13 +19,8 @@ def step(p: Pass, job: ActiveJob) -> Next:
             continue  # deleted already (the eviction API, the scheduler): its index is recreated when it is gone
         assert pod.disruption is not None
         job.recreating.append(pod)
-        p.actions.append(
-            DeletePod(
-                reason="RecreateEvicted",
-                message=f"{disruption.describe(pod.name, pod.disruption)}; recreating it",
-                name=pod.name,
-                uid=pod.uid,
-            )
+        p.delete_pod(
+            pod, "RecreateEvicted", f"{disruption.describe(pod.name, pod.disruption)}; recreating it"
         )
     job.wanted = [w for w in job.wanted if w.disruption is None]
     if disrupted:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kelastic.operator.observed import PodPhase, PodView, failure_order, failure_summary, names_failed_rank
-from kelastic.operator.reconcile.actions import DeletePod
 from kelastic.operator.reconcile.context import ActiveJob, Next, Pass, seconds_since
 from kelastic.operator.reconcile.finish import finish
 from kelastic.operator.spec import RestartPolicy
@@ -110,14 +109,11 @@ def step(p: Pass, job: ActiveJob) -> Next:
             backoff += 1
             counted.append(pod.uid)
         job.recreating.append(pod)
-        p.actions.append(
-            DeletePod(
-                reason="RecreateWorker",
-                message=f"{what}; recreating it ({backoff}/{spec.backoff_limit} of spec.backoffLimit used)",
-                warning=True,
-                name=pod.name,
-                uid=pod.uid,
-            )
+        p.delete_pod(
+            pod,
+            "RecreateWorker",
+            f"{what}; recreating it ({backoff}/{spec.backoff_limit} of spec.backoffLimit used)",
+            warning=True,
         )
     p.status["countedFailures"] = counted
     p.status["backoffCount"] = backoff

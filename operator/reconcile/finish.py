@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from kelastic.operator.observed import PodPhase, PodView
-from kelastic.operator.reconcile.actions import DeleteJob, DeletePod, DeleteService
+from kelastic.operator.reconcile.actions import DeleteJob, DeleteService
 from kelastic.operator.reconcile.context import Pass, seconds_since, store_pods, store_service
 from kelastic.operator.spec import CleanPodPolicy, JobSpec, format_time, parse_time
 from kelastic.operator.status import CONDITION_INVALID, Phase, set_phase
@@ -29,24 +29,10 @@ def cleanup(p: Pass, workers: list[PodView], policy: CleanPodPolicy) -> None:
         if pod.terminating or policy is CleanPodPolicy.NONE:
             continue
         if policy is CleanPodPolicy.ALL or pod.active:
-            p.actions.append(
-                DeletePod(
-                    reason="CleanPod",
-                    message=f"deleting worker pod {pod.name} (cleanPodPolicy {policy.value})",
-                    name=pod.name,
-                    uid=pod.uid,
-                )
-            )
+            p.delete_pod(pod, "CleanPod", f"deleting worker pod {pod.name} (cleanPodPolicy {policy.value})")
     for pod in store_pods(p):
         if not pod.terminating:
-            p.actions.append(
-                DeletePod(
-                    reason="DeleteStore",
-                    message=f"deleting rendezvous store pod {pod.name}",
-                    name=pod.name,
-                    uid=pod.uid,
-                )
-            )
+            p.delete_pod(pod, "DeleteStore", f"deleting rendezvous store pod {pod.name}")
     svc = store_service(p)
     if svc is not None and not svc.terminating and svc.owner_uid in (p.job.meta.uid, None):
         p.actions.append(
@@ -82,14 +68,7 @@ def finished(p: Pass, spec: JobSpec, workers: list[PodView]) -> None:
 def suspend(p: Pass, spec: JobSpec, workers: list[PodView]) -> None:
     for pod in [*workers, *store_pods(p)]:
         if not pod.terminating and pod.phase is not PodPhase.SUCCEEDED:
-            p.actions.append(
-                DeletePod(
-                    reason="Suspend",
-                    message=f"deleting pod {pod.name}: the job is suspended",
-                    name=pod.name,
-                    uid=pod.uid,
-                )
-            )
+            p.delete_pod(pod, "Suspend", f"deleting pod {pod.name}: the job is suspended")
     p.phase(Phase.SUSPENDED, "Suspended", "spec.suspend is true: pods removed, the job is kept")
     # The active deadline counts active time only, as for a batch Job.
     for key in ("startTime", "belowMinSince"):

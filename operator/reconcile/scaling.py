@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kelastic.operator import builders
 from kelastic.operator.observed import PodView
-from kelastic.operator.reconcile.actions import CreatePod, DeletePod
+from kelastic.operator.reconcile.actions import CreatePod
 from kelastic.operator.reconcile.context import ActiveJob, Next, Pass
 
 
@@ -36,12 +36,9 @@ def step(p: Pass, job: ActiveJob) -> Next:
             and not pod.terminating
             and pod not in job.recreating
         ):
-            p.actions.append(
-                DeletePod(
-                    reason="ScaleDown",
-                    message=f"deleting worker pod {pod.name}: spec.replicaSpecs.Worker.replicas is {spec.replicas}",
-                    name=pod.name,
-                    uid=pod.uid,
-                )
+            p.delete_pod(
+                pod,
+                "ScaleDown",
+                f"deleting worker pod {pod.name}: spec.replicaSpecs.Worker.replicas is {spec.replicas}",
             )
     return Next.CONTINUE

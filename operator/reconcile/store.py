@@ -7,7 +7,7 @@ from __future__ import annotations
 from kelastic.agent import contract
 from kelastic.operator import builders
 from kelastic.operator.observed import PodPhase
-from kelastic.operator.reconcile.actions import CreatePod, CreateService, DeletePod
+from kelastic.operator.reconcile.actions import CreatePod, CreateService
 from kelastic.operator.reconcile.context import ActiveJob, Next, Pass, store_pods, store_service
 from kelastic.operator.spec import JobSpec
 
@@ -48,14 +48,11 @@ def ensure_store(p: Pass, spec: JobSpec) -> tuple[str | None, str | None]:
             alive = True  # wait until it is gone; its name is still taken
             continue
         if pod.phase in (PodPhase.FAILED, PodPhase.SUCCEEDED):
-            p.actions.append(
-                DeletePod(
-                    reason="StoreDied",
-                    message=f"rendezvous store pod {pod.name} ended ({pod.phase.value}); recreating it",
-                    warning=True,
-                    name=pod.name,
-                    uid=pod.uid,
-                )
+            p.delete_pod(
+                pod,
+                "StoreDied",
+                f"rendezvous store pod {pod.name} ended ({pod.phase.value}); recreating it",
+                warning=True,
             )
             alive = True
             continue
