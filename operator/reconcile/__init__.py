@@ -21,7 +21,6 @@ in the counts every pass; ``context`` is what they share, ``actions`` what they 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from kelastic.operator import builders
 from kelastic.operator.observed import Observed, PodView
@@ -58,7 +57,7 @@ from kelastic.operator.reconcile.figures import rendezvous_figures, replica_stat
 from kelastic.operator.reconcile.finish import fail_invalid, finished, suspend
 from kelastic.operator.reconcile.replica_range import CONDITION_OUT_OF_RANGE
 from kelastic.operator.spec import Job, JobSpec
-from kelastic.operator.status import CONDITION_INVALID, TERMINAL_PHASES, Phase, find_condition
+from kelastic.operator.status import CONDITION_INVALID, TERMINAL_PHASES, JobStatus, Phase, find_condition
 
 __all__ = [
     "CONDITION_OUT_OF_RANGE",
@@ -81,9 +80,9 @@ def reconcile(job: Job, observed: Observed, config: ReconcileConfig | None = Non
     """Decide the actions and the status for ``job`` given ``observed``. Pure; never raises."""
     config = config or ReconcileConfig()
     prior = dict(job.status or {})
-    status: dict[str, Any] = dict(prior)
-    status["selector"] = builders.worker_selector(job.meta.name)
-    status["observedGeneration"] = job.meta.generation
+    status = JobStatus.from_dict(prior)
+    status.selector = builders.worker_selector(job.meta.name)
+    status.observed_generation = job.meta.generation
     p = Pass(job=job, observed=observed, config=config, status=status)
 
     if job.deleting:
@@ -100,11 +99,17 @@ def reconcile(job: Job, observed: Observed, config: ReconcileConfig | None = Non
         if invalid is not None and invalid.get("status") == "True":
             # The spec was fixed: leave the Invalid failure behind and start afresh.
             p.condition(CONDITION_INVALID, False, "SpecValid", "the spec passed validation")
-            for key in ("completionTime", "startTime", "belowMinSince", "scaledTo"):
-                status.pop(key, None)
-            status["phase"] = Phase.CREATED.value
-            p.job = Job(job.meta, spec, None, {k: v for k, v in status.items() if k != "phase"}, job.deleting)
-        phase = status.get("phase")
+            status.completion_time = status.start_time = status.below_min_since = None
+            status.scaled_to = None
+            status.phase = Phase.CREATED.value
+            p.job = Job(
+                job.meta,
+                spec,
+                None,
+                {k: v for k, v in status.to_dict().items() if k != "phase"},
+                job.deleting,
+            )
+        phase = status.phase
         if phase in {ph.value for ph in TERMINAL_PHASES}:
             finished(p, spec, workers)
         elif spec.suspend:
@@ -113,10 +118,10 @@ def reconcile(job: Job, observed: Observed, config: ReconcileConfig | None = Non
             _active(p, spec, workers)
 
     status = p.status
-    status["replicaStatuses"] = {"Worker": replica_status(workers, int(status.get("backoffCount") or 0))}
+    status.replica_statuses = {"Worker": replica_status(workers, status.backoff_count or 0)}
     rendezvous_figures(p)
     requeue = min(p.requeue) if p.requeue else None
-    return Decision(tuple(p.actions), status, requeue)
+    return Decision(tuple(p.actions), status.to_dict(), requeue)
 
 
 def _active(p: Pass, spec: JobSpec, workers: list[PodView]) -> None:

@@ -13,12 +13,12 @@ def step(p: Pass, job: ActiveJob) -> Next:
     spec = job.spec
     count = len(job.running)
     if count >= spec.min_replicas:
-        p.status.pop("belowMinSince", None)
+        p.status.below_min_since = None
         return Next.CONTINUE
-    since = parse_time(p.status.get("belowMinSince"))
+    since = parse_time(p.status.below_min_since)
     if since is None:
         since = p.now
-        p.status["belowMinSince"] = format_time(p.now)
+        p.status.below_min_since = format_time(p.now)
     timeout = (
         spec.min_replicas_timeout if spec.min_replicas_timeout is not None else p.config.min_replicas_timeout
     )

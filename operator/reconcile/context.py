@@ -14,7 +14,7 @@ from kelastic.operator import builders
 from kelastic.operator.observed import Observed, PodView, ServiceView
 from kelastic.operator.reconcile.actions import Action, DeletePod, Emit, ReconcileConfig
 from kelastic.operator.spec import Job, JobSpec
-from kelastic.operator.status import Phase, find_condition, set_condition, set_phase
+from kelastic.operator.status import JobStatus, Phase, find_condition, set_condition, set_phase
 
 
 @dataclass
@@ -24,7 +24,7 @@ class Pass:
     job: Job
     observed: Observed
     config: ReconcileConfig
-    status: dict[str, Any]
+    status: JobStatus
     actions: list[Action] = field(default_factory=list)
     requeue: list[float] = field(default_factory=list)
 
@@ -33,7 +33,7 @@ class Pass:
         return self.observed.now
 
     def conditions(self) -> list[dict[str, Any]]:
-        return list(self.status.get("conditions") or [])
+        return list(self.status.conditions or [])
 
     def was_true(self, kind: str, **same: str) -> bool:
         """Whether condition ``kind`` was True in the job's last written status, with these
@@ -49,7 +49,7 @@ class Pass:
         """Set condition ``kind``. Becoming True, or a new message while True, posts an Event;
         becoming False is only recorded (a phase or another condition says what happened)."""
         news = true and not self.was_true(kind, message=message)
-        self.status["conditions"] = set_condition(self.conditions(), kind, true, reason, message, self.now)
+        self.status.conditions = set_condition(self.conditions(), kind, true, reason, message, self.now)
         if news:
             self.actions.append(Emit(reason=reason, message=message, warning=warning))
 
@@ -57,8 +57,8 @@ class Pass:
         """Enter ``phase``. A new phase, or a new reason for it, posts an Event; a new message
         alone (a count that moved) does not."""
         news = self.job.status.get("phase") != phase.value or not self.was_true(phase.value, reason=reason)
-        self.status["phase"] = phase.value
-        self.status["conditions"] = set_phase(self.conditions(), phase, reason, message, self.now)
+        self.status.phase = phase.value
+        self.status.conditions = set_phase(self.conditions(), phase, reason, message, self.now)
         if news:
             self.actions.append(Emit(reason=reason, message=message, warning=warning))
 

@@ -10,10 +10,10 @@ from kelastic.operator.status import Phase
 
 def step(p: Pass, job: ActiveJob) -> Next:
     """Record the start; fail the job past ``spec.activeDeadlineSeconds``."""
-    start = parse_time(p.status.get("startTime"))
+    start = parse_time(p.status.start_time)
     if start is None:
         start = p.now
-        p.status["startTime"] = format_time(p.now)
+        p.status.start_time = format_time(p.now)
     limit = job.spec.active_deadline_seconds
     if limit is None:
         return Next.CONTINUE

@@ -83,9 +83,9 @@ def step(p: Pass, job: ActiveJob) -> Next:
     its reason quotes the root cause, not a peer that merely stopped because of it.
     """
     spec = job.spec
-    backoff = int(p.status.get("backoffCount") or 0)
+    backoff = p.status.backoff_count or 0
     present_uids = {w.uid for w in job.workers}
-    counted = [u for u in p.status.get("countedFailures") or [] if u in present_uids]
+    counted = [u for u in p.status.counted_failures or [] if u in present_uids]
     failed = sorted((w for w in job.wanted if w.phase is PodPhase.FAILED), key=failure_order)
     ending: tuple[PodView, str, str] | None = None  # the pod that ends the job, reason, message
     for pod in failed:
@@ -115,8 +115,8 @@ def step(p: Pass, job: ActiveJob) -> Next:
             f"{what}; recreating it ({backoff}/{spec.backoff_limit} of spec.backoffLimit used)",
             warning=True,
         )
-    p.status["countedFailures"] = counted
-    p.status["backoffCount"] = backoff
+    p.status.counted_failures = counted
+    p.status.backoff_count = backoff
     if ending is None:
         return Next.CONTINUE
     pod, reason, message = ending

@@ -24,16 +24,13 @@ def replica_status(workers: Sequence[PodView], backoff_count: int) -> dict[str, 
 def rendezvous_figures(p: Pass) -> None:
     status = p.status
     rdzv = p.observed.rendezvous
-    running = status.get("phase") in (Phase.RUNNING.value, Phase.SCALING.value, Phase.RESTARTING.value)
+    running = status.phase in (Phase.RUNNING.value, Phase.SCALING.value, Phase.RESTARTING.value)
     if rdzv is not None:
-        status["worldSize"] = rdzv.world_size if running else 0
+        status.world_size = rdzv.world_size if running else 0
         text = progress_text(rdzv.step, rdzv.total)
         if text is not None:
-            status["progress"] = text
-    elif not running:
-        status["worldSize"] = 0
-    status.setdefault("worldSize", 0)
+            status.progress = text
+    elif not running or status.world_size is None:
+        status.world_size = 0
     agent_restarts = rdzv.restarts if rdzv is not None else 0
-    status["restarts"] = max(
-        int(status.get("restarts") or 0), int(status.get("backoffCount") or 0) + agent_restarts
-    )
+    status.restarts = max(status.restarts or 0, (status.backoff_count or 0) + agent_restarts)

@@ -16,9 +16,9 @@ def fail_invalid(p: Pass, workers: list[PodView]) -> None:
     assert err is not None
     message = f"invalid ElasticJob: {err}"
     p.condition(CONDITION_INVALID, True, "InvalidSpec", message, warning=True)
-    p.status["phase"] = Phase.FAILED.value
-    p.status["conditions"] = set_phase(p.conditions(), Phase.FAILED, "InvalidSpec", message, p.now)
-    p.status.setdefault("completionTime", format_time(p.now))
+    p.status.phase = Phase.FAILED.value
+    p.status.conditions = set_phase(p.conditions(), Phase.FAILED, "InvalidSpec", message, p.now)
+    _completed(p)
     # Without a valid spec there is no policy to follow: stop what still runs.
     cleanup(p, workers, CleanPodPolicy.RUNNING)
 
@@ -42,16 +42,22 @@ def cleanup(p: Pass, workers: list[PodView], policy: CleanPodPolicy) -> None:
         )
 
 
+def _completed(p: Pass) -> None:
+    """Record the job's completion time, unless an earlier pass did."""
+    if p.status.completion_time is None:
+        p.status.completion_time = format_time(p.now)
+
+
 def finish(p: Pass, phase: Phase, reason: str, message: str, spec: JobSpec, workers: list[PodView]) -> None:
     p.phase(phase, reason, message, warning=phase is Phase.FAILED)
-    p.status.setdefault("completionTime", format_time(p.now))
-    p.status.pop("belowMinSince", None)
+    _completed(p)
+    p.status.below_min_since = None
     finished(p, spec, workers)
 
 
 def finished(p: Pass, spec: JobSpec, workers: list[PodView]) -> None:
     cleanup(p, workers, spec.clean_pod_policy)
-    done = parse_time(p.status.get("completionTime"))
+    done = parse_time(p.status.completion_time)
     if spec.ttl_seconds_after_finished is not None and done is not None:
         left = spec.ttl_seconds_after_finished - seconds_since(p.now, done)
         if left <= 0:
@@ -71,5 +77,4 @@ def suspend(p: Pass, spec: JobSpec, workers: list[PodView]) -> None:
             p.delete_pod(pod, "Suspend", f"deleting pod {pod.name}: the job is suspended")
     p.phase(Phase.SUSPENDED, "Suspended", "spec.suspend is true: pods removed, the job is kept")
     # The active deadline counts active time only, as for a batch Job.
-    for key in ("startTime", "belowMinSince"):
-        p.status.pop(key, None)
+    p.status.start_time = p.status.below_min_since = None

@@ -11,7 +11,7 @@ def step(p: Pass, job: ActiveJob) -> Next:
     spec = job.spec
     count = len(job.running)
     has_run = find_condition(p.job.status.get("conditions") or [], Phase.RUNNING.value) is not None
-    scaled_to = p.status.get("scaledTo")
+    scaled_to = p.status.scaled_to
     if count < spec.min_replicas:
         message = f"{count} of spec.minReplicas={spec.min_replicas} worker pods running"
         if has_run:
@@ -21,7 +21,7 @@ def step(p: Pass, job: ActiveJob) -> Next:
     elif count == spec.replicas and not any(
         w.index >= spec.replicas for w in job.workers if w.index is not None
     ):
-        p.status["scaledTo"] = spec.replicas
+        p.status.scaled_to = spec.replicas
         p.phase(Phase.RUNNING, "WorkersRunning", f"{count} worker pods running")
     elif scaled_to is None:
         p.phase(Phase.RUNNING, "WorkersRunning", f"{count} of {spec.replicas} worker pods running")

@@ -21,7 +21,7 @@ def step(p: Pass, job: ActiveJob) -> Next:
 def ensure_store(p: Pass, spec: JobSpec) -> tuple[str | None, str | None]:
     """Create or repair the store pod and Service. Returns (endpoint, store identity) or Nones."""
     if spec.rdzv_endpoint:
-        p.status["rdzvEndpoint"] = spec.rdzv_endpoint
+        p.status.rdzv_endpoint = spec.rdzv_endpoint
         return spec.rdzv_endpoint, spec.rdzv_endpoint
     build = p.config.build
     endpoint: str | None = None
@@ -37,7 +37,7 @@ def ensure_store(p: Pass, spec: JobSpec) -> tuple[str | None, str | None]:
         )
     elif svc.cluster_ip and not svc.terminating and svc.owner_uid in (p.job.meta.uid, None):
         endpoint = contract.format_endpoint(svc.cluster_ip, build.rdzv_port)  # [v6]:port
-        p.status["rdzvEndpoint"] = endpoint
+        p.status.rdzv_endpoint = endpoint
     # else: the name is still held (being deleted, or left by an earlier job of the same
     # name that the garbage collector has not removed yet): wait for it to go.
 
