@@ -44,7 +44,15 @@ from kelastic.agent import contract, warm
 from kelastic.agent.events import Event, EventMetadataValue, EventSink, EventSource, default_sink, record
 from kelastic.agent.multiprocessing import Std
 
-__all__ = ["LaunchConfig", "build_parser", "config_from_args", "main", "parse_nnodes", "parse_nproc_per_node"]
+__all__ = [
+    "CheckpointFlags",
+    "LaunchConfig",
+    "build_parser",
+    "config_from_args",
+    "main",
+    "parse_nnodes",
+    "parse_nproc_per_node",
+]
 
 _log = logging.getLogger("kelastic.agent")
 
@@ -77,9 +85,55 @@ class LaunchConfig:
     health_port: int | None = None
     #: Restart the workers when none of the local ranks reported progress this long (seconds).
     hang_timeout: float | None = None
+    #: The memory checkpoint service (kelastic.checkpoint); None turns it off.
+    checkpoint: CheckpointFlags | None = None
     entrypoint: Callable[..., Any] | str = ""
     args: tuple[Any, ...] = ()
     entrypoint_name: str = ""
+
+
+@dataclass(frozen=True)
+class CheckpointFlags:
+    """The ``--checkpoint-*`` flags, checked (sizes in bytes; ``memory`` None means ``auto``)."""
+
+    folder: str
+    memory: int | None
+    replicas: int
+    persist_dir: str | None
+    persist_every: int
+    persist_interval: float
+
+
+def parse_checkpoint_flags(args: argparse.Namespace) -> CheckpointFlags | None:
+    """The checkpoint flags, or None when ``--checkpoint-memory 0`` turns the service off.
+    ValueError names the bad flag."""
+    from kelastic.agent.checkpoint.settings import parse_quantity
+
+    text = str(args.checkpoint_memory).strip()
+    memory = None if text == "auto" else parse_quantity(text)
+    if memory == 0:
+        return None
+    if args.checkpoint_replicas < 0:
+        raise ValueError(
+            f"{contract.FLAG_CHECKPOINT_REPLICAS} must be 0 or more, got {args.checkpoint_replicas}"
+        )
+    if args.checkpoint_persist_every < 0:
+        raise ValueError(
+            f"{contract.FLAG_CHECKPOINT_PERSIST_EVERY} must be 0 or more, got {args.checkpoint_persist_every}"
+        )
+    if args.checkpoint_persist_interval < 0:
+        raise ValueError(
+            f"{contract.FLAG_CHECKPOINT_PERSIST_INTERVAL} must be 0 or more seconds, "
+            f"got {args.checkpoint_persist_interval}"
+        )
+    return CheckpointFlags(
+        folder=args.checkpoint_dir,
+        memory=memory,
+        replicas=args.checkpoint_replicas,
+        persist_dir=args.checkpoint_persist_dir or None,
+        persist_every=args.checkpoint_persist_every,
+        persist_interval=args.checkpoint_persist_interval,
+    )
 
 
 # --- parsing (pure) -----------------------------------------------------------------------------
@@ -273,6 +327,43 @@ def build_parser() -> argparse.ArgumentParser:
         help="restart the workers (spending a restart) when none of the local ranks that reported "
         "progress (kelastic.agent.progress.update) did so for this many seconds",
     )
+    opt(
+        contract.FLAG_CHECKPOINT_MEMORY,
+        default="auto",
+        type=str,
+        help="bytes this node may hold of memory checkpoints (kelastic.checkpoint), a quantity "
+        "like 4Gi; auto (default): 40%% of the container's memory limit; 0 turns them off",
+    )
+    opt(
+        contract.FLAG_CHECKPOINT_REPLICAS,
+        default=1,
+        type=int,
+        help="copies of this node's checkpoint part kept on the next nodes of the ring (default 1)",
+    )
+    opt(
+        contract.FLAG_CHECKPOINT_DIR,
+        default="/dev/shm/kelastic-checkpoints",
+        type=str,
+        help="tmpfs folder for the memory checkpoints (default /dev/shm/kelastic-checkpoints)",
+    )
+    opt(
+        contract.FLAG_CHECKPOINT_PERSIST_DIR,
+        default="",
+        type=str,
+        help="durable directory for copies of the memory checkpoints, in DCP's layout (default: none)",
+    )
+    opt(
+        contract.FLAG_CHECKPOINT_PERSIST_EVERY,
+        default=0,
+        type=int,
+        help="write every Nth checkpoint to the durable directory",
+    )
+    opt(
+        contract.FLAG_CHECKPOINT_PERSIST_INTERVAL,
+        default=0.0,
+        type=float,
+        help="write a checkpoint to the durable directory when this many seconds passed since the last",
+    )
     p.add_argument("training_script", type=str, help="the script (or module, or program) each worker runs")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments of the script")
     return p
@@ -300,6 +391,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         raise ValueError(f"--health-port must be in 0..65535, got {args.health_port}")
     if args.hang_timeout is not None and args.hang_timeout <= 0:
         raise ValueError(f"--hang-timeout must be > 0 seconds, got {args.hang_timeout}")
+    checkpoint = parse_checkpoint_flags(args)
     rdzv_conf: dict[str, Any] = parse_rdzv_conf(args.rdzv_conf)
     backend = args.rdzv_backend.strip()
     endpoint = args.rdzv_endpoint.strip()
@@ -370,6 +462,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         master_port=master_port,
         health_port=args.health_port,
         hang_timeout=args.hang_timeout,
+        checkpoint=checkpoint,
         entrypoint=entrypoint,
         args=tuple(cmd_args),
         entrypoint_name=os.path.basename(script),

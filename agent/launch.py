@@ -38,7 +38,14 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 import kelastic.agent.rendezvous  # noqa: F401  (registers the "kelastic" backend with torch)
 from kelastic.agent import contract
-from kelastic.agent.api import LossWatcher, RunResult, WorkerSpec, WorkerState
+from kelastic.agent.api import LossWatcher, NamedNode, RunResult, WorkerSpec, WorkerState
+from kelastic.agent.checkpoint.service import CheckpointService
+from kelastic.agent.checkpoint.settings import (
+    CheckpointSettings,
+    auto_limit,
+    container_memory_limit,
+    machine_memory,
+)
 from kelastic.agent.events import default_sink
 from kelastic.agent.health import HealthServer
 from kelastic.agent.local_agent import LocalElasticAgent
@@ -48,7 +55,7 @@ from kelastic.agent.summary import root_cause_line
 from kelastic.agent.telemetry import AgentTelemetry
 
 if TYPE_CHECKING:
-    from kelastic.agent.cli import LaunchConfig
+    from kelastic.agent.cli import CheckpointFlags, LaunchConfig
 
 __all__ = ["launch_agent", "node_name", "write_termination_message"]
 
@@ -89,6 +96,71 @@ def write_termination_message(message: str) -> bool:
     return True
 
 
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
+
+
+def _advertised_addr(config: LaunchConfig, endpoint: str) -> str:
+    """The address peers reach this node's checkpoint service on: ``--local-addr``, else the
+    local address of the route to the rendezvous store, else loopback."""
+    if config.local_addr:
+        return config.local_addr
+    host = endpoint.rpartition(":")[0].strip("[]") if endpoint else ""
+    if host:
+        try:
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((host, 9))
+                addr: str = s.getsockname()[0]
+                return addr
+        except OSError:
+            pass
+    return "127.0.0.1"
+
+
+def start_checkpoint_service(
+    flags: CheckpointFlags, run_id: str, node: str, advertise: str, bind: str
+) -> CheckpointService:
+    """This node's checkpoint service, in ``<checkpoint dir>/<run id>/<node>``."""
+    from pathlib import Path
+
+    root = Path(flags.folder) / _safe(run_id) / _safe(node)
+    root.mkdir(parents=True, exist_ok=True)
+    if flags.memory is None:
+        try:
+            st = os.statvfs(root)
+            tmpfs_free: int | None = st.f_bavail * st.f_frsize
+        except OSError:
+            tmpfs_free = None
+        limit, reason = auto_limit(container_memory_limit(), machine_memory(), tmpfs_free)
+    else:
+        limit, reason = flags.memory, "set by --checkpoint-memory"
+    settings = CheckpointSettings(
+        root=root,
+        limit=limit,
+        node=node,
+        replicas=flags.replicas,
+        persist_dir=Path(flags.persist_dir) if flags.persist_dir else None,
+        persist_every=flags.persist_every,
+        persist_interval=flags.persist_interval,
+        limit_reason=reason,
+    )
+
+    def restored(status: dict[str, object]) -> None:
+        info = status.get("restored") or {}
+        assert isinstance(info, dict)
+        _log.info(
+            "restored checkpoint %s%s from %s in %.2f s",
+            info.get("id"),
+            f" (step {info['step']})" if info.get("step") is not None else "",
+            {"memory": "memory", "replica": "a peer's replica", "durable": "the durable directory"}.get(
+                str(info.get("source")), info.get("source")
+            ),
+            float(info.get("seconds") or 0.0),  # type: ignore[arg-type]
+        )
+
+    return CheckpointService(settings, host=bind, advertise=advertise, on_restore=restored).start()
+
+
 def launch_agent(config: LaunchConfig) -> RunResult:
     """Run this node's agent to completion; see the module docstring for teardown rules.
 
@@ -116,6 +188,7 @@ def launch_agent(config: LaunchConfig) -> RunResult:
         ).start()
         _log.info("serving /healthz, /readyz and /metrics on port %d", health.port)
     handler = None
+    checkpoints: CheckpointService | None = None
     finished = False  # the agent reached a result (success or failure) of the job
     try:
         params = RendezvousParameters(
@@ -128,6 +201,15 @@ def launch_agent(config: LaunchConfig) -> RunResult:
             **config.rdzv_configs,
         )
         handler = get_rendezvous_handler(params)
+        if config.checkpoint is not None:
+            node = handler.node_name if isinstance(handler, NamedNode) else node_name()
+            checkpoints = start_checkpoint_service(
+                config.checkpoint,
+                config.run_id,
+                node,
+                _advertised_addr(config, endpoint),
+                config.local_addr or "0.0.0.0",
+            )
         spec = WorkerSpec(
             role=config.role,
             local_world_size=config.nproc_per_node,
@@ -152,6 +234,8 @@ def launch_agent(config: LaunchConfig) -> RunResult:
             metrics=telemetry.metrics,
             recovery=telemetry.last_recovery,
             hang_timeout=config.hang_timeout,
+            extra_env=checkpoints.worker_env() if checkpoints is not None else None,
+            checkpoint_status=checkpoints.keeper.status if checkpoints is not None else None,
         )
         telemetry.start_sampler(agent.rank_progress)
         _log.info(
@@ -183,6 +267,8 @@ def launch_agent(config: LaunchConfig) -> RunResult:
         if handler is not None:
             _leave_rendezvous(handler, close_job=finished)
         telemetry.stop()
+        if checkpoints is not None:
+            checkpoints.stop(remove=True)
         if health is not None:
             health.stop()
         if embedded is not None:

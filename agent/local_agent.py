@@ -116,7 +116,10 @@ class LocalElasticAgent(SimpleElasticAgent):
     node's latest recovery ``(seconds, ended)`` published with it. ``hang_timeout``
     (seconds, optional) turns on hang detection (:mod:`kelastic.agent.hang`): workers
     whose ranks all stopped reporting progress that long are failed and restarted,
-    and the verdict is published with the node's progress.
+    and the verdict is published with the node's progress. ``extra_env`` is added to
+    every worker's environment (the checkpoint service's address);
+    ``checkpoint_status`` (optional) gives the node's checkpoint state published with its
+    progress.
     """
 
     def __init__(
@@ -134,6 +137,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         rdzv_endpoint: str | None = None,
         recovery: Callable[[], tuple[float, float] | None] | None = None,
         hang_timeout: float | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        checkpoint_status: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         super().__init__(
             spec,
@@ -159,6 +164,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._rdzv_endpoint = rdzv_endpoint
         self._recovery = recovery
         self._hang_timeout = hang_timeout
+        self._extra_env = dict(extra_env or {})
+        self._checkpoint_status = checkpoint_status
         #: The latest hang verdict: (global ranks, seconds without progress, when, epoch s).
         self._last_hang: tuple[tuple[int, ...], float, float] | None = None
         handler = spec.rdzv_handler
@@ -249,6 +256,7 @@ class LocalElasticAgent(SimpleElasticAgent):
                 progress_file=self._progress_files[lr],
                 base_env=base_env,
             )
+            | self._extra_env
             for lr in range(n)
         }
         args = {lr: _substitute_local_rank(spec.args, lr) for lr in range(n)}
@@ -381,4 +389,5 @@ class LocalElasticAgent(SimpleElasticAgent):
             local_world_size=self._worker_group.spec.local_world_size,
             recovery=self._recovery() if self._recovery is not None else None,
             hang=self._last_hang,
+            checkpoint=self._checkpoint_status() if self._checkpoint_status is not None else None,
         )

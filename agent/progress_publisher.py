@@ -86,6 +86,7 @@ class ProgressPublisher:
         local_world_size: int,
         recovery: tuple[float, float] | None = None,
         hang: tuple[tuple[int, ...], float, float] | None = None,
+        checkpoint: dict[str, Any] | None = None,
     ) -> bool:
         """Publish now (unless paused after an error); True if the store took the report."""
         now = self._clock()
@@ -108,6 +109,7 @@ class ProgressPublisher:
                 local_world_size=local_world_size,
                 recovery=recovery,
                 hang=hang,
+                checkpoint=checkpoint,
             )
         except Exception as e:  # progress is best effort; the store may be restarting
             self._store = None

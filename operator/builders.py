@@ -14,6 +14,9 @@ own Python: the worker image needs Python and torch, nothing of ours. With
 worker exits at once with a line saying so (and what to do), which becomes the
 container's termination message and the job's Failed condition.
 
+Every worker pod gets a memory-backed ``emptyDir`` at /dev/shm for the checkpoint the
+agent keeps (``spec.checkpoint``, docs/checkpointing.md) unless its template mounts one.
+
 Everything the operator adds itself (the store pod, the injection init container)
 passes the ``restricted`` Pod Security Standard, carries small requests and limits,
 and mounts no service-account token, so a locked-down namespace accepts it.
@@ -28,16 +31,28 @@ from typing import Any
 
 from kelastic.agent import contract
 from kelastic.operator import podgroup
-from kelastic.operator.spec import API_VERSION, KIND, AgentMode, Job, JobSpec, RdzvBackend
+from kelastic.operator.spec import (
+    API_VERSION,
+    CHECKPOINT_DEFAULTS,
+    KIND,
+    AgentMode,
+    CheckpointSpec,
+    Job,
+    JobSpec,
+    RdzvBackend,
+    format_quantity,
+)
 
 __all__ = [
     "DEFAULT_OPERATOR_IMAGE",
     "BuildConfig",
     "agent_command",
+    "checkpoint_flags",
     "inject_init_container",
     "owner_reference",
     "restricted_security_context",
     "scrape_annotations",
+    "shm_volume",
     "store_pod",
     "store_pod_name",
     "store_service",
@@ -55,6 +70,14 @@ INJECT_CONTAINER = "kelastic-agent"
 INJECT_VOLUME = "kelastic-agent"
 INJECT_MOUNT_PATH = "/kelastic-agent"
 _RESERVED_ENV = (ENV_POD_IP, ENV_POD_NAME, contract.ENV_NODE_NAME)
+#: The memory-backed emptyDir the operator mounts at /dev/shm of the worker container: the
+#: agent's checkpoint memory (``--checkpoint-dir`` defaults to a folder in it) and what NCCL
+#: and DataLoader workers put in shared memory (a container runtime's own /dev/shm is 64 MiB).
+SHM_VOLUME = "kelastic-shm"
+SHM_MOUNT_PATH = "/dev/shm"
+#: Room left in /dev/shm beside ``spec.checkpoint.memoryLimit`` for its other users (NCCL,
+#: DataLoader workers, torch.multiprocessing): the volume's sizeLimit is the sum.
+SHM_HEADROOM = 1024**3
 
 #: The image built from the repository's Dockerfile (the chart's default image).
 DEFAULT_OPERATOR_IMAGE = "kelastic:0.1.0"
@@ -203,6 +226,7 @@ def agent_command(spec: JobSpec, *, run_id: str, endpoint: str, config: BuildCon
         argv += [contract.FLAG_HEALTH_PORT, str(config.health_port)]
     if spec.hang_timeout_seconds is not None:
         argv += [contract.FLAG_HANG_TIMEOUT, str(spec.hang_timeout_seconds)]
+    argv += checkpoint_flags(spec.checkpoint)
     if spec.rdzv_conf:
         argv += [contract.FLAG_RDZV_CONF, ",".join(f"{k}={v}" for k, v in sorted(spec.rdzv_conf.items()))]
     argv += cmd.launcher_options
@@ -216,11 +240,54 @@ def agent_command(spec: JobSpec, *, run_id: str, endpoint: str, config: BuildCon
     return argv
 
 
+def checkpoint_flags(checkpoint: CheckpointSpec) -> list[str]:
+    """The agent's ``--checkpoint-*`` flags for ``spec.checkpoint``: only those whose value differs
+    from the agent's own default, so a job that leaves the checkpoint alone runs the same command
+    line as before (an image with an older kelastic, ``spec.agent: image``, knows no such flag).
+    The memory limit goes as a number of bytes, which every quantity parser reads."""
+    argv: list[str] = []
+    if checkpoint.replicas != CHECKPOINT_DEFAULTS["replicas"]:
+        argv += [contract.FLAG_CHECKPOINT_REPLICAS, str(checkpoint.replicas)]
+    if checkpoint.memory_limit is not None:
+        argv += [contract.FLAG_CHECKPOINT_MEMORY, str(checkpoint.memory_limit)]
+    persist = checkpoint.persist
+    if persist is not None:
+        argv += [contract.FLAG_CHECKPOINT_PERSIST_DIR, persist.path]
+        if persist.every is not None:
+            argv += [contract.FLAG_CHECKPOINT_PERSIST_EVERY, str(persist.every)]
+        if persist.interval_seconds is not None:
+            argv += [contract.FLAG_CHECKPOINT_PERSIST_INTERVAL, str(persist.interval_seconds)]
+    return argv
+
+
+def shm_volume(checkpoint: CheckpointSpec) -> dict[str, Any]:
+    """The worker pod's /dev/shm: an emptyDir of medium Memory.
+
+    With ``spec.checkpoint.memoryLimit`` its sizeLimit is that plus :data:`SHM_HEADROOM`;
+    without, it has none, and the agent's ``auto`` limit (from its container's memory
+    limit) bounds the checkpoint. Either way the pages written count against the worker
+    container's memory limit, which is why the spec refuses a memoryLimit not below it.
+    """
+    empty_dir: dict[str, Any] = {"medium": "Memory"}
+    if checkpoint.memory_limit is not None:
+        empty_dir["sizeLimit"] = format_quantity(checkpoint.memory_limit + SHM_HEADROOM)
+    return {"name": SHM_VOLUME, "emptyDir": empty_dir}
+
+
+def _mounts_shm(container: Mapping[str, Any]) -> bool:
+    return any(
+        str(m.get("mountPath") or "").rstrip("/") == SHM_MOUNT_PATH
+        for m in container.get("volumeMounts") or []
+    )
+
+
 def worker_pod(job: Job, index: int, *, endpoint: str, config: BuildConfig) -> dict[str, Any]:
     """Worker pod ``<job>-worker-<index>`` from the job's template.
 
     The pod's own restartPolicy is Never: the operator decides about recreation
     (``spec.replicaSpecs.Worker.restartPolicy``) so every failure is seen and counted.
+    The worker container gets :func:`shm_volume` at /dev/shm (the agent's checkpoint
+    memory) unless the template mounts a volume there itself.
     """
     spec = job.spec
     assert spec is not None, "worker_pod needs a validated job"
@@ -257,6 +324,12 @@ def worker_pod(job: Job, index: int, *, endpoint: str, config: BuildConfig) -> d
         pod_spec["initContainers"] = [inject_init_container(config), *init]
         volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != INJECT_VOLUME]
         pod_spec["volumes"] = [*volumes, {"name": INJECT_VOLUME, "emptyDir": {}}]
+    mounts = [m for m in main.get("volumeMounts") or [] if m.get("name") != SHM_VOLUME]
+    volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != SHM_VOLUME]
+    if not _mounts_shm({"volumeMounts": mounts}):
+        # The template's own /dev/shm mount wins (the user sized it); else the checkpoint's.
+        main["volumeMounts"] = [*mounts, {"name": SHM_VOLUME, "mountPath": SHM_MOUNT_PATH}]
+        pod_spec["volumes"] = [*volumes, shm_volume(spec.checkpoint)]
     containers[0] = main
     pod_spec["containers"] = containers
     pod_spec["restartPolicy"] = "Never"

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kelastic.agent import contract
+from kelastic.operator.checkpoint import CheckpointReport
 from kelastic.operator.disruption import disruption_reason
 from kelastic.operator.spec import parse_time
 
@@ -98,6 +99,8 @@ class RendezvousView:
     recoveries: tuple[tuple[str, float, float], ...] = ()
     #: The current members' latest hang verdicts: (node, global ranks, seconds without progress, when).
     hangs: tuple[tuple[str, tuple[int, ...], float, float], ...] = ()
+    #: The current members' views of the memory checkpoint (members without a record left out).
+    checkpoints: tuple[CheckpointReport, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -13,20 +13,25 @@ default.
 from __future__ import annotations
 
 import enum
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime, timezone
+from fractions import Fraction
 from typing import Any
 
 __all__ = [
     "API_VERSION",
+    "CHECKPOINT_DEFAULTS",
     "DEFAULTS",
     "GROUP",
     "KIND",
     "PLURAL",
     "VERSION",
     "AgentMode",
+    "CheckpointPersist",
+    "CheckpointSpec",
     "CleanPodPolicy",
     "Job",
     "JobMeta",
@@ -36,8 +41,10 @@ __all__ = [
     "SchedulingPolicy",
     "SpecError",
     "WorkerCommand",
+    "format_quantity",
     "format_time",
     "parse_job",
+    "parse_quantity",
     "parse_time",
     "split_launcher_args",
     "split_worker_command",
@@ -144,6 +151,43 @@ class JobMeta:
 
 
 @dataclass(frozen=True)
+class CheckpointPersist:
+    """``spec.checkpoint.persist``: the durable copy of the memory checkpoint.
+
+    ``path`` is a directory inside the worker container, under one of its volumeMounts
+    (checked): the agent writes every ``every``-th checkpoint (and/or at most every
+    ``interval_seconds``) there in torch.distributed.checkpoint's own layout. With neither
+    set, ``every`` is 1: each checkpoint is persisted, in the background.
+    """
+
+    path: str
+    every: int | None = 1
+    interval_seconds: int | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """``spec.checkpoint``: the memory checkpoint kelastic-agent keeps for the workers.
+
+    Every job has one (the defaults below when the spec says nothing); the operator
+    passes the agent only the flags whose value differs from the agent's own default.
+    """
+
+    #: Peers holding a copy of each node's part (``kelastic-agent --checkpoint-replicas``).
+    replicas: int = 1
+    #: Bytes of checkpoint memory per worker pod; None: the agent's ``auto`` (from its
+    #: container's memory limit).
+    memory_limit: int | None = None
+    persist: CheckpointPersist | None = None
+
+
+#: CheckpointSpec's defaults; the CRD declares the same ones under ``spec.checkpoint``.
+CHECKPOINT_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in fields(CheckpointSpec) if f.default is not MISSING
+}
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """A validated ElasticJob spec with every default applied."""
 
@@ -175,6 +219,8 @@ class JobSpec:
     replicas_requested: int | None = None
     #: How the worker container gets kelastic-agent (``spec.agent``).
     agent: AgentMode = AgentMode.INJECT
+    #: The agent's memory checkpoint (``spec.checkpoint``); every job has one.
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
 
 
 #: JobSpec's field defaults: the one place the operator's defaults are written. The CRD
@@ -378,7 +424,142 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
         min_replicas_timeout=timeout,
         replicas_requested=replicas.requested,
         agent=_enum(spec, "agent", "spec.agent", AgentMode, DEFAULTS["agent"]),
+        checkpoint=_parse_checkpoint(spec, container.template),
     )
+
+
+#: The most peers that may hold a copy of a node's checkpoint part (the CRD's maximum too).
+MAX_CHECKPOINT_REPLICAS = 3
+
+#: A Kubernetes quantity of bytes as the CRD admits it: a number (``1.5``, ``.5``) with an optional
+#: binary (``Ki`` … ``Ei``) or decimal (``k`` … ``E``) suffix or exponent (``4e9``). No sign, no milli.
+QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|[eE][0-9]+)?$"
+_QUANTITY_RE = re.compile(QUANTITY_PATTERN)
+_QUANTITY_SUFFIXES = {
+    "": 1,
+    **{s: 1024 ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: 1000 ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
+}
+
+
+def parse_quantity(value: Any) -> int | None:
+    """Bytes of a Kubernetes quantity (``4Gi``, ``1.5G``, ``4e9``, ``1048576``), rounded up as
+    Kubernetes does; None when ``value`` is not one (negative, milli, other units, not a number)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if not isinstance(value, str):
+        return None
+    match = _QUANTITY_RE.match(value.strip())
+    if match is None:
+        return None
+    number, suffix = match.group(1), match.group(3) or ""
+    # Fractions, not floats: 1.1Gi must come out exact, not a byte short.
+    scaled: Fraction
+    if suffix[:1] in ("e", "E") and suffix not in _QUANTITY_SUFFIXES:
+        scaled = Fraction(number) * Fraction(10) ** int(suffix[1:])
+    else:
+        scaled = Fraction(number) * _QUANTITY_SUFFIXES[suffix]
+    return math.ceil(scaled)
+
+
+def format_quantity(size: int) -> str:
+    """``size`` bytes as a quantity: ``5Gi`` or ``1536Mi`` when whole, else the plain number."""
+    for suffix in ("Ti", "Gi", "Mi", "Ki"):
+        unit = _QUANTITY_SUFFIXES[suffix]
+        if size and size % unit == 0:
+            return f"{size // unit}{suffix}"
+    return str(size)
+
+
+def _parse_checkpoint(spec: Mapping[str, Any], template: Mapping[str, Any]) -> CheckpointSpec:
+    """``spec.checkpoint``: replicas, memoryLimit (below the worker container's memory limit) and
+    persist (a path under a volumeMount of the worker container that outlives the pod)."""
+    raw = spec.get("checkpoint")
+    if raw is None:
+        return CheckpointSpec()
+    path = "spec.checkpoint"
+    if not isinstance(raw, Mapping):
+        raise SpecError(path, f"must be an object, got {raw!r}")
+    replicas = _int(raw, "replicas", f"{path}.replicas", default=CHECKPOINT_DEFAULTS["replicas"], minimum=0)
+    assert replicas is not None
+    if replicas > MAX_CHECKPOINT_REPLICAS:
+        raise SpecError(f"{path}.replicas", f"must be at most {MAX_CHECKPOINT_REPLICAS}, got {replicas}")
+    container: Mapping[str, Any] = template["spec"]["containers"][0]  # checked by _parse_container
+    memory_limit: int | None = None
+    if raw.get("memoryLimit") is not None:
+        memory_limit = parse_quantity(raw["memoryLimit"])
+        if not memory_limit:
+            raise SpecError(
+                f"{path}.memoryLimit",
+                f"must be a positive quantity of bytes such as 4Gi or 512Mi, got {raw['memoryLimit']!r}",
+            )
+        limits = (container.get("resources") or {}).get("limits") or {}
+        container_limit = parse_quantity(limits.get("memory"))
+        if container_limit and memory_limit >= container_limit:
+            raise SpecError(
+                f"{path}.memoryLimit",
+                f"({raw['memoryLimit']}) must be less than the worker container's memory limit "
+                f"({limits['memory']}): checkpoint memory (tmpfs) counts against that limit, beside the "
+                "training processes; lower memoryLimit or raise the container's limit",
+            )
+    persist = _parse_persist(raw.get("persist"), f"{path}.persist", template, container)
+    return CheckpointSpec(replicas=replicas, memory_limit=memory_limit, persist=persist)
+
+
+def _parse_persist(
+    raw: Any, path: str, template: Mapping[str, Any], container: Mapping[str, Any]
+) -> CheckpointPersist | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise SpecError(path, f"must be an object, got {raw!r}")
+    target = _str(raw, "path", f"{path}.path")
+    if target is None:
+        raise SpecError(f"{path}.path", "is required: a directory inside the worker container")
+    if not target.startswith("/") or any(part in (".", "..") for part in target.split("/")):
+        raise SpecError(f"{path}.path", f"must be an absolute path without . or .., got {target!r}")
+    _check_durable_mount(target, f"{path}.path", template, container)
+    every = _int(raw, "every", f"{path}.every", default=None, minimum=1)
+    interval = _int(raw, "intervalSeconds", f"{path}.intervalSeconds", default=None, minimum=1)
+    if every is None and interval is None:
+        every = 1
+    return CheckpointPersist(path=target.rstrip("/") or "/", every=every, interval_seconds=interval)
+
+
+def _check_durable_mount(
+    target: str, path: str, template: Mapping[str, Any], container: Mapping[str, Any]
+) -> None:
+    """``target`` lies under a writable volumeMount of the worker container whose volume outlives
+    the pod (not an emptyDir): the durable copy is what survives every pod being gone."""
+    mounts = [m for m in container.get("volumeMounts") or [] if isinstance(m, Mapping)]
+
+    def under(mount: Mapping[str, Any]) -> bool:
+        root = str(mount.get("mountPath") or "").rstrip("/")
+        return bool(root) and (target == root or target.startswith(root + "/"))
+
+    inside = [m for m in mounts if under(m)]
+    if not inside:
+        listed = ", ".join(str(m.get("mountPath")) for m in mounts) or "none"
+        raise SpecError(
+            path,
+            f"{target} is not under a volumeMount of the worker container (its mounts: {listed}); mount a "
+            "PersistentVolumeClaim (or another volume that outlives the pod) in the template and point "
+            "path inside it",
+        )
+    mount = max(inside, key=lambda m: len(str(m.get("mountPath"))))
+    name = mount.get("name")
+    if mount.get("readOnly"):
+        raise SpecError(path, f"{target} is on volumeMount {name!r}, which is readOnly")
+    volumes = (template.get("spec") or {}).get("volumes") or []
+    volume = next((v for v in volumes if isinstance(v, Mapping) and v.get("name") == name), None)
+    if volume is not None and "emptyDir" in volume:
+        raise SpecError(
+            path,
+            f"{target} is on volume {name!r}, an emptyDir, which is deleted with its pod; persist to a "
+            "PersistentVolumeClaim (or another volume that outlives the pod)",
+        )
 
 
 def _check_name(meta: JobMeta) -> None:

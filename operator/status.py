@@ -79,6 +79,8 @@ class JobStatus:
     #: The replicas the job last ran at in full; set once it ran, so a later change is Scaling.
     scaled_to: int | None = None
     last_recovery_time: str | None = None
+    #: The members' memory checkpoints (``kelastic.operator.checkpoint``).
+    checkpoint: dict[str, Any] | None = None
     start_time: str | None = None
     completion_time: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)

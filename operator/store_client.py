@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from kelastic.operator import checkpoint
 from kelastic.operator.observed import RendezvousView
 from kelastic.operator.reconcile import PublishMembership
 
@@ -215,4 +216,5 @@ def _read(store: Any, run_id: str) -> RendezvousView:
         total=progress.total if progress is not None else None,
         recoveries=tuple((r.node, r.seconds, r.ended) for r in status.recoveries),
         hangs=tuple((h.node, h.ranks, h.seconds, h.at) for h in status.hangs),
+        checkpoints=tuple(checkpoint.report(node, record) for node, record in status.checkpoints),
     )

@@ -132,16 +132,18 @@ class StoreSync:
         if view is None or not self._known(key):
             return
         before = old[1] if old is not None else None
-        # A new round (world size, members), restart count or recovery is worth a pass now;
-        # progress alone at most every progress_interval, which keeps status writes per job bounded.
-        if before is None or (view.world_size, view.members, view.restarts, view.recoveries) != (
-            before.world_size,
-            before.members,
-            before.restarts,
-            before.recoveries,
-        ):
+        # A new round (world size, members), restart count, recovery or checkpoint restore is worth
+        # a pass now; progress (and a new checkpoint) alone at most every progress_interval, which
+        # keeps status writes per job bounded.
+        if before is None or (
+            view.world_size,
+            view.members,
+            view.restarts,
+            view.recoveries,
+            _restores(view),
+        ) != (before.world_size, before.members, before.restarts, before.recoveries, _restores(before)):
             self._trigger(key)
-        elif (view.step, view.total) != (before.step, before.total):
+        elif (view.step, view.total, _latest(view)) != (before.step, before.total, _latest(before)):
             # Any pass writes the newest progress: wait for progress_interval after the last one.
             due = self._passed_at.get(key, float("-inf")) + self.progress_interval
             self._requeue(key, max(0.0, due - self._clock.monotonic()))
@@ -189,3 +191,11 @@ class StoreSync:
         self._logged_membership.pop(key, None)
         if uid:
             self.store.forget(uid)
+
+
+def _restores(view: RendezvousView) -> tuple[object, ...]:
+    return tuple(c.restored for c in view.checkpoints)
+
+
+def _latest(view: RendezvousView) -> tuple[int | None, ...]:
+    return tuple(c.latest for c in view.checkpoints)

@@ -39,6 +39,13 @@ The controller (kelastic's operator) is a client of the same store as the agents
     is the node's latest hang verdict (``kelastic.agent.hang``): the global ranks
     that made no progress, for how long, and when; ``read_status`` lists the
     current members' verdicts so the operator can name the stalled ranks.
+    ``checkpoint`` (optional) is the node's view of the memory checkpoint
+    (``kelastic.checkpoint``), a JSON object: ``latest`` (the newest complete
+    checkpoint id it knows, or null), ``step`` (the training step saved with it, or
+    null), ``restored`` (its latest restore: ``{"id", "source": "memory" | "replica" |
+    "durable", "seconds", "time"}``, or null), ``bytes`` (what it holds) and ``limit``;
+    ``read_status`` lists the current members' records as they were written, and
+    readers tolerate missing or extra keys.
 
 ``connect(endpoint, timeout)`` opens a client of the store and raises an error
 naming the endpoint if it is unreachable.
@@ -48,7 +55,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -131,6 +138,8 @@ class AgentReport:
     time: float
     recovery: Recovery | None = None
     hang: Hang | None = None
+    #: The node's checkpoint record as published (see ``publish_progress``), None without one.
+    checkpoint: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +153,8 @@ class RendezvousStatus:
     progress: JobProgress | None
     recoveries: tuple[Recovery, ...] = ()  # the current members' latest recoveries
     hangs: tuple[Hang, ...] = ()  # the current members' latest hang verdicts
+    #: The current members' checkpoint records, (node, record).
+    checkpoints: tuple[tuple[str, Mapping[str, object]], ...] = ()
 
 
 def connect(endpoint: str, timeout: float = 5.0) -> dist.Store:
@@ -206,8 +217,12 @@ def publish_progress(
     local_world_size: int | None = None,
     recovery: tuple[float, float] | None = None,
     hang: tuple[tuple[int, ...], float, float] | None = None,
+    checkpoint: Mapping[str, object] | None = None,
 ) -> None:
     """Record ``node``'s latest progress (overwrites its previous report).
+
+    ``checkpoint`` is the node's memory checkpoint state (``CheckpointKeeper.status``:
+    latest, step, restored, bytes, limit), published as is under ``"checkpoint"``.
 
     ``step`` is None for a node whose workers have not reported a step yet (a node
     that just joined): it then counts for restarts and size but not for progress.
@@ -223,6 +238,8 @@ def publish_progress(
         report["recovery"] = [float(recovery[0]), float(recovery[1])]
     if hang is not None:  # (global ranks, seconds without progress, when)
         report["hang"] = [[int(r) for r in hang[0]], float(hang[1]), float(hang[2])]
+    if checkpoint is not None:  # the node's checkpoint record (see the module doc)
+        report["checkpoint"] = dict(checkpoint)
     store.set(RunKeys(run_id).progress(node), json.dumps(report))
 
 
@@ -242,6 +259,7 @@ def read_progress(store: dist.Store, run_id: str, node: str) -> AgentReport | No
         time=float(data.get("time", 0.0)),
         recovery=Recovery(node, float(rec[0]), float(rec[1])) if rec else None,
         hang=Hang(node, tuple(int(r) for r in hung[0]), float(hung[1]), float(hung[2])) if hung else None,
+        checkpoint=data["checkpoint"] if isinstance(data.get("checkpoint"), dict) else None,
     )
 
 
@@ -283,6 +301,7 @@ def read_status(store: dist.Store, run_id: str) -> RendezvousStatus:
         progress=job_progress(reports),
         recoveries=tuple(r.recovery for r in reports if r.recovery is not None),
         hangs=tuple(r.hang for r in reports if r.hang is not None),
+        checkpoints=tuple((r.node, r.checkpoint) for r in reports if r.checkpoint is not None),
     )
 
 

@@ -6,7 +6,7 @@ same input gives the same result; applying its actions and running it again
 converges, so a lost or repeated event, or an operator restarted mid-job, changes
 nothing. Everything it must remember between passes lives in the status it
 returns (``backoffCount``, ``countedFailures``, ``belowMinSince``, ``scaledTo``,
-``startTime``), so several operator replicas or restarts agree.
+``startTime``, ``checkpoint.restoredTime``), so several operator replicas or restarts agree.
 
 The handlers apply ``Decision.actions`` in order (Service before pods), post an
 Event for each, then write ``Decision.status`` when it differs from the old one.

@@ -1,12 +1,14 @@
 """The figures the status shows every pass: the replica counts, and what the rendezvous
-store reports (world size, progress, restarts).
+store reports (world size, progress, restarts, the memory checkpoints and their restores).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kelastic.operator import checkpoint
 from kelastic.operator.observed import PodPhase, PodView
+from kelastic.operator.reconcile.actions import Emit
 from kelastic.operator.reconcile.context import Pass
 from kelastic.operator.status import Phase, progress_text
 
@@ -30,6 +32,11 @@ def rendezvous_figures(p: Pass) -> None:
         text = progress_text(rdzv.step, rdzv.total)
         if text is not None:
             status.progress = text
+        figures, restored = checkpoint.checkpoint_status(status.checkpoint, rdzv.checkpoints)
+        if figures is not None:
+            status.checkpoint = figures
+        if restored is not None:
+            p.actions.append(Emit(reason=checkpoint.EVENT_RESTORED, message=restored))
     elif not running or status.world_size is None:
         status.world_size = 0
     agent_restarts = rdzv.restarts if rdzv is not None else 0

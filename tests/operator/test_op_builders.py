@@ -254,7 +254,8 @@ def test_image_mode_runs_the_images_agent_and_says_what_to_do_without_it(
     spec = job_of(kit, agent="image").spec
     assert spec is not None
     pod = worker_pod(job_of(kit, agent="image"), 0, endpoint="h:1", config=CFG)
-    assert "initContainers" not in pod["spec"] and "volumes" not in pod["spec"]
+    assert "initContainers" not in pod["spec"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["kelastic-shm"]  # /dev/shm only: no agent volume
     cmd = agent_command(spec, run_id="u", endpoint="127.0.0.1:29400", config=CFG)
     assert cmd[:3] == ["python", "-c", IMAGE_AGENT_BOOTSTRAP]
     assert agent_config(cmd).nproc_per_node == 1  # the real agent reads the flags that follow

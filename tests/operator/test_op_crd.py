@@ -13,6 +13,7 @@ import yaml
 
 from kelastic.operator.spec import (
     API_VERSION,
+    CHECKPOINT_DEFAULTS,
     DEFAULTS,
     GROUP,
     KIND,
@@ -158,6 +159,8 @@ def without(body: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
     out = copy.deepcopy(body)
     node = out
     for part in path[:-1]:
+        if part not in node:
+            return out  # an object the body leaves out holds nothing to remove
         node = node[part]
     node.pop(path[-1], None)
     return out
@@ -167,13 +170,16 @@ def with_value(body: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[
     out = copy.deepcopy(body)
     node = out
     for part in path[:-1]:
-        node = node[part]
+        node = node.setdefault(part, {})
     node[path[-1]] = value
     return out
 
 
 def another_value(schema: dict[str, Any], default: Any) -> Any:
     """A valid value other than ``default``, to show the operator reads the field at all."""
+    if isinstance(default, dict):  # an object defaulted whole: change its first defaulted property
+        name, sub = next((n, sub) for n, sub in schema["properties"].items() if "default" in sub)
+        return {**default, name: another_value(sub, sub["default"])}
     if schema.get("enum"):
         return next(v for v in schema["enum"] if v != default)
     if isinstance(default, bool):
@@ -211,12 +217,21 @@ def test_every_schema_default_is_the_operators_default(kit: SimpleNamespace, ver
 def test_the_schema_declares_every_default_of_the_operator(version: dict[str, Any]) -> None:
     """The other direction: each default JobSpec has (other than "unset") is in the CRD too, with
     the same value, so ``kubectl get -o yaml`` shows what the operator will do."""
-    declared = {
-        re.sub(r"(?<!^)(?=[A-Z])", "_", path[-1]).lower(): default
-        for path, default in declared_defaults(version["schema"]["openAPIV3Schema"])
-    }
+
+    def snake(name: str) -> str:
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+    found = declared_defaults(version["schema"]["openAPIV3Schema"])
+    in_job = [
+        (path, default) for path, default in found if path[:2] != ("spec", "checkpoint") or len(path) == 2
+    ]
+    declared = {snake(path[-1]): default for path, default in in_job}
     mine = {name: getattr(value, "value", value) for name, value in DEFAULTS.items() if value is not None}
-    assert declared == mine
+    assert declared == {**mine, "checkpoint": {}}  # every job has a checkpoint, with its own defaults
+    in_checkpoint = {
+        snake(path[-1]): d for path, d in found if path[:2] == ("spec", "checkpoint") and len(path) == 3
+    }
+    assert in_checkpoint == {name: value for name, value in CHECKPOINT_DEFAULTS.items() if value is not None}
 
 
 def resolve(root: dict[str, Any], json_path: str) -> dict[str, Any]:
@@ -229,7 +244,9 @@ def resolve(root: dict[str, Any], json_path: str) -> dict[str, Any]:
 def test_printer_columns_and_scale_paths_exist(version: dict[str, Any]) -> None:
     root = version["schema"]["openAPIV3Schema"]
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Min", "Max", "Desired", "Ready", "World", "Restarts", "Progress", "Age"]
+    assert columns == [
+        "Phase", "Min", "Max", "Desired", "Ready", "World", "Restarts", "Progress", "Checkpoint", "Age",
+    ]  # fmt: skip
     for col in version["additionalPrinterColumns"]:
         if col["jsonPath"] == ".metadata.creationTimestamp":
             assert col["type"] == "date"

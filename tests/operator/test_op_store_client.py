@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -11,11 +12,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from kelastic.operator.reconcile import PublishMembership
+from kelastic.operator.checkpoint import CheckpointReport, Restore, Source
+from kelastic.operator.reconcile import Emit, PublishMembership, reconcile
+from kelastic.operator.spec import parse_job
 from kelastic.operator.store_client import StoreClient
 
 server_mod = pytest.importorskip("kelastic.agent.rendezvous.server")
@@ -163,3 +167,37 @@ def test_the_operator_process_prints_no_cpp_stack_trace_for_an_unreachable_store
     assert "frame #" not in done.stderr and "socket.cpp" not in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "not reachable yet" in done.stderr
+
+
+def test_an_agents_checkpoint_record_reaches_the_job_status(kit: SimpleNamespace, endpoint: str) -> None:
+    """Agents publish their records in the store; the operator's store client reads them into the
+    view the reconcile turns into status.checkpoint and the CheckpointRestored Event."""
+    run_id = "ckpt-run"
+    store = control.connect(endpoint, timeout=5)
+    keys = protocol.RunKeys(run_id)
+    store.add(keys.open, 1)  # round 1 closed with members a, b and c
+    store.set(keys.members(1), json.dumps(["a", "b", "c"]))
+    restored = {"id": 12, "source": "replica", "seconds": 0.4, "time": 1_700_000_000.0}
+    record = {"latest": 12, "step": 340, "restored": restored, "bytes": 1 << 20, "limit": 1 << 30}
+    control.publish_progress(store, run_id, "a", step=341, total=None, restarts=1, checkpoint=record)
+    control.publish_progress(store, run_id, "b", step=341, total=None, restarts=1, checkpoint={"latest": 11})
+    control.publish_progress(
+        store, run_id, "c", step=341, total=None, restarts=1
+    )  # an older agent: no record
+    client = StoreClient()
+    try:
+        view = run(client.read(endpoint, run_id))
+    finally:
+        client.close()
+    assert view is not None
+    assert view.checkpoints == (
+        CheckpointReport("a", 12, 340, Restore(12, Source.REPLICA, 0.4, 1_700_000_000.0)),
+        CheckpointReport("b", 11, None, None),
+    )
+    body = kit.job_body(status={"phase": "Running", "scaledTo": 3})
+    pods = (kit.store(), *(kit.worker(i) for i in range(3)))
+    d = reconcile(parse_job(body), kit.observed(*pods, rendezvous=view))
+    assert d.status["checkpoint"]["latest"] == 12 and d.status["checkpoint"]["restoredId"] == 12
+    assert [a.message for a in d.actions if isinstance(a, Emit) and a.reason == "CheckpointRestored"] == [
+        "restored checkpoint 12 (step 340) from a peer's replica in 0.4 s"
+    ]

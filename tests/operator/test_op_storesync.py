@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from kelastic.agent import contract
+from kelastic.operator.checkpoint import CheckpointReport, Restore, Source
 from kelastic.operator.clock import FakeClock
 from kelastic.operator.observed import PodPhase, PodView, RendezvousView
 from kelastic.operator.spec import parse_job
@@ -123,3 +124,32 @@ def test_no_store_is_read_for_a_job_without_a_running_store_or_by_a_standby(kit:
         await asyncio.gather(poller, *tasks, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def test_a_checkpoint_restore_triggers_a_pass_and_a_new_checkpoint_alone_waits(kit: SimpleNamespace) -> None:
+    job = parse_job(kit.job_body(status={"rdzvEndpoint": "127.2.0.9:29400"}))
+    base = {"world_size": 2, "restarts": 0, "members": ("a", "b"), "step": 10, "total": 100}
+    restore = Restore(4, Source.REPLICA, 0.4, 1_700_000_000.0)
+    views: list[RendezvousView | None] = [
+        RendezvousView(**base, checkpoints=(CheckpointReport("a", 4),)),
+        RendezvousView(**base, checkpoints=(CheckpointReport("a", 5),)),  # a new checkpoint only
+        RendezvousView(**base, checkpoints=(CheckpointReport("a", 5, None, restore),)),  # a restore
+    ]
+    store = ScriptedStore(views)
+    calls: list[tuple[str, float]] = []
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        sync, tasks = _sync(store, calls, [True], clock)
+        sync.pass_started(KEY)
+        sync.observe(KEY, job, [STORE_POD])
+        await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        poller = asyncio.get_running_loop().create_task(sync.poll())
+        await clock.run_for(0.99)  # the new checkpoint, the restore, then the unchanged store
+        poller.cancel()
+        await asyncio.gather(poller, *tasks, return_exceptions=True)
+
+    asyncio.run(scenario())
+    # the first read; the new checkpoint (read at 0.05 s), paced like progress; the restore: at once
+    assert calls == [("trigger", 0.0), ("requeue", pytest.approx(4.95)), ("trigger", 0.0)]

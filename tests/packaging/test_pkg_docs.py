@@ -55,15 +55,10 @@ def test_every_module_has_a_row_and_every_row_a_module(part: str, title: str) ->
 
 
 def test_the_worker_command_line_shows_every_flag_the_operator_passes() -> None:
-    builders = (ROOT / "operator" / "builders.py").read_text()
-    function = next(
-        node
-        for node in ast.walk(ast.parse(builders))
-        if isinstance(node, ast.FunctionDef) and node.name == "agent_command"
-    )
+    builders = ast.parse((ROOT / "operator" / "builders.py").read_text())  # agent_command and its helpers
     used = {
         node.attr
-        for node in ast.walk(function)
+        for node in ast.walk(builders)
         if isinstance(node, ast.Attribute) and node.attr.startswith("FLAG_")
     }
     contract = {

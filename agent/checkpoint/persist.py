@@ -1,0 +1,136 @@
+"""The durable copy: a memory checkpoint written to a directory in DCP's own layout.
+
+:func:`write_durable` turns checkpoint N (raw parts in the nodes' memory, metadata whose
+storage data are :class:`~kelastic.agent.checkpoint.storage.MemoryItem`) into
+``<dir>/checkpoint-N``: one ``.distcp`` file per part with every tensor written by
+``torch.save`` and every object as its bytes, and a ``.metadata`` whose storage data are
+torch.distributed.checkpoint's own, so that ``dcp.load(state,
+storage_reader=FileSystemReader(".../checkpoint-N"))`` reads it without kelastic.
+
+Complete or nothing: the copy is written under a temporary name, synced, and renamed into
+place; only then are copies older than the newest ``keep`` removed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# DCP's own per-item storage record: the file layout FileSystemReader reads.
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+from kelastic.agent.checkpoint.errors import CheckpointError
+from kelastic.agent.checkpoint.keeper import DURABLE_PREFIX, METADATA, CheckpointKeeper
+from kelastic.agent.checkpoint.service import ServiceClient
+
+__all__ = ["write_durable"]
+
+
+def _reader(keeper: CheckpointKeeper, cid: int, ring: list[str]) -> Any:
+    clients: dict[str, ServiceClient] = {}
+
+    def read(name: str, offset: int, length: int) -> bytes:
+        try:
+            path = keeper.readable(cid, name)
+        except CheckpointError:
+            path = None
+        if path is not None:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read(length)
+        buf = bytearray(length)
+        last: Exception | None = None
+        for endpoint in ring:
+            if endpoint == keeper.endpoint:
+                continue
+            client = clients.setdefault(endpoint, ServiceClient(endpoint))
+            try:
+                client.call(
+                    {"op": "get", "id": cid, "name": name, "offset": offset, "length": length},
+                    into=memoryview(buf),
+                )
+                return bytes(buf)
+            except CheckpointError as e:
+                last = e
+        raise CheckpointError(f"no node holds {name} of checkpoint {cid}: {last}")
+
+    read.clients = clients  # type: ignore[attr-defined]
+    return read
+
+
+def write_durable(keeper: CheckpointKeeper, cid: int, ring: list[str], dest: Path, keep: int) -> Path:
+    """Write checkpoint ``cid`` to ``dest/checkpoint-<cid>``; return that directory.
+
+    Parts this node does not hold are read from the ring's other nodes. Raises
+    CheckpointError (or OSError) when a part cannot be read or the directory written; the
+    memory checkpoint is not affected either way.
+    """
+    from kelastic.agent.checkpoint.storage import MemoryItem, _dtype
+
+    metadata = pickle.loads(keeper.metadata(cid))
+    read = _reader(keeper, cid, ring)
+    dest.mkdir(parents=True, exist_ok=True)
+    final = dest / f"{DURABLE_PREFIX}{cid}"
+    tmp = dest / f".{DURABLE_PREFIX}{cid}.{uuid.uuid4().hex[:8]}.tmp"
+    tmp.mkdir()
+    try:
+        by_file: dict[str, list[tuple[Any, MemoryItem]]] = {}
+        for index, where in metadata.storage_data.items():
+            by_file.setdefault(where.relative_path, []).append((index, where))
+        storage: dict[Any, _StorageInfo] = {}
+        for name, entries in sorted(by_file.items()):
+            out_name = f"{name.removesuffix('.mem')}.distcp"
+            with open(tmp / out_name, "wb") as out:
+                for index, where in sorted(entries, key=lambda e: e[1].offset):
+                    data = read(name, where.offset, where.length) if where.length else b""
+                    start = out.tell()
+                    if where.dtype is None:
+                        out.write(data)
+                    else:
+                        assert where.size is not None
+                        dtype = _dtype(where.dtype)
+                        if data:
+                            tensor = torch.frombuffer(bytearray(data), dtype=dtype).view(where.size)
+                        else:
+                            tensor = torch.empty(where.size, dtype=dtype)
+                        torch.save(tensor, out)
+                    storage[index] = _StorageInfo(out_name, start, out.tell() - start)
+                out.flush()
+                os.fsync(out.fileno())
+        metadata.storage_data = storage
+        with open(tmp / METADATA, "wb") as f:
+            pickle.dump(metadata, f)
+            f.flush()
+            os.fsync(f.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        for client in read.clients.values():
+            client.close()
+    copies = sorted(
+        (int(p.name[len(DURABLE_PREFIX) :]), p)
+        for p in dest.iterdir()
+        if p.name.startswith(DURABLE_PREFIX) and p.name[len(DURABLE_PREFIX) :].isdigit()
+    )
+    for _, old in copies[: max(0, len(copies) - keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

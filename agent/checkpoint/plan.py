@@ -1,0 +1,210 @@
+"""The checkpoint service's decisions, as pure functions over what the nodes hold.
+
+Which checkpoint a restarted group restores (:func:`choose_restore`), which nodes hold a
+node's replicas (:func:`successors`), the next checkpoint's number (:func:`next_id`) and
+whether a save fits in a node's memory (:func:`memory_needed`). No I/O: the service and the
+storage classes gather the facts and apply the answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+__all__ = [
+    "HeldCheckpoint",
+    "Inventory",
+    "RestoreChoice",
+    "Source",
+    "choose_restore",
+    "memory_needed",
+    "next_id",
+    "successors",
+]
+
+
+class Source(str, Enum):
+    """Where a restored checkpoint came from, as the agent reports it."""
+
+    #: Every part from the memory of the node that wrote it.
+    MEMORY = "memory"
+    #: At least one part only from a peer's replica (its writer is gone).
+    REPLICA = "replica"
+    #: The durable directory.
+    DURABLE = "durable"
+
+
+@dataclass(frozen=True)
+class HeldCheckpoint:
+    """What one node holds of checkpoint ``id``.
+
+    ``files``: complete files held (name -> bytes), its own and replicas alike;
+    ``replicas``: which of them are copies of another node's part; ``required``: the
+    checkpoint's manifest (every file it consists of), known once the node has its metadata,
+    that is once the checkpoint was committed; ``step``: the training step it was saved at,
+    when the script said so.
+    """
+
+    id: int
+    files: Mapping[str, int]
+    replicas: frozenset[str] = frozenset()
+    required: Mapping[str, int] | None = None
+    step: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "files": dict(self.files),
+            "replicas": sorted(self.replicas),
+            "required": None if self.required is None else dict(self.required),
+            "step": self.step,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> HeldCheckpoint:
+        required = d.get("required")
+        return cls(
+            id=int(d["id"]),
+            files={str(k): int(v) for k, v in dict(d.get("files") or {}).items()},
+            replicas=frozenset(str(x) for x in d.get("replicas") or ()),
+            required=None if required is None else {str(k): int(v) for k, v in dict(required).items()},
+            step=None if d.get("step") is None else int(d["step"]),
+        )
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """One node's answer to "what can you give a restoring group?"."""
+
+    node: str
+    endpoint: str
+    held: tuple[HeldCheckpoint, ...] = ()
+    #: Complete durable copies this node can read: (checkpoint id, directory).
+    durable: tuple[tuple[int, str], ...] = ()
+    #: The newest checkpoint number this node has seen (held, begun, restored or durable).
+    newest: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "endpoint": self.endpoint,
+            "held": [h.to_json() for h in self.held],
+            "durable": [[i, p] for i, p in self.durable],
+            "newest": self.newest,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Inventory:
+        return cls(
+            node=str(d["node"]),
+            endpoint=str(d["endpoint"]),
+            held=tuple(HeldCheckpoint.from_json(h) for h in d.get("held") or ()),
+            durable=tuple((int(i), str(p)) for i, p in d.get("durable") or ()),
+            newest=int(d.get("newest") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class RestoreChoice:
+    """The checkpoint a group restores, and where each of its files can be read.
+
+    ``holders`` maps every file of a memory checkpoint to the endpoints of the nodes that
+    hold it, the writer's own copy first; ``metadata_from`` lists the endpoints holding its
+    metadata. For a durable choice both are empty and ``durable_path`` names the directory
+    (readable with torch.distributed.checkpoint's ``FileSystemReader`` alone).
+    """
+
+    id: int
+    source: Source
+    holders: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    metadata_from: tuple[str, ...] = ()
+    durable_path: str | None = None
+    step: int | None = None
+
+    def describe(self) -> str:
+        where = {
+            Source.MEMORY: "the nodes' memory",
+            Source.REPLICA: "memory, with parts from peers' replicas",
+            Source.DURABLE: f"the durable directory {self.durable_path}",
+        }[self.source]
+        step = f" (step {self.step})" if self.step is not None else ""
+        return f"checkpoint {self.id}{step} from {where}"
+
+
+def choose_restore(inventories: Sequence[Inventory]) -> RestoreChoice | None:
+    """The newest complete checkpoint the group can reach, or None when there is none.
+
+    A checkpoint in memory is complete when some node holds its metadata (it was committed,
+    which happens only after every rank's part was written) and every file its manifest
+    names is held, whole, by some node of the group. A durable copy is complete by
+    construction (it appears under its final name only once whole). The newest number wins;
+    on a tie memory beats the durable directory (it is faster to read). Deterministic: every
+    rank computing it from the same inventories gets the same answer.
+    """
+    best: RestoreChoice | None = None
+    manifests: dict[int, tuple[Mapping[str, int], int | None]] = {}
+    for inv in inventories:
+        for h in inv.held:
+            if h.required is not None and h.id not in manifests:
+                manifests[h.id] = (h.required, h.step)
+    for cid in sorted(manifests, reverse=True):
+        required, step = manifests[cid]
+        own: dict[str, list[str]] = {}
+        copies: dict[str, list[str]] = {}
+        meta: list[str] = []
+        for inv in inventories:
+            for h in inv.held:
+                if h.id != cid:
+                    continue
+                if h.required is not None:
+                    meta.append(inv.endpoint)
+                for name, size in h.files.items():
+                    if required.get(name) is not None and size >= required[name]:
+                        (copies if name in h.replicas else own).setdefault(name, []).append(inv.endpoint)
+        if all(name in own or name in copies for name in required):
+            holders = {
+                name: tuple(own.get(name, []))
+                + tuple(e for e in copies.get(name, []) if e not in own.get(name, []))
+                for name in sorted(required)
+            }
+            source = Source.MEMORY if all(name in own for name in required) else Source.REPLICA
+            best = RestoreChoice(cid, source, holders, tuple(meta), None, step)
+            break
+    durable = max((d for inv in inventories for d in inv.durable), default=None)
+    if durable is not None and (best is None or durable[0] > best.id):
+        return RestoreChoice(durable[0], Source.DURABLE, durable_path=durable[1])
+    return best
+
+
+def successors(ring: Sequence[str], me: str, replicas: int) -> list[str]:
+    """The nodes after ``me`` on the ring that hold copies of its part (pure).
+
+    The ring is the group's nodes in rank order; ``replicas`` copies go to the next nodes,
+    never to ``me`` itself, so a ring of one node keeps no replica. ``me`` not on the ring
+    (it joined after the save began): none.
+    """
+    if me not in ring or replicas <= 0:
+        return []
+    i = ring.index(me)
+    after = [ring[(i + k) % len(ring)] for k in range(1, len(ring))]
+    return after[:replicas]
+
+
+def next_id(newest: Sequence[int]) -> int:
+    """The number of the next checkpoint: one more than the newest any node has seen, so
+    numbers only grow across restarts, resizes and restores (a returning node that kept an
+    old number cannot make a new checkpoint look older)."""
+    return max(newest, default=0) + 1
+
+
+def memory_needed(kept: int, new_part: int, replicas: int) -> int:
+    """Bytes a node needs while it writes a new checkpoint (pure).
+
+    ``kept``: what it must keep meanwhile (the newest complete checkpoint: its own part and
+    its replicas of peers' parts); ``new_part``: the bytes its ranks write now. Its peers'
+    parts of the new checkpoint arrive as replicas too; parts are assumed to be about equal
+    across nodes, so each of ``replicas`` incoming copies counts as one more ``new_part``.
+    """
+    return kept + new_part * (1 + replicas)

@@ -1,0 +1,537 @@
+"""``MemoryWriter`` and ``MemoryReader``: torch.distributed.checkpoint storage in agent memory.
+
+Inside a worker that ``kelastic-agent`` started::
+
+    import torch.distributed.checkpoint as dcp
+    from kelastic.checkpoint import MemoryReader, MemoryWriter
+
+    reader = MemoryReader()
+    if reader.exists():                       # every rank calls it: it is a collective
+        dcp.load(state, storage_reader=reader)
+    ...
+    dcp.save(state, storage_writer=MemoryWriter(step=step))   # or dcp.async_save(...)
+
+What a caller may rely on:
+
+* **Where the bytes go.** Each rank copies its part (what DCP's planner gives it: replicated
+  tensors once, shards by owner) into a file its node's agent allocated on the node's tmpfs,
+  as raw bytes: a save costs about a memory copy. The files belong to the agent, so a
+  worker that crashes or is restarted loses nothing.
+* **Complete or nothing.** A checkpoint counts once every rank's part is written and the
+  coordinating rank committed its metadata to every node of the group; a save that breaks
+  off leaves the previous checkpoint standing, and no reader ever sees a torn one.
+* **Replicated.** After the commit each node's agent copies its part to the next node(s) of
+  the ring (``--checkpoint-replicas``, default 1); the next save waits until that copy is
+  done, so losing any one node leaves a complete checkpoint among the survivors.
+* **Restore at any world size.** ``MemoryReader`` gathers what every node holds (its own
+  parts, its replicas, the durable directory), picks the newest complete checkpoint
+  (:func:`~kelastic.agent.checkpoint.plan.choose_restore`) and reads each part from wherever
+  it is (this node's memory, a peer's, or the durable directory); DCP's planners reshard.
+  The agent logs and publishes which checkpoint it restored and from where.
+* **Too large.** A save that does not fit in a node's checkpoint memory writes nothing and
+  leaves the previous checkpoint standing; it prints one error naming the sizes and training
+  goes on. ``MemoryWriter(strict=True)`` raises :class:`CheckpointTooLarge` instead.
+* Outside a kelastic worker both raise :class:`NotInKelasticWorker`.
+
+The module imports only the standard library and torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import mmap
+import os
+import pickle
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from kelastic.agent.checkpoint.errors import (
+    CheckpointError,
+    CheckpointNotFound,
+    CheckpointTooLarge,
+    NotInKelasticWorker,
+)
+from kelastic.agent.checkpoint.keeper import CheckpointKeeper
+from kelastic.agent.checkpoint.plan import Inventory, RestoreChoice, Source, choose_restore, next_id
+from kelastic.agent.checkpoint.service import ServiceClient
+from kelastic.agent.contract import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_ENDPOINT
+
+__all__ = ["MemoryItem", "MemoryReader", "MemoryWriter"]
+
+#: Parts are laid out on this alignment (a cache line; every dtype's element size divides it).
+_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class MemoryItem:
+    """Where one write item's bytes are: DCP's per-item storage data for memory checkpoints.
+
+    ``dtype``/``size`` describe a tensor's raw bytes (None for a serialized object).
+    """
+
+    relative_path: str
+    offset: int
+    length: int
+    dtype: str | None = None
+    size: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class _LocalInfo:
+    endpoint: str
+    node: str
+    newest: int
+    refused: str | None
+
+
+@dataclass(frozen=True)
+class _SaveInfo:
+    id: int
+    ring: tuple[str, ...]
+    file: str
+    refused: str | None
+    coordinator_endpoint: str
+
+
+def _agent() -> tuple[str, str]:
+    endpoint = os.environ.get(ENV_CHECKPOINT_ENDPOINT)
+    folder = os.environ.get(ENV_CHECKPOINT_DIR)
+    if not endpoint or not folder:
+        raise NotInKelasticWorker(
+            "kelastic.checkpoint keeps checkpoints in the memory of the kelastic agent, and this process "
+            f"was not started by one (${ENV_CHECKPOINT_ENDPOINT} is not set). Run the script with "
+            "kelastic-agent (or in an ElasticJob); without kelastic use torch.distributed.checkpoint's "
+            "FileSystemWriter/FileSystemReader."
+        )
+    return endpoint, folder
+
+
+_clients = threading.local()
+
+
+def _client(endpoint: str) -> ServiceClient:
+    """One connection per thread and endpoint (``dcp.async_save`` writes from a thread of its own)."""
+    pool: dict[str, ServiceClient] | None = getattr(_clients, "pool", None)
+    if pool is None or getattr(_clients, "pid", None) != os.getpid():
+        pool = _clients.pool = {}
+        _clients.pid = os.getpid()
+    if endpoint not in pool:
+        pool[endpoint] = ServiceClient(endpoint)
+    return pool[endpoint]
+
+
+def _rank(kwargs: dict[str, Any]) -> int:
+    rank = kwargs.get("rank")
+    if rank is not None:
+        return int(rank)
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _dtype(name: str) -> torch.dtype:
+    value = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise CheckpointError(f"unknown dtype {name!r} in a memory checkpoint")
+    return value
+
+
+def _item_bytes(item: WriteItem) -> int:
+    if item.type == WriteItemType.BYTE_IO or item.tensor_data is None:
+        return 0  # a serialized object: small, sized when written
+    numel = 1
+    for d in item.tensor_data.size:
+        numel *= d
+    return numel * item.tensor_data.properties.dtype.itemsize
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+class MemoryWriter(StorageWriter):
+    """torch.distributed.checkpoint storage that writes into the kelastic agent's memory.
+
+    ``step`` (optional) is recorded with the checkpoint and reported back on restore;
+    ``strict`` makes a save that does not fit raise :class:`CheckpointTooLarge` instead of
+    being skipped with an error message; ``timeout`` bounds the wait for the previous
+    checkpoint's replica before a save (seconds). See the module docstring for the contract.
+    """
+
+    def __init__(self, *, step: int | None = None, strict: bool = False, timeout: float = 300.0) -> None:
+        super().__init__()
+        self._endpoint, self._dir = _agent()
+        self.step = step
+        self.strict = strict
+        self.timeout = timeout
+        self._rank = 0
+        self._is_coordinator = True
+        self._save: _SaveInfo | None = None
+        self._label: str | None = None
+
+    # StorageWriter ---------------------------------------------------------------------------
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        self._label = None if checkpoint_id is None else str(checkpoint_id)
+        self._save = None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return False  # never picked by DCP from a checkpoint_id alone
+
+    @property
+    def checkpoint_id(self) -> str | None:
+        return self._label
+
+    def storage_meta(self) -> StorageMeta | None:
+        return None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._is_coordinator = is_coordinator
+        self._rank = _rank(kwargs)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        nbytes = sum(_align(_item_bytes(i)) for i in plan.items)
+        reply, _ = _client(self._endpoint).call(
+            {"op": "begin", "rank": self._rank, "bytes": nbytes, "timeout": self.timeout, "pid": os.getpid()},
+            timeout=self.timeout + 30,
+        )
+        refused = reply.get("refused")
+        info = _LocalInfo(
+            self._endpoint,
+            str(reply["node"]),
+            int(reply["newest"]),
+            refused and f"rank {self._rank}: {refused}",
+        )
+        return dataclasses.replace(plan, storage_data=info)
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        infos: list[_LocalInfo] = [p.storage_data for p in plans]
+        ring = tuple(dict.fromkeys(i.endpoint for i in infos))
+        cid = next_id([i.newest for i in infos])
+        refused = next((i.refused for i in infos if i.refused), None)
+        return [
+            dataclasses.replace(p, storage_data=_SaveInfo(cid, ring, f"__{r}.mem", refused, self._endpoint))
+            for r, p in enumerate(plans)
+        ]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        info: _SaveInfo = plan.storage_data
+        self._save = info
+        client = _client(self._endpoint)
+        try:
+            results = [] if info.refused else self._write(client, info, plan.items, planner)
+        finally:
+            client.call({"op": "done", "rank": self._rank})
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def _write(
+        self, client: ServiceClient, info: _SaveInfo, items: Sequence[WriteItem], planner: SavePlanner
+    ) -> list[WriteResult]:
+        layout: list[tuple[WriteItem, Any, int, int]] = []
+        offset = 0
+        for item in items:
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                assert isinstance(data, io.BytesIO)
+                data = data.getbuffer()
+                n = len(data)
+            else:
+                assert isinstance(data, torch.Tensor)
+                data = data.detach()
+                n = data.numel() * data.element_size()
+            layout.append((item, data, offset, n))
+            offset = _align(offset + n)
+        if offset == 0:
+            return [self._result(item, info.file, 0, 0, data) for item, data, _, _ in layout]
+        reply, _ = client.call(
+            {"op": "open", "id": info.id, "name": info.file, "size": offset, "rank": self._rank}
+        )
+        fd = os.open(reply["path"], os.O_RDWR)
+        try:
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mm = mmap.mmap(fd, offset, flags=flags)
+        finally:
+            os.close(fd)
+        try:
+            for _item, data, off, n in layout:
+                if n == 0:
+                    continue
+                if isinstance(data, torch.Tensor):
+                    dst = torch.frombuffer(mm, dtype=data.dtype, count=data.numel(), offset=off).view(
+                        data.shape
+                    )
+                    dst.copy_(data)
+                    del dst
+                else:
+                    mm[off : off + n] = data
+        finally:
+            mm.close()
+        return [self._result(item, info.file, off, n, data) for item, data, off, n in layout]
+
+    @staticmethod
+    def _result(item: WriteItem, file: str, offset: int, n: int, data: Any) -> WriteResult:
+        if isinstance(data, torch.Tensor):
+            where = MemoryItem(file, offset, n, str(data.dtype), tuple(data.shape))
+        else:
+            where = MemoryItem(file, offset, n)
+        return WriteResult(index=item.index, size_in_bytes=n, storage_data=where)
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        info = self._save
+        assert info is not None, "finish() before write_data()"
+        if info.refused:
+            message = f"kelastic.checkpoint: checkpoint {info.id} not saved: {info.refused}"
+            if self.strict:
+                raise CheckpointTooLarge(message)
+            print(
+                f"{message}; the previous checkpoint stands and training goes on", file=sys.stderr, flush=True
+            )
+            return
+        storage: dict[MetadataIndex, MemoryItem] = {}
+        required: dict[str, int] = {}
+        for per_rank in results:
+            for wr in per_rank:
+                where: MemoryItem = wr.storage_data
+                storage[wr.index] = where
+                if where.length:
+                    end = where.offset + where.length
+                    required[where.relative_path] = max(required.get(where.relative_path, 0), end)
+        metadata.storage_data = storage
+        blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
+        header = {
+            "op": "commit",
+            "id": info.id,
+            "ring": list(info.ring),
+            "required": required,
+            "step": self.step,
+        }
+
+        def commit(endpoint: str) -> str | None:
+            try:
+                client = ServiceClient(endpoint)
+                try:
+                    client.call({**header, "coordinator": endpoint == self._endpoint}, blob)
+                finally:
+                    client.close()
+            except CheckpointError as e:
+                return str(e)
+            return None
+
+        with ThreadPoolExecutor(max_workers=min(32, len(info.ring))) as pool:
+            errors = dict(zip(info.ring, pool.map(commit, info.ring), strict=True))
+        if errors.get(self._endpoint):
+            raise CheckpointError(f"checkpoint {info.id} was not committed: {errors[self._endpoint]}")
+        for endpoint, error in errors.items():
+            if error:
+                warnings.warn(
+                    f"kelastic.checkpoint: node {endpoint} did not take checkpoint {info.id}'s commit: {error}",
+                    stacklevel=2,
+                )
+
+
+class MemoryReader(StorageReader):
+    """torch.distributed.checkpoint storage that restores the newest complete checkpoint
+    the group can reach: from the agents' memory, their replicas, or the durable directory.
+
+    Choosing is a collective over ``process_group`` (default: the default group): every rank
+    calls :meth:`exists` (or ``dcp.load``) together. ``durable=False`` leaves the durable
+    directory out. See the module docstring for the contract.
+    """
+
+    def __init__(self, *, process_group: dist.ProcessGroup | None = None, durable: bool = True) -> None:
+        super().__init__()
+        self._endpoint, self._dir = _agent()
+        self._group = process_group
+        self._durable = durable
+        self._chosen = False
+        self._choice: RestoreChoice | None = None
+        self._began: float | None = None
+        self._storage: dict[MetadataIndex, Any] = {}
+        self._fs: Any = None
+
+    # choosing ---------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        """Whether the group can restore a complete checkpoint (a collective: every rank calls it)."""
+        return self.choice is not None
+
+    @property
+    def choice(self) -> RestoreChoice | None:
+        """The checkpoint a load restores (chosen on first use, the same on every rank)."""
+        if not self._chosen:
+            self._began = time.monotonic()
+            local, _ = _client(self._endpoint).call({"op": "inventory"})
+            mine = local["inventory"]
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size(self._group) > 1:
+                gathered: list[Any] = [None] * dist.get_world_size(self._group)
+                dist.all_gather_object(gathered, mine, group=self._group)
+            else:
+                gathered = [mine]
+            seen: dict[str, Inventory] = {}
+            for g in gathered:
+                inv = Inventory.from_json(g)
+                seen[inv.endpoint] = inv if self._durable else dataclasses.replace(inv, durable=())
+            self._choice = choose_restore(list(seen.values()))
+            self._chosen = True
+        return self._choice
+
+    # StorageReader ----------------------------------------------------------------------------
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        if checkpoint_id is not None:
+            raise CheckpointError(
+                "MemoryReader restores the newest complete checkpoint by itself; it takes no checkpoint_id"
+            )
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return False
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if kwargs.get("rank") is not None:
+            raise CheckpointError("memory checkpoints have no per-rank metadata")
+        choice = self.choice
+        if choice is None:
+            raise CheckpointNotFound(
+                "no complete checkpoint in the nodes' memory, their peers' replicas or the durable directory; "
+                "call MemoryReader().exists() first and start from scratch when it is False"
+            )
+        if choice.source is Source.DURABLE:
+            from torch.distributed.checkpoint import FileSystemReader
+
+            assert choice.durable_path is not None
+            self._fs = FileSystemReader(choice.durable_path)
+            return self._fs.read_metadata()
+        sources = sorted(choice.metadata_from, key=lambda e: e != self._endpoint)
+        last: Exception | None = None
+        for endpoint in sources:
+            try:
+                _, blob = _client(endpoint).call({"op": "metadata", "id": choice.id})
+                metadata: Metadata = pickle.loads(blob)
+                return metadata
+            except CheckpointError as e:
+                last = e
+        raise CheckpointError(f"no node could give checkpoint {choice.id}'s metadata: {last}")
+
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
+        if self._fs is not None:
+            self._fs.set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+            return
+        self._storage = dict(metadata.storage_data or {})
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        choice = self.choice
+        assert choice is not None
+        if self._fs is not None:
+            self._fs.read_data(plan, planner).wait()
+        else:
+            self._read(choice, plan.items, planner)
+        seconds = time.monotonic() - (self._began or time.monotonic())
+        _client(self._endpoint).call(
+            {
+                "op": "restored",
+                "id": choice.id,
+                "source": choice.source.value,
+                "seconds": seconds,
+                "step": choice.step,
+            }
+        )
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read(self, choice: RestoreChoice, items: Sequence[ReadItem], planner: LoadPlanner) -> None:
+        per_file: dict[str, list[ReadItem]] = {}
+        for req in items:
+            per_file.setdefault(self._storage[req.storage_index].relative_path, []).append(req)
+        local_dir = Path(self._dir) / CheckpointKeeper.dir_name(choice.id)
+        for name, reqs in per_file.items():
+            holders = choice.holders.get(name, ())
+            local = local_dir / name
+            if self._endpoint in holders and local.exists():
+                with open(local, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+                try:
+                    for req in reqs:
+                        self._apply(req, mm, self._storage[req.storage_index], planner)
+                finally:
+                    mm.close()
+            else:
+                for req in reqs:
+                    where: MemoryItem = self._storage[req.storage_index]
+                    buf = bytearray(where.length)
+                    self._fetch(choice.id, name, where, holders, memoryview(buf))
+                    self._apply(req, buf, dataclasses.replace(where, offset=0), planner)
+
+    def _fetch(
+        self, cid: int, name: str, where: MemoryItem, holders: Sequence[str], into: memoryview
+    ) -> None:
+        last: Exception | None = None
+        for endpoint in holders:
+            try:
+                _client(endpoint).call(
+                    {"op": "get", "id": cid, "name": name, "offset": where.offset, "length": where.length},
+                    into=into,
+                )
+                return
+            except CheckpointError as e:
+                last = e
+        raise CheckpointError(
+            f"no node could give {name} of checkpoint {cid} (held by {list(holders)}): {last}"
+        )
+
+    @staticmethod
+    def _apply(req: ReadItem, buf: Any, where: MemoryItem, planner: LoadPlanner) -> None:
+        if req.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(
+                req, io.BytesIO(bytes(memoryview(buf)[where.offset : where.offset + where.length]))
+            )
+            return
+        assert where.dtype is not None and where.size is not None
+        dtype = _dtype(where.dtype)
+        numel = where.length // dtype.itemsize if dtype.itemsize else 0
+        if numel:
+            src = torch.frombuffer(buf, dtype=dtype, count=numel, offset=where.offset).view(where.size)
+        else:
+            src = torch.empty(where.size, dtype=dtype)
+        for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
+            src = src.narrow(dim, start, length)
+        target = planner.resolve_tensor(req).detach()
+        if target.size() != src.size():
+            raise CheckpointError(
+                f"{req.storage_index.fqn}: stored {tuple(src.size())}, expected {tuple(target.size())}"
+            )
+        target.copy_(src)
+        del src
+        planner.commit_tensor(req, target)

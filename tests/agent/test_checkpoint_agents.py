@@ -1,0 +1,144 @@
+"""Memory checkpoints through real ``kelastic-agent`` nodes, a real store, real DCP and gloo.
+
+The worker (scripts/ckpt_worker.py) saves every step with ``MemoryWriter`` and restores
+with ``MemoryReader``; its state after step s is a pure function of s, so a restore is
+bit-identical exactly when its hash equals the hash recorded when that step was saved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import runpy
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
+
+harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
+SCRIPT = Path(__file__).parent / "scripts" / "ckpt_worker.py"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def store() -> Iterator[ServerProcess]:
+    server = start_server_process(harness.loopback_host(), 29400, timeout=30)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    """A folder on a real tmpfs, as in a pod's /dev/shm."""
+    path = Path("/dev/shm") / f"kelastic-test-{uuid.uuid4().hex[:8]}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def events(out: Path) -> list[dict[str, Any]]:
+    path = out / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def saved(out: Path) -> dict[int, str]:
+    return {e["step"]: e["hash"] for e in events(out) if e["event"] == "saved"}
+
+
+def digest(state: dict[str, Any]) -> str:
+    """The worker's hash of its state (scripts/ckpt_worker.py)."""
+    h = hashlib.sha256()
+    for k in sorted(state["model"]):
+        h.update(state["model"][k].numpy().tobytes())
+    h.update(state["opt"]["momentum"].numpy().tobytes())
+    h.update(str(int(state["step"])).encode())
+    return h.hexdigest()[:16]
+
+
+def start(c: Any, name: str, shm: Path, extra: list[str] = (), nnodes: str = "2:3") -> Any:  # type: ignore[assignment]
+    return c.start(
+        name,
+        ["--nnodes", nnodes, "--nproc-per-node", "1", "--max-restarts", "3", "--warm-start",
+         "--checkpoint-dir", str(shm), "--checkpoint-memory", "512Mi", *extra],
+        ["--mib", "8", "--step-time", "0.2", "--steps", "1000"],
+        script=SCRIPT,
+    )  # fmt: skip
+
+
+def test_killing_the_node_of_rank_0_restores_its_part_from_a_replica_bit_identical(
+    tmp_path: Path, store: ServerProcess, shm: Path
+) -> None:
+    c = harness.Cluster(tmp_path, store.endpoint, run_id=f"ckpt-{uuid.uuid4().hex[:6]}")
+    try:
+        for name in ("node-a", "node-b", "node-c"):
+            start(c, name, shm)
+        c.wait_for("steps saved at world 3", lambda: any(
+            e["event"] == "saved" and e["world"] == 3 and e["step"] >= 5 for e in events(c.out)), 180)  # fmt: skip
+        holder = next(e["node"] for e in reversed(events(c.out)) if e["event"] == "saved")
+        victim = next(a for a in c.agents if a.name == holder)
+        last_before = max(saved(c.out))
+        victim.kill_group()
+        c.wait_for("a restore at world 2", lambda: any(
+            e["event"] == "restored" and e["world"] == 2 for e in events(c.out)), 120)  # fmt: skip
+        restored = next(e for e in events(c.out) if e["event"] == "restored" and e["world"] == 2)
+        hashes = saved(c.out)
+        assert restored["hash"] == hashes[restored["step"]], "the restored state is not the saved one"
+        assert restored["step"] >= last_before - 1, (restored, last_before)
+        assert restored["source"] == "replica", restored
+        c.wait_for("steps after the restore", lambda: max(saved(c.out)) >= restored["step"] + 3, 60)
+        # no step was redone with a different result: every step saved twice has one hash
+        seen: dict[int, set[str]] = {}
+        for e in events(c.out):
+            if e["event"] == "saved":
+                seen.setdefault(e["step"], set()).add(e["hash"])
+        assert all(len(h) == 1 for h in seen.values()), seen
+    finally:
+        c.close()
+
+
+def test_after_every_node_died_the_durable_copy_restores_with_plain_dcp_and_with_kelastic(
+    tmp_path: Path, store: ServerProcess, shm: Path
+) -> None:
+    durable = tmp_path / "durable"
+    persist = ["--checkpoint-persist-dir", str(durable), "--checkpoint-persist-every", "2"]
+    first = harness.Cluster(tmp_path / "first", store.endpoint, run_id=f"ckpt-{uuid.uuid4().hex[:6]}")
+    try:
+        for name in ("node-a", "node-b"):
+            start(first, name, shm, persist, nnodes="2:2")
+        first.wait_for("a durable copy", lambda: any(durable.glob("checkpoint-*/.metadata")), 180)
+        first.wait_for("two more saves", lambda: len(saved(first.out)) >= 6, 60)
+    finally:
+        first.close()  # SIGKILL: every node of the job is gone, their memory with them
+    shutil.rmtree(shm, ignore_errors=True)
+    copies = sorted(durable.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    newest = copies[-1]
+    # plain torch.distributed.checkpoint reads it without kelastic
+    rows = 8 * 2**20 // 4 // 1024 // 4
+    state = {
+        "model": {f"layer{i}": torch.zeros(rows, 1024) for i in range(4)},
+        "opt": {"momentum": torch.zeros(rows // 2, 1024, dtype=torch.float64)},
+        "step": torch.zeros((), dtype=torch.int64),
+        "extra": {"note": ""},
+    }
+    dcp.load(state, storage_reader=dcp.FileSystemReader(newest), no_dist=True)
+    assert digest(state) == saved(first.out)[int(state["step"])]
+    assert state["extra"]["note"] == "kelastic"
+    # a new job (new agents, empty memory) restores it through MemoryReader
+    second = harness.Cluster(tmp_path / "second", store.endpoint, run_id=f"ckpt-{uuid.uuid4().hex[:6]}")
+    try:
+        for name in ("node-a", "node-b"):
+            start(second, name, shm, persist, nnodes="2:2")
+        second.wait_for("a restore", lambda: any(e["event"] == "restored" for e in events(second.out)), 180)
+        restored = next(e for e in events(second.out) if e["event"] == "restored")
+        assert restored["source"] == "durable"
+        assert restored["hash"] == saved(first.out)[restored["step"]]
+    finally:
+        second.close()

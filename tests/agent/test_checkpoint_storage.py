@@ -1,0 +1,313 @@
+"""MemoryWriter/MemoryReader against real checkpoint services (real sockets, real tmpfs files,
+real torch.distributed.checkpoint), in one process: ``no_dist`` saves and loads, services
+that play the other nodes of a group.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from kelastic.agent.checkpoint.errors import CheckpointTooLarge, NotInKelasticWorker
+from kelastic.agent.checkpoint.plan import Source
+from kelastic.agent.checkpoint.service import CheckpointService, ServiceClient
+from kelastic.agent.checkpoint.settings import CheckpointSettings
+from kelastic.agent.contract import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_ENDPOINT
+from kelastic.checkpoint import MemoryReader, MemoryWriter
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    path = Path("/dev/shm") / f"kelastic-test-{uuid.uuid4().hex[:8]}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def services(shm: Path) -> Iterator[list[CheckpointService]]:
+    started: list[CheckpointService] = []
+    yield started
+    for s in started:
+        s.stop(remove=True)
+
+
+def service(started: list[CheckpointService], shm: Path, name: str, **kw: Any) -> CheckpointService:
+    opts: dict[str, Any] = {"limit": 256 * 2**20, **kw}
+    s = CheckpointService(
+        CheckpointSettings(root=shm / name, node=name, **opts), host="127.0.0.1", advertise="127.0.0.1"
+    ).start()
+    started.append(s)
+    return s
+
+
+def worker_of(s: CheckpointService, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in s.worker_env().items():
+        monkeypatch.setenv(k, v)
+
+
+def state(seed: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(64, 32, generator=g)
+    return {
+        "w": torch.randn(256, 128, generator=g),
+        "half": torch.randn(33, 7, generator=g).to(torch.bfloat16),
+        "strided": base.t(),  # not contiguous
+        "scalar": torch.tensor(seed, dtype=torch.int64),
+        "empty": torch.zeros(0, 4),
+        "flags": torch.rand(17, generator=g) > 0.5,
+        "meta": {"seed": seed, "name": "kelastic"},
+    }
+
+
+def blank() -> dict[str, Any]:
+    s = state(0)
+    return {
+        k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else {"seed": -1, "name": ""})
+        for k, v in s.items()
+    }
+
+
+def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    for k, v in a.items():
+        if isinstance(v, torch.Tensor):
+            if not (v.dtype == b[k].dtype and v.shape == b[k].shape and torch.equal(v, b[k])):
+                return False
+        elif v != b[k]:
+            return False
+    return True
+
+
+def original(e: CheckpointException) -> BaseException:
+    """The exception a rank raised inside DCP (DCP wraps it with its traceback)."""
+    wrapped = next(iter(e.failures.values()))
+    return wrapped[0] if isinstance(wrapped, tuple) else wrapped
+
+
+def save(s: dict[str, Any], **kw: Any) -> None:
+    dcp.save(s, storage_writer=MemoryWriter(**kw), no_dist=True)
+
+
+def load() -> tuple[dict[str, Any], MemoryReader]:
+    target, reader = blank(), MemoryReader()
+    dcp.load(target, storage_reader=reader, no_dist=True)
+    return target, reader
+
+
+def test_outside_a_kelastic_worker_both_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_CHECKPOINT_ENDPOINT, raising=False)
+    monkeypatch.delenv(ENV_CHECKPOINT_DIR, raising=False)
+    for cls in (MemoryWriter, MemoryReader):
+        with pytest.raises(NotInKelasticWorker, match="kelastic-agent"):
+            cls()
+
+
+def test_a_save_and_a_load_are_bit_identical_and_the_newest_wins(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = service(services, shm, "a")
+    worker_of(a, monkeypatch)
+    assert not MemoryReader().exists()
+    save(state(1), step=10)
+    save(state(2), step=20)
+    got, reader = load()
+    assert same(got, state(2))
+    assert reader.choice is not None and (reader.choice.id, reader.choice.step, reader.choice.source) == (
+        2,
+        20,
+        Source.MEMORY,
+    )
+    status = a.keeper.status()
+    assert (
+        status["latest"] == 2 and status["restored"]["id"] == 2 and status["restored"]["source"] == "memory"
+    )
+
+
+def test_only_the_last_complete_checkpoint_is_kept_and_files_are_reused(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = service(services, shm, "a")
+    worker_of(a, monkeypatch)
+    for seed in range(1, 5):
+        save(state(seed))
+        if seed == 1:
+            first = next((shm / "a" / "ckpt-0000000001").glob("__*")).stat().st_ino
+    # the one before the newest stays until the next save writes (peers' replicas of the
+    # newest may still be on their way); everything older is gone
+    held = [h.id for h in a.keeper.inventory().held]
+    assert held == [3, 4], held
+    # checkpoint 1's file went to the reuse pool when 3 was written, and 3 took it: its pages
+    # were already allocated
+    assert next((shm / "a" / "ckpt-0000000003").glob("__*")).stat().st_ino == first
+
+
+def test_async_save_works(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = service(services, shm, "a")
+    worker_of(a, monkeypatch)
+    fut = dcp.async_save(state(3), storage_writer=MemoryWriter(), no_dist=True)
+    result = fut.result() if hasattr(fut, "result") else fut.upload_completion.result()  # type: ignore[union-attr]
+    assert result is not None
+    got, _ = load()
+    assert same(got, state(3))
+
+
+def test_a_save_that_does_not_fit_writes_nothing_and_the_previous_stands(
+    services: list[CheckpointService],
+    shm: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    a = service(services, shm, "a", limit=600 * 2**10)  # room for one small state with its copy
+    worker_of(a, monkeypatch)
+    save(state(1))
+    big = {**state(2), "huge": torch.zeros(1024, 1024)}  # 4 MiB
+    save(big)  # skipped, training goes on
+    err = capsys.readouterr().err
+    assert "not saved" in err and "needs" in err and "limit is 600 KiB" in err, err
+    got, reader = load()
+    assert same(got, state(1)) and reader.choice is not None and reader.choice.id == 1
+    with pytest.raises(CheckpointException) as info:
+        save(big, strict=True)
+    cause = original(info.value)
+    assert isinstance(cause, CheckpointTooLarge) and "limit is 600 KiB" in str(cause)
+    assert a.keeper.status()["refused"] == 2
+
+
+def test_a_torn_save_is_never_loaded(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save that wrote its part but never committed (its node died before the coordinator's
+    commit) leaves the previous checkpoint standing; the next save drops the torn one."""
+    a = service(services, shm, "a")
+    worker_of(a, monkeypatch)
+    save(state(1))
+
+    class Torn(MemoryWriter):
+        def finish(self, metadata: Any, results: Any) -> None:
+            raise RuntimeError("the coordinator died before committing")
+
+    with pytest.raises(CheckpointException) as info:
+        dcp.save(state(2), storage_writer=Torn(), no_dist=True)
+    assert "coordinator died" in str(original(info.value))
+    assert [(h.id, h.required is not None) for h in a.keeper.inventory().held] == [(1, True), (2, False)]
+    got, reader = load()
+    assert same(got, state(1)) and reader.choice is not None and reader.choice.id == 1
+    save(state(3))
+    assert [h.id for h in a.keeper.inventory().held] == [1, 3]
+
+
+def test_a_commit_of_a_superseded_save_is_refused(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two saves that overlap: the older one cannot commit after the newer one began."""
+    a = service(services, shm, "a")
+    worker_of(a, monkeypatch)
+    save(state(1))
+    client = ServiceClient(a.endpoint)
+    try:
+        client.call({"op": "open", "id": 5, "name": "__0.mem", "size": 64, "rank": 0})
+        with pytest.raises(Exception, match="superseded"):
+            client.call({"op": "commit", "id": 4, "ring": [a.endpoint], "required": {}, "step": None}, b"x")
+    finally:
+        client.close()
+
+
+def wait_replicated(s: CheckpointService, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while s.keeper._outgoing and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not s.keeper._outgoing
+
+
+def test_a_lost_node_s_part_is_restored_from_its_successor_s_replica(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = service(services, shm, "a")
+    b = service(services, shm, "b")
+    worker_of(a, monkeypatch)
+    # a group of two nodes in which node a wrote everything: b sits on the ring after a
+    ring = [a.endpoint, b.endpoint]
+
+    class OnRing(MemoryWriter):
+        def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+            import dataclasses
+
+            out = super().prepare_global_plan(plans)
+            return [
+                dataclasses.replace(p, storage_data=dataclasses.replace(p.storage_data, ring=tuple(ring)))
+                for p in out
+            ]
+
+    dcp.save(state(7), storage_writer=OnRing(step=70), no_dist=True)
+    wait_replicated(a)
+    held_b = b.keeper.inventory().held
+    assert (
+        len(held_b) == 1 and held_b[0].replicas == frozenset({"__0.mem"}) and held_b[0].required is not None
+    )
+    a.stop(remove=True)  # node a is gone, its memory with it
+    services.remove(a)
+    worker_of(b, monkeypatch)  # a worker of the re-formed group, on node b
+    got, reader = load()
+    assert same(got, state(7))
+    assert reader.choice is not None and (reader.choice.source, reader.choice.step) == (Source.REPLICA, 70)
+
+
+def test_the_durable_copy_is_read_by_plain_dcp_and_restored_when_memory_is_empty(
+    services: list[CheckpointService], shm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    durable = tmp_path / "durable"
+    a = service(services, shm, "a", persist_dir=durable, persist_every=2)
+    worker_of(a, monkeypatch)
+    for seed in range(1, 6):
+        save(state(seed))
+    deadline = time.monotonic() + 30
+    while a.keeper._pinned and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(p.name for p in durable.iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    plain = blank()
+    dcp.load(plain, storage_reader=dcp.FileSystemReader(durable / "checkpoint-4"), no_dist=True)
+    assert same(plain, state(4))
+    a.stop(remove=True)
+    services.remove(a)
+    fresh = service(services, shm, "a2", persist_dir=durable)
+    worker_of(fresh, monkeypatch)
+    got, reader = load()
+    assert same(got, state(4)) and reader.choice is not None and reader.choice.source is Source.DURABLE
+
+
+def test_a_restarted_agent_takes_over_the_committed_checkpoints_of_its_node(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = service(services, shm, "a")
+    worker_of(a, monkeypatch)
+    save(state(5))
+    a._listener.close()  # the agent died; its tmpfs folder stays (a container restart)
+    services.remove(a)
+    again = service(services, shm, "a")
+    worker_of(again, monkeypatch)
+    got, _ = load()
+    assert same(got, state(5))
+
+
+def test_bytes_items_round_trip(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = service(services, shm, "a")
+    worker_of(a, monkeypatch)
+    save({"blob": io.BytesIO(b"kelastic" * 100), "t": torch.arange(5)})
+    target = {"blob": io.BytesIO(), "t": torch.zeros(5, dtype=torch.int64)}
+    dcp.load(target, storage_reader=MemoryReader(), no_dist=True)
+    assert target["blob"].getvalue() == b"kelastic" * 100 and torch.equal(target["t"], torch.arange(5))
