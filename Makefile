@@ -1,7 +1,7 @@
 # Developer shortcuts; every target is also spelled out in the README.
 PYTHON ?= python3
 
-.PHONY: install test test-fast lint typecheck import-rules docs-rules format bench
+.PHONY: install test test-fast test-gpu lint typecheck import-rules docs-rules format bench
 
 install:  ## torch first, pinned: the pin takes the CPU build instead of CUDA packages
 	$(PYTHON) -m pip install torch==2.13.0
@@ -12,6 +12,9 @@ test:  ## the whole suite, end-to-end scenarios included (what CI runs)
 
 test-fast:  ## skip the slow multi-process and end-to-end scenarios
 	$(PYTHON) -m pytest -q -m "not slow"
+
+test-gpu:  ## the gpu lane: NCCL scenarios, needs CUDA and 2+ GPUs (docs/gpus.md); skipped elsewhere
+	$(PYTHON) -m pytest -q -m gpu
 
 lint:  ## style, types, the import direction between the three parts, docs that name every module; CI runs this
 	ruff check .

@@ -12,6 +12,10 @@ from the test processes' environment, so a ``kelastic local`` started without
 ``--control-plane`` runs the emulator even where CI exports ``$KELASTIC_CONTROL_PLANE``
 (otherwise the emulator lane would silently become a second control-plane lane, and
 tests that stop the API server's process group would stop the wrong processes).
+
+Tests marked ``gpu`` (tests/gpu/, e2e/test_e2e_gpu.py) need CUDA, NCCL and at least
+:data:`GPUS_NEEDED` GPUs; elsewhere they are skipped with a reason that says so (see
+docs/gpus.md). The GPUs are counted without initialising CUDA in the test process.
 """
 
 from __future__ import annotations
@@ -68,3 +72,37 @@ def control_plane_bin() -> Path:
     if path is None:
         pytest.skip(why)
     return path
+
+
+#: The GPUs the ``gpu`` lane needs: every scenario runs at least two agents, one GPU each.
+GPUS_NEEDED = 2
+
+
+def gpu_lane_missing() -> str | None:
+    """Why the ``gpu`` lane cannot run here, or None when it can."""
+    import torch.distributed as dist
+
+    from kelastic.agent.devices import cuda_device_count
+
+    try:
+        found = cuda_device_count()
+    except RuntimeError as exc:
+        return f"needs CUDA and at least {GPUS_NEEDED} GPUs (counting them failed: {exc})"
+    if found < GPUS_NEEDED:
+        return (
+            f"needs CUDA and at least {GPUS_NEEDED} GPUs (found {found}): "
+            "run on a GPU machine with `python3 -m pytest -m gpu`"
+        )
+    if not dist.is_nccl_available():
+        return f"needs a torch build with NCCL (found {found} GPUs, but torch.distributed has no NCCL)"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    why = gpu_lane_missing()
+    if why is not None:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=why))

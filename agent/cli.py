@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kelastic.agent import contract, warm
+from kelastic.agent import contract, devices, warm
 from kelastic.agent.events import Event, EventMetadataValue, EventSink, EventSource, default_sink, record
 from kelastic.agent.multiprocessing import Std
 
@@ -167,10 +167,11 @@ def parse_nproc_per_node(text: str) -> int:
     if text == "cpu":
         return os.cpu_count() or 1
     if text in ("gpu", "auto"):
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.device_count()
+        # Never torch.cuda.is_available(): it initialises CUDA in the agent, and the warm
+        # start's workers, forks of the agent, could then not use it (see kelastic.agent.devices).
+        gpus = devices.cuda_device_count()
+        if gpus > 0:
+            return gpus
         if text == "gpu":
             raise ValueError(
                 "--nproc-per-node gpu: CUDA is not available on this node; use an integer, cpu or auto"

@@ -117,7 +117,7 @@ FLAG_CHECKPOINT_PERSIST_INTERVAL = "--checkpoint-persist-interval"
 #: the folder holding the node's checkpoint memory; ``MemoryWriter``/``MemoryReader`` find
 #: the agent through them (outside a kelastic worker they are unset).
 ENV_CHECKPOINT_ENDPOINT = "KELASTIC_CHECKPOINT_ENDPOINT"
-ENV_CHECKPOINT_DIR = "KELASTIC_CHECKPOINT_DIR"
+ENV_CHECKPOINT_DIR = "KELASTIC_CHECKPOINT_MEMORY_DIR"
 
 #: torchrun/Kubeflow convention: ``PET_NNODES`` is the fallback for ``--nnodes``.
 PET_PREFIX = "PET_"

@@ -155,7 +155,7 @@ def start_checkpoint_service(
             {"memory": "memory", "replica": "a peer's replica", "durable": "the durable directory"}.get(
                 str(info.get("source")), info.get("source")
             ),
-            float(info.get("seconds") or 0.0),  # type: ignore[arg-type]
+            float(info.get("seconds") or 0.0),
         )
 
     return CheckpointService(settings, host=bind, advertise=advertise, on_restore=restored).start()

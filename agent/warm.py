@@ -14,8 +14,9 @@ a second interpreter import it again, :func:`fork_forkserver` makes the fork ser
 ``fork`` of the agent taken right after that import, while the agent still runs a single
 thread: one ``import torch`` per node instead of two, and the server is ready the
 moment the agent is. Where that cannot be done safely (another thread already runs, a
-Python whose fork server works differently) it falls back to
-:func:`prewarm_forkserver`, multiprocessing's own fresh server.
+Python whose fork server works differently, CUDA initialised in the agent: see
+:mod:`kelastic.agent.devices`) it falls back to :func:`prewarm_forkserver`,
+multiprocessing's own fresh server, a new interpreter whose workers can use CUDA.
 
 Differences from a fresh interpreter a script may notice: torch is already
 imported (so environment variables that torch reads at import time come from
@@ -43,6 +44,8 @@ import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+from kelastic.agent import devices
 
 __all__ = [
     "AGENT_IMPORTS",
@@ -126,6 +129,9 @@ def _forkable() -> str | None:
     """Why the fork server cannot be forked from this process, or None when it can."""
     if threading.active_count() > 1:
         return "another thread is running"
+    if devices.cuda_touched():
+        # torch would call every fork of this process a "bad fork" and refuse CUDA there.
+        return "CUDA was initialised in this process (its forks could not use it)"
     server = getattr(multiprocessing.forkserver, "_forkserver", None)
     if server is None or hasattr(server, "_forkserver_authkey"):
         return "this Python's fork server is not the one kelastic knows"

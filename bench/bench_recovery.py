@@ -31,6 +31,15 @@ like torchrun's) and with ``--warm-start`` (workers forked from a server that
 already imported torch; see ``kelastic.agent.warm``).
 
     python bench/bench_recovery.py [--reps 2] [--warm-reps 2] [--torchrun-reps 1] [--cap 45]
+
+``--gpu`` runs the same phases on GPUs with NCCL: one agent per GPU (up to four, at
+least two; ``--nnodes`` from two below that to all of them, at least 1), each agent given
+its own GPU in ``CUDA_VISIBLE_DEVICES`` as a pod is given it by the device plugin, the
+worker's all-reduce on its GPU and waited for. The same NCCL timeout for both launchers
+(120 s, as gloo's on CPU): a torchrun survivor stuck in a collective on a lost peer is
+freed only by it (or by the cap). Without CUDA and two GPUs it says so and exits 2.
+
+    python bench/bench_recovery.py --gpu [--reps 2] [--warm-reps 2] [--torchrun-reps 1]
 """
 
 from __future__ import annotations
@@ -50,13 +59,16 @@ from pathlib import Path
 
 NODES = 4
 STEP_SLEEP = 0.05
+#: The worker's collective timeout, either backend (see the module docstring).
+COLLECTIVE_TIMEOUT_S = 120
 
 
 # --- worker --------------------------------------------------------------------------------------
 
 
-def worker(out: Path, duration: float) -> None:
-    """Step forever (up to ``duration`` s): all-reduce, then log ``time world rank step``."""
+def worker(out: Path, duration: float, backend: str = "gloo") -> None:
+    """Step forever (up to ``duration`` s): all-reduce, then log ``time world rank step``.
+    With ``nccl`` the tensor lives on ``cuda:LOCAL_RANK`` and every step waits for the GPU."""
     from datetime import timedelta
 
     import torch
@@ -65,17 +77,23 @@ def worker(out: Path, duration: float) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     node = os.environ.get("BENCH_NODE", "?")
     (out / f"pid_{node}").write_text(str(os.getpid()))
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     log = open(out / f"steps_{node}.log", "a", buffering=1)  # noqa: SIM115 - lives as long as the worker
     crash = out / f"crash_{node}"
     end = time.monotonic() + duration
     step = 0
-    x = torch.ones(1)
+    x = torch.ones(1, device=device)
     while time.monotonic() < end:
         if crash.exists():
             crash.unlink()
             os._exit(1)  # a failing rank: the others block in the all-reduce until it is gone
         dist.all_reduce(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the step is done when the GPU is
         log.write(f"{time.time():.6f} {world} {rank} {step}\n")
         step += 1
         time.sleep(STEP_SLEEP)
@@ -99,6 +117,8 @@ class Launcher:
     # torchrun's c10d store lives in whichever agent binds the endpoint first; the bench
     # starts node0 alone until the store answers, so that the node it kills is not the host.
     host_endpoint: Callable[[], str] | None = None
+    #: Variables of a node's own (its GPU in --gpu mode).
+    node_env: Callable[[str], dict[str, str]] = lambda name: {}
     nodes: list[Node] = field(default_factory=list)
 
 
@@ -135,7 +155,13 @@ def _wait_all_at(
 
 
 def _start_node(launcher: Launcher, name: str, out: Path, logs: Path) -> Node:
-    env = {**os.environ, "BENCH_NODE": name, "KELASTIC_NODE_NAME": name, "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "BENCH_NODE": name,
+        "KELASTIC_NODE_NAME": name,
+        "PYTHONUNBUFFERED": "1",
+        **launcher.node_env(name),
+    }
     env.pop("OMP_NUM_THREADS", None)
     with (logs / f"{launcher.label}_{name}.log").open("ab") as f:
         proc = subprocess.Popen(
@@ -175,22 +201,22 @@ def _start_job(launcher: Launcher, names: list[str], out: Path, logs: Path, t0: 
             _wait_listening(launcher.host_endpoint(), t0 + cap)
 
 
-def run_once(launcher: Launcher, cap: float, logs: Path) -> dict[str, float | None]:
+def run_once(launcher: Launcher, cap: float, logs: Path, nodes: int = NODES) -> dict[str, float | None]:
     """One repetition: cold start, worker crash, recovery, scale up (see the module docstring)."""
     out = Path(tempfile.mkdtemp(prefix=f"bench_{launcher.label}_"))
     store = launcher.start_store()
-    names = [f"node{i}" for i in range(NODES)]
+    names = [f"node{i}" for i in range(nodes)]
     result: dict[str, float | None] = {}
     try:
         t0 = time.time()
         _start_job(launcher, names, out, logs, t0, cap)
-        result["cold start"] = _wait_all_at(out, NODES, set(names), t0, cap)
+        result["cold start"] = _wait_all_at(out, nodes, set(names), t0, cap)
         if result["cold start"] is None:
             return result
         time.sleep(1.0)  # steady state
         t_crash = time.time()
         (out / f"crash_{names[1]}").touch()
-        result["worker crash"] = _wait_all_at(out, NODES, set(names), t_crash, cap, fresh=True)
+        result["worker crash"] = _wait_all_at(out, nodes, set(names), t_crash, cap, fresh=True)
         if result["worker crash"] is None:
             return result
         time.sleep(1.0)
@@ -198,7 +224,7 @@ def run_once(launcher: Launcher, cap: float, logs: Path) -> dict[str, float | No
         t_kill = time.time()
         _kill_node(victim, out)
         (out / f"pid_{victim.name}").unlink(missing_ok=True)
-        result["recovery"] = _wait_all_at(out, NODES - 1, set(names[:-1]), t_kill, cap)
+        result["recovery"] = _wait_all_at(out, nodes - 1, set(names[:-1]), t_kill, cap)
         if result["recovery"] is None:
             # The job did not recover: measure scale-up on a fresh, healthy job of 3 nodes.
             _kill_all(launcher, out)
@@ -207,12 +233,12 @@ def run_once(launcher: Launcher, cap: float, logs: Path) -> dict[str, float | No
             t3 = time.time()
             _start_job(launcher, names[:-1], out, logs, t3, cap)
             # set-up, not a measurement: allow torchrun's 30 s last call plus start-up
-            if _wait_all_at(out, NODES - 1, set(names[:-1]), t3, 2 * cap) is None:
+            if _wait_all_at(out, nodes - 1, set(names[:-1]), t3, 2 * cap) is None:
                 return result
         time.sleep(1.0)
         t_join = time.time()
         _start_node(launcher, victim.name, out, logs)
-        result["scale up"] = _wait_all_at(out, NODES, set(names), t_join, cap)
+        result["scale up"] = _wait_all_at(out, nodes, set(names), t_join, cap)
         return result
     finally:
         _kill_all(launcher, out)
@@ -235,7 +261,37 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def kelastic_launcher(duration: float, logdir: Path, warm: bool) -> Launcher:
+@dataclass(frozen=True)
+class Setup:
+    """What every launcher runs: how many agents, the rendezvous range, CPU or GPUs."""
+
+    nodes: int = NODES
+    min_nodes: int = 2
+    gpu: bool = False
+
+    def worker_args(self, out: Path, duration: float) -> list[str]:
+        backend = ["--backend", "nccl"] if self.gpu else []
+        return [__file__, "--worker", "--out", str(out), "--duration", str(duration), *backend]
+
+    def node_env(self, name: str) -> dict[str, str]:
+        """node<i> gets GPU i (numbered as nvidia-smi numbers them); nothing on CPU."""
+        if not self.gpu:
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": name.removeprefix("node"), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def gpu_setup() -> Setup | str:
+    """The --gpu set-up for this machine, or why there is none."""
+    from kelastic.agent.devices import cuda_device_count
+
+    found = cuda_device_count()
+    if found < 2:
+        return f"bench_recovery --gpu needs CUDA and at least 2 GPUs (found {found}): run it on a GPU machine"
+    nodes = min(found, NODES)
+    return Setup(nodes=nodes, min_nodes=max(1, nodes - 2), gpu=True)
+
+
+def kelastic_launcher(duration: float, logdir: Path, warm: bool, setup: Setup = Setup()) -> Launcher:
     from kelastic.agent.rendezvous.server import start_server_process
 
     state: dict[str, str] = {}
@@ -249,17 +305,22 @@ def kelastic_launcher(duration: float, logdir: Path, warm: bool) -> Launcher:
 
     def command(name: str, out: Path) -> list[str]:
         return [
-            sys.executable, "-m", "kelastic.agent", "--nnodes", f"2:{NODES}", "--nproc-per-node", "1",
+            sys.executable, "-m", "kelastic.agent", "--nnodes", f"{setup.min_nodes}:{setup.nodes}",
+            "--nproc-per-node", "1",
             "--rdzv-backend", "kelastic", "--rdzv-endpoint", state["endpoint"], "--rdzv-id", state["id"],
             "--max-restarts", "3", "--local-addr", "127.0.0.1", "--log-dir", str(logdir / state["id"] / name),
-            *(["--warm-start"] if warm else []), __file__, "--worker", "--out", str(out), "--duration", str(duration),
+            *(["--warm-start"] if warm else []), *setup.worker_args(out, duration),
         ]  # fmt: skip
 
     label = "kelastic-warm" if warm else "kelastic"
-    return Launcher(label, command, start_store, lambda s: s.stop())  # type: ignore[attr-defined]
+
+    def stop(server: object) -> None:
+        server.stop()  # type: ignore[attr-defined]
+
+    return Launcher(label, command, start_store, stop, node_env=setup.node_env)
 
 
-def torchrun_launcher(duration: float) -> Launcher:
+def torchrun_launcher(duration: float, setup: Setup = Setup()) -> Launcher:
     state: dict[str, str] = {}
 
     def start_store() -> object:
@@ -269,13 +330,16 @@ def torchrun_launcher(duration: float) -> Launcher:
 
     def command(name: str, out: Path) -> list[str]:
         return [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes", f"2:{NODES}", "--nproc-per-node", "1",
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", f"{setup.min_nodes}:{setup.nodes}",
+            "--nproc-per-node", "1",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", state["endpoint"], "--rdzv-id", state["id"],
             "--max-restarts", "3",
-            __file__, "--worker", "--out", str(out), "--duration", str(duration),
+            *setup.worker_args(out, duration),
         ]  # fmt: skip
 
-    return Launcher("torchrun", command, start_store, host_endpoint=lambda: state["endpoint"])
+    return Launcher(
+        "torchrun", command, start_store, host_endpoint=lambda: state["endpoint"], node_env=setup.node_env
+    )
 
 
 def _fmt(v: float | None, cap: float) -> str:
@@ -291,11 +355,33 @@ def _median(values: list[float | None], cap: float) -> tuple[float, bool]:
     return statistics.median(vals), any(v is None for v in values)
 
 
+def _device_line(setup: Setup) -> str:
+    """The card the figures were taken on (a subprocess asks: this process never initialises CUDA)."""
+    if not setup.gpu:
+        return "gloo on CPU"
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
+        cards = sorted(
+            {
+                line.split(":", 1)[1].split("(UUID")[0].strip()
+                for line in listed.stdout.splitlines()
+                if ":" in line
+            }
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        cards = []
+    return f"NCCL on {setup.nodes} GPUs ({', '.join(cards) or 'card unknown'})"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--duration", type=float, default=600.0, help=argparse.SUPPRESS)
+    p.add_argument("--backend", default="gloo", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--gpu", action="store_true", help="on GPUs with NCCL, one agent per GPU (needs CUDA and 2 GPUs)"
+    )
     p.add_argument("--reps", type=int, default=2, help="repetitions with kelastic (default 2)")
     p.add_argument(
         "--warm-reps", type=int, default=2, help="repetitions with kelastic --warm-start (default 2)"
@@ -306,22 +392,30 @@ def main() -> None:
     p.add_argument("--cap", type=float, default=45.0, help="cap on each wait, seconds (default 45)")
     a = p.parse_args()
     if a.worker:
-        worker(a.out, a.duration)
+        worker(a.out, a.duration, a.backend)
         return
+    setup: Setup = Setup()
+    if a.gpu:
+        found = gpu_setup()
+        if isinstance(found, str):
+            print(found, file=sys.stderr, flush=True)
+            sys.exit(2)
+        setup = found
 
     logs = Path(tempfile.mkdtemp(prefix="bench_recovery_logs_"))
     print(
-        f"bench_recovery: {NODES} agents x 1 rank, --nnodes 2:{NODES}; {os.cpu_count()} CPUs, "
-        f"load average {os.getloadavg()[0]:.1f}; agent logs in {logs}",
+        f"bench_recovery: {setup.nodes} agents x 1 rank, --nnodes {setup.min_nodes}:{setup.nodes}; "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; {_device_line(setup)}; "
+        f"agent logs in {logs}",
         flush=True,
     )
     started = time.monotonic()
     labels = ("kelastic", "kelastic-warm", "torchrun")
     results: dict[str, list[dict[str, float | None]]] = {label: [] for label in labels}
     makers: dict[str, Callable[[], Launcher]] = {
-        "kelastic": lambda: kelastic_launcher(a.duration, logs, warm=False),
-        "kelastic-warm": lambda: kelastic_launcher(a.duration, logs, warm=True),
-        "torchrun": lambda: torchrun_launcher(a.duration),
+        "kelastic": lambda: kelastic_launcher(a.duration, logs, warm=False, setup=setup),
+        "kelastic-warm": lambda: kelastic_launcher(a.duration, logs, warm=True, setup=setup),
+        "torchrun": lambda: torchrun_launcher(a.duration, setup),
     }
     # Interleaved (round-robin) so that a change of machine load affects every launcher alike.
     wanted = dict(zip(labels, (a.reps, a.warm_reps, a.torchrun_reps), strict=True))
@@ -329,7 +423,7 @@ def main() -> None:
         for label in labels:
             if i >= wanted[label]:
                 continue
-            r = run_once(makers[label](), a.cap, logs)
+            r = run_once(makers[label](), a.cap, logs, setup.nodes)
             results[label].append(r)
             print(
                 f"  {label:13s} rep {i + 1}: "

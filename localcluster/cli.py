@@ -345,6 +345,16 @@ def _images(args: argparse.Namespace) -> ImageMap:
         raise SystemExit(f"kelastic: {exc}") from None
 
 
+def _gpus_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="the node's nvidia.com/gpu count, handed to pods that request them (default: "
+        "$KELASTIC_LOCAL_GPUS, else the GPUs the NVIDIA driver lists; 0: none)",
+    )
+
+
 def _control_plane_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--control-plane",
@@ -392,6 +402,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         control_plane=control_plane_dir(args.control_plane),
         progress=_progress(out),
         images=_images(args),
+        gpus=args.gpus,
     )
     operator: _Operator | None = None
     stopper = _Stopper()
@@ -593,6 +604,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         control_plane=control_plane_dir(args.control_plane),
         progress=_progress(out),
         images=_images(args),
+        gpus=args.gpus,
     )
     relay = LogRelay(write=out.write, tty=out.isatty(), interval=args.progress_interval)
     operator: _Operator | None = None
@@ -753,6 +765,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--no-operator", action="store_true", help="do not start the kelastic operator")
     _control_plane_flag(up)
     _image_flag(up)
+    _gpus_flag(up)
     up.add_argument(
         "--watch-namespace",
         action="append",
@@ -781,6 +794,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-operator", action="store_true", help="do not start the kelastic operator")
     _control_plane_flag(run)
     _image_flag(run)
+    _gpus_flag(run)
     run.set_defaults(func=cmd_run)
     return parser
 

@@ -68,7 +68,8 @@ class LocalCluster:
     tune the CrashLoopBackOff delays (10 s / 300 s like a real kubelet).
     ``control_plane`` is a directory of Kubernetes binaries to run instead of the
     emulator (its state lives in ``<state_dir>/control-plane``, else under
-    ``data_dir``); ``progress`` receives its start-up lines (default: dropped).
+    ``data_dir``); ``progress`` receives its start-up lines (default: dropped). ``gpus``
+    overrides the node's ``nvidia.com/gpu`` count (see :mod:`~kelastic.localcluster.gpus`).
     """
 
     def __init__(
@@ -86,6 +87,7 @@ class LocalCluster:
         control_plane: Path | str | None = None,
         progress: Callable[[str], None] | None = None,
         images: ImageMap | None = None,
+        gpus: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port
@@ -99,6 +101,7 @@ class LocalCluster:
             backoff_base=backoff_base,
             backoff_cap=max(backoff_cap, backoff_base),
             images=images or ImageMap(),
+            gpus=gpus,
         )
         self.control_plane_dir = Path(control_plane).expanduser() if control_plane else None
         self.progress: Callable[[str], None] = progress or (lambda line: None)

@@ -4,6 +4,9 @@ A client of the API server like a real node agent: it watches pods, binds
 unscheduled ones to its node (it is the scheduler too), and for each pod bound
 to it runs one :class:`PodWorker` that
 
+- holds the GPUs the pod requests (``nvidia.com/gpu``; the pod waits, Pending,
+  while too few are free) and names them to its containers as the NVIDIA device
+  plugin does (see :mod:`kelastic.localcluster.gpus`),
 - gives the pod an address in ``127.1.0.0/16`` (``status.podIP``),
 - prepares its volumes (see :mod:`kelastic.localcluster.volumes`),
 - runs the init containers one after another, then the containers, each as a
@@ -57,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import ApiClient, ApiRequestError, Informer
+from .gpus import GPU_RESOURCE, GpuLedger, detect_gpus, device_env, pod_claim
 from .images import ImageMap, mount_table, relocate
 from .ipam import POD_NETWORK, IpAllocator, IpExhaustedError
 from .podenv import ContainerConfigError, PodContext, resolve_command, resolve_env, without_credentials
@@ -142,6 +146,8 @@ class KubeletConfig:
     version: str = "v1.32.0-kelastic"
     #: Which interpreter plays which image (unlisted images: this Python environment).
     images: ImageMap = field(default_factory=ImageMap)
+    #: The node's ``nvidia.com/gpu`` count; None: detected (see :func:`~.gpus.detect_gpus`).
+    gpus: int | None = None
 
 
 class _Container:
@@ -233,6 +239,8 @@ class PodWorker:
             log.exception("pod worker for %s failed", self.key)
         finally:
             await self._kill_all(0.0)
+            if not self.kubelet.stopping:  # every process of the pod is gone
+                self.kubelet.release_gpus(self.uid)
             if self.pod_ip:
                 self.kubelet.ipam.release(self.pod_ip)
             self.kubelet.workers.pop(self.uid, None)
@@ -246,6 +254,8 @@ class PodWorker:
                 )
 
     async def _run(self) -> None:
+        if not await self._admit_gpus():
+            return
         pod = self.pod
         if pod is None:
             return
@@ -325,6 +335,66 @@ class PodWorker:
             self.tokens[key] = new
             upcoming.append(max(new.refresh_at, now + TOKEN_RETRY_S))
         return min(upcoming, default=None)
+
+    async def _admit_gpus(self) -> bool:
+        """Hold the pod's GPUs before it is bound or started, waiting while too few are free;
+        False when the pod went away meanwhile.
+
+        Without a scheduler (the emulator) the kubelet binds pods itself, so it also says
+        what a scheduler would: the pod stays Pending, PodScheduled False (Unschedulable,
+        ``Insufficient nvidia.com/gpu``). With a scheduler this waits only for a pod of
+        ours that is still stopping (the scheduler counted its devices free already).
+        """
+        kubelet = self.kubelet
+        reported = False
+        try:
+            while True:
+                self.wake.clear()  # before looking: a release meanwhile wakes the wait below
+                pod = self.pod
+                if pod is None:
+                    return False
+                claim = pod_claim(pod)
+                if claim.total == 0 or pod["metadata"].get("deletionTimestamp"):
+                    return True
+                if kubelet.gpus.claim(self.uid, claim) is not None:
+                    return True
+                kubelet.gpu_waiters.add(self)
+                if not reported and kubelet.config.bind_pods and not pod["spec"].get("nodeName"):
+                    reported = await self._report_unschedulable(pod, claim.total)
+                await self.wake.wait()
+        finally:
+            kubelet.gpu_waiters.discard(self)
+
+    async def _report_unschedulable(self, pod: Mapping[str, Any], wanted: int) -> bool:
+        """Say, as kube-scheduler would, that the pod waits for GPUs; True once written."""
+        message = f"0/1 nodes are available: 1 Insufficient {GPU_RESOURCE}."
+        condition = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+            "lastProbeTime": None,
+            "lastTransitionTime": rfc3339(time.time()),
+        }
+        try:
+            await self.kubelet.client.merge_patch(
+                self.path + "/status", {"status": {"phase": "Pending", "conditions": [condition]}}
+            )
+        except Exception as exc:  # the next release tries again
+            log.debug("could not report pod %s unschedulable: %s", self.key, exc)
+            return False
+        self.kubelet.event(pod, "FailedScheduling", f"{message} (it requests {wanted})", warning=True)
+        return True
+
+    def _release_gpus_when_done(self) -> None:
+        """Free the pod's GPUs once no container of it runs or will run again."""
+        if self.kubelet.gpus.held(self.uid) is None or any(c.running for c in self.all_containers()):
+            return
+        pod = self.pod
+        policy = self.restart_policy(pod) if pod is not None else "Never"
+        phase = pod_phase(policy, [c.record for c in self.init], [c.record for c in self.containers])
+        if phase in (PodPhase.SUCCEEDED, PodPhase.FAILED) or self.deadline_exceeded:
+            self.kubelet.release_gpus(self.uid)
 
     def _load(self, pod: Mapping[str, Any]) -> None:
         """Build container state, carrying over what a previous kubelet reported."""
@@ -420,6 +490,9 @@ class PodWorker:
             await self._progress(pod, policy, now, due)
         for c in self.all_containers():
             self._refresh_ready(c)
+        # Before the status says so: a scheduler that reads the pod finished may at once
+        # bind another pod to its devices.
+        self._release_gpus_when_done()
         if not await self._write_status(pod):
             due.append(time.time() + STATUS_RETRY_S)
         return min(due) if due else None
@@ -487,6 +560,7 @@ class PodWorker:
                     claims_dir=config.data_dir / "claims" / self.namespace,
                 )
             provided = {
+                **self._device_env(c),
                 "HOSTNAME": self.name,
                 "PYTHONUNBUFFERED": "1",
                 **self.kubelet.in_cluster_env(pod, c.spec, self.volumes, self.pod_dir),
@@ -567,6 +641,13 @@ class PodWorker:
         c.exit_task = asyncio.get_running_loop().create_task(self._watch_exit(c, process))
         self._start_probes(pod, c)
         return None
+
+    def _device_env(self, c: _Container) -> dict[str, str]:
+        """The container's GPUs as the device plugin names them (nothing on a node without GPUs)."""
+        ledger = self.kubelet.gpus
+        if not ledger.devices:
+            return {}
+        return device_env((ledger.held(self.uid) or {}).get(c.name))
 
     async def _watch_exit(self, c: _Container, process: ContainerProcess) -> None:
         status: ExitStatus = await process.wait()
@@ -786,6 +867,10 @@ class Kubelet:
         self.client = client
         self.config = config
         self.ipam = IpAllocator(config.pod_network)
+        #: The node's GPUs and which pod holds which (see :mod:`~.gpus`).
+        self.gpus = GpuLedger(detect_gpus(config.gpus))
+        #: Pod workers waiting for GPUs, woken when some are released.
+        self.gpu_waiters: set[PodWorker] = set()
         self.pods: dict[str, dict[str, Any]] = {}
         self.workers: dict[str, PodWorker] = {}
         # With a scheduler, only this node's pods concern us (and the Node authorizer
@@ -858,6 +943,12 @@ class Kubelet:
         worker = PodWorker(self, uid, key)
         self.workers[uid] = worker
         worker.task = asyncio.get_running_loop().create_task(worker.run(), name=f"pod {key}")
+
+    def release_gpus(self, uid: str) -> None:
+        """Free a pod's GPUs (call only once its processes are gone) and wake the pods waiting."""
+        if self.gpus.release(uid):
+            for waiter in list(self.gpu_waiters):
+                waiter.wake.set()
 
     # -- API helpers ----------------------------------------------------------
     async def bind(self, pod: Mapping[str, Any]) -> None:
@@ -1091,6 +1182,8 @@ class Kubelet:
         except (ValueError, OSError):
             memory = "0"
         capacity = {"cpu": cpus, "memory": memory, "pods": "1000"}
+        if self.gpus.devices:  # as a device plugin registers them: only where there are some
+            capacity[GPU_RESOURCE] = str(len(self.gpus.devices))
         node = {
             "apiVersion": "v1",
             "kind": "Node",

@@ -241,11 +241,13 @@ def agent_command(spec: JobSpec, *, run_id: str, endpoint: str, config: BuildCon
 
 
 def checkpoint_flags(checkpoint: CheckpointSpec) -> list[str]:
-    """The agent's ``--checkpoint-*`` flags for ``spec.checkpoint``: only those whose value differs
-    from the agent's own default, so a job that leaves the checkpoint alone runs the same command
-    line as before (an image with an older kelastic, ``spec.agent: image``, knows no such flag).
+    """The agent's ``--checkpoint-*`` flags for ``spec.checkpoint``: the folder under the pod's
+    ``/dev/shm``, and the others only where their value differs from the agent's own default.
     The memory limit goes as a number of bytes, which every quantity parser reads."""
-    argv: list[str] = []
+    # Named although it is the agent's default: a kubelet that runs containers on the host's
+    # filesystem (kelastic local) relocates a path under a volume's mountPath into that pod's
+    # own volume, so each pod's checkpoint memory is private and dies with the pod, as on a node.
+    argv: list[str] = [contract.FLAG_CHECKPOINT_DIR, SHM_MOUNT_PATH + "/kelastic-checkpoints"]
     if checkpoint.replicas != CHECKPOINT_DEFAULTS["replicas"]:
         argv += [contract.FLAG_CHECKPOINT_REPLICAS, str(checkpoint.replicas)]
     if checkpoint.memory_limit is not None:

@@ -295,7 +295,7 @@ class CheckpointService:
             return
         try:
             with open(part, "r+b") as f:
-                wire.recv_to_file(conn, f, length)  # type: ignore[arg-type]
+                wire.recv_to_file(conn, f, length)
         except BaseException:
             part.unlink(missing_ok=True)
             raise

@@ -254,14 +254,15 @@ class MemoryWriter(StorageWriter):
         layout: list[tuple[WriteItem, Any, int, int]] = []
         offset = 0
         for item in items:
-            data = planner.resolve_data(item)
+            resolved = planner.resolve_data(item)
+            data: torch.Tensor | memoryview
             if item.type == WriteItemType.BYTE_IO:
-                assert isinstance(data, io.BytesIO)
-                data = data.getbuffer()
+                assert isinstance(resolved, io.BytesIO)
+                data = resolved.getbuffer()
                 n = len(data)
             else:
-                assert isinstance(data, torch.Tensor)
-                data = data.detach()
+                assert isinstance(resolved, torch.Tensor)
+                data = resolved.detach()
                 n = data.numel() * data.element_size()
             layout.append((item, data, offset, n))
             offset = _align(offset + n)
@@ -423,7 +424,8 @@ class MemoryReader(StorageReader):
 
             assert choice.durable_path is not None
             self._fs = FileSystemReader(choice.durable_path)
-            return self._fs.read_metadata()
+            durable: Metadata = self._fs.read_metadata()
+            return durable
         sources = sorted(choice.metadata_from, key=lambda e: e != self._endpoint)
         last: Exception | None = None
         for endpoint in sources:

@@ -50,6 +50,7 @@ def test_python_command_runs_under_its_interpreter(kit: SimpleNamespace) -> None
         "--max-restarts", "3",
         "--local-addr", "$(POD_IP)",
         "--health-port", "8081",
+        "--checkpoint-dir", "/dev/shm/kelastic-checkpoints",
         "--rdzv-conf", "a=x,b=2",
         "--warm-start",
         "train.py", "--lr", "0.1",
