@@ -47,6 +47,22 @@ The pieces a caller may rely on:
   with that same signal and is re-raised.
 * Events (:mod:`kelastic.agent.events`) and metrics (:mod:`kelastic.agent.metrics`)
   go to pluggable sinks given to the agent.
+
+Compatibility with ``torch.distributed.elastic.agent.server``: :class:`WorkerSpec` takes
+torch 2.13's fields (``fn``, deprecated in favour of ``entrypoint`` and accepted with a
+``DeprecationWarning``; ``event_log_handler``, ``numa_options``, ``virtual_local_rank``,
+``duplicate_stdout_filters``, ``duplicate_stderr_filters``), and a spec may be built
+without a rendezvous handler (``rdzv_handler=None``); an agent refuses such a spec.
+:class:`SimpleElasticAgent` has ``get_event_succeeded()``/``get_event_failed()``. Where
+kelastic deliberately differs:
+
+* ``WorkerSpec`` validates itself and raises ``ValueError`` naming the field (torch raises
+  a bare ``AssertionError``); ``fn`` comes last among the fields, after kelastic's
+  ``redirects``/``tee``, so that kelastic's positional order stays as it was;
+* ``event_log_handler`` is kept on the spec but events go to the agent's ``event_sink``
+  (:mod:`kelastic.agent.events`), which is where kelastic lets a caller choose them;
+  event names are ``kelastic.*``, not ``torchelastic.worker.status.*``;
+* ``numa_options`` must be ``None``: kelastic does not bind workers to NUMA nodes.
 """
 
 from __future__ import annotations
@@ -58,6 +74,8 @@ import os
 import signal
 import socket
 import time
+import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -169,6 +187,15 @@ class WorkerSpec:
     ``master_port`` override what the rendezvous hands out (static setups).
     ``redirects``/``tee`` are :class:`~kelastic.agent.multiprocessing.Std`
     values or per-local-rank maps of them.
+
+    torch's fields: ``fn`` (deprecated: becomes ``entrypoint``, with a
+    ``DeprecationWarning``), ``event_log_handler`` (kept, see the module docstring),
+    ``numa_options`` (``None`` only), ``virtual_local_rank`` (every worker gets
+    ``LOCAL_RANK=0`` and ``CUDA_VISIBLE_DEVICES`` naming its own device),
+    ``duplicate_stdout_filters``/``duplicate_stderr_filters`` (teed lines containing one
+    of these strings are also copied to ``filtered_stdout.log``/``filtered_stderr.log``
+    of the attempt's log directory). ``rdzv_handler`` may be None here; an agent
+    refuses such a spec.
     """
 
     role: str
@@ -183,8 +210,19 @@ class WorkerSpec:
     local_addr: str | None = None
     redirects: Std | dict[int, Std] = Std.NONE
     tee: Std | dict[int, Std] = Std.NONE
+    event_log_handler: str = "null"
+    numa_options: Any = None
+    duplicate_stdout_filters: list[str] | None = None
+    duplicate_stderr_filters: list[str] | None = None
+    virtual_local_rank: bool = False
+    fn: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.fn is not None:
+            warnings.warn(
+                "WorkerSpec.fn is deprecated; use WorkerSpec.entrypoint", DeprecationWarning, stacklevel=3
+            )
+            self.entrypoint = self.fn
         if not isinstance(self.role, str) or not self.role:
             raise ValueError(f"WorkerSpec.role must be a non-empty string, got {self.role!r}")
         if isinstance(self.local_world_size, bool) or not isinstance(self.local_world_size, int):
@@ -193,9 +231,15 @@ class WorkerSpec:
             )
         if self.local_world_size < 1:
             raise ValueError(f"WorkerSpec.local_world_size must be >= 1, got {self.local_world_size}")
-        if self.rdzv_handler is None or not callable(getattr(self.rdzv_handler, "next_rendezvous", None)):
+        if self.rdzv_handler is not None and not callable(
+            getattr(self.rdzv_handler, "next_rendezvous", None)
+        ):
             raise ValueError(
                 "WorkerSpec.rdzv_handler must be a RendezvousHandler (it has no next_rendezvous())"
+            )
+        if self.numa_options is not None:
+            raise ValueError(
+                "WorkerSpec.numa_options must be None: kelastic does not bind workers to NUMA nodes"
             )
         if self.entrypoint is None or (isinstance(self.entrypoint, str) and not self.entrypoint.strip()):
             raise ValueError("WorkerSpec.entrypoint is required: a program path or a Python callable")
@@ -539,6 +583,8 @@ class SimpleElasticAgent(ElasticAgent):
         event_sink: EventSink | None = None,
         metrics: Metrics | None = None,
     ) -> None:
+        if spec.rdzv_handler is None:
+            raise ValueError("WorkerSpec.rdzv_handler is required to run an agent (the spec has None)")
         self._worker_group = WorkerGroup(spec)
         self._remaining_restarts = spec.max_restarts
         self._group_restart_count = 0  # of the last round (see RankAssignment)
@@ -619,6 +665,29 @@ class SimpleElasticAgent(ElasticAgent):
             if not shutdown_called:
                 self._shutdown()
             self._total_execution_time = time.monotonic() - start
+
+    def get_event_failed(self) -> Event:
+        """The agent's FAILED event (torch's API), with the exception being handled, if any,
+        as ``raw_error``; building it records nothing."""
+        return self._agent_event("FAILED", raw_error=traceback.format_exc())
+
+    def get_event_succeeded(self) -> Event:
+        """The agent's SUCCEEDED event (torch's API); building it records nothing."""
+        return self._agent_event("SUCCEEDED")
+
+    def _agent_event(self, state: str, raw_error: str | None = None) -> Event:
+        wg = self._worker_group
+        md = {
+            **self._agent_metadata(),
+            "group_world_size": wg.group_world_size,
+            "state": state,
+            "total_run_time": round(self._total_execution_time, 3),
+            "raw_error": raw_error,
+            "entry_point": wg.spec.get_entrypoint_name(),
+            "agent_restarts": self.restarts_spent,
+        }
+        name = "kelastic.agent.succeeded" if state == "SUCCEEDED" else "kelastic.agent.failed"
+        return Event(name=name, source=EventSource.AGENT, metadata=md)
 
     # the algorithm --------------------------------------------------------------------
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
@@ -845,16 +914,20 @@ class SimpleElasticAgent(ElasticAgent):
             _log.warning("exit barrier failed after %.2fs: %s", time.monotonic() - start, e)
 
     # events -------------------------------------------------------------------------
-    def _event(self, name: str, **metadata: Any) -> None:
+    def _agent_metadata(self) -> dict[str, Any]:
+        """What every agent event says about the agent."""
         wg = self._worker_group
         spec = wg.spec
-        md: dict[str, Any] = {
+        return {
             "run_id": spec.rdzv_handler.get_run_id(),
             "role": spec.role,
             "group_rank": wg.group_rank,
             "hostname": socket.gethostname(),
             "rdzv_backend": spec.rdzv_handler.get_backend(),
         }
+
+    def _event(self, name: str, **metadata: Any) -> None:
+        md = self._agent_metadata()
         md.update(metadata)
         record(Event(name=name, source=EventSource.AGENT, metadata=md), self._event_sink)
 

@@ -11,6 +11,20 @@ changes alike), continuing after the attempts an earlier agent left in the same
 directory, so no log is ever overwritten. Without ``log_dir`` a temporary
 directory is used.
 
+torch 2.x's arguments work too: ``LocalElasticAgent(spec, logs_specs, start_method,
+exit_barrier_timeout, log_line_prefix_template)``. With ``logs_specs`` (a
+:class:`~kelastic.agent.multiprocessing.LogsSpecs`, torch's own included) the logs go
+where it says (for :class:`~kelastic.agent.multiprocessing.DefaultLogsSpecs`:
+``<log_dir>/<run_id>_<random>/attempt_<restart count>/<local_rank>/``) and the spec's
+``redirects``/``tee`` are not used; the progress files stay under the agent's own
+directory. ``log_line_prefix_template`` is a :class:`string.Template` with ``${role_name}``,
+``${rank}`` (global) and ``${local_rank}``, the header of each console line. The module's
+``TORCHELASTIC_TIMER_FILE``, ``TORCHELASTIC_HEALTH_CHECK_PORT`` and
+``TORCHELASTIC_ENABLE_FILE_TIMER`` are torch's variable names; kelastic has neither a
+file-based watchdog timer nor a health-check server of torch's kind (its hang detection
+is ``hang_timeout``, its health endpoint :mod:`kelastic.agent.health`), so it reads none
+of them.
+
 Warm start (``start_method="forkserver"``): the node joins its first rendezvous once
 its fork server has imported what workers need (:func:`kelastic.agent.warm.wait_ready`),
 so a node that is still warming up never holds a running group's workers stopped.
@@ -34,13 +48,21 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from string import Template
 from typing import Any
 
 from kelastic.agent import contract, hang, warm
 from kelastic.agent.api import NamedNode, RunResult, SimpleElasticAgent, WorkerGroup, WorkerSpec, WorkerState
 from kelastic.agent.events import EventSink
 from kelastic.agent.metrics import Metrics
-from kelastic.agent.multiprocessing import PContext, ProcessFailure, Std, start_processes, to_std_map
+from kelastic.agent.multiprocessing import (
+    LogsSpecs,
+    PContext,
+    ProcessFailure,
+    Std,
+    start_processes,
+    to_std_map,
+)
 from kelastic.agent.progress import (
     NodeProgress,
     ProgressDisplay,
@@ -52,7 +74,18 @@ from kelastic.agent.progress import (
 from kelastic.agent.progress_publisher import ProgressPublisher
 from kelastic.agent.warm import prewarm_forkserver
 
-__all__ = ["LocalElasticAgent", "worker_env"]
+__all__ = [
+    "TORCHELASTIC_ENABLE_FILE_TIMER",
+    "TORCHELASTIC_HEALTH_CHECK_PORT",
+    "TORCHELASTIC_TIMER_FILE",
+    "LocalElasticAgent",
+    "worker_env",
+]
+
+#: torch's variable names (see the module docstring: kelastic reads none of them).
+TORCHELASTIC_ENABLE_FILE_TIMER = "TORCHELASTIC_ENABLE_FILE_TIMER"
+TORCHELASTIC_HEALTH_CHECK_PORT = "TORCHELASTIC_HEALTH_CHECK_PORT"
+TORCHELASTIC_TIMER_FILE = "TORCHELASTIC_TIMER_FILE"
 
 _log = logging.getLogger(__name__)
 
@@ -73,7 +106,12 @@ def worker_env(
     progress_file: str,
     base_env: Mapping[str, str],
 ) -> dict[str, str]:
-    """The variables a worker gets on top of the agent's environment (pure)."""
+    """The variables a worker gets on top of the agent's environment (pure).
+
+    With ``spec.virtual_local_rank`` every worker gets ``LOCAL_RANK=0`` and
+    ``CUDA_VISIBLE_DEVICES`` naming its own device: the ``local_rank``-th of the agent's
+    ``CUDA_VISIBLE_DEVICES``, else ``local_rank`` (a ``ValueError`` when there are fewer).
+    """
     worker = group.workers[local_rank]
     env = {
         "RANK": str(worker.global_rank),
@@ -94,6 +132,16 @@ def worker_env(
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": base_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         contract.ENV_PROGRESS_FILE: progress_file,
     }
+    if spec.virtual_local_rank:
+        env["LOCAL_RANK"] = "0"
+        visible = base_env.get("CUDA_VISIBLE_DEVICES")
+        if visible is None:
+            env["CUDA_VISIBLE_DEVICES"] = str(local_rank)
+        else:
+            devices = [d.strip() for d in visible.split(",")]
+            if local_rank >= len(devices):
+                raise ValueError(f"local_rank {local_rank} has no device in CUDA_VISIBLE_DEVICES={visible}")
+            env["CUDA_VISIBLE_DEVICES"] = devices[local_rank]
     if "OMP_NUM_THREADS" in base_env:
         env["OMP_NUM_THREADS"] = base_env["OMP_NUM_THREADS"]
     elif spec.local_world_size > 1:
@@ -125,11 +173,13 @@ class LocalElasticAgent(SimpleElasticAgent):
     def __init__(
         self,
         spec: WorkerSpec,
-        *,
+        logs_specs: LogsSpecs | None = None,
         start_method: str = "spawn",
+        exit_barrier_timeout: float = 300.0,
+        log_line_prefix_template: str | None = None,
+        *,
         log_dir: str | os.PathLike[str] | None = None,
         local_ranks_filter: set[int] | None = None,
-        exit_barrier_timeout: float = 300.0,
         membership_grace: float | None = None,
         event_sink: EventSink | None = None,
         metrics: Metrics | None = None,
@@ -147,6 +197,10 @@ class LocalElasticAgent(SimpleElasticAgent):
             event_sink=event_sink,
             metrics=metrics,
         )
+        if logs_specs is not None and log_dir is not None:
+            raise ValueError("pass either logs_specs (torch's) or log_dir (kelastic's), not both")
+        self._logs_specs = logs_specs
+        self._log_line_prefix_template = log_line_prefix_template
         self._start_method = start_method
         if start_method == "forkserver":
             # torch reads OMP_NUM_THREADS when the fork server imports it, before any worker env exists
@@ -260,25 +314,45 @@ class LocalElasticAgent(SimpleElasticAgent):
             for lr in range(n)
         }
         args = {lr: _substitute_local_rank(spec.args, lr) for lr in range(n)}
-        redirects, tee = self._std_maps(n)
         display = self._ensure_display()
         assert spec.entrypoint is not None  # WorkerSpec refuses a spec without one
+        if self._logs_specs is not None:
+            # The attempt directory still holds the progress files.
+            for lr in range(n):
+                (attempt_dir / str(lr)).mkdir(parents=True, exist_ok=True)
+            where: dict[str, Any] = {"logs_specs": self._logs_specs}
+        else:
+            redirects, tee = self._std_maps(n)
+            where = {"log_dir": str(attempt_dir), "redirects": redirects, "tee": tee}
         self._pcontext = start_processes(
             name=spec.role,
             entrypoint=spec.entrypoint,
             args=args,
             envs=envs,
-            log_dir=str(attempt_dir),
             start_method=self._start_method,
-            redirects=redirects,
-            tee=tee,
             progbar_events=self._progbar_events(display),
+            log_line_prefixes=self._log_line_prefixes(worker_group),
+            duplicate_stdout_filters=spec.duplicate_stdout_filters,
+            duplicate_stderr_filters=spec.duplicate_stderr_filters,
+            **where,
         )
         self._point_display(display)
         # Published at every (re)start, not only on monitor ticks: workers that crash at
         # once never reach a tick, and the operator would show no restarts at all.
         self._publish_progress()
         return dict(self._pcontext.pids())
+
+    def _log_line_prefixes(self, worker_group: WorkerGroup) -> dict[int, str] | None:
+        """Console headers from ``log_line_prefix_template``; None keeps the default."""
+        if not self._log_line_prefix_template:
+            return None
+        template = Template(self._log_line_prefix_template)
+        return {
+            w.local_rank: template.safe_substitute(
+                role_name=worker_group.spec.role, rank=w.global_rank, local_rank=w.local_rank
+            )
+            for w in worker_group.workers
+        }
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._close_workers(signal.SIGTERM)

@@ -38,7 +38,12 @@ def root_cause_rank(failures: Mapping[int, Any]) -> int:
     """Global rank of the earliest failure (lowest rank breaks ties)."""
     if not failures:
         raise ValueError("no failures to pick a root cause from")
-    return min(failures, key=lambda r: (float(getattr(failures[r], "timestamp", 0) or 0), r))
+    return min(failures, key=lambda r: (_failed_at(failures[r]), r))
+
+
+def _failed_at(failure: Any) -> float:
+    """When ``failure`` happened: its precise ``failed_at`` where it has one, else ``timestamp``."""
+    return float(getattr(failure, "failed_at", 0) or getattr(failure, "timestamp", 0) or 0)
 
 
 def _traceback_of(failure: Any) -> str:
@@ -76,7 +81,7 @@ def _entry(index: int, rank: int, failure: Any, host: str) -> list[str]:
 def format_failure_summary(name: str, failures: Mapping[int, Any], host: str) -> str:
     """The multi-line summary for ``failures`` (global rank → ProcessFailure) of program ``name``."""
     root = root_cause_rank(failures)
-    others = sorted((r for r in failures if r != root), key=lambda r: (float(failures[r].timestamp or 0), r))
+    others = sorted((r for r in failures if r != root), key=lambda r: (_failed_at(failures[r]), r))
     out = ["=" * _WIDTH, f"{name} FAILED", "-" * _WIDTH, "Failures:"]
     if not others:
         out.append("  <NO_OTHER_FAILURES>")
@@ -96,6 +101,8 @@ def _first_message_line(failure: Any) -> str:
     msg = data.get("message")
     if isinstance(msg, Mapping):  # torch's error-file layout nests the details
         msg = msg.get("message")
+    if msg == "<NONE>":  # ProcessFailure's stand-in for "no error file" (torch's)
+        return ""
     for line in str(msg or "").splitlines():
         if line.strip():
             return line.strip()

@@ -12,13 +12,19 @@ What it shows:
 * Progress per step through ``kelastic.agent.progress.update`` (shown by the
   agent, and in the ElasticJob's PROGRESS column). The import is guarded, so the
   script also runs where kelastic is not installed.
-* Checkpoint and resume in a shared directory (``--checkpoint-dir`` or env
+* Checkpoints in the kelastic agent's memory (``kelastic.checkpoint``): under
+  ``kelastic-agent`` every ``--checkpoint-every`` steps the model and optimizer go
+  to ``MemoryWriter`` (a memory copy; the agents keep a replica on a peer), and a
+  restarted group restores them with ``MemoryReader`` at whatever world size it has,
+  from memory, a peer's replica, or the durable copy.
+* Checkpoint files in a shared directory (``--checkpoint-dir`` or env
   ``KELASTIC_CHECKPOINT_DIR``): rank 0 writes ``checkpoint.pt`` atomically
-  (temporary file, fsync, rename) every ``--checkpoint-every`` steps; every rank
-  loads it at start, so a restarted group resumes where it stopped, losing at
-  most the steps since the last checkpoint. ``{run_id}`` in the directory is
-  replaced by ``TORCHELASTIC_RUN_ID`` (an ElasticJob's UID), so every job gets
-  a directory of its own on a volume that outlives it.
+  (temporary file, fsync, rename) every ``--durable-every`` steps (default: every
+  checkpoint); every rank loads it at start when no newer memory checkpoint
+  exists (always, under plain torchrun), so a group that lost every node still
+  resumes. ``{run_id}`` in the directory is replaced by ``TORCHELASTIC_RUN_ID``
+  (an ElasticJob's UID), so every job gets a directory of its own on a volume that
+  outlives it.
 * A history file, ``history.jsonl`` in the checkpoint directory, where rank 0
   records each start (resumed step, world size, restart count), the first step
   completed after it, each checkpoint and the end. Tests and curious users read it to see exactly what
@@ -47,6 +53,14 @@ except ImportError:  # plain torchrun or python without kelastic installed
     def report_progress(step: int, total: int | None = None, **metrics: float) -> None:
         """Stand-in for ``kelastic.agent.progress.update`` when kelastic is absent."""
 
+
+try:  # kelastic's memory checkpoint: only inside a worker that kelastic-agent started
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from kelastic.checkpoint import MemoryReader, MemoryWriter, NotInKelasticWorker
+except ImportError:  # plain torchrun or python without kelastic installed
+    MemoryReader = MemoryWriter = None  # type: ignore[assignment,misc]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 HISTORY_FILE = "history.jsonl"
@@ -78,6 +92,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
     parser.add_argument(
+        "--durable-every",
+        type=int,
+        default=0,
+        help="steps between checkpoint files in --checkpoint-dir under kelastic, where the memory "
+        "checkpoint is taken every --checkpoint-every steps (default 0: at every checkpoint)",
+    )
+    parser.add_argument(
         "--step-delay",
         type=float,
         default=0.0,
@@ -88,6 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--timeout", type=float, default=120.0, help="seconds a collective may wait for peers"
     )
     args = parser.parse_args(argv)
+    if args.durable_every < 0:
+        parser.error(f"--durable-every must be >= 0, got {args.durable_every}")
     for name in ("steps", "batch_size", "checkpoint_every", "log_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -147,6 +170,43 @@ def load_checkpoint(directory: Path, model: nn.Module, optimizer: torch.optim.Op
     return int(state["step"])
 
 
+def memory_checkpoints() -> bool:
+    """Whether this worker can use kelastic's memory checkpoint (it runs under kelastic-agent)."""
+    if MemoryWriter is None:
+        return False
+    try:
+        MemoryReader()
+    except NotInKelasticWorker:
+        return False
+    return True
+
+
+def model_state(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> dict[str, object]:
+    """What a memory checkpoint holds: FQN-keyed model and optimizer state (DCP's own helpers,
+    which also see through the DDP wrapper) and the step."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd, "step": step}
+
+
+def restore_from_memory(model: nn.Module, optimizer: torch.optim.Optimizer) -> int | None:
+    """Restore the newest complete memory checkpoint; its step, or None when there is none.
+
+    A collective: every rank calls it. The optimizer's state is created first (one step with
+    zero gradients changes nothing) so that DCP has tensors to load its momentum into.
+    """
+    reader = MemoryReader()
+    if not reader.exists():
+        return None
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    state = model_state(model, optimizer, 0)
+    dcp.load(state, storage_reader=reader)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return int(state["step"])  # type: ignore[call-overload]
+
+
 def record(directory: Path | None, event: str, **fields: object) -> None:
     """Append one event to ``history.jsonl`` (rank 0 only; a no-op without a checkpoint dir)."""
     if directory is None:
@@ -196,18 +256,32 @@ def train(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     model = build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    start = load_checkpoint(checkpoints, model, optimizer) if checkpoints is not None else 0
-    start = agreed_step(start, distributed)
+    in_memory = memory_checkpoints()
+    source = "checkpoint file"
+    restored = restore_from_memory(model, optimizer) if in_memory else None
+    if restored is None:
+        start = load_checkpoint(checkpoints, model, optimizer) if checkpoints is not None else 0
+        start = agreed_step(start, distributed)
+    else:
+        start, source = restored, "memory checkpoint"
+    durable_every = args.durable_every or args.checkpoint_every
     # DDP broadcasts rank 0's parameters, so every rank starts from the same weights.
     ddp: nn.Module = nn.parallel.DistributedDataParallel(model) if distributed else model
     weights = target_weights(args.seed)
     loss_fn = nn.MSELoss()
 
     if leader:
-        record(checkpoints, "start", step=start, world_size=where.world_size, restart=where.restart)
+        record(
+            checkpoints,
+            "start",
+            step=start,
+            world_size=where.world_size,
+            restart=where.restart,
+            source=source,
+        )
         print(
             f"[train] world size {where.world_size}, restart {where.restart}: "
-            + (f"resumed from checkpoint at step {start}" if start else "starting from scratch")
+            + (f"resumed from the {source} at step {start}" if start else "starting from scratch")
             + f", training to step {args.steps}",
             flush=True,
         )
@@ -226,9 +300,18 @@ def train(args: argparse.Namespace) -> int:
         if leader and step == start + 1:
             # When the group trains again after a (re)start: what restart latency is measured by.
             record(checkpoints, "first_step", step=step, world_size=where.world_size, restart=where.restart)
-        if leader and checkpoints is not None and (step % args.checkpoint_every == 0 or step == args.steps):
+        due = step % args.checkpoint_every == 0 or step == args.steps
+        if in_memory and due:
+            # Every rank: DCP writes each rank's part into its agent's memory (a copy).
+            dcp.save(model_state(model, optimizer, step), storage_writer=MemoryWriter(step=step))
+        if (
+            leader
+            and checkpoints is not None
+            and ((step % (durable_every if in_memory else args.checkpoint_every) == 0) or step == args.steps)
+        ):
             save_checkpoint(checkpoints, step, model, optimizer)
-            record(checkpoints, "checkpoint", step=step, world_size=where.world_size)
+        if leader and due and (in_memory or checkpoints is not None):
+            record(checkpoints, "checkpoint", step=step, world_size=where.world_size, memory=in_memory)
         if leader and (step % args.log_every == 0 or step == args.steps):
             print(
                 f"[train] step {step}/{args.steps} loss {float(loss):.5f} world {where.world_size}",

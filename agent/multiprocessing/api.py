@@ -18,11 +18,30 @@ How the agent uses this module (one call per attempt of the local worker group):
 
 ``start_processes`` returns an already started context. ``log_dir`` must be new or empty
 for every call (use one directory per attempt).
+
+torch 2.x's signature works too: ``start_processes(name, entrypoint, args, envs,
+logs_specs=DefaultLogsSpecs(...), log_line_prefixes=..., start_method=...,
+duplicate_stdout_filters=..., duplicate_stderr_filters=...)`` (see :mod:`.logs_specs`;
+a ``LogsSpecs`` may also be passed in ``log_dir``'s place). What kelastic deliberately
+does differently from torch's ``start_processes``:
+
+- a plain ``log_dir`` that is not empty is refused: it is the directory of one attempt,
+  and logs and error files of two attempts must never mix (torch's own docstring
+  expects the directory to be empty; its ``DefaultLogsSpecs`` makes a new sub-directory
+  instead, and so does kelastic's);
+- when a rank fails, every rank the launcher then stopped is reported too, for
+  callables as for binaries (torch reports them for binaries only);
+- its errors are both torch's and kelastic's types: mismatched ``args``/``envs`` raise an
+  error that is a ``RuntimeError`` and a ``ValueError``, a missing binary one that is a
+  ``FileNotFoundError`` and a ``ValueError`` (raised before any rank starts), a file as
+  ``log_dir`` one that is a ``NotADirectoryError`` and a ``ValueError``;
+- ``numa_options`` is accepted only as ``None``: kelastic does not bind ranks to NUMA nodes.
 """
 
 from __future__ import annotations
 
 import abc
+import errno
 import logging
 import os
 import select
@@ -34,20 +53,40 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from threading import Event
-from typing import Any
+from typing import IO, Any, cast
 
 from .errors import ERROR_FILE_ENV, ProcessFailure, RunProcsResult
+from .logs_specs import LogDirIsAFileError, LogsDest, LogsSpecs
 from .proctree import descendants, is_alive, signal_trees
 from .signals import install_signal_handlers, restore_signal_handlers
 from .std import Std, to_std_map
 from .tail_log import TailLog
 from .watchdog import guard, unguard
 
-__all__ = ["PContext", "RankLogs", "prepare_log_dir", "start_processes", "validate_rank_keys"]
+__all__ = [
+    "EntrypointNotFoundError",
+    "PContext",
+    "RankLogs",
+    "RankMismatchError",
+    "logs_from_dest",
+    "prepare_log_dir",
+    "start_processes",
+    "validate_rank_keys",
+]
 
 logger = logging.getLogger(__name__)
 
 START_METHODS = ("spawn", "fork", "forkserver")
+
+
+class RankMismatchError(ValueError, RuntimeError):
+    """``args``/``envs`` not keyed by local ranks ``0..n-1``: the ``RuntimeError`` torch raises,
+    and the ``ValueError`` kelastic always raised."""
+
+
+class EntrypointNotFoundError(FileNotFoundError, ValueError):
+    """The entrypoint binary is not there or not executable: the ``FileNotFoundError`` torch
+    raises, and the ``ValueError`` kelastic always raised."""
 
 
 @dataclass(frozen=True)
@@ -77,14 +116,16 @@ def validate_rank_keys(args: Mapping[int, Any], envs: Mapping[int, Any]) -> int:
         if extra:
             problems.append(f"{label} has extra keys {extra}")
     if problems:
-        raise ValueError(
+        raise RankMismatchError(
             f"args and envs must both be keyed by local ranks 0..{nprocs - 1} ({nprocs} ranks, from len(args)): "
             + "; ".join(problems)
         )
     for rank, env in envs.items():
         bad = sorted(repr(k) for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str))
         if bad:
-            raise ValueError(f"envs[{rank}] must map str to str; these entries are not: {', '.join(bad)}")
+            raise RankMismatchError(
+                f"envs[{rank}] must map str to str; these entries are not: {', '.join(bad)}"
+            )
     return nprocs
 
 
@@ -93,7 +134,9 @@ def prepare_log_dir(log_dir: str | os.PathLike[str], nprocs: int) -> Path:
     path = Path(log_dir)
     if path.exists():
         if not path.is_dir():
-            raise ValueError(f"log_dir {path} exists and is not a directory; pass a new or empty directory")
+            raise LogDirIsAFileError(
+                f"log_dir {path} exists and is not a directory; pass a new or empty directory"
+            )
         if any(path.iterdir()):
             raise ValueError(
                 f"log_dir {path} is not empty; pass a new or empty directory for every start_processes call "
@@ -102,6 +145,24 @@ def prepare_log_dir(log_dir: str | os.PathLike[str], nprocs: int) -> Path:
     for rank in range(nprocs):
         (path / str(rank)).mkdir(parents=True, exist_ok=True)
     return path
+
+
+def logs_from_dest(dest: LogsDest, nprocs: int) -> dict[int, RankLogs]:
+    """Per-rank :class:`RankLogs` of what a ``LogsSpecs.reify`` decided (pure).
+
+    ``os.devnull`` as an error file means none; a stream teed to ``os.devnull`` is not shown.
+    """
+    logs = {}
+    for rank in range(nprocs):
+        error_file = dest.error_files.get(rank, "")
+        logs[rank] = RankLogs(
+            stdout=dest.stdouts.get(rank, ""),
+            stderr=dest.stderrs.get(rank, ""),
+            error_file="" if error_file == os.devnull else error_file,
+            tee_stdout=dest.tee_stdouts.get(rank, os.devnull) not in ("", os.devnull),
+            tee_stderr=dest.tee_stderrs.get(rank, os.devnull) not in ("", os.devnull),
+        )
+    return logs
 
 
 def rank_logs(log_dir: Path, redirects: Mapping[int, Std], tee: Mapping[int, Std], rank: int) -> RankLogs:
@@ -115,6 +176,12 @@ def rank_logs(log_dir: Path, redirects: Mapping[int, Std], tee: Mapping[int, Std
         tee_stdout=bool(tee[rank] & Std.OUT),
         tee_stderr=bool(tee[rank] & Std.ERR),
     )
+
+
+def _contains_any(needles: list[str]) -> Callable[[str], bool]:
+    """A line filter: True for a line that contains one of ``needles``."""
+    wanted = tuple(needles)
+    return lambda line: any(n in line for n in wanted)
 
 
 class PContext(abc.ABC):
@@ -135,25 +202,52 @@ class PContext(abc.ABC):
         envs: Mapping[int, Mapping[str, str]],
         logs: Mapping[int, RankLogs],
         progbar_events: dict[str, Event] | None = None,
+        log_line_prefixes: Mapping[int, str] | None = None,
+        filtered: Mapping[str, tuple[str, list[str]]] | None = None,
     ) -> None:
         self.name = name
         self.entrypoint = entrypoint
         self.args = dict(args)
         self.envs = {rank: {**env, ERROR_FILE_ENV: logs[rank].error_file} for rank, env in envs.items()}
         self.logs = dict(logs)
+        #: ``{local_rank: path}`` of each rank's stdout/stderr log (``""``: not redirected)
+        #: and error file, as torch's ``PContext`` has them.
+        self.stdouts = {r: lg.stdout for r, lg in self.logs.items()}
+        self.stderrs = {r: lg.stderr for r, lg in self.logs.items()}
+        self.error_files = {r: lg.error_file for r, lg in self.logs.items()}
         self.nprocs = len(args)
         self.progbar_events = progbar_events
         self._tails: list[TailLog] = []
+        self._filtered_files: list[IO[str]] = []
         self._prev_handlers: dict[signal.Signals, Any] | None = None
         self._result: RunProcsResult | None = None
         self._started = False
         self._closed = False
         out = {r: lg.stdout for r, lg in logs.items() if lg.tee_stdout}
         err = {r: lg.stderr for r, lg in logs.items() if lg.tee_stderr}
-        if out:
-            self._tails.append(TailLog(name, out, sys.stdout, progbar_events=progbar_events))
-        if err:
-            self._tails.append(TailLog(name, err, sys.stderr, progbar_events=progbar_events))
+        for files, console, stream in ((out, sys.stdout, "stdout"), (err, sys.stderr, "stderr")):
+            if not files:
+                continue
+            self._tails.append(
+                TailLog(
+                    name, files, console, progbar_events=progbar_events, log_line_prefixes=log_line_prefixes
+                )
+            )
+            path, needles = (filtered or {}).get(stream, ("", []))
+            if needles:
+                # torch's duplicate_*_filters: the teed lines that contain any needle, of all
+                # ranks, copied to one file.
+                dst = open(path, "w", errors="replace", buffering=1)  # noqa: SIM115 - closed in close()
+                self._filtered_files.append(dst)
+                self._tails.append(
+                    TailLog(
+                        name,
+                        files,
+                        dst,
+                        log_line_prefixes=log_line_prefixes,
+                        log_line_filter=_contains_any(needles),
+                    )
+                )
 
     # -- what each kind of rank provides -------------------------------------------------
     @abc.abstractmethod
@@ -210,12 +304,24 @@ class PContext(abc.ABC):
             return RunProcsResult(return_values=self._return_values(), stdouts=stdouts, stderrs=stderrs)
         return None
 
+    def _add_stopped_ranks(self, result: RunProcsResult) -> None:
+        """After a failure and ``close()``: report the ranks the launcher stopped too (their
+        exit codes are the signal that stopped them, e.g. -15), as torch does. They are
+        seen after the failure that caused them, so they are never the root cause."""
+        pids = self.pids()
+        for rank in range(self.nprocs):
+            code = self._exitcode(rank)
+            if rank not in result.failures and code is not None and code != 0:
+                result.failures[rank] = ProcessFailure(
+                    local_rank=rank, pid=pids[rank], exitcode=code, error_file=self.logs[rank].error_file
+                )
+
     def wait(self, timeout: float = -1, period: float = 1) -> RunProcsResult | None:
         """Wait for the run to finish: every rank succeeded, or one failed.
 
         ``timeout`` 0 polls once; negative waits forever; otherwise up to ``timeout`` s.
         Returns None if still running. On the first failure the other ranks are stopped
-        (``close()``) and the result lists the ranks that failed. Wakes as soon as a rank
+        (``close()``) and the result lists the ranks that failed and those it stopped. Wakes as soon as a rank
         exits; ``period`` only bounds how long one sleep may be.
         """
         if not self._started:
@@ -228,8 +334,10 @@ class PContext(abc.ABC):
                 return None  # closed by the caller while running: nothing more will finish
             result = self._outcome()
             if result is not None:
-                self._result = result
                 self.close()
+                if result.failures:
+                    self._add_stopped_ranks(result)
+                self._result = result
                 return result
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -256,6 +364,8 @@ class PContext(abc.ABC):
             unguard(self.pids().values())
         for tail in self._tails:
             tail.stop()
+        for dst in self._filtered_files:
+            dst.close()
         restore_signal_handlers(self._prev_handlers)
         self._release()
         self._closed = True
@@ -300,11 +410,17 @@ def start_processes(
     entrypoint: Callable[..., Any] | str,
     args: Mapping[int, tuple[Any, ...]],
     envs: Mapping[int, Mapping[str, str]],
-    log_dir: str | os.PathLike[str],
+    log_dir: str | os.PathLike[str] | LogsSpecs | None = None,
     start_method: str = "spawn",
     redirects: Std | int | Mapping[int, Std | int] = Std.NONE,
     tee: Std | int | Mapping[int, Std | int] = Std.NONE,
     progbar_events: dict[str, Event] | None = None,
+    *,
+    logs_specs: LogsSpecs | None = None,
+    log_line_prefixes: Mapping[int, str] | None = None,
+    numa_options: object | None = None,
+    duplicate_stdout_filters: list[str] | None = None,
+    duplicate_stderr_filters: list[str] | None = None,
 ) -> PContext:
     """Start ``len(args)`` local ranks and return the started :class:`PContext`.
 
@@ -314,17 +430,29 @@ def start_processes(
       subprocess; each argument is passed as ``str(arg)``).
     - ``args``/``envs``: keyed by local rank, both exactly ``0..n-1``. ``envs[rank]`` is
       added to the launcher's environment for that rank; ``TORCHELASTIC_ERROR_FILE``
-      is set to ``{log_dir}/{rank}/error.json``.
-    - ``redirects``/``tee``: ``Std`` masks for all ranks or ``{rank: Std}`` (missing
-      ranks = NONE). Redirected streams go to ``{log_dir}/{rank}/stdout.log`` /
-      ``stderr.log``; teed streams are redirected *and* printed to the launcher's
-      stdout/stderr with a ``[{name}{local_rank}]:`` header.
+      is set to the rank's error file.
+    - Where logs go, one of two ways:
+
+      * kelastic's: ``log_dir`` (new or empty) with ``redirects``/``tee``: ``Std`` masks
+        for all ranks or ``{rank: Std}`` (missing ranks = NONE). Redirected streams go to
+        ``{log_dir}/{rank}/stdout.log`` / ``stderr.log``, the error file is
+        ``{log_dir}/{rank}/error.json``; teed streams are redirected *and* printed to the
+        launcher's stdout/stderr with a ``[{name}{local_rank}]:`` header;
+      * torch's: ``logs_specs`` (a :class:`~.logs_specs.LogsSpecs`, torch's own included;
+        also accepted in ``log_dir``'s place), which holds the redirects and tee too.
+
+    - ``log_line_prefixes``: ``{local_rank: header}`` replacing the default header.
+    - ``duplicate_stdout_filters``/``duplicate_stderr_filters``: teed lines containing any
+      of these strings, of all ranks, are also copied to one file: the spec's
+      ``filtered_stdout``/``filtered_stderr``, or ``{log_dir}/filtered_stdout.log`` /
+      ``filtered_stderr.log``.
     - ``progbar_events``: ``ProgressDisplay.events`` of the node's progress display, so
       console lines never tear the bar; None when there is no display.
 
-    Raises ``ValueError`` for inconsistent ranks, an unknown start method, a missing
-    binary, or a ``log_dir`` that exists and is not empty; ``TypeError`` for an
-    entrypoint that is neither callable nor str.
+    Raises ``ValueError`` (see the module docstring for the torch types each one also is)
+    for inconsistent ranks, an unknown start method, a missing binary, a ``log_dir`` that
+    exists and is not an empty directory, or log arguments of both kinds; ``TypeError``
+    for an entrypoint that is neither callable nor str.
     """
     from .multiprocess_context import MultiprocessContext
     from .subprocess_context import SubprocessContext
@@ -335,18 +463,57 @@ def start_processes(
             f"entrypoint must be a callable or a binary path (str), got {type(entrypoint).__name__}"
         )
     if isinstance(entrypoint, str) and shutil.which(entrypoint) is None:
-        raise ValueError(f"entrypoint binary {entrypoint!r} was not found or is not executable")
+        raise EntrypointNotFoundError(
+            errno.ENOENT, f"entrypoint binary {entrypoint!r} was not found or is not executable", entrypoint
+        )
     if start_method not in START_METHODS:
         raise ValueError(f"start_method must be one of {', '.join(START_METHODS)}; got {start_method!r}")
-    redirect_map = to_std_map(redirects, nprocs)
-    tee_map = to_std_map(tee, nprocs)
-    root = prepare_log_dir(log_dir, nprocs)
-    logs = {rank: rank_logs(root, redirect_map, tee_map, rank) for rank in range(nprocs)}
+    if numa_options is not None:
+        raise ValueError(
+            "numa_options is not supported by kelastic: pass None (ranks are not bound to NUMA nodes)"
+        )
+    if log_dir is not None and hasattr(log_dir, "reify"):
+        if logs_specs is not None:
+            raise ValueError("pass the LogsSpecs once: as logs_specs or in log_dir's place, not both")
+        # torch's own LogsSpecs is not ours by class, only by shape: check the method.
+        logs_specs, log_dir = cast(LogsSpecs, log_dir), None
+    filtered: dict[str, tuple[str, list[str]]] = {}
+    envs_out = {rank: dict(env) for rank, env in envs.items()}
+    if logs_specs is not None:
+        if (
+            log_dir is not None
+            or any(to_std_map(redirects, nprocs).values())
+            or any(to_std_map(tee, nprocs).values())
+        ):
+            raise ValueError(
+                "pass either logs_specs (which holds log_dir, redirects and tee) or log_dir/redirects/tee, not both"
+            )
+        dest = logs_specs.reify(envs_out)
+        logs = logs_from_dest(dest, nprocs)
+        filtered = {
+            "stdout": (dest.filtered_stdout, list(duplicate_stdout_filters or [])),
+            "stderr": (dest.filtered_stderr, list(duplicate_stderr_filters or [])),
+        }
+    else:
+        if log_dir is None:
+            raise ValueError("pass where logs go: log_dir (kelastic) or logs_specs (torch 2.x)")
+        redirect_map = to_std_map(redirects, nprocs)
+        tee_map = to_std_map(tee, nprocs)
+        root = prepare_log_dir(log_dir, nprocs)
+        logs = {rank: rank_logs(root, redirect_map, tee_map, rank) for rank in range(nprocs)}
+        filtered = {
+            "stdout": (str(root / "filtered_stdout.log"), list(duplicate_stdout_filters or [])),
+            "stderr": (str(root / "filtered_stderr.log"), list(duplicate_stderr_filters or [])),
+        }
     context: PContext
     if isinstance(entrypoint, str):
-        context = SubprocessContext(name, entrypoint, args, envs, logs, progbar_events)
+        context = SubprocessContext(
+            name, entrypoint, args, envs_out, logs, progbar_events, log_line_prefixes, filtered
+        )
     else:
-        context = MultiprocessContext(name, entrypoint, args, envs, logs, progbar_events, start_method)
+        context = MultiprocessContext(
+            name, entrypoint, args, envs_out, logs, progbar_events, start_method, log_line_prefixes, filtered
+        )
     try:
         context.start()
     except BaseException:

@@ -1,38 +1,86 @@
 """Outcomes of a run: per-rank failures, the run result, and error files.
 
-A rank reports *why* it failed through an error file: a JSON object
-``{"message": str, "traceback": str, "timestamp": float}`` written to the path in
-``TORCHELASTIC_ERROR_FILE``. Callables launched by ``start_processes`` are wrapped in
-:func:`record` automatically; a script (or binary) can decorate its ``main`` with it.
-Error files written by ``torch.distributed.elastic``'s own ``@record`` are read too.
+A rank reports *why* it failed through an error file written to the path in
+``TORCHELASTIC_ERROR_FILE``, in torch.distributed.elastic's layout, so tools that read
+torch's error files read ours::
+
+    {"message": {"message": "ValueError: bad lr",
+                 "extraInfo": {"py_callstack": "<traceback>", "timestamp": "1700000000",
+                               "precise_timestamp": 1700000000.25}}}
+
+(``timestamp`` is whole seconds as a string, as torch writes it; ``precise_timestamp``
+is kelastic's addition, so the first of several failures within one second is still
+told apart.) The older flat layout ``{"message", "traceback", "timestamp"}`` is still
+read. Callables launched by ``start_processes`` are wrapped in :func:`record`
+automatically; a script (or binary) can decorate its ``main`` with it.
+
+Compatible with ``torch.distributed.elastic.multiprocessing.errors``: :class:`ProcessFailure`
+(``error_file`` is ``"<N/A>"`` and ``error_file_data`` ``{"message": "<NONE>"}`` when the rank
+wrote no error file, ``timestamp`` is whole seconds, ``signal_name()`` is ``"<N/A>"`` for an
+exit code), :class:`ChildFailedError`, :class:`ErrorHandler`, :func:`get_error_handler`, and
+:func:`record`, which returns ``None`` on ``SystemExit(0)``. Where kelastic deliberately differs:
+
+- ``ProcessFailure.message`` is always a str. torch puts the error file's nested dict there
+  when the file is in its layout; kelastic puts the recorded message (``"ValueError: bad
+  lr"``) there and keeps the whole file in ``error_file_data``. Without an error file the
+  message says what happened (``"Process 41 exited with code 3"``) where torch points at a
+  documentation page.
+- ``ProcessFailure`` also accepts ``message``, ``timestamp`` and ``error_file_data`` as
+  arguments (the agent builds failures for hung ranks that way) and has ``failed_at``
+  (float seconds) and ``traceback()``.
+- an error file that is not JSON or has no ``message`` does not make ``ProcessFailure``
+  raise (torch's does): a launcher must still report the failure, from its exit code;
+- :func:`record` records every exception, ``KeyboardInterrupt`` included, not only
+  ``Exception`` subclasses, and takes an ``error_file`` argument besides torch's
+  ``error_handler``.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import json
+import logging
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar, cast, overload
 
 __all__ = [
     "ERROR_FILE_ENV",
+    "NOT_AVAILABLE",
+    "ChildFailedError",
+    "ErrorHandler",
     "ProcessFailure",
     "RunProcsResult",
+    "error_file_payload",
     "exitcode_message",
+    "get_error_handler",
     "read_error_file",
     "record",
     "write_error_file",
 ]
 
+logger = logging.getLogger(__name__)
+
 #: Environment variable naming the file a rank writes its error report to.
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+
+#: What torch shows for a missing error file or signal name; kept for tools that test for it.
+NOT_AVAILABLE = "<N/A>"
+
+
+def _empty_error_data() -> dict[str, Any]:
+    """``error_file_data`` of a rank that wrote no error file (torch's sentinel, a fresh copy)."""
+    return {"message": "<NONE>"}
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,18 +91,27 @@ def exitcode_message(exitcode: int, pid: int) -> str:
         try:
             name = signal.Signals(-exitcode).name
         except ValueError:
-            name = "unknown signal"
+            name = NOT_AVAILABLE
         return f"Signal {-exitcode} ({name}) received by PID {pid}"
     return f"Process {pid} exited with code {exitcode}"
 
 
-def write_error_file(path: str | os.PathLike[str], exc: BaseException) -> None:
-    """Write ``exc`` as ``{message, traceback, timestamp}`` JSON to ``path`` (atomically, via rename)."""
-    data = {
-        "message": f"{type(exc).__name__}: {exc}",
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-        "timestamp": time.time(),
+def error_file_payload(exc: BaseException, now: float | None = None) -> dict[str, Any]:
+    """The error-file object for ``exc`` in torch's layout (see the module docstring); pure."""
+    when = time.time() if now is None else now
+    return {
+        "message": {
+            "message": f"{type(exc).__name__}: {exc}",
+            "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+                "timestamp": str(int(when)),
+                "precise_timestamp": when,
+            },
+        }
     }
+
+
+def _write_json_atomically(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + f".{os.getpid()}.tmp")
@@ -62,61 +119,159 @@ def write_error_file(path: str | os.PathLike[str], exc: BaseException) -> None:
     os.replace(tmp, target)
 
 
-def read_error_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """Read an error file; ``None`` if it is missing or not a JSON object.
+def write_error_file(path: str | os.PathLike[str], exc: BaseException) -> None:
+    """Write ``exc`` to ``path`` in torch's error-file layout (atomically, via rename)."""
+    _write_json_atomically(path, error_file_payload(exc))
 
-    Normalises torch's nested layout (``{"message": {"message": ..., "extraInfo": {...}}}``)
-    to ours, keeping the original under ``"raw"``.
-    """
+
+def _float(value: Any) -> float:
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
+        return float(value or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def normalize_error_data(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"message", "traceback", "timestamp"}`` of error-file data in either layout (pure).
+
+    ``timestamp`` is float seconds: the precise time where the file has one.
+    """
     message = data.get("message")
-    if isinstance(message, dict):  # torch.distributed.elastic's format
+    if isinstance(message, Mapping):  # torch's layout
         extra = message.get("extraInfo") or {}
+        if not isinstance(extra, Mapping):
+            extra = {}
         return {
             "message": str(message.get("message", "")),
             "traceback": str(extra.get("py_callstack", "")),
-            "timestamp": float(extra.get("timestamp", 0) or 0),
-            "raw": data,
+            "timestamp": _float(extra.get("precise_timestamp")) or _float(extra.get("timestamp")),
         }
     return {
         "message": str(message or ""),
         "traceback": str(data.get("traceback", "")),
-        "timestamp": float(data.get("timestamp", 0) or 0),
+        "timestamp": _float(data.get("timestamp")),
     }
 
 
+def _load_error_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_error_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """Read an error file (either layout); ``None`` if it is missing or not a JSON object.
+
+    Returns :func:`normalize_error_data` of it, with the file's object under ``"raw"``.
+    """
+    data = _load_error_file(path)
+    if data is None:
+        return None
+    return {**normalize_error_data(data), "raw": data}
+
+
+class ErrorHandler:
+    """Writes a process's exception to its error file (``$TORCHELASTIC_ERROR_FILE``).
+
+    The same methods as torch's ``ErrorHandler``: ``initialize()`` (turns on
+    :mod:`faulthandler`), ``record_exception(e)`` (call it from an ``except`` block; does
+    nothing without an error file) and ``dump_error_file(child_file, error_code)`` (copy a
+    child's error file to this process's, setting ``errorCode`` when non-zero). Subclass it
+    and override ``_get_error_file_path`` to write elsewhere.
+    """
+
+    def _get_error_file_path(self) -> str | None:
+        return os.environ.get(ERROR_FILE_ENV) or None
+
+    def initialize(self) -> None:
+        try:
+            faulthandler.enable(all_threads=True)
+        except Exception as e:  # no usable stderr (closed, or not a real file): run without it
+            logger.warning("could not enable faulthandler: %s: %s", type(e).__name__, e)
+
+    def record_exception(self, e: BaseException) -> None:
+        path = self._get_error_file_path()
+        if not path:
+            return
+        try:
+            write_error_file(path, e)
+        except OSError as write_exc:
+            print(f"kelastic: could not write error file {path}: {write_exc}", file=sys.stderr)
+
+    def dump_error_file(self, rootcause_error_file: str, error_code: int = 0) -> None:
+        data = json.loads(Path(rootcause_error_file).read_text())
+        message = data.get("message") if isinstance(data, dict) else None
+        if error_code and isinstance(message, dict):
+            # A child killed by a signal cannot record its own exit code.
+            message["errorCode"] = error_code
+        mine = self._get_error_file_path()
+        if not mine:
+            logger.error("no error file for this process to copy the child's %s to", rootcause_error_file)
+            return
+        _write_json_atomically(mine, data)
+
+
+def get_error_handler() -> ErrorHandler:
+    """The error handler :func:`record` uses when none is given."""
+    return ErrorHandler()
+
+
+class _FileErrorHandler(ErrorHandler):
+    """Writes to a fixed path, else ``$TORCHELASTIC_ERROR_FILE`` (``record(error_file=...)``)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def _get_error_file_path(self) -> str | None:
+        return self._path
+
+
 @overload
-def record(fn: F, *, error_file: str | None = None) -> F: ...
+def record(fn: F, error_handler: ErrorHandler | None = None, *, error_file: str | None = None) -> F: ...
 @overload
-def record(fn: None = None, *, error_file: str | None = None) -> Callable[[F], F]: ...
-def record(fn: F | None = None, *, error_file: str | None = None) -> F | Callable[[F], F]:
+def record(
+    fn: None = None, error_handler: ErrorHandler | None = None, *, error_file: str | None = None
+) -> Callable[[F], F]: ...
+def record(
+    fn: F | None = None, error_handler: ErrorHandler | None = None, *, error_file: str | None = None
+) -> F | Callable[[F], F]:
     """Decorator: if ``fn`` raises, write the exception to the error file, then re-raise.
 
-    The error file is ``error_file`` if given, else ``$TORCHELASTIC_ERROR_FILE``; without
-    either, the exception just propagates. ``SystemExit`` is an intentional exit and is
-    not recorded. Usable bare (``@record``) or with arguments (``@record(error_file=...)``).
+    The error file is ``error_file`` if given, else the ``error_handler``'s (default:
+    ``$TORCHELASTIC_ERROR_FILE``); without one, the exception just propagates.
+    ``SystemExit(0)`` returns ``None`` (a script that calls ``sys.exit(0)`` succeeded);
+    any other ``SystemExit`` is an intentional exit and propagates unrecorded. A
+    :class:`ChildFailedError` copies the first failed child's error file instead of
+    recording itself (and writes nothing when that child left no error file). Usable bare (``@record``) or with arguments.
     """
     if fn is None:
-        return functools.partial(record, error_file=error_file)
+        return functools.partial(record, error_handler=error_handler, error_file=error_file)
+    handler = _FileErrorHandler(error_file) if error_file else (error_handler or get_error_handler())
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        handler.initialize()
         try:
             return fn(*args, **kwargs)
-        except SystemExit:
+        except SystemExit as exit_:
+            if exit_.code == 0:
+                return None
+            raise
+        except ChildFailedError as e:
+            rank, failure = e.get_first_failure()
+            if failure.error_file != NOT_AVAILABLE and os.path.isfile(failure.error_file):
+                handler.dump_error_file(failure.error_file, failure.exitcode)
+            else:
+                # Not recorded as this process's own error: the child's is what matters,
+                # and a reader of the error file would take the launcher for the culprit.
+                logger.info(
+                    "rank %s failed without an error file; decorate its entrypoint with @record", rank
+                )
             raise
         except BaseException as exc:
-            path = error_file or os.environ.get(ERROR_FILE_ENV)
-            if path:
-                try:
-                    write_error_file(path, exc)
-                except OSError as write_exc:
-                    print(f"kelastic: could not write error file {path}: {write_exc}", file=sys.stderr)
+            handler.record_exception(exc)
             raise
 
     return cast(F, wrapper)  # functools.wraps keeps fn's signature
@@ -124,12 +279,14 @@ def record(fn: F | None = None, *, error_file: str | None = None) -> F | Callabl
 
 @dataclass
 class ProcessFailure:
-    """One failed rank.
+    """One failed rank (torch's ``ProcessFailure``, see the module docstring for the differences).
 
-    ``exitcode`` < 0 means killed by signal ``-exitcode``. ``message`` comes from the
-    error file when the rank wrote one, else describes the exit code. ``timestamp`` is
-    when the failure happened (the error file's time if present, else when it was seen),
-    in seconds since the epoch.
+    ``exitcode`` < 0 means killed by signal ``-exitcode``. ``error_file_data`` is the
+    error file's JSON as written (``{"message": "<NONE>"}`` and ``error_file ==
+    "<N/A>"`` when the rank wrote none). ``message`` is the recorded message, else a
+    description of the exit code. ``timestamp`` is when the failure happened in whole
+    seconds since the epoch (the error file's time if present, else when it was seen);
+    ``failed_at`` is the same in float seconds, for ordering failures.
     """
 
     local_rank: int
@@ -137,32 +294,71 @@ class ProcessFailure:
     exitcode: int
     error_file: str
     message: str = ""
-    timestamp: float = 0.0
-    error_file_data: dict[str, Any] | None = None
+    timestamp: int = 0
+    error_file_data: dict[str, Any] = field(default_factory=dict)
+    failed_at: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.error_file_data is None and self.error_file:
-            self.error_file_data = read_error_file(self.error_file)
-        if self.error_file_data is not None:
-            self.message = self.message or self.error_file_data.get("message", "")
-            self.timestamp = self.error_file_data.get("timestamp") or self.timestamp
+        if not self.error_file_data and self.error_file and os.path.isfile(self.error_file):
+            self.error_file_data = _load_error_file(self.error_file) or {}
+        if not self.error_file_data:
+            if not (self.error_file and os.path.isfile(self.error_file)):
+                self.error_file = NOT_AVAILABLE
+            self.error_file_data = _empty_error_data()
+            recorded: dict[str, Any] = {"message": "", "traceback": "", "timestamp": 0.0}
+        else:
+            recorded = normalize_error_data(self.error_file_data)
+        self.message = self.message or str(recorded["message"])
+        self.failed_at = (
+            self.failed_at or float(recorded["timestamp"]) or float(self.timestamp) or time.time()
+        )
+        self.timestamp = int(self.timestamp or self.failed_at)
         if not self.message:
             self.message = exitcode_message(self.exitcode, self.pid)
-        if not self.timestamp:
-            self.timestamp = time.time()
 
     def signal_name(self) -> str:
-        """``"SIGKILL"`` etc. for a death by signal, ``""`` otherwise."""
+        """``"SIGKILL"`` etc. for a death by signal, ``"<N/A>"`` otherwise (as torch)."""
         if self.exitcode >= 0:
-            return ""
+            return NOT_AVAILABLE
         try:
             return signal.Signals(-self.exitcode).name
         except ValueError:
-            return f"signal {-self.exitcode}"
+            return NOT_AVAILABLE
+
+    def timestamp_isoformat(self) -> str:
+        """``timestamp`` as local ``YYYY-MM-DD_HH:MM:SS``."""
+        return datetime.fromtimestamp(self.timestamp).isoformat(sep="_")
 
     def traceback(self) -> str:
         """The failing rank's traceback from its error file, or ``""``."""
-        return str((self.error_file_data or {}).get("traceback", ""))
+        return str(normalize_error_data(self.error_file_data).get("traceback", ""))
+
+
+class ChildFailedError(Exception):
+    """Raised by a launcher whose children failed, to report the children's root cause.
+
+    ``failures`` maps (global) rank to :class:`ProcessFailure` and must not be empty.
+    Under :func:`record`, the first failure's error file is copied to the launcher's own
+    error file, so whoever reads the launcher's sees the child's error. ``str(e)`` is the
+    failure summary (root cause first, as the agent prints it).
+    """
+
+    def __init__(self, name: str, failures: Mapping[int, ProcessFailure]) -> None:
+        if not failures:
+            raise ValueError("ChildFailedError needs at least one failure")
+        self.name = name
+        self.failures = dict(failures)
+        super().__init__(self.format_msg())
+
+    def get_first_failure(self) -> tuple[int, ProcessFailure]:
+        """``(rank, failure)`` of the earliest failure (lowest rank breaks ties)."""
+        rank = min(self.failures, key=lambda r: (self.failures[r].failed_at, r))
+        return rank, self.failures[rank]
+
+    def format_msg(self) -> str:
+        from kelastic.agent.summary import format_failure_summary
+
+        return "\n" + format_failure_summary(self.name, self.failures, socket.getfqdn())
 
 
 @dataclass
@@ -186,7 +382,7 @@ class RunProcsResult:
         """The earliest failure (ties broken by local rank): the likely root cause."""
         if not self.failures:
             return None
-        return min(self.failures.values(), key=lambda f: (f.timestamp, f.local_rank))
+        return min(self.failures.values(), key=lambda f: (f.failed_at, f.local_rank))
 
     def summary(self) -> str:
         """Human-readable account of the failures, root cause first; ``""`` on success."""
@@ -194,7 +390,7 @@ class RunProcsResult:
         if root is None:
             return ""
         lines = [f"root cause (first failure): local_rank {root.local_rank} (pid {root.pid}): {root.message}"]
-        others = sorted((f for f in self.failures.values() if f is not root), key=lambda f: f.timestamp)
+        others = sorted((f for f in self.failures.values() if f is not root), key=lambda f: f.failed_at)
         lines += [f"also failed: local_rank {f.local_rank} (pid {f.pid}): {f.message}" for f in others]
         tb = root.traceback()
         if tb:

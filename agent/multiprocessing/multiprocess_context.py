@@ -32,8 +32,10 @@ class MultiprocessContext(PContext):
         logs: Mapping[int, RankLogs],
         progbar_events: dict[str, Event] | None = None,
         start_method: str = "spawn",
+        log_line_prefixes: Mapping[int, str] | None = None,
+        filtered: Mapping[str, tuple[str, list[str]]] | None = None,
     ) -> None:
-        super().__init__(name, entrypoint, args, envs, logs, progbar_events)
+        super().__init__(name, entrypoint, args, envs, logs, progbar_events, log_line_prefixes, filtered)
         self.start_method = start_method
         self._procs: dict[int, multiprocessing.process.BaseProcess] = {}
         self._ret_dir = tempfile.mkdtemp(prefix=f"kelastic-{name}-ret-")

@@ -4,16 +4,34 @@ The launcher (the agent) must not just die on SIGTERM: it has to stop its ranks 
 the same signal first. ``install_signal_handlers`` makes SIGTERM, SIGINT, SIGHUP and
 SIGQUIT raise :class:`SignalException` in the main thread, where the caller catches it
 and calls ``PContext.close(death_sig=e.sigval)``.
+
+``TORCHELASTIC_SIGNALS_TO_HANDLE`` (torch's variable: comma-separated names such as
+``SIGTERM,SIGINT,SIGUSR1``) replaces that set; a name that is not a signal, or a signal
+that cannot be handled (SIGKILL), is logged and skipped.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import threading
 from types import FrameType
 from typing import Any
 
-__all__ = ["TERMINATION_SIGNALS", "SignalException", "install_signal_handlers", "restore_signal_handlers"]
+__all__ = [
+    "SIGNALS_ENV",
+    "TERMINATION_SIGNALS",
+    "SignalException",
+    "install_signal_handlers",
+    "restore_signal_handlers",
+    "signals_to_handle",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Names the signals to turn into ``SignalException`` (torch's variable).
+SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 
 TERMINATION_SIGNALS: tuple[signal.Signals, ...] = (
     signal.SIGTERM,
@@ -31,6 +49,25 @@ class SignalException(Exception):
         self.sigval = sigval
 
 
+def signals_to_handle(value: str | None) -> tuple[tuple[signal.Signals, ...], list[str]]:
+    """The signals named by ``value`` (``SIGNALS_ENV``'s syntax; None or blank: the default
+    set), and the names that are not signals; pure."""
+    if value is None or not value.strip():
+        return TERMINATION_SIGNALS, []
+    found: list[signal.Signals] = []
+    unknown: list[str] = []
+    for raw in value.split(","):
+        name = raw.strip()
+        if not name:
+            continue
+        sig = getattr(signal.Signals, name, None)
+        if sig is None:
+            unknown.append(name)
+        elif sig not in found:
+            found.append(sig)
+    return tuple(found), unknown
+
+
 def _raise_signal_exception(signum: int, frame: FrameType | None) -> None:
     sigval = signal.Signals(signum)
     raise SignalException(f"process received signal {sigval.name}", sigval=sigval)
@@ -45,9 +82,15 @@ def install_signal_handlers() -> dict[signal.Signals, Any] | None:
     """
     if threading.current_thread() is not threading.main_thread():
         return None
+    wanted, unknown = signals_to_handle(os.environ.get(SIGNALS_ENV))
+    for name in unknown:
+        logger.warning("%s names %r, which is not a signal; ignoring it", SIGNALS_ENV, name)
     previous: dict[signal.Signals, Any] = {}
-    for sig in TERMINATION_SIGNALS:
-        previous[sig] = signal.signal(sig, _raise_signal_exception)
+    for sig in wanted:
+        try:
+            previous[sig] = signal.signal(sig, _raise_signal_exception)
+        except (OSError, ValueError) as exc:  # SIGKILL/SIGSTOP cannot be caught
+            logger.warning("cannot handle %s (%s); ignoring it", sig.name, exc)
     return previous
 
 

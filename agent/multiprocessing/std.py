@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
-__all__ = ["Std", "to_std_map"]
+__all__ = ["Std", "to_map", "to_std_map"]
 
 
 class Std(enum.IntFlag):
@@ -61,3 +61,7 @@ def to_std_map(value: Std | int | Mapping[int, Std | int], nprocs: int) -> dict[
             )
         return {rank: Std(value.get(rank, Std.NONE)) for rank in range(nprocs)}
     return dict.fromkeys(range(nprocs), Std(value))
+
+
+#: torch's name for :func:`to_std_map` (``torch.distributed.elastic.multiprocessing.to_map``).
+to_map = to_std_map

@@ -31,8 +31,10 @@ class SubprocessContext(PContext):
         envs: Mapping[int, Mapping[str, str]],
         logs: Mapping[int, RankLogs],
         progbar_events: dict[str, Event] | None = None,
+        log_line_prefixes: Mapping[int, str] | None = None,
+        filtered: Mapping[str, tuple[str, list[str]]] | None = None,
     ) -> None:
-        super().__init__(name, entrypoint, args, envs, logs, progbar_events)
+        super().__init__(name, entrypoint, args, envs, logs, progbar_events, log_line_prefixes, filtered)
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._pidfds: dict[int, int] = {}
 

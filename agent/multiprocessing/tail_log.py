@@ -13,7 +13,12 @@ Contract:
   ``interval_sec`` as a fallback), so a new line is printed within milliseconds; while
   lines flow it reads up to 1 MiB per file per pass and prints one batch per pass;
 - with ``progbar_events`` from the node's progress display, each batch is printed
-  inside a :func:`~.progbar.console_turn` so the bar is erased first and redrawn after.
+  inside a :func:`~.progbar.console_turn` so the bar is erased first and redrawn after;
+- ``log_line_filter`` (torch's): only lines for which it returns True are printed; it
+  gets each line as text with its trailing newline.
+
+torch's ``TailLog(name, log_files, dst, log_line_prefixes, interval_sec, log_line_filter)``
+call works too: a mapping in the fourth place is taken as ``log_line_prefixes``.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 from .fswatch import ChangeWaiter
@@ -54,9 +59,12 @@ def _collapse_cr(block: bytes) -> bytes:
 class _FileTail:
     """Incremental reader of one log file that turns appended bytes into headed lines."""
 
-    def __init__(self, path: str, header: bytes, cr_interval: float) -> None:
+    def __init__(
+        self, path: str, header: bytes, cr_interval: float, line_filter: Callable[[str], bool] | None = None
+    ) -> None:
         self.path = path
         self.header = header
+        self.line_filter = line_filter
         self.cr_interval = cr_interval
         self.fd: int | None = None
         self.pending = b""  # the current incomplete line
@@ -66,6 +74,12 @@ class _FileTail:
         self.open_error: str | None = None
 
     def _headed(self, block: bytes) -> bytes:
+        if self.line_filter is not None:
+            keep = self.line_filter
+            lines = [ln for ln in block.split(b"\n") if keep(ln.decode("utf-8", errors="replace") + "\n")]
+            if not lines:
+                return b""
+            block = b"\n".join(lines)
         if self.header:
             return self.header + block.replace(b"\n", b"\n" + self.header) + b"\n"
         return block + b"\n"
@@ -257,19 +271,30 @@ class TailLog:
         name: str,
         log_files: Mapping[int, str | os.PathLike[str]],
         dst: IO[Any],
-        interval_sec: float = 0.1,
-        progbar_events: Mapping[str, threading.Event] | None = None,
+        interval_sec: float | Mapping[int, str] | None = 0.1,
+        progbar_events: Mapping[str, threading.Event] | float | None = None,
         log_line_prefixes: Mapping[int, str] | None = None,
         cr_interval_sec: float = 5.0,
         stop_timeout: float = 60.0,
+        log_line_filter: Callable[[str], bool] | None = None,
     ) -> None:
+        if interval_sec is None or isinstance(interval_sec, Mapping):  # torch's positional order:
+            log_line_prefixes, interval_sec = interval_sec, 0.1  # (..., log_line_prefixes, interval_sec)
+            if isinstance(progbar_events, (int, float)):
+                interval_sec = float(progbar_events)
+        events = None if isinstance(progbar_events, (int, float)) else progbar_events
         prefixes = log_line_prefixes or {}
         self._name = name
         self._tails = [
-            _FileTail(os.fspath(path), prefixes.get(rank, f"[{name}{rank}]:").encode(), cr_interval_sec)
+            _FileTail(
+                os.fspath(path),
+                prefixes.get(rank, f"[{name}{rank}]:").encode(),
+                cr_interval_sec,
+                log_line_filter,
+            )
             for rank, path in sorted(log_files.items())
         ]
-        self._printer = _Printer(dst, None, progbar_events)
+        self._printer = _Printer(dst, None, events)
         self._interval = interval_sec
         self._finished = threading.Event()
         self._waiter: ChangeWaiter | None = None

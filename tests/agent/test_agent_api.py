@@ -234,7 +234,8 @@ def test_exit_barrier_releases_all_and_times_out_alone() -> None:
         ({"max_restarts": -1}, "max_restarts"),
         ({"monitor_interval": 0}, "monitor_interval"),
         ({"master_port": 70000}, "master_port"),
-        ({"rdzv_handler": None}, "rdzv_handler"),
+        ({"rdzv_handler": object()}, "rdzv_handler"),  # None is accepted, as torch does
+        ({"numa_options": object()}, "numa_options"),
     ],
 )
 def test_spec_validation_names_the_field(kw: dict[str, Any], needle: str) -> None:

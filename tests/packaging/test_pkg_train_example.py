@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -140,9 +141,46 @@ def test_killed_group_resumes_from_last_checkpoint_at_another_world_size(tmp_pat
     last_checkpoint = max(e["step"] for e in before if e["event"] == "checkpoint")
 
     result = run([sys.executable, str(TRAIN), "--steps", "120", "--checkpoint-dir", str(ckpt)], timeout=60)
-    assert f"resumed from checkpoint at step {last_checkpoint}" in result.stdout
+    assert f"resumed from the checkpoint file at step {last_checkpoint}" in result.stdout
     after = history(ckpt)[len(before) :]
     assert after[0] == {**after[0], "event": "start", "step": last_checkpoint, "world_size": 1}
     assert after[1] == {**after[1], "event": "first_step", "step": last_checkpoint + 1, "world_size": 1}
     assert after[-1]["event"] == "done" and after[-1]["step"] == 120
     assert after[-1]["loss"] < 1.0, f"the model did not learn across the restart: {after[-1]}"
+
+
+@pytest.mark.slow
+def test_under_kelastic_a_killed_rank_resumes_from_the_memory_checkpoint(tmp_path: Path) -> None:
+    """Under kelastic-agent the example checkpoints to the agent's memory every 5 steps and
+    to its file only every 50: a rank SIGKILLed mid-run costs the steps since the last memory
+    checkpoint, not those since the last file."""
+    ckpt, shm = tmp_path / "ckpt", Path("/dev/shm") / f"kelastic-example-{tmp_path.name}"
+    agent = subprocess.Popen(
+        [
+            sys.executable, "-m", "kelastic.agent", "--standalone", "--nproc-per-node", "2",
+            "--max-restarts", "2", "--checkpoint-dir", str(shm), str(TRAIN),
+            "--steps", "150", "--step-delay", "0.05", "--checkpoint-every", "5",
+            "--durable-every", "50", "--checkpoint-dir", str(ckpt),
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not any(e["event"] == "checkpoint" and e["step"] >= 65 for e in history(ckpt)):
+            assert agent.poll() is None, f"the agent exited early:\n{agent.communicate()[0]}"
+            assert time.monotonic() < deadline, f"no checkpoint at step >= 65 in 120 s: {history(ckpt)}"
+            time.sleep(0.05)
+        workers = [p for p in descendants(agent.pid) if "train.py" in Path(f"/proc/{p}/cmdline").read_text()]
+        last = max(e["step"] for e in history(ckpt) if e["event"] == "checkpoint")
+        os.kill(max(workers), signal.SIGKILL)
+        output = agent.communicate(timeout=120)[0]
+    finally:
+        kill_tree(agent.pid)
+        shutil.rmtree(shm, ignore_errors=True)
+    assert agent.returncode == 0, output
+    starts = [e for e in history(ckpt) if e["event"] == "start"]
+    assert len(starts) == 2, (starts, output)
+    assert starts[1]["source"] == "memory checkpoint" and starts[1]["step"] >= last, (starts, last)
+    assert starts[1]["step"] > 50, "resumed from the file (step 50), not from memory"
+    assert "resumed from the memory checkpoint" in output
+    assert history(ckpt)[-1]["event"] == "done"
