@@ -1,7 +1,7 @@
 # Developer shortcuts; every target is also spelled out in the README.
 PYTHON ?= python3
 
-.PHONY: install test test-fast test-gpu lint typecheck import-rules format bench
+.PHONY: install test test-fast test-gpu lint typecheck import-rules docs-rules format bench
 
 install:  ## torch first, pinned: the pin takes the CPU build instead of CUDA packages
 	$(PYTHON) -m pip install torch==2.13.0
@@ -16,11 +16,12 @@ test-fast:  ## skip the slow multi-process and end-to-end scenarios
 test-gpu:  ## the gpu lane: NCCL scenarios, needs CUDA and 2+ GPUs (docs/gpus.md); skipped elsewhere
 	$(PYTHON) -m pytest -q -m gpu
 
-lint:  ## style, types and the import direction between the three parts; CI runs this
+lint:  ## style, types, the import direction between the three parts, docs that name every module; CI runs this
 	ruff check .
 	ruff format --check .
 	$(MAKE) --no-print-directory typecheck
 	$(MAKE) --no-print-directory import-rules
+	$(MAKE) --no-print-directory docs-rules
 
 # The folders are installed as kelastic.agent, kelastic.operator and kelastic.localcluster
 # (package-dir); mypy finds modules by their place on disk, so it reads them through links
@@ -34,6 +35,9 @@ typecheck:  ## mypy: strict for agent/ and operator/, checked for localcluster/
 
 import-rules:  ## agent imports nothing of ours; operator only the agent's contract; localcluster neither
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests/packaging/test_pkg_imports.py
+
+docs-rules:  ## docs/architecture.md names every module of agent/ and operator/, and every flag of the worker command
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/packaging/test_pkg_docs.py
 
 format:
 	ruff check --fix .

@@ -21,9 +21,10 @@ The pieces a caller may rely on:
 
   - SUCCEEDED: wait at the exit barrier (bounded by ``exit_barrier_timeout``;
     a timeout is logged, not fatal) and return the result;
-  - FAILED/UNHEALTHY: if the failure was caused by the group changing (with
-    kelastic's handler, a :class:`LossWatcher`: a member of the round died,
-    left or was dropped; with others: any membership change), checked for up to
+  - FAILED/UNHEALTHY (the rule is pure, in :mod:`kelastic.agent.restart_policy`):
+    if the failure was caused by the group changing (with kelastic's handler,
+    a :class:`LossWatcher`: a member of the round died, left or was dropped;
+    with others: any membership change), checked for up to
     ``membership_grace`` seconds when the round has peers, since a peer's death
     usually shows up first as a failed collective (default: the handler's
     ``loss_notice``, about 2 s with kelastic's peer link; its heartbeat timeout
@@ -85,10 +86,11 @@ from torch.distributed import Store
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 from torch.distributed.elastic.rendezvous.api import RendezvousGracefulExitError
 
-from kelastic.agent import warm
+from kelastic.agent import restart_policy, warm
 from kelastic.agent.events import Event, EventSink, EventSource, default_sink, record
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import ProcessFailure, SignalException, Std
+from kelastic.agent.restart_policy import Action, LossQuestion, Verdict, Watching
 
 __all__ = [
     "DEFAULT_ROLE",
@@ -593,7 +595,6 @@ class SimpleElasticAgent(ElasticAgent):
         self.metrics = metrics if metrics is not None else Metrics()
         self._total_execution_time = 0.0
         self._attempt = -1  # bumped on every start, restarts of either kind included
-        self._in_exit_barrier = False
 
     # subclass interface -----------------------------------------------------------
     @abc.abstractmethod
@@ -641,7 +642,7 @@ class SimpleElasticAgent(ElasticAgent):
         start = time.monotonic()
         shutdown_called = False
         try:
-            result = self._invoke_run(role)
+            result = self._invoke_run()
             self._total_execution_time = time.monotonic() - start
             self._record_worker_events(result)
             self._event(
@@ -810,32 +811,52 @@ class SimpleElasticAgent(ElasticAgent):
         handler = self._worker_group.spec.rdzv_handler
         return _default_grace(handler, final=self._remaining_restarts == 0)
 
-    def _failure_was_membership_change(self, changed: bool) -> bool:
-        """After workers failed: was it caused by the group changing around them?
-
-        ``changed``: the membership was seen changed just before the failure was.
-        With a :class:`LossWatcher` only a lost member counts (a peer re-joining
-        after its own failure is the same failure, and spends a restart on every
-        agent alike); otherwise any change within the grace period does.
-        """
+    def _watching(self) -> Watching:
         watcher = self._watcher()
         if watcher is None:
-            return False
+            return Watching.NOTHING
+        return Watching.LOSSES if isinstance(watcher, LossWatcher) else Watching.MEMBERSHIP
+
+    def _member_lost(self, watching: Watching, changed: bool) -> bool:
+        """After workers failed: was it caused by the group changing around them?
+
+        Asks the handler the question :func:`~kelastic.agent.restart_policy.loss_question`
+        names, waiting up to the membership grace for the answer. ``changed``: the
+        membership was seen changed just before the failure was.
+        """
         alone = self._worker_group.group_world_size == 1  # no peer whose loss could have caused it
-        if isinstance(watcher, LossWatcher):
-            return not alone and bool(watcher.wait_member_lost(self._membership_grace))
-        if changed:
-            return True
-        if alone:
-            return False
+        question = restart_policy.loss_question(watching, changed=changed, alone=alone)
+        if question is LossQuestion.NO or question is LossQuestion.YES:
+            return question is LossQuestion.YES
+        watcher = self._watcher()
+        assert watcher is not None  # a question to ask means a handler that watches
+        if question is LossQuestion.WAIT_MEMBER_LOST:
+            assert isinstance(watcher, LossWatcher)
+            return bool(watcher.wait_member_lost(self._membership_grace))
         return watcher.membership_changed() or bool(watcher.wait_membership_change(self._membership_grace))
 
-    def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
+    def _apply(self, verdict: Verdict) -> bool:
+        """Carry ``verdict`` out; True when the agent's run ends with it (FAIL)."""
+        wg = self._worker_group
+        if verdict.action is Action.RESTART_FREE:
+            self.metrics.incr("agent", "membership_restarts")
+            self._restart_workers(wg, verdict.reason)
+        elif verdict.action is Action.RESTART_SPEND:
+            self._remaining_restarts -= 1
+            self.metrics.incr("agent", "restarts")
+            self._restart_workers(wg, verdict.reason)
+        elif verdict.action is Action.FAIL:
+            self._stop_workers(wg)
+            wg.state = WorkerState.FAILED
+            return True
+        return False
+
+    def _invoke_run(self) -> RunResult:
         spec = self._worker_group.spec
         handler = spec.rdzv_handler
         _log.info("[%s] starting workers for entrypoint %s", spec.role, spec.get_entrypoint_name())
         self._initialize_workers(self._worker_group)
-        watch = self._watches_membership()
+        watching = self._watching()
         while True:
             changed = self._wait_for_membership_change(spec.monitor_interval)
             result = self._monitor_workers(self._worker_group)
@@ -852,43 +873,31 @@ class SimpleElasticAgent(ElasticAgent):
                 self._exit_barrier()
                 return result
             if state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
-                if self._failure_was_membership_change(changed):
-                    self.metrics.incr("agent", "membership_restarts")
-                    self._restart_workers(
-                        self._worker_group,
-                        "a peer was lost or the membership changed as workers failed; no restart spent",
+                verdict = restart_policy.decide_after_failure(
+                    restart_policy.Failure(
+                        state=state.value,
+                        member_lost=self._member_lost(watching, changed),
+                        remaining_restarts=self._remaining_restarts,
+                        max_restarts=spec.max_restarts,
                     )
-                elif self._remaining_restarts > 0:
-                    self._remaining_restarts -= 1
-                    self.metrics.incr("agent", "restarts")
-                    self._restart_workers(
-                        self._worker_group,
-                        f"workers {state.value}; {self._remaining_restarts}/{spec.max_restarts} restarts left after this",
-                    )
-                else:
-                    self._stop_workers(self._worker_group)
-                    self._worker_group.state = WorkerState.FAILED
-                    return result
+                )
             elif state == WorkerState.HEALTHY:
                 self._on_monitor_tick(self._worker_group)
-                if watch:
-                    if changed:
-                        self.metrics.incr("agent", "membership_restarts")
-                        self._restart_workers(self._worker_group, "rendezvous membership changed")
-                else:
-                    waiting = handler.num_nodes_waiting()
-                    if waiting > 0:
-                        self.metrics.incr("agent", "membership_restarts")
-                        self._restart_workers(self._worker_group, f"{waiting} node(s) waiting to join")
+                # only a handler that watches nothing is asked (torch's c10d and static)
+                waiting = handler.num_nodes_waiting() if watching is Watching.NOTHING else 0
+                verdict = restart_policy.decide_while_healthy(
+                    restart_policy.Healthy(watching=watching, changed=changed, nodes_waiting=waiting)
+                )
             else:
                 raise RuntimeError(f"[{spec.role}] worker group in unexpected state {state.value}")
+            if self._apply(verdict):
+                return result
 
     def _exit_barrier(self) -> None:
         wg = self._worker_group
         if self._store is None or wg.group_world_size is None:
             return
         start = time.monotonic()
-        self._in_exit_barrier = True
         try:
             ok = exit_barrier(self._store, wg.group_world_size, self._exit_barrier_timeout)
             if ok:
@@ -903,8 +912,6 @@ class SimpleElasticAgent(ElasticAgent):
             raise
         except Exception as e:  # the job is done; a store gone at exit must not turn success into failure
             _log.warning("exit barrier failed after %.2fs: %s", time.monotonic() - start, e)
-        finally:
-            self._in_exit_barrier = False
 
     # events -------------------------------------------------------------------------
     def _agent_metadata(self) -> dict[str, Any]:

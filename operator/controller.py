@@ -38,10 +38,10 @@ import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from kelastic.operator import validation
+from kelastic.operator.clock import SYSTEM, Clock
 from kelastic.operator.events import EventEmitter, EventRecorder
 from kelastic.operator.executor import ActionExecutor
 from kelastic.operator.jobcache import EXPECT_SECONDS, JobCache
@@ -93,8 +93,11 @@ class Controller:
         *,
         is_leader: Callable[[], bool] = lambda: True,
         metrics: OperatorMetrics | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.kube = kube
+        #: The time of the queue's delays, the store reads, the resync and each pass's ``now``.
+        self.clock = clock
         #: Prometheus series (kelastic.operator.metrics); served by the CLI's --metrics-port.
         self.metrics = metrics if metrics is not None else OperatorMetrics()
         self.store = store
@@ -104,7 +107,10 @@ class Controller:
         self._services_index: Mapping[JobKey, Iterable[ServiceView]] = {}
         #: Which jobs to reconcile when: coalesced triggers, deadlines, back-off after failures.
         self.queue: WorkQueue[JobKey] = WorkQueue(
-            self._process, max_delay=self.options.max_retry_delay, describe=lambda k: f"{k[0]}/{k[1]}"
+            self._process,
+            max_delay=self.options.max_retry_delay,
+            describe=lambda k: f"{k[0]}/{k[1]}",
+            clock=clock,
         )
         #: The newest body of each job, our own writes, pods created but not yet watched.
         self.cache = JobCache()
@@ -122,6 +128,7 @@ class Controller:
             is_leader=lambda: self.is_leader(),
             read_interval=self.options.store_read_interval,
             progress_interval=self.options.progress_interval,
+            clock=clock,
         )
         #: Events are posted in the background; a repeat updates the Event already posted.
         self.events = EventEmitter(
@@ -240,7 +247,7 @@ class Controller:
 
     async def _resync(self) -> None:
         while True:
-            await asyncio.sleep(self.options.resync_interval)
+            await self.clock.sleep(self.options.resync_interval)
             for key in list(self.cache.known):
                 self.trigger(key)
 
@@ -296,7 +303,7 @@ class Controller:
         decision: Decision | None = None
         for _ in range(3):
             observed = Observed(
-                now=datetime.now(timezone.utc), pods=tuple(pods), services=tuple(services), rendezvous=rdzv
+                now=self.clock.now(), pods=tuple(pods), services=tuple(services), rendezvous=rdzv
             )
             decision = reconcile(job, observed, self.options.reconcile)
             applied = await self.executor.apply(job, body, decision, pods, services)

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from kelastic.operator.clock import SYSTEM, Clock
 from kelastic.operator.kube import ApiError, Kube
 from kelastic.operator.spec import parse_time
 
@@ -55,6 +55,7 @@ class LeaderElector:
         safety_margin: float = 2.0,
         release_timeout: float = 2.0,
         on_change: Callable[[bool], None] | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         if not 0 < safety_margin < lease_seconds or renew_every >= lease_seconds - safety_margin:
             raise ValueError(
@@ -75,6 +76,7 @@ class LeaderElector:
         # Monotonic: leadership is trusted until then (the margin before the Lease can expire).
         self._valid_until = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._clock = clock
 
     @property
     def path(self) -> str:
@@ -82,7 +84,7 @@ class LeaderElector:
 
     @property
     def is_leader(self) -> bool:
-        return self._leader and time.monotonic() < self._valid_until
+        return self._leader and self._clock.monotonic() < self._valid_until
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="kelastic-leader-election")
@@ -118,7 +120,7 @@ class LeaderElector:
                 log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
                 won = self.is_leader
             self._set(won)
-            await asyncio.sleep(self.renew_every if won else self.retry_every)
+            await self._clock.sleep(self.renew_every if won else self.retry_every)
 
     def _set(self, leader: bool) -> None:
         if leader != self._leader:
@@ -131,8 +133,8 @@ class LeaderElector:
 
     def try_acquire(self) -> bool:
         """One election step (blocking): create, renew or take over the Lease. True if we hold it."""
-        started = time.monotonic()
-        now = datetime.now(timezone.utc)
+        started = self._clock.monotonic()
+        now = self._clock.now()
         try:
             lease = self.kube.request("GET", self.path)
         except ApiError as err:

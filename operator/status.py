@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +20,7 @@ from kelastic.operator.spec import format_time
 __all__ = [
     "CONDITION_INVALID",
     "TERMINAL_PHASES",
+    "JobStatus",
     "Phase",
     "find_condition",
     "merge_patch",
@@ -40,6 +42,68 @@ class Phase(str, enum.Enum):
 
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 CONDITION_INVALID = "Invalid"
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.title() for w in rest)
+
+
+@dataclass
+class JobStatus:
+    """An ElasticJob's status, typed: what a reconcile pass reads and writes.
+
+    Each field is the stored key of its name in camelCase (``below_min_since`` is
+    ``belowMinSince``). A field is None where the stored status has no such key (or a null one), and
+    :meth:`to_dict` leaves it out; ``extra`` keeps, as stored, the keys this class
+    does not name. ``to_dict(from_dict(d)) == d`` for any status without nulls.
+    Times are kept as stored (RFC 3339 strings, see ``spec.format_time``), so a
+    status read and written back is unchanged to the character.
+    """
+
+    phase: str | None = None
+    conditions: list[dict[str, Any]] | None = None
+    selector: str | None = None
+    observed_generation: int | None = None
+    replica_statuses: dict[str, Any] | None = None
+    world_size: int | None = None
+    restarts: int | None = None
+    progress: str | None = None
+    rdzv_endpoint: str | None = None
+    #: Failed workers recreated so far, against spec.backoffLimit; each pod counted once
+    #: (its uid stays in ``counted_failures`` while the pod exists).
+    backoff_count: int | None = None
+    counted_failures: list[str] | None = None
+    #: Since when fewer than minReplicas workers run (for minReplicasTimeout).
+    below_min_since: str | None = None
+    #: The replicas the job last ran at in full; set once it ran, so a later change is Scaling.
+    scaled_to: int | None = None
+    last_recovery_time: str | None = None
+    #: The members' memory checkpoints (``kelastic.operator.checkpoint``).
+    checkpoint: dict[str, Any] | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, status: Mapping[str, Any]) -> JobStatus:
+        """The typed view of ``status`` (a shallow copy: setting a field leaves ``status`` as it was)."""
+        known = _KEYS
+        typed = {known[k]: v for k, v in status.items() if k in known}
+        return cls(**typed, extra={k: v for k, v in status.items() if k not in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The status as stored: the keys of ``extra``, then each field that is not None."""
+        out = dict(self.extra)
+        for key, name in _KEYS.items():
+            value = getattr(self, name)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+#: The stored key of each field of :class:`JobStatus` (its name in camelCase) → the field.
+_KEYS = {_camel(f.name): f.name for f in fields(JobStatus) if f.name != "extra"}
 
 
 def find_condition(conditions: Sequence[Mapping[str, Any]], kind: str) -> Mapping[str, Any] | None:

@@ -15,14 +15,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from kelastic.agent import contract
 from kelastic.operator import builders
+from kelastic.operator.clock import SYSTEM, Clock
 from kelastic.operator.joblog import JobKey, job_log
 from kelastic.operator.observed import PodPhase, PodView, RendezvousView
 from kelastic.operator.reconcile import PublishMembership
@@ -54,6 +53,7 @@ class StoreSync:
         is_leader: Callable[[], bool],
         read_interval: float,
         progress_interval: float,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.store = store
         self._trigger = trigger
@@ -63,6 +63,7 @@ class StoreSync:
         self._is_leader = is_leader
         self.read_interval = read_interval
         self.progress_interval = progress_interval
+        self._clock = clock
         self._views: dict[JobKey, tuple[float, RendezvousView | None]] = {}  # (when read, figures)
         self._reading: set[JobKey] = set()
         self._stores: dict[JobKey, tuple[str, str]] = {}  # running jobs' (store endpoint, run id)
@@ -74,7 +75,7 @@ class StoreSync:
 
     def pass_started(self, key: JobKey) -> None:
         """A pass of ``key`` starts (it writes the newest progress: the next is due ``progress_interval`` later)."""
-        self._passed_at[key] = time.monotonic()
+        self._passed_at[key] = self._clock.monotonic()
 
     def observe(self, key: JobKey, job: Job, pods: list[PodView]) -> RendezvousView | None:
         """The store's last known figures for the job (None before the first read).
@@ -113,7 +114,7 @@ class StoreSync:
     async def poll(self) -> None:
         """Read the store of every running job every ``read_interval`` (no API request); runs until cancelled."""
         while True:
-            await asyncio.sleep(self.read_interval)
+            await self._clock.sleep(self.read_interval)
             if not self._is_leader():
                 continue
             for key, store in list(self._stores.items()):
@@ -127,7 +128,7 @@ class StoreSync:
         finally:
             self._reading.discard(key)
         old = self._views.get(key)
-        self._views[key] = (time.monotonic(), view)
+        self._views[key] = (self._clock.monotonic(), view)
         if view is None or not self._known(key):
             return
         before = old[1] if old is not None else None
@@ -145,7 +146,7 @@ class StoreSync:
         elif (view.step, view.total, _latest(view)) != (before.step, before.total, _latest(before)):
             # Any pass writes the newest progress: wait for progress_interval after the last one.
             due = self._passed_at.get(key, float("-inf")) + self.progress_interval
-            self._requeue(key, max(0.0, due - time.monotonic()))
+            self._requeue(key, max(0.0, due - self._clock.monotonic()))
 
     # ------------------------------------------------------------------ publishing
 

@@ -22,6 +22,8 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
+from kelastic.operator.clock import SYSTEM, Clock, Timer
+
 __all__ = ["WorkQueue"]
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ class WorkQueue(Generic[K]):
         base_delay: float = 1.0,
         max_delay: float = 60.0,
         describe: Callable[[K], str] = str,
+        clock: Clock = SYSTEM,
     ) -> None:
         self._process = process
         self.base_delay = base_delay
@@ -44,7 +47,8 @@ class WorkQueue(Generic[K]):
         self._describe = describe
         self._running: dict[K, asyncio.Task[None]] = {}
         self._again: set[K] = set()  # added while their pass ran: one more pass
-        self._timers: dict[K, asyncio.TimerHandle] = {}
+        self._clock = clock
+        self._timers: dict[K, tuple[float, Timer]] = {}  # pending delayed adds: (when, timer)
         self._failures: dict[K, int] = {}  # consecutive failed passes
         self._stopping = False
 
@@ -73,14 +77,14 @@ class WorkQueue(Generic[K]):
         ``None`` asks for nothing."""
         if delay is None:
             return
-        loop = asyncio.get_running_loop()
-        when = loop.time() + max(delay, 0.05) + 0.01
+        now = self._clock.monotonic()
+        when = now + max(delay, 0.05) + 0.01
         pending = self._timers.get(key)
         if pending is not None:
-            if pending.when() <= when:
+            if pending[0] <= when:
                 return
-            pending.cancel()
-        self._timers[key] = loop.call_at(when, self._due, key)
+            pending[1].cancel()
+        self._timers[key] = (when, self._clock.call_later(when - now, lambda: self._due(key)))
 
     def retry(self, key: K) -> float:
         """A pass of ``key`` failed: process it again after its back-off; returns the delay."""
@@ -98,13 +102,13 @@ class WorkQueue(Generic[K]):
         self.forget(key)
         pending = self._timers.pop(key, None)
         if pending is not None:
-            pending.cancel()
+            pending[1].cancel()
 
     async def stop(self) -> None:
         """Cancel the pending delays and the running passes, and wait for them to end."""
         self._stopping = True
-        for pending in self._timers.values():
-            pending.cancel()
+        for _, timer in self._timers.values():
+            timer.cancel()
         self._timers.clear()
         running = list(self._running.values())
         for task in running:

@@ -112,6 +112,7 @@ def test_the_fork_server_is_a_fork_of_the_agent_and_preloads_the_rest(tmp_path: 
     assert seen["exitcode"] == 0
 
 
+@pytest.mark.slow
 def test_with_another_thread_running_the_fork_server_is_a_fresh_interpreter(tmp_path: Path) -> None:
     seen = _run(tmp_path, "thread")
     assert seen["forked"] is False

@@ -150,6 +150,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_unreachable_store_names_the_endpoint(handlers: list) -> None:
     port = free_port()
     handler = make_handler(f"127.0.0.1:{port}", "lonely", 1, 1, join_timeout=1.5)

@@ -8,6 +8,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
 from kubernetes import client, config
 
 from kelastic.localcluster.apiserver import ApiServer
@@ -94,6 +95,7 @@ def _request(url: str, method: str = "GET", body: dict | None = None) -> dict:
         return json.loads(resp.read())
 
 
+@pytest.mark.slow
 def test_state_survives_a_crash(tmp_path: Path) -> None:
     state = tmp_path / "state"
     cmd = [

@@ -91,6 +91,7 @@ def _run(
     )
 
 
+@pytest.mark.slow
 def test_local_run_succeeds_and_streams_logs(tmp_path: Path) -> None:
     proc = _run(tmp_path, GOOD)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -101,6 +102,7 @@ def test_local_run_succeeds_and_streams_logs(tmp_path: Path) -> None:
     assert "kelastic: succeeded" in out
 
 
+@pytest.mark.slow
 def test_local_run_fails_with_the_failing_pod(tmp_path: Path) -> None:
     proc = _run(tmp_path, BAD)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -221,6 +223,7 @@ def _local_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], list[str]
                     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_local_up_prints_the_kubeconfig_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
     with _local_up(tmp_path) as (up, printed, pids):
         up.send_signal(signal.SIGTERM)
@@ -240,6 +243,7 @@ def test_pod_processes_die_even_when_local_up_is_killed(tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.slow
 def test_local_run_interrupted_stops_everything(tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
     pod = {

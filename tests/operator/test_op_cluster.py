@@ -216,9 +216,16 @@ def test_kubectl_scale_up_and_down(env: Env) -> None:
     )
     env.kubectl("scale", "ej", "beta", "--replicas", "1")
     env.wait("scale down to the lowest index", lambda: worker_names(env, "beta") == ["beta-worker-0"])
-    events = env.get("events")["items"]
-    reasons = {e["reason"] for e in events if e["involvedObject"].get("name") == "beta"}
-    assert {"CreateWorker", "ScaleDown"} <= reasons
+    # the Events are posted off the pass, after the pods they tell of: wait for them, not for the pods
+    env.wait(
+        "a CreateWorker and a ScaleDown Event",
+        lambda: {"CreateWorker", "ScaleDown"} <= event_reasons(env, "beta"),
+    )
+
+
+def event_reasons(env: Env, name: str) -> set[str]:
+    """The reasons of the Events about the object called `name`."""
+    return {e["reason"] for e in env.get("events")["items"] if e["involvedObject"].get("name") == name}
 
 
 def test_invalid_job_gets_condition_and_event(env: Env) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from kelastic.agent import contract
+from kelastic.operator.clock import SYSTEM, Clock, FakeClock
 from kelastic.operator.controller import Controller, ControllerOptions
 from kelastic.operator.events import combined_message
 from kelastic.operator.kube import ApiError
@@ -97,9 +98,10 @@ def run(
     kube: RecordingKube,
     scenario: Any,
     store: StoreClient | None = None,
+    clock: Clock = SYSTEM,
     **options: Any,
 ) -> Controller:
-    controller = Controller(kube, store or StoreClient(), ControllerOptions(**options))  # type: ignore[arg-type]
+    controller = Controller(kube, store or StoreClient(), ControllerOptions(**options), clock=clock)  # type: ignore[arg-type]
 
     async def main() -> None:
         controller.start()
@@ -119,21 +121,30 @@ async def settle(controller: Controller, seconds: float = 0.3) -> None:
         await asyncio.sleep(0.02)
 
 
+async def until(what: str, cond: Any, timeout: float = 20.0) -> None:
+    """Wait (real time) for ``cond()``: the passes' API calls run in threads, which fake time does not wait for."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
 def test_a_job_is_read_from_the_watch_and_an_idle_job_costs_no_request(
     loop: asyncio.AbstractEventLoop, kit: Any
 ) -> None:
     kube = RecordingKube(kit.job_body())
     calls_after_start: list[str] = []
+    clock = FakeClock()
 
     async def scenario(controller: Controller) -> None:
         controller.job_seen(KEY, "1", copy.deepcopy(kube.job))
         await settle(controller)
         assert "POST services" in kube.calls and "PATCH job/status" in kube.calls
         calls_after_start.extend(kube.calls)
-        await asyncio.sleep(2.5)  # far longer than the old 1-5 s per-job poll
+        await clock.run_for(30.0)  # far longer than the old 1-5 s per-job poll, short of the resync
         await settle(controller)
 
-    controller = run(loop, kube, scenario)
+    controller = run(loop, kube, scenario, clock=clock)
     assert "GET job" not in kube.calls and controller.stats["job_reads"] == 0
     assert kube.calls == calls_after_start, "an idle job made API requests"
 
@@ -178,17 +189,24 @@ def test_a_failed_pass_is_retried_with_backoff_without_any_poll(
 ) -> None:
     kube = RecordingKube(kit.job_body())
     kube.fail_status_writes = 2
+    clock = FakeClock()
 
     async def scenario(controller: Controller) -> None:
         controller.job_seen(KEY, "1", copy.deepcopy(kube.job))
-        await settle(controller, 0.2)
-        assert kube.job_calls() == ["PATCH job/status"] and controller.queue.failures(KEY) == 1
-        await settle(controller, 1.2)  # retried after 1 s
+        await until("the first failure", lambda: controller.queue.failures(KEY) == 1)
+        await settle(controller, 0)
+        assert kube.job_calls() == ["PATCH job/status"]
+        await clock.run_for(0.9)
+        await settle(controller, 0)
+        assert kube.job_calls() == ["PATCH job/status"], "retried before its back-off"
+        await clock.run_for(0.2)  # retried after 1 s
+        await until("the second failure", lambda: controller.queue.failures(KEY) == 2)
         assert kube.job_calls().count("PATCH job/status") == 2
-        await settle(controller, 2.2)  # then after 2 s: succeeds
-        assert kube.job_calls().count("PATCH job/status") == 3 and controller.queue.failures(KEY) == 0
+        await clock.run_for(2.1)  # then after 2 s: succeeds
+        await until("the success", lambda: controller.queue.failures(KEY) == 0)
+        assert kube.job_calls().count("PATCH job/status") == 3
 
-    run(loop, kube, scenario)
+    run(loop, kube, scenario, clock=clock)
 
 
 def test_pods_created_but_not_yet_watched_are_not_created_again_and_one_event_covers_them(
@@ -223,6 +241,7 @@ def test_a_failed_create_is_retried_without_waiting_for_the_resync(
 ) -> None:
     kube = RecordingKube(kit.job_body(min_r=1, replicas=1))
     kube.fail_pod_creates = 3  # every create of the first pass times out
+    clock = FakeClock()
 
     async def scenario(controller: Controller) -> None:
         controller.job_seen(KEY, "1", copy.deepcopy(kube.job))
@@ -231,10 +250,10 @@ def test_a_failed_create_is_retried_without_waiting_for_the_resync(
         # The creates that failed together share one Event (3 failed creates, fewer Events).
         assert len(failed) < 3 and any(m.count(" failed: ") == 2 for m in failed), kube.event_messages
         attempts = kube.calls.count("POST pods")
-        await settle(controller, 1.5)  # retried after 1 s, not after the 60 s resync
-        assert kube.calls.count("POST pods") > attempts, kube.calls
+        await clock.run_for(1.1)  # retried after 1 s, not after the 60 s resync
+        await until("the retried create", lambda: kube.calls.count("POST pods") > attempts)
 
-    run(loop, kube, scenario)
+    run(loop, kube, scenario, clock=clock)
 
 
 class RecoveredStore(StoreClient):

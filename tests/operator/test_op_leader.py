@@ -1,4 +1,4 @@
-"""Lease leader election against a real API server (no kubelet needed)."""
+"""Lease leader election against a real API server (no kubelet needed); the Lease's time passes on a fake clock."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import time
 
 import pytest
 
+from kelastic.operator.clock import SYSTEM, Clock, FakeClock
 from kelastic.operator.kube import Kube
 from kelastic.operator.leader import LeaderElector
 
 
-def elector(kube: Kube, identity: str, lease_seconds: int = 15) -> LeaderElector:
+def elector(kube: Kube, identity: str, lease_seconds: int = 15, clock: Clock = SYSTEM) -> LeaderElector:
     short = lease_seconds < 6  # short leases for fast tests: the margins shrink with them
     return LeaderElector(
         kube,
@@ -22,6 +23,7 @@ def elector(kube: Kube, identity: str, lease_seconds: int = 15) -> LeaderElector
         safety_margin=lease_seconds / 4 if short else 2.0,
         renew_every=lease_seconds / 4 if short else 1.5,
         retry_every=0.1 if short else 1.0,
+        clock=clock,
     )
 
 
@@ -42,9 +44,12 @@ def test_one_holder_at_a_time_and_renewal(kube: Kube) -> None:
 
 
 def test_expired_lease_is_taken_over(kube: Kube) -> None:
-    a, b = elector(kube, "a", lease_seconds=1), elector(kube, "b", lease_seconds=1)
+    clock = FakeClock()
+    a, b = elector(kube, "a", lease_seconds=1, clock=clock), elector(kube, "b", lease_seconds=1, clock=clock)
     assert a.try_acquire()
-    time.sleep(1.6)
+    clock.advance(1.0)
+    assert b.try_acquire() is False  # a Lease of 1 s is not taken at 1 s
+    clock.advance(0.1)
     assert b.try_acquire() is True
     assert holder(kube) == "b"
     lease = kube.request("GET", "/apis/coordination.k8s.io/v1/namespaces/default/leases/kelastic-operator")
@@ -73,16 +78,16 @@ def test_stop_releases_for_a_fast_takeover(kube: Kube) -> None:
 def test_a_crashed_holder_stops_acting_before_a_candidate_can_take_over(kube: Kube) -> None:
     """No renewals any more (the holder was SIGKILLed): the candidate waits for the Lease to
     expire, and by then the old holder (were it only cut off) no longer trusts its leadership."""
-    a, b = elector(kube, "a", lease_seconds=2), elector(kube, "b", lease_seconds=2)
-    acquired = time.monotonic()
+    clock = FakeClock()
+    a, b = elector(kube, "a", lease_seconds=2, clock=clock), elector(kube, "b", lease_seconds=2, clock=clock)
     assert a.try_acquire()
     a._set(True)  # what its election loop does with the answer
     assert a.is_leader
     while not b.try_acquire():
-        assert time.monotonic() - acquired < 10, "the candidate never took over"
-        time.sleep(b.retry_every)
-    taken = time.monotonic() - acquired
-    assert taken >= 2 - 0.2, f"the Lease of 2s was taken over after {taken:.2f}s"
+        assert clock.monotonic() < 10, "the candidate never took over"
+        clock.advance(b.retry_every)
+        assert a.is_leader or clock.monotonic() >= 2 - 0.5, "the holder stopped trusting too early"
+    assert clock.monotonic() > 2, f"the Lease of 2s was taken over after {clock.monotonic():.2f}s"
     assert not a.is_leader, "two leaders: the old holder still trusted its leadership"
     assert holder(kube) == "b"
 

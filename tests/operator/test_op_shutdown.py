@@ -53,6 +53,7 @@ def _wait_for_line(log: Path, text: str, proc: subprocess.Popen[bytes], timeout:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_sigterm_with_an_unanswering_api_server_exits_within_seconds(
     tmp_path: Path, api_server: tuple[subprocess.Popen[bytes], Path]
 ) -> None:

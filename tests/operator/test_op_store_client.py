@@ -149,6 +149,7 @@ def test_other_store_errors_stay_visible_each_time(caplog: pytest.LogCaptureFixt
     ] * 2
 
 
+@pytest.mark.slow
 def test_the_operator_process_prints_no_cpp_stack_trace_for_an_unreachable_store(tmp_path: Path) -> None:
     script = (
         "import asyncio, logging\n"

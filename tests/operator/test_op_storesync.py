@@ -1,4 +1,5 @@
-"""The store sync: a pass never waits for a store; a new round triggers a pass, progress alone is paced."""
+"""The store sync: a pass never waits for a store; a new round triggers a pass, progress alone is paced
+(on a fake clock: the reads that must not happen are counted over fake seconds, not waited for)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from collections.abc import Coroutine
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from kelastic.agent import contract
 from kelastic.operator.checkpoint import CheckpointReport, Restore, Source
+from kelastic.operator.clock import FakeClock
 from kelastic.operator.observed import PodPhase, PodView, RendezvousView
 from kelastic.operator.spec import parse_job
 from kelastic.operator.store_client import StoreClient
@@ -18,16 +22,6 @@ KEY = ("ns", "demo")
 STORE_POD = PodView(
     name="demo-rendezvous", uid="s", role=contract.ROLE_RENDEZVOUS, index=None, phase=PodPhase.RUNNING
 )
-
-
-async def until(what: str, cond: Any, timeout: float = 10.0) -> None:
-    """Wait for ``cond()`` with a generous deadline (the machine may be loaded)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 class ScriptedStore(StoreClient):
@@ -45,7 +39,7 @@ class ScriptedStore(StoreClient):
 
 
 def _sync(
-    store: StoreClient, calls: list[tuple[str, float]], leader: list[bool]
+    store: StoreClient, calls: list[tuple[str, float]], leader: list[bool], clock: FakeClock
 ) -> tuple[StoreSync, set[Any]]:
     tasks: set[Any] = set()
 
@@ -63,6 +57,7 @@ def _sync(
         is_leader=lambda: leader[0],
         read_interval=0.05,
         progress_interval=5.0,
+        clock=clock,
     )
     return sync, tasks
 
@@ -80,23 +75,22 @@ def test_a_new_round_triggers_a_pass_and_progress_alone_waits_for_the_interval(k
     leader = [True]
 
     async def scenario() -> None:
-        sync, tasks = _sync(store, calls, leader)
+        clock = FakeClock()
+        sync, tasks = _sync(store, calls, leader, clock)
         sync.pass_started(KEY)
         assert sync.observe(KEY, job, [STORE_POD]) is None  # not read yet: the pass does not wait
         await asyncio.sleep(0)
         await asyncio.gather(*tasks)
         assert calls == [("trigger", 0.0)] and sync.observe(KEY, job, [STORE_POD]) == round1
         poller = asyncio.get_running_loop().create_task(sync.poll())
-        await until("the progress and the new round read", lambda: len(calls) >= 3)
-        await asyncio.sleep(0.2)  # more reads of the unchanged store
+        await clock.run_for(0.99)  # 19 polls: the progress, the new round, then the unchanged store
+        assert store.reads == 20
         poller.cancel()
         await asyncio.gather(poller, *tasks, return_exceptions=True)
 
     asyncio.run(scenario())
-    assert calls[1][0] == "requeue" and 4.0 < calls[1][1] <= 5.0, calls  # progress: after the last pass + 5 s
-    assert calls[2] == ("trigger", 0.0), calls  # the new round: at once
-    assert all(c == ("trigger", 0.0) or c[0] == "requeue" for c in calls)
-    assert len([c for c in calls if c[0] == "trigger"]) == 2, "an unchanged store triggers nothing"
+    # the progress (read at 0.05 s): after the last pass (at 0) + 5 s; the new round: at once; then nothing
+    assert calls == [("trigger", 0.0), ("requeue", pytest.approx(4.95)), ("trigger", 0.0)]
 
 
 def test_no_store_is_read_for_a_job_without_a_running_store_or_by_a_standby(kit: SimpleNamespace) -> None:
@@ -106,26 +100,26 @@ def test_no_store_is_read_for_a_job_without_a_running_store_or_by_a_standby(kit:
     leader = [False]
 
     async def scenario() -> None:
-        sync, tasks = _sync(store, calls, leader)
+        clock = FakeClock()
+        sync, tasks = _sync(store, calls, leader, clock)
         pending = PodView(
             name="demo-rendezvous", uid="s", role=contract.ROLE_RENDEZVOUS, index=None, phase=PodPhase.PENDING
         )
         assert sync.observe(KEY, job, [pending]) is None
         poller = asyncio.get_running_loop().create_task(sync.poll())
-        await asyncio.sleep(0.2)
+        await clock.run_for(1.0)
         assert store.reads == 0  # the store pod does not run yet
         sync.observe(KEY, job, [STORE_POD])
         await asyncio.gather(*tasks)
-        first = store.reads
-        await asyncio.sleep(0.2)
-        assert store.reads == first == 1  # a standby does not poll
+        assert store.reads == 1  # read once for the pass, in the background
+        await clock.run_for(1.0)
+        assert store.reads == 1  # a standby does not poll
         leader[0] = True
-        await until("the leader's reads", lambda: store.reads > first)
+        await clock.run_for(0.05)
+        assert store.reads == 2  # the leader does, every read_interval
         sync.forget(KEY, None)
-        await asyncio.sleep(0.1)
-        after = store.reads
-        await asyncio.sleep(0.2)
-        assert store.reads == after  # forgotten: no more reads
+        await clock.run_for(1.0)
+        assert store.reads == 2  # forgotten: no more reads
         poller.cancel()
         await asyncio.gather(poller, *tasks, return_exceptions=True)
 
@@ -145,17 +139,17 @@ def test_a_checkpoint_restore_triggers_a_pass_and_a_new_checkpoint_alone_waits(k
     calls: list[tuple[str, float]] = []
 
     async def scenario() -> None:
-        sync, tasks = _sync(store, calls, [True])
+        clock = FakeClock()
+        sync, tasks = _sync(store, calls, [True], clock)
         sync.pass_started(KEY)
         sync.observe(KEY, job, [STORE_POD])
         await asyncio.sleep(0)
         await asyncio.gather(*tasks)
         poller = asyncio.get_running_loop().create_task(sync.poll())
-        await until("the new checkpoint and the restore read", lambda: len(calls) >= 3)
+        await clock.run_for(0.99)  # the new checkpoint, the restore, then the unchanged store
         poller.cancel()
         await asyncio.gather(poller, *tasks, return_exceptions=True)
 
     asyncio.run(scenario())
-    assert calls[0] == ("trigger", 0.0)  # the first read
-    assert calls[1][0] == "requeue" and 4.0 < calls[1][1] <= 5.0, calls  # paced like progress
-    assert calls[2] == ("trigger", 0.0), calls  # the restore: at once
+    # the first read; the new checkpoint (read at 0.05 s), paced like progress; the restore: at once
+    assert calls == [("trigger", 0.0), ("requeue", pytest.approx(4.95)), ("trigger", 0.0)]

@@ -1,4 +1,4 @@
-"""The controller's work queue: coalescing, delayed adds, per-key exponential back-off."""
+"""The controller's work queue: coalescing, delayed adds, per-key exponential back-off (on a fake clock)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from kelastic.operator.clock import FakeClock
 from kelastic.operator.workqueue import WorkQueue
 
 
@@ -15,16 +16,9 @@ def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(asyncio.wait_for(test(), 20))
 
 
-async def settle(queue: WorkQueue[str]) -> None:
-    for _ in range(200):
-        await asyncio.sleep(0.01)
-        if not queue.busy:
-            return
-    raise AssertionError("the queue never went idle")
-
-
 def test_adds_while_a_pass_runs_coalesce_into_one_more_pass() -> None:
     async def scenario() -> None:
+        clock = FakeClock()
         passes: list[str] = []
         release = asyncio.Event()
 
@@ -33,38 +27,36 @@ def test_adds_while_a_pass_runs_coalesce_into_one_more_pass() -> None:
             if len(passes) == 1:
                 await release.wait()
 
-        queue = WorkQueue(process)
+        queue = WorkQueue(process, clock=clock)
         queue.add("a")
-        await asyncio.sleep(0.01)
+        await clock.run_for(0)
         for _ in range(5):
             queue.add("a")  # while the first pass runs
         queue.add("b")  # another key runs at once, beside it
-        await asyncio.sleep(0.01)
+        await clock.run_for(0)
         assert passes == ["a", "b"]
         release.set()
-        await settle(queue)
-        assert passes == ["a", "b", "a"]
+        await clock.run_for(0)
+        assert passes == ["a", "b", "a"] and not queue.busy
 
     run(scenario)
 
 
 def test_the_earliest_delay_wins() -> None:
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
+        clock = FakeClock()
         seen: list[float] = []
 
         async def process(key: str) -> None:
-            seen.append(loop.time())
+            seen.append(clock.monotonic())
 
-        queue = WorkQueue(process)
-        start = loop.time()
+        queue = WorkQueue(process, clock=clock)
         queue.add_after("a", 5.0)
         queue.add_after("a", 0.1)  # earlier: replaces the pending 5 s
         queue.add_after("a", 3.0)  # later than the pending one: ignored
         queue.add_after("a", None)  # asks for nothing
-        await asyncio.sleep(0.5)
-        await settle(queue)
-        assert len(seen) == 1 and 0.1 <= seen[0] - start < 0.5
+        await clock.run_for(10.0)
+        assert seen == [pytest.approx(0.11)]  # the delay and the queue's 10 ms of slack
         await queue.stop()
 
     run(scenario)
@@ -75,7 +67,7 @@ def test_back_off_doubles_per_key_up_to_the_cap_and_resets_on_success() -> None:
         async def process(key: str) -> None:
             pass
 
-        queue = WorkQueue(process, base_delay=1.0, max_delay=5.0)
+        queue = WorkQueue(process, base_delay=1.0, max_delay=5.0, clock=FakeClock())
         assert [queue.retry("a") for _ in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
         assert queue.retry("b") == 1.0  # keys back off independently
         assert queue.failures("a") == 5
@@ -90,21 +82,20 @@ def test_back_off_doubles_per_key_up_to_the_cap_and_resets_on_success() -> None:
 
 def test_a_failing_pass_is_retried_without_another_trigger(caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
-        attempts: list[int] = []
+        clock = FakeClock()
+        attempts: list[float] = []
 
         async def process(key: str) -> None:
-            attempts.append(1)
+            attempts.append(clock.monotonic())
             if len(attempts) < 3:
                 raise RuntimeError("API server down")
 
-        queue = WorkQueue(process, base_delay=0.05, max_delay=0.1, describe=lambda k: f"job {k}")
+        queue = WorkQueue(process, base_delay=1.0, max_delay=1.5, describe=lambda k: f"job {k}", clock=clock)
         queue.add("a")
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if len(attempts) == 3:
-                break
-        assert len(attempts) == 3
-        assert "processing job a failed; retrying in 0.05s" in caplog.text
+        await clock.run_for(60.0)
+        # at once, after the first back-off (1 s), after the second (doubled, capped at 1.5 s); then done
+        assert attempts == [0.0, pytest.approx(1.01), pytest.approx(2.52)]
+        assert "processing job a failed; retrying in 1s" in caplog.text
         await queue.stop()
 
     run(scenario)
@@ -112,24 +103,27 @@ def test_a_failing_pass_is_retried_without_another_trigger(caplog: pytest.LogCap
 
 def test_stop_cancels_running_passes_and_pending_delays() -> None:
     async def scenario() -> None:
+        clock = FakeClock()
         started = asyncio.Event()
         cancelled: list[str] = []
+        processed: list[str] = []
 
         async def process(key: str) -> None:
+            processed.append(key)
             started.set()
             try:
-                await asyncio.sleep(60)
+                await clock.sleep(60)
             except asyncio.CancelledError:
                 cancelled.append(key)
                 raise
 
-        queue = WorkQueue(process)
+        queue = WorkQueue(process, clock=clock)
         queue.add("a")
         queue.add_after("b", 0.05)
         await started.wait()
         await queue.stop()
-        await asyncio.sleep(0.1)
-        assert cancelled == ["a"] and not queue.busy
+        await clock.run_for(120.0)  # past b's delay and a's sleep
+        assert cancelled == ["a"] and processed == ["a"] and not queue.busy
         queue.add("c")  # ignored once stopped
         assert not queue.busy
 

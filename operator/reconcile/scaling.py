@@ -1,0 +1,44 @@
+"""Policy: worker pods for indices [0, replicas); those above are deleted."""
+
+from __future__ import annotations
+
+from kelastic.operator import builders
+from kelastic.operator.observed import PodView
+from kelastic.operator.reconcile.actions import CreatePod
+from kelastic.operator.reconcile.context import ActiveJob, Next, Pass
+
+
+def step(p: Pass, job: ActiveJob) -> Next:
+    """Worker pods for indices [0, replicas); those above go. A name still taken (terminating,
+    failed) waits for the next pass."""
+    spec = job.spec
+    by_index: dict[int, list[PodView]] = {}
+    for pod in job.workers:
+        assert pod.index is not None
+        by_index.setdefault(pod.index, []).append(pod)
+    for index in range(spec.replicas):
+        if index in by_index:
+            continue
+        if job.endpoint is None:
+            break  # the Service has no cluster IP yet; the next pass creates the workers
+        manifest = builders.worker_pod(p.job, index, endpoint=job.endpoint, config=p.config.build)
+        p.actions.append(
+            CreatePod(
+                reason="CreateWorker",
+                message=f"creating worker pod {manifest['metadata']['name']}",
+                manifest=manifest,
+            )
+        )
+    for pod in sorted(job.workers, key=lambda w: -(w.index or 0)):
+        if (
+            pod.index is not None
+            and pod.index >= spec.replicas
+            and not pod.terminating
+            and pod not in job.recreating
+        ):
+            p.delete_pod(
+                pod,
+                "ScaleDown",
+                f"deleting worker pod {pod.name}: spec.replicaSpecs.Worker.replicas is {spec.replicas}",
+            )
+    return Next.CONTINUE
