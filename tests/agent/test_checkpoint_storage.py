@@ -332,3 +332,41 @@ def test_the_agents_metrics_show_saves_restores_and_memory(
     assert "kelastic_agent_checkpoint_limit_bytes 268435456" in text
     held = next(line for line in text.splitlines() if line.startswith("kelastic_agent_checkpoint_bytes "))
     assert float(held.split()[1]) > 0
+
+
+@pytest.mark.slow
+def test_the_injected_agent_brings_kelastic_checkpoint_to_a_torch_only_python(
+    services: list[CheckpointService], shm: Path, tmp_path: Path
+) -> None:
+    """A worker image with torch and nothing of kelastic saves and restores through the copy
+    of the agent that the operator injects."""
+    import json
+    import os
+    import subprocess
+
+    from kelastic.agent import contract
+    from kelastic.agent.inject import install
+    from kelastic.localcluster.images import torch_environment
+
+    a = service(services, shm, "a")
+    python = torch_environment(tmp_path / "venv")
+    install(tmp_path / "agent")
+    program = (
+        "import json, sys, torch\n"
+        f"sys.path.insert(0, {str(tmp_path / 'agent' / contract.INJECT_LIB)!r})\n"
+        "import torch.distributed.checkpoint as dcp\n"
+        "from kelastic.checkpoint import MemoryReader, MemoryWriter\n"
+        "dcp.save({'w': torch.arange(6.0)}, storage_writer=MemoryWriter(step=3), no_dist=True)\n"
+        "got = {'w': torch.zeros(6)}\n"
+        "r = MemoryReader()\n"
+        "dcp.load(got, storage_reader=r, no_dist=True)\n"
+        "print(json.dumps([got['w'].tolist(), r.choice.step, MemoryWriter.__module__]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | a.worker_env()
+    proc = subprocess.run([str(python), "-c", program], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == [
+        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+        3,
+        "kelastic.agent.checkpoint.storage",
+    ]
