@@ -536,7 +536,7 @@ def settle(liveness: str | None, timeout: float = 120) -> None:
 def measure_lane(control_plane: Path | None, rounds: int, warm_start: bool) -> list[dict[str, float]]:
     """The rounds on one lane: the emulator with the operator as a process, or the real control
     plane with the operator installed from the chart (namespaced to the bench's namespace)."""
-    from kelastic.localcluster.cluster import LocalCluster
+    from kelastic.localcluster.cli.cluster import LocalCluster
 
     lane = "emulator" if control_plane is None else f"control plane {control_plane}"
     print(f"-- lane: {lane}", flush=True)
@@ -549,7 +549,7 @@ def measure_lane(control_plane: Path | None, rounds: int, warm_start: bool) -> l
         bench = Bench(Path(cluster.kubeconfig), Path(tmp) / "checkpoints", warm_start=warm_start)
         bench.checkpoints.mkdir()
         if control_plane is not None:
-            from kelastic.localcluster.chart import install_chart
+            from kelastic.localcluster.cli.chart import install_chart
 
             install_chart(cluster.kubeconfig, REPO / "helm" / "kelastic", watch_namespaces=[NAMESPACE])
             settle(None)

@@ -86,7 +86,7 @@ class RequestCounter:
 
     def install(self) -> None:
         """Wrap the API server's request handler (before it starts serving)."""
-        from kelastic.localcluster import apiserver
+        from kelastic.localcluster.apiserver import apiserver
 
         original = apiserver._App.handle
         counter = self
@@ -205,12 +205,12 @@ def main() -> int:
         f"time.sleep({args.worker_seconds})\n"
     )
     if args.kubelet:
-        from kelastic.localcluster.cluster import LocalCluster
+        from kelastic.localcluster.cli.cluster import LocalCluster
 
         cluster: Any = LocalCluster(tmp / "data", kubeconfig=kubeconfig, workdir=tmp)
         cluster.start()
     else:
-        from kelastic.localcluster.apiserver import ApiServer
+        from kelastic.localcluster.apiserver.apiserver import ApiServer
 
         cluster = ApiServer(data_dir=tmp / "data")
         cluster.start()

@@ -461,7 +461,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def _install_local(tmp: Path) -> Iterator[Cluster]:
-    from kelastic.localcluster.cluster import LocalCluster
+    from kelastic.localcluster.cli.cluster import LocalCluster
 
     crd, objects = render_chart({})
     with LocalCluster(tmp / "cluster", workdir=REPO) as local:
@@ -487,8 +487,8 @@ def _install_local(tmp: Path) -> Iterator[Cluster]:
 
 
 def _install_control_plane(tmp: Path, bin_dir: Path) -> Iterator[Cluster]:
-    from kelastic.localcluster.chart import install_chart
-    from kelastic.localcluster.cluster import LocalCluster
+    from kelastic.localcluster.cli.chart import install_chart
+    from kelastic.localcluster.cli.cluster import LocalCluster
 
     with LocalCluster(tmp / "cluster", workdir=REPO, control_plane=bin_dir, progress=print) as local:
         release = install_chart(local.kubeconfig, CHART, namespace=NAMESPACE, release=RELEASE, wait=180)

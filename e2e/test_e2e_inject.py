@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kelastic.localcluster.images import torch_environment
+from kelastic.localcluster.kubelet.images import torch_environment
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "elasticjob.yaml"

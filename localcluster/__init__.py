@@ -1,11 +1,11 @@
 """kelastic local: a Kubernetes API server emulator and a process kubelet on one machine."""
 
-from .apiserver import ApiServer
-from .cluster import LocalCluster
-from .endpoints import EndpointsController
-from .errors import ApiError
-from .kubelet import DEFAULT_NODE_NAME, Kubelet, KubeletConfig, pod_log_dir
-from .proxy import ServiceProxy
+from .apiserver.apiserver import ApiServer
+from .apiserver.errors import ApiError
+from .cli.cluster import LocalCluster
+from .controllers.endpoints import EndpointsController
+from .controllers.proxy import ServiceProxy
+from .kubelet.kubelet import DEFAULT_NODE_NAME, Kubelet, KubeletConfig, pod_log_dir
 
 __all__ = [
     "DEFAULT_NODE_NAME",

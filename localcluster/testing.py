@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from kelastic.localcluster.cluster import LocalCluster
+from kelastic.localcluster.cli.cluster import LocalCluster
 
 __all__ = ["Kubectl", "cluster_fixture", "kubectl_fixture", "process_alive", "stop_process", "wait_for"]
 

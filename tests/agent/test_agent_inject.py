@@ -3,7 +3,7 @@
 The worker image of a real cluster has Python and torch only; ``spec.agent: inject``
 copies the agent into it (:mod:`kelastic.agent.inject`). These tests build such an
 environment for real (a venv linking only torch, NumPy and their requirements, see
-:func:`kelastic.localcluster.images.torch_environment`), prove that it cannot import
+:func:`kelastic.localcluster.kubelet.images.torch_environment`), prove that it cannot import
 kelastic, kopf, kubernetes, aiohttp or yaml, and run a two-rank gloo job through the
 injected launcher in it: the agent's import path needs nothing else.
 """
@@ -20,7 +20,7 @@ import pytest
 
 from kelastic.agent import contract
 from kelastic.agent.inject import install
-from kelastic.localcluster.images import torch_environment
+from kelastic.localcluster.kubelet.images import torch_environment
 
 pytestmark = pytest.mark.slow
 

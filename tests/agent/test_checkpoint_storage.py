@@ -346,7 +346,7 @@ def test_the_injected_agent_brings_kelastic_checkpoint_to_a_torch_only_python(
 
     from kelastic.agent import contract
     from kelastic.agent.inject import install
-    from kelastic.localcluster.images import torch_environment
+    from kelastic.localcluster.kubelet.images import torch_environment
 
     a = service(services, shm, "a")
     python = torch_environment(tmp_path / "venv")

@@ -474,7 +474,7 @@ def test_dcp_checkpoint_saved_by_two_ranks_resumes_three(tmp_path: Path) -> None
 def test_injected_agent_brings_kelastic_data_to_a_torch_only_python(tmp_path: Path) -> None:
     from kelastic.agent import contract
     from kelastic.agent.inject import install
-    from kelastic.localcluster.images import torch_environment
+    from kelastic.localcluster.kubelet.images import torch_environment
 
     python = torch_environment(tmp_path / "venv")
     install(tmp_path / "agent")

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kelastic.localcluster.apiserver import ApiServer
+from kelastic.localcluster.apiserver.apiserver import ApiServer
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from kelastic.localcluster.apiserver import ApiServer
-from kelastic.localcluster.kinds import validate_builtin
-from kelastic.localcluster.resources import TypeRegistry
-from kelastic.localcluster.ssa import applied_fields, conflict_message, conflicts, release
-from kelastic.localcluster.storage import EventType, Gone, Store
+from kelastic.localcluster.apiserver.apiserver import ApiServer
+from kelastic.localcluster.apiserver.kinds import validate_builtin
+from kelastic.localcluster.apiserver.resources import TypeRegistry
+from kelastic.localcluster.apiserver.ssa import applied_fields, conflict_message, conflicts, release
+from kelastic.localcluster.apiserver.storage import EventType, Gone, Store
 
 
 def _call(

@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from kelastic.localcluster.apiserver import ApiServer
+from kelastic.localcluster.apiserver.apiserver import ApiServer
 from kelastic.localcluster.testing import Kubectl, wait_for
 
 

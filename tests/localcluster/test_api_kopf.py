@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kelastic.localcluster.apiserver import ApiServer
+from kelastic.localcluster.apiserver.apiserver import ApiServer
 from kelastic.localcluster.testing import Kubectl, stop_process, wait_for
 
 CRD = {

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from kelastic.localcluster.apiserver import ApiServer
+from kelastic.localcluster.apiserver.apiserver import ApiServer
 from kelastic.localcluster.testing import wait_for
 
 CRD = {

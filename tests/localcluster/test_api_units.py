@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from kelastic.localcluster.errors import ApiError
-from kelastic.localcluster.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
-from kelastic.localcluster.protobuf import MAGIC, ProtobufError, decode_object
-from kelastic.localcluster.schema import apply_defaults, prune, validate
-from kelastic.localcluster.selectors import make_predicate, parse_field_selector, parse_label_selector
-from kelastic.localcluster.ssa import applied_fields, removed_fields, without_fields
-from kelastic.localcluster.table import human_duration, jsonpath
+from kelastic.localcluster.apiserver.errors import ApiError
+from kelastic.localcluster.apiserver.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from kelastic.localcluster.apiserver.protobuf import MAGIC, ProtobufError, decode_object
+from kelastic.localcluster.apiserver.schema import apply_defaults, prune, validate
+from kelastic.localcluster.apiserver.selectors import (
+    make_predicate,
+    parse_field_selector,
+    parse_label_selector,
+)
+from kelastic.localcluster.apiserver.ssa import applied_fields, removed_fields, without_fields
+from kelastic.localcluster.apiserver.table import human_duration, jsonpath
 
 POD = {
     "metadata": {"name": "p", "finalizers": ["a"]},
@@ -254,14 +258,14 @@ def test_protobuf_configmap() -> None:
     ],
 )
 def test_cel_subset(rule: str, expected: bool) -> None:
-    from kelastic.localcluster.cel import evaluate
+    from kelastic.localcluster.apiserver.cel import evaluate
 
     value = {"minReplicas": 2, "maxReplicas": 4, "name": "abc", "items": [1, 2, 3], "m": {"a": 1}}
     assert evaluate(rule, value) is expected
 
 
 def test_validation_rules_in_schemas() -> None:
-    from kelastic.localcluster.schema import validate_rules
+    from kelastic.localcluster.apiserver.schema import validate_rules
 
     spec_schema = {
         "type": "object",

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from kelastic.localcluster.cluster import SHM, LocalCluster
+from kelastic.localcluster.cli.cluster import SHM, LocalCluster
+from kelastic.localcluster.controlplane.tmpfs import OWNER_FILE, PREFIX, Owner
 from kelastic.localcluster.testing import process_alive, wait_for
-from kelastic.localcluster.tmpfs import OWNER_FILE, PREFIX, Owner
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kelastic.localcluster.jobsummary import JobSample, parse_step, render, summarize
+from kelastic.localcluster.cli.jobsummary import JobSample, parse_step, render, summarize
 
 
 def test_parse_step() -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kelastic.localcluster.apply import ManifestError, load_manifests
-from kelastic.localcluster.cli import Interrupted, _Stopper, exit_code
-from kelastic.localcluster.completion import Outcome, outcome_of, register_rule, waitable
-from kelastic.localcluster.logrelay import LogFollower, LogRelay
+from kelastic.localcluster.cli.apply import ManifestError, load_manifests
+from kelastic.localcluster.cli.cli import Interrupted, _Stopper, exit_code
+from kelastic.localcluster.cli.completion import Outcome, outcome_of, register_rule, waitable
+from kelastic.localcluster.cli.logrelay import LogFollower, LogRelay
 
 
 def _relay(tty: bool, interval: float = 10.0) -> tuple[LogRelay, list[str]]:
@@ -106,7 +106,7 @@ def test_manifest_errors_name_the_document(tmp_path: Path) -> None:
 
 
 def test_control_plane_flags_and_chart_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kelastic.localcluster.cli import build_parser, find_chart_dir
+    from kelastic.localcluster.cli.cli import build_parser, find_chart_dir
 
     args = build_parser().parse_args(
         [

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kelastic.localcluster import cluster as cluster_module
-from kelastic.localcluster.cluster import LocalCluster
+from kelastic.localcluster.cli import cluster as cluster_module
+from kelastic.localcluster.cli.cluster import LocalCluster
 
 
 def test_call_timeout_names_the_operation_not_a_repr(tmp_path: Path) -> None:

@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from kelastic.localcluster.apiserver import ApiServer
-from kelastic.localcluster.controlplane import ControlPlane, ControlPlaneBinaries
+from kelastic.localcluster.apiserver.apiserver import ApiServer
+from kelastic.localcluster.controlplane.controlplane import ControlPlane, ControlPlaneBinaries
 from kelastic.localcluster.testing import wait_for
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kelastic.localcluster.cluster import LocalCluster
+from kelastic.localcluster.cli.cluster import LocalCluster
 from kelastic.localcluster.testing import wait_for
 
 pytestmark = pytest.mark.slow

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kelastic.localcluster.cluster import LocalCluster
-from kelastic.localcluster.controlplane import ControlPlane, ControlPlaneBinaries
+from kelastic.localcluster.cli.cluster import LocalCluster
+from kelastic.localcluster.controlplane.controlplane import ControlPlane, ControlPlaneBinaries
 from kelastic.localcluster.testing import Kubectl, wait_for
 
 pytestmark = pytest.mark.slow

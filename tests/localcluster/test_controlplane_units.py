@@ -14,7 +14,8 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from kelastic.localcluster.controlplane import (
+from kelastic.localcluster.controllers.proxy import slice_backends
+from kelastic.localcluster.controlplane.controlplane import (
     ComponentFailed,
     ControlPlane,
     ControlPlaneBinaries,
@@ -24,11 +25,10 @@ from kelastic.localcluster.controlplane import (
     version_flags,
     write_kubeconfig,
 )
-from kelastic.localcluster.kubelet import Kubelet, KubeletConfig, micro_time
-from kelastic.localcluster.pki import ensure_ca, ensure_leaf
-from kelastic.localcluster.podenv import ContainerConfigError
-from kelastic.localcluster.proxy import slice_backends
-from kelastic.localcluster.volumes import prepare_volumes, token_key
+from kelastic.localcluster.controlplane.pki import ensure_ca, ensure_leaf
+from kelastic.localcluster.kubelet.kubelet import Kubelet, KubeletConfig, micro_time
+from kelastic.localcluster.kubelet.podenv import ContainerConfigError
+from kelastic.localcluster.kubelet.volumes import prepare_volumes, token_key
 
 
 def _exe(path: Path, body: str) -> Path:

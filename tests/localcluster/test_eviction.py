@@ -12,8 +12,8 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from kelastic.localcluster.apiserver import ApiServer
-from kelastic.localcluster.eviction import VIOLATION, budget_of, pdb_verdict
+from kelastic.localcluster.apiserver.apiserver import ApiServer
+from kelastic.localcluster.apiserver.eviction import VIOLATION, budget_of, pdb_verdict
 
 
 def pod(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kelastic.localcluster.images import ImageMap, mount_table, parse_image_option, relocate
+from kelastic.localcluster.kubelet.images import ImageMap, mount_table, parse_image_option, relocate
 
 
 def test_parse_image_option() -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kelastic.localcluster.interrupts import interrupt, uninterrupted
+from kelastic.localcluster.common.interrupts import interrupt, uninterrupted
 
 
 class Stop(BaseException):

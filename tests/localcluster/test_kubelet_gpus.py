@@ -1,6 +1,6 @@
 """GPUs in ``kelastic local``: ``nvidia.com/gpu`` capacity, one device per container, Pending when short.
 
-The allotment rules are pure (kelastic.localcluster.gpus); the rest runs the real
+The allotment rules are pure (kelastic.localcluster.kubelet.gpus); the rest runs the real
 kubelet with a fake device count (``LocalCluster(gpus=2)``, what ``kelastic local up
 --gpus 2`` does), against the API server emulator (where the kubelet binds pods
 itself) and, when its binaries are there, the real control plane (where
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from kelastic.localcluster.cli import build_parser
-from kelastic.localcluster.cluster import LocalCluster
-from kelastic.localcluster.gpus import (
+from kelastic.localcluster.cli.cli import build_parser
+from kelastic.localcluster.cli.cluster import LocalCluster
+from kelastic.localcluster.kubelet.gpus import (
     ENV_GPUS,
     GPU_RESOURCE,
     GpuClaim,

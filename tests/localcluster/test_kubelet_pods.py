@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kelastic.localcluster.cluster import LocalCluster
-from kelastic.localcluster.kubelet import pod_log_dir
+from kelastic.localcluster.cli.cluster import LocalCluster
+from kelastic.localcluster.kubelet.kubelet import pod_log_dir
 from kelastic.localcluster.testing import Kubectl, cluster_fixture, kubectl_fixture, process_alive, wait_for  # noqa: F401
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kelastic.localcluster.runtime import spawn
+from kelastic.localcluster.kubelet.runtime import spawn
 from kelastic.localcluster.testing import process_alive
 
 
@@ -155,7 +155,7 @@ def test_unknown_executables_fail_before_starting(tmp_path: Path) -> None:
 def test_probes_against_real_processes_and_sockets(tmp_path: Path) -> None:
     import http.server
 
-    from kelastic.localcluster.probes import ProbeKind, ProbeResult, ProbeSpec, run_probe
+    from kelastic.localcluster.kubelet.probes import ProbeKind, ProbeResult, ProbeSpec, run_probe
 
     (tmp_path / "healthz").write_text("ok")
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))

@@ -10,16 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from kelastic.localcluster.endpoints import compute_slices, compute_subsets
-from kelastic.localcluster.ipam import IpAllocator, IpExhaustedError, claim_networks
-from kelastic.localcluster.podenv import (
+from kelastic.localcluster.common.ipam import IpAllocator, IpExhaustedError, claim_networks
+from kelastic.localcluster.controllers.endpoints import compute_slices, compute_subsets
+from kelastic.localcluster.controllers.proxy import ready_backends, service_listeners
+from kelastic.localcluster.kubelet.podenv import (
     ContainerConfigError,
     PodContext,
     expand,
     resolve_command,
     resolve_env,
 )
-from kelastic.localcluster.podstatus import (
+from kelastic.localcluster.kubelet.podstatus import (
     ContainerRecord,
     ContainerState,
     CrashBackoff,
@@ -30,9 +31,8 @@ from kelastic.localcluster.podstatus import (
     pod_status,
     should_restart,
 )
-from kelastic.localcluster.probes import ProbeKind, ProbeResult, ProbeSpec, ProbeTracker, resolve_port
-from kelastic.localcluster.proxy import ready_backends, service_listeners
-from kelastic.localcluster.volumes import mount_env, prepare_volumes, volume_env_name
+from kelastic.localcluster.kubelet.probes import ProbeKind, ProbeResult, ProbeSpec, ProbeTracker, resolve_port
+from kelastic.localcluster.kubelet.volumes import mount_env, prepare_volumes, volume_env_name
 
 POD = {
     "metadata": {

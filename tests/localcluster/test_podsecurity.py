@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kelastic.localcluster.apiserver import ApiServer
-from kelastic.localcluster.podsecurity import Level, forbidden_message, level_of, violations
+from kelastic.localcluster.apiserver.apiserver import ApiServer
+from kelastic.localcluster.apiserver.podsecurity import Level, forbidden_message, level_of, violations
 
 # What a real API server answers for a plain nginx pod in a restricted namespace (the
 # message Kubernetes documents and users quote).

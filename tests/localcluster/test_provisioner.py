@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from kelastic.localcluster.cluster import LocalCluster
-from kelastic.localcluster.provisioner import volume_for
+from kelastic.localcluster.cli.cluster import LocalCluster
+from kelastic.localcluster.controllers.provisioner import volume_for
 from kelastic.localcluster.testing import wait_for
 
 

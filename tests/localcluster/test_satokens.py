@@ -6,7 +6,7 @@ import datetime as dt
 import os
 from pathlib import Path
 
-from kelastic.localcluster.satokens import IssuedToken, issued_token, refresh_due, write_atomically
+from kelastic.localcluster.kubelet.satokens import IssuedToken, issued_token, refresh_due, write_atomically
 
 T0 = 1_800_000_000.0
 

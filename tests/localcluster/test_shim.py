@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kelastic.localcluster.runtime import SHIM
+from kelastic.localcluster.kubelet.runtime import SHIM
 
 
 def _run_shim(script: str) -> subprocess.CompletedProcess[str]:

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from kelastic.localcluster.testing import stop_process, wait_for
-from kelastic.localcluster.tmpfs import (
+from kelastic.localcluster.controlplane.tmpfs import (
     Owner,
     claim_scratch_dir,
     process_start_time,
     scratch_verdict,
     sweep_scratch_dirs,
 )
+from kelastic.localcluster.testing import stop_process, wait_for
 
 CLAIM_AND_SLEEP = (
     "import sys, time\n"
-    "from kelastic.localcluster.tmpfs import claim_scratch_dir\n"
+    "from kelastic.localcluster.controlplane.tmpfs import claim_scratch_dir\n"
     "print(claim_scratch_dir(sys.argv[1]), flush=True)\n"
     "time.sleep(600)\n"
 )

@@ -125,7 +125,7 @@ def kit() -> SimpleNamespace:
 @pytest.fixture
 def kube(tmp_path: Path) -> Iterator[Kube]:
     """The operator's API client, on a fresh API server emulator (no kubelet)."""
-    apiserver = pytest.importorskip("kelastic.localcluster.apiserver")
+    apiserver = pytest.importorskip("kelastic.localcluster.apiserver.apiserver")
     server = apiserver.ApiServer(data_dir=tmp_path / "data")
     server.start()
     try:

@@ -16,14 +16,14 @@ from kelastic.operator.kube import ApiError, Kube, load_configuration
 
 pytest.importorskip("helm_python", reason="helm-python-sdk is a dev dependency: pip install -e '.[dev]'")
 
-from kelastic.localcluster.chart import ChartError, install_chart, render_chart, uninstall_chart
+from kelastic.localcluster.cli.chart import ChartError, install_chart, render_chart, uninstall_chart
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "kelastic"
 
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[tuple[Path, Kube]]:
-    from kelastic.localcluster.apiserver import ApiServer
+    from kelastic.localcluster.apiserver.apiserver import ApiServer
 
     server = ApiServer(data_dir=tmp_path / "data")
     server.start()
@@ -104,7 +104,7 @@ def test_a_bad_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_helm_delete_options_sent_as_protobuf_are_understood() -> None:
     """Helm's uninstall sends DeleteOptions as protobuf; the emulator refused them before."""
-    from kelastic.localcluster.protobuf import MAGIC, decode_object
+    from kelastic.localcluster.apiserver.protobuf import MAGIC, decode_object
 
     def field(num: int, payload: bytes) -> bytes:
         return bytes([num << 3 | 2, len(payload)]) + payload

@@ -99,8 +99,8 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    cluster_mod = pytest.importorskip("kelastic.localcluster.cluster")
-    pytest.importorskip("kelastic.localcluster.apiserver")
+    cluster_mod = pytest.importorskip("kelastic.localcluster.cli.cluster")
+    pytest.importorskip("kelastic.localcluster.apiserver.apiserver")
     root = tmp_path_factory.mktemp("opcluster")
     (root / "work").mkdir()
     (root / "work" / "worker.py").write_text(WORKER_SCRIPT)

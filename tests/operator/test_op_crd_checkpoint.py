@@ -45,7 +45,7 @@ class Server:
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp(request.param)
     if request.param == "emulator":
-        from kelastic.localcluster.apiserver import ApiServer
+        from kelastic.localcluster.apiserver.apiserver import ApiServer
 
         api = ApiServer(data_dir=root)
         api.start()
@@ -55,7 +55,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             api.stop()
         return
     directory = request.getfixturevalue("control_plane_bin")  # skips, saying how, without binaries
-    from kelastic.localcluster.controlplane import ControlPlane, ControlPlaneBinaries
+    from kelastic.localcluster.controlplane.controlplane import ControlPlane, ControlPlaneBinaries
 
     with ControlPlane(ControlPlaneBinaries.find(directory), root / "plane") as plane:
         yield Server(plane.admin_kubeconfig)

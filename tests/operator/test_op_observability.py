@@ -80,7 +80,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from kelastic.localcluster.cluster import LocalCluster
+    from kelastic.localcluster.cli.cluster import LocalCluster
 
     root = tmp_path_factory.mktemp("opmetrics")
     (root / "work").mkdir()

@@ -42,7 +42,7 @@ class RealCluster:
 
     def service_account_kubeconfig(self, namespace: str, account: str) -> Path:
         """A kubeconfig holding a TokenRequest token of ``account`` (what the kubelet mounts)."""
-        from kelastic.localcluster.controlplane import write_kubeconfig
+        from kelastic.localcluster.controlplane.controlplane import write_kubeconfig
 
         request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
         answer = json.loads(
@@ -65,7 +65,7 @@ class RealCluster:
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory, control_plane_bin: Path) -> Iterator[RealCluster]:
     directory = control_plane_bin  # skips, saying how to enable it, when there are no binaries
-    from kelastic.localcluster.controlplane import ControlPlane, ControlPlaneBinaries
+    from kelastic.localcluster.controlplane.controlplane import ControlPlane, ControlPlaneBinaries
 
     root = tmp_path_factory.mktemp("rbac")
     plane = ControlPlane(ControlPlaneBinaries.find(directory), root / "plane", progress=print)
@@ -101,7 +101,7 @@ def job(name: str, namespace: str) -> dict[str, Any]:
 
 
 def run_under_chart_rbac(real: RealCluster, *, cluster_wide: bool, release: str, job_namespace: str) -> None:
-    from kelastic.localcluster.chart import install_chart, uninstall_chart
+    from kelastic.localcluster.cli.chart import install_chart, uninstall_chart
 
     chart = install_chart(
         real.admin,

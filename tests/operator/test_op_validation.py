@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kelastic.localcluster.apiserver import ApiServer
+from kelastic.localcluster.apiserver.apiserver import ApiServer
 from kelastic.operator.builders import BuildConfig, worker_pod
 from kelastic.operator.kube import ApiError, Kube, load_configuration
 from kelastic.operator.reconcile import ReconcileConfig, reconcile

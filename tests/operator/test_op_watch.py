@@ -61,7 +61,7 @@ def wire(monkeypatch: pytest.MonkeyPatch) -> Wire:
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[tuple[Kube, Any]]:
-    apiserver = pytest.importorskip("kelastic.localcluster.apiserver")
+    apiserver = pytest.importorskip("kelastic.localcluster.apiserver.apiserver")
     server = apiserver.ApiServer(data_dir=tmp_path / "data")
     server.start()
     try:

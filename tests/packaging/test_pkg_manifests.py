@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kelastic.localcluster.cluster import LocalCluster
+from kelastic.localcluster.cli.cluster import LocalCluster
 from kelastic.operator.builders import BuildConfig, worker_pod
 from kelastic.operator.spec import parse_job
 
@@ -57,7 +57,7 @@ def test_example_job_is_what_the_operator_runs() -> None:
     assert mount == {"name": "checkpoints", "mountPath": "/checkpoints"}
     assert volume["persistentVolumeClaim"]["claimName"] == "train-example-checkpoints"
     # The whole pod passes the restricted Pod Security Standard.
-    from kelastic.localcluster.podsecurity import Level, violations
+    from kelastic.localcluster.apiserver.podsecurity import Level, violations
 
     assert violations(pod["spec"], Level.RESTRICTED) == []
 

@@ -7,7 +7,7 @@ and EndpointSlice controllers, the garbage collector) are judged by the real
 thing. :class:`ControlPlane` owns those processes:
 
 - certificates and keys are generated into ``<state_dir>/pki`` (see
-  :mod:`kelastic.localcluster.pki`): the cluster CA, the front-proxy CA, a
+  :mod:`kelastic.localcluster.controlplane.pki`): the cluster CA, the front-proxy CA, a
   serving certificate for the API server, client certificates for every
   component, the admin (``system:masters``), the node (``system:node:<name>``)
   and the service proxy (``system:kube-proxy``);
@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .interrupts import uninterrupted
+from ..common.interrupts import uninterrupted
 from .pki import CertPair, ensure_ca, ensure_leaf, ensure_signing_key
 
 __all__ = [

@@ -25,7 +25,7 @@ mounted at its ``mountPath``. kelastic local applies these rules instead:
   directory (``claims/<namespace>/<claimName>``), created on first use and
   shared by every pod that names the claim, like a ReadWriteMany volume; it
   outlives the pods (a local provisioner). Its ``mountPath`` is relocated as
-  for emptyDir (see :mod:`kelastic.localcluster.images`).
+  for emptyDir (see :mod:`kelastic.localcluster.kubelet.images`).
 - Other volume kinds are refused with a message naming them.
 """
 

@@ -2,7 +2,7 @@
 
 The kubelet gives a pod's ``persistentVolumeClaim`` volume the claim's directory,
 ``<data_dir>/claims/<namespace>/<claimName>``, shared by every pod that names the
-claim (see :mod:`kelastic.localcluster.volumes`). This controller makes the API
+claim (see :mod:`kelastic.localcluster.kubelet.volumes`). This controller makes the API
 agree, so that a claim does not stay ``Pending`` and keep its pods from being
 scheduled:
 
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .client import ApiClient, ApiRequestError, Informer
+from ..common.client import ApiClient, ApiRequestError, Informer
 
 __all__ = ["ClaimProvisioner", "volume_for"]
 

@@ -12,7 +12,7 @@ process dies without :meth:`LocalCluster.stop`.
         subprocess.run(["kubectl", "--kubeconfig", cluster.kubeconfig, "get", "pods"])
 
 With ``control_plane=DIR`` the API server is not kelastic's emulator but the
-real one: :class:`~kelastic.localcluster.controlplane.ControlPlane` runs etcd,
+real one: :class:`~kelastic.localcluster.controlplane.controlplane.ControlPlane` runs etcd,
 kube-apiserver, kube-controller-manager and kube-scheduler from ``DIR``. The
 same kubelet and service proxy then talk TLS to it: the kubelet as the node
 (``system:node:<name>``, under the Node authorizer and NodeRestriction), the
@@ -38,16 +38,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from .client import ApiClient
-from .controlplane import ControlPlane, ControlPlaneBinaries
-from .endpoints import EndpointsController
-from .images import ImageMap
-from .ipam import NetworkClaim, claim_networks
-from .kubelet import DEFAULT_NODE_NAME, Kubelet, KubeletConfig
-from .kubeletserver import KubeletServer
-from .provisioner import ClaimProvisioner
-from .proxy import ServiceProxy
-from .tmpfs import claim_scratch_dir, sweep_scratch_dirs
+from ..common.client import ApiClient
+from ..common.ipam import NetworkClaim, claim_networks
+from ..controllers.endpoints import EndpointsController
+from ..controllers.provisioner import ClaimProvisioner
+from ..controllers.proxy import ServiceProxy
+from ..controlplane.controlplane import ControlPlane, ControlPlaneBinaries
+from ..controlplane.tmpfs import claim_scratch_dir, sweep_scratch_dirs
+from ..kubelet.images import ImageMap
+from ..kubelet.kubelet import DEFAULT_NODE_NAME, Kubelet, KubeletConfig
+from ..kubelet.kubeletserver import KubeletServer
 
 __all__ = ["LocalCluster"]
 
@@ -69,7 +69,7 @@ class LocalCluster:
     ``control_plane`` is a directory of Kubernetes binaries to run instead of the
     emulator (its state lives in ``<state_dir>/control-plane``, else under
     ``data_dir``); ``progress`` receives its start-up lines (default: dropped). ``gpus``
-    overrides the node's ``nvidia.com/gpu`` count (see :mod:`~kelastic.localcluster.gpus`).
+    overrides the node's ``nvidia.com/gpu`` count (see :mod:`~kelastic.localcluster.kubelet.gpus`).
     """
 
     def __init__(
@@ -140,7 +140,7 @@ class LocalCluster:
 
     def start(self, timeout: float = 30.0) -> LocalCluster:
         """Start everything; return once the node components have synced with the API server."""
-        from .apiserver import ApiServer  # the API server is a sibling module with its own deps
+        from ..apiserver.apiserver import ApiServer  # the API server is a sibling module with its own deps
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # A block of pod and service addresses no other cluster on this machine uses.
@@ -337,5 +337,5 @@ def _stuck_message(timeout: float) -> str:
     return (
         f"the node components (kubelet, service proxy, endpoints, volume provisioner) did not stop within "
         f"{timeout:g} s; the API server was stopped anyway and the pods' processes are killed when this "
-        "process exits. If any remain, list them with `pgrep -af localcluster/shim.py` and kill them"
+        "process exits. If any remain, list them with `pgrep -af localcluster/kubelet/shim.py` and kill them"
     )

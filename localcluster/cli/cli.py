@@ -10,12 +10,12 @@ stops everything, pod processes included.
 Both take ``--control-plane DIR`` (else ``$KELASTIC_CONTROL_PLANE``, else
 ``$KUBEBUILDER_ASSETS``): a directory with the real ``kube-apiserver`` and
 ``etcd`` (and ``kube-controller-manager``, ``kube-scheduler``), run instead of
-kelastic's API server emulator (see :mod:`kelastic.localcluster.controlplane`).
+kelastic's API server emulator (see :mod:`kelastic.localcluster.controlplane.controlplane`).
 
 ``kelastic local run MANIFEST.yaml`` brings up a private cluster in a temporary
 directory, applies the manifest, relays the pods' logs prefixed by pod, waits
 until every workload in it has finished (or one has failed) (pods: phase Succeeded/Failed; other
-kinds: see :mod:`kelastic.localcluster.completion`), prints a summary, and
+kinds: see :mod:`kelastic.localcluster.cli.completion`), prints a summary, and
 exits 0 only when all of them succeeded (1 when one failed or the wait timed
 out, 2 for bad input, 130 or 143 when stopped by SIGINT or SIGTERM).
 """
@@ -39,12 +39,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+from ..common.interrupts import interrupt, uninterrupted
+from ..controlplane.controlplane import control_plane_dir, die_with_parent
+from ..kubelet.images import ImageMap
 from .apply import Applier, ManifestError, load_manifests
 from .cluster import LocalCluster
 from .completion import Outcome, outcome_of, pod_outcome, waitable
-from .controlplane import control_plane_dir, die_with_parent
-from .images import ImageMap
-from .interrupts import interrupt, uninterrupted
 from .jobsummary import JobTimeline
 from .logrelay import LogFollower, LogRelay
 
@@ -61,7 +61,7 @@ def find_crds_dir() -> Path | None:
     candidates = []
     if os.environ.get("KELASTIC_CRDS_DIR"):
         candidates.append(Path(os.environ["KELASTIC_CRDS_DIR"]))
-    candidates += [Path(__file__).resolve().parent.parent / "crds", Path.cwd() / "crds"]
+    candidates += [Path(__file__).resolve().parents[2] / "crds", Path.cwd() / "crds"]
     for candidate in candidates:
         if candidate.is_dir() and any(candidate.glob("*.yaml")):
             return candidate
@@ -74,7 +74,7 @@ def find_chart_dir() -> Path | None:
     if os.environ.get("KELASTIC_CHART_DIR"):
         candidates.append(Path(os.environ["KELASTIC_CHART_DIR"]))
     candidates += [
-        Path(__file__).resolve().parent.parent / "helm" / "kelastic",
+        Path(__file__).resolve().parents[2] / "helm" / "kelastic",
         Path.cwd() / "helm" / "kelastic",
     ]
     for candidate in candidates:

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .client import ApiClient, ApiRequestError, Informer
+from ..common.client import ApiClient, ApiRequestError, Informer
 
 __all__ = ["EndpointsController", "compute_slices", "compute_subsets", "pod_is_ready", "selector_matches"]
 

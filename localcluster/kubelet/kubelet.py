@@ -6,12 +6,12 @@ to it runs one :class:`PodWorker` that
 
 - holds the GPUs the pod requests (``nvidia.com/gpu``; the pod waits, Pending,
   while too few are free) and names them to its containers as the NVIDIA device
-  plugin does (see :mod:`kelastic.localcluster.gpus`),
+  plugin does (see :mod:`kelastic.localcluster.kubelet.gpus`),
 - gives the pod an address in ``127.1.0.0/16`` (``status.podIP``),
-- prepares its volumes (see :mod:`kelastic.localcluster.volumes`),
+- prepares its volumes (see :mod:`kelastic.localcluster.kubelet.volumes`),
 - runs the init containers one after another, then the containers, each as a
   process group of the current Python environment (see
-  :mod:`kelastic.localcluster.podenv` for env and argv), logging to
+  :mod:`kelastic.localcluster.kubelet.podenv` for env and argv), logging to
   ``<data_dir>/pods/<namespace>_<pod>_<uid>/<container>/<restartCount>.log``,
 - restarts exited containers per ``restartPolicy`` with exponential back-off
   (``CrashLoopBackOff``), runs startup/readiness/liveness probes,
@@ -59,10 +59,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .client import ApiClient, ApiRequestError, Informer
+from ..common.client import ApiClient, ApiRequestError, Informer
+from ..common.ipam import POD_NETWORK, IpAllocator, IpExhaustedError
 from .gpus import GPU_RESOURCE, GpuLedger, detect_gpus, device_env, pod_claim
 from .images import ImageMap, mount_table, relocate
-from .ipam import POD_NETWORK, IpAllocator, IpExhaustedError
 from .podenv import ContainerConfigError, PodContext, resolve_command, resolve_env, without_credentials
 from .podstatus import (
     ContainerRecord,
@@ -292,7 +292,7 @@ class PodWorker:
                 await asyncio.wait_for(self.wake.wait(), timeout)
 
     async def refresh_tokens(self, pod: Mapping[str, Any], now: float | None = None) -> float | None:
-        """Replace the tokens that are due (see :mod:`~kelastic.localcluster.satokens`); when to look next.
+        """Replace the tokens that are due (see :mod:`~kelastic.localcluster.kubelet.satokens`); when to look next.
 
         The token file is rewritten in place (atomically), and so is the container's
         service-account kubeconfig that carries it. A refused request keeps the old

@@ -14,8 +14,8 @@ import ipaddress
 import re
 from typing import Any
 
+from ..common.ipam import IpAllocator, IpExhaustedError
 from .errors import FieldCause
-from .ipam import IpAllocator, IpExhaustedError
 from .resources import ResourceType
 
 __all__ = [

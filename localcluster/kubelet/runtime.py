@@ -1,7 +1,7 @@
 """Container processes: start, watch, signal and kill a process group.
 
 Each container run is one session and process group, led by a small shim
-(:mod:`kelastic.localcluster.shim`) that starts the container's command in it,
+(:mod:`kelastic.localcluster.kubelet.shim`) that starts the container's command in it,
 so the kubelet can signal the whole tree a container started (workers,
 helpers, shells) at once, and the shim kills that whole tree if the kubelet's
 thread or process dies without cleaning up. stdout and stderr go, interleaved,
@@ -31,7 +31,7 @@ from pathlib import Path
 
 __all__ = ["ContainerProcess", "ExitStatus", "spawn"]
 
-#: The container's first process (see :mod:`kelastic.localcluster.shim`), run by path.
+#: The container's first process (see :mod:`kelastic.localcluster.kubelet.shim`), run by path.
 SHIM = Path(__file__).with_name("shim.py")
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from .client import ApiClient, ApiRequestError
+from ..common.client import ApiClient, ApiRequestError
 
 __all__ = ["Applier", "ManifestError", "ResourceRef", "load_manifests"]
 

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .client import ApiClient, ApiRequestError, Informer
+from ..common.client import ApiClient, ApiRequestError, Informer
 
 __all__ = ["ServiceProxy", "ready_backends", "service_listeners", "slice_backends"]
 
