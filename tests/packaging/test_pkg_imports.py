@@ -8,6 +8,15 @@
 * ``kelastic.localcluster`` imports neither: it is a Kubernetes stand-in and knows no
   ElasticJob.
 
+Inside ``kelastic.localcluster`` the same holds between its parts (:data:`LOCALCLUSTER`):
+``common`` (the API client and shared helpers) imports no other part; the API server
+emulator (``apiserver``), the kubelet (``kubelet``), the controllers beside it
+(``controllers``) and the real control plane's runner (``controlplane``) import only
+``common``, so the kubelet reaches any API server through the client, never the
+emulator's registry, and the emulator knows nothing of the kubelet; ``cli`` (the command
+and ``LocalCluster``) composes them all. The package's own modules (its ``__init__``,
+``__main__`` and ``testing``) may import every part; no part imports them back.
+
 The imports are read from the source with ``ast`` (every ``import`` statement, also inside
 functions and ``TYPE_CHECKING`` blocks), so a breach fails here before anything runs.
 ``make import-rules`` (part of ``make lint``) runs this module alone.
@@ -26,11 +35,33 @@ ROOT = Path(__file__).resolve().parents[2]
 # folder on disk -> its installed package name (pyproject.toml [tool.setuptools] package-dir)
 PARTS = {"agent": "kelastic.agent", "operator": "kelastic.operator", "localcluster": "kelastic.localcluster"}
 
+LC = "kelastic.localcluster"
+# The parts of the local cluster, each a subpackage, and what each may import of the others.
+LOCALCLUSTER: dict[str, tuple[str, ...]] = {
+    f"{LC}.common": (),
+    f"{LC}.apiserver": (f"{LC}.common",),
+    f"{LC}.kubelet": (f"{LC}.common",),
+    f"{LC}.controllers": (f"{LC}.common",),
+    f"{LC}.controlplane": (f"{LC}.common",),
+    f"{LC}.cli": (
+        f"{LC}.common",
+        f"{LC}.apiserver",
+        f"{LC}.kubelet",
+        f"{LC}.controllers",
+        f"{LC}.controlplane",
+    ),
+}
+# The modules that stand in localcluster/ itself, outside the parts: the package's public face.
+LOCALCLUSTER_OWN = {"__init__.py", "__main__.py", "testing.py"}
+
 # What each part may import of kelastic beyond itself (a module or a package and its modules).
+# A module belongs to the longest part its name falls under (kelastic.localcluster.kubelet.x
+# to kelastic.localcluster.kubelet, kelastic.localcluster.testing to kelastic.localcluster).
 ALLOWED: dict[str, tuple[str, ...]] = {
     "kelastic.agent": (),
     "kelastic.operator": ("kelastic.agent.contract", "kelastic.agent.rendezvous.control"),
-    "kelastic.localcluster": (),
+    LC: tuple(LOCALCLUSTER),
+    **LOCALCLUSTER,
 }
 
 
@@ -71,7 +102,7 @@ ALIASES = {"kelastic.checkpoint": "kelastic.agent", "kelastic.data": "kelastic.a
 
 def part_of(module: str) -> str | None:
     alias = next((part for name, part in ALIASES.items() if within(module, name)), None)
-    return alias or next((p for p in ALLOWED if within(module, p)), None)
+    return alias or max((p for p in ALLOWED if within(module, p)), key=len, default=None)
 
 
 def within(module: str, allowed: str) -> bool:
@@ -105,8 +136,30 @@ def test_parts_import_each_other_in_one_direction_only() -> None:
     assert not found, (
         "imports across kelastic's parts that the layering forbids (see docs/architecture.md):\n  "
         + "\n  ".join(found)
-        + "\nMove what both sides need into kelastic.agent.contract, or keep it on one side."
+        + "\nMove what both sides need into kelastic.agent.contract (inside the local cluster:"
+        + " into kelastic.localcluster.common), or keep it on one side."
     )
+
+
+def test_every_module_of_the_local_cluster_is_in_a_part() -> None:
+    """A module added to localcluster/ itself would stand outside every part's rule."""
+    stray = sorted(
+        path.name for path in (ROOT / "localcluster").glob("*.py") if path.name not in LOCALCLUSTER_OWN
+    )
+    folders = {p.name for p in (ROOT / "localcluster").iterdir() if (p / "__init__.py").is_file()}
+    assert not stray, f"put these modules of localcluster/ into one of its parts: {stray}"
+    assert folders == {name.rpartition(".")[2] for name in LOCALCLUSTER}, folders
+
+
+def test_the_reader_sees_the_local_clusters_parts() -> None:
+    """Guards the sub-part rule: the CLI's imports of the others are seen and fall under them."""
+    seen = {
+        part_of(target)
+        for rel, source in repository_sources()
+        if rel.parts[:2] == ("localcluster", "cli")
+        for _, target in imports_of(rel, source)
+    }
+    assert set(LOCALCLUSTER) - {f"{LC}.cli"} <= seen, seen
 
 
 def test_the_reader_sees_the_operators_use_of_the_contract() -> None:
@@ -150,6 +203,45 @@ def test_the_reader_sees_the_operators_use_of_the_contract() -> None:
         ("agent/x.py", "from .rendezvous import handler\nimport torch\n", None),
         ("agent/public/data/__init__.py", "from kelastic.agent.data import *\n", None),
         ("operator/x.py", "from kelastic.checkpoint import MemoryWriter\n", "imports kelastic.checkpoint"),
+        # inside the local cluster
+        (
+            "localcluster/kubelet/x.py",
+            "from ..apiserver.registry import Registry\n",
+            "kubelet/x.py:1: kelastic.localcluster.kubelet imports kelastic.localcluster.apiserver.registry",
+        ),
+        (
+            "localcluster/kubelet/x.py",
+            "def f():\n    from kelastic.localcluster.apiserver import apiserver\n",
+            "x.py:2: kelastic.localcluster.kubelet imports kelastic.localcluster.apiserver.apiserver",
+        ),
+        (
+            "localcluster/kubelet/x.py",
+            "from .. import LocalCluster\n",
+            "imports kelastic.localcluster.LocalCluster",
+        ),
+        ("localcluster/apiserver/x.py", "from ..kubelet import kubelet\n", "apiserver imports"),
+        ("localcluster/controllers/x.py", "from ..cli.cluster import LocalCluster\n", "imports"),
+        ("localcluster/common/x.py", "from ..apiserver.errors import ApiError\n", "common imports"),
+        ("localcluster/controlplane/x.py", "from kelastic.localcluster import testing\n", "imports"),
+        (
+            "localcluster/kubelet/x.py",
+            "from kelastic.operator import spec\n",
+            "kubelet imports kelastic.operator",
+        ),
+        (
+            "agent/x.py",
+            "from kelastic.localcluster.common import client\n",
+            "agent imports kelastic.localcluster",
+        ),
+        ("localcluster/kubelet/x.py", "from ..common.client import ApiClient\nfrom . import podenv\n", None),
+        ("localcluster/apiserver/x.py", "from . import registry\nfrom ..common import ipam\n", None),
+        (
+            "localcluster/cli/x.py",
+            "from ..apiserver.apiserver import ApiServer\nfrom ..kubelet import kubelet\n",
+            None,
+        ),
+        ("localcluster/testing.py", "from kelastic.localcluster.cli.cluster import LocalCluster\n", None),
+        ("localcluster/__init__.py", "from .kubelet.kubelet import Kubelet\n", None),
     ],
 )
 def test_the_rule_catches_planted_breaches(importer: str, source: str, expected: str | None) -> None:
