@@ -1,4 +1,5 @@
-"""docs/architecture.md cannot drift silently: its tables name every module, its command line every flag."""
+"""docs/architecture.md cannot drift silently: its tables name every module (of the agent and the operator)
+and every part (of the local cluster), its command line every flag."""
 
 from __future__ import annotations
 
@@ -44,7 +45,12 @@ def modules(part: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("part", "title"), [("operator", "Inside the operator"), ("agent", "Inside the agent")]
+    ("part", "title"),
+    [
+        ("operator", "Inside the operator"),
+        ("agent", "Inside the agent"),
+        ("localcluster", "Inside the local cluster"),
+    ],
 )
 def test_every_module_has_a_row_and_every_row_a_module(part: str, title: str) -> None:
     documented, present = table_rows(title), modules(part)
