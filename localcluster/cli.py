@@ -11,6 +11,9 @@ Both take ``--control-plane DIR`` (else ``$KELASTIC_CONTROL_PLANE``, else
 ``$KUBEBUILDER_ASSETS``): a directory with the real ``kube-apiserver`` and
 ``etcd`` (and ``kube-controller-manager``, ``kube-scheduler``), run instead of
 kelastic's API server emulator (see :mod:`kelastic.localcluster.controlplane`).
+The operator serves every namespace, as fits a cluster of one user;
+``--watch-namespace NS`` (repeatable) narrows it to those. It serves its Prometheus
+metrics on the loopback address (``up`` prints the URL).
 
 ``kelastic local run MANIFEST.yaml`` brings up a private cluster in a temporary
 directory, applies the manifest, relays the pods' logs prefixed by pod, waits
@@ -42,7 +45,7 @@ from typing import Any, TextIO, TypeVar
 from .apply import Applier, ManifestError, load_manifests
 from .cluster import LocalCluster
 from .completion import Outcome, outcome_of, pod_outcome, waitable
-from .controlplane import control_plane_dir, die_with_parent
+from .controlplane import HOST, control_plane_dir, die_with_parent, free_port
 from .images import ImageMap
 from .interrupts import interrupt, uninterrupted
 from .jobsummary import JobTimeline
@@ -176,10 +179,16 @@ class _Stopper:
 
 
 class _Operator:
-    """The operator subprocess (own process group, output to a log file)."""
+    """The operator subprocess (own process group, output to a log file).
 
-    def __init__(self, command: list[str], kubeconfig: Path, log_path: Path) -> None:
+    ``metrics_url``: where it serves its Prometheus metrics, when kelastic chose the port.
+    """
+
+    def __init__(
+        self, command: list[str], kubeconfig: Path, log_path: Path, metrics_url: str | None = None
+    ) -> None:
         self.log_path = log_path
+        self.metrics_url = metrics_url
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
         with uninterrupted(), open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -289,11 +298,31 @@ def _install_chart(cluster: LocalCluster, out: TextIO, watch: Sequence[str], clu
     return True
 
 
+def served_namespaces(watch: Sequence[str] | None, cluster_wide: bool) -> tuple[tuple[str, ...], bool]:
+    """The namespaces the local operator serves: (namespaces, every namespace).
+
+    A local cluster has one user, so its operator serves every namespace unless
+    ``--watch-namespace`` names some (``--cluster-wide`` says the default out loud and
+    cannot be combined with them).
+    """
+    if watch and cluster_wide:
+        raise SystemExit("kelastic: --watch-namespace and --cluster-wide exclude each other")
+    return (tuple(dict.fromkeys(watch)), False) if watch else ((), True)
+
+
+def _operator_flags(watch: Sequence[str], cluster_wide: bool, metrics_port: int) -> list[str]:
+    """The flags kelastic adds to the operator it starts as a process: its namespaces, and
+    metrics on ``metrics_port`` of the loopback address, as the chart serves them on the pod's."""
+    scope = ["--all-namespaces"] if cluster_wide else [f"--namespace={ns}" for ns in watch]
+    return [*scope, f"--metrics-port={metrics_port}", f"--metrics-address={HOST}"]
+
+
 def _start_operator(
-    cluster: LocalCluster, out: TextIO, watch: Sequence[str] = ("default",), cluster_wide: bool = False
+    cluster: LocalCluster, out: TextIO, watch: Sequence[str] = (), cluster_wide: bool = True
 ) -> _Operator | None:
     """Start the operator: from the chart on a real control plane, else as a subprocess (None: not installed).
 
+    It serves ``watch`` namespaces, or every namespace with ``cluster_wide``.
     ``$KELASTIC_LOCAL_OPERATOR`` wins on both: whoever sets it asked for that command.
     """
     override = operator_override()
@@ -308,12 +337,16 @@ def _start_operator(
     command = override if override is not None else operator_command()
     if command is None:
         return None
+    metrics_url = None
     if override is None:
-        # The namespaces of the applied jobs (the operator watches only "default" otherwise).
-        command += ["--all-namespaces"] if cluster_wide else [f"--namespace={ns}" for ns in watch]
-    operator = _Operator(command, cluster.kubeconfig, cluster.data_dir / "operator.log")
+        # The operator watches only "default" without a scope flag.
+        port = free_port()
+        command = [*command, *_operator_flags(watch, cluster_wide, port)]
+        metrics_url = f"http://{HOST}:{port}/metrics"
+    operator = _Operator(command, cluster.kubeconfig, cluster.data_dir / "operator.log", metrics_url)
+    scope = "every namespace" if cluster_wide else f"namespace(s) {', '.join(watch)}"
     print(
-        f"kelastic: started the operator (pid {operator.proc.pid}, log {operator.log_path})",
+        f"kelastic: started the operator for {scope} (pid {operator.proc.pid}, log {operator.log_path})",
         file=out,
         flush=True,
     )
@@ -357,7 +390,15 @@ def _control_plane_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cluster-wide",
         action="store_true",
-        help="with --control-plane: install the chart with clusterWide=true (default: namespaced)",
+        help="the operator serves every namespace (the default; on --control-plane the chart is "
+        "installed with clusterWide=true)",
+    )
+    parser.add_argument(
+        "--watch-namespace",
+        action="append",
+        metavar="NS",
+        help="serve only this namespace (repeatable; default: every namespace); on --control-plane "
+        "the chart's watchNamespaces",
     )
 
 
@@ -393,6 +434,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         progress=_progress(out),
         images=_images(args),
     )
+    served = served_namespaces(args.watch_namespace, args.cluster_wide)
     operator: _Operator | None = None
     stopper = _Stopper()
     with stopper.installed():  # also during the clean-up: a second Ctrl-C must not break it off
@@ -402,18 +444,18 @@ def cmd_up(args: argparse.Namespace) -> int:
                     cluster.start()
                     _apply_crds(cluster, out)
                     if not args.no_operator:
-                        operator = _start_operator(
-                            cluster, out, args.watch_namespace or ["default"], args.cluster_wide
-                        )
+                        operator = _start_operator(cluster, out, *served)
             except Interrupted as exc:
                 print(f"kelastic: {exc} while starting: stopping what was started", file=out, flush=True)
                 return exit_code(exc.signum)
+            metrics = operator.metrics_url if operator is not None else None
             print(
                 f"kelastic local is up: API server {cluster.url}\n"
                 f"kubeconfig: {cluster.kubeconfig}\n"
                 f"  export KUBECONFIG={cluster.kubeconfig}\n"
                 "  kubectl get pods -A\n"
-                f"pod logs and volumes: {cluster.data_dir}\n"
+                + (f"operator metrics: {metrics}\n" if metrics else "")
+                + f"pod logs and volumes: {cluster.data_dir}\n"
                 "Stop with Ctrl-C or SIGTERM (pods are stopped with it).",
                 file=out,
                 flush=True,
@@ -618,8 +660,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     if custom:
                         _apply_crds(cluster, out)
                         if not args.no_operator:
-                            watch = sorted({str(o["metadata"].get("namespace") or "default") for o in custom})
-                            operator = _start_operator(cluster, out, watch, args.cluster_wide)
+                            served = served_namespaces(args.watch_namespace, args.cluster_wide)
+                            operator = _start_operator(cluster, out, *served)
                             if operator is None and not cluster.real:
                                 kinds = ", ".join(sorted({o["kind"] for o in custom}))
                                 notice(
@@ -753,12 +795,6 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--no-operator", action="store_true", help="do not start the kelastic operator")
     _control_plane_flag(up)
     _image_flag(up)
-    up.add_argument(
-        "--watch-namespace",
-        action="append",
-        metavar="NS",
-        help="with --control-plane: a namespace the chart's operator serves (repeatable; default: default)",
-    )
     up.set_defaults(func=cmd_up)
 
     run = commands.add_parser("run", help="run a manifest to completion on a private local cluster")
