@@ -25,6 +25,7 @@ where the operator reads the job's progress and restarts.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -149,6 +150,9 @@ class LocalElasticAgent(SimpleElasticAgent):
                 os.environ["OMP_NUM_THREADS"] = "1"
             prewarm_forkserver()
         base = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="kelastic_"))
+        #: The temporary directory the agent made for want of a log_dir: removed at exit once
+        #: nothing but its own scratch (progress files) is in it.
+        self._owned_log_dir = base if log_dir is None else None
         self._run_log_dir = base / spec.rdzv_handler.get_run_id()
         self._attempt_base: int | None = None
         self._local_ranks_filter = local_ranks_filter
@@ -332,6 +336,21 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._stop_display()
         if self._publisher is not None:
             self._publisher.close()
+        self._remove_scratch()
+
+    def _remove_scratch(self) -> None:
+        """Remove the workers' progress files (the agent's scratch, read only while they run)
+        and, in a log directory the agent made itself, every directory left empty: a run
+        without ``log_dir`` leaves nothing behind unless it wrote logs there (redirects),
+        which stay. A ``log_dir`` the caller named keeps its directories."""
+        if self._owned_log_dir is None or not self._run_log_dir.is_dir():
+            return
+        for scratch in self._run_log_dir.glob("attempt_*/*/progress.json"):
+            with contextlib.suppress(OSError):
+                scratch.unlink()
+        for directory, _, _ in sorted(os.walk(self._owned_log_dir), key=lambda w: -len(w[0])):
+            with contextlib.suppress(OSError):  # not empty: it holds logs
+                os.rmdir(directory)
 
     def _on_monitor_tick(self, worker_group: WorkerGroup) -> None:
         if self._publisher is not None and self._publisher.due():
