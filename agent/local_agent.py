@@ -296,6 +296,9 @@ class LocalElasticAgent(SimpleElasticAgent):
                 state=WorkerState.FAILED,
                 failures={by_local[lr]: f for lr, f in result.failures.items()},
             )
+        # The workers' last steps, published before the agent waits at the exit barrier and
+        # its pod ends: otherwise the job's status would keep the previous tick's progress.
+        self._publish_progress(final=True)
         return RunResult(
             state=WorkerState.SUCCEEDED,
             return_values={by_local[lr]: v for lr, v in result.return_values.items()},
@@ -389,13 +392,14 @@ class LocalElasticAgent(SimpleElasticAgent):
         reports = {lr: read_report(p) for lr, p in self._progress_files.items()}
         return aggregate({lr: r for lr, r in reports.items() if r is not None})
 
-    def _publish_progress(self) -> None:
+    def _publish_progress(self, *, final: bool = False) -> None:
         """Publish this node's progress, restart count and size to the rendezvous store (best
-        effort, see :class:`~kelastic.agent.progress_publisher.ProgressPublisher`)."""
+        effort, see :class:`~kelastic.agent.progress_publisher.ProgressPublisher`); ``final``:
+        the ranks' files as they are now, not the display's latest periodic read of them."""
         if self._publisher is None:
             return
         self._publisher.publish(
-            self.node_progress(),
+            aggregate(self.rank_progress()) if final else self.node_progress(),
             restarts=self.restart_count,
             local_world_size=self._worker_group.spec.local_world_size,
             recovery=self._recovery() if self._recovery is not None else None,

@@ -59,7 +59,14 @@ from typing import Any
 from .client import ApiClient, ApiRequestError, Informer
 from .images import ImageMap, mount_table, relocate, relocate_argv
 from .ipam import POD_NETWORK, IpAllocator, IpExhaustedError
-from .podenv import ContainerConfigError, PodContext, expand, resolve_command, resolve_env, without_credentials
+from .podenv import (
+    ContainerConfigError,
+    PodContext,
+    expand,
+    resolve_command,
+    resolve_env,
+    without_credentials,
+)
 from .podstatus import (
     ContainerRecord,
     ContainerState,

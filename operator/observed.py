@@ -98,6 +98,9 @@ class RendezvousView:
     recoveries: tuple[tuple[str, float, float], ...] = ()
     #: The current members' latest hang verdicts: (node, global ranks, seconds without progress, when).
     hangs: tuple[tuple[str, tuple[int, ...], float, float], ...] = ()
+    #: The latest closed rendezvous round (1 for the group's first start, 0 before it): every
+    #: later round is a restart of the group, whatever its cause.
+    round: int = 0
 
 
 @dataclass(frozen=True)

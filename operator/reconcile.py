@@ -365,9 +365,13 @@ def _rendezvous_figures(p: _Pass) -> None:
     elif not running:
         status["worldSize"] = 0
     status.setdefault("worldSize", 0)
+    # RESTARTS counts restarts of the worker group whatever their cause (a failure, a scale, a
+    # lost or added pod): every rendezvous round after the first. The agents' failure restarts
+    # and the recreated pods are a floor for when the store's rounds are unknown (or it restarted).
     agent_restarts = rdzv.restarts if rdzv is not None else 0
+    rounds = rdzv.round - 1 if rdzv is not None else 0
     status["restarts"] = max(
-        int(status.get("restarts") or 0), int(status.get("backoffCount") or 0) + agent_restarts
+        int(status.get("restarts") or 0), int(status.get("backoffCount") or 0) + agent_restarts, rounds
     )
 
 

@@ -215,4 +215,5 @@ def _read(store: Any, run_id: str) -> RendezvousView:
         total=progress.total if progress is not None else None,
         recoveries=tuple((r.node, r.seconds, r.ended) for r in status.recoveries),
         hangs=tuple((h.node, h.ranks, h.seconds, h.at) for h in status.hangs),
+        round=int(status.round or 0),
     )

@@ -86,10 +86,11 @@ class StoreSync:
         """
         spec = job.spec
         endpoint = (spec.rdzv_endpoint or job.status.get("rdzvEndpoint")) if spec is not None else None
+        if job.status.get("phase") in {p.value for p in TERMINAL_PHASES}:
+            return self._last_look(key)
         if (
             spec is None
             or not builders.uses_control(spec)
-            or job.status.get("phase") in {p.value for p in TERMINAL_PHASES}
             or not endpoint
             or (
                 not spec.rdzv_endpoint
@@ -121,11 +122,25 @@ class StoreSync:
                     self._reading.add(key)
                     self._spawn(self._refresh(key, *store))
 
-    async def _refresh(self, key: JobKey, endpoint: str, run_id: str) -> None:
+    def _last_look(self, key: JobKey) -> RendezvousView | None:
+        """A finished job: stop the periodic reads, but read its store once more, since the
+        agents' last progress report (at their workers' exit) may have landed after the last
+        read; a pass follows when it changed the figures. Returns the last figures read, so
+        that the finished job's status shows them."""
+        store = self._stores.pop(key, None)
+        if store is not None and key not in self._reading:
+            self._reading.add(key)
+            self._spawn(self._refresh(key, *store, final=True))
+        cached = self._views.get(key)
+        return cached[1] if cached is not None else None
+
+    async def _refresh(self, key: JobKey, endpoint: str, run_id: str, final: bool = False) -> None:
         try:
             view = await self.store.read(endpoint, run_id)
         finally:
             self._reading.discard(key)
+        if final and view is None:
+            return  # the store is gone already: the figures read last stay
         old = self._views.get(key)
         self._views[key] = (time.monotonic(), view)
         if view is None or not self._known(key):
@@ -133,11 +148,16 @@ class StoreSync:
         before = old[1] if old is not None else None
         # A new round (world size, members), restart count or recovery is worth a pass now;
         # progress alone at most every progress_interval, which keeps status writes per job bounded.
-        if before is None or (view.world_size, view.members, view.restarts, view.recoveries) != (
-            before.world_size,
-            before.members,
-            before.restarts,
-            before.recoveries,
+        # A round is new even with the same members (a deleted pod comes back under its name).
+        if (
+            before is None
+            or (
+                final
+                and (view.step, view.total, view.round, view.restarts)
+                != (before.step, before.total, before.round, before.restarts)
+            )
+            or (view.world_size, view.members, view.restarts, view.recoveries, view.round)
+            != (before.world_size, before.members, before.restarts, before.recoveries, before.round)
         ):
             self._trigger(key)
         elif (view.step, view.total) != (before.step, before.total):

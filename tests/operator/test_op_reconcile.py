@@ -656,3 +656,36 @@ def test_service_of_an_earlier_job_with_the_same_name_is_not_used(kit: SimpleNam
     assert not kinds(d, CreateService), "the name is taken until the old Service is gone"
     assert created_names(d) == ["demo-rendezvous"]  # the store pod; no workers without an endpoint
     assert "rdzvEndpoint" not in d.status
+
+
+def test_restarts_count_every_group_restart_whatever_its_cause(kit: SimpleNamespace) -> None:
+    """A scale and a deleted pod restart the group without any agent failure: every rendezvous
+    round after the first counts (the agents' restart counts and recreated pods are a floor)."""
+    body = kit.job_body(status={"phase": "Running", "scaledTo": 3, "restarts": 0})
+    workers = [kit.worker(i) for i in range(3)]
+    first = RendezvousView(world_size=3, restarts=0, members=("a", "b", "c"), round=1)
+    d = run(body, kit.observed(kit.store(), *workers, rendezvous=first))
+    assert d.status["restarts"] == 0  # the group's first start
+    fourth = replace(first, round=5)  # scaled up, down, and a pod deleted twice
+    body["status"] = run(body, kit.observed(kit.store(), *workers, rendezvous=fourth)).status
+    assert body["status"]["restarts"] == 4
+    # a recreated store counts rounds from 1 again: the count never goes back
+    again = run(body, kit.observed(kit.store(), *workers, rendezvous=replace(first, round=2)))
+    assert again.status["restarts"] == 4
+
+
+def test_phase_conditions_that_are_no_longer_true_stop_saying_what_they_said(kit: SimpleNamespace) -> None:
+    body = kit.job_body()
+    body["status"] = run(body, kit.observed(services=())).status
+    created = cond(run(body, kit.observed(kit.store(PodPhase.PENDING), at=1)), "Created")
+    assert created is not None and created["status"] == "True"
+    old_message = created["message"]
+    body["status"]["phase"] = "Running"
+    body["status"]["scaledTo"] = 3
+    obs = kit.observed(kit.store(), *(kit.worker(i, ready=True) for i in range(3)), at=5)
+    d = run(body, obs)
+    created = cond(d, "Created")
+    running = cond(d, "Running")
+    assert created is not None and running is not None and running["status"] == "True"
+    assert created["status"] == "False" and created["message"] != old_message
+    assert created["message"] == f"the job is Running: {running['message']}"

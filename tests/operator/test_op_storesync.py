@@ -129,3 +129,53 @@ def test_no_store_is_read_for_a_job_without_a_running_store_or_by_a_standby(kit:
         await asyncio.gather(poller, *tasks, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def test_a_finished_job_gets_one_last_read_and_a_pass_when_it_changed_the_figures(
+    kit: SimpleNamespace,
+) -> None:
+    """The agents publish their workers' last steps as they end; the job may turn Succeeded
+    before the periodic read sees them: one last read, and a pass that writes them."""
+    running = parse_job(kit.job_body(status={"phase": "Running", "rdzvEndpoint": "127.2.0.9:29400"}))
+    done = parse_job(kit.job_body(status={"phase": "Succeeded", "rdzvEndpoint": "127.2.0.9:29400"}))
+    before = RendezvousView(world_size=3, restarts=0, members=("a", "b", "c"), step=292, total=300, round=1)
+    final = RendezvousView(world_size=3, restarts=0, members=("a", "b", "c"), step=300, total=300, round=1)
+    store = ScriptedStore([before, final])
+    calls: list[tuple[str, float]] = []
+
+    async def scenario() -> None:
+        sync, tasks = _sync(store, calls, [True])
+        sync.observe(KEY, running, [STORE_POD])
+        await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        assert sync.observe(KEY, done, []) == before  # the pass that sees it finished: last figures
+        await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        assert calls[-1] == ("trigger", 0.0)  # the final read changed the progress: a pass now
+        assert sync.observe(KEY, done, []) == final
+        await asyncio.sleep(0.2)
+        assert store.reads == 2  # and no periodic reads of a finished job's store
+
+    asyncio.run(scenario())
+
+
+def test_a_new_round_with_the_same_members_triggers_a_pass(kit: SimpleNamespace) -> None:
+    """A deleted pod comes back under its name: same members, a new round, a restart to count."""
+    job = parse_job(kit.job_body(status={"rdzvEndpoint": "127.2.0.9:29400"}))
+    first = RendezvousView(world_size=2, restarts=0, members=("a", "b"), round=1)
+    store = ScriptedStore([first, RendezvousView(world_size=2, restarts=0, members=("a", "b"), round=2)])
+    calls: list[tuple[str, float]] = []
+
+    async def scenario() -> None:
+        sync, tasks = _sync(store, calls, [True])
+        sync.observe(KEY, job, [STORE_POD])
+        await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        poller = asyncio.get_running_loop().create_task(sync.poll())
+        await until("the second round read", lambda: store.reads >= 2)
+        await asyncio.sleep(0.1)
+        poller.cancel()
+        await asyncio.gather(poller, *tasks, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert calls[:2] == [("trigger", 0.0), ("trigger", 0.0)], calls
