@@ -30,6 +30,7 @@ import contextlib
 import enum
 import importlib.util
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -318,11 +319,16 @@ def _operator_flags(watch: Sequence[str], cluster_wide: bool, metrics_port: int)
 
 
 def _start_operator(
-    cluster: LocalCluster, out: TextIO, watch: Sequence[str] = (), cluster_wide: bool = True
+    cluster: LocalCluster,
+    out: TextIO,
+    watch: Sequence[str] = (),
+    cluster_wide: bool = True,
+    log_kept: bool = True,
 ) -> _Operator | None:
     """Start the operator: from the chart on a real control plane, else as a subprocess (None: not installed).
 
-    It serves ``watch`` namespaces, or every namespace with ``cluster_wide``.
+    It serves ``watch`` namespaces, or every namespace with ``cluster_wide``. Its log's path
+    is printed only when the log outlives the command (``log_kept``).
     ``$KELASTIC_LOCAL_OPERATOR`` wins on both: whoever sets it asked for that command.
     """
     override = operator_override()
@@ -345,10 +351,9 @@ def _start_operator(
         metrics_url = f"http://{HOST}:{port}/metrics"
     operator = _Operator(command, cluster.kubeconfig, cluster.data_dir / "operator.log", metrics_url)
     scope = "every namespace" if cluster_wide else f"namespace(s) {', '.join(watch)}"
+    log = f"log {operator.log_path}" if log_kept else "its log is kept with --keep"
     print(
-        f"kelastic: started the operator for {scope} (pid {operator.proc.pid}, log {operator.log_path})",
-        file=out,
-        flush=True,
+        f"kelastic: started the operator for {scope} (pid {operator.proc.pid}, {log})", file=out, flush=True
     )
     return operator
 
@@ -568,7 +573,7 @@ def _watch(
     applier = Applier(cluster.client)
     # The workloads' output; not the operator's, when the chart runs it as a pod of its own namespace.
     namespaces = {str(o["metadata"].get("namespace") or "default") for o in waited}
-    follower = LogFollower(cluster.data_dir, relay, namespaces)
+    follower = LogFollower(cluster.data_dir, relay, namespaces, _containers_of(cluster))
     deadline = started + args.timeout
     outcomes: list[tuple[Outcome, str]] = []
     last_summary, last_print, next_status, next_sample = "", time.monotonic(), 0.0, 0.0
@@ -587,7 +592,7 @@ def _watch(
                 break
             summary = ", ".join(f"{_describe(o)} {r[1]}" for o, r in zip(waited, outcomes, strict=True))
             if summary != last_summary or now - last_print >= args.progress_interval:
-                relay.line("kelastic", f"waiting ({now - started:.0f}s): {summary}")
+                relay.say(f"waiting ({now - started:.0f}s): {summary}")
                 last_summary, last_print = summary, now
         sys.stdout.flush()
         if now >= deadline:
@@ -636,7 +641,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress=_progress(out),
         images=_images(args),
     )
-    relay = LogRelay(write=out.write, tty=out.isatty(), interval=args.progress_interval)
+    # One progress line per job: the job's own (its status), not each of its agents' as well.
+    drop = _agent_progress_line if any(o.get("kind") == "ElasticJob" for o in objects) else None
+    relay = LogRelay(write=out.write, tty=out.isatty(), interval=args.progress_interval, drop=drop)
     operator: _Operator | None = None
     stopper = _Stopper()
     started = time.monotonic()
@@ -648,7 +655,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     timeline = JobTimeline()
 
     def notice(text: str) -> None:
-        relay.line("kelastic", text)
+        relay.say(text)
         out.flush()
 
     with stopper.installed():  # also during the clean-up: a second Ctrl-C must not break it off
@@ -661,7 +668,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                         _apply_crds(cluster, out)
                         if not args.no_operator:
                             served = served_namespaces(args.watch_namespace, args.cluster_wide)
-                            operator = _start_operator(cluster, out, *served)
+                            operator = _start_operator(cluster, out, *served, log_kept=args.keep)
                             if operator is None and not cluster.real:
                                 kinds = ", ".join(sorted({o["kind"] for o in custom}))
                                 notice(
@@ -716,6 +723,45 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
 
 
+#: The agents' per-pod progress lines (``[<role> progress] step 120/300 ...``).
+_AGENT_PROGRESS = re.compile(r"^\[[^\]\s]+ progress\] step \d")
+
+
+def _agent_progress_line(prefix: str, text: str) -> bool:
+    """A line of an agent's progress display (``kubectl logs`` still shows them)."""
+    return bool(_AGENT_PROGRESS.match(text))
+
+
+def _containers_of(cluster: LocalCluster) -> Callable[[str, str], int | None]:
+    """How many containers (init containers included) a pod's spec has; None when it is gone."""
+
+    def count(namespace: str, name: str) -> int | None:
+        assert cluster.client is not None
+        try:
+            pod = cluster.call(
+                cluster.client.get(f"/api/v1/namespaces/{namespace}/pods/{name}"),
+                timeout=10.0,
+                what=f"reading pod {name}",
+            )
+        except Exception:  # gone, or the cluster is stopping: the tag falls back to what wrote
+            return None
+        spec = pod.get("spec") or {}
+        return len(spec.get("containers") or []) + len(spec.get("initContainers") or [])
+
+    return count
+
+
+def _pod_state(pod: dict[str, Any]) -> str:
+    """A pod's phase and containers for the summary, which is printed once the cluster has
+    stopped: a pod that had not finished by then (the rendezvous store, a pod being deleted)
+    was stopped with it, whatever phase it had when it was listed."""
+    phase = (pod.get("status") or {}).get("phase", "Pending")
+    if phase in ("Succeeded", "Failed"):
+        return f"{phase:<9}  {pod_outcome(pod)[1]}"
+    deleting = ", being deleted" if (pod.get("metadata") or {}).get("deletionTimestamp") else ""
+    return f"{'Stopped':<9}  stopped with the cluster (it was {phase}{deleting})"
+
+
 def _all_pods(cluster: LocalCluster) -> list[dict[str, Any]]:
     """Every pod of the cluster (the workload's pods, for the summary)."""
     assert cluster.client is not None
@@ -744,6 +790,7 @@ def _summarize(
     for obj, (outcome, detail) in zip(waited, observed, strict=True):
         # Still pending at the end: stopped with the cluster (a failure elsewhere, a timeout).
         label = "Unfinished" if outcome is Outcome.PENDING else outcome.value
+        detail = detail.removeprefix(f"{label}: ")  # "Succeeded: training finished": said once
         print(f"  {_describe(obj):<{width}}  {label:<10}  {detail}", file=out)
     for line in job_lines:  # per ElasticJob: duration, restarts and causes, speed per world size
         print(line, file=out)
@@ -751,8 +798,7 @@ def _summarize(
         print("  pods:", file=out)
         width = max(len(p["metadata"]["name"]) for p in pods)
         for pod in pods:
-            phase = (pod.get("status") or {}).get("phase", "Pending")
-            print(f"    {pod['metadata']['name']:<{width}}  {phase:<9}  {pod_outcome(pod)[1]}", file=out)
+            print(f"    {pod['metadata']['name']:<{width}}  {_pod_state(pod)}", file=out)
     ok = end is RunEnd.FINISHED and bool(outcomes) and all(r[0] is Outcome.SUCCEEDED for r in outcomes)
     if end is RunEnd.TIMED_OUT:
         print(
