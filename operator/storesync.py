@@ -69,6 +69,7 @@ class StoreSync:
         self._passed_at: dict[JobKey, float] = {}  # when the last pass of a job started (monotonic)
         self._to_publish: dict[JobKey, PublishMembership] = {}
         self._logged_membership: dict[JobKey, tuple[str, ...]] = {}
+        self._finishing: set[JobKey] = set()  # jobs with a succeeded worker, read once more at once
 
     # ------------------------------------------------------------------ reading
 
@@ -106,9 +107,17 @@ class StoreSync:
         first = self._stores.get(key) != store
         self._stores[key] = store
         cached = self._views.get(key)
-        if (first or cached is None) and key not in self._reading:
+        finishing = key not in self._finishing and any(
+            p.role == contract.ROLE_WORKER and p.phase is PodPhase.SUCCEEDED for p in pods
+        )
+        if (first or cached is None or finishing) and key not in self._reading:
+            # A worker succeeded: its agent published its last steps before it ended, and the
+            # job may finish (and its store go) before the next periodic read: read now, and
+            # let a change of progress alone trigger a pass too.
+            if finishing:
+                self._finishing.add(key)
             self._reading.add(key)
-            self._spawn(self._refresh(key, *store))
+            self._spawn(self._refresh(key, *store, final=finishing))
         return cached[1] if cached is not None else None
 
     async def poll(self) -> None:
@@ -206,5 +215,6 @@ class StoreSync:
         self._views.pop(key, None)
         self._passed_at.pop(key, None)
         self._logged_membership.pop(key, None)
+        self._finishing.discard(key)
         if uid:
             self.store.forget(uid)

@@ -179,3 +179,31 @@ def test_a_new_round_with_the_same_members_triggers_a_pass(kit: SimpleNamespace)
 
     asyncio.run(scenario())
     assert calls[:2] == [("trigger", 0.0), ("trigger", 0.0)], calls
+
+
+def test_a_succeeded_worker_gets_its_jobs_store_read_at_once(kit: SimpleNamespace) -> None:
+    """The job may finish, and its store go, before the next periodic read: the first
+    succeeded worker makes the sync read at once, and new progress alone triggers a pass."""
+    job = parse_job(kit.job_body(status={"phase": "Running", "rdzvEndpoint": "127.2.0.9:29400"}))
+    before = RendezvousView(world_size=2, restarts=0, members=("a", "b"), step=292, total=300, round=1)
+    final = RendezvousView(world_size=2, restarts=0, members=("a", "b"), step=300, total=300, round=1)
+    store = ScriptedStore([before, final])
+    calls: list[tuple[str, float]] = []
+    done = PodView(
+        name="demo-worker-0", uid="w0", role=contract.ROLE_WORKER, index=0, phase=PodPhase.SUCCEEDED
+    )
+
+    async def scenario() -> None:
+        sync, tasks = _sync(store, calls, [True])
+        sync.observe(KEY, job, [STORE_POD])
+        await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        assert sync.observe(KEY, job, [STORE_POD, done]) == before
+        await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        assert store.reads == 2 and calls[-1] == ("trigger", 0.0)
+        assert sync.observe(KEY, job, [STORE_POD, done]) == final
+        await asyncio.sleep(0)
+        assert store.reads == 2  # once per job
+
+    asyncio.run(scenario())
