@@ -53,11 +53,20 @@ def test_served_namespaces_default_to_every_namespace_and_narrow_to_the_named_on
         served_namespaces(["a"], True)
 
 
-@pytest.mark.slow
-def test_local_up_serves_every_namespace_and_prints_where_its_metrics_are(tmp_path: Path) -> None:
+def _up(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[str], list[str], Kubectl]:
+    """``kelastic local up`` started and ready: (process, lines printed, kubectl)."""
     kubeconfig = tmp_path / "kubeconfig"
     up = subprocess.Popen(
-        [*KELASTIC, "local", "up", "--kubeconfig", str(kubeconfig), "--data-dir", str(tmp_path / "d")],
+        [
+            *KELASTIC,
+            "local",
+            "up",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--data-dir",
+            str(tmp_path / "d"),
+            *flags,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -67,35 +76,61 @@ def test_local_up_serves_every_namespace_and_prints_where_its_metrics_are(tmp_pa
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in up.stdout or []], daemon=True).start()
     printed: list[str] = []
+    deadline = time.monotonic() + 240
+    while not any(line.startswith("Stop with Ctrl-C") for line in printed):
+        if time.monotonic() > deadline or up.poll() is not None:
+            _stop(up)
+            raise AssertionError(f"kelastic local up did not come up: {printed}")
+        try:
+            printed.append(lines.get(timeout=1))
+        except queue.Empty:
+            pass
+    return up, printed, Kubectl(kubeconfig)
+
+
+def _stop(up: subprocess.Popen[str]) -> None:
+    if up.poll() is None:
+        os.killpg(up.pid, signal.SIGTERM)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+
+
+def _served_in_team_a(kubectl: Kubectl) -> None:
+    kubectl("create", "namespace", "team-a")
+    kubectl("apply", "-f", "-", input=json.dumps(job("team-a")))
+    wait_for(
+        lambda: kubectl("get", "ej", "ns-probe", "-n", "team-a", "-o", "jsonpath={.status.phase}"),
+        90,
+        "the operator to serve the job in team-a",
+        interval=0.5,
+    )
+
+
+@pytest.mark.slow
+def test_local_up_serves_every_namespace_and_prints_where_its_metrics_are(tmp_path: Path) -> None:
+    up, printed, kubectl = _up(tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while not any(line.startswith("Stop with Ctrl-C") for line in printed):
-            assert time.monotonic() < deadline and up.poll() is None, f"kelastic local up: {printed}"
-            try:
-                printed.append(lines.get(timeout=1))
-            except queue.Empty:
-                pass
         (metrics,) = [
             line.split(": ", 1)[1].strip() for line in printed if line.startswith("operator metrics:")
         ]
-        kubectl = Kubectl(kubeconfig)
-        kubectl("create", "namespace", "team-a")
-        kubectl("apply", "-f", "-", input=json.dumps(job("team-a")))
-        wait_for(
-            lambda: kubectl("get", "ej", "ns-probe", "-n", "team-a", "-o", "jsonpath={.status.phase}"),
-            60,
-            "the operator to serve the job in team-a",
-            interval=0.5,
-        )
+        _served_in_team_a(kubectl)
         text = wait_for(
             lambda: urllib.request.urlopen(metrics, timeout=5).read().decode(), 30, "the operator's metrics"
         )
         assert "kelastic_reconcile_total" in text
     finally:
-        if up.poll() is None:
-            os.killpg(up.pid, signal.SIGTERM)
-            try:
-                up.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(up.pid, signal.SIGKILL)
-                up.wait()
+        _stop(up)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_local_up_on_a_control_plane_serves_every_namespace(control_plane_bin: Path, tmp_path: Path) -> None:
+    """The chart's operator is installed cluster-wide: a job in a namespace of the user's is served."""
+    up, _, kubectl = _up(tmp_path, "--control-plane", str(control_plane_bin))
+    try:
+        _served_in_team_a(kubectl)
+    finally:
+        _stop(up)
