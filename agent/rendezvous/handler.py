@@ -99,18 +99,28 @@ members of the previous round, so several deaths at once (a watcher dying with
 its successor) are still detected.
 
 A running member's ``membership_changed()`` is True once its round is no longer
-current: a fate was claimed in it, a newer round closed, the store was lost, or
-nodes wait in the next round while the round is below ``max``. The agent then
+current: a fate was claimed in it, a newer round closed, its peer link closed
+while the store was away (see Store loss), or nodes wait in the next round while
+the round is below ``max``. The agent then
 stops its workers and calls ``next_rendezvous``; survivors all re-join, the dead
 one is accounted for, and the new round closes immediately.
 
 Store loss
 ----------
-The store keeps no durable state. When the connection breaks, the watcher marks
-the membership changed; ``next_rendezvous`` reconnects (until ``join_timeout``)
-and, seeing a different ``incarnation`` token, forgets the old rounds and joins
-afresh. An unreachable store yields ``RendezvousConnectionError`` naming the
-endpoint after ``join_timeout``.
+The store keeps no durable state, and the workers never use it (their collectives
+meet in the worker store rank 0's agent hosts), so a lost store is no membership
+change: the members keep their workers. The event watcher reconnects with a
+back-off; when it finds a different ``incarnation`` token it re-establishes the
+latest round this node was a member of in the new store (``protocol.restore_round``:
+same round, members and ranks; ``open`` raised to it, its ``joined`` counter sealed
+so that a later joiner waits in the next round). ``membership_changed()`` meanwhile
+turns True only for what tells a real change without the store: the peer link of
+the watched successor closing (its fate is claimed once the store is back), or a new
+store that holds another round of that number. A store unreachable for
+``join_timeout`` raises ``RendezvousConnectionError`` naming the endpoint, from
+``membership_changed`` for a running member and from ``next_rendezvous`` for a joiner.
+A node that joined a round on the new store before the members came back finds
+``open`` past its round and goes on to the next one.
 
 Closing
 -------
@@ -188,6 +198,7 @@ from .protocol import (
     read_membership,
     read_optional,
     read_size,
+    restore_round,
 )
 from .server import ServedStore, serve_store
 from .settings import RendezvousSettings, settings_from_params
@@ -247,6 +258,11 @@ class _Member:
     rank: int
     size: int
     successor: str | None
+    # What re-establishes the round on a restarted store (``protocol.restore_round``):
+    # how it closed, this node's join record, and the member names if this node closed it.
+    close: RoundClose | None = None
+    record: str = ""
+    names: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -272,9 +288,20 @@ class KelasticRendezvousHandler(RendezvousHandler):
         self._store: dist.TCPStore | None = None
         self._incarnation: str | None = None
         self._member: _Member | None = None
+        # The latest round this node was a member of, kept while it re-joins: a restarted
+        # store gets it back from this node too, so that its fate there can be claimed.
+        self._last_member: _Member | None = None
+        # Names of rounds this node closed (it read them then), for ``_Member.names``.
+        self._closed_names: dict[int, tuple[str, ...]] = {}
         self._joining: _Joining | None = None
         self._worker_store: ServedStore | None = None
+        # Set while this node's round is not established in the connected store: the
+        # connection is lost, or the store restarted and the round is not restored yet.
         self._lost = threading.Event()
+        self._lost_since: float | None = None  # monotonic; when the store was lost
+        # Known while the store was unreachable: a member of this node's round is gone
+        # (the peer link closed), or the restarted store holds another round of its number.
+        self._detached_change = False
         self._job_closed = threading.Event()  # set by the event watcher once the job is closed
         self._stop = threading.Event()
         self._wake = threading.Condition()
@@ -334,9 +361,9 @@ class KelasticRendezvousHandler(RendezvousHandler):
             )
         deadline = time.monotonic() + self._s.join_timeout
         self._timings = RendezvousTimings(started=time.time())
-        self._lost.clear()
         with self._lock:
             self._member = None
+            self._detached_change = False
             self._changed_cache = None
             self._close_worker_store()
         self._watch_link(None)
@@ -431,28 +458,53 @@ class KelasticRendezvousHandler(RendezvousHandler):
     # -- kelastic extensions -----------------------------------------------
 
     def membership_changed(self) -> bool:
-        """Non-blocking: True once this node's round is no longer current."""
-        return bool(self._ask_own_round(self._changed_cached))
+        """Non-blocking: True once this node's round is no longer current.
 
-    def _ask_own_round(self, question: Callable[[dist.TCPStore, _Member], bool | None]) -> bool | None:
+        A lost store alone changes nothing: the workers' collectives do not use it,
+        and the round is re-established when the store is back. While it is away, a
+        member whose peer link closed is known lost (True at once). Raises
+        RendezvousConnectionError naming the endpoint once the store stayed
+        unreachable for ``join_timeout``.
+        """
+        return bool(self._ask_own_round(self._changed_cached, self._changed_detached))
+
+    def _changed_detached(self) -> bool:
+        """membership_changed() while this node's round is not established in a store."""
+        with self._lock:
+            since, changed = self._lost_since, self._detached_change
+        if changed:
+            return True
+        if since is not None and time.monotonic() - since > self._s.join_timeout:
+            raise RendezvousConnectionError(
+                f"the kelastic rendezvous store at {self._s.endpoint} has been unreachable for "
+                f"{time.monotonic() - since:.0f}s (join_timeout={self._s.join_timeout:g}s); "
+                f"giving up on rendezvous {self._s.run_id}"
+            )
+        return False
+
+    def _ask_own_round(
+        self,
+        question: Callable[[dist.TCPStore, _Member], bool | None],
+        detached: Callable[[], bool | None] = lambda: True,
+    ) -> bool | None:
         """``question(store, member)`` about this node's round, asked under the lock.
 
-        Not a member: False. The store connection lost (now or while asking): True,
-        since the round is then no longer current and its members may be gone.
+        Not a member: False. This node's round not established in the store (the
+        connection lost, now or while asking, or not restored yet): ``detached()``.
         """
         if self._lost.is_set():
-            return True
+            return detached() if self._member is not None else False
         with self._lock:
             member, store = self._member, self._store
             if member is None:
                 return False
-            if store is None:
-                return True
-            try:
-                return question(store, member)
-            except dist.DistNetworkError:
-                self._drop_connection()
-                return True
+            if store is not None:
+                try:
+                    return question(store, member)
+                except dist.DistNetworkError:
+                    pass
+        self._drop_connection()
+        return detached()
 
     def _changed_cached(self, store: dist.TCPStore, member: _Member) -> bool:
         """:meth:`_evaluate_changed`, read from the store once per event generation."""
@@ -472,8 +524,9 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
         Blocks on store events (not a sleep loop) for up to ``timeout`` seconds.
         True as soon as a member of this node's round has a fate other than rejoin
-        (dead, left, dropped) or the store connection is lost: the failure is the
-        loss's consequence. False as soon as a peer re-joined while no member was
+        (dead, left, dropped) or while the store is unreachable (then nothing tells a
+        loss from a failure of the group's own, and a loss is the likelier cause: no
+        restart is spent on it). False as soon as a peer re-joined while no member was
         lost (that peer's workers failed too, or it saw nodes waiting: the failure
         is the group's own), when ``timeout`` passes, or when this node is not a
         member of a round.
@@ -595,7 +648,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 with self._lock:
                     self._joining = None
             if slot < close.size:
-                return self._become_member(store, r, slot, close, addr, deadline)
+                return self._become_member(store, r, slot, close, addr, json.dumps(record), deadline)
             if slot == 0:
                 self._close_worker_store()
             log.info(
@@ -706,6 +759,11 @@ class KelasticRendezvousHandler(RendezvousHandler):
             if close is None and ((full and not first) or epoch is None or epoch != synced_epoch):
                 synced_epoch = epoch
                 close = read_close(store, k, r)
+                if close is None and full and not first and read_counter(store, k.open) >= r:
+                    # ``open`` passed r with r not closed: the store restarted, and the
+                    # members of an earlier group re-established their round r' >= r.
+                    # This node joined r afresh before they came back: it goes on to r'+1.
+                    close = read_close(store, k, r) or RoundClose(0, "", "")
             if close is not None:
                 return close
             if self._job_closed.is_set():
@@ -771,6 +829,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
             return True
         names = [json.loads(raw)["name"] for raw in store.multi_get(node_keys)]
         store.set(k.members(r), json.dumps(names))
+        with self._lock:
+            self._closed_names[r] = tuple(names)
         ctl = read_membership(store, k)
         if ctl is not None:
             listed = set(ctl.nodes)
@@ -794,7 +854,14 @@ class KelasticRendezvousHandler(RendezvousHandler):
         return str(record["addr"]), int(str(record.get("wstore") or 0))
 
     def _become_member(
-        self, store: dist.TCPStore, r: int, rank: int, close: RoundClose, addr: str, deadline: float
+        self,
+        store: dist.TCPStore,
+        r: int,
+        rank: int,
+        close: RoundClose,
+        addr: str,
+        own_record: str,
+        deadline: float,
     ) -> RendezvousInfo:
         """Read the ring successor's record (and rank 0's, if the close did not name its store).
 
@@ -831,7 +898,9 @@ class KelasticRendezvousHandler(RendezvousHandler):
         if timings is not None:
             timings.worker_store = time.time()
         with self._lock:
-            self._member = _Member(r, rank, size, successor)
+            names = self._closed_names.pop(r, None)
+            self._closed_names.clear()
+            self._member = self._last_member = _Member(r, rank, size, successor, close, own_record, names)
             self._changed_cache = None
         self._watch_link(link_target)
         # The agent's keys share this node's store connection (opening one per round
@@ -894,34 +963,92 @@ class KelasticRendezvousHandler(RendezvousHandler):
         with self._lock:
             if self._store is not None:
                 return self._store
-            remaining = deadline - time.monotonic()
-            try:
-                store = connect_store(self._s.host, self._s.port, max(remaining, 0.5))
-            except RendezvousConnectionError as exc:
-                raise RendezvousConnectionError(
-                    f"rendezvous {self._s.run_id}: {exc} (gave up after join_timeout={self._s.join_timeout:g}s)"
-                ) from exc.__cause__
+        # Connected outside the lock: reaching a store that is down takes up to the whole
+        # timeout, and the peer link and keep-alive threads take the lock meanwhile.
+        remaining = deadline - time.monotonic()
+        try:
+            store = connect_store(self._s.host, self._s.port, max(remaining, 0.5))
+        except RendezvousConnectionError as exc:
+            raise RendezvousConnectionError(
+                f"rendezvous {self._s.run_id}: {exc} (gave up after join_timeout={self._s.join_timeout:g}s)"
+            ) from exc.__cause__
+        return self._install(store)
+
+    def _reattach(self) -> None:
+        """After the store was lost: connect again and re-establish this node's round there.
+
+        Run by the event watcher once it reached the store again, so that a member
+        whose workers keep running gets its round back without waiting for the agent.
+        """
+        with self._lock:
+            if self._store is not None:
+                return
+        self._install(connect_store(self._s.host, self._s.port, _RECONNECT_TIMEOUT))
+
+    def _install(self, store: dist.TCPStore) -> dist.TCPStore:
+        """Make ``store`` this node's connection (unless another one was installed meanwhile).
+
+        On a restarted store (a new ``incarnation``) the latest round this node was a
+        member of is re-established there (``protocol.restore_round``): a member whose
+        group is intact keeps its workers, and one that re-joins leaves a round in which
+        its fate can be claimed. If the new store holds another round of that number,
+        the round is no longer current and ``membership_changed()`` says so.
+        """
+        with self._lock:
+            if self._store is not None:
+                return self._store
             # A fresh token per connection: one that a handler reused could win again
             # on a restarted store and hide the restart from that very handler.
             got = store.compare_set(self._keys.incarnation, "", new_token())
             incarnation = got.decode() if isinstance(got, bytes) else got
             if self._incarnation is not None and incarnation != self._incarnation:
-                log.warning(
-                    "kelastic rendezvous: the store at %s was restarted; joining afresh", self._s.endpoint
-                )
-                self._member = None
                 with self._wake:
                     self._closes.clear()  # rounds of the old store
+                self._restore(store)
             self._incarnation = incarnation
             self._store = store
+            self._lost.clear()
+            self._lost_since = None
             if not self._threads:
                 self._start_threads()
-            return store
+        self._bump()
+        return store
+
+    def _restore(self, store: dist.TCPStore) -> None:
+        """Re-establish the latest round this node was a member of in the restarted ``store``."""
+        last = self._last_member
+        if last is None or last.close is None:
+            log.warning(
+                "kelastic rendezvous: the store at %s was restarted; joining afresh", self._s.endpoint
+            )
+            return
+        r = last.round
+        restored = restore_round(store, self._keys, r, last.close, last.rank, last.record, last.names)
+        if restored:
+            log.warning(
+                "kelastic rendezvous: the store at %s was restarted; re-established round %d "
+                "(%s rank %d of %d) there",
+                self._s.endpoint,
+                r,
+                self._s.node_name,
+                last.rank,
+                last.size,
+            )
+        elif self._member is not None:
+            log.warning(
+                "kelastic rendezvous: the store at %s was restarted and holds another round %d; "
+                "re-forming the group",
+                self._s.endpoint,
+                r,
+            )
+            self._detached_change = True
 
     def _drop_connection(self) -> None:
         with self._lock:
             self._store = None
             self._changed_cache = None
+            if self._lost_since is None:
+                self._lost_since = time.monotonic()
         self._lost.set()
         self._bump()
 
@@ -982,6 +1109,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 if store is None:
                     store = connect_store(self._s.host, self._s.port, _RECONNECT_TIMEOUT)
                     store.set_timeout(_EVENT_WAIT)
+                    self._reattach()
                     seq = read_counter(store, k.events)
                     failures = 0
                     self._set_watching(True)
@@ -1006,8 +1134,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 self._set_watching(False)
                 if store is not None and not self._stop.is_set():
                     log.warning("kelastic rendezvous: event watch lost the store: %s", first_line(exc))
-                    self._lost.set()
-                    self._bump()
+                    self._drop_connection()
                 store = None
                 failures += 1
                 self._stop.wait(_backoff(failures))
@@ -1067,21 +1194,35 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 return
 
     def _peer_lost(self, r: int, name: str) -> None:
-        """Called by the peer link when the watched peer's process is gone."""
+        """Called by the peer link when the watched peer's process is gone.
+
+        Known at once even while the store is unreachable: the round is then no
+        longer current, and the fate is claimed once the store is back.
+        """
         with self._lock:
             self._suspects.append((r, name))
+            if self._member is not None and self._member.round == r:
+                self._detached_change = True
         self._poke.set()
+        self._bump()
 
     def _claim_suspects(self, store: dist.TCPStore) -> None:
+        """Claim ``dead`` for the peers whose link closed (kept for a later try if the store fails)."""
         with self._lock:
             suspects, self._suspects = self._suspects, []
-            member = self._member
-        for r, name in suspects:
-            if (
-                member is not None
-                and member.round == r
-                and claim_fate(store, self._keys, r, name, Fate.DEAD, self._s.node_name)
-            ):
+            last = self._last_member
+        for i, (r, name) in enumerate(suspects):
+            # The latest round this node was a member of, also while it re-joins: a peer
+            # lost while the store was away is claimed in the round the store got back.
+            if last is None or last.round != r:
+                continue
+            try:
+                claimed = claim_fate(store, self._keys, r, name, Fate.DEAD, self._s.node_name)
+            except dist.DistError:
+                with self._lock:
+                    self._suspects[:0] = suspects[i:]
+                raise
+            if claimed:
                 log.warning(
                     "kelastic rendezvous: %s (round %d) closed its link: its process is gone; marked dead",
                     name,
@@ -1110,10 +1251,10 @@ class KelasticRendezvousHandler(RendezvousHandler):
             return
         hb_keys = [k.heartbeat(name) for _, name in targets]
         if len(hb_keys) == 1:  # the usual case, a member watching its successor: one round trip
+            # Absent only on a restarted store the successor never reached: a value that
+            # never moves, so a successor lost while the store was away is found in time.
             one = get_or_none(store, hb_keys[0])
-            if one is None:
-                return
-            values: list[bytes] = [one]
+            values: list[bytes] = [one if one is not None else b"-1"]
         elif store.check(hb_keys):
             values = store.multi_get(hb_keys)
         else:
