@@ -317,6 +317,9 @@ class KelasticRendezvousHandler(RendezvousHandler):
         self._link_target: tuple[int, str, str, int] | None = None
         self._changed_cache: tuple[int, bool] | None = None
         self._threads: list[threading.Thread] = []
+        # Bumped when the background threads are replaced (``_renew_connections``): a thread
+        # of an older generation, still blocked on a stale connection, exits when it wakes.
+        self._thread_gen = 0
         self._link: PeerLink | None = None
         self._suspects: list[tuple[int, str]] = []
         self._poke = threading.Event()  # wakes the keep-alive thread early
@@ -367,6 +370,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._changed_cache = None
             self._close_worker_store()
         self._watch_link(None)
+        self._renew_if_cut_off(deadline)
         while True:
             try:
                 store = self._connected(deadline)
@@ -1064,36 +1068,76 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._wake.wait_for(lambda: self._generation != generation or self._stop.is_set(), timeout)
 
     def _start_threads(self) -> None:
-        # Each thread gets its own connection (a store client is not shared across threads).
-        assert self._store is not None
         try:
             self._link = PeerLink(self._local_addr(), self._peer_lost)
         except OSError as exc:
             log.warning("kelastic rendezvous: no peer link (%s); dead nodes are found by heartbeat only", exc)
+        self._spawn_threads()
+        _live_handlers.add(self)
+
+    def _spawn_threads(self) -> None:
+        """Start the event watcher and the keep-alive thread of the current generation."""
+        # Each thread gets its own connection (a store client is not shared across threads).
+        assert self._store is not None
         tag = f"{self._s.run_id}/{self._s.node_name}"
         # Read here, not in the thread: every event after the first connection is seen,
         # including the close of a round this node is about to join.
         seq = read_counter(self._store, self._keys.events)
-        self._watching = True
+        gen = self._thread_gen
+        self._set_watching(True)
         self._threads = [
             threading.Thread(
                 target=self._watch_events,
-                args=(self._store.clone(), seq),  # type: ignore[attr-defined]  # torch's stubs lack TCPStore.clone
+                args=(self._store.clone(), seq, gen),  # type: ignore[attr-defined]  # torch's stubs lack TCPStore.clone
                 name=f"kelastic-rdzv-events {tag}",
                 daemon=True,
             ),
             threading.Thread(
                 target=self._keep_alive,
-                args=(self._store.clone(),),  # type: ignore[attr-defined]  # torch's stubs lack TCPStore.clone
+                args=(self._store.clone(), gen),  # type: ignore[attr-defined]  # torch's stubs lack TCPStore.clone
                 name=f"kelastic-rdzv-keepalive {tag}",
                 daemon=True,
             ),
         ]
         for thread in self._threads:
             thread.start()
-        _live_handlers.add(self)
 
-    def _watch_events(self, first: dist.TCPStore, seq: int) -> None:
+    def _renew_if_cut_off(self, deadline: float) -> None:
+        """Before re-joining: if the others found this node dead, open fresh connections first.
+
+        A node marked ``dead`` while its process lived was cut off (a network partition,
+        a frozen machine). Its connections to the store lived through the cut: those
+        with data in flight wait out TCP's retransmission back-off, which grows to tens
+        of seconds, after the network is back. Its event watcher would then learn of
+        the round it joins that much later, while the members it made stop their
+        workers wait for it; so it reconnects before joining, and costs the running
+        group what any joining node costs.
+        """
+        last = self._last_member
+        with self._lock:
+            store = self._store
+        if last is None or store is None:
+            return
+        try:
+            fate = get_or_none(store, self._keys.fate(last.round, self._s.node_name))
+        except dist.DistError:
+            return  # the join reconnects anyway
+        if fate is None or fate.decode().split("|", 1)[0] != Fate.DEAD.value:
+            return
+        log.warning(
+            "kelastic rendezvous: %s was found dead in round %d while it ran (cut off from the store "
+            "or its peers); reconnecting before it joins again",
+            self._s.node_name,
+            last.round,
+        )
+        with self._lock:
+            self._thread_gen += 1  # the old threads exit when their stale connections wake them
+            self._store = None
+        self._connected(deadline)
+        with self._lock:
+            self._spawn_threads()
+
+    def _watch_events(self, first: dist.TCPStore, seq: int, gen: int) -> None:
         """Take the events one by one (a blocking get of the next event key) and wake local waiters.
 
         One store call per event (torch's ``get`` waits for the key, then reads it),
@@ -1105,6 +1149,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
         first.set_timeout(_EVENT_WAIT)
         failures = 0
         while not self._stop.is_set():
+            if gen != self._thread_gen:
+                return  # replaced by a watcher on a fresh connection
             try:
                 if store is None:
                     store = connect_store(self._s.host, self._s.port, _RECONNECT_TIMEOUT)
@@ -1128,9 +1174,13 @@ class KelasticRendezvousHandler(RendezvousHandler):
                         self._set_watching(True)
                     continue
                 seq += 1
+                if gen != self._thread_gen:
+                    return
                 if not self._on_event(kind):
                     return  # the job is finished: nothing left to watch
             except (dist.DistError, RendezvousConnectionError, RuntimeError) as exc:
+                if gen != self._thread_gen:
+                    return
                 self._set_watching(False)
                 if store is not None and not self._stop.is_set():
                     log.warning("kelastic rendezvous: event watch lost the store: %s", first_line(exc))
@@ -1167,7 +1217,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._wake.notify_all()
         return True
 
-    def _keep_alive(self, first: dist.TCPStore) -> None:
+    def _keep_alive(self, first: dist.TCPStore, gen: int) -> None:
         """Beat every keep_alive_interval; watch the ring successor and, when sweeping, the old round."""
         tracker = HeartbeatTracker(self._s.node_timeout, min_readings=_MIN_READINGS)
         members_cache: dict[int, list[str]] = {}
@@ -1190,7 +1240,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
             pause = self._s.keep_alive_interval if not failures else _backoff(failures)
             self._poke.wait(pause)
             self._poke.clear()
-            if self._stop.is_set():
+            if self._stop.is_set() or gen != self._thread_gen:
                 return
 
     def _peer_lost(self, r: int, name: str) -> None:
