@@ -323,6 +323,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
         self._link: PeerLink | None = None
         self._suspects: list[tuple[int, str]] = []
         self._poke = threading.Event()  # wakes the keep-alive thread early
+        # Wakes the event watcher from its reconnect back-off: the store answered another thread.
+        self._retry_now = threading.Event()
         self._timings: RendezvousTimings | None = None
 
     # -- RendezvousHandler -------------------------------------------------
@@ -443,6 +445,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         """Stop the background threads; the watcher blocks in the store, so wake it with an event."""
         self._stop.set()
         self._poke.set()
+        self._retry_now.set()
         if self._link is not None:
             self._link.close()
         watcher = next((t for t in self._threads if t.name.startswith("kelastic-rdzv-events")), None)
@@ -1015,6 +1018,14 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._lost_since = None
             if not self._threads:
                 self._start_threads()
+        # The store is back: the threads in their reconnect back-off try now, and peers whose
+        # link closed while it was away are claimed dead at once (the survivors re-form).
+        self._retry_now.set()
+        self._poke.set()
+        try:
+            self._claim_suspects(store)
+        except dist.DistError:
+            pass  # the keep-alive thread claims them
         self._bump()
         return store
 
@@ -1187,7 +1198,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
                     self._drop_connection()
                 store = None
                 failures += 1
-                self._stop.wait(_backoff(failures))
+                self._retry_now.wait(_backoff(failures))
+                self._retry_now.clear()
 
     def _set_watching(self, connected: bool) -> None:
         """A new epoch: events of the old one may have been missed."""
