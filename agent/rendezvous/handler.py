@@ -98,6 +98,13 @@ Nodes waiting in slots 0-2 of an open round also sweep the heartbeats of all
 members of the previous round, so several deaths at once (a watcher dying with
 its successor) are still detected.
 
+A node marked dead while its process lived was cut off (a partition, a frozen
+machine). Before it joins again (``next_rendezvous`` reads its own fate in its last
+round) it replaces its store connection and its watcher and keep-alive threads:
+connections that lived through the cut may wait out TCP's retransmission back-off
+(tens of seconds) once the network is back, and the round it joins would wait for
+its watcher that long.
+
 A running member's ``membership_changed()`` is True once its round is no longer
 current: a fate was claimed in it, a newer round closed, its peer link closed
 while the store was away (see Store loss), or nodes wait in the next round while

@@ -3,6 +3,7 @@ store, and workers that form a gloo group through the round's worker store."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -145,6 +146,37 @@ def test_two_nodes_dying_together_are_both_found() -> None:
         assert {i.world_size for i in infos} == {2}
         print(f"two lost nodes: survivors re-formed after {took:.2f}s")
         assert took < 20, f"re-forming took {took:.1f}s: the survivors waited for rejoin_timeout"
+    finally:
+        shutdown_handlers()
+        server.stop()
+
+
+def test_a_node_found_dead_while_it_ran_reconnects_before_it_rejoins(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A node the others marked dead while its process lived was cut off: its connections
+    to the store may be stuck in TCP's retransmission back-off, so it opens fresh ones
+    (and fresh watcher and keep-alive threads) before it joins again, and the round it
+    joins closes as usual."""
+    server = start_server_process("127.0.0.1", free_port())
+    try:
+        hs = [node(server.endpoint, "cut", n, 2, 2) for n in ("a", "b")]
+        rendezvous_concurrently(hs)
+        # What a's heartbeat watch claims for a partitioned b.
+        assert protocol.claim_fate(
+            control.connect(server.endpoint), RunKeys("cut"), 1, "b", protocol.Fate.DEAD, "a"
+        )
+        assert all(h.wait_membership_change(5.0) for h in hs)
+        with caplog.at_level(logging.WARNING, logger="kelastic.agent.rendezvous.handler"):
+            infos = rendezvous_concurrently(hs, timeout=30)
+        assert {i.world_size for i in infos} == {2}
+        renewed = [
+            r.getMessage() for r in caplog.records if "reconnecting before it joins again" in r.getMessage()
+        ]
+        assert len(renewed) == 1 and renewed[0].startswith("kelastic rendezvous: b was found dead in round 1")
+        # The fresh watcher sees the next change: a leaves, b learns it at once.
+        hs[0].shutdown()
+        assert hs[1].wait_membership_change(5.0)
     finally:
         shutdown_handlers()
         server.stop()
