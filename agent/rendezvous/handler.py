@@ -232,7 +232,10 @@ _RECONNECT_TIMEOUT = 2.0
 
 
 def _backoff(failures: int) -> float:
-    return min(5.0, 0.1 * 2.0 ** min(failures, 6))
+    # Capped at 1 s: once a restarted store is back, every live node's keep-alive beats
+    # there within a few seconds, well inside the heartbeat timeout its ring predecessor
+    # applies to a heartbeat that is not there yet.
+    return min(1.0, 0.1 * 2.0 ** min(failures, 6))
 
 
 @dataclass
