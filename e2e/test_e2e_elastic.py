@@ -129,6 +129,15 @@ def test_c_scale_up_then_down_world_follows_and_training_continues(kel: Any) -> 
     assert kel.status("e2e-c")["phase"] in ("Running", "Scaling")
 
 
+def stall(history: Events, fault: float) -> str:
+    """The longest gap between checkpoints after ``fault``, next to the usual gap before it (printed)."""
+    times = [e["time"] for e in history if e["event"] == "checkpoint"]
+    gaps = sorted(b - a for a, b in itertools.pairwise(times))
+    after = [b - a for a, b in itertools.pairwise(t for t in times if t >= fault - 1)]
+    usual = gaps[len(gaps) // 2] if gaps else 0.0  # the median: one stall does not move it
+    return f"longest gap between checkpoints {max(after, default=0.0):.2f}s (median {usual:.2f}s)"
+
+
 def test_f_operator_killed_and_restarted_mid_run_adopts_the_job(kel: Any) -> None:
     job = kel.apply_job(kel.job_manifest("e2e-f", steps=150, step_delay=0.1, checkpoint_every=10))
     uid = job["metadata"]["uid"]
@@ -136,6 +145,7 @@ def test_f_operator_killed_and_restarted_mid_run_adopts_the_job(kel: Any) -> Non
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kel.pods("e2e-f")}
     assert len(before) == 4, f"3 workers and the rendezvous store: {sorted(before)}"
 
+    killed = time.time()
     kel.kill_operator()
     # Training does not need the operator: the agents keep going.
     reached = max(e["step"] for e in kel.history(uid) if e["event"] == "checkpoint")
@@ -160,15 +170,7 @@ def test_f_operator_killed_and_restarted_mid_run_adopts_the_job(kel: Any) -> Non
     recreated = {n: (before.get(n), u) for n, u in seen.items() if before.get(n) != u}
     assert not recreated, f"pods were created or recreated after the operator restart: {recreated}"
     assert starts(kel.history(uid))[1:] == [], "the training group should not have restarted"
-
-
-def stall(history: Events, fault: float) -> str:
-    """The longest gap between checkpoints after ``fault``, next to the usual gap before it (printed)."""
-    times = [e["time"] for e in history if e["event"] == "checkpoint"]
-    before = [b - a for a, b in itertools.pairwise(t for t in times if t < fault)]
-    after = [b - a for a, b in itertools.pairwise(t for t in times if t >= fault - 1)]
-    usual = sorted(before)[len(before) // 2] if before else 0.0
-    return f"longest gap between checkpoints {max(after, default=0.0):.2f}s (usually {usual:.2f}s)"
+    print(f"[{kel.lane}] operator killed: {stall(kel.history(uid), killed)}")
 
 
 def test_g_rendezvous_store_pod_killed_costs_no_restart(kel: Any) -> None:
