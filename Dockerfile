@@ -1,7 +1,10 @@
 # kelastic: one image for the operator, the in-pod agent and the rendezvous store.
 #
 #   docker build -t kelastic:0.1.0 .
-#   docker build --build-arg TORCH_PIP_ARGS="--index-url <your CPU wheel index>" -t kelastic:0.1.0 .
+#   docker build --build-arg TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" -t kelastic:0.1.0 .
+#
+# The first takes torch's CUDA build from the public index (nodes with GPUs); the second
+# PyTorch's CPU-only build, a much smaller image (the operator and the store never use CUDA).
 #
 # Entrypoints (console scripts on PATH; pods pick one with `command:`):
 #   kelastic-operator     the ElasticJob operator (the Helm chart runs this)
@@ -11,8 +14,8 @@
 FROM python:3.11-slim
 
 ARG TORCH_VERSION=2.13.0
-# Extra pip flags for the torch install only, e.g. an index that serves the
-# CPU-only build; the default takes torch from the configured index.
+# Extra pip flags for the torch install only, e.g. PyTorch's CPU wheel index (above);
+# the default takes torch from the configured index.
 ARG TORCH_PIP_ARGS=""
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

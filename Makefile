@@ -1,10 +1,14 @@
 # Developer shortcuts; every target is also spelled out in the README.
 PYTHON ?= python3
+# Extra pip flags for the torch install only. The plain pin takes the CUDA build from the
+# public index (right on a GPU machine); on a CPU-only machine take PyTorch's CPU wheels:
+#   make install TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+TORCH_PIP_ARGS ?=
 
 .PHONY: install test test-fast test-gpu lint typecheck import-rules docs-rules format bench
 
-install:  ## torch first, pinned: the pin takes the CPU build instead of CUDA packages
-	$(PYTHON) -m pip install torch==2.13.0
+install:  ## torch first and pinned (see TORCH_PIP_ARGS for a CPU-only machine), then kelastic
+	$(PYTHON) -m pip install torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(PYTHON) -m pip install -e ".[dev]"
 
 test:  ## the whole suite, end-to-end scenarios included (what CI runs)

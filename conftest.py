@@ -29,8 +29,13 @@ import pytest
 REPO = Path(__file__).resolve().parent
 UNPACK = REPO.parent / "shared" / "k8s" / "unpack.sh"
 ENABLE = (
-    "no Kubernetes control-plane binaries: set KELASTIC_CONTROL_PLANE (or KUBEBUILDER_ASSETS) to a "
-    "directory holding kube-apiserver and etcd (plus kube-controller-manager and kube-scheduler)"
+    "no Kubernetes control-plane binaries. Get kube-apiserver, kube-controller-manager and "
+    "kube-scheduler from the Kubernetes release binaries (https://dl.k8s.io/release/v1.32.0/bin/linux/amd64/"
+    "kube-apiserver, and the same for the other two) and etcd from https://github.com/etcd-io/etcd/releases; "
+    "or run envtest's `setup-envtest use -p path` (go install sigs.k8s.io/controller-runtime/tools/"
+    "setup-envtest@latest), which fetches kube-apiserver and etcd only, so the lane runs without the "
+    "controller-manager and scheduler. Then set KELASTIC_CONTROL_PLANE (or KUBEBUILDER_ASSETS) to the "
+    "directory holding them"
 )
 
 

@@ -139,7 +139,7 @@ def start_checkpoint_service(
         limit=limit,
         node=node,
         replicas=flags.replicas,
-        persist_dir=Path(flags.persist_dir) if flags.persist_dir else None,
+        persist_dir=flags.persist_dir or None,
         persist_every=flags.persist_every,
         persist_interval=flags.persist_interval,
         limit_reason=reason,

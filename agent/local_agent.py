@@ -39,6 +39,7 @@ where the operator reads the job's progress and restarts.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -208,6 +209,9 @@ class LocalElasticAgent(SimpleElasticAgent):
                 os.environ["OMP_NUM_THREADS"] = "1"
             prewarm_forkserver()
         base = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="kelastic_"))
+        #: The temporary directory the agent made for want of a log_dir: removed at exit once
+        #: nothing but its own scratch (progress files) is in it.
+        self._owned_log_dir = base if log_dir is None else None
         self._run_log_dir = base / spec.rdzv_handler.get_run_id()
         self._attempt_base: int | None = None
         self._local_ranks_filter = local_ranks_filter
@@ -374,6 +378,9 @@ class LocalElasticAgent(SimpleElasticAgent):
                 state=WorkerState.FAILED,
                 failures={by_local[lr]: f for lr, f in result.failures.items()},
             )
+        # The workers' last steps, published before the agent waits at the exit barrier and
+        # its pod ends: otherwise the job's status would keep the previous tick's progress.
+        self._publish_progress(final=True)
         return RunResult(
             state=WorkerState.SUCCEEDED,
             return_values={by_local[lr]: v for lr, v in result.return_values.items()},
@@ -414,6 +421,21 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._stop_display()
         if self._publisher is not None:
             self._publisher.close()
+        self._remove_scratch()
+
+    def _remove_scratch(self) -> None:
+        """Remove the workers' progress files (the agent's scratch, read only while they run)
+        and, in a log directory the agent made itself, every directory left empty: a run
+        without ``log_dir`` leaves nothing behind unless it wrote logs there (redirects),
+        which stay. A ``log_dir`` the caller named keeps its directories."""
+        if self._owned_log_dir is None or not self._run_log_dir.is_dir():
+            return
+        for scratch in self._run_log_dir.glob("attempt_*/*/progress.json"):
+            with contextlib.suppress(OSError):
+                scratch.unlink()
+        for directory, _, _ in sorted(os.walk(self._owned_log_dir), key=lambda w: -len(w[0])):
+            with contextlib.suppress(OSError):  # not empty: it holds logs
+                os.rmdir(directory)
 
     def _on_monitor_tick(self, worker_group: WorkerGroup) -> None:
         if self._publisher is not None and self._publisher.due():
@@ -452,13 +474,14 @@ class LocalElasticAgent(SimpleElasticAgent):
         reports = {lr: read_report(p) for lr, p in self._progress_files.items()}
         return aggregate({lr: r for lr, r in reports.items() if r is not None})
 
-    def _publish_progress(self) -> None:
+    def _publish_progress(self, *, final: bool = False) -> None:
         """Publish this node's progress, restart count and size to the rendezvous store (best
-        effort, see :class:`~kelastic.agent.progress_publisher.ProgressPublisher`)."""
+        effort, see :class:`~kelastic.agent.progress_publisher.ProgressPublisher`); ``final``:
+        the ranks' files as they are now, not the display's latest periodic read of them."""
         if self._publisher is None:
             return
         self._publisher.publish(
-            self.node_progress(),
+            aggregate(self.rank_progress()) if final else self.node_progress(),
             restarts=self.restart_count,
             local_world_size=self._worker_group.spec.local_world_size,
             recovery=self._recovery() if self._recovery is not None else None,

@@ -322,6 +322,11 @@ def train(args: argparse.Namespace) -> int:
         record(checkpoints, "done", step=args.steps, world_size=where.world_size, loss=float(loss))
         print(f"[train] done: {args.steps} steps, final loss {float(loss):.5f}", flush=True)
     if distributed:
+        # Every collective queued before, DCP's broadcast of its last save included, is done and
+        # released by gloo's worker thread before the group goes: destroying DDP's reducer joins
+        # that thread while holding the GIL, which a release still pending would need.
+        dist.barrier()
+        del ddp
         dist.destroy_process_group()
     return 0
 

@@ -101,6 +101,9 @@ class RendezvousView:
     hangs: tuple[tuple[str, tuple[int, ...], float, float], ...] = ()
     #: The current members' views of the memory checkpoint (members without a record left out).
     checkpoints: tuple[CheckpointReport, ...] = ()
+    #: The latest closed rendezvous round (1 for the group's first start, 0 before it): every
+    #: later round is a restart of the group, whatever its cause.
+    round: int = 0
 
 
 @dataclass(frozen=True)

@@ -158,13 +158,26 @@ def set_condition(
 def set_phase(
     conditions: Sequence[Mapping[str, Any]], phase: Phase, reason: str, message: str, now: datetime
 ) -> list[dict[str, Any]]:
-    """Make ``phase``'s condition True and every other phase condition already present False."""
+    """Make ``phase``'s condition True and every other phase condition already present False.
+
+    The other phase conditions take the current phase's reason and a message that names it:
+    what they said while they were True (e.g. Created's "1 of spec.minReplicas=2 worker pods
+    running") is no longer true. Their transition time moves only when their status flips."""
     out = set_condition(conditions, phase.value, True, reason, message, now)
     phase_names = {p.value for p in Phase} - {phase.value}
     result: list[dict[str, Any]] = []
     for cond in out:
-        if cond.get("type") in phase_names and cond.get("status") == "True":
-            cond = {**cond, "status": "False", "lastTransitionTime": format_time(now)}
+        if cond.get("type") in phase_names:
+            moved = cond.get("status") == "True"
+            cond = {
+                **cond,
+                "status": "False",
+                "reason": reason,
+                "message": f"the job is {phase.value}: {message}",
+                "lastTransitionTime": format_time(now)
+                if moved
+                else cond.get("lastTransitionTime", format_time(now)),
+            }
         result.append(cond)
     return result
 

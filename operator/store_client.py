@@ -217,4 +217,5 @@ def _read(store: Any, run_id: str) -> RendezvousView:
         recoveries=tuple((r.node, r.seconds, r.ended) for r in status.recoveries),
         hangs=tuple((h.node, h.ranks, h.seconds, h.at) for h in status.hangs),
         checkpoints=tuple(checkpoint.report(node, record) for node, record in status.checkpoints),
+        round=int(status.round or 0),
     )

@@ -70,6 +70,7 @@ class StoreSync:
         self._passed_at: dict[JobKey, float] = {}  # when the last pass of a job started (monotonic)
         self._to_publish: dict[JobKey, PublishMembership] = {}
         self._logged_membership: dict[JobKey, tuple[str, ...]] = {}
+        self._finishing: set[JobKey] = set()  # jobs with a succeeded worker, read once more at once
 
     # ------------------------------------------------------------------ reading
 
@@ -87,10 +88,11 @@ class StoreSync:
         """
         spec = job.spec
         endpoint = (spec.rdzv_endpoint or job.status.get("rdzvEndpoint")) if spec is not None else None
+        if job.status.get("phase") in {p.value for p in TERMINAL_PHASES}:
+            return self._last_look(key)
         if (
             spec is None
             or not builders.uses_control(spec)
-            or job.status.get("phase") in {p.value for p in TERMINAL_PHASES}
             or not endpoint
             or (
                 not spec.rdzv_endpoint
@@ -106,9 +108,17 @@ class StoreSync:
         first = self._stores.get(key) != store
         self._stores[key] = store
         cached = self._views.get(key)
-        if (first or cached is None) and key not in self._reading:
+        finishing = key not in self._finishing and any(
+            p.role == contract.ROLE_WORKER and p.phase is PodPhase.SUCCEEDED for p in pods
+        )
+        if (first or cached is None or finishing) and key not in self._reading:
+            # A worker succeeded: its agent published its last steps before it ended, and the
+            # job may finish (and its store go) before the next periodic read: read now, and
+            # let a change of progress alone trigger a pass too.
+            if finishing:
+                self._finishing.add(key)
             self._reading.add(key)
-            self._spawn(self._refresh(key, *store))
+            self._spawn(self._refresh(key, *store, final=finishing))
         return cached[1] if cached is not None else None
 
     async def poll(self) -> None:
@@ -122,11 +132,25 @@ class StoreSync:
                     self._reading.add(key)
                     self._spawn(self._refresh(key, *store))
 
-    async def _refresh(self, key: JobKey, endpoint: str, run_id: str) -> None:
+    def _last_look(self, key: JobKey) -> RendezvousView | None:
+        """A finished job: stop the periodic reads, but read its store once more, since the
+        agents' last progress report (at their workers' exit) may have landed after the last
+        read; a pass follows when it changed the figures. Returns the last figures read, so
+        that the finished job's status shows them."""
+        store = self._stores.pop(key, None)
+        if store is not None and key not in self._reading:
+            self._reading.add(key)
+            self._spawn(self._refresh(key, *store, final=True))
+        cached = self._views.get(key)
+        return cached[1] if cached is not None else None
+
+    async def _refresh(self, key: JobKey, endpoint: str, run_id: str, final: bool = False) -> None:
         try:
             view = await self.store.read(endpoint, run_id)
         finally:
             self._reading.discard(key)
+        if final and view is None:
+            return  # the store is gone already: the figures read last stay
         old = self._views.get(key)
         self._views[key] = (self._clock.monotonic(), view)
         if view is None or not self._known(key):
@@ -134,14 +158,25 @@ class StoreSync:
         before = old[1] if old is not None else None
         # A new round (world size, members), restart count, recovery or checkpoint restore is worth
         # a pass now; progress (and a new checkpoint) alone at most every progress_interval, which
-        # keeps status writes per job bounded.
-        if before is None or (
-            view.world_size,
-            view.members,
-            view.restarts,
-            view.recoveries,
-            _restores(view),
-        ) != (before.world_size, before.members, before.restarts, before.recoveries, _restores(before)):
+        # keeps status writes per job bounded. A round is new even with the same members (a
+        # deleted pod comes back under its name).
+        if (
+            before is None
+            or (
+                final
+                and (view.step, view.total, view.round, view.restarts)
+                != (before.step, before.total, before.round, before.restarts)
+            )
+            or (view.world_size, view.members, view.restarts, view.recoveries, view.round, _restores(view))
+            != (
+                before.world_size,
+                before.members,
+                before.restarts,
+                before.recoveries,
+                before.round,
+                _restores(before),
+            )
+        ):
             self._trigger(key)
         elif (view.step, view.total, _latest(view)) != (before.step, before.total, _latest(before)):
             # Any pass writes the newest progress: wait for progress_interval after the last one.
@@ -189,6 +224,7 @@ class StoreSync:
         self._views.pop(key, None)
         self._passed_at.pop(key, None)
         self._logged_membership.pop(key, None)
+        self._finishing.discard(key)
         if uid:
             self.store.forget(uid)
 

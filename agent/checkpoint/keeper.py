@@ -41,18 +41,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kelastic.agent.checkpoint.durable import DurableStore
 from kelastic.agent.checkpoint.errors import CheckpointError
 from kelastic.agent.checkpoint.plan import HeldCheckpoint, Inventory, memory_needed
 from kelastic.agent.checkpoint.settings import CheckpointSettings, format_bytes
 
-__all__ = ["DURABLE_PREFIX", "CheckpointKeeper", "Refusal"]
+__all__ = ["CheckpointKeeper", "Refusal"]
 
 _log = logging.getLogger(__name__)
 
 METADATA = ".metadata"
 MANIFEST = ".manifest.json"
-#: Durable copies are ``<persist_dir>/checkpoint-<id>``: a torch.distributed.checkpoint folder.
-DURABLE_PREFIX = "checkpoint-"
 
 
 @dataclass
@@ -362,18 +361,9 @@ class CheckpointKeeper:
             return self.settings.persist_due(cid, since)
 
     def durable(self) -> list[tuple[int, str]]:
-        """Complete durable copies: (id, directory), newest last."""
-        d = self.settings.persist_dir
-        if d is None or not d.is_dir():
-            return []
-        found = []
-        for p in d.iterdir():
-            if p.name.startswith(DURABLE_PREFIX) and (p / METADATA).exists():
-                try:
-                    found.append((int(p.name[len(DURABLE_PREFIX) :]), str(p)))
-                except ValueError:
-                    continue
-        return sorted(found)
+        """Complete durable copies: (id, location), newest last."""
+        target = self.settings.persist_dir
+        return [] if target is None else DurableStore(target).copies()
 
     # --- reading -----------------------------------------------------------------------------
     def inventory(self) -> Inventory:

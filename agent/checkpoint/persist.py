@@ -7,17 +7,15 @@ storage data are :class:`~kelastic.agent.checkpoint.storage.MemoryItem`) into
 torch.distributed.checkpoint's own, so that ``dcp.load(state,
 storage_reader=FileSystemReader(".../checkpoint-N"))`` reads it without kelastic.
 
-Complete or nothing: the copy is written under a temporary name, synced, and renamed into
-place; only then are copies older than the newest ``keep`` removed.
+Complete or nothing (:class:`~kelastic.agent.checkpoint.durable.DurableStore`): a local copy
+is written under a temporary name, synced, and renamed into place; at a URL ``.metadata`` is
+written last. Only then are copies older than the newest ``keep`` removed.
 """
 
 from __future__ import annotations
 
-import os
+import io
 import pickle
-import shutil
-import uuid
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,8 +23,9 @@ import torch
 # DCP's own per-item storage record: the file layout FileSystemReader reads.
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
+from kelastic.agent.checkpoint.durable import METADATA, DurableStore
 from kelastic.agent.checkpoint.errors import CheckpointError
-from kelastic.agent.checkpoint.keeper import DURABLE_PREFIX, METADATA, CheckpointKeeper
+from kelastic.agent.checkpoint.keeper import CheckpointKeeper
 from kelastic.agent.checkpoint.service import ServiceClient
 
 __all__ = ["write_durable"]
@@ -64,73 +63,49 @@ def _reader(keeper: CheckpointKeeper, cid: int, ring: list[str]) -> Any:
     return read
 
 
-def write_durable(keeper: CheckpointKeeper, cid: int, ring: list[str], dest: Path, keep: int) -> Path:
-    """Write checkpoint ``cid`` to ``dest/checkpoint-<cid>``; return that directory.
+def write_durable(keeper: CheckpointKeeper, cid: int, ring: list[str], store: DurableStore, keep: int) -> str:
+    """Write checkpoint ``cid`` to ``<store>/checkpoint-<cid>``; return where it is.
 
     Parts this node does not hold are read from the ring's other nodes. Raises
-    CheckpointError (or OSError) when a part cannot be read or the directory written; the
+    CheckpointError (or OSError) when a part cannot be read or the copy written; the
     memory checkpoint is not affected either way.
     """
     from kelastic.agent.checkpoint.storage import MemoryItem, _dtype
 
     metadata = pickle.loads(keeper.metadata(cid))
     read = _reader(keeper, cid, ring)
-    dest.mkdir(parents=True, exist_ok=True)
-    final = dest / f"{DURABLE_PREFIX}{cid}"
-    tmp = dest / f".{DURABLE_PREFIX}{cid}.{uuid.uuid4().hex[:8]}.tmp"
-    tmp.mkdir()
     try:
-        by_file: dict[str, list[tuple[Any, MemoryItem]]] = {}
-        for index, where in metadata.storage_data.items():
-            by_file.setdefault(where.relative_path, []).append((index, where))
-        storage: dict[Any, _StorageInfo] = {}
-        for name, entries in sorted(by_file.items()):
-            out_name = f"{name.removesuffix('.mem')}.distcp"
-            with open(tmp / out_name, "wb") as out:
-                for index, where in sorted(entries, key=lambda e: e[1].offset):
-                    data = read(name, where.offset, where.length) if where.length else b""
-                    start = out.tell()
-                    if where.dtype is None:
-                        out.write(data)
-                    else:
-                        assert where.size is not None
-                        dtype = _dtype(where.dtype)
-                        if data:
-                            tensor = torch.frombuffer(bytearray(data), dtype=dtype).view(where.size)
+        with store.writing(cid) as out_dir:
+            by_file: dict[str, list[tuple[Any, MemoryItem]]] = {}
+            for index, where in metadata.storage_data.items():
+                by_file.setdefault(where.relative_path, []).append((index, where))
+            storage: dict[Any, _StorageInfo] = {}
+            for name, entries in sorted(by_file.items()):
+                out_name = f"{name.removesuffix('.mem')}.distcp"
+                with out_dir.open(out_name) as out:
+                    position = 0
+                    for index, where in sorted(entries, key=lambda e: e[1].offset):
+                        data = read(name, where.offset, where.length) if where.length else b""
+                        if where.dtype is None:
+                            blob = data
                         else:
-                            tensor = torch.empty(where.size, dtype=dtype)
-                        torch.save(tensor, out)
-                    storage[index] = _StorageInfo(out_name, start, out.tell() - start)
-                out.flush()
-                os.fsync(out.fileno())
-        metadata.storage_data = storage
-        with open(tmp / METADATA, "wb") as f:
-            pickle.dump(metadata, f)
-            f.flush()
-            os.fsync(f.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+                            assert where.size is not None
+                            dtype = _dtype(where.dtype)
+                            if data:
+                                tensor = torch.frombuffer(bytearray(data), dtype=dtype).view(where.size)
+                            else:
+                                tensor = torch.empty(where.size, dtype=dtype)
+                            buf = io.BytesIO()
+                            torch.save(tensor, buf)
+                            blob = buf.getvalue()
+                        out.write(blob)
+                        storage[index] = _StorageInfo(out_name, position, len(blob))
+                        position += len(blob)
+            metadata.storage_data = storage
+            with out_dir.open(METADATA) as f:  # last: its presence marks the copy complete
+                pickle.dump(metadata, f)
     finally:
         for client in read.clients.values():
             client.close()
-    copies = sorted(
-        (int(p.name[len(DURABLE_PREFIX) :]), p)
-        for p in dest.iterdir()
-        if p.name.startswith(DURABLE_PREFIX) and p.name[len(DURABLE_PREFIX) :].isdigit()
-    )
-    for _, old in copies[: max(0, len(copies) - keep)]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    store.prune(keep)
+    return store.path_of(cid)

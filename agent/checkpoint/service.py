@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kelastic.agent.checkpoint import wire
+from kelastic.agent.checkpoint.durable import DurableStore
 from kelastic.agent.checkpoint.errors import CheckpointError
 from kelastic.agent.checkpoint.keeper import CheckpointKeeper
 from kelastic.agent.checkpoint.plan import successors
@@ -370,7 +371,7 @@ class CheckpointService:
             assert self.settings.persist_dir is not None
             began = time.monotonic()
             path = write_durable(
-                self.keeper, cid, ring, self.settings.persist_dir, self.settings.persist_keep
+                self.keeper, cid, ring, DurableStore(self.settings.persist_dir), self.settings.persist_keep
             )
             _log.info("checkpoint %d persisted to %s in %.1f s", cid, path, time.monotonic() - began)
         except Exception as e:

@@ -128,7 +128,8 @@ class CheckpointSettings:
     limit: int
     node: str
     replicas: int = 1
-    persist_dir: Path | None = None
+    #: A directory or an fsspec URL (``s3://…``); see :mod:`kelastic.agent.checkpoint.durable`.
+    persist_dir: str | os.PathLike[str] | None = None
     persist_every: int = 0
     persist_interval: float = 0.0
     limit_reason: str = "set by --checkpoint-memory"

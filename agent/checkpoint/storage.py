@@ -420,10 +420,10 @@ class MemoryReader(StorageReader):
                 "call MemoryReader().exists() first and start from scratch when it is False"
             )
         if choice.source is Source.DURABLE:
-            from torch.distributed.checkpoint import FileSystemReader
+            from kelastic.agent.checkpoint.durable import DurableStore
 
             assert choice.durable_path is not None
-            self._fs = FileSystemReader(choice.durable_path)
+            self._fs = DurableStore(choice.durable_path).reader(choice.durable_path)
             durable: Metadata = self._fs.read_metadata()
             return durable
         sources = sorted(choice.metadata_from, key=lambda e: e != self._endpoint)

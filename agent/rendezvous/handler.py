@@ -98,19 +98,36 @@ Nodes waiting in slots 0-2 of an open round also sweep the heartbeats of all
 members of the previous round, so several deaths at once (a watcher dying with
 its successor) are still detected.
 
+A node marked dead while its process lived was cut off (a partition, a frozen
+machine). Before it joins again (``next_rendezvous`` reads its own fate in its last
+round) it replaces its store connection and its watcher and keep-alive threads:
+connections that lived through the cut may wait out TCP's retransmission back-off
+(tens of seconds) once the network is back, and the round it joins would wait for
+its watcher that long.
+
 A running member's ``membership_changed()`` is True once its round is no longer
-current: a fate was claimed in it, a newer round closed, the store was lost, or
-nodes wait in the next round while the round is below ``max``. The agent then
+current: a fate was claimed in it, a newer round closed, its peer link closed
+while the store was away (see Store loss), or nodes wait in the next round while
+the round is below ``max``. The agent then
 stops its workers and calls ``next_rendezvous``; survivors all re-join, the dead
 one is accounted for, and the new round closes immediately.
 
 Store loss
 ----------
-The store keeps no durable state. When the connection breaks, the watcher marks
-the membership changed; ``next_rendezvous`` reconnects (until ``join_timeout``)
-and, seeing a different ``incarnation`` token, forgets the old rounds and joins
-afresh. An unreachable store yields ``RendezvousConnectionError`` naming the
-endpoint after ``join_timeout``.
+The store keeps no durable state, and the workers never use it (their collectives
+meet in the worker store rank 0's agent hosts), so a lost store is no membership
+change: the members keep their workers. The event watcher reconnects with a
+back-off; when it finds a different ``incarnation`` token it re-establishes the
+latest round this node was a member of in the new store (``protocol.restore_round``:
+same round, members and ranks; ``open`` raised to it, its ``joined`` counter sealed
+so that a later joiner waits in the next round). ``membership_changed()`` meanwhile
+turns True only for what tells a real change without the store: the peer link of
+the watched successor closing (its fate is claimed once the store is back), or a new
+store that holds another round of that number. A store unreachable for
+``join_timeout`` raises ``RendezvousConnectionError`` naming the endpoint, from
+``membership_changed`` for a running member and from ``next_rendezvous`` for a joiner.
+A node that joined a round on the new store before the members came back finds
+``open`` past its round and goes on to the next one.
 
 Closing
 -------
@@ -188,6 +205,7 @@ from .protocol import (
     read_membership,
     read_optional,
     read_size,
+    restore_round,
 )
 from .server import ServedStore, serve_store
 from .settings import RendezvousSettings, settings_from_params
@@ -214,7 +232,10 @@ _RECONNECT_TIMEOUT = 2.0
 
 
 def _backoff(failures: int) -> float:
-    return min(5.0, 0.1 * 2.0 ** min(failures, 6))
+    # Capped at 1 s: once a restarted store is back, every live node's keep-alive beats
+    # there within a few seconds, well inside the heartbeat timeout its ring predecessor
+    # applies to a heartbeat that is not there yet.
+    return min(1.0, 0.1 * 2.0 ** min(failures, 6))
 
 
 @dataclass
@@ -247,6 +268,11 @@ class _Member:
     rank: int
     size: int
     successor: str | None
+    # What re-establishes the round on a restarted store (``protocol.restore_round``):
+    # how it closed, this node's join record, and the member names if this node closed it.
+    close: RoundClose | None = None
+    record: str = ""
+    names: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -272,9 +298,20 @@ class KelasticRendezvousHandler(RendezvousHandler):
         self._store: dist.TCPStore | None = None
         self._incarnation: str | None = None
         self._member: _Member | None = None
+        # The latest round this node was a member of, kept while it re-joins: a restarted
+        # store gets it back from this node too, so that its fate there can be claimed.
+        self._last_member: _Member | None = None
+        # Names of rounds this node closed (it read them then), for ``_Member.names``.
+        self._closed_names: dict[int, tuple[str, ...]] = {}
         self._joining: _Joining | None = None
         self._worker_store: ServedStore | None = None
+        # Set while this node's round is not established in the connected store: the
+        # connection is lost, or the store restarted and the round is not restored yet.
         self._lost = threading.Event()
+        self._lost_since: float | None = None  # monotonic; when the store was lost
+        # Known while the store was unreachable: a member of this node's round is gone
+        # (the peer link closed), or the restarted store holds another round of its number.
+        self._detached_change = False
         self._job_closed = threading.Event()  # set by the event watcher once the job is closed
         self._stop = threading.Event()
         self._wake = threading.Condition()
@@ -290,9 +327,14 @@ class KelasticRendezvousHandler(RendezvousHandler):
         self._link_target: tuple[int, str, str, int] | None = None
         self._changed_cache: tuple[int, bool] | None = None
         self._threads: list[threading.Thread] = []
+        # Bumped when the background threads are replaced (``_renew_connections``): a thread
+        # of an older generation, still blocked on a stale connection, exits when it wakes.
+        self._thread_gen = 0
         self._link: PeerLink | None = None
         self._suspects: list[tuple[int, str]] = []
         self._poke = threading.Event()  # wakes the keep-alive thread early
+        # Wakes the event watcher from its reconnect back-off: the store answered another thread.
+        self._retry_now = threading.Event()
         self._timings: RendezvousTimings | None = None
 
     # -- RendezvousHandler -------------------------------------------------
@@ -334,12 +376,13 @@ class KelasticRendezvousHandler(RendezvousHandler):
             )
         deadline = time.monotonic() + self._s.join_timeout
         self._timings = RendezvousTimings(started=time.time())
-        self._lost.clear()
         with self._lock:
             self._member = None
+            self._detached_change = False
             self._changed_cache = None
             self._close_worker_store()
         self._watch_link(None)
+        self._renew_if_cut_off(deadline)
         while True:
             try:
                 store = self._connected(deadline)
@@ -412,6 +455,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         """Stop the background threads; the watcher blocks in the store, so wake it with an event."""
         self._stop.set()
         self._poke.set()
+        self._retry_now.set()
         if self._link is not None:
             self._link.close()
         watcher = next((t for t in self._threads if t.name.startswith("kelastic-rdzv-events")), None)
@@ -431,28 +475,53 @@ class KelasticRendezvousHandler(RendezvousHandler):
     # -- kelastic extensions -----------------------------------------------
 
     def membership_changed(self) -> bool:
-        """Non-blocking: True once this node's round is no longer current."""
-        return bool(self._ask_own_round(self._changed_cached))
+        """Non-blocking: True once this node's round is no longer current.
 
-    def _ask_own_round(self, question: Callable[[dist.TCPStore, _Member], bool | None]) -> bool | None:
+        A lost store alone changes nothing: the workers' collectives do not use it,
+        and the round is re-established when the store is back. While it is away, a
+        member whose peer link closed is known lost (True at once). Raises
+        RendezvousConnectionError naming the endpoint once the store stayed
+        unreachable for ``join_timeout``.
+        """
+        return bool(self._ask_own_round(self._changed_cached, self._changed_detached))
+
+    def _changed_detached(self) -> bool:
+        """membership_changed() while this node's round is not established in a store."""
+        with self._lock:
+            since, changed = self._lost_since, self._detached_change
+        if changed:
+            return True
+        if since is not None and time.monotonic() - since > self._s.join_timeout:
+            raise RendezvousConnectionError(
+                f"the kelastic rendezvous store at {self._s.endpoint} has been unreachable for "
+                f"{time.monotonic() - since:.0f}s (join_timeout={self._s.join_timeout:g}s); "
+                f"giving up on rendezvous {self._s.run_id}"
+            )
+        return False
+
+    def _ask_own_round(
+        self,
+        question: Callable[[dist.TCPStore, _Member], bool | None],
+        detached: Callable[[], bool | None] = lambda: True,
+    ) -> bool | None:
         """``question(store, member)`` about this node's round, asked under the lock.
 
-        Not a member: False. The store connection lost (now or while asking): True,
-        since the round is then no longer current and its members may be gone.
+        Not a member: False. This node's round not established in the store (the
+        connection lost, now or while asking, or not restored yet): ``detached()``.
         """
         if self._lost.is_set():
-            return True
+            return detached() if self._member is not None else False
         with self._lock:
             member, store = self._member, self._store
             if member is None:
                 return False
-            if store is None:
-                return True
-            try:
-                return question(store, member)
-            except dist.DistNetworkError:
-                self._drop_connection()
-                return True
+            if store is not None:
+                try:
+                    return question(store, member)
+                except dist.DistNetworkError:
+                    pass
+        self._drop_connection()
+        return detached()
 
     def _changed_cached(self, store: dist.TCPStore, member: _Member) -> bool:
         """:meth:`_evaluate_changed`, read from the store once per event generation."""
@@ -472,8 +541,9 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
         Blocks on store events (not a sleep loop) for up to ``timeout`` seconds.
         True as soon as a member of this node's round has a fate other than rejoin
-        (dead, left, dropped) or the store connection is lost: the failure is the
-        loss's consequence. False as soon as a peer re-joined while no member was
+        (dead, left, dropped) or while the store is unreachable (then nothing tells a
+        loss from a failure of the group's own, and a loss is the likelier cause: no
+        restart is spent on it). False as soon as a peer re-joined while no member was
         lost (that peer's workers failed too, or it saw nodes waiting: the failure
         is the group's own), when ``timeout`` passes, or when this node is not a
         member of a round.
@@ -595,7 +665,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 with self._lock:
                     self._joining = None
             if slot < close.size:
-                return self._become_member(store, r, slot, close, addr, deadline)
+                return self._become_member(store, r, slot, close, addr, json.dumps(record), deadline)
             if slot == 0:
                 self._close_worker_store()
             log.info(
@@ -706,6 +776,11 @@ class KelasticRendezvousHandler(RendezvousHandler):
             if close is None and ((full and not first) or epoch is None or epoch != synced_epoch):
                 synced_epoch = epoch
                 close = read_close(store, k, r)
+                if close is None and full and not first and read_counter(store, k.open) >= r:
+                    # ``open`` passed r with r not closed: the store restarted, and the
+                    # members of an earlier group re-established their round r' >= r.
+                    # This node joined r afresh before they came back: it goes on to r'+1.
+                    close = read_close(store, k, r) or RoundClose(0, "", "")
             if close is not None:
                 return close
             if self._job_closed.is_set():
@@ -771,6 +846,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
             return True
         names = [json.loads(raw)["name"] for raw in store.multi_get(node_keys)]
         store.set(k.members(r), json.dumps(names))
+        with self._lock:
+            self._closed_names[r] = tuple(names)
         ctl = read_membership(store, k)
         if ctl is not None:
             listed = set(ctl.nodes)
@@ -794,7 +871,14 @@ class KelasticRendezvousHandler(RendezvousHandler):
         return str(record["addr"]), int(str(record.get("wstore") or 0))
 
     def _become_member(
-        self, store: dist.TCPStore, r: int, rank: int, close: RoundClose, addr: str, deadline: float
+        self,
+        store: dist.TCPStore,
+        r: int,
+        rank: int,
+        close: RoundClose,
+        addr: str,
+        own_record: str,
+        deadline: float,
     ) -> RendezvousInfo:
         """Read the ring successor's record (and rank 0's, if the close did not name its store).
 
@@ -831,7 +915,9 @@ class KelasticRendezvousHandler(RendezvousHandler):
         if timings is not None:
             timings.worker_store = time.time()
         with self._lock:
-            self._member = _Member(r, rank, size, successor)
+            names = self._closed_names.pop(r, None)
+            self._closed_names.clear()
+            self._member = self._last_member = _Member(r, rank, size, successor, close, own_record, names)
             self._changed_cache = None
         self._watch_link(link_target)
         # The agent's keys share this node's store connection (opening one per round
@@ -894,34 +980,100 @@ class KelasticRendezvousHandler(RendezvousHandler):
         with self._lock:
             if self._store is not None:
                 return self._store
-            remaining = deadline - time.monotonic()
-            try:
-                store = connect_store(self._s.host, self._s.port, max(remaining, 0.5))
-            except RendezvousConnectionError as exc:
-                raise RendezvousConnectionError(
-                    f"rendezvous {self._s.run_id}: {exc} (gave up after join_timeout={self._s.join_timeout:g}s)"
-                ) from exc.__cause__
+        # Connected outside the lock: reaching a store that is down takes up to the whole
+        # timeout, and the peer link and keep-alive threads take the lock meanwhile.
+        remaining = deadline - time.monotonic()
+        try:
+            store = connect_store(self._s.host, self._s.port, max(remaining, 0.5))
+        except RendezvousConnectionError as exc:
+            raise RendezvousConnectionError(
+                f"rendezvous {self._s.run_id}: {exc} (gave up after join_timeout={self._s.join_timeout:g}s)"
+            ) from exc.__cause__
+        return self._install(store)
+
+    def _reattach(self) -> None:
+        """After the store was lost: connect again and re-establish this node's round there.
+
+        Run by the event watcher once it reached the store again, so that a member
+        whose workers keep running gets its round back without waiting for the agent.
+        """
+        with self._lock:
+            if self._store is not None:
+                return
+        self._install(connect_store(self._s.host, self._s.port, _RECONNECT_TIMEOUT))
+
+    def _install(self, store: dist.TCPStore) -> dist.TCPStore:
+        """Make ``store`` this node's connection (unless another one was installed meanwhile).
+
+        On a restarted store (a new ``incarnation``) the latest round this node was a
+        member of is re-established there (``protocol.restore_round``): a member whose
+        group is intact keeps its workers, and one that re-joins leaves a round in which
+        its fate can be claimed. If the new store holds another round of that number,
+        the round is no longer current and ``membership_changed()`` says so.
+        """
+        with self._lock:
+            if self._store is not None:
+                return self._store
             # A fresh token per connection: one that a handler reused could win again
             # on a restarted store and hide the restart from that very handler.
             got = store.compare_set(self._keys.incarnation, "", new_token())
             incarnation = got.decode() if isinstance(got, bytes) else got
             if self._incarnation is not None and incarnation != self._incarnation:
-                log.warning(
-                    "kelastic rendezvous: the store at %s was restarted; joining afresh", self._s.endpoint
-                )
-                self._member = None
                 with self._wake:
                     self._closes.clear()  # rounds of the old store
+                self._restore(store)
             self._incarnation = incarnation
             self._store = store
+            self._lost.clear()
+            self._lost_since = None
             if not self._threads:
                 self._start_threads()
-            return store
+        # The store is back: the threads in their reconnect back-off try now, and peers whose
+        # link closed while it was away are claimed dead at once (the survivors re-form).
+        self._retry_now.set()
+        self._poke.set()
+        try:
+            self._claim_suspects(store)
+        except dist.DistError:
+            pass  # the keep-alive thread claims them
+        self._bump()
+        return store
+
+    def _restore(self, store: dist.TCPStore) -> None:
+        """Re-establish the latest round this node was a member of in the restarted ``store``."""
+        last = self._last_member
+        if last is None or last.close is None:
+            log.warning(
+                "kelastic rendezvous: the store at %s was restarted; joining afresh", self._s.endpoint
+            )
+            return
+        r = last.round
+        restored = restore_round(store, self._keys, r, last.close, last.rank, last.record, last.names)
+        if restored:
+            log.warning(
+                "kelastic rendezvous: the store at %s was restarted; re-established round %d "
+                "(%s rank %d of %d) there",
+                self._s.endpoint,
+                r,
+                self._s.node_name,
+                last.rank,
+                last.size,
+            )
+        elif self._member is not None:
+            log.warning(
+                "kelastic rendezvous: the store at %s was restarted and holds another round %d; "
+                "re-forming the group",
+                self._s.endpoint,
+                r,
+            )
+            self._detached_change = True
 
     def _drop_connection(self) -> None:
         with self._lock:
             self._store = None
             self._changed_cache = None
+            if self._lost_since is None:
+                self._lost_since = time.monotonic()
         self._lost.set()
         self._bump()
 
@@ -937,36 +1089,76 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._wake.wait_for(lambda: self._generation != generation or self._stop.is_set(), timeout)
 
     def _start_threads(self) -> None:
-        # Each thread gets its own connection (a store client is not shared across threads).
-        assert self._store is not None
         try:
             self._link = PeerLink(self._local_addr(), self._peer_lost)
         except OSError as exc:
             log.warning("kelastic rendezvous: no peer link (%s); dead nodes are found by heartbeat only", exc)
+        self._spawn_threads()
+        _live_handlers.add(self)
+
+    def _spawn_threads(self) -> None:
+        """Start the event watcher and the keep-alive thread of the current generation."""
+        # Each thread gets its own connection (a store client is not shared across threads).
+        assert self._store is not None
         tag = f"{self._s.run_id}/{self._s.node_name}"
         # Read here, not in the thread: every event after the first connection is seen,
         # including the close of a round this node is about to join.
         seq = read_counter(self._store, self._keys.events)
-        self._watching = True
+        gen = self._thread_gen
+        self._set_watching(True)
         self._threads = [
             threading.Thread(
                 target=self._watch_events,
-                args=(self._store.clone(), seq),  # type: ignore[attr-defined]  # torch's stubs lack TCPStore.clone
+                args=(self._store.clone(), seq, gen),  # type: ignore[attr-defined]  # torch's stubs lack TCPStore.clone
                 name=f"kelastic-rdzv-events {tag}",
                 daemon=True,
             ),
             threading.Thread(
                 target=self._keep_alive,
-                args=(self._store.clone(),),  # type: ignore[attr-defined]  # torch's stubs lack TCPStore.clone
+                args=(self._store.clone(), gen),  # type: ignore[attr-defined]  # torch's stubs lack TCPStore.clone
                 name=f"kelastic-rdzv-keepalive {tag}",
                 daemon=True,
             ),
         ]
         for thread in self._threads:
             thread.start()
-        _live_handlers.add(self)
 
-    def _watch_events(self, first: dist.TCPStore, seq: int) -> None:
+    def _renew_if_cut_off(self, deadline: float) -> None:
+        """Before re-joining: if the others found this node dead, open fresh connections first.
+
+        A node marked ``dead`` while its process lived was cut off (a network partition,
+        a frozen machine). Its connections to the store lived through the cut: those
+        with data in flight wait out TCP's retransmission back-off, which grows to tens
+        of seconds, after the network is back. Its event watcher would then learn of
+        the round it joins that much later, while the members it made stop their
+        workers wait for it; so it reconnects before joining, and costs the running
+        group what any joining node costs.
+        """
+        last = self._last_member
+        with self._lock:
+            store = self._store
+        if last is None or store is None:
+            return
+        try:
+            fate = get_or_none(store, self._keys.fate(last.round, self._s.node_name))
+        except dist.DistError:
+            return  # the join reconnects anyway
+        if fate is None or fate.decode().split("|", 1)[0] != Fate.DEAD.value:
+            return
+        log.warning(
+            "kelastic rendezvous: %s was found dead in round %d while it ran (cut off from the store "
+            "or its peers); reconnecting before it joins again",
+            self._s.node_name,
+            last.round,
+        )
+        with self._lock:
+            self._thread_gen += 1  # the old threads exit when their stale connections wake them
+            self._store = None
+        self._connected(deadline)
+        with self._lock:
+            self._spawn_threads()
+
+    def _watch_events(self, first: dist.TCPStore, seq: int, gen: int) -> None:
         """Take the events one by one (a blocking get of the next event key) and wake local waiters.
 
         One store call per event (torch's ``get`` waits for the key, then reads it),
@@ -978,10 +1170,13 @@ class KelasticRendezvousHandler(RendezvousHandler):
         first.set_timeout(_EVENT_WAIT)
         failures = 0
         while not self._stop.is_set():
+            if gen != self._thread_gen:
+                return  # replaced by a watcher on a fresh connection
             try:
                 if store is None:
                     store = connect_store(self._s.host, self._s.port, _RECONNECT_TIMEOUT)
                     store.set_timeout(_EVENT_WAIT)
+                    self._reattach()
                     seq = read_counter(store, k.events)
                     failures = 0
                     self._set_watching(True)
@@ -1000,17 +1195,21 @@ class KelasticRendezvousHandler(RendezvousHandler):
                         self._set_watching(True)
                     continue
                 seq += 1
+                if gen != self._thread_gen:
+                    return
                 if not self._on_event(kind):
                     return  # the job is finished: nothing left to watch
             except (dist.DistError, RendezvousConnectionError, RuntimeError) as exc:
+                if gen != self._thread_gen:
+                    return
                 self._set_watching(False)
                 if store is not None and not self._stop.is_set():
                     log.warning("kelastic rendezvous: event watch lost the store: %s", first_line(exc))
-                    self._lost.set()
-                    self._bump()
+                    self._drop_connection()
                 store = None
                 failures += 1
-                self._stop.wait(_backoff(failures))
+                self._retry_now.wait(_backoff(failures))
+                self._retry_now.clear()
 
     def _set_watching(self, connected: bool) -> None:
         """A new epoch: events of the old one may have been missed."""
@@ -1040,7 +1239,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._wake.notify_all()
         return True
 
-    def _keep_alive(self, first: dist.TCPStore) -> None:
+    def _keep_alive(self, first: dist.TCPStore, gen: int) -> None:
         """Beat every keep_alive_interval; watch the ring successor and, when sweeping, the old round."""
         tracker = HeartbeatTracker(self._s.node_timeout, min_readings=_MIN_READINGS)
         members_cache: dict[int, list[str]] = {}
@@ -1063,25 +1262,39 @@ class KelasticRendezvousHandler(RendezvousHandler):
             pause = self._s.keep_alive_interval if not failures else _backoff(failures)
             self._poke.wait(pause)
             self._poke.clear()
-            if self._stop.is_set():
+            if self._stop.is_set() or gen != self._thread_gen:
                 return
 
     def _peer_lost(self, r: int, name: str) -> None:
-        """Called by the peer link when the watched peer's process is gone."""
+        """Called by the peer link when the watched peer's process is gone.
+
+        Known at once even while the store is unreachable: the round is then no
+        longer current, and the fate is claimed once the store is back.
+        """
         with self._lock:
             self._suspects.append((r, name))
+            if self._member is not None and self._member.round == r:
+                self._detached_change = True
         self._poke.set()
+        self._bump()
 
     def _claim_suspects(self, store: dist.TCPStore) -> None:
+        """Claim ``dead`` for the peers whose link closed (kept for a later try if the store fails)."""
         with self._lock:
             suspects, self._suspects = self._suspects, []
-            member = self._member
-        for r, name in suspects:
-            if (
-                member is not None
-                and member.round == r
-                and claim_fate(store, self._keys, r, name, Fate.DEAD, self._s.node_name)
-            ):
+            last = self._last_member
+        for i, (r, name) in enumerate(suspects):
+            # The latest round this node was a member of, also while it re-joins: a peer
+            # lost while the store was away is claimed in the round the store got back.
+            if last is None or last.round != r:
+                continue
+            try:
+                claimed = claim_fate(store, self._keys, r, name, Fate.DEAD, self._s.node_name)
+            except dist.DistError:
+                with self._lock:
+                    self._suspects[:0] = suspects[i:]
+                raise
+            if claimed:
                 log.warning(
                     "kelastic rendezvous: %s (round %d) closed its link: its process is gone; marked dead",
                     name,
@@ -1110,10 +1323,10 @@ class KelasticRendezvousHandler(RendezvousHandler):
             return
         hb_keys = [k.heartbeat(name) for _, name in targets]
         if len(hb_keys) == 1:  # the usual case, a member watching its successor: one round trip
+            # Absent only on a restarted store the successor never reached: a value that
+            # never moves, so a successor lost while the store was away is found in time.
             one = get_or_none(store, hb_keys[0])
-            if one is None:
-                return
-            values: list[bytes] = [one]
+            values: list[bytes] = [one if one is not None else b"-1"]
         elif store.check(hb_keys):
             values = store.multi_get(hb_keys)
         else:

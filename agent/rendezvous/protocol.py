@@ -12,7 +12,10 @@ Key layout (all under ``kelastic/<run_id>/``)::
     ev                       event counter; ``ev/<n>`` is set for event n (wakes every watcher);
                              its value says what happened, e.g. ``closed <R> <value of r/R/size>``
     open                     counter; the round open for joining is ``open + 1``
-    r/<R>/joined             counter; ``add`` returns the joiner's slot + 1 (slot = group rank)
+    r/<R>/joined             counter; ``add`` returns the joiner's slot + 1 (slot = group rank);
+                             ``SEALED`` in a round re-established on a restarted store (every
+                             later joiner of R gets a slot past its size: it came too late)
+    r/<R>/restored           counter of the members of R that re-established it on a restarted store
     r/<R>/node/<slot>        JSON {"name", "addr", "link", "local_world_size", "wstore"} of the
                              node in that slot; slot 0 (always rank 0) adds "wstore", the port of
                              the round's worker store it hosts
@@ -78,6 +81,7 @@ __all__ = [
     "read_membership",
     "read_optional",
     "read_size",
+    "restore_round",
 ]
 
 KEY_ROOT = "kelastic"
@@ -138,6 +142,9 @@ class RunKeys:
 
     def members(self, r: int) -> str:
         return self._k(f"r/{r}/members")
+
+    def restored(self, r: int) -> str:
+        return self._k(f"r/{r}/restored")
 
     def fate(self, r: int, name: str) -> str:
         return self._k(f"r/{r}/fate/{name}")
@@ -389,6 +396,67 @@ def claim_fate(store: dist.Store, keys: RunKeys, r: int, name: str, fate: Fate, 
     accounted = int(store.add(keys.accounted(r), 1))
     if fate is not Fate.REJOIN or accounted == 1:
         push_event(store, keys, f"{fate.value} {r} {name}")
+    return True
+
+
+#: The value of ``r/<R>/joined`` in a re-established round: far past any round's size.
+SEALED = 1 << 40
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def restore_round(
+    store: dist.Store,
+    keys: RunKeys,
+    r: int,
+    close: RoundClose,
+    rank: int,
+    record: str,
+    names: Sequence[str] | None = None,
+) -> bool:
+    """Re-establish closed round r, of which this node is member ``rank``, on a restarted store.
+
+    Called by every member that reaches a new store (a new ``incarnation``) with the
+    round it belongs to; each call writes what the member knows, so the round is
+    whole once every member came back: ``open`` raised to r (joiners go to r+1),
+    ``r/<R>/joined`` sealed (a joiner of r comes too late), ``r/<R>/size`` with the
+    very value the round closed with, the member's record and slot, its heartbeat,
+    and the member list (from ``names`` when the caller closed the round, else by
+    the member whose restore completed the count, from the records).
+
+    False when the new store already holds another round r: a node joined r afresh
+    before any member came back, or r closed differently. The round is then not
+    current any more and its members re-form (as after any membership change).
+    """
+    cur = read_counter(store, keys.open)
+    while cur < r:  # raise, never lower: a later round may be re-established already
+        got = _text(store.compare_set(keys.open, str(cur), str(r)))
+        cur = int(got) if got != str(r) else r
+    # Absent, or 0 where a reader of the counter (the operator's status) created it.
+    sealed = str(SEALED)
+    if _text(store.compare_set(keys.joined(r), "", sealed)) != sealed and (
+        _text(store.compare_set(keys.joined(r), "0", sealed)) != sealed
+    ):
+        return False  # a node joined r in this store: r is a new round here
+    value = close.to_value()
+    if _text(store.compare_set(keys.size(r), "", value)) != value:
+        return False
+    name = json.loads(record)["name"]
+    # torch implements Store.multi_set; its stubs do not declare it.
+    store.multi_set([keys.node(r, rank), keys.slot(r, name)], [record, str(rank)])  # type: ignore[attr-defined]
+    store.add(keys.heartbeat(name), 1)
+    count = int(store.add(keys.restored(r), 1))
+    if names is not None:
+        store.set(keys.members(r), json.dumps(list(names)))
+    elif count == close.size:
+        node_keys = [keys.node(r, i) for i in range(close.size)]
+        if store.check(node_keys):
+            store.set(
+                keys.members(r), json.dumps([json.loads(v)["name"] for v in store.multi_get(node_keys)])
+            )
+    push_event(store, keys, f"restored {r} {name}")
     return True
 
 

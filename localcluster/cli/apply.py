@@ -6,6 +6,12 @@ API discovery (waiting a bounded time for kinds a CRD has just registered) and
 creates the object, or replaces it when it exists (keeping its
 ``resourceVersion``): enough for ``kelastic local`` to load CRDs and run a
 manifest; use kubectl for anything richer.
+
+Objects are applied as strictly as kubectl applies them: a field the kind does not
+declare (a typo such as ``nprocPerNod``) is refused, not dropped. API servers from
+1.25 on judge that themselves (``fieldValidation=Strict``); older ones (1.20) ignore
+the parameter and prune in silence, so there a custom resource is checked against
+its CRD's structural schema before it is sent, with the server's words.
 """
 
 from __future__ import annotations
@@ -19,9 +25,29 @@ from typing import Any
 
 import yaml
 
+from ..apiserver import schema
 from ..common.client import ApiClient, ApiRequestError
+from ..controlplane.controlplane import KubeVersion
 
-__all__ = ["Applier", "ManifestError", "ResourceRef", "load_manifests"]
+__all__ = ["Applier", "ManifestError", "ResourceRef", "load_manifests", "server_validates_fields"]
+
+#: The first release whose API server honours ``fieldValidation`` (beta, on by default).
+FIELD_VALIDATION_SINCE = KubeVersion(1, 25)
+
+
+def server_validates_fields(version_info: Mapping[str, Any]) -> bool:
+    """Whether the API server of this ``/version`` answer refuses unknown fields under
+    ``fieldValidation=Strict`` (False for an answer without a version: check client side)."""
+    try:
+        return KubeVersion.parse(str(version_info.get("gitVersion", ""))) >= FIELD_VALIDATION_SINCE
+    except ValueError:
+        return False
+
+
+def unknown_fields_error(kind: str, version: str, dropped: list[str]) -> str:
+    """What an API server under ``fieldValidation=Strict`` says of unknown fields."""
+    detail = ", ".join(f'unknown field "{p}"' for p in dropped)
+    return f'{kind} in version "{version}" cannot be handled as a {kind}: strict decoding error: {detail}'
 
 
 class ManifestError(ValueError):
@@ -79,6 +105,7 @@ class Applier:
     def __init__(self, client: ApiClient) -> None:
         self.client = client
         self._refs: dict[tuple[str, str], ResourceRef] = {}
+        self._server_validates: bool | None = None
 
     async def _discover(self, group_version: str) -> None:
         base = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
@@ -113,22 +140,51 @@ class Applier:
                 )
             await asyncio.sleep(0.2)
 
+    async def _check_fields(self, obj: Mapping[str, Any], ref: ResourceRef) -> None:
+        """Refuse a custom resource with fields its CRD does not declare, where the API server
+        would prune them in silence (before 1.25); raises :class:`ApiRequestError` (400)."""
+        if self._server_validates is None:
+            self._server_validates = server_validates_fields(await self.client.get("/version"))
+        if self._server_validates or ref.group_version == "v1" or "." not in ref.group_version:
+            return  # the server judges, or a built-in kind (older servers have no CRD for it)
+        group, version = ref.group_version.split("/", 1)
+        try:
+            crd = await self.client.get(
+                f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{ref.plural}.{group}"
+            )
+        except ApiRequestError as exc:
+            if exc.status == 404:
+                return  # a built-in kind of a named group
+            raise
+        for v in (crd.get("spec") or {}).get("versions") or []:
+            if v.get("name") == version:
+                structural = (v.get("schema") or {}).get("openAPIV3Schema")
+                _, dropped = schema.prune(dict(obj), structural)
+                if dropped:
+                    raise ApiRequestError(
+                        400, "BadRequest", unknown_fields_error(str(obj["kind"]), version, dropped)
+                    )
+
     async def apply(self, obj: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
-        """Create ``obj`` (or replace the existing one); return the object as stored."""
+        """Create ``obj`` (or replace the existing one); return the object as stored.
+
+        Unknown fields are refused as kubectl refuses them (:class:`ApiRequestError`, 400),
+        on every API server (see the module docstring)."""
         meta = dict(obj.get("metadata") or {})
         ref = await self.resource(str(obj["apiVersion"]), str(obj["kind"]))
+        await self._check_fields(obj, ref)
         ns = meta.get("namespace") or namespace or "default"
         body = {**obj, "metadata": {**meta, **({"namespace": ns} if ref.namespaced else {})}}
         collection = ref.collection(ns)
         try:
-            return await self.client.post(collection, body)
+            return await self.client.post(collection, body, fieldValidation="Strict")
         except ApiRequestError as exc:
             if exc.status != 409 or not meta.get("name"):
                 raise
         path = f"{collection}/{meta['name']}"
         current = await self.client.get(path)
         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        return await self.client.put(path, body)
+        return await self.client.put(path, body, fieldValidation="Strict")
 
     async def get(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
         """The current state of an applied object, or None once it is gone."""

@@ -11,6 +11,9 @@ Both take ``--control-plane DIR`` (else ``$KELASTIC_CONTROL_PLANE``, else
 ``$KUBEBUILDER_ASSETS``): a directory with the real ``kube-apiserver`` and
 ``etcd`` (and ``kube-controller-manager``, ``kube-scheduler``), run instead of
 kelastic's API server emulator (see :mod:`kelastic.localcluster.controlplane.controlplane`).
+The operator serves every namespace, as fits a cluster of one user;
+``--watch-namespace NS`` (repeatable) narrows it to those. It serves its Prometheus
+metrics on the loopback address (``up`` prints the URL).
 
 ``kelastic local run MANIFEST.yaml`` brings up a private cluster in a temporary
 directory, applies the manifest, relays the pods' logs prefixed by pod, waits
@@ -27,6 +30,7 @@ import contextlib
 import enum
 import importlib.util
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -40,7 +44,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from ..common.interrupts import interrupt, uninterrupted
-from ..controlplane.controlplane import control_plane_dir, die_with_parent
+from ..controlplane.controlplane import HOST, control_plane_dir, die_with_parent, free_port
 from ..kubelet.images import ImageMap
 from .apply import Applier, ManifestError, load_manifests
 from .cluster import LocalCluster
@@ -176,10 +180,16 @@ class _Stopper:
 
 
 class _Operator:
-    """The operator subprocess (own process group, output to a log file)."""
+    """The operator subprocess (own process group, output to a log file).
 
-    def __init__(self, command: list[str], kubeconfig: Path, log_path: Path) -> None:
+    ``metrics_url``: where it serves its Prometheus metrics, when kelastic chose the port.
+    """
+
+    def __init__(
+        self, command: list[str], kubeconfig: Path, log_path: Path, metrics_url: str | None = None
+    ) -> None:
         self.log_path = log_path
+        self.metrics_url = metrics_url
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
         with uninterrupted(), open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -289,11 +299,36 @@ def _install_chart(cluster: LocalCluster, out: TextIO, watch: Sequence[str], clu
     return True
 
 
+def served_namespaces(watch: Sequence[str] | None, cluster_wide: bool) -> tuple[tuple[str, ...], bool]:
+    """The namespaces the local operator serves: (namespaces, every namespace).
+
+    A local cluster has one user, so its operator serves every namespace unless
+    ``--watch-namespace`` names some (``--cluster-wide`` says the default out loud and
+    cannot be combined with them).
+    """
+    if watch and cluster_wide:
+        raise SystemExit("kelastic: --watch-namespace and --cluster-wide exclude each other")
+    return (tuple(dict.fromkeys(watch)), False) if watch else ((), True)
+
+
+def _operator_flags(watch: Sequence[str], cluster_wide: bool, metrics_port: int) -> list[str]:
+    """The flags kelastic adds to the operator it starts as a process: its namespaces, and
+    metrics on ``metrics_port`` of the loopback address, as the chart serves them on the pod's."""
+    scope = ["--all-namespaces"] if cluster_wide else [f"--namespace={ns}" for ns in watch]
+    return [*scope, f"--metrics-port={metrics_port}", f"--metrics-address={HOST}"]
+
+
 def _start_operator(
-    cluster: LocalCluster, out: TextIO, watch: Sequence[str] = ("default",), cluster_wide: bool = False
+    cluster: LocalCluster,
+    out: TextIO,
+    watch: Sequence[str] = (),
+    cluster_wide: bool = True,
+    log_kept: bool = True,
 ) -> _Operator | None:
     """Start the operator: from the chart on a real control plane, else as a subprocess (None: not installed).
 
+    It serves ``watch`` namespaces, or every namespace with ``cluster_wide``. Its log's path
+    is printed only when the log outlives the command (``log_kept``).
     ``$KELASTIC_LOCAL_OPERATOR`` wins on both: whoever sets it asked for that command.
     """
     override = operator_override()
@@ -308,14 +343,17 @@ def _start_operator(
     command = override if override is not None else operator_command()
     if command is None:
         return None
+    metrics_url = None
     if override is None:
-        # The namespaces of the applied jobs (the operator watches only "default" otherwise).
-        command += ["--all-namespaces"] if cluster_wide else [f"--namespace={ns}" for ns in watch]
-    operator = _Operator(command, cluster.kubeconfig, cluster.data_dir / "operator.log")
+        # The operator watches only "default" without a scope flag.
+        port = free_port()
+        command = [*command, *_operator_flags(watch, cluster_wide, port)]
+        metrics_url = f"http://{HOST}:{port}/metrics"
+    operator = _Operator(command, cluster.kubeconfig, cluster.data_dir / "operator.log", metrics_url)
+    scope = "every namespace" if cluster_wide else f"namespace(s) {', '.join(watch)}"
+    log = f"log {operator.log_path}" if log_kept else "its log is kept with --keep"
     print(
-        f"kelastic: started the operator (pid {operator.proc.pid}, log {operator.log_path})",
-        file=out,
-        flush=True,
+        f"kelastic: started the operator for {scope} (pid {operator.proc.pid}, {log})", file=out, flush=True
     )
     return operator
 
@@ -367,7 +405,15 @@ def _control_plane_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cluster-wide",
         action="store_true",
-        help="with --control-plane: install the chart with clusterWide=true (default: namespaced)",
+        help="the operator serves every namespace (the default; on --control-plane the chart is "
+        "installed with clusterWide=true)",
+    )
+    parser.add_argument(
+        "--watch-namespace",
+        action="append",
+        metavar="NS",
+        help="serve only this namespace (repeatable; default: every namespace); on --control-plane "
+        "the chart's watchNamespaces",
     )
 
 
@@ -404,6 +450,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         images=_images(args),
         gpus=args.gpus,
     )
+    served = served_namespaces(args.watch_namespace, args.cluster_wide)
     operator: _Operator | None = None
     stopper = _Stopper()
     with stopper.installed():  # also during the clean-up: a second Ctrl-C must not break it off
@@ -413,18 +460,18 @@ def cmd_up(args: argparse.Namespace) -> int:
                     cluster.start()
                     _apply_crds(cluster, out)
                     if not args.no_operator:
-                        operator = _start_operator(
-                            cluster, out, args.watch_namespace or ["default"], args.cluster_wide
-                        )
+                        operator = _start_operator(cluster, out, *served)
             except Interrupted as exc:
                 print(f"kelastic: {exc} while starting: stopping what was started", file=out, flush=True)
                 return exit_code(exc.signum)
+            metrics = operator.metrics_url if operator is not None else None
             print(
                 f"kelastic local is up: API server {cluster.url}\n"
                 f"kubeconfig: {cluster.kubeconfig}\n"
                 f"  export KUBECONFIG={cluster.kubeconfig}\n"
                 "  kubectl get pods -A\n"
-                f"pod logs and volumes: {cluster.data_dir}\n"
+                + (f"operator metrics: {metrics}\n" if metrics else "")
+                + f"pod logs and volumes: {cluster.data_dir}\n"
                 "Stop with Ctrl-C or SIGTERM (pods are stopped with it).",
                 file=out,
                 flush=True,
@@ -537,7 +584,7 @@ def _watch(
     applier = Applier(cluster.client)
     # The workloads' output; not the operator's, when the chart runs it as a pod of its own namespace.
     namespaces = {str(o["metadata"].get("namespace") or "default") for o in waited}
-    follower = LogFollower(cluster.data_dir, relay, namespaces)
+    follower = LogFollower(cluster.data_dir, relay, namespaces, _containers_of(cluster))
     deadline = started + args.timeout
     outcomes: list[tuple[Outcome, str]] = []
     last_summary, last_print, next_status, next_sample = "", time.monotonic(), 0.0, 0.0
@@ -556,7 +603,7 @@ def _watch(
                 break
             summary = ", ".join(f"{_describe(o)} {r[1]}" for o, r in zip(waited, outcomes, strict=True))
             if summary != last_summary or now - last_print >= args.progress_interval:
-                relay.line("kelastic", f"waiting ({now - started:.0f}s): {summary}")
+                relay.say(f"waiting ({now - started:.0f}s): {summary}")
                 last_summary, last_print = summary, now
         sys.stdout.flush()
         if now >= deadline:
@@ -606,7 +653,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         images=_images(args),
         gpus=args.gpus,
     )
-    relay = LogRelay(write=out.write, tty=out.isatty(), interval=args.progress_interval)
+    # One progress line per job: the job's own (its status), not each of its agents' as well.
+    drop = _agent_progress_line if any(o.get("kind") == "ElasticJob" for o in objects) else None
+    relay = LogRelay(write=out.write, tty=out.isatty(), interval=args.progress_interval, drop=drop)
     operator: _Operator | None = None
     stopper = _Stopper()
     started = time.monotonic()
@@ -618,7 +667,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     timeline = JobTimeline()
 
     def notice(text: str) -> None:
-        relay.line("kelastic", text)
+        relay.say(text)
         out.flush()
 
     with stopper.installed():  # also during the clean-up: a second Ctrl-C must not break it off
@@ -630,8 +679,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     if custom:
                         _apply_crds(cluster, out)
                         if not args.no_operator:
-                            watch = sorted({str(o["metadata"].get("namespace") or "default") for o in custom})
-                            operator = _start_operator(cluster, out, watch, args.cluster_wide)
+                            served = served_namespaces(args.watch_namespace, args.cluster_wide)
+                            operator = _start_operator(cluster, out, *served, log_kept=args.keep)
                             if operator is None and not cluster.real:
                                 kinds = ", ".join(sorted({o["kind"] for o in custom}))
                                 notice(
@@ -686,6 +735,45 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
 
 
+#: The agents' per-pod progress lines (``[<role> progress] step 120/300 ...``).
+_AGENT_PROGRESS = re.compile(r"^\[[^\]\s]+ progress\] step \d")
+
+
+def _agent_progress_line(prefix: str, text: str) -> bool:
+    """A line of an agent's progress display (``kubectl logs`` still shows them)."""
+    return bool(_AGENT_PROGRESS.match(text))
+
+
+def _containers_of(cluster: LocalCluster) -> Callable[[str, str], int | None]:
+    """How many containers (init containers included) a pod's spec has; None when it is gone."""
+
+    def count(namespace: str, name: str) -> int | None:
+        assert cluster.client is not None
+        try:
+            pod = cluster.call(
+                cluster.client.get(f"/api/v1/namespaces/{namespace}/pods/{name}"),
+                timeout=10.0,
+                what=f"reading pod {name}",
+            )
+        except Exception:  # gone, or the cluster is stopping: the tag falls back to what wrote
+            return None
+        spec = pod.get("spec") or {}
+        return len(spec.get("containers") or []) + len(spec.get("initContainers") or [])
+
+    return count
+
+
+def _pod_state(pod: dict[str, Any]) -> str:
+    """A pod's phase and containers for the summary, which is printed once the cluster has
+    stopped: a pod that had not finished by then (the rendezvous store, a pod being deleted)
+    was stopped with it, whatever phase it had when it was listed."""
+    phase = (pod.get("status") or {}).get("phase", "Pending")
+    if phase in ("Succeeded", "Failed"):
+        return f"{phase:<9}  {pod_outcome(pod)[1]}"
+    deleting = ", being deleted" if (pod.get("metadata") or {}).get("deletionTimestamp") else ""
+    return f"{'Stopped':<9}  stopped with the cluster (it was {phase}{deleting})"
+
+
 def _all_pods(cluster: LocalCluster) -> list[dict[str, Any]]:
     """Every pod of the cluster (the workload's pods, for the summary)."""
     assert cluster.client is not None
@@ -714,6 +802,7 @@ def _summarize(
     for obj, (outcome, detail) in zip(waited, observed, strict=True):
         # Still pending at the end: stopped with the cluster (a failure elsewhere, a timeout).
         label = "Unfinished" if outcome is Outcome.PENDING else outcome.value
+        detail = detail.removeprefix(f"{label}: ")  # "Succeeded: training finished": said once
         print(f"  {_describe(obj):<{width}}  {label:<10}  {detail}", file=out)
     for line in job_lines:  # per ElasticJob: duration, restarts and causes, speed per world size
         print(line, file=out)
@@ -721,8 +810,7 @@ def _summarize(
         print("  pods:", file=out)
         width = max(len(p["metadata"]["name"]) for p in pods)
         for pod in pods:
-            phase = (pod.get("status") or {}).get("phase", "Pending")
-            print(f"    {pod['metadata']['name']:<{width}}  {phase:<9}  {pod_outcome(pod)[1]}", file=out)
+            print(f"    {pod['metadata']['name']:<{width}}  {_pod_state(pod)}", file=out)
     ok = end is RunEnd.FINISHED and bool(outcomes) and all(r[0] is Outcome.SUCCEEDED for r in outcomes)
     if end is RunEnd.TIMED_OUT:
         print(
@@ -766,12 +854,6 @@ def build_parser() -> argparse.ArgumentParser:
     _control_plane_flag(up)
     _image_flag(up)
     _gpus_flag(up)
-    up.add_argument(
-        "--watch-namespace",
-        action="append",
-        metavar="NS",
-        help="with --control-plane: a namespace the chart's operator serves (repeatable; default: default)",
-    )
     up.set_defaults(func=cmd_up)
 
     run = commands.add_parser("run", help="run a manifest to completion on a private local cluster")

@@ -292,7 +292,7 @@ class LocalCluster:
                     self._loop.call_soon_threadsafe(self._loop.stop)
                     self._thread.join(10.0)
                     if not self._thread.is_alive():
-                        self._loop.close()
+                        self._close_loop(self._loop)
         finally:
             self._loop = None
             self._thread = None
@@ -313,6 +313,21 @@ class LocalCluster:
                     self._claim = None
         if stuck is not None:
             raise stuck
+
+    def _close_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close the stopped node loop as ``asyncio.run`` closes its own: cancel what is still
+        pending (all of it when the components did not stop in time) and let it unwind, then
+        close the API clients. A task left pending is destroyed later by the garbage collector,
+        and its clean-up (closing a watch's connection) then fails on the closed loop."""
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.wait(pending, timeout=STOP_TIMEOUT))
+        for client in {id(c): c for c in (self._client, self._node_client, self._proxy_client) if c}.values():
+            loop.run_until_complete(client.close())
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
 
     def __enter__(self) -> LocalCluster:
         return self.start()

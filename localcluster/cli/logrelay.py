@@ -1,7 +1,10 @@
 """Relaying container logs to one console, prefixed by pod.
 
 :class:`LogRelay` turns raw chunks of several streams into console text.
-Complete lines are printed as ``[prefix] text``. Carriage returns (progress
+Complete lines are printed as ``[prefix] text``; kelastic's own lines as
+``kelastic: text`` (:meth:`LogRelay.say`), the one voice of the CLI. Lines a
+``drop`` predicate refuses are not printed (``kelastic local run`` drops the
+agents' per-pod progress lines of a job: the job's own progress line says it once). Carriage returns (progress
 bars redrawing one line) collapse: only the text after the last ``\\r`` of a
 line counts. An unfinished line that is being redrawn (a live progress bar) is
 shown in place on a terminal; when the output is not a terminal it is printed
@@ -10,7 +13,9 @@ gets a steady trickle of progress instead of thousands of bar frames.
 
 :class:`LogFollower` finds the kubelet's log files of a data directory
 (``pods/<ns>_<pod>_<uid>/<container>/<restart>.log``) and feeds their new bytes
-to a relay.
+to a relay, tagged ``[pod]`` for a pod of one container and ``[pod/container]``
+for a pod of several (init containers included), whichever of its containers
+happen to have written yet.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ class LogRelay:
     write: Callable[[str], object]
     tty: bool = False
     interval: float = 10.0
+    #: ``drop(prefix, text)``: True for a complete line that is not to be printed.
+    drop: Callable[[str, str], bool] | None = None
     _streams: dict[str, _Stream] = field(default_factory=dict)
     _open_line: str | None = None  # prefix of the stream whose progress line is on screen
 
@@ -46,9 +53,16 @@ class LogRelay:
             self._open_line = None
 
     def line(self, prefix: str, text: str) -> None:
-        """Print one complete line for ``prefix``."""
+        """Print one complete line for ``prefix`` (unless ``drop`` refuses it)."""
+        if self.drop is not None and self.drop(prefix, text):
+            return
         self._close_open_line()
         self.write(f"[{prefix}] {text}\n")
+
+    def say(self, text: str) -> None:
+        """Print one line in kelastic's own voice, ``kelastic: text``."""
+        self._close_open_line()
+        self.write(f"kelastic: {text}\n")
 
     def feed(self, prefix: str, chunk: str, now: float) -> None:
         stream = self._streams.setdefault(prefix, _Stream())
@@ -105,12 +119,32 @@ class _File:
 class LogFollower:
     """Polls the kubelet's log directory and relays new output of every container run."""
 
-    def __init__(self, data_dir: Path, relay: LogRelay, namespaces: set[str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        relay: LogRelay,
+        namespaces: set[str] | None = None,
+        containers_of: Callable[[str, str], int | None] | None = None,
+    ) -> None:
         self.pods_dir = data_dir / "pods"
         self.relay = relay
         #: Only pods of these namespaces are relayed (None: every pod).
         self.namespaces = namespaces
+        #: ``containers_of(namespace, pod)``: how many containers (init containers included) the
+        #: pod's spec has, None when unknown; asked once per pod.
+        self.containers_of = containers_of
+        self._containers: dict[str, int] = {}
         self._files: dict[Path, _File] = {}
+
+    def _count(self, pod_dir: Path, seen: int) -> int:
+        """How many containers the pod has: its spec's count, else the ones that wrote so far."""
+        known = self._containers.get(pod_dir.name)
+        if known is None and self.containers_of is not None:
+            namespace, rest = pod_dir.name.split("_", 1)
+            counted = self.containers_of(namespace, rest.rsplit("_", 1)[0])
+            if counted is not None:
+                known = self._containers[pod_dir.name] = counted
+        return max(known or 0, seen)
 
     @staticmethod
     def _prefix(pod_dir: Path, container: str, containers: int) -> str:
@@ -127,10 +161,11 @@ class LogFollower:
             if self.namespaces is not None and pod_dir.name.split("_", 1)[0] not in self.namespaces:
                 continue
             containers = sorted(p for p in pod_dir.iterdir() if p.is_dir() and p.name != "volumes")
+            count = self._count(pod_dir, len(containers)) if containers else 0
             for cdir in containers:
                 runs = sorted(cdir.glob("*.log"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
                 for run in runs:
-                    self._relay(run, self._prefix(pod_dir, cdir.name, len(containers)), now)
+                    self._relay(run, self._prefix(pod_dir, cdir.name, count), now)
 
     def _relay(self, path: Path, prefix: str, now: float) -> None:
         entry = self._files.get(path)

@@ -121,11 +121,11 @@ class ApiClient:
     async def get(self, path: str, **params: Any) -> dict[str, Any]:
         return await self.request("GET", path, params=params)
 
-    async def post(self, path: str, body: Any) -> dict[str, Any]:
-        return await self.request("POST", path, body=body)
+    async def post(self, path: str, body: Any, **params: Any) -> dict[str, Any]:
+        return await self.request("POST", path, params=params, body=body)
 
-    async def put(self, path: str, body: Any) -> dict[str, Any]:
-        return await self.request("PUT", path, body=body)
+    async def put(self, path: str, body: Any, **params: Any) -> dict[str, Any]:
+        return await self.request("PUT", path, params=params, body=body)
 
     async def merge_patch(self, path: str, body: Any) -> dict[str, Any]:
         return await self.request("PATCH", path, body=body, content_type="application/merge-patch+json")

@@ -18,7 +18,10 @@ Volume mount paths: containers share the host's filesystem, so a volume cannot
 appear at its ``mountPath``. For emptyDir, configMap, secret and
 persistentVolumeClaim volumes the kubelet rewrites the mount path where a
 container names it in its command line and environment (``/data/x`` becomes
-``<the volume's host directory>/x``); see :func:`relocate`.
+``<the volume's host directory>/x``); see :func:`relocate`. Paths the kubelet itself
+resolves (the interpreter or console script that plays the image) are host paths and
+are never relocated, even when a volume is mounted above them (an emptyDir at
+``/tmp`` and a venv under ``/tmp``); see :func:`relocate_argv`.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ImageMap", "mount_table", "parse_image_option", "relocate"]
+__all__ = ["ImageMap", "mount_table", "parse_image_option", "relocate", "relocate_argv"]
 
 _PYTHON_NAMES = re.compile(r"^python(3(\.\d+)?)?$")
 
@@ -138,6 +141,17 @@ def relocate(text: str, table: Mapping[str, str]) -> str:
     targets = sorted(table, key=len, reverse=True)
     pattern = re.compile(r"(?:^|(?<=[=:,]))(" + "|".join(map(re.escape, targets)) + r")(?=$|[/=:,])")
     return pattern.sub(lambda m: table[m.group(1)], text)
+
+
+def relocate_argv(argv: Sequence[str], written: str, table: Mapping[str, str]) -> list[str]:
+    """``argv`` with mount paths replaced by host directories (:func:`relocate`), except an
+    ``argv[0]`` that the kubelet resolved itself: when it differs from ``written`` (the
+    container's own first word, ``python`` or a console-script name) it is a host path of the
+    image's Python environment, which no volume of the pod can cover."""
+    if not argv:
+        return []
+    first = argv[0] if argv[0] != written else relocate(argv[0], table)
+    return [first, *(relocate(a, table) for a in argv[1:])]
 
 
 # -- an environment with torch and nothing of kelastic ------------------------------------

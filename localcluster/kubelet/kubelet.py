@@ -62,8 +62,15 @@ from typing import Any
 from ..common.client import ApiClient, ApiRequestError, Informer
 from ..common.ipam import POD_NETWORK, IpAllocator, IpExhaustedError
 from .gpus import GPU_RESOURCE, GpuLedger, detect_gpus, device_env, pod_claim
-from .images import ImageMap, mount_table, relocate
-from .podenv import ContainerConfigError, PodContext, resolve_command, resolve_env, without_credentials
+from .images import ImageMap, mount_table, relocate, relocate_argv
+from .podenv import (
+    ContainerConfigError,
+    PodContext,
+    expand,
+    resolve_command,
+    resolve_env,
+    without_credentials,
+)
 from .podstatus import (
     ContainerRecord,
     ContainerState,
@@ -579,7 +586,10 @@ class PodWorker:
             # Volumes cannot sit at their mountPath here: name their host directories instead.
             mounts = mount_table(pod, c.spec, self.volumes)
             defined = {k: v if provided.get(k) == v else relocate(v, mounts) for k, v in defined.items()}
-            argv = [relocate(a, mounts) for a in config.images.resolve(c.spec, argv, defined)]
+            written = [*(c.spec.get("command") or []), *(c.spec.get("args") or [])]
+            argv = relocate_argv(
+                config.images.resolve(c.spec, argv, defined), expand(str(written[0]), defined), mounts
+            )
         except (ContainerConfigError, ApiRequestError, OSError) as exc:
             if (
                 isinstance(exc, ApiRequestError)

@@ -39,5 +39,9 @@ def rendezvous_figures(p: Pass) -> None:
             p.actions.append(Emit(reason=checkpoint.EVENT_RESTORED, message=restored))
     elif not running or status.world_size is None:
         status.world_size = 0
+    # RESTARTS counts restarts of the worker group whatever their cause (a failure, a scale, a
+    # lost or added pod): every rendezvous round after the first. The agents' failure restarts
+    # and the recreated pods are a floor for when the store's rounds are unknown (or it restarted).
     agent_restarts = rdzv.restarts if rdzv is not None else 0
-    status.restarts = max(status.restarts or 0, (status.backoff_count or 0) + agent_restarts)
+    rounds = rdzv.round - 1 if rdzv is not None else 0
+    status.restarts = max(status.restarts or 0, (status.backoff_count or 0) + agent_restarts, rounds)

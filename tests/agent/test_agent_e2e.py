@@ -13,6 +13,7 @@ import runpy
 import signal
 import socket
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -128,19 +129,84 @@ def test_heterogeneous_nodes_get_global_and_role_ranks(cluster: Any) -> None:
     assert lws == {"x2", "y1", "x1"}
 
 
-def test_store_restart_mid_run_does_not_fail_the_job(cluster: Any, store: ServerProcess) -> None:
-    common = ["--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "0"]
-    for name in ("a", "b"):
-        cluster.start(name, common, ["--steps", "40", "--step-time", "0.1"])
-    cluster.wait_for("steps at world 2", lambda: len(cluster.steps()) >= 4, 60)
+# The rendezvous store lost under training: the workers' collectives never use it, so a
+# store that dies and comes back costs no step and no restart; a node lost meanwhile still
+# re-forms the group once, at the smaller size; a store that never comes back fails the job
+# with a message naming it.
+STORE_LOSS_ARGS = ["--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "0"]
+# The first round closes with all three without waiting for the last call.
+STORE_LOSS_CONF = ["--rdzv-conf", "last_call_timeout=30"]
+
+
+def _restart_store(store: ServerProcess) -> ServerProcess:
     host, port = store.endpoint.rsplit(":", 1)
-    store.stop()
-    time.sleep(0.5)
-    again = start_server_process(host, int(port), timeout=30)
+    return start_server_process(host, int(port), timeout=30)
+
+
+def test_store_killed_and_restarted_mid_training_costs_no_step(cluster: Any, store: ServerProcess) -> None:
+    steps = 80
+    for name in ("a", "b", "c"):
+        cluster.start(
+            name, [*STORE_LOSS_ARGS, *STORE_LOSS_CONF], ["--steps", str(steps), "--step-time", "0.05"]
+        )
+    cluster.wait_for("steps at world 3", lambda: len(cluster.steps()) >= 3 * 10, 90)
+    store.kill()
+    cluster.wait_for("steps without a store", lambda: len(cluster.steps()) >= 3 * 25, 60)
+    again = _restart_store(store)
     try:
-        assert cluster.wait_all(90) == [0, 0]
+        assert cluster.wait_all(120) == [0, 0, 0], "\n".join(a.output()[-3000:] for a in cluster.agents)
     finally:
         again.stop()
+    # One start per rank (no restart of the group), every step once, all at world 3.
+    assert sorted(p.name for p in cluster.out.glob("w*.json")) == [f"w3_r0_rank{r}.json" for r in range(3)]
+    rows = cluster.steps()
+    assert {world for _, world, _, _ in rows} == {3}
+    assert Counter((rank, step) for _, _, rank, step in rows) == Counter(
+        {(rank, step): 1 for rank in range(3) for step in range(steps)}
+    )
+    for agent in cluster.agents:
+        assert "restarting workers" not in agent.output()
+        assert "re-established round 1" in agent.output()
+
+
+def test_store_killed_while_a_node_dies_restarts_once_at_the_smaller_size(
+    cluster: Any, store: ServerProcess
+) -> None:
+    agents = [
+        cluster.start(
+            n,
+            [*STORE_LOSS_ARGS, *STORE_LOSS_CONF],
+            ["--until-world", "2", "--steps", "5", "--max-wait", "120"],
+        )
+        for n in ("a", "b", "c")
+    ]
+    cluster.wait_for("steps at world 3", lambda: len(cluster.steps()) >= 3 * 5, 90)
+    store.kill()
+    agents[2].kill_group(signal.SIGKILL)
+    again = _restart_store(store)
+    try:
+        assert cluster.wait_all(120, agents[:2]) == [0, 0], "\n".join(a.output()[-3000:] for a in agents)
+    finally:
+        again.stop()
+    worlds = sorted(p.name.split("_")[0] for p in cluster.out.glob("w*.json"))
+    assert worlds == ["w2", "w2", "w3", "w3", "w3"], "expected one start at 3, then one at 2"
+    for agent in agents[:2]:
+        assert agent.output().count("restarting workers") == 1, agent.output()[-3000:]
+
+
+def test_a_store_that_never_comes_back_fails_the_job_naming_it(cluster: Any, store: ServerProcess) -> None:
+    agents = [
+        cluster.start(
+            n, [*STORE_LOSS_ARGS, "--rdzv-conf", "last_call_timeout=30,join_timeout=5"], ["--steps", "100000"]
+        )
+        for n in ("a", "b", "c")
+    ]
+    cluster.wait_for("steps at world 3", lambda: len(cluster.steps()) >= 3 * 5, 90)
+    store.kill()
+    codes = cluster.wait_all(90, agents)
+    assert all(code != 0 for code in codes), codes
+    for agent in agents:
+        assert store.endpoint in agent.output() and "unreachable" in agent.output(), agent.output()[-3000:]
 
 
 def test_node_progress_reaches_the_rendezvous_store(cluster: Any, store: ServerProcess) -> None:

@@ -370,3 +370,31 @@ def test_the_injected_agent_brings_kelastic_checkpoint_to_a_torch_only_python(
         3,
         "kelastic.agent.checkpoint.storage",
     ]
+
+
+def test_a_durable_copy_at_an_fsspec_url_is_written_metadata_last_and_restored(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An fsspec URL (here fsspec's in-process memory filesystem, standing in for s3:// and
+    the like) as the durable directory: DCP's own FsspecReader reads the copy."""
+    import fsspec
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    url = f"memory://kelastic-{uuid.uuid4().hex[:6]}/durable"
+    a = service(services, shm, "a", persist_dir=url)
+    worker_of(a, monkeypatch)
+    save(state(6))
+    deadline = time.monotonic() + 30
+    while a.keeper._pinned and time.monotonic() < deadline:
+        time.sleep(0.01)
+    fs, root = fsspec.core.url_to_fs(url)
+    assert fs.exists(f"{root}/checkpoint-1/.metadata")
+    plain = blank()
+    dcp.load(plain, storage_reader=FsspecReader(f"{url}/checkpoint-1"), no_dist=True)
+    assert same(plain, state(6))
+    a.stop(remove=True)
+    services.remove(a)
+    fresh = service(services, shm, "a2", persist_dir=url)
+    worker_of(fresh, monkeypatch)
+    got, reader = load()
+    assert same(got, state(6)) and reader.choice is not None and reader.choice.source is Source.DURABLE

@@ -156,3 +156,21 @@ def test_static_backend_runs_unchanged(node: Any) -> None:
     records = node.records(2)
     assert {r["env"]["MASTER_PORT"] for r in records} == {str(port)}
     assert {r["env"]["GROUP_WORLD_SIZE"] for r in records} == {"1"}
+
+
+def test_an_agent_without_log_dir_leaves_no_directory_behind(tmp_path: Path) -> None:
+    """The progress files the workers write are the agent's scratch: a run without --log-dir
+    removes them and the temporary directory that held them."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "work.py"
+    script.write_text("from kelastic.agent import progress\nprogress.update(1, 1)\nprogress.flush()\n")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    cmd = [sys.executable, "-m", "kelastic.agent", "--standalone", "--nproc-per-node", "2", str(script)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "logs=" + str(scratch) in done.stdout + done.stderr  # it did use the temporary directory
+    assert not list(scratch.iterdir()), sorted(scratch.rglob("*"))

@@ -3,6 +3,7 @@ store, and workers that form a gloo group through the round's worker store."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -16,12 +17,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
 from kelastic.agent.rendezvous import (
     READY_PREFIX,
     KelasticRendezvousHandler,
     ServerProcess,
     control,
+    protocol,
     start_server_process,
 )
 from kelastic.agent.rendezvous.protocol import RunKeys, read_counter
@@ -148,20 +151,118 @@ def test_two_nodes_dying_together_are_both_found() -> None:
         server.stop()
 
 
+def test_a_node_found_dead_while_it_ran_reconnects_before_it_rejoins(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A node the others marked dead while its process lived was cut off: its connections
+    to the store may be stuck in TCP's retransmission back-off, so it opens fresh ones
+    (and fresh watcher and keep-alive threads) before it joins again, and the round it
+    joins closes as usual."""
+    server = start_server_process("127.0.0.1", free_port())
+    try:
+        hs = [node(server.endpoint, "cut", n, 2, 2) for n in ("a", "b")]
+        rendezvous_concurrently(hs)
+        # What a's heartbeat watch claims for a partitioned b.
+        assert protocol.claim_fate(
+            control.connect(server.endpoint), RunKeys("cut"), 1, "b", protocol.Fate.DEAD, "a"
+        )
+        assert all(h.wait_membership_change(5.0) for h in hs)
+        with caplog.at_level(logging.WARNING, logger="kelastic.agent.rendezvous.handler"):
+            infos = rendezvous_concurrently(hs, timeout=30)
+        assert {i.world_size for i in infos} == {2}
+        renewed = [
+            r.getMessage() for r in caplog.records if "reconnecting before it joins again" in r.getMessage()
+        ]
+        assert len(renewed) == 1 and renewed[0].startswith("kelastic rendezvous: b was found dead in round 1")
+        # The fresh watcher sees the next change: a leaves, b learns it at once.
+        hs[0].shutdown()
+        assert hs[1].wait_membership_change(5.0)
+    finally:
+        shutdown_handlers()
+        server.stop()
+
+
 @pytest.mark.slow
-def test_store_restart_leads_to_a_fresh_rendezvous() -> None:
+def test_store_restart_keeps_the_round_and_its_members() -> None:
+    """A restarted store is no membership change: the members keep their round (same
+    number, members and ranks) and re-establish it there, and a node joining later
+    finds it (the members then re-form with it, as in any scale-up)."""
     port = free_port()
     server = start_server_process("127.0.0.1", port)
     try:
-        hs = [node(server.endpoint, "restart", n, 2, 2) for n in ("a", "b")]
+        hs = [node(server.endpoint, "restart", n, 3, 4, last_call_timeout=0.5) for n in ("a", "b", "c")]
+        infos = rendezvous_concurrently(hs)
+        ranks = {h.node_name: i.rank for h, i in zip(hs, infos, strict=True)}
+        before = control.read_status(control.connect(server.endpoint), "restart")
+        server.stop()
+        assert not any(h.wait_membership_change(2.0) for h in hs), "a lost store was taken for a change"
+        server = start_server_process("127.0.0.1", port)
+        client = control.connect(server.endpoint)
+        deadline = time.monotonic() + 30
+        while (status := control.read_status(client, "restart")).members != before.members:
+            assert time.monotonic() < deadline, f"round not re-established: {status}"
+            assert not any(h.membership_changed() for h in hs)
+            time.sleep(0.2)
+        assert status.round == before.round == 1 and status.world_size == 3
+        assert [ranks[m] for m in status.members] == [0, 1, 2]
+        assert not any(h.membership_changed() for h in hs)
+        # The worker store rank 0 hosts is named in the re-established close.
+        close = protocol.read_close(client, RunKeys("restart"), 1)
+        assert close is not None and close.master_port == infos[0].bootstrap_store_info.master_port
+        newcomer = node(server.endpoint, "restart", "d", 3, 4)
+        got: list[Any] = []
+        joined = threading.Thread(target=lambda: got.append(newcomer.next_rendezvous()), daemon=True)
+        joined.start()
+        assert all(h.wait_membership_change(15.0) for h in hs), "the newcomer went unnoticed"
+        infos = rendezvous_concurrently(hs, timeout=30)
+        joined.join(30)
+        assert {i.world_size for i in [*infos, *got]} == {4} and len(got) == 1
+        assert control.read_status(client, "restart").round == 2
+    finally:
+        shutdown_handlers()
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_node_lost_while_the_store_is_down_still_changes_the_membership() -> None:
+    """The peer link tells the loss while the store is away; once it is back the
+    survivors re-form once, at the smaller size."""
+    port = free_port()
+    server = start_server_process("127.0.0.1", port)
+    try:
+        run = "lost-and-restarted"
+        victim = spawn(NODE, server.endpoint, run, "victim", "2", "3")
+        survivors = [node(server.endpoint, run, n, 2, 3, last_call_timeout=30) for n in ("a", "b")]
+        infos = rendezvous_concurrently(survivors, timeout=60)
+        assert {i.world_size for i in infos} == {3}
+        assert victim.stdout is not None and victim.stdout.readline().startswith("rank ")
+        server.stop()
+        os.killpg(victim.pid, signal.SIGKILL)
+        # Its ring predecessor knows at once, though the store is down.
+        assert any(h.wait_membership_change(5.0) for h in survivors), "the loss went unnoticed"
+        server = start_server_process("127.0.0.1", port)
+        assert all(h.wait_membership_change(15.0) for h in survivors)
+        infos = rendezvous_concurrently(survivors, timeout=30)
+        assert {i.world_size for i in infos} == {2}
+        status = control.read_status(control.connect(server.endpoint), run)
+        assert status.round == 2 and sorted(status.members) == ["a", "b"]
+    finally:
+        shutdown_handlers()
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_store_that_never_comes_back_fails_naming_the_endpoint() -> None:
+    server = start_server_process("127.0.0.1", free_port())
+    try:
+        hs = [node(server.endpoint, "gone", n, 2, 2, join_timeout=3) for n in ("a", "b")]
         rendezvous_concurrently(hs)
         server.stop()
-        assert all(h.wait_membership_change(5.0) for h in hs), "store loss went unnoticed"
-        server = start_server_process("127.0.0.1", port)
-        infos = rendezvous_concurrently(hs, timeout=30)
-        assert {i.world_size for i in infos} == {2}
-        status = control.read_status(control.connect(server.endpoint), "restart")
-        assert status.round == 1 and sorted(status.members) == ["a", "b"]
+        assert not hs[0].membership_changed()
+        with pytest.raises(RendezvousConnectionError, match=re.escape(server.endpoint)):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                hs[0].wait_membership_change(0.5)
     finally:
         shutdown_handlers()
         server.stop()

@@ -48,3 +48,29 @@ def test_stop_that_hangs_still_stops_the_api_server_and_says_what_to_do(
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0
     cluster.stop()  # idempotent after a stuck stop
+
+
+def test_a_stuck_stop_leaves_no_task_for_the_garbage_collector_to_destroy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The informers' watches and the API clients end with the loop, not later in the garbage
+    collector, where closing their connections needs the closed loop ("Event loop is closed",
+    the unraisable tracebacks a passing test run used to print)."""
+    import gc
+    import sys
+
+    monkeypatch.setattr(cluster_module, "STOP_TIMEOUT", 1.0)
+    cluster = LocalCluster(tmp_path / "cluster", workdir=tmp_path).start()
+    assert cluster.kubelet is not None
+
+    async def stuck() -> None:
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(cluster.kubelet, "stop", stuck)
+    unraisable: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(f"{u.object!r}: {u.exc_value!r}"))
+    with pytest.raises(TimeoutError):
+        cluster.stop()
+    del cluster
+    gc.collect()
+    assert unraisable == []

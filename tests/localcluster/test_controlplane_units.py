@@ -274,3 +274,23 @@ def test_component_flags_follow_the_release(version: KubeVersion, port: list[str
     assert endpoints_controller_name(version) == endpoints
     assert version_flags("kube-controller-manager", version) == [*port, f"--controllers=*,-{endpoints}"]
     assert version_flags("kube-scheduler", version) == port
+
+
+def test_the_control_plane_lanes_skip_message_says_where_to_get_the_binaries(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "root_conftest", Path(__file__).resolve().parents[2] / "conftest.py"
+    )
+    assert spec is not None and spec.loader is not None
+    root = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root)
+    for variable in root.VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(root, "UNPACK", tmp_path / "no-unpack.sh")
+    path, why = root.find_control_plane_bin()
+    assert path is None
+    for needed in ("dl.k8s.io/release", "etcd-io/etcd/releases", "setup-envtest", "KELASTIC_CONTROL_PLANE"):
+        assert needed in why, why

@@ -82,3 +82,18 @@ def test_mount_table_lists_relocated_kinds_and_keeps_hostpaths(tmp_path: Path) -
     }
     assert relocate("/data/shared/x", table) == "/data/shared/x"
     assert relocate("/data/y", table) == f"{tmp_path / 'c' / 'run'}/y"
+
+
+def test_relocate_argv_keeps_the_resolved_interpreter_and_moves_the_containers_paths() -> None:
+    from kelastic.localcluster.kubelet.images import relocate_argv
+
+    table = {"/tmp": "/data/pod/volumes/tmp"}
+    resolved = ["/tmp/venv/bin/python", "/tmp/x", "--out=/tmp/y"]
+    assert relocate_argv(resolved, "python", table) == [
+        "/tmp/venv/bin/python",
+        "/data/pod/volumes/tmp/x",
+        "--out=/data/pod/volumes/tmp/y",
+    ]
+    # the container's own absolute command is its path, inside the volume
+    assert relocate_argv(["/tmp/run.sh"], "/tmp/run.sh", table) == ["/data/pod/volumes/tmp/run.sh"]
+    assert relocate_argv([], "python", table) == []

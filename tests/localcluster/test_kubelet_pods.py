@@ -602,3 +602,34 @@ def test_a_pod_gets_no_credentials_of_the_kelastic_process(tmp_path: Path) -> No
     )  # empty: no ~/.kube/config fallback
     assert bare["kubernetes"] == [], bare
     assert own["kubeconfig"] == "/etc/own.kubeconfig", own  # what the spec gives is kept
+
+
+def test_a_volume_mounted_above_the_interpreter_does_not_move_it(kubectl: Kubectl) -> None:
+    """The interpreter that plays the image is a host path: an emptyDir mounted above it (the
+    chart's emptyDir at /tmp and a venv under /tmp) must not be taken for its directory, while
+    the container's own paths under the mount still are."""
+    import sys
+
+    top = "/" + Path(sys.executable).parts[1]  # e.g. /tmp for a venv in /tmp, /usr, /root
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "under-a-volume"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "python:3.11",
+                    "command": ["python", "-c", "import sys; print(sys.argv[1])", f"{top}/x"],
+                    "volumeMounts": [{"name": "scratch", "mountPath": top}],
+                }
+            ],
+            "volumes": [{"name": "scratch", "emptyDir": {}}],
+        },
+    }
+    kubectl("apply", "-f", "-", input=json.dumps(pod))
+    wait_for(lambda: _phase(kubectl, "under-a-volume") in ("Succeeded", "Failed"), 30, "the pod to finish")
+    assert _phase(kubectl, "under-a-volume") == "Succeeded", _pod(kubectl, "under-a-volume")["status"]
+    printed = kubectl("logs", "under-a-volume").strip()
+    assert printed.endswith("/volumes/scratch/x") and printed != f"{top}/x"  # the argument moved

@@ -101,3 +101,20 @@ def test_converges_from_nothing_and_restart_adopts_without_duplicates(kit: Simpl
     d = world.step()
     assert not harness.kinds(d, CreatePod) and not harness.kinds(d, DeletePod)
     assert world.creates == created_before
+
+
+def test_phase_conditions_that_are_no_longer_true_stop_saying_what_they_said(kit: SimpleNamespace) -> None:
+    body = kit.job_body()
+    body["status"] = harness.run(body, kit.observed(services=())).status
+    created = harness.cond(harness.run(body, kit.observed(kit.store(PodPhase.PENDING), at=1)), "Created")
+    assert created is not None and created["status"] == "True"
+    old_message = created["message"]
+    body["status"]["phase"] = "Running"
+    body["status"]["scaledTo"] = 3
+    obs = kit.observed(kit.store(), *(kit.worker(i, ready=True) for i in range(3)), at=5)
+    d = harness.run(body, obs)
+    created = harness.cond(d, "Created")
+    running = harness.cond(d, "Running")
+    assert created is not None and running is not None and running["status"] == "True"
+    assert created["status"] == "False" and created["message"] != old_message
+    assert created["message"] == f"the job is Running: {running['message']}"

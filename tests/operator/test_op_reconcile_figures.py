@@ -5,6 +5,7 @@ the status (operator/reconcile/figures.py).
 from __future__ import annotations
 
 import runpy
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,3 +29,19 @@ def test_rendezvous_figures_reach_status(kit: SimpleNamespace) -> None:
         and d2.status["progress"] == "120/500 (24%)"
         and d2.status["restarts"] == 3
     )
+
+
+def test_restarts_count_every_group_restart_whatever_its_cause(kit: SimpleNamespace) -> None:
+    """A scale and a deleted pod restart the group without any agent failure: every rendezvous
+    round after the first counts (the agents' restart counts and recreated pods are a floor)."""
+    body = kit.job_body(status={"phase": "Running", "scaledTo": 3, "restarts": 0})
+    workers = [kit.worker(i) for i in range(3)]
+    first = RendezvousView(world_size=3, restarts=0, members=("a", "b", "c"), round=1)
+    d = harness.run(body, kit.observed(kit.store(), *workers, rendezvous=first))
+    assert d.status["restarts"] == 0  # the group's first start
+    fourth = replace(first, round=5)  # scaled up, down, and a pod deleted twice
+    body["status"] = harness.run(body, kit.observed(kit.store(), *workers, rendezvous=fourth)).status
+    assert body["status"]["restarts"] == 4
+    # a recreated store counts rounds from 1 again: the count never goes back
+    again = harness.run(body, kit.observed(kit.store(), *workers, rendezvous=replace(first, round=2)))
+    assert again.status["restarts"] == 4

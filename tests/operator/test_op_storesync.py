@@ -153,3 +153,87 @@ def test_a_checkpoint_restore_triggers_a_pass_and_a_new_checkpoint_alone_waits(k
     asyncio.run(scenario())
     # the first read; the new checkpoint (read at 0.05 s), paced like progress; the restore: at once
     assert calls == [("trigger", 0.0), ("requeue", pytest.approx(4.95)), ("trigger", 0.0)]
+
+
+def test_a_finished_job_gets_one_last_read_and_a_pass_when_it_changed_the_figures(
+    kit: SimpleNamespace,
+) -> None:
+    """The agents publish their workers' last steps as they end; the job may turn Succeeded
+    before the periodic read sees them: one last read, and a pass that writes them."""
+    running = parse_job(kit.job_body(status={"phase": "Running", "rdzvEndpoint": "127.2.0.9:29400"}))
+    done = parse_job(kit.job_body(status={"phase": "Succeeded", "rdzvEndpoint": "127.2.0.9:29400"}))
+    before = RendezvousView(world_size=3, restarts=0, members=("a", "b", "c"), step=292, total=300, round=1)
+    final = RendezvousView(world_size=3, restarts=0, members=("a", "b", "c"), step=300, total=300, round=1)
+    store = ScriptedStore([before, final])
+    calls: list[tuple[str, float]] = []
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        sync, tasks = _sync(store, calls, [True], clock)
+        sync.observe(KEY, running, [STORE_POD])
+        await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        assert sync.observe(KEY, done, []) == before  # the pass that sees it finished: last figures
+        await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        assert calls[-1] == ("trigger", 0.0)  # the final read changed the progress: a pass now
+        assert sync.observe(KEY, done, []) == final
+        poller = asyncio.get_running_loop().create_task(sync.poll())
+        await clock.run_for(1.0)
+        assert store.reads == 2  # and no periodic reads of a finished job's store
+        poller.cancel()
+        await asyncio.gather(poller, *tasks, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_a_new_round_with_the_same_members_triggers_a_pass(kit: SimpleNamespace) -> None:
+    """A deleted pod comes back under its name: same members, a new round, a restart to count."""
+    job = parse_job(kit.job_body(status={"rdzvEndpoint": "127.2.0.9:29400"}))
+    first = RendezvousView(world_size=2, restarts=0, members=("a", "b"), round=1)
+    store = ScriptedStore([first, RendezvousView(world_size=2, restarts=0, members=("a", "b"), round=2)])
+    calls: list[tuple[str, float]] = []
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        sync, tasks = _sync(store, calls, [True], clock)
+        sync.observe(KEY, job, [STORE_POD])
+        await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        poller = asyncio.get_running_loop().create_task(sync.poll())
+        await clock.run_for(0.2)
+        assert store.reads >= 2
+        poller.cancel()
+        await asyncio.gather(poller, *tasks, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert calls[:2] == [("trigger", 0.0), ("trigger", 0.0)], calls
+
+
+def test_a_succeeded_worker_gets_its_jobs_store_read_at_once(kit: SimpleNamespace) -> None:
+    """The job may finish, and its store go, before the next periodic read: the first
+    succeeded worker makes the sync read at once, and new progress alone triggers a pass."""
+    job = parse_job(kit.job_body(status={"phase": "Running", "rdzvEndpoint": "127.2.0.9:29400"}))
+    before = RendezvousView(world_size=2, restarts=0, members=("a", "b"), step=292, total=300, round=1)
+    final = RendezvousView(world_size=2, restarts=0, members=("a", "b"), step=300, total=300, round=1)
+    store = ScriptedStore([before, final])
+    calls: list[tuple[str, float]] = []
+    done = PodView(
+        name="demo-worker-0", uid="w0", role=contract.ROLE_WORKER, index=0, phase=PodPhase.SUCCEEDED
+    )
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        sync, tasks = _sync(store, calls, [True], clock)
+        sync.observe(KEY, job, [STORE_POD])
+        await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        assert sync.observe(KEY, job, [STORE_POD, done]) == before
+        await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        assert store.reads == 2 and calls[-1] == ("trigger", 0.0)
+        assert sync.observe(KEY, job, [STORE_POD, done]) == final
+        await asyncio.sleep(0)
+        assert store.reads == 2  # once per job
+
+    asyncio.run(scenario())

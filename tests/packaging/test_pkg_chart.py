@@ -251,6 +251,20 @@ def test_notes_name_the_watched_namespaces() -> None:
     assert "kubectl -n team-a apply -f examples/elasticjob.yaml" in notes
 
 
+def test_notes_say_that_other_namespaces_are_not_served_and_how_to_serve_them() -> None:
+    helm.disable_logging()
+    with helm.Chart.load(CHART) as chart:
+        namespaced = chart.render(
+            {"watchNamespaces": ["team-a", "team-b"]}, name=RELEASE, namespace=NAMESPACE
+        )
+        cluster_wide = chart.render({"clusterWide": True}, name=RELEASE, namespace=NAMESPACE)
+    notes = namespaced["kelastic/templates/NOTES.txt"]
+    assert "any other namespace are NOT served" in notes
+    assert f"helm upgrade {RELEASE} <chart> -n {NAMESPACE} --reuse-values" in notes
+    assert "--set 'watchNamespaces={team-a,team-b,NEW}'" in notes and "clusterWide=true" in notes
+    assert "NOT served" not in cluster_wide["kelastic/templates/NOTES.txt"]
+
+
 def test_operator_cli_accepts_the_rendered_arguments() -> None:
     """The Deployment's args are kelastic-operator's flags, with the watched namespaces."""
     from kelastic.operator.cli import build_parser

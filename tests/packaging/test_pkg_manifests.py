@@ -105,3 +105,30 @@ def test_plain_pod_example_runs_train_py_to_completion(kubectl: list[str]) -> No
     logs = run([*kubectl, "logs", "train-single"])
     assert phase == "Succeeded", f"pod train-single is {phase or 'not started'} after 90 s:\n{logs}"
     assert "[train] done: 100 steps" in logs
+
+
+PLAY_MIN_SECONDS = 180.0  # a scale, a pod deletion and their recoveries, typed by hand
+
+
+def _readme_play_commands() -> list[list[str]]:
+    text = (REPO / "README.md").read_text()
+    play = text[text.index("To play with a job while it runs") :]
+    block = play[play.index("export KUBECONFIG") : play.index("```", play.index("export KUBECONFIG"))]
+    return [line.split("#", 1)[0].split() for line in block.splitlines() if line.startswith("kubectl")]
+
+
+def test_readme_play_section_applies_a_job_that_runs_long_enough_to_play_with() -> None:
+    commands = _readme_play_commands()
+    (applied,) = [c[c.index("-f") + 1] for c in commands if c[1] == "apply"]
+    (doc,) = [d for d in yaml.safe_load_all((REPO / applied).read_text()) if d and d["kind"] == "ElasticJob"]
+    body = {**doc, "metadata": {**doc["metadata"], "uid": "0f4c1d8e-0000-4000-8000-000000000002"}}
+    job = parse_job(body)
+    assert job.error is None and job.spec is not None, job.error
+    flags = dict(a.removeprefix("--").split("=", 1) for a in job.spec.command.args if "=" in a)
+    # The least it can take: every step sleeps --step-delay, whatever the machine.
+    assert int(flags["steps"]) * float(flags["step-delay"]) >= PLAY_MIN_SECONDS
+    name = doc["metadata"]["name"]
+    (scaled,) = [c[3] for c in commands if c[1] == "scale"]
+    deleted = [c[3] for c in commands if c[1:3] == ["delete", "pod"]]
+    logged = [c[-1] for c in commands if c[1] == "logs"]
+    assert scaled == name and all(p.startswith(f"{name}-worker-") for p in deleted + logged)

@@ -85,4 +85,5 @@ for step in range(int(state["step"]), args.steps):
     emit("saved", step=step + 1, hash=digest(), seconds=time.monotonic() - saved)
     time.sleep(args.step_time)
 emit("finished", step=int(state["step"]), hash=digest())
+dist.barrier()  # DCP's last broadcast released before the group goes (see examples/train.py)
 dist.destroy_process_group()
