@@ -3,9 +3,10 @@
 from .apiserver.apiserver import ApiServer
 from .apiserver.errors import ApiError
 from .cli.cluster import LocalCluster
+from .common.podlogs import pod_log_dir
 from .controllers.endpoints import EndpointsController
 from .controllers.proxy import ServiceProxy
-from .kubelet.kubelet import DEFAULT_NODE_NAME, Kubelet, KubeletConfig, pod_log_dir
+from .kubelet.kubelet import DEFAULT_NODE_NAME, Kubelet, KubeletConfig
 
 __all__ = [
     "DEFAULT_NODE_NAME",

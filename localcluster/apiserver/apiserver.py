@@ -49,6 +49,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from ..common.podlogs import log_files, pod_log_dir, select_lines
 from . import discovery, kinds, openapi
 from .errors import ApiError, status_object
 from .eviction import evict
@@ -631,12 +632,8 @@ class _App:
             container = containers[0]
         elif container not in containers and container not in inits:
             raise ApiError.bad_request(f"container {container} is not valid for pod {name}")
-        folder = self.data_dir / "pods" / f"{ns}_{name}_{pod['metadata']['uid']}" / container
-        files = (
-            sorted((int(p.stem), p) for p in folder.glob("*.log") if p.stem.isdigit())
-            if folder.is_dir()
-            else []
-        )
+        folder = pod_log_dir(self.data_dir, ns, name, pod["metadata"]["uid"]) / container
+        files = log_files(folder)
         if not files:
             raise ApiError.bad_request(
                 f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating'
@@ -655,11 +652,7 @@ class _App:
         stamps = _flag(q.get("timestamps"))
         data = path.read_bytes()
         offset = len(data)
-        if tail is not None:
-            lines = data.splitlines(keepends=True)
-            data = b"".join(lines[-tail:]) if tail > 0 else b""
-        if limit is not None:
-            data = data[:limit]
+        data = select_lines(data, tail, limit)
         prefix: Callable[[bytes], bytes] = (lambda b: _stamp(b)) if stamps else (lambda b: b)
         if not follow:
             return web.Response(body=prefix(data), content_type="text/plain")

@@ -61,6 +61,7 @@ from typing import Any
 
 from ..common.client import ApiClient, ApiRequestError, Informer
 from ..common.ipam import POD_NETWORK, IpAllocator, IpExhaustedError
+from ..common.podlogs import pod_log_dir
 from .gpus import GPU_RESOURCE, GpuLedger, detect_gpus, device_env, pod_claim
 from .images import ImageMap, mount_table, relocate, relocate_argv
 from .podenv import (
@@ -91,7 +92,7 @@ from .satokens import DEFAULT_EXPIRATION_S, IssuedToken, issued_token, refresh_d
 from .termination import ENV_TERMINATION_MESSAGE_PATH, message_file, read_termination_message
 from .volumes import mount_env, prepare_volumes, token_key
 
-__all__ = ["DEFAULT_NODE_NAME", "Kubelet", "KubeletConfig", "pod_log_dir"]
+__all__ = ["DEFAULT_NODE_NAME", "Kubelet", "KubeletConfig"]
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +112,6 @@ SERVICE_ACCOUNT_KUBECONFIG = "serviceaccount.kubeconfig"
 TOKEN_RETRY_S = 10.0
 #: The node Lease's duration, as a real kubelet sets it.
 LEASE_DURATION_S = 40
-
-
-def pod_log_dir(data_dir: Path, namespace: str, name: str, uid: str) -> Path:
-    """The directory of a pod's container logs: ``<data_dir>/pods/<ns>_<name>_<uid>``."""
-    return data_dir / "pods" / f"{namespace}_{name}_{uid}"
 
 
 @dataclass

@@ -23,26 +23,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-__all__ = ["KubeletServer", "log_files", "select_lines"]
+from ..common.podlogs import log_files, select_lines
+
+__all__ = ["KubeletServer"]
 
 #: ``(namespace, pod, container) → (log directory, container still running?)``, or None if unknown.
 Locate = Callable[[str, str, str], "tuple[Path, Callable[[int], bool]] | None"]
-
-
-def log_files(folder: Path) -> list[tuple[int, Path]]:
-    """The ``<restart>.log`` files of one container, oldest first."""
-    if not folder.is_dir():
-        return []
-    return sorted((int(p.stem), p) for p in folder.glob("*.log") if p.stem.isdigit())
-
-
-def select_lines(data: bytes, tail: int | None, limit: int | None) -> bytes:
-    """Apply ``tailLines`` then ``limitBytes`` to a log's bytes."""
-    if tail is not None:
-        data = b"".join(data.splitlines(keepends=True)[-tail:]) if tail > 0 else b""
-    if limit is not None:
-        data = data[:limit]
-    return data
 
 
 def _stamped(data: bytes) -> bytes:

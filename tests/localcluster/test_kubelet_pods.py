@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kelastic.localcluster.cli.cluster import LocalCluster
-from kelastic.localcluster.kubelet.kubelet import pod_log_dir
+from kelastic.localcluster.common.podlogs import pod_log_dir
 from kelastic.localcluster.testing import Kubectl, cluster_fixture, kubectl_fixture, process_alive, wait_for  # noqa: F401
 
 
