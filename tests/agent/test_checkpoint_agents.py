@@ -26,7 +26,7 @@ from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
 harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
 SCRIPT = Path(__file__).parent / "scripts" / "ckpt_worker.py"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
 
 @pytest.fixture
