@@ -205,8 +205,12 @@ def test_a_store_that_never_comes_back_fails_the_job_naming_it(cluster: Any, sto
     store.kill()
     codes = cluster.wait_all(90, agents)
     assert all(code != 0 for code in codes), codes
+    # Each agent fails naming the store, whichever wait noticed first: an agent in its running
+    # group says the store is unreachable; one whose workers failed meanwhile (a peer exited
+    # first) re-joins and could not reach it within join_timeout.
     for agent in agents:
-        assert store.endpoint in agent.output() and "unreachable" in agent.output(), agent.output()[-3000:]
+        out = agent.output()
+        assert store.endpoint in out and re.search(r"unreachable|could not reach", out), out[-3000:]
 
 
 def test_node_progress_reaches_the_rendezvous_store(cluster: Any, store: ServerProcess) -> None:
