@@ -38,19 +38,22 @@ at its first step after calibration. Faults fall every ``--fault-every`` seconds
   a replacement started.
 
 Victims alternate over nodes 1..N-1: torchrun's store lives in node 0's agent, and losing
-it ends a torchrun job outright. Every wait has a deadline; a job that stops stepping for
-``--stall-cap`` seconds, or whose agents all exit, is reported as failed after the fault
-that preceded it, and its remaining window counts no steps (its state is its last checkpoint).
+it ends a torchrun job outright. Every wait has a deadline. A job whose restarted group
+has not stepped by the next fault's time (or ``--stall-cap`` seconds after the fault),
+whose agents all exited, or (torchrun) whose store host exited, is reported as failed
+after the fault before it; its remaining window counts no steps and its state is its
+last checkpoint.
 
 Per configuration it prints the chosen K and why; the save stall per checkpoint (median of
 the window's saves); the restore time (median, from each fault to the first step of the
-group that restarted after it); steps lost per fault (steps redone after every restart
-in the window, down and up, per fault); lost seconds per fault (window - steps kept x
-fault-free step time - save stalls, per fault); and goodput = steps kept in the final
-lineage per second of window / fault-free steps per second. The fault-free rate is
-measured by the same job without checkpoints and without faults, on kelastic-agent, over
-``--baseline-window`` seconds. Then the issue's targets beside the figures, and whether
-each is met. Times are printed, never asserted.
+group that restarted after it); steps lost per fault (steps redone after every restart in
+the window, down and up, and for a failed job the steps past its last checkpoint, per
+fault); lost seconds per fault (window - steps kept x fault-free step time - save stalls,
+per fault); and goodput = steps kept in the final lineage per second of window /
+fault-free steps per second. The fault-free rate is measured by the same job without
+checkpoints and without faults, on kelastic-agent, over ``--baseline-window`` seconds.
+Then the issue's targets beside the figures, and whether each is met. Times are printed,
+never asserted.
 
     python bench/bench_goodput.py [--step-time 1.0] [--window 600] [--fault-every 120]
     python bench/bench_goodput.py --window 60 --fault-every 20 --state-mib 64   # smoke, minutes
@@ -177,6 +180,7 @@ def analyse(
     if fig.failed is not None:
         # a failed job keeps what its last checkpoint holds
         last_saved = max((e["step"] for e in saves), default=0)
+        fig.redone += max((s for _, s in steps), default=0) - last_saved  # never to be redone
         steps = [(t, s) for t, s in steps if s <= last_saved]
     line = lineage(steps)
     fig.window = w1 - w0
@@ -369,6 +373,9 @@ def calibrate(
     dst.clear()  # give the memory back before the saves
     saves = []
     for _ in range(max(2, a.calibrate)):
+        # one step apart, as the tightest interval would have them: a memory save waits for
+        # the previous one's replica, which back-to-back saves would charge to every save
+        time.sleep(a.step_time)
         dist.barrier()
         saves += timed(lambda: save(0), 1)
     cost = statistics.median(saves[1:])  # the first save allocates

@@ -55,3 +55,31 @@ def test_a_job_that_restarted_from_nothing_keeps_only_its_new_lineage() -> None:
     steps = [(1.0, 1), (2.0, 2), (3.0, 1), (4.0, 2), (5.0, 3)]
     assert bench.lineage(steps) == [(3.0, 1), (4.0, 2), (5.0, 3)]
     assert bench.lineage([]) == []
+
+
+def test_a_fault_costs_the_steps_redone_since_the_checkpoint_and_the_restart() -> None:
+    # steps 1..10 one a second, a save at step 5, a crash at 10.5; the restarted group
+    # (began 11.0) restores step 5 at 12.0 and redoes 6..10, reaching 15 at 22.0
+    events = [{"e": "step", "t": float(s), "step": s, "began": 0.0} for s in range(1, 11)]
+    events.append({"e": "saved", "t": 5.1, "step": 5, "seconds": 0.1})
+    events.append({"e": "restored", "t": 12.0, "step": 5, "source": "memory", "check": True})
+    events += [{"e": "step", "t": 7.0 + s, "step": s, "began": 11.0} for s in range(6, 16)]
+    fig = bench.Figures("x", faults=[bench.Fault("crash", "node1", 10.5)])
+    bench.analyse(fig, events, 0.5, 22.5, 1.0)
+    assert fig.kept == 15
+    assert fig.redone == 5
+    assert fig.restores == [2.5]
+    assert fig.stalls == [0.1]
+    assert fig.goodput is not None and math.isclose(fig.goodput, 15 / 22)
+    assert fig.lost_per_fault is not None and math.isclose(fig.lost_per_fault, 22 - 15 - 0.1)
+    assert fig.checks == (1, 1) and fig.sources == {"memory": 1}
+
+
+def test_a_failed_job_keeps_only_its_last_checkpoint() -> None:
+    events = [{"e": "step", "t": float(s), "step": s, "began": 0.0} for s in range(1, 11)]
+    events.append({"e": "saved", "t": 4.1, "step": 4, "seconds": 0.1})
+    fig = bench.Figures("x", faults=[bench.Fault("crash", "node1", 10.5)], failed="job failed after fault 1")
+    bench.analyse(fig, events, 0.5, 20.5, 1.0)
+    assert fig.kept == 4
+    assert fig.redone == 6  # steps 5..10 are lost for good
+    assert fig.restores == [None]
