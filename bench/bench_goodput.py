@@ -147,6 +147,8 @@ class Fault:
     node: str
     time: float
     note: str = ""
+    #: the restores that followed it, before the next fault: what each took and redid
+    restarts: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -197,7 +199,14 @@ def analyse(
         if e["e"] == "step":
             done_before = max(done_before, e["step"])
         elif e["e"] == "restored" and e["t"] >= w0:
-            fig.redone += max(0, done_before - e["step"])
+            redone = max(0, done_before - e["step"])
+            fig.redone += redone
+            cause = next((f for f in reversed(fig.faults) if f.time <= e["t"]), None)
+            if cause is not None:
+                cause.restarts.append(
+                    f"+{e['t'] - cause.time:.1f} s: step {e['step']} from {e['source']} in "
+                    f"{e['seconds']:.2f} s at world {e['world']}, {redone} redone"
+                )
             fig.sources[e["source"]] = fig.sources.get(e["source"], 0) + 1
             ok, n = fig.checks
             fig.checks = (ok + bool(e["check"]), n + 1)
@@ -717,6 +726,8 @@ def report(figs: list[Figures], a: argparse.Namespace, step_time: float, rate: f
             r = f.restores[i] if i < len(f.restores) else None
             print(f"    fault {i + 1}: {fault.kind} {fault.node}; first step after it {_s(r)}"
                   + (f"; {fault.note}" if fault.note else ""))  # fmt: skip
+            for line in fault.restarts:
+                print(f"      restored {line}")
         if f.sources:
             print(f"    restored from: {', '.join(f'{k} x{v}' for k, v in sorted(f.sources.items()))}")
     print()

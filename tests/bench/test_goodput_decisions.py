@@ -62,7 +62,9 @@ def test_a_fault_costs_the_steps_redone_since_the_checkpoint_and_the_restart() -
     # (began 11.0) restores step 5 at 12.0 and redoes 6..10, reaching 15 at 22.0
     events = [{"e": "step", "t": float(s), "step": s, "began": 0.0} for s in range(1, 11)]
     events.append({"e": "saved", "t": 5.1, "step": 5, "seconds": 0.1})
-    events.append({"e": "restored", "t": 12.0, "step": 5, "source": "memory", "check": True})
+    events.append(
+        {"e": "restored", "t": 12.0, "step": 5, "source": "memory", "check": True, "seconds": 0.4, "world": 3}
+    )
     events += [{"e": "step", "t": 7.0 + s, "step": s, "began": 11.0} for s in range(6, 16)]
     fig = bench.Figures("x", faults=[bench.Fault("crash", "node1", 10.5)])
     bench.analyse(fig, events, 0.5, 22.5, 1.0)
@@ -73,6 +75,7 @@ def test_a_fault_costs_the_steps_redone_since_the_checkpoint_and_the_restart() -
     assert fig.goodput is not None and math.isclose(fig.goodput, 15 / 22)
     assert fig.lost_per_fault is not None and math.isclose(fig.lost_per_fault, 22 - 15 - 0.1)
     assert fig.checks == (1, 1) and fig.sources == {"memory": 1}
+    assert fig.faults[0].restarts == ["+1.5 s: step 5 from memory in 0.40 s at world 3, 5 redone"]
 
 
 def test_a_failed_job_keeps_only_its_last_checkpoint() -> None:
