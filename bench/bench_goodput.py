@@ -231,7 +231,6 @@ def worker(a: argparse.Namespace) -> None:
     began = time.time()
     node = os.environ.get("BENCH_NODE", "?")
     out: Path = a.out
-    (out / f"pid_{node}").write_text(str(os.getpid()))
     dist.init_process_group("gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     rank, world = dist.get_rank(), dist.get_world_size()
 
@@ -368,7 +367,7 @@ def calibrate(
     # plain copies into preallocated (and once touched) memory: this rank's share of the
     # tensors, as DCP spreads replicated tensors over the ranks, and the whole state
     share = names[rank::world]
-    dst = {k: torch.zeros_like(tensors[k]) for k in names}
+    dst = {k: torch.empty_like(tensors[k]).fill_(1.0) for k in names}  # every page touched
 
     def copy(keys: list[str]) -> Callable[[], None]:
         def run() -> None:
@@ -377,8 +376,8 @@ def calibrate(
 
         return run
 
-    copy_share = statistics.median(timed(copy(share), 3))
-    copy_full = statistics.median(timed(copy(names), 3))
+    copy_share = statistics.median(timed(copy(share), 5))
+    copy_full = statistics.median(timed(copy(names), 5))
     dst.clear()  # give the memory back before the saves
     saves = []
     for _ in range(max(2, a.calibrate)):
@@ -495,7 +494,13 @@ class Job:
     def start(self, name: str) -> Node:
         self.incarnations += 1
         shm = self.shm_root / f"{name}.{self.incarnations}" if self.cfg.mode == "memory" else None
-        env = {**os.environ, "BENCH_NODE": name, "KELASTIC_NODE_NAME": name, "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "BENCH_JOB": str(self.dir),  # every process of the node inherits the tags (see kill)
+            "BENCH_NODE": name,
+            "KELASTIC_NODE_NAME": name,
+            "PYTHONUNBUFFERED": "1",
+        }
         env.pop("OMP_NUM_THREADS", None)
         with (self.dir / f"{name}.log").open("ab") as f:
             proc = subprocess.Popen(
@@ -514,13 +519,14 @@ class Job:
                 _wait_listening(self.endpoint, deadline)  # node 0 hosts torchrun's store
 
     def kill(self, node: Node) -> None:
-        """SIGKILL the agent's process group and its worker (wherever the launcher put it)."""
-        _signal_group(node.proc.pid, signal.SIGKILL)
-        pid_file = self.out / f"pid_{node.name}"
-        if pid_file.exists():
+        """SIGKILL the node's agent and every process under it (workers run in sessions of
+        their own): those that carry this job's and this node's tags in their environment."""
+        if node.proc.poll() is None:
+            node.proc.kill()
+        for pid in _tagged(str(self.dir), node.name):
             try:
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
                 pass
         try:
             node.proc.wait(timeout=10)
@@ -681,11 +687,20 @@ def baseline_rate(a: argparse.Namespace, step_time: float, root: Path) -> float 
         job.close()
 
 
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
+def _tagged(job: str, node: str) -> list[int]:
+    """Processes (other than this one) whose environment names this job's folder and node."""
+    want = {f"BENCH_JOB={job}".encode(), f"BENCH_NODE={node}".encode()}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            env = set((entry / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue  # gone, or not ours to read
+        if want <= env:
+            found.append(int(entry.name))
+    return found
 
 
 # --- report --------------------------------------------------------------------------------------
