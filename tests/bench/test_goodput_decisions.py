@@ -1,0 +1,88 @@
+"""The decisions bench/bench_goodput.py prints figures from: the checkpoint interval each
+configuration takes and which step completions count as kept."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_goodput", Path(__file__).parents[2] / "bench" / "bench_goodput.py"
+)
+assert _spec is not None and _spec.loader is not None
+bench = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = bench  # dataclasses look their module up
+_spec.loader.exec_module(bench)
+
+
+def test_a_costly_save_takes_the_young_daly_interval_in_whole_steps() -> None:
+    # 2 s saves, a fault every 120 s: sqrt(2*2*120) = 21.9 s, 21 or 22 one-second steps
+    interval = bench.choose_interval(2.0, 1.0, 120.0)
+    assert interval.steps in (21, 22)
+    assert "every 2" in interval.reason
+    other = 43 - interval.steps
+    assert bench.waste(2.0, interval.steps, 120.0) <= bench.waste(2.0, other, 120.0)
+
+
+def test_a_save_cheaper_than_the_optimum_of_one_step_saves_every_step() -> None:
+    interval = bench.choose_interval(0.001, 1.0, 120.0)  # sqrt(0.24) = 0.49 s < one step
+    assert interval.steps == 1
+    assert "every step" in interval.reason
+
+
+def test_the_interval_never_beats_every_step_when_every_step_wastes_less() -> None:
+    for save in (0.0, 0.01, 0.1, 0.5, 1.0, 5.0):
+        for step in (0.1, 1.0):
+            k = bench.choose_interval(save, step, 120.0).steps
+            assert k >= 1
+            assert bench.waste(save, k * step, 120.0) <= bench.waste(save, step, 120.0) + 1e-12
+            best = min(range(1, 2000), key=lambda n: bench.waste(save, n * step, 120.0))
+            assert math.isclose(
+                bench.waste(save, k * step, 120.0), bench.waste(save, best * step, 120.0), rel_tol=1e-9
+            )
+
+
+def test_steps_redone_after_a_restore_supersede_the_lost_ones() -> None:
+    # steps 1..5, a fault, restore from step 3, steps 4..7 redone and continued
+    steps = [(1.0, 1), (2.0, 2), (3.0, 3), (4.0, 4), (5.0, 5), (8.0, 4), (9.0, 5), (10.0, 6), (11.0, 7)]
+    kept = bench.lineage(steps)
+    assert kept == [(1.0, 1), (2.0, 2), (3.0, 3), (8.0, 4), (9.0, 5), (10.0, 6), (11.0, 7)]
+
+
+def test_a_job_that_restarted_from_nothing_keeps_only_its_new_lineage() -> None:
+    steps = [(1.0, 1), (2.0, 2), (3.0, 1), (4.0, 2), (5.0, 3)]
+    assert bench.lineage(steps) == [(3.0, 1), (4.0, 2), (5.0, 3)]
+    assert bench.lineage([]) == []
+
+
+def test_a_fault_costs_the_steps_redone_since_the_checkpoint_and_the_restart() -> None:
+    # steps 1..10 one a second, a save at step 5, a crash at 10.5; the restarted group
+    # (began 11.0) restores step 5 at 12.0 and redoes 6..10, reaching 15 at 22.0
+    events = [{"e": "step", "t": float(s), "step": s, "began": 0.0} for s in range(1, 11)]
+    events.append({"e": "saved", "t": 5.1, "step": 5, "seconds": 0.1})
+    events.append(
+        {"e": "restored", "t": 12.0, "step": 5, "source": "memory", "check": True, "seconds": 0.4, "world": 3}
+    )
+    events += [{"e": "step", "t": 7.0 + s, "step": s, "began": 11.0} for s in range(6, 16)]
+    fig = bench.Figures("x", faults=[bench.Fault("crash", "node1", 10.5)])
+    bench.analyse(fig, events, 0.5, 22.5, 1.0)
+    assert fig.kept == 15
+    assert fig.redone == 5
+    assert fig.restores == [2.5]
+    assert fig.stalls == [0.1]
+    assert fig.goodput is not None and math.isclose(fig.goodput, 15 / 22)
+    assert fig.lost_per_fault is not None and math.isclose(fig.lost_per_fault, 22 - 15 - 0.1)
+    assert fig.checks == (1, 1) and fig.sources == {"memory": 1}
+    assert fig.faults[0].restarts == ["+1.5 s: step 5 from memory in 0.40 s at world 3, 5 redone"]
+
+
+def test_a_failed_job_keeps_only_its_last_checkpoint() -> None:
+    events = [{"e": "step", "t": float(s), "step": s, "began": 0.0} for s in range(1, 11)]
+    events.append({"e": "saved", "t": 4.1, "step": 4, "seconds": 0.1})
+    fig = bench.Figures("x", faults=[bench.Fault("crash", "node1", 10.5)], failed="job failed after fault 1")
+    bench.analyse(fig, events, 0.5, 20.5, 1.0)
+    assert fig.kept == 4
+    assert fig.redone == 6  # steps 5..10 are lost for good
+    assert fig.restores == [None]
