@@ -158,7 +158,6 @@ import atexit
 import datetime
 import json
 import logging
-import math
 import socket
 import threading
 import time
@@ -178,10 +177,10 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
+from . import closewait
 from .liveness import HeartbeatTracker, PeerLink
 from .protocol import (
     JOB_CLOSED_EVENT,
-    CloseAction,
     ControllerBounds,
     Fate,
     RoundClose,
@@ -191,7 +190,6 @@ from .protocol import (
     claim_fate,
     close_event,
     connect_store,
-    decide_close,
     first_line,
     get_or_none,
     listed_all_joined,
@@ -218,13 +216,8 @@ BACKEND = "kelastic"
 
 #: How long the watcher blocks on one event key before re-arming (no meaning beyond that).
 _EVENT_WAIT = datetime.timedelta(hours=1)
-#: Slots of an open round whose nodes evaluate the close rule on every event, run its
-#: timers and sweep the previous round's heartbeats (the *deciders*).
-_DECIDERS = 3
 #: Readings of an unmoved heartbeat (besides its age) before its node counts as dead.
 _MIN_READINGS = 3
-#: Other waiters evaluate the close rule this often, in case every decider died.
-_FALLBACK_EVALUATION = 5.0
 #: Bound on waiting for a key a peer writes right after taking its slot.
 _PEER_KEY_WAIT = 10.0
 #: Background threads retry a lost store with this connect timeout and a capped backoff.
@@ -744,10 +737,12 @@ class KelasticRendezvousHandler(RendezvousHandler):
     ) -> RoundClose:
         """Block until round r is closed (closing it if this node sees the condition); how it closed.
 
+        ``closewait.step`` decides every move; this applies its actions (the reads,
+        the close, the ``min`` event, the wait for an event) and feeds it the answers.
         Every joiner evaluates the close rule once, right after its join. Afterwards
-        only the deciders (slots below ``_DECIDERS``) evaluate it on each event and
-        run its timers; the others evaluate only every ``_FALLBACK_EVALUATION`` s, in
-        case every decider died (without the O(N) listed check: their timers close
+        only the deciders (slots below ``closewait.DECIDERS``) evaluate it on each
+        event and run its timers; the others evaluate only every
+        ``closewait.FALLBACK_EVALUATION`` s, in case every decider died (without the O(N) listed check: their timers close
         the round then), and otherwise read nothing: the round's close event
         carries its size and worker store, which the watcher hands over. So an event
         costs O(1) per node and the round O(N) in all.
@@ -758,71 +753,51 @@ class KelasticRendezvousHandler(RendezvousHandler):
         read then, for the first evaluation.
         """
         k, s = self._keys, self._s
-        decider = slot < _DECIDERS
-        timer: TimerKind | None = None
-        timer_deadline = math.inf
-        next_full = time.monotonic()  # the first evaluation is right after joining
-        first = True
-        synced_epoch = epoch
+        state = closewait.start(r, slot, deadline, epoch, {kind: s.timer(kind) for kind in TimerKind})
+        # The answer to the action just applied (at most one is set).
+        stored: RoundClose | None = None
+        opened: int | None = None
+        observed: RoundView | None = None
         while True:
+            # The generation first: an event after it wakes the wait this pass ends in.
             generation = self._generation
             epoch = self._watched_epoch()
-            now = time.monotonic()
-            full = decider or timer is not None or now >= next_full
             with self._wake:
-                close = self._closes.get(r)
-            # The store is read when the close event may have been missed (the watcher
-            # was or is disconnected) and on each evaluation but a joiner's first.
-            if close is None and ((full and not first) or epoch is None or epoch != synced_epoch):
-                synced_epoch = epoch
-                close = read_close(store, k, r)
-                if close is None and full and not first and read_counter(store, k.open) >= r:
-                    # ``open`` passed r with r not closed: the store restarted, and the
-                    # members of an earlier group re-established their round r' >= r.
-                    # This node joined r afresh before they came back: it goes on to r'+1.
-                    close = read_close(store, k, r) or RoundClose(0, "", "")
-            if close is not None:
-                return close
-            if self._job_closed.is_set():
+                event_close = self._closes.get(r)
+            view = closewait.WaitView(
+                generation, epoch, event_close, self._job_closed.is_set(), stored, opened, observed
+            )
+            state, action = closewait.step(state, view, time.monotonic())
+            stored, opened, observed = None, None, None
+            if isinstance(action, closewait.ReadClose):
+                stored = read_close(store, k, r)
+            elif isinstance(action, closewait.ReadOpen):
+                opened = read_counter(store, k.open)
+            elif isinstance(action, closewait.Observe):
+                # The first evaluation reuses the bounds read right before joining.
+                first_bounds = bounds if action.own_count is not None else _UNREAD
+                observed = self._observe(store, r, first_bounds, action.own_count, action.deep)
+            elif isinstance(action, closewait.Close):
+                self._try_close(store, r, action.size)
+            elif isinstance(action, closewait.AnnounceMin):
+                push_event(store, k, f"min {r}")  # min reached: the deciders start their timers
+            elif isinstance(action, closewait.Wait):
+                # Woken by the event watcher, which has already read the close event's value.
+                # Not blocked in ``store.wait`` on the size key: every expired wait raises
+                # through torch (with a C++ backtrace), and the close would wake each node
+                # twice (store and event).
+                self._wait_event(action.generation, action.until - time.monotonic())
+            elif isinstance(action, closewait.Return):
+                return action.close
+            elif action.reason is closewait.FailReason.JOB_CLOSED:
                 raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
-            if full:
-                next_full = now + _FALLBACK_EVALUATION
-                if first:
-                    view = self._observe(store, r, bounds, own_count=slot + 1)
-                else:
-                    view = self._observe(store, r, deep=decider)
-                decision = decide_close(view)
-                now = time.monotonic()
-                if decision.action is CloseAction.CLOSE:
-                    self._try_close(store, r, decision.size)
-                    synced_epoch, first = None, False  # read the outcome (this node's close or another's)
-                    continue
-                if first and slot + 1 == view.min_nodes:
-                    push_event(store, k, f"min {r}")  # min reached: the deciders start their timers
-                first = False
-                if decision.action is CloseAction.TIMER:
-                    assert decision.timer is not None
-                    if timer is not decision.timer:
-                        timer, timer_deadline = decision.timer, now + s.timer(decision.timer)
-                    if now >= timer_deadline:
-                        self._try_close(store, r, min(view.joined, view.max_nodes))
-                        synced_epoch = None
-                        continue
-                else:
-                    timer, timer_deadline = None, math.inf
-            if now >= deadline:
+            else:
                 joined = read_counter(store, k.joined(r))
                 raise RendezvousTimeoutError(
                     f"rendezvous {s.run_id} at {s.endpoint}: round {r} did not close within "
                     f"join_timeout={s.join_timeout:g}s ({joined} joined, min {s.min_nodes}, max "
                     f"{s.max_nodes} unless the controller set other bounds)"
                 )
-            # Woken by the event watcher, which has already read the close event's value.
-            # Not blocked in ``store.wait`` on the size key: every expired wait raises
-            # through torch (with a C++ backtrace), and the close would wake each node
-            # twice (store and event).
-            wake = min(deadline, timer_deadline) if decider else min(deadline, timer_deadline, next_full)
-            self._wait_event(generation, wake - now)
 
     def _try_close(self, store: dist.TCPStore, r: int, size: int) -> bool:
         """Close round r with ``size`` members if nobody did yet; the winner does the bookkeeping.
@@ -1310,7 +1285,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         targets: list[tuple[int, str]] = []
         if member is not None and member.successor is not None:
             targets.append((member.round, member.successor))
-        if joining is not None and joining.slot < _DECIDERS and joining.round > 1:
+        if joining is not None and joining.slot < closewait.DECIDERS and joining.round > 1:
             previous = joining.round - 1
             if previous not in members_cache:
                 raw = read_optional(store, k.members(previous))
