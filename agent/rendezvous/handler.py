@@ -2,11 +2,15 @@
 
 Agents meet in a ``torch.distributed.TCPStore`` served by ``kelastic-rendezvous``
 (a process that is not a worker). The key layout is in ``protocol``; this module
-is the algorithm, in parts: a joiner's wait for its round to close is decided by
-the pure state machine ``closewait`` (this module applies its actions, with the
-store reads and writes of ``rounds``), the event watcher is ``watcher``, the
-heartbeat and peer watch ``keepalive``; the handler keeps the join, the
-connection, the worker store and the questions about this node's round.
+describes the algorithm and holds the handler, which composes its parts:
+
+- ``join``: take a slot, wait for the round to close (decided by the pure state
+  machine ``closewait``, applied with the store reads and writes of ``rounds``),
+  become a member; it hosts the worker store in slot 0;
+- ``watcher``: the event watcher; ``keepalive``: the heartbeat and peer sweep;
+- ``connection``: the store connection, restarts, and the threads on it;
+- the handler itself: torch's ``RendezvousHandler`` API, the answers about this
+  node's round (``membership_changed``, ``wait_member_lost``), leaving and closing.
 
 Rounds
 ------
@@ -159,14 +163,12 @@ itself (``kelastic.agent.progress_publisher``), over a connection of its own.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import (
@@ -175,46 +177,28 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousHandler,
     RendezvousInfo,
     RendezvousParameters,
-    RendezvousStoreInfo,
-    RendezvousTimeoutError,
     rendezvous_handler_registry,
 )
 
-from . import closewait
+from .connection import StoreConnection
+from .join import Joiner, LinkTarget, RendezvousTimings
 from .keepalive import KeepAlive
 from .liveness import PeerLink
 from .protocol import (
     JOB_CLOSED_EVENT,
-    RECONNECT_TIMEOUT,
-    ControllerBounds,
     Fate,
-    RoundClose,
-    RoundView,
     RunKeys,
-    TimerKind,
     claim_fate,
-    connect_store,
     first_line,
     get_or_none,
     new_token,
     open_round,
     push_event,
     read_bounds,
-    read_close,
     read_counter,
-    read_membership,
     restore_round,
 )
-from .rounds import (
-    UNREAD,
-    Joining,
-    Member,
-    account_previous_round,
-    observe_round,
-    read_records,
-    try_close,
-)
-from .server import ServedStore, serve_store
+from .rounds import Joining, Member
 from .settings import RendezvousSettings, settings_from_params
 from .watcher import EventWatcher
 
@@ -225,30 +209,14 @@ log = logging.getLogger(__name__)
 BACKEND = "kelastic"
 
 
-@dataclass
-class RendezvousTimings:
-    """Wall-clock instants (``time.time()``) of one ``next_rendezvous`` call, for benchmarks.
-
-    ``joined``: this node holds a slot and wrote its record; ``closed``: it learned
-    the size of the round it is a member of; ``worker_store``: it knows (rank 0:
-    published) the worker store; ``returned``: the call returned. None until reached.
-    Wall clock so that nodes in different processes of one machine can be compared.
-    """
-
-    started: float
-    joined: float | None = None
-    closed: float | None = None
-    worker_store: float | None = None
-    returned: float | None = None
-
-
 class KelasticRendezvousHandler(RendezvousHandler):
     """Rendezvous handler of the ``kelastic`` backend (see the module docstring).
 
     ``next_rendezvous``, ``membership_changed``, ``wait_membership_change`` and
     ``num_nodes_waiting`` are meant for the agent's main thread; the others may be
     called from any thread. Background threads (event watcher, keep-alive) start
-    at the first store connection and stop in ``shutdown``.
+    at the first store connection and stop in ``shutdown``. Its parts
+    (``Joiner``, ``EventWatcher``, ``KeepAlive``, ``StoreConnection``) share its lock.
     """
 
     def __init__(self, settings: RendezvousSettings) -> None:
@@ -256,20 +224,10 @@ class KelasticRendezvousHandler(RendezvousHandler):
         self._keys = RunKeys(settings.run_id)
         self._token = new_token()
         self._lock = threading.RLock()
-        self._store: dist.TCPStore | None = None
-        self._incarnation: str | None = None
         self._member: Member | None = None
         # The latest round this node was a member of, kept while it re-joins: a restarted
         # store gets it back from this node too, so that its fate there can be claimed.
         self._last_member: Member | None = None
-        # Names of rounds this node closed (it read them then), for ``Member.names``.
-        self._closed_names: dict[int, tuple[str, ...]] = {}
-        self._joining: Joining | None = None
-        self._worker_store: ServedStore | None = None
-        # Set while this node's round is not established in the connected store: the
-        # connection is lost, or the store restarted and the round is not restored yet.
-        self._lost = threading.Event()
-        self._lost_since: float | None = None  # monotonic; when the store was lost
         # Known while the store was unreachable: a member of this node's round is gone
         # (the peer link closed), or the restarted store holds another round of its number.
         self._detached_change = False
@@ -277,15 +235,28 @@ class KelasticRendezvousHandler(RendezvousHandler):
         # The event watcher (what the events told; waiters block on it) and the keep-alive.
         self._events = EventWatcher(self._keys, settings.host, settings.port, self._stop)
         self._keep = KeepAlive(settings, self._keys, self._lock, self._rounds, self._stop)
-        # The watcher epoch in which the store said the job is not closed: while the
-        # watcher stays connected, its closed-job event tells the rest.
-        self._closed_checked: int | None = None
-        self._link_target: tuple[int, str, str, int] | None = None
+        self._joiner = Joiner(
+            settings,
+            self._keys,
+            self._token,
+            self._lock,
+            self._events,
+            lambda: self._link,
+            self._local_addr,
+            self._became,
+        )
+        self._conn = StoreConnection(
+            settings,
+            self._keys,
+            self._lock,
+            self._events,
+            self._keep,
+            self._restore,
+            self._start_threads,
+            self._drop_connection,
+        )
+        self._link_target: LinkTarget | None = None
         self._changed_cache: tuple[int, bool] | None = None
-        self._threads: list[threading.Thread] = []
-        # Bumped when the background threads are replaced (``_renew_connections``): a thread
-        # of an older generation, still blocked on a stale connection, exits when it wakes.
-        self._thread_gen = 0
         self._link: PeerLink | None = None
         self._timings: RendezvousTimings | None = None
 
@@ -332,13 +303,13 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._member = None
             self._detached_change = False
             self._changed_cache = None
-            self._close_worker_store()
+            self._joiner.close_worker_store()
         self._watch_link(None)
         self._renew_if_cut_off(deadline)
         while True:
             try:
-                store = self._connected(deadline)
-                return self._join(store, deadline)
+                store = self._conn.get(deadline)
+                return self._joiner.join(store, deadline, self._timings)
             except dist.DistNetworkError as exc:
                 log.warning(
                     "kelastic rendezvous: lost the store at %s (%s); reconnecting",
@@ -353,13 +324,13 @@ class KelasticRendezvousHandler(RendezvousHandler):
                     ) from exc
 
     def is_closed(self) -> bool:
-        store = self._connected(time.monotonic() + min(self._s.join_timeout, 30.0))
+        store = self._conn.get(time.monotonic() + min(self._s.join_timeout, 30.0))
         with self._lock:
             return bool(store.check([self._keys.closed]))
 
     def set_closed(self) -> None:
         """Mark the job finished: every later or pending join raises RendezvousClosedError."""
-        store = self._connected(time.monotonic() + min(self._s.join_timeout, 30.0))
+        store = self._conn.get(time.monotonic() + min(self._s.join_timeout, 30.0))
         with self._lock:
             store.set(self._keys.closed, "1")
             push_event(store, self._keys, JOB_CLOSED_EVENT)
@@ -369,7 +340,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         if not self.membership_changed():
             return 0
         with self._lock:
-            member, store = self._member, self._store
+            member, store = self._member, self._conn.store
             if member is None or store is None:
                 return 1
             try:
@@ -385,7 +356,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         """
         ok = True
         with self._lock:
-            member, store = self._member, self._store
+            member, store = self._member, self._conn.store
             if member is not None and store is not None:
                 try:
                     if not store.check([self._keys.closed]):
@@ -396,7 +367,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
                     log.warning("kelastic rendezvous: could not announce leaving: %s", first_line(exc))
                     ok = False
             self._member = None
-            self._close_worker_store()
+            self._joiner.close_worker_store()
         self._stop.set()
         self._events.bump()
         ok = self._stop_threads() and ok
@@ -404,25 +375,13 @@ class KelasticRendezvousHandler(RendezvousHandler):
         return ok
 
     def _stop_threads(self) -> bool:
-        """Stop the background threads; the watcher blocks in the store, so wake it with an event."""
+        """Stop the background threads and the peer link; False if the store could not be told."""
         self._stop.set()
         self._keep.poke.set()
         self._events.retry_now.set()
         if self._link is not None:
             self._link.close()
-        watcher = next((t for t in self._threads if t.name.startswith("kelastic-rdzv-events")), None)
-        ok = True
-        if watcher is not None and watcher.is_alive():
-            with self._lock:
-                store = self._store
-                if store is not None:
-                    try:
-                        push_event(store, self._keys, f"bye {self._s.node_name}")
-                    except dist.DistError:
-                        ok = False
-        for thread in self._threads:
-            thread.join(timeout=5.0)
-        return ok
+        return self._conn.stop_threads()
 
     # -- kelastic extensions -----------------------------------------------
 
@@ -440,7 +399,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
     def _changed_detached(self) -> bool:
         """membership_changed() while this node's round is not established in a store."""
         with self._lock:
-            since, changed = self._lost_since, self._detached_change
+            since, changed = self._conn.lost_since, self._detached_change
         if changed:
             return True
         if since is not None and time.monotonic() - since > self._s.join_timeout:
@@ -461,10 +420,10 @@ class KelasticRendezvousHandler(RendezvousHandler):
         Not a member: False. This node's round not established in the store (the
         connection lost, now or while asking, or not restored yet): ``detached()``.
         """
-        if self._lost.is_set():
+        if self._conn.lost.is_set():
             return detached() if self._member is not None else False
         with self._lock:
-            member, store = self._member, self._store
+            member, store = self._member, self._conn.store
             if member is None:
                 return False
             if store is not None:
@@ -538,7 +497,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         anyone (``shutdown`` does, with the fate ``left``). Best effort.
         """
         with self._lock:
-            member, store = self._member, self._store
+            member, store = self._member, self._conn.store
             if member is None or store is None:
                 return
             try:
@@ -561,219 +520,14 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
     # -- joining -----------------------------------------------------------
 
-    def _join(self, store: dist.TCPStore, deadline: float) -> RendezvousInfo:
-        k, s, name = self._keys, self._s, self._s.node_name
-        next_round = 0
-        while True:
-            generation = self._events.generation
-            # Read before the open round: from here on every event reaches this node
-            # (unless the epoch changes), the job's and the round's close included.
-            epoch = self._events.epoch()
-            if epoch is None or epoch != self._closed_checked:
-                if store.check([k.closed]):
-                    raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
-                self._closed_checked = epoch
-            if self._events.job_closed.is_set():
-                raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
-            bounds = read_bounds(store, k)
-            if bounds is not None and not store.check([k.listed(name)]):
-                # The controller has not admitted this node (yet): wait for a publication.
-                if time.monotonic() >= deadline:
-                    listed = read_membership(store, k)
-                    raise RendezvousTimeoutError(
-                        f"node {name} was not listed by the controller of rendezvous {s.run_id} at "
-                        f"{s.endpoint} within join_timeout={s.join_timeout:g}s (listed: "
-                        f"{list(listed.nodes) if listed is not None else []})"
-                    )
-                self._events.wait_event(generation, deadline - time.monotonic())
-                continue
-            r = max(open_round(store, k), next_round)
-            slot = int(store.add(k.joined(r), 1)) - 1
-            addr = self._local_addr()
-            link = self._link.port if self._link is not None else None
-            record: dict[str, object] = {
-                "name": name,
-                "addr": addr,
-                "link": link,
-                "local_world_size": s.local_world_size,
-            }
-            if slot == 0:
-                # Slot 0 is rank 0 of the round whenever it closes: host the worker store
-                # now, so that the closed round needs no second broadcast.
-                record["wstore"] = self._serve_worker_store(addr)
-            # torch implements Store.multi_set; its stubs do not declare it.
-            store.multi_set([k.node(r, slot), k.slot(r, name)], [json.dumps(record), str(slot)])  # type: ignore[attr-defined]
-            store.add(k.heartbeat(name), 1)
-            with self._lock:
-                self._joining = Joining(r, slot)
-            if self._timings is not None:
-                self._timings.joined = time.time()
-            if slot == 0 and r > 1:
-                push_event(store, k, f"join {r}")  # running members learn that nodes wait
-            account_previous_round(store, k, name, r)
-            try:
-                close = self._wait_closed(store, r, slot, deadline, epoch, bounds)
-            finally:
-                with self._lock:
-                    self._joining = None
-            if slot < close.size:
-                return self._become_member(store, r, slot, close, addr, json.dumps(record), deadline)
-            if slot == 0:
-                self._close_worker_store()
-            log.info(
-                "kelastic rendezvous: %s came too late for round %d; waiting for round %d", name, r, r + 1
-            )
-            next_round = r + 1
-
-    def _serve_worker_store(self, addr: str) -> int:
+    def _became(self, member: Member, link_target: LinkTarget | None) -> None:
+        """This node is a member of ``member.round`` now (the joiner tells, before it returns)."""
         with self._lock:
-            self._close_worker_store()
-            served = serve_store(addr, 0)
-            self._worker_store = served
-        return served.port
-
-    def _wait_closed(
-        self,
-        store: dist.TCPStore,
-        r: int,
-        slot: int,
-        deadline: float,
-        epoch: int | None,
-        bounds: ControllerBounds | None,
-    ) -> RoundClose:
-        """Block until round r is closed (closing it if this node sees the condition); how it closed.
-
-        ``closewait.step`` decides every move; this applies its actions (the reads,
-        the close, the ``min`` event, the wait for an event) and feeds it the answers.
-        Every joiner evaluates the close rule once, right after its join. Afterwards
-        only the deciders (slots below ``closewait.DECIDERS``) evaluate it on each
-        event and run its timers; the others evaluate only every
-        ``closewait.FALLBACK_EVALUATION`` s, in case every decider died (without the O(N) listed check: their timers close
-        the round then), and otherwise read nothing: the round's close event
-        carries its size and worker store, which the watcher hands over. So an event
-        costs O(1) per node and the round O(N) in all.
-
-        ``epoch``: the watcher's epoch when this node read the open round (None: the
-        watcher was not connected); while it holds, the close event cannot have been
-        missed and the size key is not read. ``bounds``: the controller's bounds
-        read then, for the first evaluation.
-        """
-        k, s = self._keys, self._s
-        state = closewait.start(r, slot, deadline, epoch, {kind: s.timer(kind) for kind in TimerKind})
-        # The answer to the action just applied (at most one is set).
-        stored: RoundClose | None = None
-        opened: int | None = None
-        observed: RoundView | None = None
-        while True:
-            # The generation first: an event after it wakes the wait this pass ends in.
-            generation = self._events.generation
-            epoch = self._events.epoch()
-            event_close = self._events.close_of(r)
-            view = closewait.WaitView(
-                generation, epoch, event_close, self._events.job_closed.is_set(), stored, opened, observed
-            )
-            state, action = closewait.step(state, view, time.monotonic())
-            stored, opened, observed = None, None, None
-            if isinstance(action, closewait.ReadClose):
-                stored = read_close(store, k, r)
-            elif isinstance(action, closewait.ReadOpen):
-                opened = read_counter(store, k.open)
-            elif isinstance(action, closewait.Observe):
-                # The first evaluation reuses the bounds read right before joining.
-                first_bounds = bounds if action.own_count is not None else UNREAD
-                observed = observe_round(store, k, s, r, first_bounds, action.own_count, action.deep)
-            elif isinstance(action, closewait.Close):
-                names = try_close(store, k, r, action.size, s.node_name, self._token)
-                if names is not None:
-                    with self._lock:
-                        self._closed_names[r] = names
-            elif isinstance(action, closewait.AnnounceMin):
-                push_event(store, k, f"min {r}")  # min reached: the deciders start their timers
-            elif isinstance(action, closewait.Wait):
-                # Woken by the event watcher, which has already read the close event's value.
-                # Not blocked in ``store.wait`` on the size key: every expired wait raises
-                # through torch (with a C++ backtrace), and the close would wake each node
-                # twice (store and event).
-                self._events.wait_event(action.generation, action.until - time.monotonic())
-            elif isinstance(action, closewait.Return):
-                return action.close
-            elif action.reason is closewait.FailReason.JOB_CLOSED:
-                raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
-            else:
-                joined = read_counter(store, k.joined(r))
-                raise RendezvousTimeoutError(
-                    f"rendezvous {s.run_id} at {s.endpoint}: round {r} did not close within "
-                    f"join_timeout={s.join_timeout:g}s ({joined} joined, min {s.min_nodes}, max "
-                    f"{s.max_nodes} unless the controller set other bounds)"
-                )
-
-    def _become_member(
-        self,
-        store: dist.TCPStore,
-        r: int,
-        rank: int,
-        close: RoundClose,
-        addr: str,
-        own_record: str,
-        deadline: float,
-    ) -> RendezvousInfo:
-        """Read the ring successor's record (and rank 0's, if the close did not name its store).
-
-        Two calls when the record is there, as it nearly always is (members write it
-        right after taking their slot); a bounded wait otherwise.
-        """
-        k, timings, size = self._keys, self._timings, close.size
-        if timings is not None:
-            timings.closed = time.time()
-        successor_rank = (rank + 1) % size
-        wanted = {successor_rank} if size > 1 else set()
-        if rank != 0 and not close.master_port:
-            wanted.add(0)
-        records = read_records(store, k, self._s.run_id, r, sorted(wanted), deadline)
-        successor: str | None = None
-        link_target: tuple[int, str, str, int] | None = None
-        if size > 1:
-            record = records[successor_rank]
-            successor = str(record["name"])
-            if record.get("link") and self._link is not None:
-                link_target = (r, successor, str(record["addr"]), int(str(record["link"])))
-        if rank == 0:
-            with self._lock:
-                served = self._worker_store
-            if served is None:  # shut down meanwhile
-                raise RendezvousClosedError(
-                    f"this node's handler for rendezvous {self._s.run_id} was shut down"
-                )
-            master_addr, master_port = addr, served.port
-        elif close.master_port:
-            master_addr, master_port = close.master_addr, close.master_port
-        else:
-            master_addr, master_port = str(records[0]["addr"]), int(str(records[0]["wstore"]))
-        if timings is not None:
-            timings.worker_store = time.time()
-        with self._lock:
-            names = self._closed_names.pop(r, None)
-            self._closed_names.clear()
-            self._member = self._last_member = Member(r, rank, size, successor, close, own_record, names)
+            self._member = self._last_member = member
             self._changed_cache = None
         self._watch_link(link_target)
-        # The agent's keys share this node's store connection (opening one per round
-        # would add a connect to every recovery); TCPStore clients serialize their ops.
-        agent_store = dist.PrefixStore(k.agent_prefix(r), store)
-        log.info(
-            "kelastic rendezvous: %s is rank %d of %d in round %d (worker store %s:%d)",
-            self._s.node_name,
-            rank,
-            size,
-            r,
-            master_addr,
-            master_port,
-        )
-        if timings is not None:
-            timings.returned = time.time()
-        return RendezvousInfo(agent_store, rank, size, RendezvousStoreInfo(master_addr, master_port))
 
-    def _watch_link(self, target: tuple[int, str, str, int] | None) -> None:
+    def _watch_link(self, target: LinkTarget | None) -> None:
         """Point the peer link at ``target``; waking its thread only for a change."""
         if self._link is not None and target != self._link_target:
             self._link_target = target
@@ -792,68 +546,6 @@ class KelasticRendezvousHandler(RendezvousHandler):
         return member.size < max_nodes
 
     # -- connection, events, threads ----------------------------------------
-
-    def _connected(self, deadline: float) -> dist.TCPStore:
-        with self._lock:
-            if self._store is not None:
-                return self._store
-        # Connected outside the lock: reaching a store that is down takes up to the whole
-        # timeout, and the peer link and keep-alive threads take the lock meanwhile.
-        remaining = deadline - time.monotonic()
-        try:
-            store = connect_store(self._s.host, self._s.port, max(remaining, 0.5))
-        except RendezvousConnectionError as exc:
-            raise RendezvousConnectionError(
-                f"rendezvous {self._s.run_id}: {exc} (gave up after join_timeout={self._s.join_timeout:g}s)"
-            ) from exc.__cause__
-        return self._install(store)
-
-    def _reattach(self) -> None:
-        """After the store was lost: connect again and re-establish this node's round there.
-
-        Run by the event watcher once it reached the store again, so that a member
-        whose workers keep running gets its round back without waiting for the agent.
-        """
-        with self._lock:
-            if self._store is not None:
-                return
-        self._install(connect_store(self._s.host, self._s.port, RECONNECT_TIMEOUT))
-
-    def _install(self, store: dist.TCPStore) -> dist.TCPStore:
-        """Make ``store`` this node's connection (unless another one was installed meanwhile).
-
-        On a restarted store (a new ``incarnation``) the latest round this node was a
-        member of is re-established there (``protocol.restore_round``): a member whose
-        group is intact keeps its workers, and one that re-joins leaves a round in which
-        its fate can be claimed. If the new store holds another round of that number,
-        the round is no longer current and ``membership_changed()`` says so.
-        """
-        with self._lock:
-            if self._store is not None:
-                return self._store
-            # A fresh token per connection: one that a handler reused could win again
-            # on a restarted store and hide the restart from that very handler.
-            got = store.compare_set(self._keys.incarnation, "", new_token())
-            incarnation = got.decode() if isinstance(got, bytes) else got
-            if self._incarnation is not None and incarnation != self._incarnation:
-                self._events.forget_closes()  # rounds of the old store
-                self._restore(store)
-            self._incarnation = incarnation
-            self._store = store
-            self._lost.clear()
-            self._lost_since = None
-            if not self._threads:
-                self._start_threads()
-        # The store is back: the threads in their reconnect back-off try now, and peers whose
-        # link closed while it was away are claimed dead at once (the survivors re-form).
-        self._events.retry_now.set()
-        self._keep.poke.set()
-        try:
-            self._keep.claim_suspects(store)
-        except dist.DistError:
-            pass  # the keep-alive thread claims them
-        self._events.bump()
-        return store
 
     def _restore(self, store: dist.TCPStore) -> None:
         """Re-establish the latest round this node was a member of in the restarted ``store``."""
@@ -886,48 +578,16 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
     def _drop_connection(self) -> None:
         with self._lock:
-            self._store = None
             self._changed_cache = None
-            if self._lost_since is None:
-                self._lost_since = time.monotonic()
-        self._lost.set()
-        self._events.bump()
+            self._conn.drop()
 
     def _start_threads(self) -> None:
         try:
             self._link = PeerLink(self._local_addr(), self._peer_lost)
         except OSError as exc:
             log.warning("kelastic rendezvous: no peer link (%s); dead nodes are found by heartbeat only", exc)
-        self._spawn_threads()
+        self._conn.spawn_threads()
         _live_handlers.add(self)
-
-    def _spawn_threads(self) -> None:
-        """Start the event watcher and the keep-alive thread of the current generation."""
-        # Each thread gets its own connection (a store client is not shared across threads).
-        assert self._store is not None
-        tag = f"{self._s.run_id}/{self._s.node_name}"
-        # Read here, not in the thread: every event after the first connection is seen,
-        # including the close of a round this node is about to join.
-        seq = read_counter(self._store, self._keys.events)
-        gen = self._thread_gen
-
-        def current() -> bool:
-            return gen == self._thread_gen
-
-        self._events.set_watching(True)
-        # torch's stubs lack TCPStore.clone.
-        watch = (self._store.clone(), seq, current, self._reattach, self._drop_connection)  # type: ignore[attr-defined]
-        beat = (self._store.clone(), current)  # type: ignore[attr-defined]
-        self._threads = [
-            threading.Thread(
-                target=self._events.run, args=watch, name=f"kelastic-rdzv-events {tag}", daemon=True
-            ),
-            threading.Thread(
-                target=self._keep.run, args=beat, name=f"kelastic-rdzv-keepalive {tag}", daemon=True
-            ),
-        ]
-        for thread in self._threads:
-            thread.start()
 
     def _renew_if_cut_off(self, deadline: float) -> None:
         """Before re-joining: if the others found this node dead, open fresh connections first.
@@ -942,7 +602,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         """
         last = self._last_member
         with self._lock:
-            store = self._store
+            store = self._conn.store
         if last is None or store is None:
             return
         try:
@@ -957,12 +617,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._s.node_name,
             last.round,
         )
-        with self._lock:
-            self._thread_gen += 1  # the old threads exit when their stale connections wake them
-            self._store = None
-        self._connected(deadline)
-        with self._lock:
-            self._spawn_threads()
+        self._conn.renew(deadline)
 
     def _peer_lost(self, r: int, name: str) -> None:
         """Called by the peer link when the watched peer's process is gone.
@@ -979,7 +634,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
     def _rounds(self) -> tuple[Member | None, Joining | None, Member | None]:
         """For the keep-alive (under the lock): this node's round, the round it waits in, its latest."""
-        return self._member, self._joining, self._last_member
+        return self._member, self._joiner.joining, self._last_member
 
     # -- helpers -------------------------------------------------------------
 
@@ -993,11 +648,6 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 return str(probe.getsockname()[0])
         except OSError:
             return socket.gethostname()
-
-    def _close_worker_store(self) -> None:
-        if self._worker_store is not None:
-            self._worker_store.close()
-            self._worker_store = None
 
 
 def create_handler(params: RendezvousParameters) -> KelasticRendezvousHandler:
