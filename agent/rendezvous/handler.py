@@ -2,7 +2,15 @@
 
 Agents meet in a ``torch.distributed.TCPStore`` served by ``kelastic-rendezvous``
 (a process that is not a worker). The key layout is in ``protocol``; this module
-is the algorithm.
+describes the algorithm and holds the handler, which composes its parts:
+
+- ``join``: take a slot, wait for the round to close (decided by the pure state
+  machine ``closewait``, applied with the store reads and writes of ``rounds``),
+  become a member; it hosts the worker store in slot 0;
+- ``watcher``: the event watcher; ``keepalive``: the heartbeat and peer sweep;
+- ``connection``: the store connection, restarts, and the threads on it;
+- the handler itself: torch's ``RendezvousHandler`` API, the answers about this
+  node's round (``membership_changed``, ``wait_member_lost``), leaving and closing.
 
 Rounds
 ------
@@ -48,7 +56,7 @@ the old round will come, so the new round closes without any timer.
 Waking up without polling
 -------------------------
 Anything another node must react to pushes an *event*: ``add(ev, 1)`` then set
-``ev/<n>`` to what happened. Each handler runs one watcher thread that takes the
+``ev/<n>`` to what happened. Each handler runs one watcher thread (``watcher``) that takes the
 events one by one, each with a single blocking ``get`` of the next event key;
 it bumps a local generation counter and notifies a condition variable.
 Deciders and ``wait_membership_change`` block on that condition (with their own
@@ -86,7 +94,7 @@ mod N), two ways:
   record) and its predecessor keeps a TCP connection to it. When a node's process
   dies (crash, OOM kill, SIGKILL) the kernel closes the connection and the
   watcher claims ``dead`` within milliseconds;
-- a heartbeat: a keep-alive thread increments ``hb/<name>`` every
+- a heartbeat: a keep-alive thread (``keepalive``) increments ``hb/<name>`` every
   ``keep_alive_interval``; a heartbeat that did not move for
   ``keep_alive_interval * keep_alive_max_attempt`` (see ``settings``; judged on
   the observer's monotonic clock, so clock skew does not matter, and only on at
@@ -155,16 +163,12 @@ itself (``kelastic.agent.progress_publisher``), over a connection of its own.
 from __future__ import annotations
 
 import atexit
-import datetime
-import json
 import logging
-import math
 import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import (
@@ -173,112 +177,36 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousHandler,
     RendezvousInfo,
     RendezvousParameters,
-    RendezvousStoreInfo,
-    RendezvousTimeoutError,
     rendezvous_handler_registry,
 )
 
-from .liveness import HeartbeatTracker, PeerLink
+from .connection import StoreConnection
+from .join import Joiner, LinkTarget, RendezvousTimings
+from .keepalive import KeepAlive
+from .liveness import PeerLink
 from .protocol import (
     JOB_CLOSED_EVENT,
-    CloseAction,
-    ControllerBounds,
     Fate,
-    RoundClose,
-    RoundView,
     RunKeys,
-    TimerKind,
     claim_fate,
-    close_event,
-    connect_store,
-    decide_close,
     first_line,
     get_or_none,
-    listed_all_joined,
     new_token,
     open_round,
-    parse_close_event,
     push_event,
     read_bounds,
-    read_close,
     read_counter,
-    read_membership,
-    read_optional,
-    read_size,
     restore_round,
 )
-from .server import ServedStore, serve_store
+from .rounds import Joining, Member
 from .settings import RendezvousSettings, settings_from_params
+from .watcher import EventWatcher
 
 __all__ = ["BACKEND", "KelasticRendezvousHandler", "RendezvousTimings", "create_handler"]
 
 log = logging.getLogger(__name__)
 
 BACKEND = "kelastic"
-
-#: How long the watcher blocks on one event key before re-arming (no meaning beyond that).
-_EVENT_WAIT = datetime.timedelta(hours=1)
-#: Slots of an open round whose nodes evaluate the close rule on every event, run its
-#: timers and sweep the previous round's heartbeats (the *deciders*).
-_DECIDERS = 3
-#: Readings of an unmoved heartbeat (besides its age) before its node counts as dead.
-_MIN_READINGS = 3
-#: Other waiters evaluate the close rule this often, in case every decider died.
-_FALLBACK_EVALUATION = 5.0
-#: Bound on waiting for a key a peer writes right after taking its slot.
-_PEER_KEY_WAIT = 10.0
-#: Background threads retry a lost store with this connect timeout and a capped backoff.
-_RECONNECT_TIMEOUT = 2.0
-
-
-def _backoff(failures: int) -> float:
-    # Capped at 1 s: once a restarted store is back, every live node's keep-alive beats
-    # there within a few seconds, well inside the heartbeat timeout its ring predecessor
-    # applies to a heartbeat that is not there yet.
-    return min(1.0, 0.1 * 2.0 ** min(failures, 6))
-
-
-@dataclass
-class RendezvousTimings:
-    """Wall-clock instants (``time.time()``) of one ``next_rendezvous`` call, for benchmarks.
-
-    ``joined``: this node holds a slot and wrote its record; ``closed``: it learned
-    the size of the round it is a member of; ``worker_store``: it knows (rank 0:
-    published) the worker store; ``returned``: the call returned. None until reached.
-    Wall clock so that nodes in different processes of one machine can be compared.
-    """
-
-    started: float
-    joined: float | None = None
-    closed: float | None = None
-    worker_store: float | None = None
-    returned: float | None = None
-
-
-class _Unread:
-    """Marks an argument as not read yet (None being a meaningful value)."""
-
-
-_UNREAD = _Unread()
-
-
-@dataclass(frozen=True)
-class _Member:
-    round: int
-    rank: int
-    size: int
-    successor: str | None
-    # What re-establishes the round on a restarted store (``protocol.restore_round``):
-    # how it closed, this node's join record, and the member names if this node closed it.
-    close: RoundClose | None = None
-    record: str = ""
-    names: tuple[str, ...] | None = None
-
-
-@dataclass(frozen=True)
-class _Joining:
-    round: int
-    slot: int
 
 
 class KelasticRendezvousHandler(RendezvousHandler):
@@ -287,7 +215,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
     ``next_rendezvous``, ``membership_changed``, ``wait_membership_change`` and
     ``num_nodes_waiting`` are meant for the agent's main thread; the others may be
     called from any thread. Background threads (event watcher, keep-alive) start
-    at the first store connection and stop in ``shutdown``.
+    at the first store connection and stop in ``shutdown``. Its parts
+    (``Joiner``, ``EventWatcher``, ``KeepAlive``, ``StoreConnection``) share its lock.
     """
 
     def __init__(self, settings: RendezvousSettings) -> None:
@@ -295,46 +224,40 @@ class KelasticRendezvousHandler(RendezvousHandler):
         self._keys = RunKeys(settings.run_id)
         self._token = new_token()
         self._lock = threading.RLock()
-        self._store: dist.TCPStore | None = None
-        self._incarnation: str | None = None
-        self._member: _Member | None = None
+        self._member: Member | None = None
         # The latest round this node was a member of, kept while it re-joins: a restarted
         # store gets it back from this node too, so that its fate there can be claimed.
-        self._last_member: _Member | None = None
-        # Names of rounds this node closed (it read them then), for ``_Member.names``.
-        self._closed_names: dict[int, tuple[str, ...]] = {}
-        self._joining: _Joining | None = None
-        self._worker_store: ServedStore | None = None
-        # Set while this node's round is not established in the connected store: the
-        # connection is lost, or the store restarted and the round is not restored yet.
-        self._lost = threading.Event()
-        self._lost_since: float | None = None  # monotonic; when the store was lost
+        self._last_member: Member | None = None
         # Known while the store was unreachable: a member of this node's round is gone
         # (the peer link closed), or the restarted store holds another round of its number.
         self._detached_change = False
-        self._job_closed = threading.Event()  # set by the event watcher once the job is closed
         self._stop = threading.Event()
-        self._wake = threading.Condition()
-        self._generation = 0
-        # Rounds whose close event the watcher saw (guarded by _wake), and how often the
-        # watcher (re)connected: after a reconnect it may have missed events.
-        self._closes: dict[int, RoundClose] = {}
-        self._watch_epoch = 0
-        self._watching = False  # the watcher is connected (events are being taken)
-        # The watcher epoch in which the store said the job is not closed: while the
-        # watcher stays connected, its closed-job event tells the rest.
-        self._closed_checked: int | None = None
-        self._link_target: tuple[int, str, str, int] | None = None
+        # The event watcher (what the events told; waiters block on it) and the keep-alive.
+        self._events = EventWatcher(self._keys, settings.host, settings.port, self._stop)
+        self._keep = KeepAlive(settings, self._keys, self._lock, self._rounds, self._stop)
+        self._joiner = Joiner(
+            settings,
+            self._keys,
+            self._token,
+            self._lock,
+            self._events,
+            lambda: self._link,
+            self._local_addr,
+            self._became,
+        )
+        self._conn = StoreConnection(
+            settings,
+            self._keys,
+            self._lock,
+            self._events,
+            self._keep,
+            self._restore,
+            self._start_threads,
+            self._drop_connection,
+        )
+        self._link_target: LinkTarget | None = None
         self._changed_cache: tuple[int, bool] | None = None
-        self._threads: list[threading.Thread] = []
-        # Bumped when the background threads are replaced (``_renew_connections``): a thread
-        # of an older generation, still blocked on a stale connection, exits when it wakes.
-        self._thread_gen = 0
         self._link: PeerLink | None = None
-        self._suspects: list[tuple[int, str]] = []
-        self._poke = threading.Event()  # wakes the keep-alive thread early
-        # Wakes the event watcher from its reconnect back-off: the store answered another thread.
-        self._retry_now = threading.Event()
         self._timings: RendezvousTimings | None = None
 
     # -- RendezvousHandler -------------------------------------------------
@@ -380,13 +303,13 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._member = None
             self._detached_change = False
             self._changed_cache = None
-            self._close_worker_store()
+            self._joiner.close_worker_store()
         self._watch_link(None)
         self._renew_if_cut_off(deadline)
         while True:
             try:
-                store = self._connected(deadline)
-                return self._join(store, deadline)
+                store = self._conn.get(deadline)
+                return self._joiner.join(store, deadline, self._timings)
             except dist.DistNetworkError as exc:
                 log.warning(
                     "kelastic rendezvous: lost the store at %s (%s); reconnecting",
@@ -401,13 +324,13 @@ class KelasticRendezvousHandler(RendezvousHandler):
                     ) from exc
 
     def is_closed(self) -> bool:
-        store = self._connected(time.monotonic() + min(self._s.join_timeout, 30.0))
+        store = self._conn.get(time.monotonic() + min(self._s.join_timeout, 30.0))
         with self._lock:
             return bool(store.check([self._keys.closed]))
 
     def set_closed(self) -> None:
         """Mark the job finished: every later or pending join raises RendezvousClosedError."""
-        store = self._connected(time.monotonic() + min(self._s.join_timeout, 30.0))
+        store = self._conn.get(time.monotonic() + min(self._s.join_timeout, 30.0))
         with self._lock:
             store.set(self._keys.closed, "1")
             push_event(store, self._keys, JOB_CLOSED_EVENT)
@@ -417,7 +340,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         if not self.membership_changed():
             return 0
         with self._lock:
-            member, store = self._member, self._store
+            member, store = self._member, self._conn.store
             if member is None or store is None:
                 return 1
             try:
@@ -433,7 +356,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         """
         ok = True
         with self._lock:
-            member, store = self._member, self._store
+            member, store = self._member, self._conn.store
             if member is not None and store is not None:
                 try:
                     if not store.check([self._keys.closed]):
@@ -444,33 +367,21 @@ class KelasticRendezvousHandler(RendezvousHandler):
                     log.warning("kelastic rendezvous: could not announce leaving: %s", first_line(exc))
                     ok = False
             self._member = None
-            self._close_worker_store()
+            self._joiner.close_worker_store()
         self._stop.set()
-        self._bump()
+        self._events.bump()
         ok = self._stop_threads() and ok
         _live_handlers.discard(self)
         return ok
 
     def _stop_threads(self) -> bool:
-        """Stop the background threads; the watcher blocks in the store, so wake it with an event."""
+        """Stop the background threads and the peer link; False if the store could not be told."""
         self._stop.set()
-        self._poke.set()
-        self._retry_now.set()
+        self._keep.poke.set()
+        self._events.retry_now.set()
         if self._link is not None:
             self._link.close()
-        watcher = next((t for t in self._threads if t.name.startswith("kelastic-rdzv-events")), None)
-        ok = True
-        if watcher is not None and watcher.is_alive():
-            with self._lock:
-                store = self._store
-                if store is not None:
-                    try:
-                        push_event(store, self._keys, f"bye {self._s.node_name}")
-                    except dist.DistError:
-                        ok = False
-        for thread in self._threads:
-            thread.join(timeout=5.0)
-        return ok
+        return self._conn.stop_threads()
 
     # -- kelastic extensions -----------------------------------------------
 
@@ -488,7 +399,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
     def _changed_detached(self) -> bool:
         """membership_changed() while this node's round is not established in a store."""
         with self._lock:
-            since, changed = self._lost_since, self._detached_change
+            since, changed = self._conn.lost_since, self._detached_change
         if changed:
             return True
         if since is not None and time.monotonic() - since > self._s.join_timeout:
@@ -501,7 +412,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
     def _ask_own_round(
         self,
-        question: Callable[[dist.TCPStore, _Member], bool | None],
+        question: Callable[[dist.TCPStore, Member], bool | None],
         detached: Callable[[], bool | None] = lambda: True,
     ) -> bool | None:
         """``question(store, member)`` about this node's round, asked under the lock.
@@ -509,10 +420,10 @@ class KelasticRendezvousHandler(RendezvousHandler):
         Not a member: False. This node's round not established in the store (the
         connection lost, now or while asking, or not restored yet): ``detached()``.
         """
-        if self._lost.is_set():
+        if self._conn.lost.is_set():
             return detached() if self._member is not None else False
         with self._lock:
-            member, store = self._member, self._store
+            member, store = self._member, self._conn.store
             if member is None:
                 return False
             if store is not None:
@@ -523,9 +434,9 @@ class KelasticRendezvousHandler(RendezvousHandler):
         self._drop_connection()
         return detached()
 
-    def _changed_cached(self, store: dist.TCPStore, member: _Member) -> bool:
+    def _changed_cached(self, store: dist.TCPStore, member: Member) -> bool:
         """:meth:`_evaluate_changed`, read from the store once per event generation."""
-        generation = self._generation
+        generation = self._events.generation
         if self._changed_cache is not None and self._changed_cache[0] == generation:
             return self._changed_cache[1]
         changed = self._evaluate_changed(store, member)
@@ -554,20 +465,20 @@ class KelasticRendezvousHandler(RendezvousHandler):
         """Re-evaluate ``verdict`` on every store event until it is not None; False after ``timeout`` s."""
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
-            generation = self._generation
+            generation = self._events.generation
             answer = verdict()
             if answer is not None:
                 return answer
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._stop.is_set():
                 return False
-            self._wait_event(generation, remaining)
+            self._events.wait_event(generation, remaining)
 
     def _member_lost_now(self) -> bool | None:
         """True: a member was lost; False: a peer re-joined without a loss, or not a member; None: neither yet."""
         return self._ask_own_round(self._loss_verdict)
 
-    def _loss_verdict(self, store: dist.TCPStore, member: _Member) -> bool | None:
+    def _loss_verdict(self, store: dist.TCPStore, member: Member) -> bool | None:
         # ``claim_fate`` counts a loss in ``gone`` before ``accounted``: reading
         # ``accounted`` first, a loss it includes is always seen in ``gone``.
         accounted = read_counter(store, self._keys.accounted(member.round))
@@ -586,7 +497,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         anyone (``shutdown`` does, with the fate ``left``). Best effort.
         """
         with self._lock:
-            member, store = self._member, self._store
+            member, store = self._member, self._conn.store
             if member is None or store is None:
                 return
             try:
@@ -609,354 +520,14 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
     # -- joining -----------------------------------------------------------
 
-    def _join(self, store: dist.TCPStore, deadline: float) -> RendezvousInfo:
-        k, s, name = self._keys, self._s, self._s.node_name
-        next_round = 0
-        while True:
-            generation = self._generation
-            # Read before the open round: from here on every event reaches this node
-            # (unless the epoch changes), the job's and the round's close included.
-            epoch = self._watched_epoch()
-            if epoch is None or epoch != self._closed_checked:
-                if store.check([k.closed]):
-                    raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
-                self._closed_checked = epoch
-            if self._job_closed.is_set():
-                raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
-            bounds = read_bounds(store, k)
-            if bounds is not None and not store.check([k.listed(name)]):
-                # The controller has not admitted this node (yet): wait for a publication.
-                if time.monotonic() >= deadline:
-                    listed = read_membership(store, k)
-                    raise RendezvousTimeoutError(
-                        f"node {name} was not listed by the controller of rendezvous {s.run_id} at "
-                        f"{s.endpoint} within join_timeout={s.join_timeout:g}s (listed: "
-                        f"{list(listed.nodes) if listed is not None else []})"
-                    )
-                self._wait_event(generation, deadline - time.monotonic())
-                continue
-            r = max(open_round(store, k), next_round)
-            slot = int(store.add(k.joined(r), 1)) - 1
-            addr = self._local_addr()
-            link = self._link.port if self._link is not None else None
-            record: dict[str, object] = {
-                "name": name,
-                "addr": addr,
-                "link": link,
-                "local_world_size": s.local_world_size,
-            }
-            if slot == 0:
-                # Slot 0 is rank 0 of the round whenever it closes: host the worker store
-                # now, so that the closed round needs no second broadcast.
-                record["wstore"] = self._serve_worker_store(addr)
-            # torch implements Store.multi_set; its stubs do not declare it.
-            store.multi_set([k.node(r, slot), k.slot(r, name)], [json.dumps(record), str(slot)])  # type: ignore[attr-defined]
-            store.add(k.heartbeat(name), 1)
-            with self._lock:
-                self._joining = _Joining(r, slot)
-            if self._timings is not None:
-                self._timings.joined = time.time()
-            if slot == 0 and r > 1:
-                push_event(store, k, f"join {r}")  # running members learn that nodes wait
-            self._account_previous_round(store, r)
-            try:
-                close = self._wait_closed(store, r, slot, deadline, epoch, bounds)
-            finally:
-                with self._lock:
-                    self._joining = None
-            if slot < close.size:
-                return self._become_member(store, r, slot, close, addr, json.dumps(record), deadline)
-            if slot == 0:
-                self._close_worker_store()
-            log.info(
-                "kelastic rendezvous: %s came too late for round %d; waiting for round %d", name, r, r + 1
-            )
-            next_round = r + 1
-
-    def _serve_worker_store(self, addr: str) -> int:
+    def _became(self, member: Member, link_target: LinkTarget | None) -> None:
+        """This node is a member of ``member.round`` now (the joiner tells, before it returns)."""
         with self._lock:
-            self._close_worker_store()
-            served = serve_store(addr, 0)
-            self._worker_store = served
-        return served.port
-
-    def _account_previous_round(self, store: dist.TCPStore, r: int) -> None:
-        """If this node was a member of round r-1, claim its fate there: it re-joined."""
-        k, name = self._keys, self._s.node_name
-        previous = r - 1
-        if previous < 1:
-            return
-        raw = get_or_none(store, k.slot(previous, name))
-        if raw is not None and int(raw) < read_size(store, k, previous):
-            claim_fate(store, k, previous, name, Fate.REJOIN, name)
-
-    def _observe(
-        self,
-        store: dist.TCPStore,
-        r: int,
-        bounds: ControllerBounds | _Unread | None = _UNREAD,
-        own_count: int | None = None,
-        deep: bool = True,
-    ) -> RoundView:
-        """The close rule's inputs: O(1) reads, plus O(N) only when every listed node may be here.
-
-        ``bounds``: the controller's bounds if just read (None: no controller).
-        The O(N) check that every listed node joined is made by a joiner only when
-        its own join (``own_count`` = its slot + 1) completed the count, waiting for
-        records still on the way, and by the deciders (``deep``). Nodes that merely
-        read a complete count do not: thousands of simultaneous joiners would
-        otherwise each read every record (O(N) each, O(N^2) for the store).
-        """
-        k, s = self._keys, self._s
-        joined = read_counter(store, k.joined(r))
-        if isinstance(bounds, _Unread):
-            bounds = read_bounds(store, k)
-        prev_size = read_size(store, k, r - 1)
-        prev_accounted = read_counter(store, k.accounted(r - 1)) if prev_size else 0
-        min_nodes = bounds.min_nodes if bounds is not None else s.min_nodes
-        listed = False
-        if bounds is not None and joined >= min_nodes and (deep or own_count is not None):
-            gone = read_counter(store, k.gone(r - 1)) if prev_size else 0
-            if (joined if own_count is None else own_count) + gone >= bounds.count:
-                membership = read_membership(store, k)
-                wait = _PEER_KEY_WAIT if own_count is not None else 0.0
-                listed = membership is not None and listed_all_joined(
-                    store, k, r, joined, membership.nodes, wait=wait
-                )
-        return RoundView(
-            joined=joined,
-            min_nodes=min_nodes,
-            max_nodes=bounds.max_nodes if bounds is not None else s.max_nodes,
-            prev_size=prev_size,
-            prev_accounted=prev_accounted,
-            controlled=bounds is not None,
-            listed_all_joined=listed,
-        )
-
-    def _wait_closed(
-        self,
-        store: dist.TCPStore,
-        r: int,
-        slot: int,
-        deadline: float,
-        epoch: int | None,
-        bounds: ControllerBounds | None,
-    ) -> RoundClose:
-        """Block until round r is closed (closing it if this node sees the condition); how it closed.
-
-        Every joiner evaluates the close rule once, right after its join. Afterwards
-        only the deciders (slots below ``_DECIDERS``) evaluate it on each event and
-        run its timers; the others evaluate only every ``_FALLBACK_EVALUATION`` s, in
-        case every decider died (without the O(N) listed check: their timers close
-        the round then), and otherwise read nothing: the round's close event
-        carries its size and worker store, which the watcher hands over. So an event
-        costs O(1) per node and the round O(N) in all.
-
-        ``epoch``: the watcher's epoch when this node read the open round (None: the
-        watcher was not connected); while it holds, the close event cannot have been
-        missed and the size key is not read. ``bounds``: the controller's bounds
-        read then, for the first evaluation.
-        """
-        k, s = self._keys, self._s
-        decider = slot < _DECIDERS
-        timer: TimerKind | None = None
-        timer_deadline = math.inf
-        next_full = time.monotonic()  # the first evaluation is right after joining
-        first = True
-        synced_epoch = epoch
-        while True:
-            generation = self._generation
-            epoch = self._watched_epoch()
-            now = time.monotonic()
-            full = decider or timer is not None or now >= next_full
-            with self._wake:
-                close = self._closes.get(r)
-            # The store is read when the close event may have been missed (the watcher
-            # was or is disconnected) and on each evaluation but a joiner's first.
-            if close is None and ((full and not first) or epoch is None or epoch != synced_epoch):
-                synced_epoch = epoch
-                close = read_close(store, k, r)
-                if close is None and full and not first and read_counter(store, k.open) >= r:
-                    # ``open`` passed r with r not closed: the store restarted, and the
-                    # members of an earlier group re-established their round r' >= r.
-                    # This node joined r afresh before they came back: it goes on to r'+1.
-                    close = read_close(store, k, r) or RoundClose(0, "", "")
-            if close is not None:
-                return close
-            if self._job_closed.is_set():
-                raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
-            if full:
-                next_full = now + _FALLBACK_EVALUATION
-                if first:
-                    view = self._observe(store, r, bounds, own_count=slot + 1)
-                else:
-                    view = self._observe(store, r, deep=decider)
-                decision = decide_close(view)
-                now = time.monotonic()
-                if decision.action is CloseAction.CLOSE:
-                    self._try_close(store, r, decision.size)
-                    synced_epoch, first = None, False  # read the outcome (this node's close or another's)
-                    continue
-                if first and slot + 1 == view.min_nodes:
-                    push_event(store, k, f"min {r}")  # min reached: the deciders start their timers
-                first = False
-                if decision.action is CloseAction.TIMER:
-                    assert decision.timer is not None
-                    if timer is not decision.timer:
-                        timer, timer_deadline = decision.timer, now + s.timer(decision.timer)
-                    if now >= timer_deadline:
-                        self._try_close(store, r, min(view.joined, view.max_nodes))
-                        synced_epoch = None
-                        continue
-                else:
-                    timer, timer_deadline = None, math.inf
-            if now >= deadline:
-                joined = read_counter(store, k.joined(r))
-                raise RendezvousTimeoutError(
-                    f"rendezvous {s.run_id} at {s.endpoint}: round {r} did not close within "
-                    f"join_timeout={s.join_timeout:g}s ({joined} joined, min {s.min_nodes}, max "
-                    f"{s.max_nodes} unless the controller set other bounds)"
-                )
-            # Woken by the event watcher, which has already read the close event's value.
-            # Not blocked in ``store.wait`` on the size key: every expired wait raises
-            # through torch (with a C++ backtrace), and the close would wake each node
-            # twice (store and event).
-            wake = min(deadline, timer_deadline) if decider else min(deadline, timer_deadline, next_full)
-            self._wait_event(generation, wake - now)
-
-    def _try_close(self, store: dist.TCPStore, r: int, size: int) -> bool:
-        """Close round r with ``size`` members if nobody did yet; the winner does the bookkeeping.
-
-        The close names rank 0's worker store (slot 0 publishes it with its join
-        record), so that members learn everything from the close event alone.
-        """
-        k, name = self._keys, self._s.node_name
-        master_addr, master_port = self._read_worker_store(store, r)
-        mine = RoundClose(size, name, self._token, master_addr, master_port)
-        got = store.compare_set(k.size(r), "", mine.to_value())
-        if (got.decode() if isinstance(got, bytes) else got) != mine.to_value():
-            return False
-        store.add(k.open, 1)
-        push_event(store, k, close_event(r, mine))
-        node_keys = [k.node(r, i) for i in range(size)]
-        try:
-            store.wait(node_keys, datetime.timedelta(seconds=_PEER_KEY_WAIT))
-        except dist.DistStoreError:
-            log.warning("kelastic rendezvous: a member of round %d never wrote its record", r)
-            return True
-        names = [json.loads(raw)["name"] for raw in store.multi_get(node_keys)]
-        store.set(k.members(r), json.dumps(names))
-        with self._lock:
-            self._closed_names[r] = tuple(names)
-        ctl = read_membership(store, k)
-        if ctl is not None:
-            listed = set(ctl.nodes)
-            for member in names:
-                if member not in listed:
-                    claim_fate(store, k, r, member, Fate.DROPPED, name)
-        log.info("kelastic rendezvous: closed round %d with %d nodes", r, size)
-        return True
-
-    def _read_worker_store(self, store: dist.TCPStore, r: int) -> tuple[str, int]:
-        """Rank 0's worker store in round r from its record; ("", 0) if it did not write it in time."""
-        key = self._keys.node(r, 0)
-        # Not ``get_or_none``: on the libuv store a compare-and-set of a missing key
-        # wakes every client waiting for that key, and members may wait for this one.
-        if not store.check([key]):  # slot 0 is taken (a node joined); its record is on the way
-            try:
-                store.wait([key], datetime.timedelta(seconds=_PEER_KEY_WAIT))
-            except dist.DistStoreError:
-                return "", 0
-        record = json.loads(store.get(key))
-        return str(record["addr"]), int(str(record.get("wstore") or 0))
-
-    def _become_member(
-        self,
-        store: dist.TCPStore,
-        r: int,
-        rank: int,
-        close: RoundClose,
-        addr: str,
-        own_record: str,
-        deadline: float,
-    ) -> RendezvousInfo:
-        """Read the ring successor's record (and rank 0's, if the close did not name its store).
-
-        Two calls when the record is there, as it nearly always is (members write it
-        right after taking their slot); a bounded wait otherwise.
-        """
-        k, timings, size = self._keys, self._timings, close.size
-        if timings is not None:
-            timings.closed = time.time()
-        successor_rank = (rank + 1) % size
-        wanted = {successor_rank} if size > 1 else set()
-        if rank != 0 and not close.master_port:
-            wanted.add(0)
-        records = self._read_records(store, r, sorted(wanted), deadline)
-        successor: str | None = None
-        link_target: tuple[int, str, str, int] | None = None
-        if size > 1:
-            record = records[successor_rank]
-            successor = str(record["name"])
-            if record.get("link") and self._link is not None:
-                link_target = (r, successor, str(record["addr"]), int(str(record["link"])))
-        if rank == 0:
-            with self._lock:
-                served = self._worker_store
-            if served is None:  # shut down meanwhile
-                raise RendezvousClosedError(
-                    f"this node's handler for rendezvous {self._s.run_id} was shut down"
-                )
-            master_addr, master_port = addr, served.port
-        elif close.master_port:
-            master_addr, master_port = close.master_addr, close.master_port
-        else:
-            master_addr, master_port = str(records[0]["addr"]), int(str(records[0]["wstore"]))
-        if timings is not None:
-            timings.worker_store = time.time()
-        with self._lock:
-            names = self._closed_names.pop(r, None)
-            self._closed_names.clear()
-            self._member = self._last_member = _Member(r, rank, size, successor, close, own_record, names)
+            self._member = self._last_member = member
             self._changed_cache = None
         self._watch_link(link_target)
-        # The agent's keys share this node's store connection (opening one per round
-        # would add a connect to every recovery); TCPStore clients serialize their ops.
-        agent_store = dist.PrefixStore(k.agent_prefix(r), store)
-        log.info(
-            "kelastic rendezvous: %s is rank %d of %d in round %d (worker store %s:%d)",
-            self._s.node_name,
-            rank,
-            size,
-            r,
-            master_addr,
-            master_port,
-        )
-        if timings is not None:
-            timings.returned = time.time()
-        return RendezvousInfo(agent_store, rank, size, RendezvousStoreInfo(master_addr, master_port))
 
-    def _read_records(
-        self, store: dist.TCPStore, r: int, slots: list[int], deadline: float
-    ) -> dict[int, dict[str, object]]:
-        """The join records of ``slots`` in round r, waiting (bounded) for ones still on the way."""
-        if not slots:
-            return {}
-        keys = [self._keys.node(r, i) for i in slots]
-        # Not ``get_or_none`` (one round trip less): on the libuv store a compare-and-set
-        # of a missing key wakes every client waiting for it, whose read then finds nothing.
-        if not store.check(keys):
-            wait_for = datetime.timedelta(seconds=max(0.1, min(_PEER_KEY_WAIT, deadline - time.monotonic())))
-            try:
-                store.wait(keys, wait_for)
-            except dist.DistStoreError as exc:
-                raise RendezvousTimeoutError(
-                    f"rendezvous {self._s.run_id}: ranks {slots} of round {r} did not write their "
-                    f"records within {wait_for.total_seconds():.0f}s"
-                ) from exc
-        return {i: json.loads(raw) for i, raw in zip(slots, store.multi_get(keys), strict=True)}
-
-    def _watch_link(self, target: tuple[int, str, str, int] | None) -> None:
+    def _watch_link(self, target: LinkTarget | None) -> None:
         """Point the peer link at ``target``; waking its thread only for a change."""
         if self._link is not None and target != self._link_target:
             self._link_target = target
@@ -964,7 +535,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
     # -- membership --------------------------------------------------------
 
-    def _evaluate_changed(self, store: dist.TCPStore, member: _Member) -> bool:
+    def _evaluate_changed(self, store: dist.TCPStore, member: Member) -> bool:
         k, r = self._keys, member.round
         if open_round(store, k) > r + 1 or read_counter(store, k.accounted(r)) > 0:
             return True
@@ -975,69 +546,6 @@ class KelasticRendezvousHandler(RendezvousHandler):
         return member.size < max_nodes
 
     # -- connection, events, threads ----------------------------------------
-
-    def _connected(self, deadline: float) -> dist.TCPStore:
-        with self._lock:
-            if self._store is not None:
-                return self._store
-        # Connected outside the lock: reaching a store that is down takes up to the whole
-        # timeout, and the peer link and keep-alive threads take the lock meanwhile.
-        remaining = deadline - time.monotonic()
-        try:
-            store = connect_store(self._s.host, self._s.port, max(remaining, 0.5))
-        except RendezvousConnectionError as exc:
-            raise RendezvousConnectionError(
-                f"rendezvous {self._s.run_id}: {exc} (gave up after join_timeout={self._s.join_timeout:g}s)"
-            ) from exc.__cause__
-        return self._install(store)
-
-    def _reattach(self) -> None:
-        """After the store was lost: connect again and re-establish this node's round there.
-
-        Run by the event watcher once it reached the store again, so that a member
-        whose workers keep running gets its round back without waiting for the agent.
-        """
-        with self._lock:
-            if self._store is not None:
-                return
-        self._install(connect_store(self._s.host, self._s.port, _RECONNECT_TIMEOUT))
-
-    def _install(self, store: dist.TCPStore) -> dist.TCPStore:
-        """Make ``store`` this node's connection (unless another one was installed meanwhile).
-
-        On a restarted store (a new ``incarnation``) the latest round this node was a
-        member of is re-established there (``protocol.restore_round``): a member whose
-        group is intact keeps its workers, and one that re-joins leaves a round in which
-        its fate can be claimed. If the new store holds another round of that number,
-        the round is no longer current and ``membership_changed()`` says so.
-        """
-        with self._lock:
-            if self._store is not None:
-                return self._store
-            # A fresh token per connection: one that a handler reused could win again
-            # on a restarted store and hide the restart from that very handler.
-            got = store.compare_set(self._keys.incarnation, "", new_token())
-            incarnation = got.decode() if isinstance(got, bytes) else got
-            if self._incarnation is not None and incarnation != self._incarnation:
-                with self._wake:
-                    self._closes.clear()  # rounds of the old store
-                self._restore(store)
-            self._incarnation = incarnation
-            self._store = store
-            self._lost.clear()
-            self._lost_since = None
-            if not self._threads:
-                self._start_threads()
-        # The store is back: the threads in their reconnect back-off try now, and peers whose
-        # link closed while it was away are claimed dead at once (the survivors re-form).
-        self._retry_now.set()
-        self._poke.set()
-        try:
-            self._claim_suspects(store)
-        except dist.DistError:
-            pass  # the keep-alive thread claims them
-        self._bump()
-        return store
 
     def _restore(self, store: dist.TCPStore) -> None:
         """Re-establish the latest round this node was a member of in the restarted ``store``."""
@@ -1070,58 +578,16 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
     def _drop_connection(self) -> None:
         with self._lock:
-            self._store = None
             self._changed_cache = None
-            if self._lost_since is None:
-                self._lost_since = time.monotonic()
-        self._lost.set()
-        self._bump()
-
-    def _bump(self) -> None:
-        with self._wake:
-            self._generation += 1
-            self._wake.notify_all()
-
-    def _wait_event(self, generation: int, timeout: float) -> None:
-        if timeout <= 0:
-            return
-        with self._wake:
-            self._wake.wait_for(lambda: self._generation != generation or self._stop.is_set(), timeout)
+            self._conn.drop()
 
     def _start_threads(self) -> None:
         try:
             self._link = PeerLink(self._local_addr(), self._peer_lost)
         except OSError as exc:
             log.warning("kelastic rendezvous: no peer link (%s); dead nodes are found by heartbeat only", exc)
-        self._spawn_threads()
+        self._conn.spawn_threads()
         _live_handlers.add(self)
-
-    def _spawn_threads(self) -> None:
-        """Start the event watcher and the keep-alive thread of the current generation."""
-        # Each thread gets its own connection (a store client is not shared across threads).
-        assert self._store is not None
-        tag = f"{self._s.run_id}/{self._s.node_name}"
-        # Read here, not in the thread: every event after the first connection is seen,
-        # including the close of a round this node is about to join.
-        seq = read_counter(self._store, self._keys.events)
-        gen = self._thread_gen
-        self._set_watching(True)
-        self._threads = [
-            threading.Thread(
-                target=self._watch_events,
-                args=(self._store.clone(), seq, gen),  # type: ignore[attr-defined]  # torch's stubs lack TCPStore.clone
-                name=f"kelastic-rdzv-events {tag}",
-                daemon=True,
-            ),
-            threading.Thread(
-                target=self._keep_alive,
-                args=(self._store.clone(), gen),  # type: ignore[attr-defined]  # torch's stubs lack TCPStore.clone
-                name=f"kelastic-rdzv-keepalive {tag}",
-                daemon=True,
-            ),
-        ]
-        for thread in self._threads:
-            thread.start()
 
     def _renew_if_cut_off(self, deadline: float) -> None:
         """Before re-joining: if the others found this node dead, open fresh connections first.
@@ -1136,7 +602,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         """
         last = self._last_member
         with self._lock:
-            store = self._store
+            store = self._conn.store
         if last is None or store is None:
             return
         try:
@@ -1151,119 +617,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._s.node_name,
             last.round,
         )
-        with self._lock:
-            self._thread_gen += 1  # the old threads exit when their stale connections wake them
-            self._store = None
-        self._connected(deadline)
-        with self._lock:
-            self._spawn_threads()
-
-    def _watch_events(self, first: dist.TCPStore, seq: int, gen: int) -> None:
-        """Take the events one by one (a blocking get of the next event key) and wake local waiters.
-
-        One store call per event (torch's ``get`` waits for the key, then reads it),
-        whose value is all a waiter needs from it: the size and worker store of a
-        closed round, or that the job is finished.
-        """
-        k = self._keys
-        store: dist.TCPStore | None = first
-        first.set_timeout(_EVENT_WAIT)
-        failures = 0
-        while not self._stop.is_set():
-            if gen != self._thread_gen:
-                return  # replaced by a watcher on a fresh connection
-            try:
-                if store is None:
-                    store = connect_store(self._s.host, self._s.port, _RECONNECT_TIMEOUT)
-                    store.set_timeout(_EVENT_WAIT)
-                    self._reattach()
-                    seq = read_counter(store, k.events)
-                    failures = 0
-                    self._set_watching(True)
-                    self._bump()
-                # Checked after reading seq: ``_stop_threads`` sets stop before pushing its event.
-                if self._stop.is_set():
-                    return
-                try:
-                    kind = store.get(k.event(seq + 1))
-                except dist.DistStoreError:
-                    # The long wait expired, or whoever took event seq+1 died before setting
-                    # it: go on from the latest event (waiters re-read what they skipped).
-                    latest = read_counter(store, k.events)
-                    if latest > seq:
-                        seq = latest
-                        self._set_watching(True)
-                    continue
-                seq += 1
-                if gen != self._thread_gen:
-                    return
-                if not self._on_event(kind):
-                    return  # the job is finished: nothing left to watch
-            except (dist.DistError, RendezvousConnectionError, RuntimeError) as exc:
-                if gen != self._thread_gen:
-                    return
-                self._set_watching(False)
-                if store is not None and not self._stop.is_set():
-                    log.warning("kelastic rendezvous: event watch lost the store: %s", first_line(exc))
-                    self._drop_connection()
-                store = None
-                failures += 1
-                self._retry_now.wait(_backoff(failures))
-                self._retry_now.clear()
-
-    def _set_watching(self, connected: bool) -> None:
-        """A new epoch: events of the old one may have been missed."""
-        with self._wake:
-            self._watching = connected
-            self._watch_epoch += 1
-
-    def _watched_epoch(self) -> int | None:
-        """The watcher's epoch, None while it is disconnected (events are being missed)."""
-        with self._wake:
-            return self._watch_epoch if self._watching else None
-
-    def _on_event(self, kind: bytes) -> bool:
-        """Record what the event tells and wake the waiters; False once the job is closed."""
-        if kind == JOB_CLOSED_EVENT.encode():
-            self._job_closed.set()
-            self._bump()
-            return False
-        closed = parse_close_event(kind)
-        with self._wake:
-            if closed is not None:
-                r, close = closed
-                self._closes[r] = close
-                for old in [n for n in self._closes if n < r - 2]:  # only recent rounds are waited on
-                    del self._closes[old]
-            self._generation += 1
-            self._wake.notify_all()
-        return True
-
-    def _keep_alive(self, first: dist.TCPStore, gen: int) -> None:
-        """Beat every keep_alive_interval; watch the ring successor and, when sweeping, the old round."""
-        tracker = HeartbeatTracker(self._s.node_timeout, min_readings=_MIN_READINGS)
-        members_cache: dict[int, list[str]] = {}
-        store: dist.TCPStore | None = first
-        failures = 0
-        while True:
-            try:
-                if store is None:
-                    store = connect_store(self._s.host, self._s.port, _RECONNECT_TIMEOUT)
-                    members_cache.clear()
-                store.add(self._keys.heartbeat(self._s.node_name), 1)
-                self._claim_suspects(store)
-                self._watch_peers(store, tracker, members_cache)
-                failures = 0
-            except (dist.DistError, RendezvousConnectionError, RuntimeError) as exc:
-                if store is not None:
-                    log.debug("kelastic rendezvous: keep-alive lost the store: %s", first_line(exc))
-                store = None
-                failures += 1
-            pause = self._s.keep_alive_interval if not failures else _backoff(failures)
-            self._poke.wait(pause)
-            self._poke.clear()
-            if self._stop.is_set() or gen != self._thread_gen:
-                return
+        self._conn.renew(deadline)
 
     def _peer_lost(self, r: int, name: str) -> None:
         """Called by the peer link when the watched peer's process is gone.
@@ -1272,76 +626,15 @@ class KelasticRendezvousHandler(RendezvousHandler):
         longer current, and the fate is claimed once the store is back.
         """
         with self._lock:
-            self._suspects.append((r, name))
+            self._keep.suspect(r, name)
             if self._member is not None and self._member.round == r:
                 self._detached_change = True
-        self._poke.set()
-        self._bump()
+        self._keep.poke.set()
+        self._events.bump()
 
-    def _claim_suspects(self, store: dist.TCPStore) -> None:
-        """Claim ``dead`` for the peers whose link closed (kept for a later try if the store fails)."""
-        with self._lock:
-            suspects, self._suspects = self._suspects, []
-            last = self._last_member
-        for i, (r, name) in enumerate(suspects):
-            # The latest round this node was a member of, also while it re-joins: a peer
-            # lost while the store was away is claimed in the round the store got back.
-            if last is None or last.round != r:
-                continue
-            try:
-                claimed = claim_fate(store, self._keys, r, name, Fate.DEAD, self._s.node_name)
-            except dist.DistError:
-                with self._lock:
-                    self._suspects[:0] = suspects[i:]
-                raise
-            if claimed:
-                log.warning(
-                    "kelastic rendezvous: %s (round %d) closed its link: its process is gone; marked dead",
-                    name,
-                    r,
-                )
-
-    def _watch_peers(
-        self, store: dist.TCPStore, tracker: HeartbeatTracker, members_cache: dict[int, list[str]]
-    ) -> None:
-        k, me = self._keys, self._s.node_name
-        with self._lock:
-            member, joining = self._member, self._joining
-        targets: list[tuple[int, str]] = []
-        if member is not None and member.successor is not None:
-            targets.append((member.round, member.successor))
-        if joining is not None and joining.slot < _DECIDERS and joining.round > 1:
-            previous = joining.round - 1
-            if previous not in members_cache:
-                raw = read_optional(store, k.members(previous))
-                if raw is not None:
-                    members_cache.clear()
-                    members_cache[previous] = json.loads(raw)
-            targets.extend((previous, n) for n in members_cache.get(previous, []) if n != me)
-        tracker.retain({name for _, name in targets})
-        if not targets:
-            return
-        hb_keys = [k.heartbeat(name) for _, name in targets]
-        if len(hb_keys) == 1:  # the usual case, a member watching its successor: one round trip
-            # Absent only on a restarted store the successor never reached: a value that
-            # never moves, so a successor lost while the store was away is found in time.
-            one = get_or_none(store, hb_keys[0])
-            values: list[bytes] = [one if one is not None else b"-1"]
-        elif store.check(hb_keys):
-            values = store.multi_get(hb_keys)
-        else:
-            return
-        now = time.monotonic()
-        for (r, name), value in zip(targets, values, strict=True):
-            if tracker.observe(name, int(value), now):
-                tracker.forget(name)
-                if claim_fate(store, k, r, name, Fate.DEAD, me):
-                    log.warning(
-                        "kelastic rendezvous: %s (round %d) missed heartbeats for %.1fs; marked dead",
-                        name,
-                        r,
-                        self._s.node_timeout,
-                    )
+    def _rounds(self) -> tuple[Member | None, Joining | None, Member | None]:
+        """For the keep-alive (under the lock): this node's round, the round it waits in, its latest."""
+        return self._member, self._joiner.joining, self._last_member
 
     # -- helpers -------------------------------------------------------------
 
@@ -1355,11 +648,6 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 return str(probe.getsockname()[0])
         except OSError:
             return socket.gethostname()
-
-    def _close_worker_store(self) -> None:
-        if self._worker_store is not None:
-            self._worker_store.close()
-            self._worker_store = None
 
 
 def create_handler(params: RendezvousParameters) -> KelasticRendezvousHandler:

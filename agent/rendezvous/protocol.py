@@ -55,6 +55,7 @@ from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
 __all__ = [
     "JOB_CLOSED_EVENT",
+    "RECONNECT_TIMEOUT",
     "CloseAction",
     "CloseDecision",
     "ControllerBounds",
@@ -81,6 +82,7 @@ __all__ = [
     "read_membership",
     "read_optional",
     "read_size",
+    "reconnect_backoff",
     "restore_round",
 ]
 
@@ -269,6 +271,18 @@ def connect_store(host: str, port: int, timeout: float) -> dist.TCPStore:
             f"{first_line(exc)}. Is `kelastic-rendezvous --host {host} --port {port}` running and "
             "reachable from this node?"
         ) from exc
+
+
+#: Background threads retry a lost store with this connect timeout and a capped back-off.
+RECONNECT_TIMEOUT = 2.0
+
+
+def reconnect_backoff(failures: int) -> float:
+    """Seconds before a background thread's next try after ``failures`` failed ones."""
+    # Capped at 1 s: once a restarted store is back, every live node's keep-alive beats
+    # there within a few seconds, well inside the heartbeat timeout its ring predecessor
+    # applies to a heartbeat that is not there yet.
+    return min(1.0, 0.1 * 2.0 ** min(failures, 6))
 
 
 def read_counter(store: dist.Store, key: str) -> int:

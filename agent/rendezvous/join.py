@@ -1,0 +1,343 @@
+"""The join of a rendezvous handler: take a slot in the open round, wait for it to close, become a member.
+
+A node joins the open round R with O(1) store operations (see the handler's module
+docstring for the protocol): ``add(r/R/joined, 1)`` hands it a slot, then it writes
+its record (``r/R/node/<slot>``, with its address, its peer link's port and, in
+slot 0, the port of the worker store it hosts) and ``r/R/slot/<name>``. It then
+waits for the round to close: ``closewait.step`` decides every move of that wait,
+:meth:`Joiner._wait_closed` applies its actions with the store reads and writes of
+``rounds``. A node whose slot is below the round's size becomes a member: it reads
+its ring successor's record (and rank 0's when the close did not name the worker
+store); a node that came too late joins the next round at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousInfo,
+    RendezvousStoreInfo,
+    RendezvousTimeoutError,
+)
+
+from . import closewait
+from .liveness import PeerLink
+from .protocol import (
+    ControllerBounds,
+    RoundClose,
+    RoundView,
+    RunKeys,
+    TimerKind,
+    open_round,
+    push_event,
+    read_bounds,
+    read_close,
+    read_counter,
+    read_membership,
+)
+from .rounds import (
+    UNREAD,
+    Joining,
+    Member,
+    account_previous_round,
+    observe_round,
+    read_records,
+    try_close,
+)
+from .server import ServedStore, serve_store
+from .settings import RendezvousSettings
+from .watcher import EventWatcher
+
+__all__ = ["Joiner", "LinkTarget", "RendezvousTimings"]
+
+log = logging.getLogger(__name__)
+
+#: What a member's peer link connects to: (round, successor's name, its address, its link port).
+LinkTarget = tuple[int, str, str, int]
+
+
+@dataclass
+class RendezvousTimings:
+    """Wall-clock instants (``time.time()``) of one ``next_rendezvous`` call, for benchmarks.
+
+    ``joined``: this node holds a slot and wrote its record; ``closed``: it learned
+    the size of the round it is a member of; ``worker_store``: it knows (rank 0:
+    published) the worker store; ``returned``: the call returned. None until reached.
+    Wall clock so that nodes in different processes of one machine can be compared.
+    """
+
+    started: float
+    joined: float | None = None
+    closed: float | None = None
+    worker_store: float | None = None
+    returned: float | None = None
+
+
+class Joiner:
+    """The join and close of one handler; it hosts the worker store while this node is in slot 0.
+
+    ``became(member, link_target)`` is called once this node is a member, before
+    :meth:`join` returns. ``joining`` is the round this node waits
+    in (read under ``lock``; None while it does not wait).
+    """
+
+    def __init__(
+        self,
+        settings: RendezvousSettings,
+        keys: RunKeys,
+        token: str,
+        lock: threading.RLock,
+        events: EventWatcher,
+        link: Callable[[], PeerLink | None],
+        local_addr: Callable[[], str],
+        became: Callable[[Member, LinkTarget | None], None],
+    ) -> None:
+        self._s = settings
+        self._keys = keys
+        self._token = token
+        self._lock = lock
+        self._events = events
+        self._link = link
+        self._local_addr = local_addr
+        self._became = became
+        self._timings: RendezvousTimings | None = None
+        self.joining: Joining | None = None
+        self._worker_store: ServedStore | None = None
+        # Names of rounds this node closed (it read them then), for ``Member.names``.
+        self._closed_names: dict[int, tuple[str, ...]] = {}
+        # The watcher epoch in which the store said the job is not closed: while the
+        # watcher stays connected, its closed-job event tells the rest.
+        self._closed_checked: int | None = None
+
+    def close_worker_store(self) -> None:
+        """Stop hosting the worker store (this node is no longer rank 0 of a round)."""
+        with self._lock:
+            if self._worker_store is not None:
+                self._worker_store.close()
+                self._worker_store = None
+
+    def join(
+        self, store: dist.TCPStore, deadline: float, timings: RendezvousTimings | None
+    ) -> RendezvousInfo:
+        """Join the open round (or later ones) until one closes with this node as a member.
+
+        ``timings``: filled in as the phases are reached (None: not recorded).
+        """
+        self._timings = timings
+        k, s, name = self._keys, self._s, self._s.node_name
+        next_round = 0
+        while True:
+            generation = self._events.generation
+            # Read before the open round: from here on every event reaches this node
+            # (unless the epoch changes), the job's and the round's close included.
+            epoch = self._events.epoch()
+            if epoch is None or epoch != self._closed_checked:
+                if store.check([k.closed]):
+                    raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
+                self._closed_checked = epoch
+            if self._events.job_closed.is_set():
+                raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
+            bounds = read_bounds(store, k)
+            if bounds is not None and not store.check([k.listed(name)]):
+                # The controller has not admitted this node (yet): wait for a publication.
+                if time.monotonic() >= deadline:
+                    listed = read_membership(store, k)
+                    raise RendezvousTimeoutError(
+                        f"node {name} was not listed by the controller of rendezvous {s.run_id} at "
+                        f"{s.endpoint} within join_timeout={s.join_timeout:g}s (listed: "
+                        f"{list(listed.nodes) if listed is not None else []})"
+                    )
+                self._events.wait_event(generation, deadline - time.monotonic())
+                continue
+            r = max(open_round(store, k), next_round)
+            slot = int(store.add(k.joined(r), 1)) - 1
+            addr = self._local_addr()
+            peer_link = self._link()
+            link = peer_link.port if peer_link is not None else None
+            record: dict[str, object] = {
+                "name": name,
+                "addr": addr,
+                "link": link,
+                "local_world_size": s.local_world_size,
+            }
+            if slot == 0:
+                # Slot 0 is rank 0 of the round whenever it closes: host the worker store
+                # now, so that the closed round needs no second broadcast.
+                record["wstore"] = self._serve_worker_store(addr)
+            # torch implements Store.multi_set; its stubs do not declare it.
+            store.multi_set([k.node(r, slot), k.slot(r, name)], [json.dumps(record), str(slot)])  # type: ignore[attr-defined]
+            store.add(k.heartbeat(name), 1)
+            with self._lock:
+                self.joining = Joining(r, slot)
+            if self._timings is not None:
+                self._timings.joined = time.time()
+            if slot == 0 and r > 1:
+                push_event(store, k, f"join {r}")  # running members learn that nodes wait
+            account_previous_round(store, k, name, r)
+            try:
+                close = self._wait_closed(store, r, slot, deadline, epoch, bounds)
+            finally:
+                with self._lock:
+                    self.joining = None
+            if slot < close.size:
+                return self._become_member(store, r, slot, close, addr, json.dumps(record), deadline)
+            if slot == 0:
+                self.close_worker_store()
+            log.info(
+                "kelastic rendezvous: %s came too late for round %d; waiting for round %d", name, r, r + 1
+            )
+            next_round = r + 1
+
+    def _serve_worker_store(self, addr: str) -> int:
+        with self._lock:
+            self.close_worker_store()
+            served = serve_store(addr, 0)
+            self._worker_store = served
+        return served.port
+
+    def _wait_closed(
+        self,
+        store: dist.TCPStore,
+        r: int,
+        slot: int,
+        deadline: float,
+        epoch: int | None,
+        bounds: ControllerBounds | None,
+    ) -> RoundClose:
+        """Block until round r is closed (closing it if this node sees the condition); how it closed.
+
+        ``closewait.step`` decides every move; this applies its actions (the reads,
+        the close, the ``min`` event, the wait for an event) and feeds it the answers.
+        Every joiner evaluates the close rule once, right after its join. Afterwards
+        only the deciders (slots below ``closewait.DECIDERS``) evaluate it on each
+        event and run its timers; the others evaluate only every
+        ``closewait.FALLBACK_EVALUATION`` s, in case every decider died (without the O(N) listed check: their timers close
+        the round then), and otherwise read nothing: the round's close event
+        carries its size and worker store, which the watcher hands over. So an event
+        costs O(1) per node and the round O(N) in all.
+
+        ``epoch``: the watcher's epoch when this node read the open round (None: the
+        watcher was not connected); while it holds, the close event cannot have been
+        missed and the size key is not read. ``bounds``: the controller's bounds
+        read then, for the first evaluation.
+        """
+        k, s = self._keys, self._s
+        state = closewait.start(r, slot, deadline, epoch, {kind: s.timer(kind) for kind in TimerKind})
+        # The answer to the action just applied (at most one is set).
+        stored: RoundClose | None = None
+        opened: int | None = None
+        observed: RoundView | None = None
+        while True:
+            # The generation first: an event after it wakes the wait this pass ends in.
+            generation = self._events.generation
+            epoch = self._events.epoch()
+            event_close = self._events.close_of(r)
+            view = closewait.WaitView(
+                generation, epoch, event_close, self._events.job_closed.is_set(), stored, opened, observed
+            )
+            state, action = closewait.step(state, view, time.monotonic())
+            stored, opened, observed = None, None, None
+            if isinstance(action, closewait.ReadClose):
+                stored = read_close(store, k, r)
+            elif isinstance(action, closewait.ReadOpen):
+                opened = read_counter(store, k.open)
+            elif isinstance(action, closewait.Observe):
+                # The first evaluation reuses the bounds read right before joining.
+                first_bounds = bounds if action.own_count is not None else UNREAD
+                observed = observe_round(store, k, s, r, first_bounds, action.own_count, action.deep)
+            elif isinstance(action, closewait.Close):
+                names = try_close(store, k, r, action.size, s.node_name, self._token)
+                if names is not None:
+                    with self._lock:
+                        self._closed_names[r] = names
+            elif isinstance(action, closewait.AnnounceMin):
+                push_event(store, k, f"min {r}")  # min reached: the deciders start their timers
+            elif isinstance(action, closewait.Wait):
+                # Woken by the event watcher, which has already read the close event's value.
+                # Not blocked in ``store.wait`` on the size key: every expired wait raises
+                # through torch (with a C++ backtrace), and the close would wake each node
+                # twice (store and event).
+                self._events.wait_event(action.generation, action.until - time.monotonic())
+            elif isinstance(action, closewait.Return):
+                return action.close
+            elif action.reason is closewait.FailReason.JOB_CLOSED:
+                raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
+            else:
+                joined = read_counter(store, k.joined(r))
+                raise RendezvousTimeoutError(
+                    f"rendezvous {s.run_id} at {s.endpoint}: round {r} did not close within "
+                    f"join_timeout={s.join_timeout:g}s ({joined} joined, min {s.min_nodes}, max "
+                    f"{s.max_nodes} unless the controller set other bounds)"
+                )
+
+    def _become_member(
+        self,
+        store: dist.TCPStore,
+        r: int,
+        rank: int,
+        close: RoundClose,
+        addr: str,
+        own_record: str,
+        deadline: float,
+    ) -> RendezvousInfo:
+        """Read the ring successor's record (and rank 0's, if the close did not name its store).
+
+        Two calls when the record is there, as it nearly always is (members write it
+        right after taking their slot); a bounded wait otherwise.
+        """
+        k, timings, size = self._keys, self._timings, close.size
+        if timings is not None:
+            timings.closed = time.time()
+        successor_rank = (rank + 1) % size
+        wanted = {successor_rank} if size > 1 else set()
+        if rank != 0 and not close.master_port:
+            wanted.add(0)
+        records = read_records(store, k, self._s.run_id, r, sorted(wanted), deadline)
+        successor: str | None = None
+        link_target: LinkTarget | None = None
+        if size > 1:
+            record = records[successor_rank]
+            successor = str(record["name"])
+            if record.get("link") and self._link() is not None:
+                link_target = (r, successor, str(record["addr"]), int(str(record["link"])))
+        if rank == 0:
+            with self._lock:
+                served = self._worker_store
+            if served is None:  # shut down meanwhile
+                raise RendezvousClosedError(
+                    f"this node's handler for rendezvous {self._s.run_id} was shut down"
+                )
+            master_addr, master_port = addr, served.port
+        elif close.master_port:
+            master_addr, master_port = close.master_addr, close.master_port
+        else:
+            master_addr, master_port = str(records[0]["addr"]), int(str(records[0]["wstore"]))
+        if timings is not None:
+            timings.worker_store = time.time()
+        with self._lock:
+            names = self._closed_names.pop(r, None)
+            self._closed_names.clear()
+        self._became(Member(r, rank, size, successor, close, own_record, names), link_target)
+        # The agent's keys share this node's store connection (opening one per round
+        # would add a connect to every recovery); TCPStore clients serialize their ops.
+        agent_store = dist.PrefixStore(k.agent_prefix(r), store)
+        log.info(
+            "kelastic rendezvous: %s is rank %d of %d in round %d (worker store %s:%d)",
+            self._s.node_name,
+            rank,
+            size,
+            r,
+            master_addr,
+            master_port,
+        )
+        if timings is not None:
+            timings.returned = time.time()
+        return RendezvousInfo(agent_store, rank, size, RendezvousStoreInfo(master_addr, master_port))

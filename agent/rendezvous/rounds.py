@@ -1,0 +1,215 @@
+"""A joiner's reads and writes of its round in the store: the I/O behind the close-wait's actions.
+
+``closewait`` decides what a joiner does while its round is open; the functions
+here do the store side of it: observe the close rule's inputs
+(:func:`observe_round`), close the round (:func:`try_close`), read rank 0's worker
+store and the records a new member needs (:func:`read_worker_store`,
+:func:`read_records`), and claim this node's ``rejoin`` fate in the round before
+(:func:`account_previous_round`). :class:`Member` and :class:`Joining` are what a
+handler remembers of its rounds. Every function reads O(1) keys of O(1) size,
+except where its docstring says O(N).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+
+from .protocol import (
+    ControllerBounds,
+    Fate,
+    RoundClose,
+    RoundView,
+    RunKeys,
+    claim_fate,
+    close_event,
+    get_or_none,
+    listed_all_joined,
+    push_event,
+    read_bounds,
+    read_counter,
+    read_membership,
+    read_size,
+)
+from .settings import RendezvousSettings
+
+__all__ = [
+    "PEER_KEY_WAIT",
+    "UNREAD",
+    "Joining",
+    "Member",
+    "Unread",
+    "account_previous_round",
+    "observe_round",
+    "read_records",
+    "read_worker_store",
+    "try_close",
+]
+
+log = logging.getLogger(__name__)
+
+#: Bound on waiting for a key a peer writes right after taking its slot.
+PEER_KEY_WAIT = 10.0
+
+
+class Unread:
+    """Marks an argument as not read yet (None being a meaningful value)."""
+
+
+UNREAD = Unread()
+
+
+@dataclass(frozen=True)
+class Member:
+    """This node's place in a closed round: its rank, the round's size, whom it watches."""
+
+    round: int
+    rank: int
+    size: int
+    successor: str | None
+    # What re-establishes the round on a restarted store (``protocol.restore_round``):
+    # how it closed, this node's join record, and the member names if this node closed it.
+    close: RoundClose | None = None
+    record: str = ""
+    names: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Joining:
+    """This node holds ``slot`` of the open round ``round`` and waits for it to close."""
+
+    round: int
+    slot: int
+
+
+def account_previous_round(store: dist.TCPStore, keys: RunKeys, name: str, r: int) -> None:
+    """If node ``name`` was a member of round r-1, claim its fate there: it re-joined."""
+    previous = r - 1
+    if previous < 1:
+        return
+    raw = get_or_none(store, keys.slot(previous, name))
+    if raw is not None and int(raw) < read_size(store, keys, previous):
+        claim_fate(store, keys, previous, name, Fate.REJOIN, name)
+
+
+def observe_round(
+    store: dist.TCPStore,
+    keys: RunKeys,
+    settings: RendezvousSettings,
+    r: int,
+    bounds: ControllerBounds | Unread | None = UNREAD,
+    own_count: int | None = None,
+    deep: bool = True,
+) -> RoundView:
+    """The close rule's inputs: O(1) reads, plus O(N) only when every listed node may be here.
+
+    ``bounds``: the controller's bounds if just read (None: no controller).
+    The O(N) check that every listed node joined is made by a joiner only when
+    its own join (``own_count`` = its slot + 1) completed the count, waiting for
+    records still on the way, and by the deciders (``deep``). Nodes that merely
+    read a complete count do not: thousands of simultaneous joiners would
+    otherwise each read every record (O(N) each, O(N^2) for the store).
+    """
+    k, s = keys, settings
+    joined = read_counter(store, k.joined(r))
+    if isinstance(bounds, Unread):
+        bounds = read_bounds(store, k)
+    prev_size = read_size(store, k, r - 1)
+    prev_accounted = read_counter(store, k.accounted(r - 1)) if prev_size else 0
+    min_nodes = bounds.min_nodes if bounds is not None else s.min_nodes
+    listed = False
+    if bounds is not None and joined >= min_nodes and (deep or own_count is not None):
+        gone = read_counter(store, k.gone(r - 1)) if prev_size else 0
+        if (joined if own_count is None else own_count) + gone >= bounds.count:
+            membership = read_membership(store, k)
+            wait = PEER_KEY_WAIT if own_count is not None else 0.0
+            listed = membership is not None and listed_all_joined(
+                store, k, r, joined, membership.nodes, wait=wait
+            )
+    return RoundView(
+        joined=joined,
+        min_nodes=min_nodes,
+        max_nodes=bounds.max_nodes if bounds is not None else s.max_nodes,
+        prev_size=prev_size,
+        prev_accounted=prev_accounted,
+        controlled=bounds is not None,
+        listed_all_joined=listed,
+    )
+
+
+def try_close(
+    store: dist.TCPStore, keys: RunKeys, r: int, size: int, name: str, token: str
+) -> tuple[str, ...] | None:
+    """Close round r with ``size`` members if nobody did yet; the winner does the bookkeeping.
+
+    The close names rank 0's worker store (slot 0 publishes it with its join
+    record), so that members learn everything from the close event alone. The
+    winner reads the members' names (O(N)), lists them for the controller and
+    claims ``dropped`` for those the controller no longer lists. Returns those
+    names; None if another node closed the round, or a member never wrote its record.
+    """
+    k = keys
+    master_addr, master_port = read_worker_store(store, k, r)
+    mine = RoundClose(size, name, token, master_addr, master_port)
+    got = store.compare_set(k.size(r), "", mine.to_value())
+    if (got.decode() if isinstance(got, bytes) else got) != mine.to_value():
+        return None
+    store.add(k.open, 1)
+    push_event(store, k, close_event(r, mine))
+    node_keys = [k.node(r, i) for i in range(size)]
+    try:
+        store.wait(node_keys, datetime.timedelta(seconds=PEER_KEY_WAIT))
+    except dist.DistStoreError:
+        log.warning("kelastic rendezvous: a member of round %d never wrote its record", r)
+        return None
+    names = tuple(json.loads(raw)["name"] for raw in store.multi_get(node_keys))
+    store.set(k.members(r), json.dumps(list(names)))
+    ctl = read_membership(store, k)
+    if ctl is not None:
+        listed = set(ctl.nodes)
+        for member in names:
+            if member not in listed:
+                claim_fate(store, k, r, member, Fate.DROPPED, name)
+    log.info("kelastic rendezvous: closed round %d with %d nodes", r, size)
+    return names
+
+
+def read_worker_store(store: dist.TCPStore, keys: RunKeys, r: int) -> tuple[str, int]:
+    """Rank 0's worker store in round r from its record; ("", 0) if it did not write it in time."""
+    key = keys.node(r, 0)
+    # Not ``get_or_none``: on the libuv store a compare-and-set of a missing key
+    # wakes every client waiting for that key, and members may wait for this one.
+    if not store.check([key]):  # slot 0 is taken (a node joined); its record is on the way
+        try:
+            store.wait([key], datetime.timedelta(seconds=PEER_KEY_WAIT))
+        except dist.DistStoreError:
+            return "", 0
+    record = json.loads(store.get(key))
+    return str(record["addr"]), int(str(record.get("wstore") or 0))
+
+
+def read_records(
+    store: dist.TCPStore, keys: RunKeys, run_id: str, r: int, slots: list[int], deadline: float
+) -> dict[int, dict[str, object]]:
+    """The join records of ``slots`` in round r, waiting (bounded) for ones still on the way."""
+    if not slots:
+        return {}
+    node_keys = [keys.node(r, i) for i in slots]
+    # Not ``get_or_none`` (one round trip less): on the libuv store a compare-and-set
+    # of a missing key wakes every client waiting for it, whose read then finds nothing.
+    if not store.check(node_keys):
+        wait_for = datetime.timedelta(seconds=max(0.1, min(PEER_KEY_WAIT, deadline - time.monotonic())))
+        try:
+            store.wait(node_keys, wait_for)
+        except dist.DistStoreError as exc:
+            raise RendezvousTimeoutError(
+                f"rendezvous {run_id}: ranks {slots} of round {r} did not write their "
+                f"records within {wait_for.total_seconds():.0f}s"
+            ) from exc
+    return {i: json.loads(raw) for i, raw in zip(slots, store.multi_get(node_keys), strict=True)}
