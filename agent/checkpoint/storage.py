@@ -144,6 +144,18 @@ def _client(endpoint: str) -> ServiceClient:
     return pool[endpoint]
 
 
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _commit_pool() -> ThreadPoolExecutor:
+    """The coordinator's threads that send a commit to every node at once; kept for the
+    process's life (per pid: a forked worker makes its own), so are their connections."""
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():
+        _pool = (os.getpid(), ThreadPoolExecutor(max_workers=16, thread_name_prefix="kelastic-commit"))
+    return _pool[1]
+
+
 def _rank(kwargs: dict[str, Any]) -> int:
     rank = kwargs.get("rank")
     if rank is not None:
@@ -332,18 +344,13 @@ class MemoryWriter(StorageWriter):
         }
 
         def commit(endpoint: str) -> str | None:
-            try:
-                client = ServiceClient(endpoint)
-                try:
-                    client.call({**header, "coordinator": endpoint == self._endpoint}, blob)
-                finally:
-                    client.close()
+            try:  # the pool's threads keep their connections from one save to the next
+                _client(endpoint).call({**header, "coordinator": endpoint == self._endpoint}, blob)
             except CheckpointError as e:
                 return str(e)
             return None
 
-        with ThreadPoolExecutor(max_workers=min(32, len(info.ring))) as pool:
-            errors = dict(zip(info.ring, pool.map(commit, info.ring), strict=True))
+        errors = dict(zip(info.ring, _commit_pool().map(commit, info.ring), strict=True))
         if errors.get(self._endpoint):
             raise CheckpointError(f"checkpoint {info.id} was not committed: {errors[self._endpoint]}")
         for endpoint, error in errors.items():
@@ -492,6 +499,8 @@ class MemoryReader(StorageReader):
             else:
                 for req in reqs:
                     where: MemoryItem = self._storage[req.storage_index]
+                    if self._fetch_in_place(choice.id, name, where, holders, req, planner):
+                        continue
                     buf = bytearray(where.length)
                     self._fetch(choice.id, name, where, holders, memoryview(buf))
                     self._apply(req, buf, dataclasses.replace(where, offset=0), planner)
@@ -512,6 +521,35 @@ class MemoryReader(StorageReader):
         raise CheckpointError(
             f"no node could give {name} of checkpoint {cid} (held by {list(holders)}): {last}"
         )
+
+    def _fetch_in_place(
+        self,
+        cid: int,
+        name: str,
+        where: MemoryItem,
+        holders: Sequence[str],
+        req: ReadItem,
+        planner: LoadPlanner,
+    ) -> bool:
+        """Receive a whole stored tensor straight into its target (no intermediate buffer) when
+        the target is that tensor as stored: a contiguous CPU tensor of its dtype and shape."""
+        if req.type == LoadItemType.BYTE_IO or where.dtype is None or where.size is None or not where.length:
+            return False
+        if any(req.storage_offsets) or tuple(req.lengths) != tuple(where.size):
+            return False
+        target = planner.resolve_tensor(req).detach()
+        if (
+            target.device.type != "cpu"
+            or not target.is_contiguous()
+            or str(target.dtype) != where.dtype
+            or tuple(target.shape) != tuple(where.size)
+            or target.numel() * target.element_size() != where.length
+        ):
+            return False
+        view = memoryview(target.reshape(-1).view(torch.uint8).numpy())
+        self._fetch(cid, name, where, holders, view)
+        planner.commit_tensor(req, target)
+        return True
 
     @staticmethod
     def _apply(req: ReadItem, buf: Any, where: MemoryItem, planner: LoadPlanner) -> None:

@@ -398,3 +398,35 @@ def test_a_durable_copy_at_an_fsspec_url_is_written_metadata_last_and_restored(
     worker_of(fresh, monkeypatch)
     got, reader = load()
     assert same(got, state(6)) and reader.choice is not None and reader.choice.source is Source.DURABLE
+
+
+def test_a_node_that_holds_nothing_reads_every_part_from_its_peers(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that joined after the save (a scale-up, a replacement) restores over the network:
+    whole tensors straight into their targets, the others (a strided target, bytes) through a
+    buffer; bit-identical either way."""
+    a = service(services, shm, "a", replicas=0)
+    b = service(services, shm, "b", replicas=0)
+    worker_of(a, monkeypatch)
+    save(state(8), step=80)
+
+    class Both(MemoryReader):
+        """The inventories of a group of two (gathered by all_gather_object in a real one)."""
+
+        @property
+        def choice(self) -> Any:
+            if not self._chosen:
+                self._began = time.monotonic()
+                from kelastic.agent.checkpoint.plan import choose_restore
+
+                self._choice = choose_restore([s.keeper.inventory() for s in (a, b)])
+                self._chosen = True
+            return self._choice
+
+    worker_of(b, monkeypatch)
+    target, reader = blank(), Both()
+    dcp.load(target, storage_reader=reader, no_dist=True)
+    assert same(target, state(8))
+    assert reader.choice.holders and all(h == (a.endpoint,) for h in reader.choice.holders.values())
+    assert not any((shm / "b").glob("ckpt-*/__*")), "b held no part: everything came over the network"
