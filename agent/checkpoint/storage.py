@@ -546,7 +546,7 @@ class MemoryReader(StorageReader):
             or target.numel() * target.element_size() != where.length
         ):
             return False
-        view = memoryview(target.reshape(-1).view(torch.uint8).numpy())
+        view = target.reshape(-1).view(torch.uint8).numpy().data
         self._fetch(cid, name, where, holders, view)
         planner.commit_tensor(req, target)
         return True
