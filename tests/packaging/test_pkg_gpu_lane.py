@@ -27,6 +27,7 @@ SCENARIOS = (
 )
 
 
+@pytest.mark.slow  # a whole pytest collection in a subprocess: over 5 s
 def test_the_gpu_lane_is_collected_and_skipped_with_what_it_needs() -> None:
     found = cuda_device_count()
     if found >= 2:
