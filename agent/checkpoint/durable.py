@@ -102,13 +102,15 @@ class DurableStore:
 
     def prune(self, keep: int) -> None:
         """Remove all but the newest ``keep`` complete copies."""
-        old = self.copies()[: max(0, len(self.copies()) - keep)]
-        for _, where in old:
-            if self.is_url:
-                fs, _ = self._fs()
+        copies = self.copies()
+        old = copies[: max(0, len(copies) - keep)]
+        if self.is_url and old:
+            fs, _ = self._fs()
+            for _, where in old:
                 fs.rm(where, recursive=True)
-            else:
-                shutil.rmtree(where, ignore_errors=True)
+            return
+        for _, where in old:
+            shutil.rmtree(where, ignore_errors=True)
 
     def reader(self, where: str) -> Any:
         """torch.distributed.checkpoint's reader for copy ``where``."""

@@ -209,10 +209,9 @@ class CheckpointKeeper:
                     f"({self.settings.limit_reason})"
                 )
             free = _tmpfs_free(self.root)
+            newest = self._newest_committed()
             reusable = self.pool_bytes() + sum(
-                c.nbytes()
-                for c in self._ckpts.values()
-                if c.id not in self._pinned and c is not self._newest_committed()
+                c.nbytes() for c in self._ckpts.values() if c.id not in self._pinned and c is not newest
             )
             if free is not None and free + reusable < nbytes:
                 self._refused += 1

@@ -31,12 +31,17 @@ from kelastic.agent.checkpoint.service import ServiceClient
 __all__ = ["write_durable"]
 
 
-def _reader(keeper: CheckpointKeeper, cid: int, ring: list[str]) -> Any:
-    clients: dict[str, ServiceClient] = {}
+class _PartReader:
+    """Byte ranges of checkpoint ``cid``'s parts: from this node's memory when it holds the
+    part, else from the ring's other nodes (one connection each, closed by :meth:`close`)."""
 
-    def read(name: str, offset: int, length: int) -> bytes:
+    def __init__(self, keeper: CheckpointKeeper, cid: int, ring: list[str]) -> None:
+        self.keeper, self.cid, self.ring = keeper, cid, ring
+        self.clients: dict[str, ServiceClient] = {}
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
         try:
-            path = keeper.readable(cid, name)
+            path = self.keeper.readable(self.cid, name)
         except CheckpointError:
             path = None
         if path is not None:
@@ -45,22 +50,23 @@ def _reader(keeper: CheckpointKeeper, cid: int, ring: list[str]) -> Any:
                 return f.read(length)
         buf = bytearray(length)
         last: Exception | None = None
-        for endpoint in ring:
-            if endpoint == keeper.endpoint:
+        for endpoint in self.ring:
+            if endpoint == self.keeper.endpoint:
                 continue
-            client = clients.setdefault(endpoint, ServiceClient(endpoint))
+            client = self.clients.setdefault(endpoint, ServiceClient(endpoint))
             try:
                 client.call(
-                    {"op": "get", "id": cid, "name": name, "offset": offset, "length": length},
+                    {"op": "get", "id": self.cid, "name": name, "offset": offset, "length": length},
                     into=memoryview(buf),
                 )
                 return bytes(buf)
             except CheckpointError as e:
                 last = e
-        raise CheckpointError(f"no node holds {name} of checkpoint {cid}: {last}")
+        raise CheckpointError(f"no node holds {name} of checkpoint {self.cid}: {last}")
 
-    read.clients = clients  # type: ignore[attr-defined]
-    return read
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
 
 
 def write_durable(keeper: CheckpointKeeper, cid: int, ring: list[str], store: DurableStore, keep: int) -> str:
@@ -73,7 +79,7 @@ def write_durable(keeper: CheckpointKeeper, cid: int, ring: list[str], store: Du
     from kelastic.agent.checkpoint.storage import MemoryItem, _dtype
 
     metadata = pickle.loads(keeper.metadata(cid))
-    read = _reader(keeper, cid, ring)
+    parts = _PartReader(keeper, cid, ring)
     try:
         with store.writing(cid) as out_dir:
             by_file: dict[str, list[tuple[Any, MemoryItem]]] = {}
@@ -85,7 +91,7 @@ def write_durable(keeper: CheckpointKeeper, cid: int, ring: list[str], store: Du
                 with out_dir.open(out_name) as out:
                     position = 0
                     for index, where in sorted(entries, key=lambda e: e[1].offset):
-                        data = read(name, where.offset, where.length) if where.length else b""
+                        data = parts.read(name, where.offset, where.length) if where.length else b""
                         if where.dtype is None:
                             blob = data
                         else:
@@ -105,7 +111,6 @@ def write_durable(keeper: CheckpointKeeper, cid: int, ring: list[str], store: Du
             with out_dir.open(METADATA) as f:  # last: its presence marks the copy complete
                 pickle.dump(metadata, f)
     finally:
-        for client in read.clients.values():
-            client.close()
+        parts.close()
     store.prune(keep)
     return store.path_of(cid)
