@@ -225,11 +225,12 @@ def test_a_commit_of_a_superseded_save_is_refused(
         client.close()
 
 
-def wait_replicated(s: CheckpointService, timeout: float = 20) -> None:
+def wait_background(s: CheckpointService, timeout: float = 30) -> None:
+    """Until the service's replication and durable copies are done (it works off the save path)."""
     deadline = time.monotonic() + timeout
-    while s.keeper._outgoing and time.monotonic() < deadline:
+    while (s.keeper._outgoing or s.keeper._pinned) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not s.keeper._outgoing
+    assert not s.keeper._outgoing and not s.keeper._pinned
 
 
 def test_a_lost_node_s_part_is_restored_from_its_successor_s_replica(
@@ -252,7 +253,7 @@ def test_a_lost_node_s_part_is_restored_from_its_successor_s_replica(
             ]
 
     dcp.save(state(7), storage_writer=OnRing(step=70), no_dist=True)
-    wait_replicated(a)
+    wait_background(a)
     held_b = b.keeper.inventory().held
     assert (
         len(held_b) == 1 and held_b[0].replicas == frozenset({"__0.mem"}) and held_b[0].required is not None
@@ -273,9 +274,7 @@ def test_the_durable_copy_is_read_by_plain_dcp_and_restored_when_memory_is_empty
     worker_of(a, monkeypatch)
     for seed in range(1, 6):
         save(state(seed))
-    deadline = time.monotonic() + 30
-    while a.keeper._pinned and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_background(a)
     assert sorted(p.name for p in durable.iterdir()) == ["checkpoint-2", "checkpoint-4"]
     plain = blank()
     dcp.load(plain, storage_reader=dcp.FileSystemReader(durable / "checkpoint-4"), no_dist=True)
@@ -384,9 +383,7 @@ def test_a_durable_copy_at_an_fsspec_url_is_written_metadata_last_and_restored(
     a = service(services, shm, "a", persist_dir=url)
     worker_of(a, monkeypatch)
     save(state(6))
-    deadline = time.monotonic() + 30
-    while a.keeper._pinned and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_background(a)
     fs, root = fsspec.core.url_to_fs(url)
     assert fs.exists(f"{root}/checkpoint-1/.metadata")
     plain = blank()
