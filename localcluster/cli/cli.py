@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import enum
 import importlib.util
+import logging
 import os
 import re
 import shlex
@@ -52,7 +53,7 @@ from .completion import Outcome, outcome_of, pod_outcome, waitable
 from .jobsummary import JobTimeline
 from .logrelay import LogFollower, LogRelay
 
-__all__ = ["find_crds_dir", "main", "operator_command"]
+__all__ = ["find_crds_dir", "log_in_kelastic_voice", "main", "operator_command"]
 
 T = TypeVar("T")
 
@@ -881,8 +882,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def log_in_kelastic_voice(stream: TextIO | None = None) -> logging.Handler:
+    """Print the warnings of the in-process cluster (API server, kubelet, controllers) as kelastic's own lines.
+
+    Without a handler Python prints them bare, among the pods' ``[pod/container]``
+    lines, where a user cannot tell who spoke. Returns the handler installed on
+    the ``kelastic`` logger (the caller may remove it).
+    """
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("kelastic: %(message)s"))
+    logger = logging.getLogger("kelastic")
+    logger.addHandler(handler)
+    return handler
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    log_in_kelastic_voice()
     try:
         return int(args.func(args))
     except (TimeoutError, RuntimeError, OSError) as exc:

@@ -173,6 +173,10 @@ def compute_slices(service: Mapping[str, Any], subsets: list[dict[str, Any]]) ->
     return slices
 
 
+def _cache_was_behind(exc: BaseException) -> bool:
+    return isinstance(exc, ApiRequestError) and exc.status in (404, 409)
+
+
 class EndpointsController:
     """Writes EndpointSlices for every selector Service; start and stop in one event loop."""
 
@@ -263,12 +267,10 @@ class EndpointsController:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    # A conflict means our cache was behind: the watch catches up, then we retry.
-                    level = (
-                        logging.DEBUG
-                        if isinstance(exc, ApiRequestError) and exc.status == 409
-                        else logging.WARNING
-                    )
+                    # A conflict or a missing slice means our cache was behind (someone
+                    # changed the slice, or the garbage collector took it with its
+                    # deleted Service): the watch catches up, then we retry.
+                    level = logging.DEBUG if _cache_was_behind(exc) else logging.WARNING
                     log.log(level, "could not update endpoints %s: %s", key, exc)
                     self._dirty.add(key)
             if self._dirty:

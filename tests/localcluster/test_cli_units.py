@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import signal
 import time
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kelastic.localcluster.cli.apply import ManifestError, load_manifests
-from kelastic.localcluster.cli.cli import Interrupted, _Stopper, exit_code
+from kelastic.localcluster.cli.cli import Interrupted, _Stopper, exit_code, log_in_kelastic_voice
 from kelastic.localcluster.cli.completion import Outcome, outcome_of, register_rule, waitable
 from kelastic.localcluster.cli.logrelay import LogFollower, LogRelay
 
@@ -158,3 +160,15 @@ def test_a_swallowed_interruption_still_ends_the_start_up() -> None:
                 pass
         with pytest.raises(Interrupted), stopper.interruptible():  # a signal that came before it
             pass
+
+
+def test_the_in_process_clusters_warnings_speak_as_kelastic() -> None:
+    # Without a handler Python prints a warning bare among the pods' lines.
+    out = io.StringIO()
+    handler = log_in_kelastic_voice(out)
+    try:
+        logging.getLogger("kelastic.localcluster.controllers.endpoints").warning("could not update %s", "x")
+        logging.getLogger("kelastic.localcluster.kubelet").info("chatter")
+    finally:
+        logging.getLogger("kelastic").removeHandler(handler)
+    assert out.getvalue() == "kelastic: could not update x\n"
