@@ -90,10 +90,11 @@ from kelastic.agent import restart_policy, warm
 from kelastic.agent.events import Event, EventSink, EventSource, default_sink, record
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import ProcessFailure, SignalException, Std
-from kelastic.agent.restart_policy import Action, LossQuestion, Verdict, Watching
+from kelastic.agent.restart_policy import Action, JoinDeferral, LossQuestion, Verdict, Watching
 
 __all__ = [
     "DEFAULT_ROLE",
+    "CheckpointCommits",
     "ElasticAgent",
     "LossWatcher",
     "MembershipChangedError",
@@ -156,6 +157,12 @@ class LossWatcher(Protocol):
         announced it is leaving), False once a peer re-joined without a loss, or on timeout."""
         ...
 
+    def wait_previous_round_lost(self, timeout: float) -> bool:
+        """After re-joining: block up to ``timeout`` s; True once a member of the round this
+        node was in before was lost, False once all of them are accounted for without a
+        loss, on timeout, or when there was no round before."""
+        ...
+
     def announce_leaving(self) -> None:
         """Tell the round this node is stopping its workers to leave (best effort)."""
         ...
@@ -163,6 +170,20 @@ class LossWatcher(Protocol):
     @property
     def loss_notice(self) -> float:
         """Seconds a lost member may take to show after its process is gone."""
+        ...
+
+
+class CheckpointCommits(Protocol):
+    """The node's checkpoint memory as the restart loop sees it (kelastic's
+    :class:`~kelastic.agent.checkpoint.keeper.CheckpointKeeper`)."""
+
+    def cadence(self) -> tuple[int | None, float | None, float | None]:
+        """The newest committed checkpoint, seconds since its commit, seconds between the
+        two latest commits (None where unknown)."""
+        ...
+
+    def wait_committed(self, after: int, timeout: float) -> bool:
+        """Block up to ``timeout`` s until a checkpoint newer than ``after`` is committed."""
         ...
 
 
@@ -582,11 +603,19 @@ class SimpleElasticAgent(ElasticAgent):
         membership_grace: float | None = None,
         event_sink: EventSink | None = None,
         metrics: Metrics | None = None,
+        checkpoint_commits: CheckpointCommits | None = None,
     ) -> None:
         if spec.rdzv_handler is None:
             raise ValueError("WorkerSpec.rdzv_handler is required to run an agent (the spec has None)")
         self._worker_group = WorkerGroup(spec)
         self._remaining_restarts = spec.max_restarts
+        #: When a restart was spent before its cause was known: the end of the grace within
+        #: which a member of the round left may still show as lost (see _settle_spent_restart).
+        self._settle_by: float | None = None
+        self._checkpoint_commits = checkpoint_commits
+        #: While nodes wait to join and the group finishes its current checkpoint interval:
+        #: what it waits for and until when (time.monotonic()).
+        self._deferral: tuple[JoinDeferral, float] | None = None
         self._group_restart_count = 0  # of the last round (see RankAssignment)
         self._store: Store | None = None
         self._exit_barrier_timeout = exit_barrier_timeout
@@ -694,6 +723,8 @@ class SimpleElasticAgent(ElasticAgent):
         spec = worker_group.spec
         with self.metrics.timer("agent", "rendezvous"):
             info = spec.rdzv_handler.next_rendezvous()
+        # Before the restarts this agent spent are exchanged with its peers.
+        self._settle_spent_restart(spec.rdzv_handler)
         store, group_rank, group_world_size = info.store, info.rank, info.world_size
         boot = info.bootstrap_store_info
         master_addr = spec.master_addr or (boot.master_addr if boot is not None else None)
@@ -817,23 +848,90 @@ class SimpleElasticAgent(ElasticAgent):
             return Watching.NOTHING
         return Watching.LOSSES if isinstance(watcher, LossWatcher) else Watching.MEMBERSHIP
 
-    def _member_lost(self, watching: Watching, changed: bool) -> bool:
+    def _loss_question(self, watching: Watching, changed: bool) -> LossQuestion:
+        alone = self._worker_group.group_world_size == 1  # no peer whose loss could have caused it
+        return restart_policy.loss_question(
+            watching, changed=changed, alone=alone, final=self._remaining_restarts == 0
+        )
+
+    def _member_lost(self, question: LossQuestion) -> bool:
         """After workers failed: was it caused by the group changing around them?
 
-        Asks the handler the question :func:`~kelastic.agent.restart_policy.loss_question`
-        names, waiting up to the membership grace for the answer. ``changed``: the
-        membership was seen changed just before the failure was.
+        Asks the handler ``question`` (see :func:`~kelastic.agent.restart_policy.loss_question`),
+        waiting up to the membership grace for the answer, except for
+        :attr:`LossQuestion.AFTER_REJOIN`, which takes what is known now: the rest of
+        the answer comes after the restart (:meth:`_settle_spent_restart`).
         """
-        alone = self._worker_group.group_world_size == 1  # no peer whose loss could have caused it
-        question = restart_policy.loss_question(watching, changed=changed, alone=alone)
         if question is LossQuestion.NO or question is LossQuestion.YES:
             return question is LossQuestion.YES
         watcher = self._watcher()
         assert watcher is not None  # a question to ask means a handler that watches
+        if question is LossQuestion.AFTER_REJOIN:
+            assert isinstance(watcher, LossWatcher)
+            return bool(watcher.wait_member_lost(0.0))
         if question is LossQuestion.WAIT_MEMBER_LOST:
             assert isinstance(watcher, LossWatcher)
             return bool(watcher.wait_member_lost(self._membership_grace))
         return watcher.membership_changed() or bool(watcher.wait_membership_change(self._membership_grace))
+
+    def _at_a_checkpoint(self, verdict: Verdict, tick: float) -> Verdict:
+        """Hold a restart for joining nodes until the group's next checkpoint is committed.
+
+        Returns ``verdict`` (restart now) when a member was lost, when the job's save
+        pace does not allow it (:func:`~kelastic.agent.restart_policy.defer_join`), or
+        once the checkpoint came or the wait ran out; else CONTINUE, after waiting up
+        to ``tick`` seconds for the commit. Every agent of the group sees the same
+        commit within milliseconds, so they re-form together.
+        """
+        commits = self._checkpoint_commits
+        watcher = self._worker_group.spec.rdzv_handler
+        if commits is None or not isinstance(watcher, LossWatcher):
+            return verdict
+        if watcher.wait_member_lost(0.0):
+            self._deferral = None
+            return verdict
+        role = self._worker_group.spec.role
+        if self._deferral is None:
+            latest, age, interval = commits.cadence()
+            deferral = restart_policy.defer_join(latest, age, interval)
+            if deferral is None:
+                return verdict
+            self._deferral = (deferral, time.monotonic() + deferral.within)
+            _log.info(
+                "[%s] %s: restarting after the next checkpoint (the newest is %d; within %.1fs)",
+                role,
+                verdict.reason,
+                deferral.after,
+                deferral.within,
+            )
+        deferral, deadline = self._deferral
+        remaining = deadline - time.monotonic()
+        if commits.wait_committed(deferral.after, min(tick, max(0.0, remaining))):
+            self._deferral = None
+            return Verdict(verdict.action, f"{verdict.reason}; at the checkpoint after {deferral.after}")
+        if remaining <= tick:
+            self._deferral = None
+            return Verdict(
+                verdict.action, f"{verdict.reason}; no checkpoint after {deferral.after} came in time"
+            )
+        return Verdict(Action.CONTINUE, "")
+
+    def _settle_spent_restart(self, handler: RendezvousHandler) -> None:
+        """After re-joining on a restart spent before its cause was known: give it back
+        when the round left lost a member (its peers' workers failed because of it)."""
+        deadline, self._settle_by = self._settle_by, None
+        if deadline is None or not isinstance(handler, LossWatcher):
+            return
+        if handler.wait_previous_round_lost(max(0.0, deadline - time.monotonic())):
+            self._remaining_restarts += 1
+            self.metrics.incr("agent", "restarts", -1)
+            self.metrics.incr("agent", "membership_restarts")
+            _log.info(
+                "[%s] a member of the previous round was lost: the restart is given back (%d/%d left)",
+                self._worker_group.spec.role,
+                self._remaining_restarts,
+                self._worker_group.spec.max_restarts,
+            )
 
     def _apply(self, verdict: Verdict) -> bool:
         """Carry ``verdict`` out; True when the agent's run ends with it (FAIL)."""
@@ -873,14 +971,25 @@ class SimpleElasticAgent(ElasticAgent):
                 self._exit_barrier()
                 return result
             if state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+                # Failed while waiting for a checkpoint to let nodes join: a peer that
+                # re-formed first stopped them (or they failed on their own in that
+                # window; either way the group is re-forming).
+                question = (
+                    LossQuestion.YES if self._deferral is not None else self._loss_question(watching, changed)
+                )
+                self._deferral = None
+                grace_ends = time.monotonic() + self._membership_grace
                 verdict = restart_policy.decide_after_failure(
                     restart_policy.Failure(
                         state=state.value,
-                        member_lost=self._member_lost(watching, changed),
+                        member_lost=self._member_lost(question),
                         remaining_restarts=self._remaining_restarts,
                         max_restarts=spec.max_restarts,
+                        settled=question is not LossQuestion.AFTER_REJOIN,
                     )
                 )
+                if question is LossQuestion.AFTER_REJOIN and verdict.action is Action.RESTART_SPEND:
+                    self._settle_by = grace_ends
             elif state == WorkerState.HEALTHY:
                 self._on_monitor_tick(self._worker_group)
                 # only a handler that watches nothing is asked (torch's c10d and static)
@@ -888,6 +997,8 @@ class SimpleElasticAgent(ElasticAgent):
                 verdict = restart_policy.decide_while_healthy(
                     restart_policy.Healthy(watching=watching, changed=changed, nodes_waiting=waiting)
                 )
+                if verdict.action is Action.RESTART_FREE and watching is Watching.LOSSES:
+                    verdict = self._at_a_checkpoint(verdict, spec.monitor_interval)
             else:
                 raise RuntimeError(f"[{spec.role}] worker group in unexpected state {state.value}")
             if self._apply(verdict):

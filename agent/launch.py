@@ -236,6 +236,7 @@ def launch_agent(config: LaunchConfig) -> RunResult:
             hang_timeout=config.hang_timeout,
             extra_env=checkpoints.worker_env() if checkpoints is not None else None,
             checkpoint_status=checkpoints.keeper.status if checkpoints is not None else None,
+            checkpoint_commits=checkpoints.keeper if checkpoints is not None else None,
         )
         telemetry.start_sampler(agent.rank_progress)
         if checkpoints is not None:

@@ -53,7 +53,15 @@ from string import Template
 from typing import Any
 
 from kelastic.agent import contract, hang, warm
-from kelastic.agent.api import NamedNode, RunResult, SimpleElasticAgent, WorkerGroup, WorkerSpec, WorkerState
+from kelastic.agent.api import (
+    CheckpointCommits,
+    NamedNode,
+    RunResult,
+    SimpleElasticAgent,
+    WorkerGroup,
+    WorkerSpec,
+    WorkerState,
+)
 from kelastic.agent.events import EventSink
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import (
@@ -168,7 +176,8 @@ class LocalElasticAgent(SimpleElasticAgent):
     and the verdict is published with the node's progress. ``extra_env`` is added to
     every worker's environment (the checkpoint service's address);
     ``checkpoint_status`` (optional) gives the node's checkpoint state published with its
-    progress.
+    progress; ``checkpoint_commits`` (optional) lets a restart for joining nodes wait for
+    the group's next checkpoint (see :func:`kelastic.agent.restart_policy.defer_join`).
     """
 
     def __init__(
@@ -190,6 +199,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         hang_timeout: float | None = None,
         extra_env: Mapping[str, str] | None = None,
         checkpoint_status: Callable[[], dict[str, Any]] | None = None,
+        checkpoint_commits: CheckpointCommits | None = None,
     ) -> None:
         super().__init__(
             spec,
@@ -197,6 +207,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             membership_grace=membership_grace,
             event_sink=event_sink,
             metrics=metrics,
+            checkpoint_commits=checkpoint_commits,
         )
         if logs_specs is not None and log_dir is not None:
             raise ValueError("pass either logs_specs (torch's) or log_dir (kelastic's), not both")

@@ -13,10 +13,18 @@ The rule a caller may rely on:
 * any other failure spends one while some remain, and fails the agent when none
   does;
 * healthy workers are restarted, without spending one, when the membership
-  changed (a handler that watches it) or nodes wait to join (one that does not).
+  changed (a handler that watches it) or nodes wait to join (one that does not);
+  when only nodes joining changed it and the job saves memory checkpoints at a
+  steady pace, right after the next checkpoint (:func:`defer_join`), so that the
+  re-formed group redoes no step.
 
 Whether a member was lost is asked of the rendezvous handler, which may have to
 wait for the answer: :func:`loss_question` says which question to ask, if any.
+With kelastic's handler the agent does not wait before restarting: a crash's
+verdict ("no member was lost") comes from the peers re-joining, which they do
+only once they restart, so waiting for it first cost every crash the whole grace.
+It restarts at once, spending a restart, and gives it back once the round it
+left turns out to have lost a member (:attr:`LossQuestion.AFTER_REJOIN`).
 """
 
 from __future__ import annotations
@@ -25,14 +33,17 @@ from dataclasses import dataclass
 from enum import Enum
 
 __all__ = [
+    "MAX_JOIN_DEFERRAL",
     "Action",
     "Failure",
     "Healthy",
+    "JoinDeferral",
     "LossQuestion",
     "Verdict",
     "Watching",
     "decide_after_failure",
     "decide_while_healthy",
+    "defer_join",
     "loss_question",
 ]
 
@@ -62,21 +73,30 @@ class LossQuestion(str, Enum):
     collective, so its loss may show only later."""
     CHANGED_OR_WAIT = "changed_or_wait"
     """Ask ``membership_changed()``, then ``wait_membership_change(grace)``."""
+    AFTER_REJOIN = "after_rejoin"
+    """Ask ``wait_member_lost(0)`` (what is known now); when no loss shows yet, restart
+    at once spending a restart, and after re-joining ask
+    ``wait_previous_round_lost(what is left of the grace)``: a member of the round
+    left lost gives the restart back."""
 
 
-def loss_question(watching: Watching, *, changed: bool, alone: bool) -> LossQuestion:
+def loss_question(watching: Watching, *, changed: bool, alone: bool, final: bool = False) -> LossQuestion:
     """Which question tells whether the workers' failure was the group changing.
 
     ``changed``: the membership was seen changed in the wait before the failure was
     seen. ``alone``: this node is the only one of its round (no peer could have
-    caused it). With :attr:`Watching.LOSSES` only a lost member counts (a peer that
-    re-joined after its own failure spends a restart on every agent alike), so
-    ``changed`` alone settles nothing.
+    caused it). ``final``: no restart is left, so spending one is failing the job.
+    With :attr:`Watching.LOSSES` only a lost member counts (a peer that re-joined
+    after its own failure spends a restart on every agent alike), so ``changed``
+    alone settles nothing; the answer is settled after the restart unless the
+    restart would be the job's end, which waits for the answer first.
     """
     if watching is Watching.NOTHING:
         return LossQuestion.NO
     if watching is Watching.LOSSES:
-        return LossQuestion.NO if alone else LossQuestion.WAIT_MEMBER_LOST
+        if alone:
+            return LossQuestion.NO
+        return LossQuestion.WAIT_MEMBER_LOST if final else LossQuestion.AFTER_REJOIN
     if changed:
         return LossQuestion.YES
     return LossQuestion.NO if alone else LossQuestion.CHANGED_OR_WAIT
@@ -109,13 +129,16 @@ class Failure:
     """What the loop knows once workers failed.
 
     ``state``: the workers' state as the reason names it (``FAILED``, ``UNHEALTHY``);
-    ``member_lost``: the answer to :func:`loss_question`'s question.
+    ``member_lost``: the answer to :func:`loss_question`'s question; ``settled``:
+    False when a loss may still show after the restart
+    (:attr:`LossQuestion.AFTER_REJOIN`), which then gives a spent restart back.
     """
 
     state: str
     member_lost: bool
     remaining_restarts: int
     max_restarts: int
+    settled: bool = True
 
 
 def decide_after_failure(failure: Failure) -> Verdict:
@@ -127,9 +150,10 @@ def decide_after_failure(failure: Failure) -> Verdict:
         )
     if failure.remaining_restarts > 0:
         left = failure.remaining_restarts - 1
+        unless = "" if failure.settled else " (given back if a member of the round turns out lost)"
         return Verdict(
             Action.RESTART_SPEND,
-            f"workers {failure.state}; {left}/{failure.max_restarts} restarts left after this",
+            f"workers {failure.state}; {left}/{failure.max_restarts} restarts left after this{unless}",
         )
     return Verdict(Action.FAIL, "")
 
@@ -156,3 +180,41 @@ def decide_while_healthy(healthy: Healthy) -> Verdict:
     elif healthy.nodes_waiting > 0:
         return Verdict(Action.RESTART_FREE, f"{healthy.nodes_waiting} node(s) waiting to join")
     return Verdict(Action.CONTINUE, "")
+
+
+#: The longest a joining node is kept waiting for the group's next checkpoint, seconds:
+#: a job that saves less often re-forms at once and redoes its steps since the last one.
+MAX_JOIN_DEFERRAL = 30.0
+
+
+@dataclass(frozen=True)
+class JoinDeferral:
+    """Restart for the joining nodes once a checkpoint newer than ``after`` is committed,
+    or after ``within`` seconds, whichever comes first."""
+
+    after: int
+    within: float
+
+
+def defer_join(
+    latest: int | None, age: float | None, interval: float | None, cap: float = MAX_JOIN_DEFERRAL
+) -> JoinDeferral | None:
+    """When nodes wait to join a healthy group: wait for its next checkpoint, or not (None).
+
+    ``latest``, ``age``, ``interval``: the newest committed checkpoint, seconds since
+    its commit and seconds between the two latest commits (the checkpoint memory's
+    cadence; None where unknown). A group re-formed right after a checkpoint restores
+    it and redoes no step; re-formed at once it redoes every step since the last one,
+    on every node, while the joiner's wait costs only its own share. The wait is the
+    time to the next expected commit plus half an interval of slack, and is not taken
+    when the pace is unknown, when saves have stopped (none for two intervals), or
+    when it would exceed ``cap``.
+    """
+    if latest is None or age is None or interval is None or interval <= 0:
+        return None
+    if age > 2 * interval:
+        return None
+    within = max(0.0, interval - age) + 0.5 * interval
+    if within > cap:
+        return None
+    return JoinDeferral(after=latest, within=within)

@@ -37,6 +37,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,8 @@ class CheckpointKeeper:
         self._restored: dict[str, Any] | None = None
         self._last_persist: float | None = None
         self._saves = 0
+        #: time.monotonic() of the latest commits: the job's save cadence
+        self._commit_times: deque[float] = deque(maxlen=2)
         self._refused = 0
         self._restores: dict[str, int] = {}
         self._load_existing()
@@ -295,8 +298,33 @@ class CheckpointKeeper:
             ck.required, ck.ring, ck.step = dict(required), list(ring), step
             self._newest = max(self._newest, cid)
             self._saves += 1
+            self._commit_times.append(time.monotonic())
             self._cond.notify_all()
             return ck
+
+    def cadence(self) -> tuple[int | None, float | None, float | None]:
+        """The job's saves as this node saw them: the newest committed checkpoint, seconds
+        since this agent saw its commit, and seconds between its two latest commits
+        (None for what is not known: no commit yet, or only one since the agent started)."""
+        with self._cond:
+            newest = self._newest_committed()
+            times = list(self._commit_times)
+        now = time.monotonic()
+        return (
+            None if newest is None else newest.id,
+            now - times[-1] if times else None,
+            times[-1] - times[-2] if len(times) == 2 else None,
+        )
+
+    def wait_committed(self, after: int, timeout: float) -> bool:
+        """Block up to ``timeout`` s until a checkpoint newer than ``after`` is committed."""
+
+        def newer() -> bool:
+            newest = self._newest_committed()
+            return newest is not None and newest.id > after
+
+        with self._cond:
+            return self._cond.wait_for(newer, timeout=max(0.0, timeout))
 
     def own_files(self, cid: int) -> list[tuple[str, int]]:
         with self._cond:

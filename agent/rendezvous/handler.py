@@ -228,6 +228,9 @@ class KelasticRendezvousHandler(RendezvousHandler):
         # The latest round this node was a member of, kept while it re-joins: a restarted
         # store gets it back from this node too, so that its fate there can be claimed.
         self._last_member: Member | None = None
+        # The round this node was a member of when it last began to re-join: whether
+        # it lost a member is asked after the re-join (``wait_previous_round_lost``).
+        self._before: Member | None = None
         # Known while the store was unreachable: a member of this node's round is gone
         # (the peer link closed), or the restarted store holds another round of its number.
         self._detached_change = False
@@ -300,6 +303,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         deadline = time.monotonic() + self._s.join_timeout
         self._timings = RendezvousTimings(started=time.time())
         with self._lock:
+            self._before = self._last_member
             self._member = None
             self._detached_change = False
             self._changed_cache = None
@@ -460,6 +464,41 @@ class KelasticRendezvousHandler(RendezvousHandler):
         member of a round.
         """
         return self._wait_verdict(self._member_lost_now, timeout)
+
+    def wait_previous_round_lost(self, timeout: float) -> bool:
+        """After ``next_rendezvous`` returned: was a member of the round this node left lost?
+
+        Blocks on store events for up to ``timeout`` seconds. True as soon as a
+        member of that round has a fate other than rejoin (dead, left, dropped), or
+        when the store no longer knows the round (it restarted meanwhile: nothing
+        tells a loss from the group's own failure, and a loss is the likelier cause,
+        as in :meth:`wait_member_lost`). False as soon as every member of it is
+        accounted for without a loss, when ``timeout`` passes, or when this node was
+        in no round before.
+        """
+        before = self._before
+        if before is None:
+            return False
+        return self._wait_verdict(lambda: self._previous_loss_verdict(before), timeout)
+
+    def _previous_loss_verdict(self, before: Member) -> bool | None:
+        if self._conn.lost.is_set():
+            return None
+        with self._lock:
+            store = self._conn.store
+            if store is None:
+                return None
+            try:
+                # ``gone`` after ``accounted``, as in _loss_verdict.
+                accounted = read_counter(store, self._keys.accounted(before.round))
+                gone = read_counter(store, self._keys.gone(before.round))
+                leaving = read_counter(store, self._keys.leaving(before.round))
+            except dist.DistNetworkError:
+                return None
+        if gone > 0 or leaving > 0 or accounted == 0:
+            # accounted == 0: not even this node's own rejoin is recorded there.
+            return True
+        return False if accounted >= before.size else None
 
     def _wait_verdict(self, verdict: Callable[[], bool | None], timeout: float) -> bool:
         """Re-evaluate ``verdict`` on every store event until it is not None; False after ``timeout`` s."""

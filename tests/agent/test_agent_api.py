@@ -300,10 +300,14 @@ class PeerHandler(OneNodeHandler):
     """Rank 0 of two; the peer is scripted: its role info (with the restarts it spent) is in
     every round's store, and ``losses`` answers whether a member was lost after a failure."""
 
-    def __init__(self, losses: list[bool], peer_restarts: int = 0, **kw: Any) -> None:
+    def __init__(
+        self, losses: list[bool], peer_restarts: int = 0, previous_losses: list[bool] | None = None, **kw: Any
+    ) -> None:
         super().__init__(**kw)
         self.losses = list(losses)
+        self.previous_losses = list(previous_losses or [])
         self.peer_restarts = peer_restarts
+        self.asked: list[tuple[str, float]] = []
 
     def next_rendezvous(self) -> RendezvousInfo:
         from torch.distributed import PrefixStore
@@ -318,8 +322,12 @@ class PeerHandler(OneNodeHandler):
         return RendezvousInfo(store, 0, 2, RendezvousStoreInfo("127.0.0.1", 29999))
 
     def wait_member_lost(self, timeout: float) -> bool:
-        self.grace = timeout
+        self.asked.append(("member_lost", timeout))
         return self.losses.pop(0)
+
+    def wait_previous_round_lost(self, timeout: float) -> bool:
+        self.asked.append(("previous_round_lost", timeout))
+        return self.previous_losses.pop(0)
 
     def announce_leaving(self) -> None:
         self.announced = True
@@ -333,11 +341,25 @@ def test_a_failure_without_a_lost_member_spends_a_restart_though_the_round_chang
     """The peer re-joined (the round changed) because its workers failed in the same
     collective: that is the group's own failure, and it costs a restart here too."""
     F, S = WorkerState.FAILED, WorkerState.SUCCEEDED
-    handler = PeerHandler(losses=[False], changes=[True, False])
+    handler = PeerHandler(losses=[False], previous_losses=[False], changes=[True, False])
     assert isinstance(handler, LossWatcher)
     agent = ScriptedAgent(_spec(handler, max_restarts=1), [F, S])
     assert agent.run().state == S
     assert agent.starts == [0, 1] and agent.restarts_spent == 1
+
+
+def test_a_failure_restarts_at_once_without_waiting_for_the_verdict() -> None:
+    """A crash's verdict (no member lost) comes from the peers re-joining, which they do
+    only once they restart: the agent asks what is known now (no wait), restarts, and
+    asks about the round it left after re-joining, within what is left of the grace."""
+    F, S = WorkerState.FAILED, WorkerState.SUCCEEDED
+    handler = PeerHandler(losses=[False], previous_losses=[False])
+    agent = SimpleScriptedAgent(_spec(handler, max_restarts=1), [F, S])
+    assert agent.run().state == S
+    assert [q for q, _ in handler.asked] == ["member_lost", "previous_round_lost"]
+    assert handler.asked[0][1] == 0.0
+    assert 1.0 < handler.asked[1][1] <= 1.5, "the rest of the handler's loss_notice"
+    assert agent.restarts_spent == 1
 
 
 def test_a_failure_with_a_lost_member_is_free() -> None:
@@ -347,18 +369,31 @@ def test_a_failure_with_a_lost_member_is_free() -> None:
     assert agent.run().state == S
     assert agent.starts == [0, 0] and agent.metrics.counters()["agent.membership_restarts"] == 1
     assert agent.restarts_spent == 0
-    assert handler.grace == 1.5, "without an override the grace is the handler's loss_notice"
+    assert handler.asked == [("member_lost", 0.0)], "a loss known at once settles it"
+
+
+def test_a_loss_seen_after_the_restart_gives_the_restart_back() -> None:
+    """The peer's death showed only after this agent restarted: the restart it spent is
+    given back before the round's restart counts are exchanged, so the workers start
+    with the count of before."""
+    F, S = WorkerState.FAILED, WorkerState.SUCCEEDED
+    handler = PeerHandler(losses=[False], previous_losses=[True])
+    agent = SimpleScriptedAgent(_spec(handler, max_restarts=1), [F, S])
+    assert agent.run().state == S
+    assert agent.starts == [0, 0] and agent.restarts_spent == 0
+    counters = agent.metrics.counters()
+    assert counters["agent.restarts"] == 0 and counters["agent.membership_restarts"] == 1
 
 
 def test_a_failure_that_would_end_the_job_waits_for_the_heartbeat_timeout() -> None:
     """With no restart left a late-seen loss would cost the whole job: wait as long as the
     slowest detection (the heartbeat timeout), not just the peer link's."""
     F, S = WorkerState.FAILED, WorkerState.SUCCEEDED
-    handler = PeerHandler(losses=[False, True])
+    handler = PeerHandler(losses=[False, True], previous_losses=[False])
     handler.settings = SimpleNamespace(node_timeout=5.0, keep_alive_interval=1.0)  # type: ignore[attr-defined]
     agent = SimpleScriptedAgent(_spec(handler, max_restarts=1), [F, F, S])
     assert agent.run().state == S
-    assert handler.grace == 6.0  # the second failure came with no restart left
+    assert handler.asked[-1] == ("member_lost", 6.0)  # the second failure came with no restart left
     assert agent.starts == [0, 1, 1]
 
 
@@ -396,3 +431,85 @@ def test_events_are_recorded() -> None:
     assert "kelastic.agent.workers_started" in names
     assert names.count("kelastic.worker.SUCCEEDED") == 2
     assert names[-1] == "kelastic.agent.succeeded"
+
+
+class Commits:
+    """The checkpoint memory's pace as the loop sees it: commits land on scripted waits."""
+
+    def __init__(self, cadence: tuple[int | None, float | None, float | None], lands: list[bool]) -> None:
+        self._cadence = cadence
+        self.lands = list(lands)
+        self.waits: list[tuple[int, float]] = []
+
+    def cadence(self) -> tuple[int | None, float | None, float | None]:
+        return self._cadence
+
+    def wait_committed(self, after: int, timeout: float) -> bool:
+        self.waits.append((after, timeout))
+        landed = self.lands.pop(0) if self.lands else False
+        if not landed:
+            time.sleep(timeout)
+        return landed
+
+
+def _restart_reasons(agent: SimpleElasticAgent) -> list[str]:
+    sink = agent._event_sink
+    return [e.metadata["reason"] for e in sink.events if e.name == "kelastic.agent.restart"]  # type: ignore[attr-defined]
+
+
+def test_nodes_joining_a_group_that_saves_memory_checkpoints_wait_for_the_next_one() -> None:
+    """Re-formed right after a checkpoint the grown group redoes no step; the workers
+    keep training until it is committed."""
+    H, S = WorkerState.HEALTHY, WorkerState.SUCCEEDED
+    handler = PeerHandler(losses=[False, False], changes=[True, True, False])
+    commits = Commits(cadence=(5, 0.5, 2.0), lands=[False, True])
+    agent = ScriptedAgent(_spec(handler, monitor_interval=0.05), [H, H, S], checkpoint_commits=commits)
+    assert agent.run().state == S
+    assert handler.rounds == 2, "one restart, after the commit"
+    assert [after for after, _ in commits.waits] == [5, 5]
+    assert _restart_reasons(agent) == ["rendezvous membership changed; at the checkpoint after 5"]
+    assert agent.restarts_spent == 0
+
+
+def test_a_member_lost_while_joiners_wait_for_a_checkpoint_restarts_at_once() -> None:
+    H, S = WorkerState.HEALTHY, WorkerState.SUCCEEDED
+    handler = PeerHandler(losses=[False, True], changes=[True, True, False])
+    commits = Commits(cadence=(5, 0.5, 2.0), lands=[False])
+    agent = ScriptedAgent(_spec(handler, monitor_interval=0.05), [H, H, S], checkpoint_commits=commits)
+    assert agent.run().state == S
+    assert handler.rounds == 2 and len(commits.waits) == 1
+    assert _restart_reasons(agent) == ["rendezvous membership changed"]
+
+
+def test_joiners_wait_no_longer_than_the_deferral_when_no_checkpoint_comes() -> None:
+    H, S = WorkerState.HEALTHY, WorkerState.SUCCEEDED
+    handler = PeerHandler(losses=[False] * 20, changes=[True] * 20)
+    commits = Commits(cadence=(5, 0.0, 0.1), lands=[])  # within 0.15 s
+    agent = ScriptedAgent(_spec(handler, monitor_interval=0.05), [H] * 10 + [S], checkpoint_commits=commits)
+    started = time.monotonic()
+    assert agent.run().state == S
+    assert handler.rounds >= 2
+    assert _restart_reasons(agent)[0] == "rendezvous membership changed; no checkpoint after 5 came in time"
+    assert time.monotonic() - started < 5
+
+
+def test_joiners_do_not_wait_when_the_job_saves_no_memory_checkpoint() -> None:
+    H, S = WorkerState.HEALTHY, WorkerState.SUCCEEDED
+    handler = PeerHandler(losses=[False], changes=[True, False])
+    commits = Commits(cadence=(None, None, None), lands=[])
+    agent = ScriptedAgent(_spec(handler), [H, S], checkpoint_commits=commits)
+    assert agent.run().state == S
+    assert handler.rounds == 2 and commits.waits == []
+
+
+def test_workers_failing_while_joiners_wait_for_a_checkpoint_restart_free() -> None:
+    """A peer that re-formed first (its commit came earlier) stops the group's workers:
+    their failure is the group re-forming, not a restart to spend."""
+    H, F, S = WorkerState.HEALTHY, WorkerState.FAILED, WorkerState.SUCCEEDED
+    handler = PeerHandler(losses=[False], changes=[True, False, False])
+    commits = Commits(cadence=(5, 0.5, 2.0), lands=[False])
+    agent = ScriptedAgent(
+        _spec(handler, monitor_interval=0.05, max_restarts=0), [H, F, S], checkpoint_commits=commits
+    )
+    assert agent.run().state == S
+    assert handler.rounds == 2 and agent.restarts_spent == 0

@@ -8,11 +8,13 @@ from kelastic.agent.restart_policy import (
     Action,
     Failure,
     Healthy,
+    JoinDeferral,
     LossQuestion,
     Verdict,
     Watching,
     decide_after_failure,
     decide_while_healthy,
+    defer_join,
     loss_question,
 )
 
@@ -38,8 +40,20 @@ N, M, L = Watching.NOTHING, Watching.MEMBERSHIP, Watching.LOSSES
         (L, False, True, LossQuestion.NO),
     ],
 )
-def test_loss_question(watching: Watching, changed: bool, alone: bool, question: LossQuestion) -> None:
-    assert loss_question(watching, changed=changed, alone=alone) is question
+def test_loss_question_with_no_restart_left(
+    watching: Watching, changed: bool, alone: bool, question: LossQuestion
+) -> None:
+    assert loss_question(watching, changed=changed, alone=alone, final=True) is question
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_a_loss_watcher_settles_the_question_after_the_restart_while_restarts_remain(changed: bool) -> None:
+    assert loss_question(L, changed=changed, alone=False) is LossQuestion.AFTER_REJOIN
+    assert loss_question(L, changed=changed, alone=True) is LossQuestion.NO
+    # the others' answers do not depend on restarts left
+    assert loss_question(M, changed=changed, alone=False) is loss_question(
+        M, changed=changed, alone=False, final=True
+    )
 
 
 FREE = "a peer was lost or the membership changed as workers failed; no restart spent"
@@ -59,6 +73,14 @@ FREE = "a peer was lost or the membership changed as workers failed; no restart 
         (
             Failure("UNHEALTHY", False, 1, 3),
             Verdict(Action.RESTART_SPEND, "workers UNHEALTHY; 0/3 restarts left after this"),
+        ),
+        # spent before the cause is settled: said so
+        (
+            Failure("FAILED", False, 2, 3, settled=False),
+            Verdict(
+                Action.RESTART_SPEND,
+                "workers FAILED; 1/3 restarts left after this (given back if a member of the round turns out lost)",
+            ),
         ),
         # none left: fail
         (Failure("FAILED", False, 0, 3), Verdict(Action.FAIL, "")),
@@ -84,3 +106,29 @@ def test_decide_after_failure(failure: Failure, verdict: Verdict) -> None:
 )
 def test_decide_while_healthy(healthy: Healthy, verdict: Verdict) -> None:
     assert decide_while_healthy(healthy) == verdict
+
+
+@pytest.mark.parametrize(
+    ("latest", "age", "interval", "expected"),
+    [
+        # a steady pace: wait for the next save, plus half an interval of slack
+        (7, 1.0, 3.0, JoinDeferral(after=7, within=3.5)),
+        (7, 0.0, 3.0, JoinDeferral(after=7, within=4.5)),
+        # overdue but not stopped: the slack only
+        (7, 4.0, 3.0, JoinDeferral(after=7, within=1.5)),
+        # saves stopped (none for two intervals): at once
+        (7, 6.5, 3.0, None),
+        # pace unknown: no save yet, or only one since the agent started
+        (None, None, None, None),
+        (7, 1.0, None, None),
+        # the joiner would wait longer than the cap: at once
+        (7, 0.0, 40.0, None),
+    ],
+)
+def test_defer_join(latest: int | None, age: float | None, interval: float | None, expected: object) -> None:
+    assert defer_join(latest, age, interval) == expected
+
+
+def test_defer_join_respects_its_cap() -> None:
+    assert defer_join(1, 0.0, 4.0, cap=5.0) is None
+    assert defer_join(1, 0.0, 4.0, cap=6.0) == JoinDeferral(after=1, within=6.0)

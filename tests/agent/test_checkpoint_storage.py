@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -150,6 +151,33 @@ def test_only_the_last_complete_checkpoint_is_kept_and_files_are_reused(
     # checkpoint 1's file went to the reuse pool when 3 was written, and 3 took it: its pages
     # were already allocated
     assert next((shm / "a" / "ckpt-0000000003").glob("__*")).stat().st_ino == first
+
+
+def test_the_pace_of_saves_is_what_the_restart_loop_waits_on(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cadence`` and ``wait_committed``: how a restart for joining nodes lands right after
+    a checkpoint (see restart_policy.defer_join)."""
+    a = service(services, shm, "a")
+    worker_of(a, monkeypatch)
+    assert a.keeper.cadence() == (None, None, None)
+    assert a.keeper.wait_committed(0, 0.05) is False
+    save(state(1))
+    latest, age, interval = a.keeper.cadence()
+    assert latest == 1 and age is not None and age >= 0 and interval is None
+    time.sleep(0.2)
+    save(state(2))
+    latest, age, interval = a.keeper.cadence()
+    assert latest == 2 and age is not None and interval is not None and interval >= 0.2
+    assert a.keeper.wait_committed(1, 0.0) is True
+    waited: list[bool] = []
+    waiter = threading.Thread(target=lambda: waited.append(a.keeper.wait_committed(2, 30)))
+    waiter.start()
+    time.sleep(0.1)
+    assert waiter.is_alive(), "no checkpoint after 2 yet"
+    save(state(3))
+    waiter.join(10)
+    assert waited == [True]
 
 
 def test_async_save_works(

@@ -110,6 +110,25 @@ def test_graceful_leave_makes_survivors_reform_at_once(
     assert time.monotonic() - started < 2.0
 
 
+def test_after_a_rejoin_the_round_left_tells_whether_it_lost_a_member(
+    server: ServerProcess, handlers: list, run_id: str
+) -> None:
+    """What settles a restart an agent spent before knowing its cause (a crash: every
+    member re-joins; a leave: one member is gone)."""
+    handlers += [make_handler(server.endpoint, f"n{i}", 1, 3, run_id=run_id) for i in range(3)]
+    assert handlers[0].wait_previous_round_lost(0.1) is False, "no round before the first"
+    rendezvous_concurrently(handlers)
+    rendezvous_concurrently(handlers)  # all three re-joined: no loss
+    assert all(h.wait_previous_round_lost(2) is False for h in handlers)
+    leaver = handlers.pop()
+    assert leaver.shutdown()
+    infos = rendezvous_concurrently(handlers)
+    assert {i.world_size for i in infos} == {2}
+    started = time.monotonic()
+    assert all(h.wait_previous_round_lost(5) is True for h in handlers)
+    assert time.monotonic() - started < 1.0, "known from the store, not a time-out"
+
+
 def test_spare_node_waits_while_round_is_full(server: ServerProcess, handlers: list, run_id: str) -> None:
     handlers += [make_handler(server.endpoint, f"n{i}", 1, 2, run_id=run_id) for i in range(2)]
     rendezvous_concurrently(handlers)

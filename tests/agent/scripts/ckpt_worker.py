@@ -1,8 +1,9 @@
-"""A training script for the checkpoint tests: saves every step to kelastic's memory checkpoint.
+"""A training script for the checkpoint tests: saves every step (or every ``--save-every``) to kelastic's memory checkpoint.
 
 The state after step s is a pure function of s, so a test can tell a bit-identical restore
 from a wrong one by its hash. Rank 0 appends one JSON line per event to ``OUT/events.jsonl``:
-``saved`` (step, hash, node), ``restored`` (step, id, source, hash, world), ``step``.
+``saved`` (step, hash, node), ``restored`` (step, id, source, hash, world), ``trained``
+(step, with ``--save-every`` above 1).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ p.add_argument("--out", required=True)
 p.add_argument("--steps", type=int, default=1000)
 p.add_argument("--mib", type=int, default=8, help="size of the state")
 p.add_argument("--step-time", type=float, default=0.2)
+p.add_argument("--save-every", type=int, default=1, help="steps between saves")
 args = p.parse_args()
 
 dist.init_process_group("gloo")
@@ -80,9 +82,12 @@ for step in range(int(state["step"]), args.steps):
         state["model"][k].add_(float(step + i + 1) * 1e-3)
     state["opt"]["momentum"].mul_(0.5).add_(float(step))
     state["step"].fill_(step + 1)
-    saved = time.monotonic()
-    dcp.save(state, storage_writer=MemoryWriter(step=step + 1))
-    emit("saved", step=step + 1, hash=digest(), seconds=time.monotonic() - saved)
+    if args.save_every > 1:
+        emit("trained", step=step + 1)
+    if (step + 1) % args.save_every == 0:
+        saved = time.monotonic()
+        dcp.save(state, storage_writer=MemoryWriter(step=step + 1))
+        emit("saved", step=step + 1, hash=digest(), seconds=time.monotonic() - saved)
     time.sleep(args.step_time)
 emit("finished", step=int(state["step"]), hash=digest())
 dist.barrier()  # DCP's last broadcast released before the group goes (see examples/train.py)
