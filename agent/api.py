@@ -613,6 +613,7 @@ class SimpleElasticAgent(ElasticAgent):
         #: which a member of the round left may still show as lost (see _settle_spent_restart).
         self._settle_by: float | None = None
         self._checkpoint_commits = checkpoint_commits
+        self._workers_started = time.monotonic()  # of the current workers
         #: While nodes wait to join and the group finishes its current checkpoint interval:
         #: what it waits for and until when (time.monotonic()).
         self._deferral: tuple[JoinDeferral, float] | None = None
@@ -795,6 +796,7 @@ class SimpleElasticAgent(ElasticAgent):
             pids=json.dumps({str(k): v for k, v in ids.items()}, default=str),
         )
         worker_group.state = WorkerState.HEALTHY
+        self._workers_started = time.monotonic()
 
     def _restart_workers(self, worker_group: WorkerGroup, reason: str) -> None:
         _log.info("[%s] restarting workers: %s", worker_group.spec.role, reason)
@@ -893,6 +895,9 @@ class SimpleElasticAgent(ElasticAgent):
         role = self._worker_group.spec.role
         if self._deferral is None:
             latest, age, interval = commits.cadence()
+            if age is not None:
+                # Workers (re)started since the last commit count their saves from their start.
+                age = min(age, time.monotonic() - self._workers_started)
             deferral = restart_policy.defer_join(latest, age, interval)
             if deferral is None:
                 return verdict

@@ -513,3 +513,14 @@ def test_workers_failing_while_joiners_wait_for_a_checkpoint_restart_free() -> N
     )
     assert agent.run().state == S
     assert handler.rounds == 2 and agent.restarts_spent == 0
+
+
+def test_workers_started_after_the_last_commit_count_the_pace_from_their_start() -> None:
+    """After a restart the next save comes an interval after the workers' start, however
+    long ago the last commit was: joiners still wait for it."""
+    H, S = WorkerState.HEALTHY, WorkerState.SUCCEEDED
+    handler = PeerHandler(losses=[False], changes=[True, False])
+    commits = Commits(cadence=(5, 13.0, 6.0), lands=[True])  # 13 s > two intervals: stopped?
+    agent = ScriptedAgent(_spec(handler, monitor_interval=0.05), [H, S], checkpoint_commits=commits)
+    assert agent.run().state == S
+    assert _restart_reasons(agent) == ["rendezvous membership changed; at the checkpoint after 5"]
