@@ -6,6 +6,7 @@ that play the other nodes of a group.
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import threading
 import time
@@ -178,6 +179,36 @@ def test_the_pace_of_saves_is_what_the_restart_loop_waits_on(
     save(state(3))
     waiter.join(10)
     assert waited == [True]
+
+
+def test_a_rank_keeps_its_mappings_between_saves_and_drops_those_of_deleted_files(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the third save on a rank writes into a file it mapped before (no page faults, no
+    unmapping); a file the agent deleted is never kept mapped past the next save's start."""
+    from kelastic.agent.checkpoint import storage
+
+    a = service(services, shm, "a")
+    worker_of(a, monkeypatch)
+    monkeypatch.setattr(storage, "_mappings", storage._Mappings())
+    for seed in range(1, 6):
+        save(state(seed))
+    kept = dict(storage._mappings._maps)
+    assert 1 <= len(kept) <= storage._Mappings.KEEP
+    inode = next((shm / "a" / "ckpt-0000000005").glob("__*")).stat().st_ino
+    assert inode in {ino for _dev, ino in kept}, "the newest file is one the rank had mapped"
+    save(state(6))
+    got, _ = load()
+    assert same(got, state(6))
+    # the agent frees memory: the mappings of deleted files go before the next file is asked for
+    for f in (shm / "a").rglob("__*"):
+        f.unlink()
+    fds = [fd for fd, _mm, _size in storage._mappings._maps.values()]
+    storage._mappings.prune()
+    assert storage._mappings._maps == {}
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed: the deleted file's memory is released
 
 
 def test_async_save_works(
