@@ -251,3 +251,22 @@ def test_the_rule_catches_planted_breaches(importer: str, source: str, expected:
         assert found == []
     else:
         assert len(found) == 1 and expected in found[0], found
+
+
+#: The most lines a class of the agent or the operator may span: past it, a class holds
+#: more than one concern and wants splitting (the agent's rendezvous handler and monitor
+#: loop were split along these lines).
+MAX_CLASS_LINES = 500
+
+
+def test_no_class_of_the_agent_or_the_operator_is_over_the_limit() -> None:
+    too_long = [
+        f"{path.relative_to(ROOT)}: {node.name} spans {node.end_lineno - node.lineno + 1} lines"
+        for folder in ("agent", "operator")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES
+    ]
+    assert not too_long, f"classes over {MAX_CLASS_LINES} lines: {too_long}"
