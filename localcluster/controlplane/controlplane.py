@@ -358,6 +358,13 @@ class ControlPlane:
         self._wait(
             apiserver, "kube-apiserver /readyz", lambda: _get(self.url + "/readyz", admin_ctx) == b"ok"
         )
+        # /readyz can answer ok before the API server's own bootstrap controller has created
+        # namespace default, where a user's first apply goes.
+        self._wait(
+            apiserver,
+            "namespace default",
+            lambda: _exists(self.url + "/api/v1/namespaces/default", admin_ctx),
+        )
         self.progress(f"kube-apiserver ready after {time.monotonic() - started:.1f} s")
         write_kubeconfig(self.admin_kubeconfig, self.url, self.ca_file, "admin", self.credentials("admin"))
         self._discover(admin_ctx)
