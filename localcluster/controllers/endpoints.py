@@ -191,6 +191,8 @@ class EndpointsController:
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: Seconds before a service whose slices could not be written is tried again.
+        self.retry_delay = 0.5
 
     def _informers(self) -> list[Informer]:
         return [i for i in (self.services, self.pods, self.slices) if i is not None]
@@ -274,7 +276,7 @@ class EndpointsController:
                     log.log(level, "could not update endpoints %s: %s", key, exc)
                     self._dirty.add(key)
             if self._dirty:
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(self.retry_delay)
                 self._wake.set()
 
     async def _sync(self, key: str) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 BLOCKED = ("kopf", "kubernetes", "aiohttp", "yaml")
 
 PROGRAM = f"""
@@ -34,6 +36,7 @@ print(len(names), "modules")
 """
 
 
+@pytest.mark.slow
 def test_every_agent_module_imports_without_the_operators_dependencies() -> None:
     proc = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -83,6 +83,7 @@ def server() -> Iterator[ServerProcess]:
         proc.stop()
 
 
+@pytest.mark.slow
 def test_a_crash_looping_agent_publishes_its_restarts(tmp_path: Path, server: ServerProcess) -> None:
     # The worker crashes at once, before any progress report or monitor tick.
     rdzv = [

@@ -85,6 +85,7 @@ def _run(tmp_path: Path, *args: str) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 def test_the_fork_server_is_a_fork_of_the_agent_and_preloads_the_rest(tmp_path: Path) -> None:
     seen = _run(tmp_path)
     assert seen["forked"] is True

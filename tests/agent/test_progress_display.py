@@ -162,11 +162,11 @@ def test_plain_progress_lines_on_a_pipe_are_rate_limited(tmp_path: Path, monkeyp
     try:
         monkeypatch.setattr(sys, "stdout", console)
         display = ProgressDisplay(
-            name="w", stream=console, refresh_sec=0.05, plain_min_interval_sec=1.0
+            name="w", stream=console, refresh_sec=0.02, plain_min_interval_sec=0.3
         ).start()
         assert not display.live
         begin = time.monotonic()
-        run_job(tmp_path, display, lines=300, pause=0.01)  # about 3.5 s, 10 % every 0.35 s
+        run_job(tmp_path, display, lines=300, pause=0.003)  # about 1.2 s, 10 % every 0.12 s
         display.stop()
         elapsed = time.monotonic() - begin
     finally:
@@ -178,7 +178,7 @@ def test_plain_progress_lines_on_a_pipe_are_rate_limited(tmp_path: Path, monkeyp
     visible = text.split("\n")[:-1]
     check_log_lines(visible, 300)
     progress_lines = [line for line in visible if line.startswith("[w progress]")]
-    # At most one line per second (plus the final one), though the job crossed a 10 %
-    # mark every ~0.35 s and its steps changed at every 0.05 s refresh.
-    assert 2 <= len(progress_lines) <= elapsed / 1.0 + 2, (elapsed, progress_lines)
+    # At most one line per 0.3 s (plus the final one), though the job crossed a 10 %
+    # mark every ~0.12 s and its steps changed at every 0.02 s refresh.
+    assert 2 <= len(progress_lines) <= elapsed / 0.3 + 2, (elapsed, progress_lines)
     assert progress_lines[-1].startswith("[w progress] step 300/300 (100%)")

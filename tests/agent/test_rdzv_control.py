@@ -118,6 +118,7 @@ def test_bad_membership_is_rejected(server: ServerProcess, run_id: str) -> None:
         control.publish_membership(store, run_id, nodes="ab", min_nodes=1, max_nodes=2)
 
 
+@pytest.mark.slow
 def test_connect_names_unreachable_endpoint() -> None:
     with pytest.raises(RendezvousConnectionError, match=re.escape("127.0.0.1:9")):
         control.connect("127.0.0.1:9", timeout=0.5)

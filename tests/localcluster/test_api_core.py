@@ -230,7 +230,7 @@ def test_watch_bookmarks_and_initial_events(tmp_path: Path) -> None:
     server = ApiServer(data_dir=tmp_path, bookmark_interval=0.3)
     server.start()
     try:
-        url = f"{server.url}/api/v1/namespaces?watch=true&allowWatchBookmarks=true&timeoutSeconds=2"
+        url = f"{server.url}/api/v1/namespaces?watch=true&allowWatchBookmarks=true&timeoutSeconds=1"
         with urllib.request.urlopen(url, timeout=10) as resp:
             events = [json.loads(line) for line in resp]
         kinds = [e["type"] for e in events]

@@ -38,6 +38,7 @@ class _FailingClient:
 
 def _controller(client: _FailingClient) -> EndpointsController:
     ctl = EndpointsController(client)  # type: ignore[arg-type]
+    ctl.retry_delay = 0.02
     ctl.slices = Informer(client, "/apis/discovery.k8s.io/v1/endpointslices")  # type: ignore[arg-type]
     ctl.services.cache["default/store"] = {
         "metadata": {"name": "store", "namespace": "default", "uid": "s1"},
@@ -73,7 +74,7 @@ async def _two_attempts(ctl: EndpointsController, client: _FailingClient) -> Non
         for _ in range(100):
             if client.writes >= 2:
                 break
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.01)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kelastic.localcluster.cli.cluster import LocalCluster
 from kelastic.localcluster.common.podlogs import pod_log_dir
 from kelastic.localcluster.testing import Kubectl, cluster_fixture, kubectl_fixture, process_alive, wait_for  # noqa: F401
@@ -188,6 +190,7 @@ def test_force_deletion_kills_the_whole_process_tree(kubectl: Kubectl, tmp_path:
     assert not kubectl("get", "pod", "tree", "--ignore-not-found").strip()
 
 
+@pytest.mark.slow
 def test_graceful_deletion_honours_the_grace_period(kubectl: Kubectl, tmp_path: Path) -> None:
     marker = tmp_path / "got-term"
     script = (
@@ -234,6 +237,7 @@ def _slice_ips(kubectl: Kubectl, service: str) -> tuple[set[str], set[str]]:
     return ready, not_ready
 
 
+@pytest.mark.slow
 def test_cluster_ip_reaches_a_listening_pod_and_readiness_drives_endpoints(
     kubectl: Kubectl, tmp_path: Path
 ) -> None:

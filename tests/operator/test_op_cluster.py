@@ -384,6 +384,7 @@ def test_crashing_worker_fails_the_job_naming_rank_and_exit_code(env: Env) -> No
     assert "rank 0 (local rank 0, node eta-worker-0) exited with code 3" in message, message
 
 
+@pytest.mark.slow
 def test_suspend_removes_pods_and_resume_recreates_them(env: Env) -> None:
     env.apply(job("theta", replicas=2))
     env.wait("2 workers", lambda: worker_names(env, "theta") == ["theta-worker-0", "theta-worker-1"])

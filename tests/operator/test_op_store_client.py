@@ -112,6 +112,7 @@ def _dead_endpoint() -> str:
         return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
+@pytest.mark.slow
 def test_a_store_not_reachable_yet_is_one_readable_line_then_rate_limited(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -77,6 +77,7 @@ def torchrun(nproc: int, *args: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_single_process_run_without_kelastic_installed(tmp_path: Path) -> None:
     """The progress import is guarded: the script runs where kelastic cannot be imported."""
     blocker = (
@@ -94,6 +95,7 @@ def test_single_process_run_without_kelastic_installed(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.tmp")), "a temporary checkpoint file was left behind"
 
 
+@pytest.mark.slow
 def test_bad_arguments_name_the_flag() -> None:
     result = subprocess.run(
         [sys.executable, str(TRAIN), "--steps", "0"], capture_output=True, text=True, timeout=60
