@@ -94,6 +94,10 @@ class KeepAlive:
                 if store is None:
                     store = connect_store(self._s.host, self._s.port, RECONNECT_TIMEOUT)
                     members_cache.clear()
+                    # Every peer starts a fresh timer: a restarted store counts heartbeats
+                    # from 1 again, and a value read there equal to one read before the
+                    # restart is no proof that the heartbeat stood still all along.
+                    tracker.retain(set())
                 store.add(self._keys.heartbeat(self._s.node_name), 1)
                 self.claim_suspects(store)
                 self._watch_peers(store, tracker, members_cache)

@@ -144,7 +144,9 @@ def _restart_store(store: ServerProcess) -> ServerProcess:
 
 
 def test_store_killed_and_restarted_mid_training_costs_no_step(cluster: Any, store: ServerProcess) -> None:
-    steps = 80
+    # Long enough that the store is back well before the end: a job that ends while its
+    # store is down is another scenario (its exit barrier cannot run).
+    steps = 200
     for name in ("a", "b", "c"):
         cluster.start(
             name, [*STORE_LOSS_ARGS, *STORE_LOSS_CONF], ["--steps", str(steps), "--step-time", "0.05"]

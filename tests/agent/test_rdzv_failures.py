@@ -224,6 +224,52 @@ def test_store_restart_keeps_the_round_and_its_members() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_a_heartbeat_read_before_a_store_restart_does_not_count_against_its_node_after_it() -> None:
+    """A restarted store counts heartbeats from 1 again: a successor's value read there may
+    equal one read before the restart. The watcher's timer starts again on the new store,
+    so the successor gets a whole heartbeat timeout there (it once was marked dead at the
+    first reading after the restart)."""
+    from kelastic.agent.rendezvous.keepalive import KeepAlive
+    from kelastic.agent.rendezvous.protocol import connect_store
+    from kelastic.agent.rendezvous.rounds import Member
+    from kelastic.agent.rendezvous.settings import RendezvousSettings
+
+    port = free_port()
+    keys = RunKeys("hb")
+    settings = RendezvousSettings(
+        "hb", "127.0.0.1", port, "a", None, 2, 2, keep_alive_interval=0.1, keep_alive_max_attempt=20
+    )  # a heartbeat timeout of 2 s
+    member = Member(round=1, rank=0, size=2, successor="b")
+    stop = threading.Event()
+    keep = KeepAlive(settings, keys, threading.RLock(), lambda: (member, None, member), stop)
+    server = start_server_process("127.0.0.1", port)
+    try:
+        first = connect_store("127.0.0.1", port, 5)
+        first.add(keys.heartbeat("b"), 1)  # b beat once, then the store goes
+        thread = threading.Thread(target=keep.run, args=(first, lambda: True), daemon=True)
+        thread.start()
+        time.sleep(1.0)  # several readings of b's 1, under the timeout
+        server.stop()
+        time.sleep(1.5)  # the timeout since the first reading of 1 passes while the store is away
+        server = start_server_process("127.0.0.1", port)
+        client = connect_store("127.0.0.1", port, 5)
+        client.add(keys.heartbeat("b"), 1)  # b re-established its round there: 1 again
+        deadline = time.monotonic() + 20
+        while read_counter(client, keys.heartbeat("a")) < 5:  # a read b's heartbeat 4 times since
+            assert time.monotonic() < deadline, "the keep-alive did not come back to the new store"
+            time.sleep(0.05)
+        assert not client.check([keys.fate(1, "b")]), "b was marked dead on a reading from before the restart"
+        # b's heartbeat does stand still on the new store: found after the timeout there
+        while not client.check([keys.fate(1, "b")]):
+            assert time.monotonic() < deadline, "a successor whose heartbeat stands still was never found"
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        keep.poke.set()
+        server.stop()
+
+
 def test_a_node_lost_while_the_store_is_down_still_changes_the_membership() -> None:
     """The peer link tells the loss while the store is away; once it is back the
     survivors re-form once, at the smaller size."""
