@@ -489,13 +489,10 @@ class KelasticRendezvousHandler(RendezvousHandler):
             if store is None:
                 return None
             try:
-                # ``gone`` after ``accounted``, as in _loss_verdict.
-                accounted = read_counter(store, self._keys.accounted(before.round))
-                gone = read_counter(store, self._keys.gone(before.round))
-                leaving = read_counter(store, self._keys.leaving(before.round))
+                accounted, lost = self._fates(store, before.round)
             except dist.DistNetworkError:
                 return None
-        if gone > 0 or leaving > 0 or accounted == 0:
+        if lost or accounted == 0:
             # accounted == 0: not even this node's own rejoin is recorded there.
             return True
         return False if accounted >= before.size else None
@@ -517,13 +514,18 @@ class KelasticRendezvousHandler(RendezvousHandler):
         """True: a member was lost; False: a peer re-joined without a loss, or not a member; None: neither yet."""
         return self._ask_own_round(self._loss_verdict)
 
-    def _loss_verdict(self, store: dist.TCPStore, member: Member) -> bool | None:
+    def _fates(self, store: dist.TCPStore, r: int) -> tuple[int, bool]:
+        """Round r's members accounted for, and whether one of them was lost (or is leaving)."""
         # ``claim_fate`` counts a loss in ``gone`` before ``accounted``: reading
         # ``accounted`` first, a loss it includes is always seen in ``gone``.
-        accounted = read_counter(store, self._keys.accounted(member.round))
-        gone = read_counter(store, self._keys.gone(member.round))
-        leaving = read_counter(store, self._keys.leaving(member.round))
-        if gone > 0 or leaving > 0:
+        accounted = read_counter(store, self._keys.accounted(r))
+        gone = read_counter(store, self._keys.gone(r))
+        leaving = read_counter(store, self._keys.leaving(r))
+        return accounted, gone > 0 or leaving > 0
+
+    def _loss_verdict(self, store: dist.TCPStore, member: Member) -> bool | None:
+        accounted, lost = self._fates(store, member.round)
+        if lost:
             return True
         return False if accounted > 0 else None
 
