@@ -96,6 +96,7 @@ __all__ = [
     "DEFAULT_ROLE",
     "CheckpointCommits",
     "ElasticAgent",
+    "FinishBarrier",
     "LossWatcher",
     "MembershipChangedError",
     "MembershipWatcher",
@@ -532,8 +533,24 @@ def workers_for(assignment: RankAssignment, local_world_size: int) -> list[Worke
     ]
 
 
+@runtime_checkable
+class FinishBarrier(Protocol):
+    """A rendezvous handler that runs the exit barrier itself (kelastic's).
+
+    Its barrier rides out a restart of the rendezvous store, where :func:`exit_barrier`
+    over the round's store connection fails at the first request after one.
+    """
+
+    def wait_all_finished(self, timeout: float) -> bool:
+        """Mark this member finished; block up to ``timeout`` s; True once every member is."""
+        ...
+
+
 def exit_barrier(store: Store, world_size: int, timeout: float) -> bool:
-    """Block until ``world_size`` agents arrived (each calls once per round); False on timeout."""
+    """Block until ``world_size`` agents arrived (each calls once per round); False on timeout.
+
+    For handlers that are not a :class:`FinishBarrier` (torch's ``c10d`` and ``static``).
+    """
     arrived = store.add(f"{_EXIT_BARRIER_PREFIX}count", 1)
     if arrived >= world_size:
         store.set(f"{_EXIT_BARRIER_PREFIX}done", "1")
@@ -1011,11 +1028,15 @@ class SimpleElasticAgent(ElasticAgent):
 
     def _exit_barrier(self) -> None:
         wg = self._worker_group
+        handler = wg.spec.rdzv_handler
         if self._store is None or wg.group_world_size is None:
             return
         start = time.monotonic()
         try:
-            ok = exit_barrier(self._store, wg.group_world_size, self._exit_barrier_timeout)
+            if isinstance(handler, FinishBarrier):
+                ok = handler.wait_all_finished(self._exit_barrier_timeout)
+            else:
+                ok = exit_barrier(self._store, wg.group_world_size, self._exit_barrier_timeout)
             if ok:
                 _log.info("all agents done after %.2fs at the exit barrier", time.monotonic() - start)
             else:

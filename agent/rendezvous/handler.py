@@ -181,6 +181,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from .connection import StoreConnection
+from .finish import FinishMark
 from .join import Joiner, LinkTarget, RendezvousTimings
 from .keepalive import KeepAlive
 from .liveness import PeerLink
@@ -546,6 +547,17 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 push_event(store, self._keys, f"leaving {member.round} {self._s.node_name}")
             except dist.DistError as exc:
                 log.warning("kelastic rendezvous: could not announce leaving: %s", first_line(exc))
+
+    def wait_all_finished(self, timeout: float) -> bool:
+        """The exit barrier: mark this member's workers finished; block until every member's are.
+
+        Blocks on store events for up to ``timeout`` seconds. True once every member
+        of this node's round marked itself finished; False on timeout, after
+        ``shutdown``, or when this node is in no round. A store that restarts during
+        the barrier loses nothing (:mod:`.finish`): while it is away the barrier waits.
+        """
+        mark = FinishMark(self._keys)
+        return self._wait_verdict(lambda: self._ask_own_round(mark.all_finished, lambda: None), timeout)
 
     @property
     def loss_notice(self) -> float:

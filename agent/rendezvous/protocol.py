@@ -160,6 +160,9 @@ class RunKeys:
     def leaving(self, r: int) -> str:
         return self._k(f"r/{r}/leaving")
 
+    def finished(self, r: int, rank: int) -> str:
+        return self._k(f"r/{r}/finished/{rank}")
+
     def heartbeat(self, name: str) -> str:
         return self._k(f"hb/{name}")
 

@@ -143,9 +143,10 @@ def _restart_store(store: ServerProcess) -> ServerProcess:
     return start_server_process(host, int(port), timeout=30)
 
 
-def test_store_killed_and_restarted_mid_training_costs_no_step(cluster: Any, store: ServerProcess) -> None:
-    # Long enough that the store is back well before the end: a job that ends while its
-    # store is down is another scenario (its exit barrier cannot run).
+def test_store_killed_mid_training_and_at_the_end_costs_no_step(cluster: Any, store: ServerProcess) -> None:
+    """The store dies twice: mid-training (the group trains on and re-establishes its
+    round when it is back), and as the workers finish (the agents wait at the exit
+    barrier until it is back, then all succeed)."""
     steps = 200
     for name in ("a", "b", "c"):
         cluster.start(
@@ -155,10 +156,19 @@ def test_store_killed_and_restarted_mid_training_costs_no_step(cluster: Any, sto
     store.kill()
     cluster.wait_for("steps without a store", lambda: len(cluster.steps()) >= 3 * 25, 60)
     again = _restart_store(store)
+    cluster.wait_for("steps near the end", lambda: len(cluster.steps()) >= 3 * (steps - 20), 60)
+    again.kill()
+    cluster.wait_for(
+        "agents at the exit barrier",
+        lambda: all("workers finished; waiting" in a.output() for a in cluster.agents),
+        60,
+    )
+    assert all(a.proc.poll() is None for a in cluster.agents), "an agent passed the barrier without the store"
+    last = _restart_store(store)
     try:
         assert cluster.wait_all(120) == [0, 0, 0], "\n".join(a.output()[-3000:] for a in cluster.agents)
     finally:
-        again.stop()
+        last.stop()
     # One start per rank (no restart of the group), every step once, all at world 3.
     assert sorted(p.name for p in cluster.out.glob("w*.json")) == [f"w3_r0_rank{r}.json" for r in range(3)]
     rows = cluster.steps()
@@ -169,6 +179,7 @@ def test_store_killed_and_restarted_mid_training_costs_no_step(cluster: Any, sto
     for agent in cluster.agents:
         assert "restarting workers" not in agent.output()
         assert "re-established round 1" in agent.output()
+        assert "all agents done after" in agent.output(), agent.output()[-3000:]
 
 
 def test_store_killed_while_a_node_dies_restarts_once_at_the_smaller_size(

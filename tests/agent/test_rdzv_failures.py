@@ -224,6 +224,60 @@ def test_store_restart_keeps_the_round_and_its_members() -> None:
 
 
 @pytest.mark.slow
+def test_the_exit_barrier_rides_out_a_store_restart() -> None:
+    """Members that finished before the store restarted are still counted after it: each
+    marks itself on every connection it has, and nobody passes the barrier (and leaves,
+    which would stop a peer's last steps) before the last member finished."""
+    port = free_port()
+    server = start_server_process("127.0.0.1", port)
+    try:
+        hs = [node(server.endpoint, "finish", n, 3, 3) for n in ("a", "b", "c")]
+        rendezvous_concurrently(hs)
+        passed: dict[str, bool] = {}
+        early = [
+            threading.Thread(
+                target=lambda h=h: passed.update({h.node_name: h.wait_all_finished(60)}), daemon=True
+            )
+            for h in hs[:2]
+        ]
+        for t in early:
+            t.start()
+        time.sleep(0.5)
+        assert not passed, "the barrier let members through before the last one finished"
+        server.stop()
+        time.sleep(1.0)
+        server = start_server_process("127.0.0.1", port)
+        time.sleep(1.0)
+        assert not passed, "the barrier let members through before the last one finished"
+        started = time.monotonic()
+        assert hs[2].wait_all_finished(30), "the last member did not pass the barrier"
+        for t in early:
+            t.join(10)
+        assert passed == {"a": True, "b": True}
+        assert time.monotonic() - started < 10
+        # All three marks are on the new store.
+        client = control.connect(server.endpoint)
+        assert client.check([RunKeys("finish").finished(1, r) for r in range(3)])
+        assert hs[0].wait_all_finished(0.5), "asked again once all are marked, it passes at once"
+    finally:
+        shutdown_handlers()
+        server.stop()
+
+
+def test_the_exit_barrier_times_out_when_a_member_never_finishes() -> None:
+    port = free_port()
+    server = start_server_process("127.0.0.1", port)
+    try:
+        hs = [node(server.endpoint, "unfinished", n, 2, 2) for n in ("a", "b")]
+        rendezvous_concurrently(hs)
+        started = time.monotonic()
+        assert not hs[0].wait_all_finished(1.5)
+        assert 1.4 < time.monotonic() - started < 5
+    finally:
+        shutdown_handlers()
+        server.stop()
+
+
 @pytest.mark.slow
 def test_a_heartbeat_read_before_a_store_restart_does_not_count_against_its_node_after_it() -> None:
     """A restarted store counts heartbeats from 1 again: a successor's value read there may
