@@ -22,7 +22,8 @@ length without its compute, so that two cores can run three ranks). Both 1.0 s a
 steps by default.
 
 Each configuration first calibrates: the job's first incarnation times ``--calibrate`` saves
-of its state (the cost is the median from the second save on, the slowest rank's) and plain
+of its state (the cost is the median from the third save on, the slowest rank's: the first
+two allocate, a memory checkpoint keeping the last complete one and one in progress) and plain
 copies of the same tensors into preallocated memory, then takes the Young/Daly interval
 ``sqrt(2 * save cost * MTBF)`` (MTBF = ``--fault-every``) in steps, or every step where the
 first-order waste ``save/interval + interval/(2*MTBF)`` is lower there. The window opens
@@ -380,13 +381,15 @@ def calibrate(
     copy_full = statistics.median(timed(copy(names), 5))
     dst.clear()  # give the memory back before the saves
     saves = []
-    for _ in range(max(2, a.calibrate)):
+    for _ in range(max(3, a.calibrate)):
         # one step apart, as the tightest interval would have them: a memory save waits for
         # the previous one's replica, which back-to-back saves would charge to every save
         time.sleep(a.step_time)
         dist.barrier()
         saves += timed(lambda: save(0), 1)
-    cost = statistics.median(saves[1:])  # the first save allocates
+    # The first two saves allocate (the memory checkpoint keeps the last complete one and
+    # one in progress, in files it then reuses): the steady cost is from the third save on.
+    cost = statistics.median(saves[2:])
     worst = torch.tensor([cost, copy_share, copy_full], dtype=torch.float64)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     cost, copy_share, copy_full = (float(v) for v in worst)
@@ -784,7 +787,7 @@ def main() -> None:
     p.add_argument("--fault-every", type=float, default=120.0, help="seconds between faults, the MTBF (120)")
     p.add_argument("--baseline-window", type=float, default=0.0,
                    help="seconds of the fault-free run without checkpoints (default: min(window, 30))")  # fmt: skip
-    p.add_argument("--calibrate", type=int, default=4, help="saves timed before the window (default 4)")
+    p.add_argument("--calibrate", type=int, default=6, help="saves timed before the window (default 6)")
     p.add_argument("--configs", default="abc", help="which configurations, of a, b, c (default abc)")
     p.add_argument("--checkpoint-memory", default="",
                    help="kelastic-agent --checkpoint-memory for (c) (default: 2Gi or 5x the state)")  # fmt: skip
