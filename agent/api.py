@@ -542,7 +542,8 @@ class FinishBarrier(Protocol):
     """
 
     def wait_all_finished(self, timeout: float) -> bool:
-        """Mark this member finished; block up to ``timeout`` s; True once every member is."""
+        """Mark this member finished; block up to ``timeout`` s; True once every member is,
+        False once a member that is not was lost, or on timeout."""
         ...
 
 
@@ -1041,7 +1042,7 @@ class SimpleElasticAgent(ElasticAgent):
                 _log.info("all agents done after %.2fs at the exit barrier", time.monotonic() - start)
             else:
                 _log.warning(
-                    "exit barrier: not all %d agents finished within %.0fs; exiting anyway",
+                    "exit barrier: not all %d agents finished (one was lost, or %.0fs passed); exiting anyway",
                     wg.group_world_size,
                     self._exit_barrier_timeout,
                 )

@@ -4,10 +4,13 @@ Each member that finished sets a key of its own, ``r/<R>/finished/<rank>``, and 
 barrier passes once every rank of R has one. Keys of their own, not a shared counter:
 a store that restarts during the barrier starts empty, and every waiting member
 writes its mark again on its new connection, where a counter would start over at
-zero and hold everyone to the timeout.
+zero and hold everyone to the timeout. A member lost meanwhile (dead, left, dropped)
+will never mark itself: the barrier ends there, without waiting for its timeout.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch.distributed as dist
 
@@ -18,18 +21,25 @@ __all__ = ["FinishMark"]
 
 
 class FinishMark:
-    """This node's mark at one exit barrier; :meth:`all_finished` is asked on each store event."""
+    """This node's mark at one exit barrier; :meth:`all_finished` is asked on each store event.
 
-    def __init__(self, keys: RunKeys) -> None:
+    ``lost(store, r)``: whether a member of round r was lost (the handler's fate counters).
+    """
+
+    def __init__(self, keys: RunKeys, lost: Callable[[dist.TCPStore, int], bool]) -> None:
         self._keys = keys
-        self._on: dist.Store | None = None  # the connection the mark was written on
+        self._lost = lost
+        self._on: dist.TCPStore | None = None  # the connection the mark was written on
 
-    def all_finished(self, store: dist.Store, member: Member) -> bool | None:
-        """Mark ``member`` finished on ``store`` (once per connection); True once every
-        member of its round is marked, else None (not yet). Reads O(N) keys."""
+    def all_finished(self, store: dist.TCPStore, member: Member) -> bool | None:
+        """Mark ``member`` finished on ``store`` (once per connection). True once every
+        member of its round is marked; False once one of them was lost before it was;
+        else None (not yet). Reads O(N) keys."""
         k, r = self._keys, member.round
         if self._on is not store:
             store.set(k.finished(r, member.rank), "1")
             push_event(store, k, f"finished {r} {member.rank}")  # wakes the others' barriers
             self._on = store
-        return True if store.check([k.finished(r, i) for i in range(member.size)]) else None
+        if store.check([k.finished(r, i) for i in range(member.size)]):
+            return True
+        return False if self._lost(store, r) else None

@@ -552,11 +552,12 @@ class KelasticRendezvousHandler(RendezvousHandler):
         """The exit barrier: mark this member's workers finished; block until every member's are.
 
         Blocks on store events for up to ``timeout`` seconds. True once every member
-        of this node's round marked itself finished; False on timeout, after
-        ``shutdown``, or when this node is in no round. A store that restarts during
-        the barrier loses nothing (:mod:`.finish`): while it is away the barrier waits.
+        of this node's round marked itself finished; False once a member that had not
+        was lost, on timeout, after ``shutdown``, or when this node is in no round. A
+        store that restarts during the barrier loses nothing (:mod:`.finish`): while it
+        is away the barrier waits.
         """
-        mark = FinishMark(self._keys)
+        mark = FinishMark(self._keys, lambda store, r: self._fates(store, r)[1])
         return self._wait_verdict(lambda: self._ask_own_round(mark.all_finished, lambda: None), timeout)
 
     @property

@@ -83,6 +83,17 @@ NODE = """
 """
 
 
+def with_a_victim(
+    endpoint: str, run: str, lo: int, hi: int
+) -> tuple[subprocess.Popen[str], list[KelasticRendezvousHandler], list[Any]]:
+    """A round of nodes a and b (handlers here) and "victim" (a process of its own, to kill)."""
+    victim = spawn(NODE, endpoint, run, "victim", str(lo), str(hi))
+    hs = [node(endpoint, run, n, lo, hi, last_call_timeout=30) for n in ("a", "b")]
+    infos = rendezvous_concurrently(hs, timeout=60)
+    assert victim.stdout is not None and victim.stdout.readline().startswith("rank ")
+    return victim, hs, infos
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "how",
@@ -264,6 +275,36 @@ def test_the_exit_barrier_rides_out_a_store_restart() -> None:
         server.stop()
 
 
+@pytest.mark.slow
+def test_the_exit_barrier_ends_when_a_member_that_had_not_finished_is_lost() -> None:
+    """A member killed before it finished will never mark itself: the others leave the
+    barrier as soon as its loss is known, not at the barrier's timeout."""
+    port = free_port()
+    server = start_server_process("127.0.0.1", port)
+    try:
+        victim, hs, _ = with_a_victim(server.endpoint, "finish-lost", 3, 3)
+        passed: dict[str, bool] = {}
+        waiting = [
+            threading.Thread(
+                target=lambda h=h: passed.update({h.node_name: h.wait_all_finished(120)}), daemon=True
+            )
+            for h in hs
+        ]
+        for t in waiting:
+            t.start()
+        time.sleep(0.5)
+        assert not passed
+        started = time.monotonic()
+        os.killpg(victim.pid, signal.SIGKILL)
+        for t in waiting:
+            t.join(30)
+        assert passed == {"a": False, "b": False}
+        assert time.monotonic() - started < 15, "the barrier waited for its timeout"
+    finally:
+        shutdown_handlers()
+        server.stop()
+
+
 def test_the_exit_barrier_times_out_when_a_member_never_finishes() -> None:
     port = free_port()
     server = start_server_process("127.0.0.1", port)
@@ -331,11 +372,8 @@ def test_a_node_lost_while_the_store_is_down_still_changes_the_membership() -> N
     server = start_server_process("127.0.0.1", port)
     try:
         run = "lost-and-restarted"
-        victim = spawn(NODE, server.endpoint, run, "victim", "2", "3")
-        survivors = [node(server.endpoint, run, n, 2, 3, last_call_timeout=30) for n in ("a", "b")]
-        infos = rendezvous_concurrently(survivors, timeout=60)
+        victim, survivors, infos = with_a_victim(server.endpoint, run, 2, 3)
         assert {i.world_size for i in infos} == {3}
-        assert victim.stdout is not None and victim.stdout.readline().startswith("rank ")
         server.stop()
         os.killpg(victim.pid, signal.SIGKILL)
         # Its ring predecessor knows at once, though the store is down.
