@@ -163,6 +163,9 @@ class RunKeys:
     def finished(self, r: int, rank: int) -> str:
         return self._k(f"r/{r}/finished/{rank}")
 
+    def finished_count(self, r: int) -> str:
+        return self._k(f"r/{r}/finished")
+
     def heartbeat(self, name: str) -> str:
         return self._k(f"hb/{name}")
 
