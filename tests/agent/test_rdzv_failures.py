@@ -234,6 +234,22 @@ def test_store_restart_keeps_the_round_and_its_members() -> None:
         server.stop()
 
 
+def barrier_in_threads(
+    hs: list[KelasticRendezvousHandler], timeout: float
+) -> tuple[dict[str, bool], list[threading.Thread]]:
+    """Each handler enters the exit barrier in a thread of its own; what each got, by node name."""
+    passed: dict[str, bool] = {}
+    threads = [
+        threading.Thread(
+            target=lambda h=h: passed.update({h.node_name: h.wait_all_finished(timeout)}), daemon=True
+        )
+        for h in hs
+    ]
+    for t in threads:
+        t.start()
+    return passed, threads
+
+
 @pytest.mark.slow
 def test_the_exit_barrier_rides_out_a_store_restart() -> None:
     """Members that finished before the store restarted are still counted after it: each
@@ -244,15 +260,7 @@ def test_the_exit_barrier_rides_out_a_store_restart() -> None:
     try:
         hs = [node(server.endpoint, "finish", n, 3, 3) for n in ("a", "b", "c")]
         rendezvous_concurrently(hs)
-        passed: dict[str, bool] = {}
-        early = [
-            threading.Thread(
-                target=lambda h=h: passed.update({h.node_name: h.wait_all_finished(60)}), daemon=True
-            )
-            for h in hs[:2]
-        ]
-        for t in early:
-            t.start()
+        passed, early = barrier_in_threads(hs[:2], 60)
         time.sleep(0.5)
         assert not passed, "the barrier let members through before the last one finished"
         server.stop()
@@ -283,15 +291,7 @@ def test_the_exit_barrier_ends_when_a_member_that_had_not_finished_is_lost() -> 
     server = start_server_process("127.0.0.1", port)
     try:
         victim, hs, _ = with_a_victim(server.endpoint, "finish-lost", 3, 3)
-        passed: dict[str, bool] = {}
-        waiting = [
-            threading.Thread(
-                target=lambda h=h: passed.update({h.node_name: h.wait_all_finished(120)}), daemon=True
-            )
-            for h in hs
-        ]
-        for t in waiting:
-            t.start()
+        passed, waiting = barrier_in_threads(hs, 120)
         time.sleep(0.5)
         assert not passed
         started = time.monotonic()
@@ -305,6 +305,7 @@ def test_the_exit_barrier_ends_when_a_member_that_had_not_finished_is_lost() -> 
         server.stop()
 
 
+@pytest.mark.slow
 def test_the_exit_barrier_times_out_when_a_member_never_finishes() -> None:
     port = free_port()
     server = start_server_process("127.0.0.1", port)
