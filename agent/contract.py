@@ -13,6 +13,8 @@ __all__ = [
     "DEFAULT_TERMINATION_MESSAGE_PATH",
     "ENV_CHECKPOINT_DIR",
     "ENV_CHECKPOINT_ENDPOINT",
+    "ENV_INSECURE_NO_SECRET",
+    "ENV_JOB_SECRET_FILE",
     "ENV_NODE_NAME",
     "ENV_PROGRESS_FILE",
     "ENV_TERMINATION_MESSAGE_PATH",
@@ -24,6 +26,8 @@ __all__ = [
     "FLAG_CHECKPOINT_REPLICAS",
     "FLAG_HANG_TIMEOUT",
     "FLAG_HEALTH_PORT",
+    "FLAG_INSECURE_NO_SECRET",
+    "FLAG_JOB_SECRET_FILE",
     "FLAG_LOCAL_ADDR",
     "FLAG_MAX_RESTARTS",
     "FLAG_MODULE",
@@ -37,6 +41,10 @@ __all__ = [
     "FLAG_WARM_START",
     "INJECT_LAUNCHER",
     "INJECT_LIB",
+    "JOB_SECRET_FILE",
+    "JOB_SECRET_KEY",
+    "JOB_SECRET_MIN_BYTES",
+    "JOB_SECRET_MOUNT_DIR",
     "LABEL_JOB_NAME",
     "LABEL_REPLICA_INDEX",
     "LABEL_ROLE",
@@ -118,6 +126,25 @@ FLAG_CHECKPOINT_PERSIST_INTERVAL = "--checkpoint-persist-interval"
 #: the agent through them (outside a kelastic worker they are unset).
 ENV_CHECKPOINT_ENDPOINT = "KELASTIC_CHECKPOINT_ENDPOINT"
 ENV_CHECKPOINT_DIR = "KELASTIC_CHECKPOINT_MEMORY_DIR"
+
+#: The job's secret: what proves to an agent's services (checkpoint service, peer links)
+#: that a request comes from the same job (docs/security.md). The operator creates one
+#: Secret per ElasticJob holding ``JOB_SECRET_KEY`` (64 hex digits, 256 random bits) and
+#: mounts it read-only into every worker pod at ``JOB_SECRET_MOUNT_DIR`` (a projected
+#: volume, never an environment variable); the agent reads the file named by
+#: ``--job-secret-file`` (or ``$KELASTIC_JOB_SECRET_FILE``): its bytes, with surrounding
+#: whitespace stripped, are the key, at least ``JOB_SECRET_MIN_BYTES`` of them. The agent
+#: hands its workers the file's path under the same variable, never the key itself.
+#: ``--insecure-no-secret`` (``KELASTIC_INSECURE_NO_SECRET=1``) lets an agent without a
+#: secret serve beyond loopback anyway; it says so once in its log.
+FLAG_JOB_SECRET_FILE = "--job-secret-file"
+ENV_JOB_SECRET_FILE = "KELASTIC_JOB_SECRET_FILE"
+FLAG_INSECURE_NO_SECRET = "--insecure-no-secret"
+ENV_INSECURE_NO_SECRET = "KELASTIC_INSECURE_NO_SECRET"
+JOB_SECRET_KEY = "job-secret"
+JOB_SECRET_MOUNT_DIR = "/var/run/secrets/kelastic.dev/job"
+JOB_SECRET_FILE = f"{JOB_SECRET_MOUNT_DIR}/{JOB_SECRET_KEY}"
+JOB_SECRET_MIN_BYTES = 32
 
 #: torchrun/Kubeflow convention: ``PET_NNODES`` is the fallback for ``--nnodes``.
 PET_PREFIX = "PET_"
