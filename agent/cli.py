@@ -87,6 +87,10 @@ class LaunchConfig:
     hang_timeout: float | None = None
     #: The memory checkpoint service (kelastic.checkpoint); None turns it off.
     checkpoint: CheckpointFlags | None = None
+    #: The file holding the job's secret (``--job-secret-file``), and the explicit opt-out
+    #: that lets services without one listen beyond loopback (``--insecure-no-secret``).
+    job_secret_file: str | None = None
+    insecure_no_secret: bool = False
     entrypoint: Callable[..., Any] | str = ""
     args: tuple[Any, ...] = ()
     entrypoint_name: str = ""
@@ -365,6 +369,23 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="write a checkpoint to the durable directory when this many seconds passed since the last",
     )
+    p.add_argument(
+        contract.FLAG_JOB_SECRET_FILE,
+        dest="job_secret_file",
+        default=os.environ.get(contract.ENV_JOB_SECRET_FILE) or _env_default("job_secret_file", None),
+        type=str,
+        help="file holding the job's secret, which authenticates the agents' services to each other "
+        f"and to the workers (default ${contract.ENV_JOB_SECRET_FILE}; docs/security.md)",
+    )
+    p.add_argument(
+        contract.FLAG_INSECURE_NO_SECRET,
+        dest="insecure_no_secret",
+        action="store_true",
+        default=_env_flag("insecure_no_secret")
+        or os.environ.get(contract.ENV_INSECURE_NO_SECRET, "").strip().lower() in ("1", "true", "yes", "on"),
+        help="serve beyond loopback without a job secret: anyone who reaches the ports can read and "
+        "replace the job's checkpoints (docs/security.md)",
+    )
     p.add_argument("training_script", type=str, help="the script (or module, or program) each worker runs")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments of the script")
     return p
@@ -464,6 +485,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         health_port=args.health_port,
         hang_timeout=args.hang_timeout,
         checkpoint=checkpoint,
+        job_secret_file=args.job_secret_file or None,
+        insecure_no_secret=bool(args.insecure_no_secret),
         entrypoint=entrypoint,
         args=tuple(cmd_args),
         entrypoint_name=os.path.basename(script),
