@@ -206,7 +206,7 @@ def test_a_kill_in_the_middle_of_an_overlapping_save_restores_the_previous_check
     c = harness.Cluster(tmp_path, store.endpoint, run_id=f"ckpt-{uuid.uuid4().hex[:6]}")
     try:
         for name in ("node-a", "node-b", "node-c"):
-            start(c, name, shm, script=["--overlap", "--hold-step", "6"])
+            start(c, name, shm, script=["--overlap", "--hold-step", "6", "--mib", "48"])
         c.wait_for("step 6's copy held on a rank", lambda: holding(c.out) is not None, 180)
         held = holding(c.out)
         assert held is not None and held["step"] == 6
