@@ -39,7 +39,9 @@ meet. What a caller may rely on:
   ``wait_staged`` then only makes the caller's current stream wait for that copy, without
   blocking the host, and the background thread writes the pinned copy into the agent's memory.
   The pinned buffers (the size of the rank's CUDA state) are kept for the next saves.
-* A failed save raises from the next ``save``, ``wait`` or ``close``, on the training thread.
+* **What became of a save.** The next ``save``, ``wait`` or ``close`` returns the ``step`` of
+  the save before it once that one is committed (None if it was skipped as too large), or
+  raises what it failed with, on the training thread.
 * Outside a kelastic worker the constructor raises
   :class:`~kelastic.agent.checkpoint.errors.NotInKelasticWorker`.
 
@@ -87,6 +89,11 @@ class _CopySignallingWriter(MemoryWriter):
         finally:
             self._copied.set()
 
+    @property
+    def refused(self) -> bool:
+        """Whether a node refused this save (too large): then ``finish`` committed nothing."""
+        return self._save is not None and self._save.refused is not None
+
 
 @dataclass
 class _Save:
@@ -102,6 +109,8 @@ class _Save:
     #: the pinned copy of the CUDA tensors is complete once this CUDA event is
     cuda_ready: Any = None
     error: BaseException | None = None
+    #: whether the save ended committed (not failed, nor skipped as too large)
+    committed: bool = False
     began: float = field(default_factory=time.monotonic)
 
 
@@ -195,15 +204,16 @@ class OverlappingSaver:
     # --- the training thread ---------------------------------------------------------------
     def save(
         self, state: Mapping[str, Any], *, step: int | None = None, planner: SavePlanner | None = None
-    ) -> None:
+    ) -> int | None:
         """Start saving ``state`` as the checkpoint of ``step``; returns once it is handed over.
 
-        Waits first for the previous save to be over and raises its error, if any. Call
-        :meth:`wait_staged` before anything changes the state's tensors.
+        Waits first for the previous save to be over and raises its error, if any; returns
+        what :meth:`wait` returns for it. Call :meth:`wait_staged` before anything changes the
+        state's tensors.
         """
         if self._closed:
             raise RuntimeError("OverlappingSaver.save() after close()")
-        self.wait()
+        previous = self.wait()
         plain = resolve_stateful(state)
         job = _Save(step, {}, planner)
         if _uses_cuda(plain):
@@ -215,6 +225,7 @@ class OverlappingSaver:
             job.state = snapshot(plain)
         self._current = job
         self._jobs.put(job)
+        return previous
 
     def wait_staged(self) -> None:
         """Return once the save in flight no longer reads the state's tensors (at once when
@@ -227,15 +238,17 @@ class OverlappingSaver:
             return
         self._await(job.copied, job, "copied")
 
-    def wait(self) -> None:
-        """Return once the save in flight is over (committed, or skipped as too large);
+    def wait(self) -> int | None:
+        """Return once the save in flight is over: its ``step`` when it was committed (the
+        ``step`` it was given), None when it was skipped as too large or none was in flight;
         raise its error if it failed."""
         job, self._current = self._current, None
         if job is None:
-            return
+            return None
         self._await(job.done, job, "committed")
         if job.error is not None:
             raise job.error
+        return job.step if job.committed else None
 
     @property
     def staged(self) -> bool:
@@ -250,12 +263,13 @@ class OverlappingSaver:
         """Whether a save is in flight (handed over and not yet waited for)."""
         return self._current is not None and not self._current.done.is_set()
 
-    def close(self) -> None:
-        """Wait for the last save (raising its error) and stop the background thread."""
+    def close(self) -> int | None:
+        """Wait for the last save (what :meth:`wait` returns, or raises) and stop the
+        background thread."""
         if self._closed:
-            return
+            return None
         try:
-            self.wait()
+            return self.wait()
         finally:
             self._closed = True
             self._jobs.put(None)
@@ -297,6 +311,7 @@ class OverlappingSaver:
                 process_group=self._group,
                 no_dist=self._no_dist,
             )
+            job.committed = not writer.refused
         except BaseException as e:  # handed to the training thread, which raises it
             job.error = e
         finally:

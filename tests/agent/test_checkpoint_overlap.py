@@ -101,8 +101,8 @@ def test_outside_a_kelastic_worker_it_says_so(monkeypatch: pytest.MonkeyPatch) -
 def test_a_save_returns_before_its_copy_and_commits_only_after_it(agent: CheckpointService) -> None:
     first, second = model(1), model(2)
     with OverlappingSaver() as saver:
-        saver.save(first, step=1)
-        saver.wait()
+        assert saver.save(first, step=1) is None  # nothing before it
+        assert saver.wait() == 1
         assert same(restored() or {}, first)
 
         planner = HeldPlanner()
@@ -118,7 +118,7 @@ def test_a_save_returns_before_its_copy_and_commits_only_after_it(agent: Checkpo
         planner.release.set()
         assert staged.wait(10)
         waiter.join()
-        saver.wait()
+        assert saver.wait() == 2
         assert not saver.pending and saver.staged
         got = restored()
         assert got is not None and same(got, second)
@@ -154,10 +154,14 @@ def test_what_is_not_a_tensor_is_saved_as_it_was_when_save_returned(agent: Check
 def test_a_failed_save_raises_on_the_training_thread_and_the_previous_one_stands(
     agent: CheckpointService,
 ) -> None:
-    saver = OverlappingSaver(strict=True)
+    huge = {"huge": torch.zeros(40 * 2**20 // 4)}  # 40 MiB: with a replica's room, over 64 MiB
+    lenient = OverlappingSaver()
     small = model(4)
-    saver.save(small, step=4)
-    saver.save({"huge": torch.zeros(40 * 2**20 // 4)}, step=5)  # 40 MiB: with a replica's room, over 64 MiB
+    lenient.save(small, step=4)
+    assert lenient.save(huge, step=5) == 4
+    assert lenient.close() is None, "a save skipped as too large is not a committed one"
+    saver = OverlappingSaver(strict=True)
+    saver.save(huge, step=5)
     saver.wait_staged()  # returns: a failed save reads nothing any more
     with pytest.raises(CheckpointException) as raised:  # what dcp.save would raise
         saver.wait()
