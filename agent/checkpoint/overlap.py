@@ -173,8 +173,8 @@ class OverlappingSaver:
     """Memory checkpoints saved in the background; see the module docstring for the contract.
 
     ``process_group``: the group the saves' collectives use (default: a new gloo group of
-    every rank, made here, so every rank constructs its saver at the same point). ``strict``
-    and ``timeout`` are :class:`MemoryWriter`'s.
+    every rank, made here, so every rank constructs its saver at the same point, after
+    ``init_process_group``). ``strict`` and ``timeout`` are :class:`MemoryWriter`'s.
     """
 
     def __init__(
@@ -213,6 +213,11 @@ class OverlappingSaver:
         """
         if self._closed:
             raise RuntimeError("OverlappingSaver.save() after close()")
+        if self._no_dist and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            raise RuntimeError(
+                "this OverlappingSaver was made before torch.distributed.init_process_group(): it would save "
+                "this rank alone; make it after (every rank at the same point)"
+            )
         previous = self.wait()
         plain = resolve_stateful(state)
         job = _Save(step, {}, planner)
