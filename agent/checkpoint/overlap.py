@@ -320,6 +320,5 @@ class OverlappingSaver:
         except BaseException as e:  # handed to the training thread, which raises it
             job.error = e
         finally:
-            job.state = {}
             job.copied.set()
             job.done.set()
