@@ -14,8 +14,8 @@ from the test processes' environment, so a ``kelastic local`` started without
 tests that stop the API server's process group would stop the wrong processes).
 
 Tests marked ``gpu`` (tests/gpu/, e2e/test_e2e_gpu.py) need CUDA, NCCL and at least
-:data:`GPUS_NEEDED` GPUs; elsewhere they are skipped with a reason that says so (see
-docs/gpus.md). The GPUs are counted without initialising CUDA in the test process.
+:data:`GPUS_NEEDED` GPUs (or the ``gpus=`` of their marker); elsewhere they are skipped with a
+reason that says so (see docs/gpus.md). The GPUs are counted without initialising CUDA in the test process.
 """
 
 from __future__ import annotations
@@ -79,12 +79,13 @@ def control_plane_bin() -> Path:
     return path
 
 
-#: The GPUs the ``gpu`` lane needs: every scenario runs at least two agents, one GPU each.
+#: The GPUs the ``gpu`` lane needs: most scenarios run at least two agents, one GPU each;
+#: a test that needs fewer says so with ``@pytest.mark.gpu(gpus=1)``.
 GPUS_NEEDED = 2
 
 
-def gpu_lane_missing() -> str | None:
-    """Why the ``gpu`` lane cannot run here, or None when it can."""
+def gpu_lane_missing(needed: int = GPUS_NEEDED) -> str | None:
+    """Why a ``gpu`` test needing ``needed`` GPUs cannot run here, or None when it can."""
     import torch.distributed as dist
 
     from kelastic.agent.devices import cuda_device_count
@@ -92,10 +93,10 @@ def gpu_lane_missing() -> str | None:
     try:
         found = cuda_device_count()
     except RuntimeError as exc:
-        return f"needs CUDA and at least {GPUS_NEEDED} GPUs (counting them failed: {exc})"
-    if found < GPUS_NEEDED:
+        return f"needs CUDA and at least {needed} GPUs (counting them failed: {exc})"
+    if found < needed:
         return (
-            f"needs CUDA and at least {GPUS_NEEDED} GPUs (found {found}): "
+            f"needs CUDA and at least {needed} GPU{'s' if needed > 1 else ''} (found {found}): "
             "run on a GPU machine with `python3 -m pytest -m gpu`"
         )
     if not dist.is_nccl_available():
@@ -104,10 +105,14 @@ def gpu_lane_missing() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
-    if not gpu_items:
-        return
-    why = gpu_lane_missing()
-    if why is not None:
-        for item in gpu_items:
+    reasons: dict[int, str | None] = {}
+    for item in items:
+        marker = item.get_closest_marker("gpu")
+        if marker is None:
+            continue
+        needed = int(marker.kwargs.get("gpus", GPUS_NEEDED))
+        if needed not in reasons:
+            reasons[needed] = gpu_lane_missing(needed)
+        why = reasons[needed]
+        if why is not None:
             item.add_marker(pytest.mark.skip(reason=why))

@@ -68,6 +68,38 @@ What a caller may rely on
   :meth:`ElasticSampler.load_state_dict` refuses a state of another ``dataset_len``,
   ``seed`` or ``shuffle`` (another stream: exactly-once would not hold).
 
+A fixed global batch
+--------------------
+With a fixed per-rank ``batch_size`` the global step follows the world size, so a resize
+changes the optimisation. ``global_batch=G`` fixes it instead: every optimizer step takes
+the next ``G`` samples of the stream (the epoch's last step fewer, with ``drop_last=False``),
+which do not depend on the world size; ``batch_size`` becomes the most samples a rank puts
+through one forward pass. In a step of ``S`` samples each rank takes its even share
+(contiguous; shares differ by one at most) and cuts it into ``accumulation`` micro-batches,
+``ceil(ceil(S / world_size) / batch_size)``, the same count on every rank, their sizes as
+even as possible. :meth:`ElasticSampler.accumulate` hands each micro-batch out with a
+:class:`MicroBatch` (its index, the count, whether it is the step's last, and ``scale``,
+the factor for its mean loss), and marks the step consumed as its last micro-batch is
+handed out::
+
+    sampler = ElasticSampler(len(ds), micro_batch, rank, world_size, global_batch=256)
+    loader = DataLoader(ds, batch_sampler=sampler)
+    for (x, y), micro in sampler.accumulate(loader):
+        with contextlib.nullcontext() if micro.last else ddp.no_sync():
+            (loss_fn(ddp(x), y) * micro.scale).backward()
+        if micro.last:
+            optimizer.step()
+            optimizer.zero_grad()
+
+With DDP's averaging over the ranks the accumulated gradient is then the gradient of the
+mean loss over the step's ``S`` samples at every world size: a resized job trains as one
+that never resized, up to floating-point rounding (the same sums in another order). The
+position, its state and exactly-once are as above. ``global_batch`` smaller than the world
+size is refused. A micro-batch is empty only where a rank's share is smaller than the count
+(``batch_size == 1`` and shares of unequal size, or an epoch's last step with fewer samples
+than ranks); the rank must still run it (DDP expects every rank's backward), with a loss
+that is a sum, scaled by ``world_size / step_samples``.
+
 Use behind a DataLoader (``num_workers`` may be anything; keep ``in_order=True``, the
 default)::
 
@@ -89,12 +121,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-__all__ = ["ElasticSampler"]
+__all__ = ["ElasticSampler", "MicroBatch"]
 
 _T = TypeVar("_T")
 
@@ -132,12 +165,77 @@ def _rank_slice(step: int, world_size: int, batch_size: int, rank: int) -> tuple
     return start, start + base + (1 if rank < extra else 0)
 
 
+def _global_step_size(remaining: int, global_batch: int, drop_last: bool) -> int:
+    """Samples the next optimizer step takes with a fixed global batch (0: none left).
+
+    Unlike :func:`_step_size` the cut does not depend on the world size: every step but an
+    epoch's last (short, with ``drop_last=False``) holds ``global_batch`` samples.
+    """
+    if remaining >= global_batch:
+        return global_batch
+    return 0 if drop_last else remaining
+
+
+def _accumulation(step: int, world_size: int, batch_size: int) -> int:
+    """Micro-batches of at most ``batch_size`` per rank for a step of ``step`` samples, the
+    same on every rank (each rank's share differs from another's by one sample at most)."""
+    largest_share = -(-step // world_size)
+    return max(1, -(-largest_share // batch_size))
+
+
+def _micro_slices(start: int, stop: int, count: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` cut into ``count`` contiguous slices whose sizes differ by one at most
+    (the larger first); a slice is empty only where there are fewer samples than slices."""
+    base, extra = divmod(stop - start, count)
+    slices = []
+    for i in range(count):
+        stop_i = start + base + (1 if i < extra else 0)
+        slices.append((start, stop_i))
+        start = stop_i
+    return slices
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Where a micro-batch sits in its optimizer step (:meth:`ElasticSampler.accumulate`).
+
+    ``index`` of ``count`` micro-batches this rank runs for the step (the same ``count`` on
+    every rank); ``size`` samples in it; ``step_samples`` samples in the whole step, all
+    ranks together; ``world_size`` ranks.
+    """
+
+    index: int
+    count: int
+    size: int
+    step_samples: int
+    world_size: int
+
+    @property
+    def last(self) -> bool:
+        """Whether this is the step's last micro-batch: synchronise gradients, then step."""
+        return self.index == self.count - 1
+
+    @property
+    def scale(self) -> float:
+        """Multiply the micro-batch's *mean* loss by this before ``backward()``.
+
+        With DDP (which averages gradients over the ranks) the accumulated gradient is then
+        the gradient of the mean loss over the step's ``step_samples`` samples, whatever the
+        world size and however the step is cut. (For a loss summed over the micro-batch
+        multiply by ``world_size / step_samples`` instead; that one also holds for an empty
+        micro-batch.)
+        """
+        return self.size * self.world_size / self.step_samples if self.step_samples else 0.0
+
+
 class ElasticSampler(Sampler[list[int]]):
     """This rank's list of indices for each global step; a position that resumes at any world size.
 
     Pass it as ``batch_sampler=`` to a ``DataLoader`` (or iterate it directly). See the
-    module's docstring for the contract: the stream, the tail, epochs, and how the
-    consumed position is driven (:meth:`advance` or :meth:`track`).
+    module's docstring for the contract: the stream, the tail, epochs, how the consumed
+    position is driven (:meth:`advance`, :meth:`track` or :meth:`accumulate`), and a fixed
+    ``global_batch`` (then each global step is an optimizer step of that many samples, cut
+    into micro-batches of at most ``batch_size`` per rank).
     """
 
     def __init__(
@@ -149,7 +247,13 @@ class ElasticSampler(Sampler[list[int]]):
         seed: int = 0,
         shuffle: bool = True,
         drop_last: bool = False,
+        global_batch: int | None = None,
     ) -> None:
+        if global_batch is not None and global_batch < world_size:
+            raise ValueError(
+                f"global_batch ({global_batch}) is smaller than the world size ({world_size}): some ranks "
+                "would get no sample in any step; raise global_batch or lower the most nodes the job may grow to"
+            )
         if dataset_len < 0:
             raise ValueError(f"dataset_len must be >= 0, got {dataset_len}")
         if batch_size < 1:
@@ -165,6 +269,7 @@ class ElasticSampler(Sampler[list[int]]):
         self.seed = seed
         self.shuffle = shuffle
         self.drop_last = drop_last
+        self.global_batch = global_batch
         self._epoch = 0
         self._consumed = 0
         self._order: tuple[int, torch.Tensor] | None = None  # (epoch, its shuffled stream)
@@ -186,14 +291,37 @@ class ElasticSampler(Sampler[list[int]]):
         """Samples of the epoch's global stream consumed so far (all ranks together)."""
         return self._consumed
 
+    def _step_at(self, consumed: int) -> int:
+        """Samples the global step that starts at ``consumed`` takes (0: the epoch is over)."""
+        remaining = self.dataset_len - consumed
+        if self.global_batch is not None:
+            return _global_step_size(remaining, self.global_batch, self.drop_last)
+        return _step_size(remaining, self.world_size, self.batch_size, self.drop_last)
+
     def _next_step(self) -> int:
-        return _step_size(self.dataset_len - self._consumed, self.world_size, self.batch_size, self.drop_last)
+        return self._step_at(self._consumed)
+
+    def _micro_batches(self, step: int) -> list[tuple[int, int]]:
+        """This rank's micro-batches of a global step of ``step`` samples: ``[start, stop)``
+        within the step. One, its whole share, without a global batch."""
+        lo, hi = _rank_slice(step, self.world_size, self.batch_size, self.rank)
+        if self.global_batch is None:
+            return [(lo, hi)]
+        return _micro_slices(lo, hi, _accumulation(step, self.world_size, self.batch_size))
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches every rank runs for the optimizer step at the position (1 without a
+        global batch; with one, the same on every rank, and for every full step)."""
+        step = self._next_step() or self._step_at(0)
+        return len(self._micro_batches(step)) if step else 1
 
     def advance(self, steps: int = 1) -> None:
         """Mark ``steps`` more global steps consumed (every rank calls it at the same steps).
 
-        Call it once per batch after the training step that used it (or let :meth:`track`
-        do it). Marking the epoch's last step consumed moves the position to the start of
+        Call it once per batch after the training step that used it (with a global batch:
+        once per optimizer step, after its micro-batches), or let :meth:`track` or
+        :meth:`accumulate` do it. Marking the epoch's last step consumed moves the position to the start of
         the next epoch; further steps count in that one.
         """
         if steps < 0:
@@ -254,19 +382,25 @@ class ElasticSampler(Sampler[list[int]]):
         # DataLoader runs ahead of the training loop leaves the position where it was.
         yielded = False
         while True:
-            step = _step_size(self.dataset_len - consumed, self.world_size, self.batch_size, self.drop_last)
+            step = self._step_at(consumed)
             if step == 0:
                 break
-            lo, hi = _rank_slice(step, self.world_size, self.batch_size, self.rank)
-            yield self._indices(epoch, consumed + lo, consumed + hi)
+            for lo, hi in self._micro_batches(step):
+                yield self._indices(epoch, consumed + lo, consumed + hi)
             yielded = True
             consumed += step
         if yielded and generation == self._iter_generation:  # not replaced by a later iteration
             self._iter_exhausted = True
 
     def __len__(self) -> int:
-        """Global steps left in the current epoch from the consumed position (same on every rank)."""
+        """Batches this rank yields from the consumed position to the epoch's end: global steps
+        left (the same on every rank), or with a global batch their micro-batches."""
         remaining = self.dataset_len - self._consumed
+        if self.global_batch is not None:
+            full, tail = divmod(remaining, self.global_batch)
+            per_full = _accumulation(self.global_batch, self.world_size, self.batch_size)
+            last = _accumulation(tail, self.world_size, self.batch_size) if tail and not self.drop_last else 0
+            return full * per_full + last
         full = self.world_size * self.batch_size
         return remaining // full if self.drop_last else -(-remaining // full)
 
@@ -279,6 +413,18 @@ class ElasticSampler(Sampler[list[int]]):
         ``batch_sampler`` is not this sampler or that may reorder batches
         (``in_order=False``): the count would not match the stream.
         """
+        for batch, _ in self.accumulate(batches):
+            yield batch
+
+    def accumulate(self, batches: Iterable[_T]) -> Iterator[tuple[_T, MicroBatch]]:
+        """Yield each batch of ``batches`` (a DataLoader over this sampler) with its
+        :class:`MicroBatch`: where it sits in its optimizer step, and how to scale its loss.
+
+        Marks a step consumed as its last micro-batch is handed out (as :meth:`track` does),
+        so a checkpoint taken after the optimizer step includes it; a step broken off in the
+        middle is redone from its first micro-batch. Without a global batch every batch is
+        a whole step (``count`` 1). Refuses what :meth:`track` refuses.
+        """
         if isinstance(batches, DataLoader):
             if batches.batch_sampler is not self:
                 raise ValueError("track() needs DataLoader(dataset, batch_sampler=<this sampler>)")
@@ -286,9 +432,18 @@ class ElasticSampler(Sampler[list[int]]):
                 raise ValueError(
                     "track() needs a DataLoader with in_order=True: batches must arrive in order"
                 )
+        index = 0
         for batch in batches:
-            self.advance()
-            yield batch
+            # After load_state_dict or set_epoch at an epoch's end, the step is the next epoch's first.
+            step = self._next_step() or self._step_at(0)
+            micro = self._micro_batches(step)
+            lo, hi = micro[index]
+            info = MicroBatch(index, len(micro), hi - lo, step, self.world_size)
+            index += 1
+            if index == len(micro):
+                self.advance()
+                index = 0
+            yield batch, info
 
     # -- checkpoints ----------------------------------------------------------------------
 

@@ -6,17 +6,22 @@ Runs unchanged under ``kelastic-agent`` (or an ElasticJob), under plain
 What it shows:
 
 * ``torch.distributed`` with gloo on CPU, data-parallel (DDP).
-* Elastic-safe data: the batch of global step ``s`` for rank ``r`` of ``W`` is a
-  pure function of ``(seed, s, r, W)``, so a group that re-forms at another
-  world size just carries on from the step it resumed at.
+* The same training at any world size (``kelastic.data``): every optimizer step takes
+  ``--global-batch`` samples of one seeded stream over the dataset, whatever the world
+  size; ``ElasticSampler`` gives each rank its share cut into micro-batches of at most
+  ``--micro-batch`` (gradients accumulated, synchronised on the last), and its position
+  goes into the checkpoint, so a group that re-forms at another size carries on with the
+  very samples the old one would have taken next.
 * Progress per step through ``kelastic.agent.progress.update`` (shown by the
   agent, and in the ElasticJob's PROGRESS column). The import is guarded, so the
   script also runs where kelastic is not installed.
 * Checkpoints in the kelastic agent's memory (``kelastic.checkpoint``): under
-  ``kelastic-agent`` every ``--checkpoint-every`` steps the model and optimizer go
-  to ``MemoryWriter`` (a memory copy; the agents keep a replica on a peer), and a
-  restarted group restores them with ``MemoryReader`` at whatever world size it has,
-  from memory, a peer's replica, or the durable copy.
+  ``kelastic-agent`` every ``--checkpoint-every`` steps the model, the optimizer and
+  the data position go to an ``OverlappingSaver``, whose copy runs while the next
+  step's forward and backward do (the step waits for it only before
+  ``optimizer.step()``); the agents keep a replica on a peer, and a restarted group
+  restores them with ``MemoryReader`` at whatever world size it has, from memory, a
+  peer's replica, or the durable copy.
 * Checkpoint files in a shared directory (``--checkpoint-dir`` or env
   ``KELASTIC_CHECKPOINT_DIR``): rank 0 writes ``checkpoint.pt`` atomically
   (temporary file, fsync, rename) every ``--durable-every`` steps (default: every
@@ -27,24 +32,29 @@ What it shows:
   outlives it.
 * A history file, ``history.jsonl`` in the checkpoint directory, where rank 0
   records each start (resumed step, world size, restart count), the first step
-  completed after it, each checkpoint and the end. Tests and curious users read it to see exactly what
-  happened across restarts.
+  completed after it, each checkpoint (a memory checkpoint once it is committed) and
+  the end. Tests and curious users read it to see exactly what happened across
+  restarts; ``--loss-log FILE`` adds every step's loss (the mean over its global batch).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import itertools
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 try:  # kelastic's progress reports; a no-op outside a kelastic agent.
     from kelastic.agent.progress import update as report_progress
@@ -54,17 +64,25 @@ except ImportError:  # plain torchrun or python without kelastic installed
         """Stand-in for ``kelastic.agent.progress.update`` when kelastic is absent."""
 
 
+try:  # the data position that survives a resize; anywhere kelastic is installed
+    from kelastic.data import ElasticSampler
+except ImportError:
+    ElasticSampler = None  # type: ignore[assignment,misc]
+
 try:  # kelastic's memory checkpoint: only inside a worker that kelastic-agent started
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    from kelastic.checkpoint import MemoryReader, MemoryWriter, NotInKelasticWorker
+    from kelastic.checkpoint import MemoryReader, NotInKelasticWorker, OverlappingSaver
 except ImportError:  # plain torchrun or python without kelastic installed
-    MemoryReader = MemoryWriter = None  # type: ignore[assignment,misc]
+    MemoryReader = OverlappingSaver = None  # type: ignore[assignment,misc]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 HISTORY_FILE = "history.jsonl"
 INPUT_DIM = 32
+
+#: One micro-batch: inputs, targets, and the factor for its mean loss (see MicroBatch.scale).
+Micro = tuple[torch.Tensor, torch.Tensor, float]
 
 
 @dataclass(frozen=True)
@@ -80,8 +98,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="kelastic example: elastic DDP training with checkpoint/resume"
     )
-    parser.add_argument("--steps", type=int, default=300, help="global steps to train in total")
-    parser.add_argument("--batch-size", type=int, default=64, help="samples per rank per step")
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps to train in total")
+    parser.add_argument(
+        "--global-batch", type=int, default=128, help="samples per optimizer step, all ranks together"
+    )
+    parser.add_argument(
+        "--micro-batch", type=int, default=32, help="most samples a rank puts through one forward pass"
+    )
+    parser.add_argument("--dataset-size", type=int, default=8192, help="samples in the synthetic dataset")
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -105,15 +129,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds to sleep per step, to stand in for real work (demos and failure drills)",
     )
     parser.add_argument("--log-every", type=int, default=20, help="rank 0 prints a line every N steps")
+    parser.add_argument("--loss-log", default="", help="rank 0 appends every step's loss here (JSON lines)")
     parser.add_argument(
         "--timeout", type=float, default=120.0, help="seconds a collective may wait for peers"
     )
     args = parser.parse_args(argv)
     if args.durable_every < 0:
         parser.error(f"--durable-every must be >= 0, got {args.durable_every}")
-    for name in ("steps", "batch_size", "checkpoint_every", "log_every"):
+    for name in ("steps", "global_batch", "micro_batch", "checkpoint_every", "log_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.dataset_size < args.global_batch:
+        parser.error(
+            f"--dataset-size ({args.dataset_size}) must be at least --global-batch ({args.global_batch})"
+        )
     return args
 
 
@@ -121,33 +150,79 @@ def build_model() -> nn.Module:
     return nn.Sequential(nn.Linear(INPUT_DIM, 64), nn.ReLU(), nn.Linear(64, 1))
 
 
-def target_weights(seed: int) -> torch.Tensor:
-    """The hidden linear map the model learns; the same on every rank and every restart."""
+def synthetic_dataset(seed: int, size: int) -> TensorDataset:
+    """``size`` samples of a hidden linear map with a little noise; the same in every process."""
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(INPUT_DIM, 1, generator=generator)
+    weights = torch.randn(INPUT_DIM, 1, generator=generator)
+    inputs = torch.randn(size, INPUT_DIM, generator=generator)
+    return TensorDataset(inputs, inputs @ weights + 0.01 * torch.randn(size, 1, generator=generator))
 
 
-def batch(
-    seed: int, step: int, where: Rank, batch_size: int, weights: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The samples of global step ``step`` for rank ``where.rank`` of ``where.world_size``.
-
-    A pure function of its arguments, so a resumed or re-sized group draws
-    well-defined, non-overlapping data for each step.
-    """
-    mixed = ((seed * 1_000_003 + step) * 1_009 + where.world_size) * 1_013 + where.rank
-    generator = torch.Generator().manual_seed(mixed & 0x7FFF_FFFF_FFFF)
-    inputs = torch.randn(batch_size, INPUT_DIM, generator=generator)
-    noise = 0.01 * torch.randn(batch_size, 1, generator=generator)
-    return inputs, inputs @ weights + noise
+def elastic_steps(sampler: ElasticSampler, loader: DataLoader) -> Iterator[list[Micro]]:
+    """Each optimizer step's micro-batches on this rank, epoch after epoch (the sampler moves
+    to the next epoch by itself, and counts a step consumed as its last micro-batch comes)."""
+    step: list[Micro] = []
+    while True:
+        for (inputs, targets), micro in sampler.accumulate(loader):
+            step.append((inputs, targets, micro.scale))
+            if micro.last:
+                yield step
+                step = []
 
 
-def save_checkpoint(directory: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def plain_steps(
+    dataset: TensorDataset, args: argparse.Namespace, where: Rank, start: int
+) -> Iterator[list[Micro]]:
+    """Without kelastic: step s takes the next ``--global-batch`` samples of a seeded
+    permutation per epoch, this rank a contiguous share of them in one micro-batch."""
+    inputs, targets = dataset.tensors
+    per_epoch = len(dataset) // args.global_batch
+    for step in itertools.count(start):
+        epoch, k = divmod(step, per_epoch)
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
+        mine = order[k * args.global_batch : (k + 1) * args.global_batch].tensor_split(where.world_size)[
+            where.rank
+        ]
+        yield [(inputs[mine], targets[mine], len(mine) * where.world_size / args.global_batch)]
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[Micro],
+    saver: OverlappingSaver | None,
+) -> torch.Tensor:
+    """One optimizer step over this rank's micro-batches (DDP synchronises the gradients on
+    the last); returns this rank's part of the step's mean loss."""
+    total = torch.zeros(())
+    for i, (inputs, targets, scale) in enumerate(micro_batches):
+        accumulate = i < len(micro_batches) - 1 and isinstance(model, nn.parallel.DistributedDataParallel)
+        with model.no_sync() if accumulate else contextlib.nullcontext():
+            loss = nn.functional.mse_loss(model(inputs), targets) * scale
+            loss.backward()
+        total += loss.detach()
+    if saver is not None:
+        saver.wait_staged()  # the previous save may still be copying the weights: they change next
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
+def save_checkpoint(
+    directory: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    sampler: ElasticSampler | None,
+) -> None:
     """Write ``checkpoint.pt`` so that readers see the old file or the new one, never a torn one."""
     final = directory / CHECKPOINT_FILE
     partial = directory / f".{CHECKPOINT_FILE}.{os.getpid()}.tmp"
+    state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    if sampler is not None:
+        state["sampler"] = sampler.state_dict()
     with partial.open("wb") as out:
-        torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, out)
+        torch.save(state, out)
         out.flush()
         os.fsync(out.fileno())
     os.replace(partial, final)
@@ -159,20 +234,25 @@ def save_checkpoint(directory: Path, step: int, model: nn.Module, optimizer: tor
         os.close(dir_fd)
 
 
-def load_checkpoint(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Restore model and optimizer from ``checkpoint.pt``; returns the step it holds (0 when none)."""
+def load_checkpoint(
+    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, sampler: ElasticSampler | None
+) -> int:
+    """Restore model, optimizer and data position from ``checkpoint.pt``; returns the step it
+    holds (0 when none)."""
     path = directory / CHECKPOINT_FILE
     if not path.exists():
         return 0
     state = torch.load(path, map_location="cpu", weights_only=True)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    if sampler is not None and "sampler" in state:
+        sampler.load_state_dict(state["sampler"])
     return int(state["step"])
 
 
 def memory_checkpoints() -> bool:
     """Whether this worker can use kelastic's memory checkpoint (it runs under kelastic-agent)."""
-    if MemoryWriter is None:
+    if MemoryReader is None:
         return False
     try:
         MemoryReader()
@@ -181,14 +261,18 @@ def memory_checkpoints() -> bool:
     return True
 
 
-def model_state(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> dict[str, object]:
+def model_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, sampler: ElasticSampler, step: int
+) -> dict[str, object]:
     """What a memory checkpoint holds: FQN-keyed model and optimizer state (DCP's own helpers,
-    which also see through the DDP wrapper) and the step."""
+    which also see through the DDP wrapper), the data position and the step."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    return {"model": model_sd, "optim": optim_sd, "step": step}
+    return {"model": model_sd, "optim": optim_sd, "sampler": sampler, "step": step}
 
 
-def restore_from_memory(model: nn.Module, optimizer: torch.optim.Optimizer) -> int | None:
+def restore_from_memory(
+    model: nn.Module, optimizer: torch.optim.Optimizer, sampler: ElasticSampler
+) -> int | None:
     """Restore the newest complete memory checkpoint; its step, or None when there is none.
 
     A collective: every rank calls it. The optimizer's state is created first (one step with
@@ -201,8 +285,8 @@ def restore_from_memory(model: nn.Module, optimizer: torch.optim.Optimizer) -> i
         p.grad = torch.zeros_like(p)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    state = model_state(model, optimizer, 0)
-    dcp.load(state, storage_reader=reader)
+    state = model_state(model, optimizer, sampler, 0)
+    dcp.load(state, storage_reader=reader)  # the sampler is a Stateful: DCP loads it in place
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return int(state["step"])  # type: ignore[call-overload]
 
@@ -256,19 +340,30 @@ def train(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     model = build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    dataset = synthetic_dataset(args.seed, args.dataset_size)
+    sampler = None
+    if ElasticSampler is not None:
+        sampler = ElasticSampler(
+            len(dataset), args.micro_batch, where.rank, where.world_size,
+            seed=args.seed, drop_last=True, global_batch=args.global_batch,
+        )  # fmt: skip
     in_memory = memory_checkpoints()
     source = "checkpoint file"
-    restored = restore_from_memory(model, optimizer) if in_memory else None
+    restored = restore_from_memory(model, optimizer, sampler) if in_memory else None
     if restored is None:
-        start = load_checkpoint(checkpoints, model, optimizer) if checkpoints is not None else 0
+        start = load_checkpoint(checkpoints, model, optimizer, sampler) if checkpoints is not None else 0
         start = agreed_step(start, distributed)
     else:
         start, source = restored, "memory checkpoint"
+    if sampler is not None:
+        steps = elastic_steps(sampler, DataLoader(dataset, batch_sampler=sampler))
+    else:
+        steps = plain_steps(dataset, args, where, start)
+    # Every rank makes it at the same point: its saves run over a process group of their own.
+    saver = OverlappingSaver() if in_memory else None
     durable_every = args.durable_every or args.checkpoint_every
     # DDP broadcasts rank 0's parameters, so every rank starts from the same weights.
     ddp: nn.Module = nn.parallel.DistributedDataParallel(model) if distributed else model
-    weights = target_weights(args.seed)
-    loss_fn = nn.MSELoss()
 
     if leader:
         record(
@@ -288,36 +383,46 @@ def train(args: argparse.Namespace) -> int:
 
     loss = torch.tensor(0.0)
     for step in range(start + 1, args.steps + 1):
-        inputs, targets = batch(args.seed, step, where, args.batch_size, weights)
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(inputs), targets)
-        loss.backward()
-        loss = loss.detach()
-        optimizer.step()
+        loss = train_step(ddp, optimizer, next(steps), saver)
+        if distributed:
+            dist.all_reduce(loss)  # the mean over the step's global batch, whatever the world size
+        loss /= where.world_size
         if args.step_delay > 0:
             time.sleep(args.step_delay)
         report_progress(step, args.steps, loss=loss.item())
         if leader and step == start + 1:
             # When the group trains again after a (re)start: what restart latency is measured by.
             record(checkpoints, "first_step", step=step, world_size=where.world_size, restart=where.restart)
+        if leader and args.loss_log:
+            with open(args.loss_log, "a") as out:
+                out.write(
+                    json.dumps({"step": step, "loss": loss.item(), "world_size": where.world_size}) + "\n"
+                )
         due = step % args.checkpoint_every == 0 or step == args.steps
-        if in_memory and due:
-            # Every rank: DCP writes each rank's part into its agent's memory (a copy).
-            dcp.save(model_state(model, optimizer, step), storage_writer=MemoryWriter(step=step))
+        if saver is not None and due:
+            # Every rank: DCP copies each rank's part into its agent's memory, in the background.
+            assert sampler is not None
+            committed = saver.save(model_state(model, optimizer, sampler, step), step=step)
+            if leader and committed is not None:  # the previous save, now complete
+                record(checkpoints, "checkpoint", step=committed, world_size=where.world_size, memory=True)
         if (
             leader
             and checkpoints is not None
             and ((step % (durable_every if in_memory else args.checkpoint_every) == 0) or step == args.steps)
         ):
-            save_checkpoint(checkpoints, step, model, optimizer)
-        if leader and due and (in_memory or checkpoints is not None):
-            record(checkpoints, "checkpoint", step=step, world_size=where.world_size, memory=in_memory)
+            save_checkpoint(checkpoints, step, model, optimizer, sampler)
+            if not in_memory:
+                record(checkpoints, "checkpoint", step=step, world_size=where.world_size, memory=False)
         if leader and (step % args.log_every == 0 or step == args.steps):
             print(
                 f"[train] step {step}/{args.steps} loss {float(loss):.5f} world {where.world_size}",
                 flush=True,
             )
 
+    if saver is not None:
+        committed = saver.close()  # the last save is complete
+        if leader and committed is not None:
+            record(checkpoints, "checkpoint", step=committed, world_size=where.world_size, memory=True)
     if leader:
         record(checkpoints, "done", step=args.steps, world_size=where.world_size, loss=float(loss))
         print(f"[train] done: {args.steps} steps, final loss {float(loss):.5f}", flush=True)

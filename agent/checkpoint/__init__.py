@@ -2,7 +2,8 @@
 
 Training scripts use :class:`MemoryWriter` and :class:`MemoryReader` as
 torch.distributed.checkpoint storage (``dcp.save(state, storage_writer=MemoryWriter())``,
-``dcp.load(state, storage_reader=MemoryReader())``; see :mod:`.storage` for the contract).
+``dcp.load(state, storage_reader=MemoryReader())``; see :mod:`.storage` for the contract), or
+:class:`OverlappingSaver`, whose saves copy while the next step computes (:mod:`.overlap`).
 The agent side is :class:`CheckpointService` (:mod:`.service`) over a
 :class:`CheckpointKeeper` (:mod:`.keeper`); the decisions are pure functions in
 :mod:`.plan`; :mod:`.persist` writes the durable copy in DCP's own layout.
@@ -25,6 +26,7 @@ __all__ = [
     "MemoryReader",
     "MemoryWriter",
     "NotInKelasticWorker",
+    "OverlappingSaver",
 ]
 
 _HOME = {
@@ -36,6 +38,7 @@ _HOME = {
     "CheckpointSettings": "settings",
     "MemoryReader": "storage",
     "MemoryWriter": "storage",
+    "OverlappingSaver": "overlap",
 }
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import runpy
 import shutil
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +55,22 @@ def saved(out: Path) -> dict[int, str]:
     return {e["step"]: e["hash"] for e in events(out) if e["event"] == "saved"}
 
 
+def first_restore(c: Any, world: int) -> dict[str, Any]:
+    """The first restore of a group of ``world`` ranks (waits for it)."""
+    c.wait_for(f"a restore at world {world}", lambda: any(
+        e["event"] == "restored" and e["world"] == world for e in events(c.out)), 120)  # fmt: skip
+    return next(e for e in events(c.out) if e["event"] == "restored" and e["world"] == world)
+
+
+def assert_no_step_diverged(out: Path) -> None:
+    """No step was redone with a different result: every step saved twice has one hash."""
+    seen: dict[int, set[str]] = {}
+    for e in events(out):
+        if e["event"] == "saved":
+            seen.setdefault(e["step"], set()).add(e["hash"])
+    assert all(len(h) == 1 for h in seen.values()), seen
+
+
 def digest(state: dict[str, Any]) -> str:
     """The worker's hash of its state (scripts/ckpt_worker.py)."""
     h = hashlib.sha256()
@@ -64,13 +82,19 @@ def digest(state: dict[str, Any]) -> str:
 
 
 def start(
-    c: Any, name: str, shm: Path, extra: list[str] = (), nnodes: str = "2:3", save_every: int = 1
-) -> Any:  # type: ignore[assignment]
+    c: Any,
+    name: str,
+    shm: Path,
+    extra: list[str] = (),  # type: ignore[assignment]
+    nnodes: str = "2:3",
+    save_every: int = 1,
+    script: list[str] = (),  # type: ignore[assignment]
+) -> Any:
     return c.start(
         name,
         ["--nnodes", nnodes, "--nproc-per-node", "1", "--max-restarts", "3", "--warm-start",
          "--checkpoint-dir", str(shm), "--checkpoint-memory", "512Mi", *extra],
-        ["--mib", "8", "--step-time", "0.2", "--steps", "1000", "--save-every", str(save_every)],
+        ["--mib", "8", "--step-time", "0.2", "--steps", "1000", "--save-every", str(save_every), *script],
         script=SCRIPT,
     )  # fmt: skip
 
@@ -114,20 +138,13 @@ def test_killing_the_node_of_rank_0_restores_its_part_from_a_replica_bit_identic
         victim = next(a for a in c.agents if a.name == holder)
         last_before = max(saved(c.out))
         victim.kill_group()
-        c.wait_for("a restore at world 2", lambda: any(
-            e["event"] == "restored" and e["world"] == 2 for e in events(c.out)), 120)  # fmt: skip
-        restored = next(e for e in events(c.out) if e["event"] == "restored" and e["world"] == 2)
+        restored = first_restore(c, world=2)
         hashes = saved(c.out)
         assert restored["hash"] == hashes[restored["step"]], "the restored state is not the saved one"
         assert restored["step"] >= last_before - 1, (restored, last_before)
         assert restored["source"] == "replica", restored
         c.wait_for("steps after the restore", lambda: max(saved(c.out)) >= restored["step"] + 3, 60)
-        # no step was redone with a different result: every step saved twice has one hash
-        seen: dict[int, set[str]] = {}
-        for e in events(c.out):
-            if e["event"] == "saved":
-                seen.setdefault(e["step"], set()).add(e["hash"])
-        assert all(len(h) == 1 for h in seen.values()), seen
+        assert_no_step_diverged(c.out)
     finally:
         c.close()
 
@@ -170,3 +187,39 @@ def test_after_every_node_died_the_durable_copy_restores_with_plain_dcp_and_with
         assert restored["hash"] == saved(first.out)[restored["step"]]
     finally:
         second.close()
+
+
+def holding(out: Path) -> dict[str, Any] | None:
+    """The rank holding its copy of a save in the middle (scripts/ckpt_worker.py --hold-step)."""
+    path = out / "holding.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+@pytest.mark.parametrize("victim", ["worker", "node"])
+def test_a_kill_in_the_middle_of_an_overlapping_save_restores_the_previous_checkpoint_bit_identical(
+    tmp_path: Path, store: ServerProcess, shm: Path, victim: str
+) -> None:
+    """Saves every step with OverlappingSaver; step 6's copy is held half-written on one rank
+    (its first tensor copied, the rest not) while the other ranks finished theirs, and that
+    rank (or its whole node) is SIGKILLed: the group restores step 5, bit-identical, never
+    the torn step 6, and trains on."""
+    c = harness.Cluster(tmp_path, store.endpoint, run_id=f"ckpt-{uuid.uuid4().hex[:6]}")
+    try:
+        for name in ("node-a", "node-b", "node-c"):
+            start(c, name, shm, script=["--overlap", "--hold-step", "6", "--mib", "48"])
+        c.wait_for("step 6's copy held on a rank", lambda: holding(c.out) is not None, 180)
+        held = holding(c.out)
+        assert held is not None and held["step"] == 6
+        c.wait_for("step 5 committed", lambda: 5 in saved(c.out), 30)
+        assert 6 not in saved(c.out), "step 6 was committed although a rank's copy is held"
+        if victim == "worker":
+            os.kill(held["pid"], signal.SIGKILL)
+        else:
+            next(a for a in c.agents if a.name == held["node"]).kill_group()
+        restored = first_restore(c, world=3 if victim == "worker" else 2)
+        assert restored["step"] == 5, f"restored {restored}, not the previous complete checkpoint (step 5)"
+        assert restored["hash"] == saved(c.out)[5], "the restored state is not the one saved at step 5"
+        c.wait_for("steps after the restore", lambda: max(saved(c.out)) >= 9, 60)
+        assert_no_step_diverged(c.out)
+    finally:
+        c.close()

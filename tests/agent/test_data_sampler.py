@@ -215,16 +215,29 @@ _ops = st.one_of(
 
 
 class _Run:
-    """A group of samplers driven like a training loop, recording what each epoch consumed."""
+    """A group of samplers driven like a training loop, recording what each epoch consumed.
 
-    def __init__(self, n: int, batch: int, world: int, seed: int, drop_last: bool) -> None:
-        self.n, self.seed, self.drop_last = n, seed, drop_last
+    With ``global_batch`` a step is each rank's ``accumulation`` micro-batches; a resize
+    keeps the global batch (and the world size at most it)."""
+
+    def __init__(
+        self, n: int, batch: int, world: int, seed: int, drop_last: bool, global_batch: int | None = None
+    ) -> None:
+        self.n, self.seed, self.drop_last, self.global_batch = n, seed, drop_last, global_batch
         self.consumed: dict[int, list[int]] = {}  # epoch -> indices handed to the loop and consumed
         self.worlds: dict[int, list[tuple[int, int]]] = {}  # epoch -> (world, batch) at each step
+        self.sizes: dict[int, list[int]] = {}  # epoch -> samples of each consumed step, all ranks
         self._form(batch, world, None)
 
+    def _group(self, batch: int, world: int) -> list[ElasticSampler]:
+        if self.global_batch is not None:
+            world = min(world, self.global_batch)
+        return group(
+            self.n, batch, world, seed=self.seed, drop_last=self.drop_last, global_batch=self.global_batch
+        )
+
     def _form(self, batch: int, world: int, state: dict[str, Any] | None) -> None:
-        self.samplers = group(self.n, batch, world, seed=self.seed, drop_last=self.drop_last)
+        self.samplers = self._group(batch, world)
         for s in self.samplers:
             if state is not None:
                 s.load_state_dict(state)
@@ -236,7 +249,7 @@ class _Run:
     def check_len(self) -> None:
         """``len`` is the number of steps an iteration from the position yields, on every rank."""
         s0 = self.samplers[0]
-        fresh = group(self.n, s0.batch_size, s0.world_size, seed=self.seed, drop_last=self.drop_last)
+        fresh = self._group(s0.batch_size, s0.world_size)
         for s in fresh:
             s.load_state_dict(self.state())
         assert {len(s) for s in self.samplers} == {len(steps(fresh))}
@@ -258,17 +271,26 @@ class _Run:
         return True
 
     def consume_one(self) -> bool:
-        if not self.pending[0] and not self._draw():
-            # the epoch's iteration ended; its last step was consumed, so a new one starts the next
-            self.its = [iter(s) for s in self.samplers]
-            self.check_len()
-            return False
+        """Consume the step at the position: each rank's ``accumulation`` micro-batches."""
+        count = self.samplers[0].accumulation
+        assert {s.accumulation for s in self.samplers} == {count}
+        while len(self.pending[0]) < count:
+            if not self._draw():
+                # the epoch's iteration ended; its last step was consumed, so a new one starts the next
+                assert not self.pending[0]
+                self.its = [iter(s) for s in self.samplers]
+                self.check_len()
+                return False
         s0 = self.samplers[0]
         epoch = s0.epoch
         self.worlds.setdefault(epoch, []).append((s0.world_size, s0.batch_size))
+        step: list[int] = []
         for pend, s in zip(self.pending, self.samplers, strict=True):
-            self.consumed.setdefault(epoch, []).extend(pend.pop(0))
+            for _ in range(count):
+                step.extend(pend.pop(0))
             s.advance()
+        self.consumed.setdefault(epoch, []).extend(step)
+        self.sizes.setdefault(epoch, []).append(len(step))
         # the position is exactly the count of samples the loop consumed in the epoch
         state = self.state()
         if state["epoch"] == epoch:
@@ -303,26 +325,39 @@ class _Run:
                 assert len(got) == self.n, f"epoch {epoch}: {self.n - len(got)} indices never yielded"
             if finished and self.drop_last:
                 world, batch = self.worlds[epoch][-1]
-                assert self.n - len(got) < world * batch or self.n < world * batch
+                full = self.global_batch or world * batch
+                assert self.n - len(got) < full or self.n < full
+            if self.global_batch is not None:
+                # every step of the epoch but its last took the global batch, at any world size
+                assert all(k == self.global_batch for k in self.sizes.get(epoch, [])[:-1]), self.sizes[epoch]
             # what was consumed is a prefix of the epoch's stream, in order
             g = torch.Generator()
             g.manual_seed(self.seed + epoch)
             assert got == torch.randperm(self.n, generator=g).tolist()[: len(got)]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     n=st.integers(1, 60),
     batch=st.integers(1, 5),
     world=st.integers(1, 6),
+    global_batch=st.one_of(st.none(), st.integers(1, 14)),
     seed=st.integers(0, 2**31),
     drop_last=st.booleans(),
     ops=st.lists(_ops, min_size=1, max_size=25),
 )
 def test_every_index_is_consumed_exactly_once_per_epoch_across_resizes(
-    n: int, batch: int, world: int, seed: int, drop_last: bool, ops: list[tuple[Any, ...]]
+    n: int,
+    batch: int,
+    world: int,
+    global_batch: int | None,
+    seed: int,
+    drop_last: bool,
+    ops: list[tuple[Any, ...]],
 ) -> None:
-    run = _Run(n, batch, world, seed, drop_last)
+    """With a ``global_batch`` also: every step of an epoch but its last takes exactly it,
+    at whatever world size the group has then."""
+    run = _Run(n, batch, world, seed, drop_last, global_batch)
     for op in ops:
         run.apply(op)
     run.check()
