@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch.distributed.elastic.agent.server.api as torch_agent_api
@@ -32,6 +33,8 @@ import torch.distributed.elastic.multiprocessing as torch_mp
 import torch.distributed.elastic.multiprocessing.errors as torch_errors
 import torch.distributed.elastic.multiprocessing.redirects as torch_redirects
 import torch.distributed.elastic.multiprocessing.tail_log as torch_tail_log
+import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
 import kelastic.agent.api as k_agent_api
@@ -526,3 +529,75 @@ def test_get_event_succeeded_and_failed(tmp_path: Path) -> None:
     assert failed.metadata["state"] == "FAILED"
     assert "RuntimeError: agent broke" in str(failed.metadata["raw_error"])
     assert failed.metadata["run_id"] == "events" and failed.metadata["entry_point"] == "true"
+
+
+# --- the exit barrier ------------------------------------------------------------------------
+
+
+def _c10d_handler(run_id: str) -> Any:
+    params = RendezvousParameters(
+        backend="c10d",
+        endpoint=f"127.0.0.1:{_free_port()}",
+        run_id=run_id,
+        min_nodes=1,
+        max_nodes=1,
+        is_host=True,
+    )
+    return rdzv_registry.get_rendezvous_handler(params)
+
+
+def _static_handler(run_id: str) -> Any:
+    return StaticTCPRendezvous("127.0.0.1", _free_port(), rank=0, world_size=1, run_id=run_id, timeout=30)
+
+
+class _FinishingStatic(StaticTCPRendezvous):
+    """torch's static rendezvous that runs its own exit barrier, as kelastic's handler does."""
+
+    calls = 0
+
+    def wait_all_finished(self, timeout: float) -> bool:
+        type(self).calls += 1
+        return True
+
+
+def _run_one_worker(module: Any, agent_module: Any, logs_mod: Any, handler: Any, tmp_path: Path) -> Any:
+    spec = module.WorkerSpec(
+        role="w",
+        local_world_size=1,
+        rdzv_handler=handler,
+        entrypoint="/bin/true",
+        max_restarts=0,
+        monitor_interval=0.05,
+    )
+    agent = agent_module.LocalElasticAgent(
+        spec, logs_mod.DefaultLogsSpecs(log_dir=str(tmp_path)), "spawn", 30
+    )
+    return agent.run()
+
+
+@pytest.mark.parametrize("make_handler", [_c10d_handler, _static_handler], ids=["c10d", "static"])
+@pytest.mark.parametrize(
+    ("module", "agent_module", "logs_mod"),
+    [(torch_agent_api, torch_local_agent, torch_mp), (k_agent_api, k_local_agent, k_mp)],
+    ids=["torch", "kelastic"],
+)
+def test_torchs_handlers_get_torchs_exit_barrier(
+    module: Any, agent_module: Any, logs_mod: Any, make_handler: Any, tmp_path: Path
+) -> None:
+    handler = make_handler("barrier")
+    with mock.patch("torch.distributed.elastic.utils.store.barrier") as barrier:
+        barrier.side_effect = RuntimeError("test error")
+        result = _run_one_worker(module, agent_module, logs_mod, handler, tmp_path)
+    handler.shutdown()
+    assert not result.is_failed()  # a failed exit barrier does not fail a finished job
+    barrier.assert_called_once()
+    assert barrier.call_args.kwargs["world_size"] == 1 and barrier.call_args.kwargs["barrier_timeout"] == 30
+
+
+def test_a_handler_with_its_own_exit_barrier_keeps_it(tmp_path: Path) -> None:
+    handler = _FinishingStatic("127.0.0.1", _free_port(), rank=0, world_size=1, run_id="own", timeout=30)
+    with mock.patch("torch.distributed.elastic.utils.store.barrier") as barrier:
+        result = _run_one_worker(k_agent_api, k_local_agent, k_mp, handler, tmp_path)
+    assert not result.is_failed()
+    barrier.assert_not_called()
+    assert _FinishingStatic.calls == 1
