@@ -667,6 +667,12 @@ class SimpleElasticAgent(ElasticAgent):
     def _on_monitor_tick(self, worker_group: WorkerGroup) -> None:
         """Called on every turn of the monitor loop while workers run."""
 
+    def _after_exit_barrier(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
+        """Called once the workers succeeded and the exit barrier is over; returns the run's
+        final result. Workers still held alive (they returned but have not exited) are
+        released here and waited for."""
+        return result
+
     # public -----------------------------------------------------------------------
     def get_worker_group(self, role: str = DEFAULT_ROLE) -> WorkerGroup:
         return self._worker_group
@@ -996,7 +1002,7 @@ class SimpleElasticAgent(ElasticAgent):
                     self._exit_barrier_timeout,
                 )
                 self._exit_barrier()
-                return result
+                return self._after_exit_barrier(self._worker_group, result)
             if state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
                 # Failed while waiting for a checkpoint to let nodes join: a peer that
                 # re-formed first stopped them (or they failed on their own in that

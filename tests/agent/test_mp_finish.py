@@ -9,27 +9,33 @@ many times on the launcher and on two agents and must never see a failure.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import runpy
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 
 from kelastic.agent import warm
-from kelastic.agent.multiprocessing import PContext, start_processes
+from kelastic.agent.api import WorkerSpec
+from kelastic.agent.local_agent import LocalElasticAgent
+from kelastic.agent.multiprocessing import DefaultLogsSpecs, PContext, start_processes
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PROBE = SCRIPTS / "finish_probe.py"
 
 
+probe_module = SimpleNamespace(**runpy.run_path(str(PROBE)))
 alive = runpy.run_path(str(SCRIPTS / "rank_helpers.py"))["alive"]
 
 
@@ -221,3 +227,72 @@ def test_gloo_ranks_ending_without_destroy_never_fail_the_launcher() -> None:
 @pytest.mark.slow
 def test_gloo_ranks_ending_without_destroy_never_fail_two_agents() -> None:
     _run_probe("agent", AGENT_RUNS, timeout=180 * AGENT_RUNS)
+
+
+# --- ranks on other nodes --------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _node(fn: Any, endpoint: str, run_id: str, is_host: bool, barrier: float, log_dir: str, out: Any) -> None:
+    spec = probe_module.c10d_spec(
+        WorkerSpec, fn, (str(Path(log_dir) / "pid0"),), endpoint, run_id, is_host, nodes=2, local_world_size=1
+    )
+    agent = LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=log_dir), "spawn", barrier)
+    began = time.monotonic()
+    result = agent.run()
+    out.put((result.is_failed(), result.return_values, time.monotonic() - began))
+
+
+def _two_nodes(fn: Any, tmp_path: Path, barrier: float) -> tuple[list[Any], Any]:
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    endpoint, run_id = f"127.0.0.1:{_free_port()}", uuid.uuid4().hex[:8]
+    nodes = [
+        ctx.Process(target=_node, args=(fn, endpoint, run_id, i == 0, barrier, str(tmp_path), out))
+        for i in (0, 1)
+    ]
+    for p in nodes:
+        p.start()
+    return nodes, out
+
+
+@pytest.mark.slow
+def test_a_worker_stays_alive_until_the_workers_of_other_nodes_returned(
+    tmp_path: Path, helpers: ModuleType
+) -> None:
+    nodes, out = _two_nodes(helpers.return_or_check, tmp_path, barrier=60)
+    try:
+        results = [out.get(timeout=180) for _ in nodes]
+        for p in nodes:
+            p.join(30)
+        assert [p.exitcode for p in nodes] == [0, 0]
+        assert [failed for failed, _, _ in results] == [False, False]
+        values = {rank: v for _, vals, _ in results for rank, v in vals.items()}
+        # rank 1 ran a second longer than rank 0, on another node, and found it alive
+        assert values == {0: True, 1: True}
+    finally:
+        for p in nodes:
+            p.kill()
+
+
+@pytest.mark.slow
+def test_a_held_worker_is_released_when_a_peer_node_is_gone(tmp_path: Path, helpers: ModuleType) -> None:
+    barrier = 3.0
+    nodes, out = _two_nodes(helpers.return_or_hang, tmp_path, barrier=barrier)
+    try:
+        pid0, agent1 = tmp_path / "pid0", tmp_path / "pid0.agent1"
+        wait_until(lambda: pid0.exists() and agent1.exists(), 120, "both workers to start")
+        held = int(pid0.read_text())
+        os.kill(int(agent1.read_text()), signal.SIGKILL)  # that node is gone; its worker dies with it
+        failed, values, _ = out.get(timeout=barrier + 60)
+        # the exit barrier gave up after its timeout; the held worker was released and exited
+        assert not failed and values == {0: True}
+        wait_until(lambda: not alive(held), 30, "the released worker to exit")
+    finally:
+        for p in nodes:
+            p.kill()
