@@ -273,7 +273,11 @@ os._exit(3)
 @BOTH
 @pytest.mark.slow
 def test_ranks_failing_at_once_are_each_reported(impl: SimpleNamespace, tmp_path: Path) -> None:
-    for attempt in range(5):  # what a launcher sees of ranks ending together varies: try a few
+    # What a launcher sees of ranks ending together varies with when it looks: kelastic's is
+    # tried several times (before its failure grace it reported -15 for one rank in about
+    # half the runs); torch's once, as the reference (it holds both unless one of its looks,
+    # a second apart, falls between the two exits, which heavy load makes more likely).
+    for attempt in range(5 if impl is KELASTIC else 1):
         at = time.time() + 1.0
         args = {r: ("-c", FAIL_AT, at) for r in range(2)}
         envs = {r: {"TORCHELASTIC_RUN_ID": "compat", "LOCAL_RANK": str(r)} for r in range(2)}
