@@ -212,11 +212,12 @@ def _run_probe(mode: str, runs: int, timeout: float) -> None:
     assert f"0 of {runs} runs failed" in proc.stdout
 
 
-# Before ranks waited for their peers, 4 to 6 runs in 8 failed on the launcher and 5 to 6 in
-# 7 with the agents (one run is about 10 s here). Five launcher runs all pass by chance with
-# a probability of 0.4**5 (1%), three agent runs with 0.25**3 (1.6%): a regression is seen.
-LAUNCHER_RUNS = int(os.environ.get("KELASTIC_FINISH_LAUNCHER_RUNS", "5"))
-AGENT_RUNS = int(os.environ.get("KELASTIC_FINISH_AGENT_RUNS", "3"))
+# Before ranks waited for their peers, 7 launcher runs in 18 failed here and 8 agent runs in
+# 12 (one run takes 8 to 20 s on 2 cores). Six launcher runs would all pass by chance with a
+# probability of about 0.6**6 (5%), four agent runs with 0.33**4 (1%), both together (the
+# wait is the same code) with under 0.1%. More runs: KELASTIC_FINISH_*_RUNS.
+LAUNCHER_RUNS = int(os.environ.get("KELASTIC_FINISH_LAUNCHER_RUNS", "6"))
+AGENT_RUNS = int(os.environ.get("KELASTIC_FINISH_AGENT_RUNS", "4"))
 
 
 @pytest.mark.slow
