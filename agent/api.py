@@ -82,7 +82,8 @@ from datetime import timedelta
 from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
-from torch.distributed import Store
+import torch.distributed.elastic.utils.store as torch_store_util
+from torch.distributed import DistStoreError, Store
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 from torch.distributed.elastic.rendezvous.api import RendezvousGracefulExitError
 
@@ -120,7 +121,8 @@ DEFAULT_ROLE = "default"
 
 _ROLE_INFO_PREFIX = "kelastic/role_info/"
 _ASSIGNED_PREFIX = "kelastic/assigned_ranks/"
-_EXIT_BARRIER_PREFIX = "kelastic/exit_barrier/"
+#: torch's key for the exit barrier on its handlers' store (its agent's ``_TERMINAL_STATE_SYNC_ID``).
+_TERMINAL_STATE_SYNC_ID = "torchelastic/agent/terminal_state"
 
 
 @runtime_checkable
@@ -550,14 +552,16 @@ class FinishBarrier(Protocol):
 def exit_barrier(store: Store, world_size: int, timeout: float) -> bool:
     """Block until ``world_size`` agents arrived (each calls once per round); False on timeout.
 
-    For handlers that are not a :class:`FinishBarrier` (torch's ``c10d`` and ``static``).
+    For handlers that are not a :class:`FinishBarrier` (torch's ``c10d`` and ``static``):
+    torch's own barrier, ``torch.distributed.elastic.utils.store.barrier``, under torch's
+    key, so that torch's agents and kelastic's of one job meet at the same barrier (and a
+    test that patches torch's function sees the call). Other errors propagate.
     """
-    arrived = store.add(f"{_EXIT_BARRIER_PREFIX}count", 1)
-    if arrived >= world_size:
-        store.set(f"{_EXIT_BARRIER_PREFIX}done", "1")
     try:
-        store.wait([f"{_EXIT_BARRIER_PREFIX}done"], timedelta(seconds=timeout))
-    except Exception:
+        torch_store_util.barrier(
+            store=store, world_size=world_size, key_prefix=_TERMINAL_STATE_SYNC_ID, barrier_timeout=timeout
+        )
+    except DistStoreError:
         return False
     return True
 
@@ -662,6 +666,12 @@ class SimpleElasticAgent(ElasticAgent):
 
     def _on_monitor_tick(self, worker_group: WorkerGroup) -> None:
         """Called on every turn of the monitor loop while workers run."""
+
+    def _after_exit_barrier(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
+        """Called once the workers succeeded and the exit barrier is over; returns the run's
+        final result. Workers still held alive (they returned but have not exited) are
+        released here and waited for."""
+        return result
 
     # public -----------------------------------------------------------------------
     def get_worker_group(self, role: str = DEFAULT_ROLE) -> WorkerGroup:
@@ -992,7 +1002,7 @@ class SimpleElasticAgent(ElasticAgent):
                     self._exit_barrier_timeout,
                 )
                 self._exit_barrier()
-                return result
+                return self._after_exit_barrier(self._worker_group, result)
             if state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
                 # Failed while waiting for a checkpoint to let nodes join: a peer that
                 # re-formed first stopped them (or they failed on their own in that

@@ -102,6 +102,8 @@ _log = logging.getLogger(__name__)
 #: and between progress lines meanwhile.
 WARM_WAIT = 300.0
 WARM_PROGRESS_EVERY = 10.0
+#: Seconds between progress lines while released workers have not exited yet.
+EXIT_PROGRESS_EVERY = 30.0
 
 
 def worker_env(
@@ -227,6 +229,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._attempt_base: int | None = None
         self._local_ranks_filter = local_ranks_filter
         self._pcontext: PContext | None = None
+        #: The workers all returned and are held alive until the exit barrier is over.
+        self._held = False
         self._progress_files: dict[int, str] = {}
         self._display: ProgressDisplay | None = None
         self._show_progress = progress
@@ -349,8 +353,10 @@ class LocalElasticAgent(SimpleElasticAgent):
             log_line_prefixes=self._log_line_prefixes(worker_group),
             duplicate_stdout_filters=spec.duplicate_stdout_filters,
             duplicate_stderr_filters=spec.duplicate_stderr_filters,
+            hold=True,  # released after the exit barrier: see _after_exit_barrier
             **where,
         )
+        self._held = False
         self._point_display(display)
         # Published at every (re)start, not only on monitor ticks: workers that crash at
         # once never reach a tick, and the operator would show no restarts at all.
@@ -382,7 +388,12 @@ class LocalElasticAgent(SimpleElasticAgent):
             return RunResult(state=WorkerState.UNKNOWN)
         result = self._pcontext.wait(0)
         if result is None:
-            return self._judge_hang(worker_group) or RunResult(state=WorkerState.HEALTHY)
+            # Callable workers that all returned are held alive until the exit barrier is
+            # over (see _after_exit_barrier): for the group they have succeeded.
+            result = self._pcontext.returned()
+            if result is None:
+                return self._judge_hang(worker_group) or RunResult(state=WorkerState.HEALTHY)
+            self._held = True
         by_local = {w.local_rank: w.global_rank for w in worker_group.workers}
         if result.is_failed():
             return RunResult(
@@ -396,6 +407,40 @@ class LocalElasticAgent(SimpleElasticAgent):
             state=WorkerState.SUCCEEDED,
             return_values={by_local[lr]: v for lr, v in result.return_values.items()},
         )
+
+    def _after_exit_barrier(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
+        """Release the workers held since they returned, and wait until they exited.
+
+        Holding them until every agent reached the exit barrier means no rank of the job
+        exits (and tears down its process group) while a rank on another node still runs
+        its function; the barrier bounds the hold (``exit_barrier_timeout``, and kelastic's
+        barrier ends at once when a member was lost). A worker that returned but then
+        exits with an error (or a signal) fails the run, as with torch.
+        """
+        pc = self._pcontext
+        if not self._held or pc is None:
+            return result
+        self._held = False
+        role = worker_group.spec.role
+        pc.release()
+        began = time.monotonic()
+        while (
+            done := pc.wait(timeout=EXIT_PROGRESS_EVERY, period=worker_group.spec.monitor_interval)
+        ) is None:
+            _log.warning(
+                "[%s] workers with pids %s returned and were released %.0fs ago but have not exited "
+                "(their atexit handlers or non-daemon threads still run)",
+                role,
+                sorted(pc.pids().values()),
+                time.monotonic() - began,
+            )
+        if not done.is_failed():
+            return result
+        by_local = {w.local_rank: w.global_rank for w in worker_group.workers}
+        failures = {by_local[lr]: f for lr, f in done.failures.items()}
+        _log.error("[%s] workers failed while exiting after they returned: ranks %s", role, sorted(failures))
+        worker_group.state = WorkerState.FAILED
+        return RunResult(state=WorkerState.FAILED, failures=failures)
 
     def _judge_hang(self, worker_group: WorkerGroup) -> RunResult | None:
         """With a hang timeout: a FAILED result naming the stalled ranks when the workers hang

@@ -219,6 +219,10 @@ def failure_order(pod: PodView) -> tuple[datetime, bool, int]:
     )
 
 
+#: How the failure report's traceback line starts when the worker left no error file.
+_NO_TRACEBACK = ("To enable traceback see:", "Process ")
+
+
 def failure_summary(text: str | None, max_len: int = 300) -> str | None:
     """The gist of a failed agent's last output (its log tail or termination message).
 
@@ -242,7 +246,9 @@ def failure_summary(text: str | None, max_len: int = 300) -> str | None:
                 parts.append(f"exitcode {fields['exitcode']}")
             summary = " ".join(parts)
             traceback = fields.get("traceback", "")
-            if traceback and not traceback.startswith("Process ") and traceback != "<N/A>":
+            # Left out when the worker recorded no traceback: what the report then shows is
+            # torch's pointer to @record (or, from older agents, the exit code again).
+            if traceback and not traceback.startswith(_NO_TRACEBACK) and traceback != "<N/A>":
                 summary += f": {traceback}"
             return summary[:max_len]
     tail = [line.strip() for line in lines if line.strip()][-3:]

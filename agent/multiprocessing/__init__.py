@@ -3,8 +3,10 @@
 Public API (see each name's docstring for its contract):
 
 - :func:`start_processes` → :class:`PContext` (:class:`MultiprocessContext` for
-  callables, :class:`SubprocessContext` for binaries) with ``start``, ``wait``,
-  ``pids``, ``close``, ``stdouts``, ``stderrs``, ``error_files``;
+  callables, :class:`SubprocessContext` for binaries, both also built with torch's
+  constructor arguments) with ``start``, ``wait``, ``pids``, ``close``, ``stdouts``,
+  ``stderrs``, ``error_files``, and ``returned``/``release`` for callable ranks, which
+  stay alive after they returned until released (:mod:`.handshake`);
 - :class:`LogsSpecs`, :class:`DefaultLogsSpecs`, :class:`LogsDest` (torch 2.x's way to
   say where logs go; kelastic's ``log_dir``/``redirects``/``tee`` work as well);
 - :class:`RunProcsResult`, :class:`ProcessFailure`, :func:`record`,

@@ -22,15 +22,29 @@ for every call (use one directory per attempt).
 torch 2.x's signature works too: ``start_processes(name, entrypoint, args, envs,
 logs_specs=DefaultLogsSpecs(...), log_line_prefixes=..., start_method=...,
 duplicate_stdout_filters=..., duplicate_stderr_filters=...)`` (see :mod:`.logs_specs`;
-a ``LogsSpecs`` may also be passed in ``log_dir``'s place). What kelastic deliberately
-does differently from torch's ``start_processes``:
+a ``LogsSpecs`` may also be passed in ``log_dir``'s place), and so do torch's
+constructors ``MultiprocessContext(name, entrypoint, args, envs, start_method,
+logs_specs, ...)`` and ``SubprocessContext(name, entrypoint, args, envs, logs_specs,
+...)`` followed by ``start()``. As torch's, a callable rank that returned stays alive
+until every local rank has returned (:mod:`.handshake` says why), and ranks that fail
+at the same moment are each reported with their own exit code and error file
+(:data:`FAILURE_GRACE`). What kelastic deliberately does differently from torch's
+``start_processes``:
 
 - a plain ``log_dir`` that is not empty is refused: it is the directory of one attempt,
   and logs and error files of two attempts must never mix (torch's own docstring
   expects the directory to be empty; its ``DefaultLogsSpecs`` makes a new sub-directory
   instead, and so does kelastic's);
-- when a rank fails, every rank the launcher then stopped is reported too, for
-  callables as for binaries (torch reports them for binaries only);
+- when a rank fails, every other rank that failed and every rank the launcher then
+  stopped are reported too, for callables as for binaries (torch reports one failed
+  callable only): each failed rank's error is in no other place, nor which ranks were
+  stopped and with which signal;
+- a rank whose error file cannot be read (not JSON, no ``message``: a handler of the
+  user's own, or a file cut short when the rank was killed while writing it) is
+  reported as failed with its exit code, its message naming the file and the error,
+  where torch's ``wait`` raises the ``ProcessFailure`` error: the failed rank, its exit
+  code and the other ranks' outcome exist only in the launcher's result, and an
+  exception would lose them (``ProcessFailure`` itself raises as torch's does);
 - its errors are both torch's and kelastic's types: mismatched ``args``/``envs`` raise an
   error that is a ``RuntimeError`` and a ``ValueError``, a missing binary one that is a
   ``FileNotFoundError`` and a ``ValueError`` (raised before any rank starts), a file as
@@ -51,12 +65,11 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from threading import Event
 from typing import IO, Any, cast
 
 from .errors import ERROR_FILE_ENV, ProcessFailure, RunProcsResult
-from .logs_specs import LogDirIsAFileError, LogsDest, LogsSpecs
+from .logs_specs import AttemptDirLogsSpecs, LogsDest, LogsSpecs
 from .proctree import descendants, is_alive, signal_trees
 from .signals import install_signal_handlers, restore_signal_handlers
 from .std import Std, to_std_map
@@ -68,8 +81,8 @@ __all__ = [
     "PContext",
     "RankLogs",
     "RankMismatchError",
+    "check_numa_options",
     "logs_from_dest",
-    "prepare_log_dir",
     "start_processes",
     "validate_rank_keys",
 ]
@@ -77,6 +90,14 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 START_METHODS = ("spawn", "fork", "forkserver")
+
+#: Seconds a context lets its other ranks end on their own after the first rank failed,
+#: before it stops them. Ranks that fail at the same moment (a bad batch every rank
+#: read, an out-of-memory on every rank) are then each reported with their own exit
+#: code and error file, not with the SIGTERM the launcher would have sent them while
+#: they were already on their way out; ranks still running after it are stopped and
+#: reported as stopped. The wait ends as soon as no rank that could end is left.
+FAILURE_GRACE = 1.0
 
 
 class RankMismatchError(ValueError, RuntimeError):
@@ -129,24 +150,6 @@ def validate_rank_keys(args: Mapping[int, Any], envs: Mapping[int, Any]) -> int:
     return nprocs
 
 
-def prepare_log_dir(log_dir: str | os.PathLike[str], nprocs: int) -> Path:
-    """Create ``log_dir`` and one sub-directory per rank; refuse one that already has content."""
-    path = Path(log_dir)
-    if path.exists():
-        if not path.is_dir():
-            raise LogDirIsAFileError(
-                f"log_dir {path} exists and is not a directory; pass a new or empty directory"
-            )
-        if any(path.iterdir()):
-            raise ValueError(
-                f"log_dir {path} is not empty; pass a new or empty directory for every start_processes call "
-                "so that logs and error files of different attempts never mix"
-            )
-    for rank in range(nprocs):
-        (path / str(rank)).mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def logs_from_dest(dest: LogsDest, nprocs: int) -> dict[int, RankLogs]:
     """Per-rank :class:`RankLogs` of what a ``LogsSpecs.reify`` decided (pure).
 
@@ -165,17 +168,28 @@ def logs_from_dest(dest: LogsDest, nprocs: int) -> dict[int, RankLogs]:
     return logs
 
 
-def rank_logs(log_dir: Path, redirects: Mapping[int, Std], tee: Mapping[int, Std], rank: int) -> RankLogs:
-    """Log paths for ``rank``: tee implies redirect (the console copy is read back from the file)."""
-    streams = redirects[rank] | tee[rank]
-    rank_dir = log_dir / str(rank)
-    return RankLogs(
-        stdout=str(rank_dir / "stdout.log") if streams & Std.OUT else "",
-        stderr=str(rank_dir / "stderr.log") if streams & Std.ERR else "",
-        error_file=str(rank_dir / "error.json"),
-        tee_stdout=bool(tee[rank] & Std.OUT),
-        tee_stderr=bool(tee[rank] & Std.ERR),
-    )
+def _failure(rank: int, pid: int, exitcode: int, error_file: str) -> ProcessFailure:
+    """The failure of a rank that ended with ``exitcode``; an error file that cannot be read
+    (see the module docstring) is named in the message instead of raised."""
+    try:
+        return ProcessFailure(local_rank=rank, pid=pid, exitcode=exitcode, error_file=error_file)
+    except (OSError, ValueError, TypeError) as exc:  # MalformedErrorFileError is a ValueError too
+        logger.warning("local_rank %s (pid %s): cannot read its error file: %s", rank, pid, exc)
+        return ProcessFailure(
+            local_rank=rank,
+            pid=pid,
+            exitcode=exitcode,
+            error_file=error_file,
+            error_file_data={"message": f"the rank's error file {error_file} could not be read: {exc}"},
+        )
+
+
+def check_numa_options(numa_options: object | None) -> None:
+    """``ValueError`` unless ``numa_options`` is None: kelastic does not bind ranks to NUMA nodes."""
+    if numa_options is not None:
+        raise ValueError(
+            "numa_options is not supported by kelastic: pass None (ranks are not bound to NUMA nodes)"
+        )
 
 
 def _contains_any(needles: list[str]) -> Callable[[str], bool]:
@@ -190,8 +204,10 @@ class PContext(abc.ABC):
     Guarantees: ``close`` (idempotent) leaves no process of any rank's tree alive and no
     zombie of ours; if the launching process is killed outright, the ranks die of their
     parent-death signal and the watchdog (:mod:`.watchdog`) kills their process groups
-    and known descendants; when a rank fails, ``wait`` stops the others (SIGTERM) and
-    reports the failures.
+    and known descendants; when a rank fails, ``wait`` gives the others
+    :data:`FAILURE_GRACE` seconds to end on their own, so that ranks failing at the same
+    moment each report their own exit code and error file, then stops the rest
+    (SIGTERM) and reports them all.
     """
 
     def __init__(
@@ -200,15 +216,31 @@ class PContext(abc.ABC):
         entrypoint: Callable[..., Any] | str,
         args: Mapping[int, tuple[Any, ...]],
         envs: Mapping[int, Mapping[str, str]],
-        logs: Mapping[int, RankLogs],
-        progbar_events: dict[str, Event] | None = None,
+        logs_specs: LogsSpecs,
         log_line_prefixes: Mapping[int, str] | None = None,
-        filtered: Mapping[str, tuple[str, list[str]]] | None = None,
+        numa_options: object | None = None,
+        duplicate_stdout_filters: list[str] | None = None,
+        duplicate_stderr_filters: list[str] | None = None,
+        *,
+        progbar_events: dict[str, Event] | None = None,
     ) -> None:
+        """The arguments of torch's contexts (its ``SubprocessContext``'s, in that order):
+        ``logs_specs`` decides where logs go (its ``reify`` is called here, once);
+        ``numa_options`` must be None; ``progbar_events`` is kelastic's (see
+        :func:`start_processes`)."""
+        check_numa_options(numa_options)
+        validate_rank_keys(args, envs)
+        envs_out = {rank: dict(env) for rank, env in envs.items()}
+        dest = logs_specs.reify(envs_out)
+        logs = logs_from_dest(dest, len(args))
+        filtered = {
+            "stdout": (dest.filtered_stdout, list(duplicate_stdout_filters or [])),
+            "stderr": (dest.filtered_stderr, list(duplicate_stderr_filters or [])),
+        }
         self.name = name
         self.entrypoint = entrypoint
         self.args = dict(args)
-        self.envs = {rank: {**env, ERROR_FILE_ENV: logs[rank].error_file} for rank, env in envs.items()}
+        self.envs = {rank: {**env, ERROR_FILE_ENV: logs[rank].error_file} for rank, env in envs_out.items()}
         self.logs = dict(logs)
         #: ``{local_rank: path}`` of each rank's stdout/stderr log (``""``: not redirected)
         #: and error file, as torch's ``PContext`` has them.
@@ -221,6 +253,8 @@ class PContext(abc.ABC):
         self._filtered_files: list[IO[str]] = []
         self._prev_handlers: dict[signal.Signals, Any] | None = None
         self._result: RunProcsResult | None = None
+        self._failures: dict[int, ProcessFailure] = {}
+        self._failed_since: float | None = None  # time.monotonic() of the first failure seen
         self._started = False
         self._closed = False
         out = {r: lg.stdout for r, lg in logs.items() if lg.tee_stdout}
@@ -233,7 +267,7 @@ class PContext(abc.ABC):
                     name, files, console, progbar_events=progbar_events, log_line_prefixes=log_line_prefixes
                 )
             )
-            path, needles = (filtered or {}).get(stream, ("", []))
+            path, needles = filtered.get(stream, ("", []))
             if needles:
                 # torch's duplicate_*_filters: the teed lines that contain any needle, of all
                 # ranks, copied to one file.
@@ -273,6 +307,22 @@ class PContext(abc.ABC):
     def _release(self) -> None:  # noqa: B027 - optional hook
         """Free per-context resources after every rank is gone."""
 
+    def _poll_returned(self) -> None:  # noqa: B027 - optional hook
+        """Take note of ranks that handed back their value (callables); release them when due."""
+
+    def _waiting_ranks(self) -> set[int]:
+        """Ranks that returned and wait for their release (they will not end on their own)."""
+        return set()
+
+    def returned(self) -> RunProcsResult | None:
+        """With ``hold``: once every rank returned its value (and none failed), the result
+        of the run, its ranks still alive until :meth:`release`; else None (always None
+        for binaries, which return nothing)."""
+        return None
+
+    def release(self) -> None:  # noqa: B027 - binaries are never held
+        """Let every rank that returned exit (idempotent); ``wait`` then reports the run."""
+
     # -- the contract ---------------------------------------------------------------------
     def start(self) -> None:
         """Start the ranks and the console tailers; in the main thread, install handlers
@@ -288,41 +338,54 @@ class PContext(abc.ABC):
         for tail in self._tails:
             tail.start()
 
-    def _outcome(self) -> RunProcsResult | None:
+    def _note_failures(self) -> dict[int, int | None]:
+        """Exit codes of every rank; a rank seen failing for the first time gets its
+        :class:`ProcessFailure` now, so that its time is when it was seen."""
         codes = {rank: self._exitcode(rank) for rank in range(self.nprocs)}
+        pids = self.pids()
+        for rank, code in codes.items():
+            if code is not None and code != 0 and rank not in self._failures:
+                self._failures[rank] = _failure(rank, pids[rank], code, self.logs[rank].error_file)
+                if self._failed_since is None:
+                    self._failed_since = time.monotonic()
+        return codes
+
+    def _outcome(self) -> RunProcsResult | None:
+        """The run's result once it is decided (see :meth:`wait`), else None."""
+        codes = self._note_failures()
         stdouts = {r: lg.stdout for r, lg in self.logs.items()}
         stderrs = {r: lg.stderr for r, lg in self.logs.items()}
-        pids = self.pids()
-        failed = {r: c for r, c in codes.items() if c is not None and c != 0}
-        if failed:
-            failures = {
-                r: ProcessFailure(local_rank=r, pid=pids[r], exitcode=c, error_file=self.logs[r].error_file)
-                for r, c in failed.items()
-            }
-            return RunProcsResult(failures=failures, stdouts=stdouts, stderrs=stderrs)
+        if self._failures:
+            running = {r for r, c in codes.items() if c is None} - self._waiting_ranks()
+            if running and self._grace_left() > 0:
+                return None  # a rank that failed at the same moment may still be ending
+            return RunProcsResult(failures=dict(self._failures), stdouts=stdouts, stderrs=stderrs)
         if all(c == 0 for c in codes.values()):
             return RunProcsResult(return_values=self._return_values(), stdouts=stdouts, stderrs=stderrs)
         return None
+
+    def _grace_left(self) -> float:
+        if self._failed_since is None:
+            return FAILURE_GRACE
+        return self._failed_since + FAILURE_GRACE - time.monotonic()
 
     def _add_stopped_ranks(self, result: RunProcsResult) -> None:
         """After a failure and ``close()``: report the ranks the launcher stopped too (their
         exit codes are the signal that stopped them, e.g. -15), as torch does. They are
         seen after the failure that caused them, so they are never the root cause."""
-        pids = self.pids()
-        for rank in range(self.nprocs):
-            code = self._exitcode(rank)
-            if rank not in result.failures and code is not None and code != 0:
-                result.failures[rank] = ProcessFailure(
-                    local_rank=rank, pid=pids[rank], exitcode=code, error_file=self.logs[rank].error_file
-                )
+        self._note_failures()
+        for rank, failure in self._failures.items():
+            result.failures.setdefault(rank, failure)
 
     def wait(self, timeout: float = -1, period: float = 1) -> RunProcsResult | None:
         """Wait for the run to finish: every rank succeeded, or one failed.
 
         ``timeout`` 0 polls once; negative waits forever; otherwise up to ``timeout`` s.
-        Returns None if still running. On the first failure the other ranks are stopped
-        (``close()``) and the result lists the ranks that failed and those it stopped. Wakes as soon as a rank
-        exits; ``period`` only bounds how long one sleep may be.
+        Returns None if still running. When a rank fails, the others get up to
+        :data:`FAILURE_GRACE` s to end on their own (ranks that failed at the same moment
+        report their own exit code and error file), then the rest are stopped
+        (``close()``); the result lists the ranks that failed and those it stopped. Wakes
+        as soon as a rank exits or returns; ``period`` only bounds how long one sleep may be.
         """
         if not self._started:
             raise RuntimeError(f"process context {self.name!r} was not started; call start() first")
@@ -332,6 +395,7 @@ class PContext(abc.ABC):
         while True:
             if self._closed:
                 return None  # closed by the caller while running: nothing more will finish
+            self._poll_returned()
             result = self._outcome()
             if result is not None:
                 self.close()
@@ -343,6 +407,8 @@ class PContext(abc.ABC):
             if remaining is not None and remaining <= 0:
                 return None
             nap = max(period, 0.01) if remaining is None else min(max(period, 0.01), remaining)
+            if self._failed_since is not None:
+                nap = min(nap, max(self._grace_left(), 0.01))
             try:
                 select.select(self._sentinels(), [], [], nap)
             except (OSError, ValueError):
@@ -421,6 +487,7 @@ def start_processes(
     numa_options: object | None = None,
     duplicate_stdout_filters: list[str] | None = None,
     duplicate_stderr_filters: list[str] | None = None,
+    hold: bool = False,
 ) -> PContext:
     """Start ``len(args)`` local ranks and return the started :class:`PContext`.
 
@@ -448,6 +515,9 @@ def start_processes(
       ``filtered_stderr.log``.
     - ``progbar_events``: ``ProgressDisplay.events`` of the node's progress display, so
       console lines never tear the bar; None when there is no display.
+    - ``hold`` (callables only): keep the ranks that returned alive until
+      :meth:`PContext.release` instead of until every local rank returned (see
+      :mod:`.handshake`); :meth:`PContext.returned` says when they all have.
 
     Raises ``ValueError`` (see the module docstring for the torch types each one also is)
     for inconsistent ranks, an unknown start method, a missing binary, a ``log_dir`` that
@@ -468,17 +538,12 @@ def start_processes(
         )
     if start_method not in START_METHODS:
         raise ValueError(f"start_method must be one of {', '.join(START_METHODS)}; got {start_method!r}")
-    if numa_options is not None:
-        raise ValueError(
-            "numa_options is not supported by kelastic: pass None (ranks are not bound to NUMA nodes)"
-        )
+    check_numa_options(numa_options)
     if log_dir is not None and hasattr(log_dir, "reify"):
         if logs_specs is not None:
             raise ValueError("pass the LogsSpecs once: as logs_specs or in log_dir's place, not both")
         # torch's own LogsSpecs is not ours by class, only by shape: check the method.
         logs_specs, log_dir = cast(LogsSpecs, log_dir), None
-    filtered: dict[str, tuple[str, list[str]]] = {}
-    envs_out = {rank: dict(env) for rank, env in envs.items()}
     if logs_specs is not None:
         if (
             log_dir is not None
@@ -488,31 +553,22 @@ def start_processes(
             raise ValueError(
                 "pass either logs_specs (which holds log_dir, redirects and tee) or log_dir/redirects/tee, not both"
             )
-        dest = logs_specs.reify(envs_out)
-        logs = logs_from_dest(dest, nprocs)
-        filtered = {
-            "stdout": (dest.filtered_stdout, list(duplicate_stdout_filters or [])),
-            "stderr": (dest.filtered_stderr, list(duplicate_stderr_filters or [])),
-        }
+    elif log_dir is None:
+        raise ValueError("pass where logs go: log_dir (kelastic) or logs_specs (torch 2.x)")
     else:
-        if log_dir is None:
-            raise ValueError("pass where logs go: log_dir (kelastic) or logs_specs (torch 2.x)")
-        redirect_map = to_std_map(redirects, nprocs)
-        tee_map = to_std_map(tee, nprocs)
-        root = prepare_log_dir(log_dir, nprocs)
-        logs = {rank: rank_logs(root, redirect_map, tee_map, rank) for rank in range(nprocs)}
-        filtered = {
-            "stdout": (str(root / "filtered_stdout.log"), list(duplicate_stdout_filters or [])),
-            "stderr": (str(root / "filtered_stderr.log"), list(duplicate_stderr_filters or [])),
-        }
+        logs_specs = AttemptDirLogsSpecs(log_dir, redirects, tee)
+    common: dict[str, Any] = {
+        "log_line_prefixes": log_line_prefixes,
+        "duplicate_stdout_filters": duplicate_stdout_filters,
+        "duplicate_stderr_filters": duplicate_stderr_filters,
+        "progbar_events": progbar_events,
+    }
     context: PContext
     if isinstance(entrypoint, str):
-        context = SubprocessContext(
-            name, entrypoint, args, envs_out, logs, progbar_events, log_line_prefixes, filtered
-        )
+        context = SubprocessContext(name, entrypoint, args, envs, logs_specs, **common)
     else:
         context = MultiprocessContext(
-            name, entrypoint, args, envs_out, logs, progbar_events, start_method, log_line_prefixes, filtered
+            name, entrypoint, args, envs, start_method, logs_specs, hold=hold, **common
         )
     try:
         context.start()

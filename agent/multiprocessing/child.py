@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .errors import record
+from .handshake import RankEnds, finish
 from .proctree import set_parent_death_signal
 from .watchdog import close_inherited_pipe
 
@@ -55,12 +56,16 @@ def _text_stream(current: Any, fd: int) -> Any:
     return open(fd, "w", buffering=1, closefd=False, errors="backslashreplace")
 
 
-def _call_and_store(fn: Callable[..., Any], args: Sequence[Any], ret_path: str) -> None:
-    value = fn(*args)
+def _store(value: Any, ret_path: str) -> None:
     tmp = ret_path + ".tmp"
     with open(tmp, "wb") as f:
         pickle.dump(value, f)
     os.replace(tmp, ret_path)
+
+
+def _call_and_store(fn: Callable[..., Any], args: Sequence[Any], ret_path: str) -> bool:
+    _store(fn(*args), ret_path)
+    return True
 
 
 def run_callable(
@@ -73,11 +78,14 @@ def run_callable(
     ret_path: str,
     launcher_pid: int,
     direct_child: bool,
+    ends: RankEnds | None = None,
 ) -> None:
     """Target of a callable rank's ``multiprocessing.Process``.
 
-    Runs ``fn(*args)`` under :func:`record`; its return value is pickled to ``ret_path``.
-    On an exception the traceback goes to stderr and the process exits with code 1.
+    Runs ``fn(*args)`` under :func:`record`; its return value is pickled to ``ret_path``
+    (``None`` when ``fn`` called ``sys.exit(0)``), then, with ``ends``, the rank waits
+    for its launcher's release (:mod:`.handshake`) before it returns. On an exception
+    the traceback goes to stderr and the process exits with code 1 at once.
     """
     try:
         os.setsid()
@@ -103,7 +111,8 @@ def run_callable(
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
     try:
-        record(_call_and_store)(fn, args, ret_path)
+        if not record(_call_and_store)(fn, args, ret_path):
+            _store(None, ret_path)  # fn called sys.exit(0), which record turns into None
     except SystemExit:
         raise
     except BaseException:
@@ -115,3 +124,5 @@ def run_callable(
         os._exit(1)
     sys.stdout.flush()
     sys.stderr.flush()
+    if ends is not None:
+        finish(ends)

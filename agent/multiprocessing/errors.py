@@ -17,19 +17,22 @@ automatically; a script (or binary) can decorate its ``main`` with it.
 Compatible with ``torch.distributed.elastic.multiprocessing.errors``: :class:`ProcessFailure`
 (``error_file`` is ``"<N/A>"`` and ``error_file_data`` ``{"message": "<NONE>"}`` when the rank
 wrote no error file, ``timestamp`` is whole seconds, ``signal_name()`` is ``"<N/A>"`` for an
-exit code), :class:`ChildFailedError`, :class:`ErrorHandler`, :func:`get_error_handler`, and
-:func:`record`, which returns ``None`` on ``SystemExit(0)``. Where kelastic deliberately differs:
+exit code; without an error file the message is torch's: ``"Signal 9 (SIGKILL) received by
+PID 41"`` for a signal, else its pointer to the documentation of ``@record``, with torch's
+``errorTraits`` in ``error_file_data``, since the exit code and pid are fields of their own
+and only the traceback is missing; an error file that is not JSON raises its
+``JSONDecodeError``, one without ``message`` a :class:`MalformedErrorFileError`, a
+``KeyError`` as torch's), :class:`ChildFailedError`, :class:`ErrorHandler`,
+:func:`get_error_handler`, and :func:`record`, which returns ``None`` on ``SystemExit(0)``.
+(The launcher, which must still report such a rank's failure, catches that error: see
+:mod:`.api`.) Where kelastic deliberately differs:
 
 - ``ProcessFailure.message`` is always a str. torch puts the error file's nested dict there
   when the file is in its layout; kelastic puts the recorded message (``"ValueError: bad
-  lr"``) there and keeps the whole file in ``error_file_data``. Without an error file the
-  message says what happened (``"Process 41 exited with code 3"``) where torch points at a
-  documentation page.
+  lr"``) there and keeps the whole file in ``error_file_data``.
 - ``ProcessFailure`` also accepts ``message``, ``timestamp`` and ``error_file_data`` as
   arguments (the agent builds failures for hung ranks that way) and has ``failed_at``
   (float seconds) and ``traceback()``.
-- an error file that is not JSON or has no ``message`` does not make ``ProcessFailure``
-  raise (torch's does): a launcher must still report the failure, from its exit code;
 - :func:`record` records every exception, ``KeyboardInterrupt`` included, not only
   ``Exception`` subclasses, and takes an ``error_file`` argument besides torch's
   ``error_handler``.
@@ -56,8 +59,10 @@ from typing import Any, TypeVar, cast, overload
 __all__ = [
     "ERROR_FILE_ENV",
     "NOT_AVAILABLE",
+    "NO_TRACEBACK_MESSAGE",
     "ChildFailedError",
     "ErrorHandler",
+    "MalformedErrorFileError",
     "ProcessFailure",
     "RunProcsResult",
     "error_file_payload",
@@ -75,6 +80,12 @@ ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 
 #: What torch shows for a missing error file or signal name; kept for tools that test for it.
 NOT_AVAILABLE = "<N/A>"
+
+
+#: ``ProcessFailure.message`` of a rank that exited with a code and left no error file
+#: (torch's text: the traceback is what is missing, and @record is how to get it).
+NO_TRACEBACK_MESSAGE = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+_NO_TRACEBACK_TRAITS = {"category": "system_terminated_error", "retryability": "False"}
 
 
 def _empty_error_data() -> dict[str, Any]:
@@ -151,6 +162,34 @@ def normalize_error_data(data: Mapping[str, Any]) -> dict[str, Any]:
         "traceback": str(data.get("traceback", "")),
         "timestamp": _float(data.get("timestamp")),
     }
+
+
+class MalformedErrorFileError(KeyError, ValueError):
+    """An error file that is JSON but not in either layout (no ``message``, or torch's
+    layout without ``extraInfo.timestamp``): the ``KeyError`` torch raises, and a
+    ``ValueError`` like an error file that is not JSON at all."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def _load_error_file_strictly(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The error file's object, checked as torch's ``ProcessFailure`` checks it.
+
+    Raises ``json.JSONDecodeError`` (a ``ValueError``) for a file that is not JSON and
+    :class:`MalformedErrorFileError` for one without what a reader needs.
+    """
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or "message" not in data:
+        raise MalformedErrorFileError(
+            f"error file {path} has no 'message' (write it with record() or ErrorHandler)"
+        )
+    message = data["message"]
+    if isinstance(message, Mapping):
+        extra = message.get("extraInfo")
+        if not isinstance(extra, Mapping) or "timestamp" not in extra:
+            raise MalformedErrorFileError(f"error file {path} has no message.extraInfo.timestamp")
+    return data
 
 
 def _load_error_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -300,7 +339,7 @@ class ProcessFailure:
 
     def __post_init__(self) -> None:
         if not self.error_file_data and self.error_file and os.path.isfile(self.error_file):
-            self.error_file_data = _load_error_file(self.error_file) or {}
+            self.error_file_data = _load_error_file_strictly(self.error_file)
         if not self.error_file_data:
             if not (self.error_file and os.path.isfile(self.error_file)):
                 self.error_file = NOT_AVAILABLE
@@ -314,7 +353,13 @@ class ProcessFailure:
         )
         self.timestamp = int(self.timestamp or self.failed_at)
         if not self.message:
-            self.message = exitcode_message(self.exitcode, self.pid)
+            if self.exitcode < 0:
+                self.message = exitcode_message(self.exitcode, self.pid)
+            else:
+                # torch's answer: the exit code and pid are fields already; what is missing
+                # is the traceback, which the rank records by running under @record.
+                self.error_file_data["errorTraits"] = dict(_NO_TRACEBACK_TRAITS)
+                self.message = NO_TRACEBACK_MESSAGE
 
     def signal_name(self) -> str:
         """``"SIGKILL"`` etc. for a death by signal, ``"<N/A>"`` otherwise (as torch)."""

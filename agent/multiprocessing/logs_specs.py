@@ -16,6 +16,13 @@ where ``run_id`` and ``restart_count`` come from the ranks' ``TORCHELASTIC_RUN_I
 new ``<run_id>_<random>`` directory in it); it is created if missing; a file there is a
 ``NotADirectoryError``; ``os.devnull`` discards every redirected stream and writes no
 error file; ``None`` uses a new temporary directory.
+
+:class:`AttemptDirLogsSpecs` is kelastic's own layout, what ``start_processes(log_dir=...,
+redirects=..., tee=...)`` uses: the directory is that of one start of the ranks, new or
+empty (one with content is refused, so logs and error files of two attempts never mix)::
+
+    <log_dir>/<local_rank>/{stdout,stderr}.log, error.json
+    <log_dir>/filtered_{stdout,stderr}.log
 """
 
 from __future__ import annotations
@@ -24,13 +31,15 @@ import abc
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .errors import ERROR_FILE_ENV
 from .std import Std, to_map
 
-__all__ = ["DefaultLogsSpecs", "LogDirIsAFileError", "LogsDest", "LogsSpecs"]
+__all__ = ["AttemptDirLogsSpecs", "DefaultLogsSpecs", "LogDirIsAFileError", "LogsDest", "LogsSpecs"]
 
 
 class LogDirIsAFileError(NotADirectoryError, ValueError):
@@ -62,8 +71,8 @@ class LogsSpecs(abc.ABC):
     def __init__(
         self,
         log_dir: str | None = None,
-        redirects: Std | dict[int, Std] = Std.NONE,
-        tee: Std | dict[int, Std] = Std.NONE,
+        redirects: Std | int | Mapping[int, Std | int] = Std.NONE,
+        tee: Std | int | Mapping[int, Std | int] = Std.NONE,
         local_ranks_filter: set[int] | None = None,
     ) -> None:
         self._root_log_dir = log_dir
@@ -171,3 +180,62 @@ class DefaultLogsSpecs(LogsSpecs):
         )
 
     __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
+
+class AttemptDirLogsSpecs(LogsSpecs):
+    """kelastic's layout (see the module docstring) in ``log_dir``, which ``reify`` creates;
+    a teed stream is redirected too (the console copy is read back from its file).
+
+    ``reify`` raises :class:`LogDirIsAFileError` for a file and ``ValueError`` for a
+    directory that is not empty.
+    """
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str],
+        redirects: Std | int | Mapping[int, Std | int] = Std.NONE,
+        tee: Std | int | Mapping[int, Std | int] = Std.NONE,
+    ) -> None:
+        super().__init__(os.fspath(log_dir), redirects, tee)
+
+    @property
+    def root_log_dir(self) -> str:
+        return str(self._root_log_dir)
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        nprocs = len(envs)
+        root = Path(self.root_log_dir)
+        if root.exists():
+            if not root.is_dir():
+                raise LogDirIsAFileError(
+                    f"log_dir {root} exists and is not a directory; pass a new or empty directory"
+                )
+            if any(root.iterdir()):
+                raise ValueError(
+                    f"log_dir {root} is not empty; pass a new or empty directory for every start_processes call "
+                    "so that logs and error files of different attempts never mix"
+                )
+        redirects = to_map(self._redirects, nprocs)
+        tee = to_map(self._tee, nprocs)
+        dest = LogsDest(
+            filtered_stdout=str(root / "filtered_stdout.log"),
+            filtered_stderr=str(root / "filtered_stderr.log"),
+        )
+        for rank in range(nprocs):
+            rank_dir = root / str(rank)
+            rank_dir.mkdir(parents=True, exist_ok=True)
+            streams = redirects[rank] | tee[rank]
+            for flag, name, files, tees in (
+                (Std.OUT, "stdout.log", dest.stdouts, dest.tee_stdouts),
+                (Std.ERR, "stderr.log", dest.stderrs, dest.tee_stderrs),
+            ):
+                files[rank] = str(rank_dir / name) if streams & flag else ""
+                tees[rank] = files[rank] if tee[rank] & flag else os.devnull
+            dest.error_files[rank] = str(rank_dir / "error.json")
+            envs[rank][ERROR_FILE_ENV] = dest.error_files[rank]
+        return dest
+
+    def __repr__(self) -> str:
+        return (
+            f"AttemptDirLogsSpecs(log_dir={self._root_log_dir}, redirects={self._redirects}, tee={self._tee})"
+        )

@@ -5,11 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
-from threading import Event
 from typing import IO, Any
 
-from .api import PContext, RankLogs
+from .api import PContext
 from .child import BINARY_TRAMPOLINE
 from .spawner import run_on_forking_thread
 
@@ -21,20 +19,15 @@ class SubprocessContext(PContext):
 
     The binary is exec'd through a tiny Python trampoline that sets the parent-death
     signal first, so the rank keeps its pid and still dies with the launcher.
+
+    The constructor is torch's: ``(name, entrypoint, args, envs, logs_specs,
+    log_line_prefixes=None, numa_options=None, duplicate_stdout_filters=None,
+    duplicate_stderr_filters=None)``, and kelastic's ``progbar_events=``.
     """
 
-    def __init__(
-        self,
-        name: str,
-        entrypoint: str,
-        args: Mapping[int, tuple[Any, ...]],
-        envs: Mapping[int, Mapping[str, str]],
-        logs: Mapping[int, RankLogs],
-        progbar_events: dict[str, Event] | None = None,
-        log_line_prefixes: Mapping[int, str] | None = None,
-        filtered: Mapping[str, tuple[str, list[str]]] | None = None,
-    ) -> None:
-        super().__init__(name, entrypoint, args, envs, logs, progbar_events, log_line_prefixes, filtered)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """:class:`~.api.PContext`'s arguments, torch's ``SubprocessContext``'s."""
+        super().__init__(*args, **kwargs)
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._pidfds: dict[int, int] = {}
 

@@ -317,8 +317,9 @@ class PeerHandler(OneNodeHandler):
         peer = RoleInstanceInfo("trainer", 1, 2, restarts=self.peer_restarts)
         store.set(f"{api._ROLE_INFO_PREFIX}1", peer.to_json())
         # The peer is at the exit barrier already: a round that succeeds ends without waiting
-        # out the barrier's timeout for a peer that does not run.
-        store.add(f"{api._EXIT_BARRIER_PREFIX}count", 1)
+        # out the barrier's timeout for a peer that does not run (torch's barrier counts
+        # its members under <key>/num_members).
+        store.add(f"{api._TERMINAL_STATE_SYNC_ID}/num_members", 1)
         return RendezvousInfo(store, 0, 2, RendezvousStoreInfo("127.0.0.1", 29999))
 
     def wait_member_lost(self, timeout: float) -> bool:

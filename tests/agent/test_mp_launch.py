@@ -115,7 +115,8 @@ def test_exit_code_7_fails_and_stops_other_ranks(tmp_path: Path, contexts) -> No
     assert {r: f.exitcode for r, f in result.failures.items()} == {0: -15, 1: 7}
     failure = result.failures[1]
     assert failure.exitcode == 7 and failure.pid == pids[1]
-    assert "exited with code 7" in failure.message
+    # no error file: torch's message (the exit code is a field of its own)
+    assert failure.message.startswith("To enable traceback see:")
     assert result.root_failure() is failure
     assert not os.path.exists(f"/proc/{pids[0]}")  # the sleeping rank was stopped and reaped
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -16,14 +17,7 @@ import pytest
 
 from kelastic.agent.multiprocessing import start_processes
 
-
-def alive(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie (a zombie has already died)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
+alive = runpy.run_path(str(Path(__file__).parent / "scripts" / "rank_helpers.py"))["alive"]
 
 
 def cmdline(pid: int) -> str:

@@ -63,5 +63,10 @@ def test_failure_summary() -> None:
         "  traceback : ValueError: bad batch", "  traceback : Process 28911 exited with code 2"
     )
     assert failure_summary(plain) == "rank 3 (local_rank: 1) exitcode 2 (pid: 28911)"
+    pointer = harness.AGENT_REPORT.replace(
+        "  traceback : ValueError: bad batch",
+        "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+    )
+    assert failure_summary(pointer) == "rank 3 (local_rank: 1) exitcode 2 (pid: 28911)"
     assert failure_summary("a\n\nb\nc\nd\n") == "b | c | d"
     assert failure_summary("") is None and failure_summary(None) is None

@@ -1,0 +1,52 @@
+"""Helpers of the launcher's tests: rank functions in a module that spawned and forkserver
+ranks can import by name (``tests/agent/scripts`` on ``sys.path``) without importing torch."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def return_when(rank: int, marker: str, go: str) -> int:
+    """Wait (up to 60 s) until the file ``go`` exists (when given), write ``marker``, return ``rank``."""
+    deadline = time.monotonic() + 60
+    while go and not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with open(marker, "w") as f:
+        f.write(str(os.getpid()))
+    return rank
+
+
+def alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie (a zombie has already died)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def return_or_check(pid_file: str) -> bool:
+    """Group rank 0 returns at once, leaving its pid in ``pid_file``; group rank 1 waits until
+    then, and a second more, and returns whether that process is still alive."""
+    if os.environ["GROUP_RANK"] == "0":
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(pid_file + ".tmp", pid_file)
+        return True
+    deadline = time.monotonic() + 60
+    while not os.path.exists(pid_file) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(1.0)  # the other rank returned a second ago
+    return alive(int(Path(pid_file).read_text()))
+
+
+def return_or_hang(pid_file: str) -> bool:
+    """Group rank 0 as in :func:`return_or_check`; group rank 1 leaves the pid of its agent
+    (its parent) in ``pid_file + ".agent1"`` and runs until it is killed."""
+    if os.environ["GROUP_RANK"] == "0":
+        return return_or_check(pid_file)
+    Path(pid_file + ".agent1").write_text(str(os.getppid()))
+    time.sleep(600)
+    return False
