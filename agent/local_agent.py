@@ -354,6 +354,9 @@ class LocalElasticAgent(SimpleElasticAgent):
             duplicate_stdout_filters=spec.duplicate_stdout_filters,
             duplicate_stderr_filters=spec.duplicate_stderr_filters,
             hold=True,  # released after the exit barrier: see _after_exit_barrier
+            # Ranks failing together are reported together when they end within one poll,
+            # as with torch's agent; ranks stuck in a collective never hold a restart back.
+            failure_grace=spec.monitor_interval,
             **where,
         )
         self._held = False

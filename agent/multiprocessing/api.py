@@ -255,6 +255,9 @@ class PContext(abc.ABC):
         self._result: RunProcsResult | None = None
         self._failures: dict[int, ProcessFailure] = {}
         self._failed_since: float | None = None  # time.monotonic() of the first failure seen
+        #: Seconds the other ranks get to end on their own after a failure (see
+        #: :data:`FAILURE_GRACE`; ``start_processes(failure_grace=)`` sets it).
+        self.failure_grace = FAILURE_GRACE
         self._started = False
         self._closed = False
         out = {r: lg.stdout for r, lg in logs.items() if lg.tee_stdout}
@@ -366,8 +369,8 @@ class PContext(abc.ABC):
 
     def _grace_left(self) -> float:
         if self._failed_since is None:
-            return FAILURE_GRACE
-        return self._failed_since + FAILURE_GRACE - time.monotonic()
+            return self.failure_grace
+        return self._failed_since + self.failure_grace - time.monotonic()
 
     def _add_stopped_ranks(self, result: RunProcsResult) -> None:
         """After a failure and ``close()``: report the ranks the launcher stopped too (their
@@ -488,6 +491,7 @@ def start_processes(
     duplicate_stdout_filters: list[str] | None = None,
     duplicate_stderr_filters: list[str] | None = None,
     hold: bool = False,
+    failure_grace: float = FAILURE_GRACE,
 ) -> PContext:
     """Start ``len(args)`` local ranks and return the started :class:`PContext`.
 
@@ -518,6 +522,10 @@ def start_processes(
     - ``hold`` (callables only): keep the ranks that returned alive until
       :meth:`PContext.release` instead of until every local rank returned (see
       :mod:`.handshake`); :meth:`PContext.returned` says when they all have.
+    - ``failure_grace``: seconds the other ranks get to end on their own once one failed
+      (:data:`FAILURE_GRACE` by default). An agent that polls passes its monitor interval:
+      it then reports what torch's agent, which polls as often, would have seen, and a
+      crash's recovery does not wait a second for ranks stuck in a collective.
 
     Raises ``ValueError`` (see the module docstring for the torch types each one also is)
     for inconsistent ranks, an unknown start method, a missing binary, a ``log_dir`` that
@@ -570,6 +578,7 @@ def start_processes(
         context = MultiprocessContext(
             name, entrypoint, args, envs, start_method, logs_specs, hold=hold, **common
         )
+    context.failure_grace = max(0.0, failure_grace)
     try:
         context.start()
     except BaseException:
