@@ -13,7 +13,7 @@ Event for each, then write ``Decision.status`` when it differs from the old one.
 
 One module per policy: a pass over an active job runs the ``step`` of each in the
 order of ``_ACTIVE_STEPS`` (``deadline``, ``success``, ``disrupted``, ``failures``,
-``replica_range``, ``store``, ``network_policy``, ``gang``, ``scaling``, ``membership``,
+``replica_range``, ``store``, ``network_policy``, ``job_secret``, ``gang``, ``scaling``, ``membership``,
 ``stalled``, ``below_min``, ``ongoing_phase``); ``finish`` ends a job, ``figures`` fills
 in the counts every pass; ``context`` is what they share, ``actions`` what they decide.
 """
@@ -30,6 +30,7 @@ from kelastic.operator.reconcile import (
     disrupted,
     failures,
     gang,
+    job_secret,
     membership,
     network_policy,
     ongoing_phase,
@@ -42,6 +43,7 @@ from kelastic.operator.reconcile import (
 from kelastic.operator.reconcile.actions import (
     Action,
     CreatePod,
+    CreateSecret,
     CreateService,
     Decision,
     DeleteJob,
@@ -63,6 +65,7 @@ __all__ = [
     "CONDITION_OUT_OF_RANGE",
     "Action",
     "CreatePod",
+    "CreateSecret",
     "CreateService",
     "Decision",
     "DeleteJob",
@@ -146,6 +149,7 @@ _ACTIVE_STEPS: tuple[Callable[[Pass, ActiveJob], Next], ...] = (
     replica_range.step,
     store.step,
     network_policy.step,
+    job_secret.step,
     gang.step,
     scaling.step,
     membership.step,

@@ -32,6 +32,17 @@ class CreatePod(Action):
 
 
 @dataclass(frozen=True)
+class CreateSecret(Action):
+    """Create the job's Secret (``manifest``, without its value: the executor adds a fresh one).
+
+    A create that finds it (409) keeps it. Worker pods created in the same pass wait for it:
+    when it fails they are not created (kelastic.operator.jobsecret).
+    """
+
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class DeletePod(Action):
     name: str = ""
     uid: str = ""

@@ -60,8 +60,11 @@ def operator_roles(objects: list[dict[str, Any]], kind: str = "Role") -> list[di
 def assert_least_privilege(rules: list[dict[str, Any]]) -> None:
     for rule in rules:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
-        # The operator never reads secrets, never changes RBAC and never execs into pods.
-        assert not {"secrets", "roles", "rolebindings", "clusterroles", "pods/exec"} & set(rule["resources"])
+        # The operator never changes RBAC and never execs into pods.
+        assert not {"roles", "rolebindings", "clusterroles", "pods/exec"} & set(rule["resources"])
+        # It creates each job's Secret and never reads, lists, watches or changes one.
+        if "secrets" in rule["resources"]:
+            assert rule["verbs"] == ["create"] and rule["resources"] == ["secrets"]
 
 
 def granted(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -84,6 +87,8 @@ OPERATOR_RULES = {
     ("kelastic.dev", "elasticjobs/finalizers", "update"),
     *{("", r, v) for r in ("pods", "services") for v in ("list", "watch", "create", "delete")},
     ("", "pods/log", "get"),
+    # each job's Secret (its agents' key), created before its first worker pod
+    ("", "secrets", "create"),
     ("", "events", "create"),
     ("", "events", "patch"),
     # gang scheduling: each job's PodGroup (Volcano, scheduler-plugins)

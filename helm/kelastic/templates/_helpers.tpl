@@ -89,6 +89,11 @@ namespaced Role and the cluster-wide ClusterRole so both grant the same verbs.
 - apiGroups: [""]
   resources: ["pods", "services"]
   verbs: ["list", "watch", "create", "delete"]
+# Each job's Secret, its agents' key: created once, before its first worker pod, and never
+# read, listed or changed; the garbage collector removes it with the job (ownerReference).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 # The tail of a failed worker's log names its root cause in the job's Failed condition.
 - apiGroups: [""]
   resources: ["pods/log"]
