@@ -100,7 +100,7 @@ class ReconcileConfig:
     #: the root cause, so the job's reason quotes it (seconds after the failure).
     root_cause_grace: float = 5.0
     build: builders.BuildConfig = field(default_factory=builders.BuildConfig)
-    #: The store's NetworkPolicy (kelastic.operator.netpol); off unless enabled.
+    #: The jobs' NetworkPolicies (kelastic.operator.netpol); kelastic-operator turns them on.
     network_policy: netpol.NetworkPolicyConfig = field(default_factory=netpol.NetworkPolicyConfig)
 
 

@@ -53,8 +53,12 @@ def test_lint_is_clean_for_default_and_cluster_wide_values() -> None:
         assert report["errors"] == [] and problems == [], (values, report)
 
 
+#: The Roles of the release namespace that serve the operator itself, not the jobs it manages.
+OWN_ROLE_SUFFIXES = ("-leader-election", "-namespace")
+
+
 def operator_roles(objects: list[dict[str, Any]], kind: str = "Role") -> list[dict[str, Any]]:
-    return [o for o in by_kind(objects, kind) if not o["metadata"]["name"].endswith("-leader-election")]
+    return [o for o in by_kind(objects, kind) if not o["metadata"]["name"].endswith(OWN_ROLE_SUFFIXES)]
 
 
 def assert_least_privilege(rules: list[dict[str, Any]]) -> None:
@@ -106,8 +110,15 @@ OPERATOR_RULES = {
 def test_default_render_is_namespaced_least_privilege() -> None:
     objects = render()
     kinds = sorted(o["kind"] for o in objects)
-    # the Service exposes the operator's /metrics (metrics.enabled, default true)
-    assert kinds == ["Deployment", "Role", "Role", "RoleBinding", "RoleBinding", "Service", "ServiceAccount"]
+    # the Service exposes the operator's /metrics (metrics.enabled, default true); a Role and its
+    # binding let the operator read its own Namespace (networkPolicy.enabled, default true)
+    assert kinds == [
+        "Deployment",
+        *["Role"] * 3,
+        *["RoleBinding"] * 3,
+        "Service",
+        "ServiceAccount",
+    ]
     (role,) = operator_roles(objects)
     assert role["metadata"]["namespace"] == NAMESPACE
     assert_least_privilege(role["rules"])

@@ -108,9 +108,9 @@ namespaced Role and the cluster-wide ClusterRole so both grant the same verbs.
   resources: ["podgroups"]
   verbs: ["create", "patch"]
 {{- if .Values.networkPolicy.enabled }}
-# Each job's NetworkPolicy that admits only its pods to its rendezvous store: created,
-# and patched when it exists already with other labels or spec (an operator restarted
-# with other settings); the garbage collector removes it with the job (ownerReference).
+# Each job's NetworkPolicies that admit only its pods (and the operator) to its workers and
+# its store: created, and patched when they exist already with other labels or spec (an
+# operator restarted with other settings); the garbage collector removes them with the job.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["create", "patch"]
