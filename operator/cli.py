@@ -161,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
         '\'[{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]\'',
     )
     p.add_argument(
+        "--allow-external-stores",
+        action="store_true",
+        help="let jobs of the kelastic backend name a rendezvous store of their own (spec.rdzvEndpoint), "
+        "which the operator then connects to; refused by default (docs/security.md)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=0,
@@ -297,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reconcile=ReconcileConfig(
             min_replicas_timeout=args.min_replicas_timeout,
             success_grace=args.success_grace,
+            allow_external_stores=args.allow_external_stores,
             network_policy=_network_policy(kube, args, operator_labels, metrics_from, log),
             build=BuildConfig(
                 agent_python=args.agent_python,

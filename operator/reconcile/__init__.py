@@ -16,6 +16,8 @@ order of ``_ACTIVE_STEPS`` (``deadline``, ``success``, ``disrupted``, ``failures
 ``replica_range``, ``store``, ``network_policy``, ``job_secret``, ``gang``, ``scaling``, ``membership``,
 ``stalled``, ``below_min``, ``ongoing_phase``); ``finish`` ends a job, ``figures`` fills
 in the counts every pass; ``context`` is what they share, ``actions`` what they decide.
+Before any of them, ``external_store`` refuses a job that names a store the operator may
+not connect to, as an invalid spec.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from kelastic.operator.reconcile import (
     below_min,
     deadline,
     disrupted,
+    external_store,
     failures,
     gang,
     job_secret,
@@ -82,6 +85,7 @@ __all__ = [
 def reconcile(job: Job, observed: Observed, config: ReconcileConfig | None = None) -> Decision:
     """Decide the actions and the status for ``job`` given ``observed``. Pure; never raises."""
     config = config or ReconcileConfig()
+    job = external_store.admitted(job, config)
     prior = dict(job.status or {})
     status = JobStatus.from_dict(prior)
     status.selector = builders.worker_selector(job.meta.name)

@@ -100,6 +100,9 @@ class ReconcileConfig:
     #: the root cause, so the job's reason quotes it (seconds after the failure).
     root_cause_grace: float = 5.0
     build: builders.BuildConfig = field(default_factory=builders.BuildConfig)
+    #: Whether a job of the kelastic backend may name a store of its own (``spec.rdzvEndpoint``)
+    #: that the operator then connects to (kelastic.operator.reconcile.external_store).
+    allow_external_stores: bool = False
     #: The jobs' NetworkPolicies (kelastic.operator.netpol); kelastic-operator turns them on.
     network_policy: netpol.NetworkPolicyConfig = field(default_factory=netpol.NetworkPolicyConfig)
 

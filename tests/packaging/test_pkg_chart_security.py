@@ -1,6 +1,7 @@
 """What the chart sets up for a job's security: the NetworkPolicies' settings (on by default, the operator
-admitted by its namespace and pod labels), the permissions they and the job's Secret need, and the
-switches that turn them off or widen them. Rendered and linted with the real Helm library."""
+admitted by its namespace and pod labels), the permissions they and the job's Secret need, external
+stores (refused unless allowed), and the switches that turn them off or widen them. Rendered and linted
+with the real Helm library."""
 
 from __future__ import annotations
 
@@ -97,9 +98,18 @@ def test_metrics_scrapers_are_passed_to_the_operator_as_peers() -> None:
     assert parse_peers(operator_args(objects).network_policy_metrics_from) == tuple(PROMETHEUS)
 
 
+def test_external_stores_are_refused_unless_the_chart_allows_them() -> None:
+    assert not operator_args(render()).allow_external_stores
+    assert operator_args(render({"operator": {"allowExternalStores": True}})).allow_external_stores
+
+
 @pytest.mark.parametrize(
     "values",
-    [{"networkPolicy": {"enabled": False}}, {"networkPolicy": {"metricsFrom": PROMETHEUS}}],
+    [
+        {"networkPolicy": {"enabled": False}},
+        {"networkPolicy": {"metricsFrom": PROMETHEUS}},
+        {"operator": {"allowExternalStores": True}},
+    ],
 )
 def test_lint_is_clean_with_the_security_values(values: dict[str, Any]) -> None:
     report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE)
