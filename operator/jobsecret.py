@@ -8,14 +8,14 @@ the job's name and owned by the job (``controller``), so the garbage collector r
 with the job. The uid in the name keeps a new job from meeting the Secret of an earlier
 job of the same name that the garbage collector has not removed yet.
 
-When it is created, and why never again while the job has worker pods: the value is the
-key of every agent of the job, so a Secret created afresh while pods run would give new
+When it is created, and why never while a pod holds the key: the value is the key of every
+agent of the job, so a Secret created afresh while pods that mount it run would give new
 pods another key than their peers', splitting the job. The operator therefore asks for the
-Secret only in a pass that creates worker pods while the job has none at all (its start,
-a resume, a restart of every pod): a create that finds it (409) keeps the value already
-there, one that does not makes a new one. A Secret deleted while pods run is not
-replaced: the pods that run keep their copy, new pods wait for the Secret (the kubelet
-reports ``FailedMount``) until the job has no worker pod left. The operator needs only
+Secret only in a pass that creates worker pods while no worker pod mounts it (the job's
+start, a resume, a restart of every pod, pods made before the job had a Secret): a create
+that finds it (409) keeps the value already there, one that does not makes a new one. A
+Secret deleted while pods that hold it run is not replaced: those pods keep their copy,
+new pods wait for the Secret (the kubelet reports ``FailedMount``) until none is left. The operator needs only
 ``create`` on Secrets: it never reads one.
 
 Worker pods get it through a projected volume (:func:`secret_volume`), mounted read-only

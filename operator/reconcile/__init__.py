@@ -13,7 +13,7 @@ Event for each, then write ``Decision.status`` when it differs from the old one.
 
 One module per policy: a pass over an active job runs the ``step`` of each in the
 order of ``_ACTIVE_STEPS`` (``deadline``, ``success``, ``disrupted``, ``failures``,
-``replica_range``, ``store``, ``network_policy``, ``job_secret``, ``gang``, ``scaling``, ``membership``,
+``replica_range``, ``store``, ``network_policy``, ``gang``, ``scaling``, ``job_secret``, ``membership``,
 ``stalled``, ``below_min``, ``ongoing_phase``); ``finish`` ends a job, ``figures`` fills
 in the counts every pass; ``context`` is what they share, ``actions`` what they decide.
 Before any of them, ``external_store`` refuses a job that names a store the operator may
@@ -153,9 +153,9 @@ _ACTIVE_STEPS: tuple[Callable[[Pass, ActiveJob], Next], ...] = (
     replica_range.step,
     store.step,
     network_policy.step,
-    job_secret.step,
     gang.step,
     scaling.step,
+    job_secret.step,
     membership.step,
     stalled.step,
     below_min.step,

@@ -1,19 +1,26 @@
-"""Policy: the job's Secret exists before the first of its worker pods (kelastic.operator.jobsecret)."""
+"""Policy: the job's Secret exists before a worker pod that mounts it (kelastic.operator.jobsecret)."""
 
 from __future__ import annotations
 
+from kelastic.agent import contract
 from kelastic.operator import builders, jobsecret
-from kelastic.operator.reconcile.actions import CreateSecret
+from kelastic.operator.reconcile.actions import CreatePod, CreateSecret
 from kelastic.operator.reconcile.context import ActiveJob, Next, Pass
 
 
 def step(p: Pass, job: ActiveJob) -> Next:
-    """Ask for the job's Secret in a pass that will create worker pods while the job has none.
+    """Ask for the job's Secret in a pass that creates worker pods while no worker pod holds the key.
 
-    Never while a worker pod exists (even one being deleted): a Secret made afresh then would
-    give new pods another key than their running peers'.
+    Never while one does (even one being deleted): a Secret made afresh then would give new
+    pods another key than their running peers'. A create that finds the Secret keeps it, so
+    a job whose pods all went (a restart of every pod, a resume) keeps its key too.
     """
-    if not job.workers and job.endpoint is not None and job.spec.replicas > 0:
+    creates = any(
+        isinstance(a, CreatePod)
+        and a.manifest["metadata"]["labels"].get(contract.LABEL_ROLE) == contract.ROLE_WORKER
+        for a in p.actions
+    )
+    if creates and not any(w.holds_secret for w in job.workers):
         manifest = jobsecret.secret_manifest(p.job, builders.owner_reference(p.job))
         p.actions.append(
             CreateSecret(

@@ -18,7 +18,7 @@ from kelastic.operator.executor import ActionExecutor
 from kelastic.operator.jobcache import JobCache
 from kelastic.operator.kube import ApiError
 from kelastic.operator.metrics import OperatorMetrics
-from kelastic.operator.observed import PodPhase
+from kelastic.operator.observed import PodPhase, pod_view
 from kelastic.operator.reconcile import CreatePod, CreateSecret, Decision, reconcile
 from kelastic.operator.spec import Job, parse_job
 from kelastic.operator.status import CONDITION_INVALID, find_condition
@@ -212,30 +212,40 @@ def secret_actions(decision: Decision) -> list[CreateSecret]:
     return [a for a in decision.actions if isinstance(a, CreateSecret)]
 
 
-def test_the_secret_comes_before_the_first_worker_and_carries_no_value(kit: SimpleNamespace) -> None:
+def test_the_first_pass_asks_for_the_secret_with_its_workers_and_without_a_value(
+    kit: SimpleNamespace,
+) -> None:
     decision = reconcile(job_of(kit), kit.observed(kit.store()))
-    kinds = [type(a).__name__ for a in decision.actions]
-    first_worker = next(
-        i
-        for i, a in enumerate(decision.actions)
-        if isinstance(a, CreatePod) and "worker" in a.manifest["metadata"]["name"]
-    )
-    assert kinds.index("CreateSecret") < first_worker
+    assert len([a for a in decision.actions if isinstance(a, CreatePod)]) == 3
     (action,) = secret_actions(decision)
     assert action.manifest["metadata"]["name"] == "demo-secret-uiddemo"
     assert "data" not in action.manifest and "stringData" not in action.manifest
 
 
-def test_the_secret_is_asked_for_only_while_the_job_has_no_worker_pod(kit: SimpleNamespace) -> None:
+def test_the_secret_is_asked_for_only_by_a_pass_that_creates_workers_while_none_holds_the_key(
+    kit: SimpleNamespace,
+) -> None:
     job = job_of(kit)
     # the Service has no cluster IP yet: no worker is created, nor the secret
     assert secret_actions(reconcile(job, kit.observed(services=()))) == []
-    # a worker pod exists, even one that is going: a new Secret would give new pods another key
-    assert secret_actions(reconcile(job, kit.observed(kit.store(), kit.worker(1)))) == []
-    going = kit.worker(0, PodPhase.FAILED, terminating=True)
+    # a worker pod holds the key, even one that is going: a new Secret would give new pods another key
+    holder = kit.worker(1, holds_secret=True)
+    assert secret_actions(reconcile(job, kit.observed(kit.store(), holder))) == []
+    going = kit.worker(0, PodPhase.FAILED, terminating=True, holds_secret=True)
     assert secret_actions(reconcile(job, kit.observed(kit.store(), going))) == []
-    # every worker gone (a full restart, a resume): the create keeps an existing Secret (409)
+    # nothing to create: nothing asked, whoever holds what
+    full = [kit.worker(i) for i in range(3)]
+    assert secret_actions(reconcile(job, kit.observed(kit.store(), *full))) == []
+    # pods without the key (made before the job had a Secret): their replacement gets one
+    assert len(secret_actions(reconcile(job, kit.observed(kit.store(), *full[:2])))) == 1
+    # every worker gone (a full restart, a resume): asked again; the create keeps an existing Secret (409)
     assert len(secret_actions(reconcile(job, kit.observed(kit.store())))) == 1
+
+
+def test_a_pod_view_says_whether_the_pod_holds_the_key(kit: SimpleNamespace) -> None:
+    job = job_of(kit)
+    assert pod_view(worker_pod(job, 0, endpoint="h:1", config=CFG)).holds_secret
+    assert not pod_view(store_pod(job, config=CFG)).holds_secret
 
 
 # ------------------------------------------------------------------ the executor
