@@ -15,7 +15,11 @@ worker exits at once with a line saying so (and what to do), which becomes the
 container's termination message and the job's Failed condition.
 
 Every worker pod gets a memory-backed ``emptyDir`` at /dev/shm for the checkpoint the
-agent keeps (``spec.checkpoint``, docs/checkpointing.md) unless its template mounts one.
+agent keeps (``spec.checkpoint``, docs/checkpointing.md) unless its template mounts one,
+and the job's secret, read-only, at ``contract.JOB_SECRET_MOUNT_DIR``
+(:mod:`kelastic.operator.jobsecret`), which its agent reads (``--job-secret-file``). A
+worker pod mounts no service-account token unless its template names a service account or
+sets ``automountServiceAccountToken`` itself: training needs no access to the API server.
 
 Everything the operator adds itself (the store pod, the injection init container)
 passes the ``restricted`` Pod Security Standard, carries small requests and limits,
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kelastic.agent import contract
-from kelastic.operator import podgroup
+from kelastic.operator import jobsecret, podgroup
 from kelastic.operator.spec import (
     API_VERSION,
     CHECKPOINT_DEFAULTS,
@@ -221,6 +225,8 @@ def agent_command(spec: JobSpec, *, run_id: str, endpoint: str, config: BuildCon
         str(spec.max_restarts),
         contract.FLAG_LOCAL_ADDR,
         f"$({ENV_POD_IP})",
+        contract.FLAG_JOB_SECRET_FILE,
+        contract.JOB_SECRET_FILE,
     ]
     if config.health_port is not None:
         argv += [contract.FLAG_HEALTH_PORT, str(config.health_port)]
@@ -289,7 +295,10 @@ def worker_pod(job: Job, index: int, *, endpoint: str, config: BuildConfig) -> d
     The pod's own restartPolicy is Never: the operator decides about recreation
     (``spec.replicaSpecs.Worker.restartPolicy``) so every failure is seen and counted.
     The worker container gets :func:`shm_volume` at /dev/shm (the agent's checkpoint
-    memory) unless the template mounts a volume there itself.
+    memory) unless the template mounts a volume there itself, and the job's secret
+    (:mod:`kelastic.operator.jobsecret`; it replaces a template volume of its name, and the
+    spec refuses another volume mounted at its path). ``automountServiceAccountToken`` is false unless the template sets
+    it or names a service account (``serviceAccountName``), whose own setting then holds.
     """
     spec = job.spec
     assert spec is not None, "worker_pod needs a validated job"
@@ -332,6 +341,14 @@ def worker_pod(job: Job, index: int, *, endpoint: str, config: BuildConfig) -> d
         # The template's own /dev/shm mount wins (the user sized it); else the checkpoint's.
         main["volumeMounts"] = [*mounts, {"name": SHM_VOLUME, "mountPath": SHM_MOUNT_PATH}]
         pod_spec["volumes"] = [*volumes, shm_volume(spec.checkpoint)]
+    # The job's secret replaces a volume of its name (a template copied from a worker pod has it).
+    mode = jobsecret.secret_file_mode(pod_spec, main)
+    mounts = [m for m in main.get("volumeMounts") or [] if m.get("name") != jobsecret.JOB_SECRET_VOLUME]
+    volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != jobsecret.JOB_SECRET_VOLUME]
+    main["volumeMounts"] = [*mounts, jobsecret.secret_mount()]
+    pod_spec["volumes"] = [*volumes, jobsecret.secret_volume(job, mode)]
+    if not {"automountServiceAccountToken", "serviceAccountName", "serviceAccount"} & pod_spec.keys():
+        pod_spec["automountServiceAccountToken"] = False
     containers[0] = main
     pod_spec["containers"] = containers
     pod_spec["restartPolicy"] = "Never"

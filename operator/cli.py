@@ -18,10 +18,14 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kelastic.agent.contract import DEFAULT_HEALTH_PORT
 from kelastic.operator.builders import DEFAULT_OPERATOR_IMAGE
+
+if TYPE_CHECKING:
+    from kelastic.operator.kube import Kube
+    from kelastic.operator.netpol import NetworkPolicyConfig
 
 __all__ = ["build_parser", "main"]
 
@@ -125,16 +129,42 @@ def build_parser() -> argparse.ArgumentParser:
         "scheduling.x-k8s.io PodGroup (default scheduler-plugins-scheduler; volcano is always recognised)",
     )
     p.add_argument(
-        "--store-network-policy",
-        action="store_true",
-        help="create a NetworkPolicy per job that admits only the job's workers (and the operator's pods, "
-        "see --operator-pod-labels) to its rendezvous store",
+        "--network-policy",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="create two NetworkPolicies per job: its workers admit only the job's workers (every port) and "
+        "the operator (the health port); its store admits only the job's workers and the operator "
+        "(default on; docs/security.md)",
+    )
+    # The flag of earlier releases, when the policy was off by default and covered the store only.
+    p.add_argument(
+        "--store-network-policy", dest="network_policy", action="store_true", help=argparse.SUPPRESS
     )
     p.add_argument(
         "--operator-pod-labels",
         default="",
         metavar="K=V,...",
-        help="labels of the operator's own pods, admitted to every store by --store-network-policy",
+        help="labels of the operator's own pods, which the NetworkPolicies admit from --operator-namespace",
+    )
+    p.add_argument(
+        "--operator-namespace",
+        default=os.environ.get("POD_NAMESPACE") or None,
+        metavar="NS",
+        help="the namespace the operator's pods run in (default $POD_NAMESPACE); the NetworkPolicies admit "
+        "the operator's pods from it alone",
+    )
+    p.add_argument(
+        "--network-policy-metrics-from",
+        default="",
+        metavar="JSON",
+        help="NetworkPolicyPeers admitted to the agents' health port (/metrics) besides the operator, e.g. "
+        '\'[{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]\'',
+    )
+    p.add_argument(
+        "--allow-external-stores",
+        action="store_true",
+        help="let jobs of the kelastic backend name a rendezvous store of their own (spec.rdzvEndpoint), "
+        "which the operator then connects to; refused by default (docs/security.md)",
     )
     p.add_argument(
         "--metrics-port",
@@ -215,12 +245,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--health-port must be in 0..65535, got {args.health_port}")
     if not 0 <= args.metrics_port < 65536:
         parser.error(f"--metrics-port must be in 0..65535, got {args.metrics_port}")
-    from kelastic.operator.netpol import NetworkPolicyConfig, parse_labels
+    from kelastic.operator.netpol import parse_labels, parse_peers
 
     try:
         operator_labels = parse_labels(args.operator_pod_labels)
     except ValueError as exc:
         parser.error(f"--operator-pod-labels: {exc}")
+    if operator_labels and not args.operator_namespace:
+        parser.error(
+            "--operator-pod-labels needs the operator's namespace: pass --operator-namespace NS or set "
+            "$POD_NAMESPACE (the NetworkPolicies admit the operator's pods from that namespace only)"
+        )
+    try:
+        metrics_from = parse_peers(args.network_policy_metrics_from)
+    except ValueError as exc:
+        parser.error(f"--network-policy-metrics-from: {exc}")
     if args.min_replicas_timeout < 0:
         parser.error(f"--min-replicas-timeout must be >= 0, got {args.min_replicas_timeout}")
 
@@ -264,9 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         reconcile=ReconcileConfig(
             min_replicas_timeout=args.min_replicas_timeout,
             success_grace=args.success_grace,
-            network_policy=NetworkPolicyConfig(
-                enabled=args.store_network_policy, operator_labels=operator_labels
-            ),
+            allow_external_stores=args.allow_external_stores,
+            network_policy=_network_policy(kube, args, operator_labels, metrics_from, log),
             build=BuildConfig(
                 agent_python=args.agent_python,
                 agent_image=args.agent_image,
@@ -349,6 +387,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     loop.close()  # lets idle executor threads end, without waiting for busy ones
     _exit_within(2.0, 0, log)
     return 0
+
+
+def _network_policy(
+    kube: Kube,
+    args: argparse.Namespace,
+    operator_labels: dict[str, str],
+    metrics_from: tuple[dict[str, Any], ...],
+    log: logging.Logger,
+) -> NetworkPolicyConfig:
+    """The NetworkPolicies' settings; reads the operator's namespace once to learn whether the
+    policies can select it by name (``kelastic.operator.netpol.namespace_check``), and logs what they admit."""
+    from kelastic.operator.kube import ApiError
+    from kelastic.operator.netpol import NetworkPolicyConfig, namespace_check
+
+    namespace = args.operator_namespace if operator_labels else None
+    labelled = True
+    if not args.network_policy:
+        log.info(
+            "NetworkPolicies are off (--no-network-policy): any pod of the cluster reaches the jobs' pods"
+        )
+    elif namespace is None:
+        log.info(
+            "the NetworkPolicies admit no operator: its pods are not named (--operator-pod-labels with "
+            "--operator-namespace), as fits an operator that runs outside the cluster"
+        )
+    else:
+        try:
+            found = kube.get_namespace(namespace)
+            labels, error = dict((found.get("metadata") or {}).get("labels") or {}), None
+        except ApiError as err:
+            labels, error = None, str(err)
+        labelled, line = namespace_check(namespace, labels, error)
+        log.log(logging.INFO if labelled and error is None else logging.WARNING, line)
+    return NetworkPolicyConfig(
+        enabled=args.network_policy,
+        operator_labels=operator_labels,
+        operator_namespace=namespace,
+        namespace_labelled=labelled,
+        metrics_from=metrics_from,
+    )
 
 
 def _exit_within(grace: float, code: int, log: logging.Logger) -> None:

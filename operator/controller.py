@@ -49,7 +49,7 @@ from kelastic.operator.joblog import JobKey, job_log
 from kelastic.operator.kube import ApiError, Kube
 from kelastic.operator.metrics import OperatorMetrics, count_recoveries
 from kelastic.operator.observed import Observed, PodView, ServiceView
-from kelastic.operator.reconcile import Decision, DeleteJob, ReconcileConfig, reconcile
+from kelastic.operator.reconcile import Decision, DeleteJob, ReconcileConfig, external_store, reconcile
 from kelastic.operator.spec import parse_job
 from kelastic.operator.status import merge_patch
 from kelastic.operator.store_client import StoreClient
@@ -297,7 +297,9 @@ class Controller:
         pods = await self.cache.with_failure_logs(
             namespace, pods, lambda ns, pod, container: self._io(self.kube.pod_log, ns, pod, container)
         )
-        job = await self.templates.check(parse_job(body))
+        # A job refused for its store is refused before the store is read: the operator connects
+        # only to stores it may (reconcile applies the same rule again, purely).
+        job = external_store.admitted(await self.templates.check(parse_job(body)), self.options.reconcile)
         rdzv = self.stores.observe(key, job, pods)
         original_status = dict(body.get("status") or {})
         decision: Decision | None = None

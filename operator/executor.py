@@ -3,8 +3,9 @@
 :class:`ActionExecutor` takes a :class:`~kelastic.operator.reconcile.Decision` and
 carries its actions out, in the order that keeps a job whole:
 
-1. Services, and the objects made to exist (``EnsureObject``: the store's
-   NetworkPolicy, the PodGroup), in order;
+1. Services, the job's Secret (``CreateSecret``: its value is made here, and a
+   failure holds back the worker pods of the pass), and the objects made to exist
+   (``EnsureObject``: the NetworkPolicies, the PodGroup), in order;
 2. the membership, handed to the store publisher (survivors of a scale-down
    re-form before their peer is stopped);
 3. pod creates and deletes, concurrently;
@@ -28,6 +29,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kelastic.agent import contract
+from kelastic.operator import jobsecret
 from kelastic.operator.events import EventEmitter, combined_message
 from kelastic.operator.jobcache import JobCache
 from kelastic.operator.joblog import JobKey, job_log, key_of
@@ -37,6 +40,7 @@ from kelastic.operator.observed import PodView, ServiceView, pod_view, service_v
 from kelastic.operator.reconcile import (
     Action,
     CreatePod,
+    CreateSecret,
     CreateService,
     Decision,
     DeleteJob,
@@ -111,8 +115,11 @@ class ActionExecutor:
         ns = job.meta.namespace
         key = (ns, job.meta.name)
         created_service = False
+        secret_failed = False
         for action in decision.actions:
-            if isinstance(action, CreateService):
+            if isinstance(action, CreateSecret):
+                secret_failed = not await self._create_secret(body, ns, action)
+            elif isinstance(action, CreateService):
                 result = await self._change(body, action, self.kube.create, ns, "services", action.manifest)
                 if result is not None:
                     services.append(service_view(result))
@@ -125,7 +132,12 @@ class ActionExecutor:
         for action in decision.actions:
             if isinstance(action, PublishMembership):
                 self._publish(key, action)
-        pod_actions = [a for a in decision.actions if isinstance(a, CreatePod | DeletePod)]
+        pod_actions = [
+            a
+            for a in decision.actions
+            if isinstance(a, DeletePod)
+            or (isinstance(a, CreatePod) and not (secret_failed and _is_worker(a)))
+        ]
         failed_creates: list[str] = []
         deleted = 0
         results = await asyncio.gather(*(self._pod_action(body, ns, a, failed_creates) for a in pod_actions))
@@ -159,6 +171,20 @@ class ActionExecutor:
                     if err.status not in (404, 409):
                         raise
         return Applied(created_service, len(created), deleted)
+
+    async def _create_secret(self, body: Mapping[str, Any], ns: str, action: CreateSecret) -> bool:
+        """Create the job's Secret with a fresh value; True when it exists now (made, or found: 409).
+
+        A failure is a ``FailedCreate`` Event saying that the worker pods wait, and a retry.
+        """
+        failures: list[str] = []
+        manifest = jobsecret.with_value(action.manifest, jobsecret.new_value())
+        await self._change(body, action, self.kube.create, ns, "secrets", manifest, failures=failures)
+        if failures:
+            self.events.emit(
+                body, "FailedCreate", f"{failures[0]}; the worker pods wait for it", warning=True
+            )
+        return not failures
 
     async def _ensure(self, body: Mapping[str, Any], action: EnsureObject) -> None:
         """Make ``action``'s object exist with its manifest's labels and spec.
@@ -252,3 +278,8 @@ class ActionExecutor:
         if event:
             self.events.emit(body, action.reason, action.message, warning=action.warning)
         return result if result is not None else True
+
+
+def _is_worker(action: CreatePod) -> bool:
+    labels = (action.manifest.get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(contract.LABEL_ROLE) == contract.ROLE_WORKER)

@@ -182,6 +182,10 @@ class Kube:
             body["preconditions"] = {"uid": uid}
         self.request("DELETE", self.core_path(namespace, plural, name), body)
 
+    def get_namespace(self, name: str) -> dict[str, Any]:
+        """The Namespace ``name`` (the operator reads its own, to learn its labels)."""
+        return self.request("GET", f"/api/v1/namespaces/{quote(name)}")
+
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self.request("GET", self.job_path(namespace, name))

@@ -17,7 +17,7 @@ from typing import Any
 from kelastic.agent import contract
 from kelastic.operator.checkpoint import CheckpointReport
 from kelastic.operator.disruption import disruption_reason
-from kelastic.operator.spec import parse_time
+from kelastic.operator.spec import JOB_SECRET_VOLUME, parse_time
 
 __all__ = [
     "Observed",
@@ -70,6 +70,8 @@ class PodView:
     container: str | None = None
     #: Why the pod was evicted or preempted (kelastic.operator.disruption), None if it was not.
     disruption: str | None = None
+    #: The pod mounts the job's secret (kelastic.operator.jobsecret): its agent holds the job's key.
+    holds_secret: bool = False
 
     @property
     def active(self) -> bool:
@@ -143,6 +145,8 @@ def pod_view(body: Mapping[str, Any], worker_container: str | None = None) -> Po
     finished_at = None
     message = None
     statuses = list(status.get("containerStatuses") or [])
+    volumes = (body.get("spec") or {}).get("volumes") or []
+    holds_secret = any(isinstance(v, Mapping) and v.get("name") == JOB_SECRET_VOLUME for v in volumes)
     if worker_container is None:
         containers = (body.get("spec") or {}).get("containers") or []
         worker_container = containers[0].get("name") if containers else None
@@ -170,6 +174,7 @@ def pod_view(body: Mapping[str, Any], worker_container: str | None = None) -> Po
         reason=reason,
         finished_at=finished_at,
         owner_uid=_owner_uid(metadata),
+        holds_secret=holds_secret,
         pod_ip=status.get("podIP"),
         message=message,
         container=worker_container,

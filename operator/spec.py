@@ -21,11 +21,14 @@ from datetime import datetime, timezone
 from fractions import Fraction
 from typing import Any
 
+from kelastic.agent import contract
+
 __all__ = [
     "API_VERSION",
     "CHECKPOINT_DEFAULTS",
     "DEFAULTS",
     "GROUP",
+    "JOB_SECRET_VOLUME",
     "KIND",
     "PLURAL",
     "VERSION",
@@ -59,6 +62,11 @@ PLURAL = "elasticjobs"
 #: Longest job name: the store Service is ``<name>-rendezvous`` and must fit the
 #: 63-character DNS label limit; label values have the same limit.
 MAX_NAME_LENGTH = 63 - len("-rendezvous")
+
+#: The worker pod's volume holding the job's secret, which the operator mounts read-only at
+#: ``contract.JOB_SECRET_MOUNT_DIR`` of the worker container (``kelastic.operator.jobsecret``).
+#: A template may mount no other volume at or below that path.
+JOB_SECRET_VOLUME = "kelastic-job-secret"
 
 #: Annotation overriding the operator's ``--min-replicas-timeout`` for one job.
 ANNOTATION_MIN_REPLICAS_TIMEOUT = "kelastic.dev/min-replicas-timeout-seconds"
@@ -384,6 +392,7 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
         raise SpecError("spec", "is required and must be an object")
     replicas = _parse_replicas(spec, started=started)
     container = _parse_container(replicas.worker)
+    _check_job_secret_room(container.template)
     nproc = _parse_nproc(spec)
     rdzv = _parse_rendezvous(spec)
     suspend = _bool(spec, "suspend", "spec.suspend", default=DEFAULTS["suspend"])
@@ -638,6 +647,30 @@ def _parse_container(worker: Mapping[str, Any]) -> _Container:
     if not isinstance(image, str) or not image:
         raise SpecError(f"{cpath}.image", "is required: the worker image (Python and torch)")
     return _Container(template, image, _worker_command(container, cpath))
+
+
+def _check_job_secret_room(template: Mapping[str, Any]) -> None:
+    """No container of the template mounts another volume than :data:`JOB_SECRET_VOLUME` at or
+    below ``contract.JOB_SECRET_MOUNT_DIR``: it would hide the job's secret, or sit inside its
+    read-only volume. (A volume of that name is the operator's: the worker pod gets the secret's
+    in its place, as a template copied from a worker pod has it.)"""
+    tpath = "spec.replicaSpecs.Worker.template.spec"
+    pod_spec: Mapping[str, Any] = template["spec"]  # checked by _parse_container
+    root = contract.JOB_SECRET_MOUNT_DIR
+    for kind in ("initContainers", "containers"):
+        for c, container in enumerate(pod_spec.get(kind) or []):
+            if not isinstance(container, Mapping):
+                continue
+            for m, mount in enumerate(container.get("volumeMounts") or []):
+                if not isinstance(mount, Mapping) or mount.get("name") == JOB_SECRET_VOLUME:
+                    continue
+                target = str(mount.get("mountPath") or "").rstrip("/")
+                if target == root or target.startswith(root + "/"):
+                    raise SpecError(
+                        f"{tpath}.{kind}[{c}].volumeMounts[{m}].mountPath",
+                        f"{mount.get('mountPath')} is where the operator mounts the job's secret "
+                        f"({root}, read-only); mount volume {mount.get('name')!r} elsewhere",
+                    )
 
 
 def _parse_nproc(spec: Mapping[str, Any]) -> int | str:

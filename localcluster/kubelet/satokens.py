@@ -80,12 +80,15 @@ def issued_token(volume: str, path: str, answer: dict[str, Any], requested_s: in
     return IssuedToken(volume, path, str(status.get("token", "")), seconds, expires)
 
 
-def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
-    """Replace ``path`` by ``text`` in one step: a reader sees the old file or the new one, never half."""
+def write_atomically(path: Path, text: str | bytes, mode: int = 0o600) -> None:
+    """Replace ``path`` by ``text`` in one step: a reader sees the old file or the new one, never half.
+
+    Also where the old file is read-only (a volume file of mode 0400).
+    """
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:

@@ -11,7 +11,8 @@ mounted at its ``mountPath``. kelastic local applies these rules instead:
   create it; ``Directory``/``File`` require it.
 - ``emptyDir``: a fresh directory per pod under the kubelet's data directory,
   removed with the pod. ``configMap`` and ``secret``: a per-pod directory with
-  one file per key. Their ``mountPath`` is not honoured: the container finds the
+  one file per key, of the item's ``mode`` or the volume's ``defaultMode`` (0644
+  without either), as on a node. Their ``mountPath`` is not honoured: the container finds the
   directory in the environment variable ``KELASTIC_VOLUME_<NAME>`` (volume name
   upper-cased, non-alphanumerics as ``_``), usable in ``args`` as
   ``$(KELASTIC_VOLUME_<NAME>)``. A ``mountPath`` that already is that directory
@@ -38,19 +39,40 @@ from pathlib import Path
 from typing import Any
 
 from .podenv import ContainerConfigError, PodContext, field_value
+from .satokens import write_atomically
 
-__all__ = ["mount_env", "prepare_volumes", "token_key", "volume_env_name"]
+__all__ = ["DEFAULT_FILE_MODE", "mount_env", "prepare_volumes", "token_key", "volume_env_name"]
+
+#: The mode of a configMap, secret, projected or downwardAPI volume's file when neither its
+#: item's ``mode`` nor the volume's ``defaultMode`` says one (Kubernetes' default).
+DEFAULT_FILE_MODE = 0o644
 
 
 def volume_env_name(volume: str) -> str:
     return "KELASTIC_VOLUME_" + re.sub(r"[^A-Za-z0-9]", "_", volume).upper()
 
 
-def _write_files(target: Path, data: Mapping[str, str], decode: bool) -> None:
+def _write_files(
+    target: Path,
+    data: Mapping[str, str],
+    decode: bool,
+    spec: Mapping[str, Any] | None = None,
+    default_mode: int | None = None,
+) -> None:
+    """Write ``data`` (``path → value``) under ``target``, each file with its mode: the item's
+    ``mode`` in ``spec``, else ``default_mode``, else the source's ``defaultMode``, else 0644."""
     target.mkdir(parents=True, exist_ok=True)
+    spec = spec or {}
+    modes = {
+        str(i.get("path", i.get("key", ""))): int(i["mode"])
+        for i in spec.get("items") or []
+        if isinstance(i, Mapping) and i.get("mode") is not None
+    }
+    fallback = int(default_mode if default_mode is not None else spec.get("defaultMode", DEFAULT_FILE_MODE))
     for key, value in data.items():
         (target / key).parent.mkdir(parents=True, exist_ok=True)
-        (target / key).write_bytes(base64.b64decode(value) if decode else str(value).encode())
+        content = base64.b64decode(value) if decode else str(value).encode()
+        write_atomically(target / key, content, modes.get(key, fallback))
 
 
 def _key_files(
@@ -88,13 +110,17 @@ def _projected(
 ) -> None:
     name = vol.get("name", "")
     spec = vol.get("projected") or {}
+    mode = int(spec.get("defaultMode", DEFAULT_FILE_MODE))
     for source in spec.get("sources") or []:
         if "configMap" in source:
-            _write_files(path, _key_files("configmap", source["configMap"] or {}, configmaps, name), False)
+            config = source["configMap"] or {}
+            _write_files(path, _key_files("configmap", config, configmaps, name), False, config, mode)
         elif "secret" in source:
-            _write_files(path, _key_files("secret", source["secret"] or {}, secrets, name), True)
+            secret = source["secret"] or {}
+            _write_files(path, _key_files("secret", secret, secrets, name), True, secret, mode)
         elif "downwardAPI" in source:
-            _write_files(path, _downward_files(pod, source["downwardAPI"] or {}), False)
+            downward = source["downwardAPI"] or {}
+            _write_files(path, _downward_files(pod, downward), False, downward, mode)
         elif "serviceAccountToken" in source:
             token_path = str((source["serviceAccountToken"] or {}).get("path", "token"))
             token = tokens.get(token_key(name, token_path))
@@ -102,7 +128,7 @@ def _projected(
                 raise ContainerConfigError(
                     f"no service-account token for volume {name!r} (path {token_path})"
                 )
-            _write_files(path, {token_path: token}, False)
+            _write_files(path, {token_path: token}, False, default_mode=mode)
         else:
             kinds = ", ".join(sorted(source)) or "unknown"
             raise ContainerConfigError(f"projected volume {name!r}: source {kinds} is not supported")
@@ -153,7 +179,7 @@ def prepare_volumes(
             kind_name = "secret" if is_secret else "configmap"
             data = _key_files(kind_name, spec, secrets if is_secret else configmaps, name)
             path = pod_dir / "volumes" / name
-            _write_files(path, data, decode=is_secret)
+            _write_files(path, data, is_secret, spec)
         elif "projected" in vol:
             path = pod_dir / "volumes" / name
             path.mkdir(parents=True, exist_ok=True)
@@ -166,7 +192,8 @@ def prepare_volumes(
             path.mkdir(parents=True, exist_ok=True)
         elif "downwardAPI" in vol:
             path = pod_dir / "volumes" / name
-            _write_files(path, _downward_files(pod, vol["downwardAPI"] or {}), False)
+            downward = vol["downwardAPI"] or {}
+            _write_files(path, _downward_files(pod, downward), False, downward)
         else:
             kinds = sorted(k for k in vol if k != "name")
             raise ContainerConfigError(

@@ -13,9 +13,11 @@ Event for each, then write ``Decision.status`` when it differs from the old one.
 
 One module per policy: a pass over an active job runs the ``step`` of each in the
 order of ``_ACTIVE_STEPS`` (``deadline``, ``success``, ``disrupted``, ``failures``,
-``replica_range``, ``store``, ``network_policy``, ``gang``, ``scaling``, ``membership``,
+``replica_range``, ``store``, ``network_policy``, ``gang``, ``scaling``, ``job_secret``, ``membership``,
 ``stalled``, ``below_min``, ``ongoing_phase``); ``finish`` ends a job, ``figures`` fills
 in the counts every pass; ``context`` is what they share, ``actions`` what they decide.
+Before any of them, ``external_store`` refuses a job that names a store the operator may
+not connect to, as an invalid spec.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from kelastic.operator.reconcile import (
     below_min,
     deadline,
     disrupted,
+    external_store,
     failures,
     gang,
+    job_secret,
     membership,
     network_policy,
     ongoing_phase,
@@ -42,6 +46,7 @@ from kelastic.operator.reconcile import (
 from kelastic.operator.reconcile.actions import (
     Action,
     CreatePod,
+    CreateSecret,
     CreateService,
     Decision,
     DeleteJob,
@@ -63,6 +68,7 @@ __all__ = [
     "CONDITION_OUT_OF_RANGE",
     "Action",
     "CreatePod",
+    "CreateSecret",
     "CreateService",
     "Decision",
     "DeleteJob",
@@ -79,6 +85,7 @@ __all__ = [
 def reconcile(job: Job, observed: Observed, config: ReconcileConfig | None = None) -> Decision:
     """Decide the actions and the status for ``job`` given ``observed``. Pure; never raises."""
     config = config or ReconcileConfig()
+    job = external_store.admitted(job, config)
     prior = dict(job.status or {})
     status = JobStatus.from_dict(prior)
     status.selector = builders.worker_selector(job.meta.name)
@@ -148,6 +155,7 @@ _ACTIVE_STEPS: tuple[Callable[[Pass, ActiveJob], Next], ...] = (
     network_policy.step,
     gang.step,
     scaling.step,
+    job_secret.step,
     membership.step,
     stalled.step,
     below_min.step,

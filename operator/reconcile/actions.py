@@ -32,6 +32,17 @@ class CreatePod(Action):
 
 
 @dataclass(frozen=True)
+class CreateSecret(Action):
+    """Create the job's Secret (``manifest``, without its value: the executor adds a fresh one).
+
+    A create that finds it (409) keeps it. Worker pods created in the same pass wait for it:
+    when it fails they are not created (kelastic.operator.jobsecret).
+    """
+
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class DeletePod(Action):
     name: str = ""
     uid: str = ""
@@ -89,7 +100,10 @@ class ReconcileConfig:
     #: the root cause, so the job's reason quotes it (seconds after the failure).
     root_cause_grace: float = 5.0
     build: builders.BuildConfig = field(default_factory=builders.BuildConfig)
-    #: The store's NetworkPolicy (kelastic.operator.netpol); off unless enabled.
+    #: Whether a job of the kelastic backend may name a store of its own (``spec.rdzvEndpoint``)
+    #: that the operator then connects to (kelastic.operator.reconcile.external_store).
+    allow_external_stores: bool = False
+    #: The jobs' NetworkPolicies (kelastic.operator.netpol); kelastic-operator turns them on.
     network_policy: netpol.NetworkPolicyConfig = field(default_factory=netpol.NetworkPolicyConfig)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import stat
 import sys
 import sysconfig
 from pathlib import Path
@@ -322,6 +323,45 @@ def test_volumes(tmp_path: Path) -> None:
         mount_env(pod, {"name": "c", "volumeMounts": [{"name": "ckpt", "mountPath": "/elsewhere"}]}, vols)
     with pytest.raises(ContainerConfigError, match="not supported"):
         prepare_volumes({"spec": {"volumes": [{"name": "x", "nfs": {}}]}}, tmp_path, {}, {})
+
+
+def test_volume_files_get_the_modes_the_pod_asks_for(tmp_path: Path) -> None:
+    secret = {"key": base64.b64encode(b"s3cret").decode(), "other": base64.b64encode(b"x").decode()}
+    pod = {
+        "spec": {
+            "volumes": [
+                {
+                    "name": "job",
+                    "projected": {
+                        "defaultMode": 0o400,
+                        "sources": [
+                            {"secret": {"name": "s", "items": [{"key": "key", "path": "key"}]}},
+                            {
+                                "configMap": {
+                                    "name": "cfg",
+                                    "items": [{"key": "a", "path": "a", "mode": 0o440}],
+                                }
+                            },
+                        ],
+                    },
+                },
+                {"name": "plain", "secret": {"secretName": "s", "defaultMode": 0o440}},
+                {"name": "cfg", "configMap": {"name": "cfg"}},
+            ]
+        }
+    }
+    vols = prepare_volumes(pod, tmp_path / "pod", {"cfg": {"a": "A"}}, {"s": secret})
+
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    assert (vols["job"] / "key").read_bytes() == b"s3cret" and not (vols["job"] / "other").exists()
+    assert (mode(vols["job"] / "key"), mode(vols["job"] / "a")) == (0o400, 0o440)
+    assert (mode(vols["plain"] / "key"), mode(vols["plain"] / "other")) == (0o440, 0o440)
+    assert mode(vols["cfg"] / "a") == 0o644  # neither says: Kubernetes' default
+    # prepared again (a kubelet restarted over the same pod directory): a read-only file is replaced
+    again = prepare_volumes(pod, tmp_path / "pod", {"cfg": {"a": "B"}}, {"s": secret})
+    assert (again["job"] / "a").read_text() == "B" and mode(again["job"] / "key") == 0o400
 
 
 def test_clusters_on_one_machine_claim_distinct_networks(tmp_path: Path) -> None:

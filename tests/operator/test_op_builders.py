@@ -49,6 +49,7 @@ def test_python_command_runs_under_its_interpreter(kit: SimpleNamespace) -> None
         "--rdzv-id", "uid-demo",
         "--max-restarts", "3",
         "--local-addr", "$(POD_IP)",
+        "--job-secret-file", "/var/run/secrets/kelastic.dev/job/job-secret",
         "--health-port", "8081",
         "--checkpoint-dir", "/dev/shm/kelastic-checkpoints",
         "--rdzv-conf", "a=x,b=2",
@@ -75,6 +76,7 @@ def test_the_agent_reads_the_command_the_operator_writes(kit: SimpleNamespace) -
         8081,
     )
     assert c.local_addr == "$(POD_IP)"  # the kubelet expands it from the downward API
+    assert c.job_secret_file == contract.JOB_SECRET_FILE  # where the worker pod mounts the job's secret
     assert c.start_method == "forkserver"  # --warm-start
     assert c.args == ("train.py", "--lr", "0.1")
 
@@ -256,7 +258,8 @@ def test_image_mode_runs_the_images_agent_and_says_what_to_do_without_it(
     assert spec is not None
     pod = worker_pod(job_of(kit, agent="image"), 0, endpoint="h:1", config=CFG)
     assert "initContainers" not in pod["spec"]
-    assert [v["name"] for v in pod["spec"]["volumes"]] == ["kelastic-shm"]  # /dev/shm only: no agent volume
+    # /dev/shm and the job's secret only: no agent volume
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["kelastic-shm", "kelastic-job-secret"]
     cmd = agent_command(spec, run_id="u", endpoint="127.0.0.1:29400", config=CFG)
     assert cmd[:3] == ["python", "-c", IMAGE_AGENT_BOOTSTRAP]
     assert agent_config(cmd).nproc_per_node == 1  # the real agent reads the flags that follow

@@ -219,7 +219,7 @@ def test_every_worker_pod_gets_a_memory_backed_dev_shm(kit: SimpleNamespace) -> 
     assert volumes == [{"name": "kelastic-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "7Gi"}}]
     # The template's own volumes and mounts stay, ours come last; the side containers get none.
     names = [v["name"] for v in sized["spec"]["volumes"]]
-    assert names[:3] == ["ckpt", "scratch", "data"] and names[-1] == "kelastic-shm"
+    assert names[:3] == ["ckpt", "scratch", "data"] and names[-2:] == ["kelastic-shm", "kelastic-job-secret"]
     # Building from a template that already holds our volume does not duplicate it.
     again = parse_job(
         with_template(

@@ -1,9 +1,9 @@
-"""Operating a job on kelastic local: both /metrics endpoints during a real run, the store's
-NetworkPolicy, a worker evicted through the eviction API, a job whose ranks hang in a collective,
+"""Operating a job on kelastic local: both /metrics endpoints during a real run, the job's
+NetworkPolicies, a worker evicted through the eviction API, a job whose ranks hang in a collective,
 PodGroups for gang schedulers.
 
 A LocalCluster (emulated API server, process kubelet), the operator as a subprocess
-with ``--metrics-port`` and ``--store-network-policy``, an ElasticJob whose workers train with real gloo and report
+with ``--metrics-port`` and its NetworkPolicies (on by default), an ElasticJob whose workers train with real gloo and report
 progress; a worker pod is deleted mid-run. The series are scraped over HTTP and read
 with prometheus_client's parser, as a Prometheus server would.
 """
@@ -104,7 +104,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             str(e.metrics_port),
             "--metrics-address",
             "127.0.0.1",
-            "--store-network-policy",
+            "--operator-namespace",
+            "default",
             "--operator-pod-labels",
             "app=kelastic-operator",
         )
@@ -200,33 +201,49 @@ def test_both_metrics_endpoints_during_a_run_with_a_lost_worker(env: Any) -> Non
     assert op[("kelastic_jobs", (("phase", "Running"),))] == 0
 
 
-def test_the_store_network_policy_follows_the_job(env: Any) -> None:
+def test_the_network_policies_follow_the_job(env: Any) -> None:
     """Created with the job, selecting its real store pod and workers, removed with the job; the job
-    runs as usual (kelastic local, like a cluster without a NetworkPolicy provider, does not enforce it)."""
+    runs as usual (kelastic local, like a cluster without a NetworkPolicy provider, does not enforce them)."""
     env.apply(cluster_test.job("np", min_r=1, max_r=2, replicas=2))
-    policy = env.wait("the NetworkPolicy", lambda: env.get("networkpolicy", "np-rendezvous"), 60)
+    store = env.wait("the store's NetworkPolicy", lambda: env.get("networkpolicy", "np-rendezvous"), 60)
+    workers = env.wait("the workers' NetworkPolicy", lambda: env.get("networkpolicy", "np-workers"), 60)
     uid = env.get("ej", "np")["metadata"]["uid"]
-    assert [o["uid"] for o in policy["metadata"]["ownerReferences"]] == [uid]
+    for policy in (store, workers):
+        assert [o["uid"] for o in policy["metadata"]["ownerReferences"]] == [uid]
     pods = env.wait("the store and 2 workers", lambda: len(p := env.pods("np")) == 3 and p, 60)
-    target = policy["spec"]["podSelector"]["matchLabels"]
-    (rule,) = policy["spec"]["ingress"]
-    workers, operator = rule["from"]
-    selected = sorted(n for n, p in pods.items() if target.items() <= p["metadata"]["labels"].items())
-    admitted = sorted(
-        n
-        for n, p in pods.items()
-        if workers["podSelector"]["matchLabels"].items() <= p["metadata"]["labels"].items()
-    )
-    assert selected == ["np-rendezvous"]
-    assert admitted == ["np-worker-0", "np-worker-1"]
-    assert operator["podSelector"]["matchLabels"] == {"app": "kelastic-operator"}
+
+    def matching(selector: dict[str, Any]) -> list[str]:
+        labels = selector["matchLabels"]
+        return sorted(n for n, p in pods.items() if labels.items() <= p["metadata"]["labels"].items())
+
+    # the operator: pods with its labels in its own namespace, which the emulator labels with its name
+    operator = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "default"}},
+        "podSelector": {"matchLabels": {"app": "kelastic-operator"}},
+    }
+    assert matching(store["spec"]["podSelector"]) == ["np-rendezvous"]
+    (rule,) = store["spec"]["ingress"]
+    own, admitted_operator = rule["from"]
+    assert matching(own["podSelector"]) == ["np-worker-0", "np-worker-1"] and "namespaceSelector" not in own
+    assert admitted_operator == operator
     assert rule["ports"] == [{"protocol": "TCP", "port": 29400}]
+    assert matching(workers["spec"]["podSelector"]) == ["np-worker-0", "np-worker-1"]
+    among, health = workers["spec"]["ingress"]
+    (peers,) = among["from"]
+    assert "ports" not in among and matching(peers["podSelector"]) == ["np-worker-0", "np-worker-1"]
+    assert health == {"from": [operator], "ports": [{"protocol": "TCP", "port": HEALTH_PORT}]}
     env.wait("Running", lambda: (env.get("ej", "np").get("status") or {}).get("phase") == "Running", 60)
     env.kubectl("delete", "ej", "np", "--wait=false")
     env.applied.discard("np")
     env.wait(
-        "the garbage collector to remove the NetworkPolicy",
-        lambda: "np-rendezvous" not in env.kubectl("get", "networkpolicies", "-o", "name"),
+        "the garbage collector to remove the NetworkPolicies",
+        lambda: (
+            not {
+                "networkpolicy.networking.k8s.io/np-rendezvous",
+                "networkpolicy.networking.k8s.io/np-workers",
+            }
+            & set(env.kubectl("get", "networkpolicies", "-o", "name").split())
+        ),
         60,
     )
 

@@ -159,6 +159,27 @@ def run_under_chart_rbac(real: RealCluster, *, cluster_wide: bool, release: str,
             f"{'cluster-wide' if cluster_wide else 'namespaced'}: 3 pods {elapsed:.1f}s after operator start"
         )
         assert "Forbidden" not in text and " 403" not in text, text[-4000:]
+        # It read its own Namespace (the chart's Role in the release namespace) to choose how the
+        # NetworkPolicies select it: by name where the API server labels namespaces with it.
+        assert "could not read namespace" not in text
+        assert (
+            f"namespace {chart.namespace} has no label" in text
+            or f"from namespace {chart.namespace} only" in text
+        )
+        # The job's Secret (create is all the chart grants) and both NetworkPolicies, all owned by the job.
+        uid = json.loads(real.kubectl("get", "ej", "-n", job_namespace, "rbac", "-o", "json"))["metadata"][
+            "uid"
+        ]
+        selector = f"{contract.LABEL_JOB_NAME}=rbac"
+        for kind, expected in (
+            ("secrets", {f"rbac-secret-{uid[:8]}"}),
+            ("networkpolicies", {"rbac-rendezvous", "rbac-workers"}),
+        ):
+            owned = json.loads(real.kubectl("get", kind, "-n", job_namespace, "-l", selector, "-o", "json"))[
+                "items"
+            ]
+            assert {o["metadata"]["name"] for o in owned} == expected, kind
+            assert all(o["metadata"]["ownerReferences"][0]["uid"] == uid for o in owned), kind
         pod = items[0]
         assert pod["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
         real.kubectl("get", "service", "-n", job_namespace, "rbac-rendezvous")

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from kelastic.operator.observed import PodPhase, ServiceView
-from kelastic.operator.reconcile import CreateService, DeletePod, PublishMembership
+from kelastic.operator.reconcile import CreateService, DeletePod, PublishMembership, ReconcileConfig
 
 harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("reconcile_harness.py"))))
 
@@ -35,7 +35,7 @@ def test_lost_service_is_recreated(kit: SimpleNamespace) -> None:
 
 def test_external_endpoint_needs_no_store(kit: SimpleNamespace) -> None:
     body = kit.job_body(rdzvEndpoint="10.0.0.9:29400")
-    d = harness.run(body, kit.observed(services=()))
+    d = harness.run(body, kit.observed(services=()), ReconcileConfig(allow_external_stores=True))
     assert not harness.kinds(d, CreateService)
     assert harness.created_names(d) == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
 

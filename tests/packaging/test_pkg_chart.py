@@ -53,15 +53,22 @@ def test_lint_is_clean_for_default_and_cluster_wide_values() -> None:
         assert report["errors"] == [] and problems == [], (values, report)
 
 
+#: The Roles of the release namespace that serve the operator itself, not the jobs it manages.
+OWN_ROLE_SUFFIXES = ("-leader-election", "-namespace")
+
+
 def operator_roles(objects: list[dict[str, Any]], kind: str = "Role") -> list[dict[str, Any]]:
-    return [o for o in by_kind(objects, kind) if not o["metadata"]["name"].endswith("-leader-election")]
+    return [o for o in by_kind(objects, kind) if not o["metadata"]["name"].endswith(OWN_ROLE_SUFFIXES)]
 
 
 def assert_least_privilege(rules: list[dict[str, Any]]) -> None:
     for rule in rules:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
-        # The operator never reads secrets, never changes RBAC and never execs into pods.
-        assert not {"secrets", "roles", "rolebindings", "clusterroles", "pods/exec"} & set(rule["resources"])
+        # The operator never changes RBAC and never execs into pods.
+        assert not {"roles", "rolebindings", "clusterroles", "pods/exec"} & set(rule["resources"])
+        # It creates each job's Secret and never reads, lists, watches or changes one.
+        if "secrets" in rule["resources"]:
+            assert rule["verbs"] == ["create"] and rule["resources"] == ["secrets"]
 
 
 def granted(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -84,6 +91,8 @@ OPERATOR_RULES = {
     ("kelastic.dev", "elasticjobs/finalizers", "update"),
     *{("", r, v) for r in ("pods", "services") for v in ("list", "watch", "create", "delete")},
     ("", "pods/log", "get"),
+    # each job's Secret (its agents' key), created before its first worker pod
+    ("", "secrets", "create"),
     ("", "events", "create"),
     ("", "events", "patch"),
     # gang scheduling: each job's PodGroup (Volcano, scheduler-plugins)
@@ -101,8 +110,15 @@ OPERATOR_RULES = {
 def test_default_render_is_namespaced_least_privilege() -> None:
     objects = render()
     kinds = sorted(o["kind"] for o in objects)
-    # the Service exposes the operator's /metrics (metrics.enabled, default true)
-    assert kinds == ["Deployment", "Role", "Role", "RoleBinding", "RoleBinding", "Service", "ServiceAccount"]
+    # the Service exposes the operator's /metrics (metrics.enabled, default true); a Role and its
+    # binding let the operator read its own Namespace (networkPolicy.enabled, default true)
+    assert kinds == [
+        "Deployment",
+        *["Role"] * 3,
+        *["RoleBinding"] * 3,
+        "Service",
+        "ServiceAccount",
+    ]
     (role,) = operator_roles(objects)
     assert role["metadata"]["namespace"] == NAMESPACE
     assert_least_privilege(role["rules"])

@@ -1,5 +1,4 @@
-"""The chart's metrics objects (the operator's metrics port and Service, the ServiceMonitor, the dashboard)
-and its store NetworkPolicy switch."""
+"""The chart's metrics objects (the operator's metrics port and Service, the ServiceMonitor, the dashboard)."""
 
 from __future__ import annotations
 
@@ -115,26 +114,3 @@ def test_dashboard_shows_jobs_world_size_restarts_and_recovery_from_served_serie
 @pytest.mark.parametrize("value", [True, False])
 def test_dashboard_config_map_follows_its_value(value: bool) -> None:
     assert len(by_kind(render({"metrics": {"grafanaDashboard": value}}), "ConfigMap")) == int(value)
-
-
-def test_network_policy_is_on_by_default_with_the_operators_own_labels() -> None:
-    from kelastic.operator.cli import build_parser
-    from kelastic.operator.netpol import parse_labels
-
-    objects = render()
-    args = build_parser().parse_args(operator_container(objects)["args"])
-    assert args.store_network_policy
-    (deployment,) = by_kind(objects, "Deployment")
-    # the operator's pods are admitted to every store: the labels are exactly its pods' selector labels
-    assert parse_labels(args.operator_pod_labels) == deployment["spec"]["selector"]["matchLabels"]
-    rules = chart_test["operator_roles"](objects)[0]["rules"]
-    assert ("networking.k8s.io", "networkpolicies", "create") in chart_test["granted"](rules)
-
-
-def test_network_policy_can_be_turned_off_with_its_permission() -> None:
-    from kelastic.operator.cli import build_parser
-
-    objects = render({"networkPolicy": {"enabled": False}})
-    assert not build_parser().parse_args(operator_container(objects)["args"]).store_network_policy
-    rules = chart_test["operator_roles"](objects)[0]["rules"]
-    assert not [r for r in chart_test["granted"](rules) if r[1] == "networkpolicies"]

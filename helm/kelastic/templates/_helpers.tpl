@@ -89,6 +89,11 @@ namespaced Role and the cluster-wide ClusterRole so both grant the same verbs.
 - apiGroups: [""]
   resources: ["pods", "services"]
   verbs: ["list", "watch", "create", "delete"]
+# Each job's Secret, its agents' key: created once, before its first worker pod, and never
+# read, listed or changed; the garbage collector removes it with the job (ownerReference).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 # The tail of a failed worker's log names its root cause in the job's Failed condition.
 - apiGroups: [""]
   resources: ["pods/log"]
@@ -103,9 +108,9 @@ namespaced Role and the cluster-wide ClusterRole so both grant the same verbs.
   resources: ["podgroups"]
   verbs: ["create", "patch"]
 {{- if .Values.networkPolicy.enabled }}
-# Each job's NetworkPolicy that admits only its pods to its rendezvous store: created,
-# and patched when it exists already with other labels or spec (an operator restarted
-# with other settings); the garbage collector removes it with the job (ownerReference).
+# Each job's NetworkPolicies that admit only its pods (and the operator) to its workers and
+# its store: created, and patched when they exist already with other labels or spec (an
+# operator restarted with other settings); the garbage collector removes them with the job.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["create", "patch"]
