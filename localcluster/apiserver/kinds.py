@@ -597,11 +597,20 @@ def _pod_spec_shape(spec: Obj) -> Obj:
     return out
 
 
-def update_causes(rt: ResourceType, new: Obj, old: Obj) -> list[FieldCause]:
-    """Fields an update may not change (pod specs, immutable ConfigMaps/Secrets, ClusterIPs)."""
+def update_causes(rt: ResourceType, new: Obj, old: Obj, status: bool = False) -> list[FieldCause]:
+    """Fields an update may not change (pod specs, immutable ConfigMaps/Secrets, ClusterIPs);
+    with ``status``, what a write of the status subresource may not change (a pod's QoS class,
+    which the API server sets from the spec at creation)."""
     if rt.crd:
         return []
     out: list[FieldCause] = []
+    if status:
+        before = (old.get("status") or {}).get("qosClass")
+        after = (new.get("status") or {}).get("qosClass")
+        if rt.kind == "Pod" and before and after != before:
+            out.append(FieldCause("FieldValueInvalid", f'Invalid value: "{after}": field is immutable',
+                                  "status.qosClass"))  # fmt: skip
+        return out
     if rt.kind == "Pod" and _pod_spec_shape(new.get("spec") or {}) != _pod_spec_shape(old.get("spec") or {}):
         out.append(
             FieldCause(

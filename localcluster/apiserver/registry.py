@@ -565,10 +565,9 @@ class Registry:
         new, warnings = self._schema_pass(rt, new, validation, name, old)
         kinds.prepare_update(rt, new, old)
         self._validate(rt, new, name)
-        if subresource != "status":
-            causes = kinds.update_causes(rt, new, old)
-            if causes:
-                raise ApiError.invalid(rt.group, rt.kind, name, causes)
+        causes = kinds.update_causes(rt, new, old, status=subresource == "status")
+        if causes:
+            raise ApiError.invalid(rt.group, rt.kind, name, causes)
         if rt.kind == "CustomResourceDefinition" and not rt.crd:
             new["status"] = kinds.crd_status({**new, "status": old.get("status")})
         # Generation follows the spec (everything but metadata, and status when it is a subresource).
