@@ -48,10 +48,13 @@ def test_endpoints_refuse_loopback_link_local_and_multicast_addresses() -> None:
     }
     causes = {(c.field, c.message.split(": ", 1)[1]) for c in validate_builtin(endpoints, obj)}
     assert causes == {
-        ("subsets[0].addresses[0].ip", '"127.1.0.5": may not be in the loopback range (127.0.0.0/8)'),
+        (
+            "subsets[0].addresses[0].ip",
+            '"127.1.0.5": may not be in the loopback range (127.0.0.0/8, ::1/128)',
+        ),
         (
             "subsets[0].notReadyAddresses[0].ip",
-            '"169.254.1.1": may not be in the link-local range (169.254.0.0/16)',
+            '"169.254.1.1": may not be in the link-local range (169.254.0.0/16, fe80::/10)',
         ),
         ("subsets[0].notReadyAddresses[1].ip", '"not-an-ip": must be a valid IP address'),
     }
@@ -74,7 +77,7 @@ def test_endpoints_with_a_loopback_address_are_422_over_http(api: ApiServer) -> 
         "causes": [
             {
                 "reason": "FieldValueInvalid",
-                "message": 'Invalid value: "127.0.0.1": may not be in the loopback range (127.0.0.0/8)',
+                "message": 'Invalid value: "127.0.0.1": may not be in the loopback range (127.0.0.0/8, ::1/128)',
                 "field": "subsets[0].addresses[0].ip",
             }
         ],
