@@ -377,8 +377,7 @@ class Registry:
         self._validate(rt, obj, name)
         if rt.kind == "CustomResourceDefinition" and not rt.crd:
             self._check_crd_names(obj)
-        if rt.kind == "Pod" and not rt.crd:
-            self._admit_pod(obj, ns, name)
+        warnings += self._pod_security(rt, obj, ns, name)
         if dry_run:
             if rt.kind == "Service" and not rt.crd:
                 self.services.release(obj)
@@ -387,18 +386,28 @@ class Registry:
         self._after_write(rt, obj, None)
         return WriteResult(self.present(rt, obj), warnings, True)
 
-    def _admit_pod(self, pod: Obj, ns: str, name: str) -> None:
-        """Pod Security admission: the standard the namespace's labels enforce (403 otherwise)."""
+    def _pod_security(self, rt: ResourceType, obj: Obj, ns: str, name: str) -> list[str]:
+        """Pod Security admission of a created pod or written workload: a pod that violates the
+        enforced standard is refused (403); a pod or pod template that violates the warned one
+        gets its warning (workloads are never refused)."""
+        spec = None if rt.crd else podsecurity.pod_template_spec(rt.kind, obj)
+        if spec is None:
+            return []
         nsobj = self.store.get("/namespaces", "", ns) or {}
-        level, version = podsecurity.level_of((nsobj.get("metadata") or {}).get("labels") or {})
-        found = podsecurity.violations(pod.get("spec") or {}, level)
-        if found:
-            raise ApiError(
-                403,
-                "Forbidden",
-                podsecurity.forbidden_message(name, level, version, found),
-                {"name": name, "kind": "pods"},
-            )
+        (level, version), (warn, warn_version) = podsecurity.policy_of(
+            (nsobj.get("metadata") or {}).get("labels") or {}
+        )
+        if rt.kind == "Pod":
+            found = podsecurity.violations(spec, level)
+            if found:
+                raise ApiError(
+                    403,
+                    "Forbidden",
+                    podsecurity.forbidden_message(name, level, version, found),
+                    {"name": name, "kind": "pods"},
+                )
+        found = podsecurity.violations(spec, warn)
+        return [podsecurity.warning_message(warn, warn_version, found)] if found else []
 
     def _check_crd_names(self, crd: Obj) -> None:
         spec = crd["spec"]
@@ -568,6 +577,8 @@ class Registry:
         causes = kinds.update_causes(rt, new, old, status=subresource == "status")
         if causes:
             raise ApiError.invalid(rt.group, rt.kind, name, causes)
+        if not subresource and rt.kind != "Pod":  # a pod's spec cannot change in what is checked
+            warnings += self._pod_security(rt, new, old["metadata"].get("namespace", ""), name)
         if rt.kind == "CustomResourceDefinition" and not rt.crd:
             new["status"] = kinds.crd_status({**new, "status": old.get("status")})
         # Generation follows the spec (everything but metadata, and status when it is a subresource).
