@@ -76,6 +76,27 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+#: The kinds whose DELETE answers the deleted object itself; the others answer a Status
+#: when the object is gone at once (the object while its deletion is pending, for all).
+RETURN_DELETED = frozenset(
+    {
+        ("", "pods"),
+        ("", "services"),
+        ("", "namespaces"),
+        ("", "serviceaccounts"),
+        ("", "persistentvolumes"),
+        ("", "persistentvolumeclaims"),
+        ("", "resourcequotas"),
+        ("", "podtemplates"),
+        ("storage.k8s.io", "storageclasses"),
+        ("storage.k8s.io", "csidrivers"),
+        ("storage.k8s.io", "csinodes"),
+        ("storage.k8s.io", "volumeattachments"),
+        ("storage.k8s.io", "volumeattributesclasses"),
+    }
+)
+
+
 def _json(obj: Any, status: int = 200, warnings: list[str] | None = None) -> web.Response:
     resp = web.Response(body=_dumps(obj), status=status, content_type="application/json")
     for w in warnings or ():
@@ -405,7 +426,22 @@ class _App:
                         "items": items,
                     }
                 )
-            obj, _removed = reg.delete(rt, ns, name, opts)
+            obj, removed = reg.delete(rt, ns, name, opts)
+            if removed and not rt.crd and (rt.group, rt.plural) in RETURN_DELETED:
+                return _json(obj)
+            if removed:
+                # What most kinds answer for an object gone at once (the kind is the resource).
+                meta = obj.get("metadata") or {}
+                details = {"name": name, "group": rt.group, "kind": rt.plural, "uid": meta.get("uid")}
+                return _json(
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "metadata": {},
+                        "status": "Success",
+                        "details": {k: v for k, v in details.items() if v},
+                    }
+                )
             return _json(obj)
         raise ApiError.method_not_allowed(f"method {method} is not supported")
 
