@@ -296,7 +296,21 @@ def test_the_control_plane_lanes_skip_message_says_where_to_get_the_binaries(
     for variable in root.VARIABLES:
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setattr(root, "UNPACK", tmp_path / "no-unpack.sh")
+    monkeypatch.setattr(root, "BUILT", tmp_path / "cache")
     path, why = root.find_control_plane_bin()
     assert path is None
-    for needed in ("dl.k8s.io/release", "etcd-io/etcd/releases", "setup-envtest", "KELASTIC_CONTROL_PLANE"):
+    for needed in (
+        "make control-plane",
+        "dl.k8s.io/release",
+        "etcd-io/etcd/releases",
+        "setup-envtest",
+        "KELASTIC_CONTROL_PLANE",
+    ):
         assert needed in why, why
+    # A build that did not finish (no marker) is not taken; a finished one is, the newest first.
+    for version, done in (("v1.36.3", True), ("v1.37.2", True), ("v1.38.0", False)):
+        (tmp_path / "cache" / version / "bin").mkdir(parents=True)
+        (tmp_path / "cache" / version / "bin" / "kube-apiserver").write_text("")
+        if done:
+            (tmp_path / "cache" / version / "bin" / root.MARKER).write_text(f"kubernetes {version}")
+    assert root.find_control_plane_bin() == (tmp_path / "cache" / "v1.37.2" / "bin", "")
