@@ -260,12 +260,18 @@ class Registry:
         pruned, dropped = schema.prune(obj, rt.schema)
         meta = obj.get("metadata") or {}
         unknown_meta = [f"metadata.{k}" for k in meta if k not in _OBJECT_META_FIELDS]
-        self._unknown_fields(rt, unknown_meta + dropped, validation, warnings)
+        # Sorted, as the real server reports the paths it pruned.
+        self._unknown_fields(rt, sorted(unknown_meta + dropped), validation, warnings)
         obj = schema.apply_defaults(pruned, rt.schema)
         causes = schema.validate(obj, rt.schema)
-        if not causes:
-            before = _strip_meta(old) if old is not None else MISSING
-            causes = schema.validate_rules(_strip_meta(obj), rt.schema, before)
+        if schema.has_rules(rt.schema):
+            # As the real server: CEL rules run unless the schema found an error that blocks
+            # them (a wrong type, a missing field, ...), which it then says.
+            if any(c.reason in schema.BLOCKING_REASONS for c in causes):
+                causes.append(schema.RULES_NOT_CHECKED)
+            else:
+                before = _strip_meta(old) if old is not None else MISSING
+                causes += schema.validate_rules(_strip_meta(obj), rt.schema, before)
         if causes:
             raise ApiError.invalid(rt.group, rt.kind, name, causes)
         return obj, warnings
