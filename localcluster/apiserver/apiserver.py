@@ -51,7 +51,7 @@ from aiohttp import web
 
 from ..common.podlogs import log_files, pod_log_dir, select_lines
 from . import discovery, kinds, openapi
-from .errors import ApiError, status_object
+from .errors import ApiError, FieldCause, status_object
 from .eviction import evict
 from .fields import component_schemas
 from .gc import GarbageCollector
@@ -298,9 +298,20 @@ class _App:
         try:
             return FieldValidation(value)
         except ValueError:
-            raise ApiError.bad_request(
-                f'fieldValidation: Unsupported value: "{value}": supported values: "Ignore", "Strict", "Warn"'
+            options = {"POST": "CreateOptions", "PUT": "UpdateOptions"}.get(request.method, "PatchOptions")
+            why = f'Unsupported value: "{value}": supported values: "", "Ignore", "Strict", "Warn"'
+            raise ApiError.invalid(
+                "meta.k8s.io", options, "", [FieldCause("FieldValueNotSupported", why, "fieldValidation")]
             ) from None
+
+    @staticmethod
+    def _manager(request: web.Request) -> str:
+        """Who an update is recorded for in managedFields: ``fieldManager``, else the client's
+        User-Agent up to its first ``/`` (as the real server names it)."""
+        given = request.query.get("fieldManager")
+        if given:
+            return given
+        return (request.headers.get("User-Agent") or "unknown").split("/", 1)[0][:128]
 
     @staticmethod
     def _dry_run(request: web.Request) -> bool:
@@ -383,6 +394,7 @@ class _App:
                 subresource=sub,
                 validation=self._validation(request),
                 dry_run=self._dry_run(request),
+                manager=self._manager(request),
             )
             return _json(res.obj, 200, res.warnings)
         if method == "PATCH":
@@ -408,7 +420,7 @@ class _App:
                 subresource=sub,
                 validation=self._validation(request),
                 dry_run=self._dry_run(request),
-                field_manager=q.get("fieldManager"),
+                field_manager=q.get("fieldManager") if ptype is PatchType.APPLY else self._manager(request),
                 force=q.get("force") == "true",
             )
             return _json(res.obj, 201 if res.created else 200, res.warnings)

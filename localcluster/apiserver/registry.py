@@ -538,8 +538,10 @@ class Registry:
         subresource: str = "",
         validation: FieldValidation = FieldValidation.WARN,
         dry_run: bool = False,
+        manager: str | None = None,
     ) -> WriteResult:
-        """PUT: replace an object (or its ``status`` subresource) with ``body``.
+        """PUT: replace an object (or its ``status`` subresource) with ``body``; ``manager``
+        is recorded in managedFields for the fields it changed.
 
         ``metadata.resourceVersion``, when given, must match (409 Conflict); the other
         part (status for the main resource, everything else for ``status``) is kept;
@@ -565,7 +567,7 @@ class Registry:
                 f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
             )
         check_preconditions(rt, old, meta)
-        return self._write_update(rt, old, clone(body), subresource, validation, dry_run)
+        return self._write_update(rt, old, clone(body), subresource, validation, dry_run, manager)
 
     def _write_update(
         self,
@@ -575,9 +577,11 @@ class Registry:
         subresource: str,
         validation: FieldValidation,
         dry_run: bool,
+        manager: str | None = None,
     ) -> WriteResult:
         """Write ``new`` over ``old`` (update, patch and their ``status`` forms end here):
-        keep what the write may not change, check it, bump generation, store it."""
+        keep what the write may not change, check it, record ``manager``'s changed fields,
+        bump generation, store it."""
         name = old["metadata"]["name"]
         new = _carry_over(rt, old, new, subresource)
         new["apiVersion"] = self._storage_type(rt).api_version
@@ -592,6 +596,13 @@ class Registry:
             warnings += self._pod_security(rt, new, old["metadata"].get("namespace", ""), name)
         if rt.kind == "CustomResourceDefinition" and not rt.crd:
             new["status"] = kinds.crd_status({**new, "status": old.get("status")})
+        if manager:
+            changed = ssa.changed_fields(old, new, merge_keys=not rt.crd, subresource=subresource)
+            if changed:
+                new["metadata"]["managedFields"] = ssa.record_update(
+                    new["metadata"].get("managedFields"), manager, rt.api_version, changed, now_rfc3339(),
+                    subresource,
+                )  # fmt: skip
         # Generation follows the spec (everything but metadata, and status when it is a subresource).
         if _strip(new, keep_status=not rt.has_status) != _strip(old, keep_status=not rt.has_status):
             new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
@@ -668,8 +679,17 @@ class Registry:
         old = self.store.get(rt.key, ns, name)
         if patch_type is PatchType.APPLY:
             if not field_manager:
-                raise ApiError.bad_request(
-                    "PATCH request with apply content type requires fieldManager parameter"
+                raise ApiError.invalid(
+                    "meta.k8s.io",
+                    "PatchOptions",
+                    "",
+                    [
+                        FieldCause(
+                            "FieldValueRequired",
+                            "Required value: is required for apply patch",
+                            "fieldManager",
+                        )
+                    ],
                 )
             if not isinstance(patch, dict):
                 raise ApiError.bad_request("an apply patch must be an object")
@@ -689,18 +709,16 @@ class Registry:
             clashes = ssa.conflicts(current, field_manager, fields_set, config)
             if clashes and not force:
                 message, causes = ssa.conflict_message(clashes)
-                raise ApiError(
+                raise ApiError(  # no details but the causes, as the real server answers
                     409,
                     "Conflict",
                     message,
-                    {"name": name, "group": rt.group, "kind": rt.plural},
+                    {},
                     [FieldCause("FieldManagerConflict", m, f) for m, f in causes],
                 )
             if clashes:
                 previous_managers = ssa.release(previous_managers, clashes)
-            stripped = ssa.without_fields(
-                current, ssa.removed_fields(ssa.owned_fields(old, field_manager), fields_set)
-            )
+            stripped = ssa.without_fields(current, ssa.unshared_removal(old, field_manager, fields_set))
             try:
                 new = merge_patch(stripped, config) if rt.crd else strategic_merge_patch(stripped, config)
             except PatchError as exc:
@@ -749,7 +767,7 @@ class Registry:
                 self._core_events(), old, kinds.event_to_core(new), subresource, validation, dry_run
             )
             return WriteResult(self.present(rt, res.obj), res.warnings)
-        return self._write_update(rt, old, new, subresource, validation, dry_run)
+        return self._write_update(rt, old, new, subresource, validation, dry_run, field_manager)
 
     # ---- delete --------------------------------------------------------------
     def delete(
