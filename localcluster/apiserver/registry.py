@@ -159,11 +159,6 @@ class Registry:
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
             if self.store.get(ns_type.key, "", name) is None:
                 self.create(ns_type, None, {"metadata": {"name": name}})
-        # As a real API server's watch caches, which begin when it starts: a watch from a
-        # version older than the start of the built-in types' history gets 410 Gone.
-        for rt in self.types.all():
-            if not rt.crd:
-                self.store.open_history(rt.key)
         self._types_changed()
 
     def _types_changed(self) -> None:
