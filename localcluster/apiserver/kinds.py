@@ -152,9 +152,23 @@ def _default_pod_spec(spec: Obj) -> None:
         _default_container(c)
 
 
+def _default_endpoints(kind: str, obj: Obj) -> None:
+    """Endpoints' and EndpointSlices' defaults: ports speak TCP, an endpoint's conditions exist."""
+    if kind == "Endpoints":
+        for subset in obj.get("subsets") or ():
+            for port in subset.get("ports") or ():
+                port.setdefault("protocol", "TCP")
+    elif kind == "EndpointSlice":
+        for port in obj.get("ports") or ():
+            port.setdefault("protocol", "TCP")
+        for endpoint in obj.get("endpoints") or ():
+            endpoint.setdefault("conditions", {})
+
+
 def prepare_create(rt: ResourceType, obj: Obj, services: ServiceAddresses) -> None:
     """Fill server-side defaults of a new built-in object (in place)."""
     kind = rt.kind if not rt.crd else ""
+    _default_endpoints(kind, obj)
     if kind == "Pod":
         spec = obj.setdefault("spec", {})
         _default_pod_spec(spec)
@@ -216,6 +230,7 @@ def prepare_create(rt: ResourceType, obj: Obj, services: ServiceAddresses) -> No
 def prepare_update(rt: ResourceType, new: Obj, old: Obj) -> None:
     """Carry server-owned fields of a built-in object over an update (in place)."""
     kind = rt.kind if not rt.crd else ""
+    _default_endpoints(kind, new)
     if kind == "Service":
         spec = new.setdefault("spec", {})
         old_spec = old.get("spec") or {}
@@ -473,10 +488,7 @@ def _endpoint_slice_causes(obj: Obj) -> list[FieldCause]:
         addresses = endpoint.get("addresses") or []
         if not addresses:
             out.append(
-                FieldCause(
-                    "FieldValueRequired", "Required value: must contain at least 1 address",
-                    f"endpoints[{i}].addresses",
-                )
+                FieldCause("FieldValueRequired", "Required value", f"endpoints[{i}].addresses")
             )  # fmt: skip
         for j, ip in enumerate(addresses):
             field, problems = f"endpoints[{i}].addresses[{j}]", endpoint_ip_problems(str(ip))
