@@ -51,6 +51,7 @@ from aiohttp import web
 
 from ..common.podlogs import log_files, pod_log_dir, select_lines
 from . import discovery, kinds, openapi
+from .disruption import DisruptionController
 from .errors import ApiError, FieldCause, status_object
 from .eviction import evict
 from .fields import component_schemas
@@ -894,6 +895,7 @@ class ApiServer:
             registry.services = kinds.ServiceAddresses(self.service_network)
         self.registry = registry
         GarbageCollector(registry)
+        DisruptionController(registry)
         registry.bootstrap()
         app_state = _App(registry, self.data_dir, self.bookmark_interval)
         self._app = app_state
