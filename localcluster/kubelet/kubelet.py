@@ -380,7 +380,7 @@ class PodWorker:
             "lastTransitionTime": rfc3339(time.time()),
         }
         try:
-            await self.kubelet.client.merge_patch(
+            await self.kubelet.client.strategic_patch(
                 self.path + "/status", {"status": {"phase": "Pending", "conditions": [condition]}}
             )
         except Exception as exc:  # the next release tries again
@@ -792,10 +792,12 @@ class PodWorker:
         if status == self.last_status:
             return True
         body: dict[str, Any] = {"status": dict(status)}
-        for optional in ("reason", "message", "podIP", "podIPs"):
+        for optional in ("reason", "message", "podIP", "podIPs", "nominatedNodeName"):
             body["status"].setdefault(optional, None)
         try:
-            await self.kubelet.client.merge_patch(self.path + "/status", body)
+            # Strategic: the conditions are merged by type, so one another component set (the
+            # scheduler's or the eviction's DisruptionTarget) stays, as with a real kubelet.
+            await self.kubelet.client.strategic_patch(self.path + "/status", body)
         except ApiRequestError as exc:
             if exc.status == 404:
                 return True  # the pod is gone: nothing to report to
