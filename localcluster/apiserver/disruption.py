@@ -35,7 +35,9 @@ def budget_status(pdb: Obj, pods: list[Obj], now: str) -> Obj:
     generation = pdb["metadata"].get("generation", 1)
     current = pdb.get("status") or {}
     flag = "True" if allowed > 0 else "False"
-    before = next((c for c in current.get("conditions") or [] if c.get("type") == "DisruptionAllowed"), {})
+    before: Obj = next(
+        (c for c in current.get("conditions") or [] if c.get("type") == "DisruptionAllowed"), {}
+    )
     condition = {
         "type": "DisruptionAllowed",
         "status": flag,

@@ -159,6 +159,20 @@ class Registry:
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
             if self.store.get(ns_type.key, "", name) is None:
                 self.create(ns_type, None, {"metadata": {"name": name}})
+        # The priority classes every API server makes for itself.
+        pc_type = self.types.lookup("scheduling.k8s.io", "v1", "priorityclasses")
+        assert pc_type is not None
+        for name, value in (("system-node-critical", 2000001000), ("system-cluster-critical", 2000000000)):
+            if self.store.get(pc_type.key, "", name) is None:
+                body = {
+                    "metadata": {"name": name},
+                    "value": value,
+                    "description": "Used for system critical pods that must not be moved from their current node."
+                    if name == "system-node-critical"
+                    else "Used for system critical pods that must run in the cluster, but can be moved to "
+                    "another node if necessary.",
+                }
+                self.create(pc_type, None, body)
         self._types_changed()
 
     def _types_changed(self) -> None:
@@ -374,6 +388,8 @@ class Registry:
         if rt.crd and rt.has_status:
             obj.pop("status", None)
         obj, warnings = self._schema_pass(rt, obj, validation, name)
+        if rt.kind == "Pod" and not rt.crd:
+            self._admit_priority(obj, name)
         try:
             kinds.prepare_create(rt, obj, self.services)
         except ValueError as exc:
@@ -391,6 +407,32 @@ class Registry:
         self.store.put(rt.key, obj, EventType.ADDED)
         self._after_write(rt, obj, None)
         return WriteResult(self.present(rt, obj), warnings, True)
+
+    def _admit_priority(self, pod: Obj, name: str) -> None:
+        """Priority admission: a pod's ``priority`` and ``preemptionPolicy`` come from its
+        PriorityClass (else the global default one, else 0); an unknown class is 403."""
+        spec = pod.setdefault("spec", {})
+        pc_type = self.types.lookup("scheduling.k8s.io", "v1", "priorityclasses")
+        if pc_type is None:
+            return
+        wanted = spec.get("priorityClassName")
+        classes = self.store.list(pc_type.key, "")
+        if wanted:
+            found = next((c for c in classes if c["metadata"]["name"] == wanted), None)
+            if found is None:
+                raise ApiError(
+                    403,
+                    "Forbidden",
+                    f'pods "{name}" is forbidden: no PriorityClass with name {wanted} was found',
+                    {"name": name, "kind": "pods"},
+                )
+        else:
+            found = next((c for c in classes if c.get("globalDefault")), None)
+            if found is not None:
+                spec["priorityClassName"] = found["metadata"]["name"]
+        if found is not None:
+            spec["priority"] = int(found.get("value", 0))
+            spec.setdefault("preemptionPolicy", found.get("preemptionPolicy") or "PreemptLowerPriority")
 
     def _pod_security(self, rt: ResourceType, obj: Obj, ns: str, name: str) -> list[str]:
         """Pod Security admission of a created pod or written workload: a pod that violates the

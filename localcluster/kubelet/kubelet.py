@@ -86,6 +86,7 @@ from .podstatus import (
     rfc3339,
     should_restart,
 )
+from .preemption import choose_victims, holders, preempt
 from .probes import ProbeResult, ProbeSpec, ProbeTracker, run_probe
 from .runtime import ContainerProcess, ExitStatus, spawn
 from .satokens import DEFAULT_EXPIRATION_S, IssuedToken, issued_token, refresh_due, write_atomically
@@ -363,7 +364,19 @@ class PodWorker:
                     return True
                 kubelet.gpu_waiters.add(self)
                 if not reported and kubelet.config.bind_pods and not pod["spec"].get("nodeName"):
-                    reported = await self._report_unschedulable(pod, claim.total)
+                    # No scheduler: preempt lower-priority pods as it would, else say it waits.
+                    victims = choose_victims(
+                        int(pod["spec"].get("priority") or 0),
+                        str(pod["spec"].get("preemptionPolicy") or "PreemptLowerPriority"),
+                        claim.total,
+                        kubelet.gpus.free,
+                        holders(kubelet, kubelet.gpus.holders()),
+                    )
+                    if victims:
+                        await preempt(kubelet, pod, victims)
+                        reported = True
+                    else:
+                        reported = await self._report_unschedulable(pod, claim.total)
                 await self.wake.wait()
         finally:
             kubelet.gpu_waiters.discard(self)
@@ -1246,8 +1259,16 @@ class Kubelet:
         with contextlib.suppress(ApiRequestError):
             await self.renew_lease()
 
-    def event(self, pod: Mapping[str, Any], reason: str, message: str, warning: bool = False) -> None:
-        """Post a core/v1 Event about ``pod`` in the background (best effort).
+    def event(
+        self,
+        pod: Mapping[str, Any],
+        reason: str,
+        message: str,
+        warning: bool = False,
+        component: str = "kubelet",
+    ) -> None:
+        """Post a core/v1 Event about ``pod`` in the background (best effort), from ``component``
+        (the kubelet, or the scheduler whose part it plays without one).
 
         A repeat of the same reason and message for the same pod bumps the first
         Event's ``count`` and ``lastTimestamp`` instead of adding another, as the
@@ -1285,8 +1306,10 @@ class Kubelet:
                     "reason": reason,
                     "message": message,
                     "type": "Warning" if warning else "Normal",
-                    "source": {"component": "kubelet", "host": self.config.node_name},
-                    "reportingComponent": "kubelet",
+                    "source": {"component": component, "host": self.config.node_name}
+                    if component == "kubelet"
+                    else {"component": component},
+                    "reportingComponent": component,
                     "reportingInstance": self.config.node_name,
                     "firstTimestamp": now,
                     "lastTimestamp": now,
