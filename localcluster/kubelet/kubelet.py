@@ -147,7 +147,7 @@ class KubeletConfig:
     #: How often the node's Lease and Ready heartbeat are renewed.
     heartbeat_s: float = 10.0
     #: The version the Node reports (that of the control plane, when there is a real one).
-    version: str = "v1.32.0-kelastic"
+    version: str = "v1.37.2-kelastic"
     #: Which interpreter plays which image (unlisted images: this Python environment).
     images: ImageMap = field(default_factory=ImageMap)
     #: The node's ``nvidia.com/gpu`` count; None: detected (see :func:`~.gpus.detect_gpus`).

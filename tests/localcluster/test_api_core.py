@@ -50,7 +50,7 @@ def test_default_namespaces_and_discovery(kubectl: Kubectl) -> None:
         "roles.rbac.authorization.k8s.io",
     ):
         assert name in resources.split(), name
-    assert "v1.32" in kubectl("version", "-o", "json")
+    assert "v1.37" in kubectl("version", "-o", "json")
 
 
 def test_create_get_conflicts_and_errors(core: client.CoreV1Api) -> None:
