@@ -167,11 +167,21 @@ def control_plane_dir(flag: Path | str | None = None) -> Path | None:
     return None
 
 
-def die_with_parent() -> None:
-    # In the child, before exec: SIGTERM when the thread that started us ends,
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    # In the child, before exec: ``sig`` when the thread that started us ends,
     # so no component outlives a kelastic that was killed without cleaning up.
     pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, sig)
+
+
+def _kill_with_parent() -> None:
+    die_with_parent(signal.SIGKILL)
+
+
+#: Components told of kelastic's death by SIGTERM, to stop cleanly; the others get SIGKILL:
+#: they keep nothing, and kube-apiserver v1.37 began a graceful shutdown on SIGTERM that
+#: never ended once etcd, dying with it, was gone (it lingered, holding its port).
+GRACEFUL_ON_PARENT_DEATH = frozenset({"etcd"})
 
 
 def free_port(host: str = HOST) -> int:
@@ -532,7 +542,7 @@ class ControlPlane:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,
+                preexec_fn=die_with_parent if name in GRACEFUL_ON_PARENT_DEATH else _kill_with_parent,
                 # Not in our process group: a terminal's Ctrl-C is for kelastic, which then
                 # stops the components in order (they would otherwise die mid-start or first).
                 start_new_session=True,
