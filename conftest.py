@@ -2,10 +2,16 @@
 
 Tests that run kube-apiserver, etcd, kube-controller-manager and kube-scheduler
 (``kelastic local --control-plane``) take the ``control_plane_bin`` fixture. It
-looks in ``$KELASTIC_CONTROL_PLANE``, then ``$KUBEBUILDER_ASSETS``, then, in this
-repository's CI and test set-up, runs ``../shared/k8s/unpack.sh`` (relative to the
-repository root; idempotent, it prints the directory it filled). Without any of
-them the test is skipped with a reason that says how to enable it.
+looks in ``$KELASTIC_CONTROL_PLANE``, then ``$KUBEBUILDER_ASSETS``, then in what
+``make control-plane`` built (the newest complete ``~/.cache/kelastic/k8s/*/bin``,
+or under ``$KELASTIC_K8S_CACHE``), then, in this repository's CI and test set-up,
+runs ``../shared/k8s/unpack.sh`` (relative to the repository root; idempotent, it
+prints the directory it filled). Without any of them the test is skipped with a
+reason that says how to enable it.
+
+When the chosen directory holds a ``kubectl``, it goes first on the session's
+``PATH``: every test (of either lane) then drives the cluster with the kubectl of
+that release, as its users would.
 
 Every test picks its lane explicitly: the variables are read once and then removed
 from the test processes' environment, so a ``kelastic local`` started without
@@ -21,6 +27,7 @@ reason that says so (see docs/gpus.md). The GPUs are counted without initialisin
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -29,14 +36,19 @@ import pytest
 REPO = Path(__file__).resolve().parent
 UNPACK = REPO.parent / "shared" / "k8s" / "unpack.sh"
 ENABLE = (
-    "no Kubernetes control-plane binaries. Get kube-apiserver, kube-controller-manager and "
-    "kube-scheduler from the Kubernetes release binaries (https://dl.k8s.io/release/v1.32.0/bin/linux/amd64/"
-    "kube-apiserver, and the same for the other two) and etcd from https://github.com/etcd-io/etcd/releases; "
+    "no Kubernetes control-plane binaries. Build them with `make control-plane` (kube-apiserver, "
+    "kube-controller-manager, kube-scheduler, kubectl v1.37.2 and etcd from the Go module proxy, with Go 1.26+: "
+    "about 15 minutes on two cores the first time; the tests then find ~/.cache/kelastic/k8s/v1.37.2/bin by "
+    "themselves), or take the Kubernetes release binaries (https://dl.k8s.io/release/v1.37.2/bin/linux/amd64/"
+    "kube-apiserver, and the same for the other three) and etcd from https://github.com/etcd-io/etcd/releases, "
     "or run envtest's `setup-envtest use -p path` (go install sigs.k8s.io/controller-runtime/tools/"
     "setup-envtest@latest), which fetches kube-apiserver and etcd only, so the lane runs without the "
     "controller-manager and scheduler. Then set KELASTIC_CONTROL_PLANE (or KUBEBUILDER_ASSETS) to the "
     "directory holding them"
 )
+#: Where ``make control-plane`` builds (localcluster/controlplane/build.sh): <root>/<version>/bin.
+BUILT = Path(os.environ.get("KELASTIC_K8S_CACHE") or Path.home() / ".cache" / "kelastic" / "k8s")
+MARKER = ".kelastic-complete"
 
 
 VARIABLES = ("KELASTIC_CONTROL_PLANE", "KUBEBUILDER_ASSETS")
@@ -48,6 +60,31 @@ def pytest_configure(config: pytest.Config) -> None:
         value = os.environ.pop(variable, None)
         if value is not None:
             _from_environment.setdefault(variable, value)
+    found = _named_or_built()
+    if found is not None and (found / "kubectl").is_file():
+        os.environ["PATH"] = f"{found}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def built_control_plane() -> Path | None:
+    """The newest complete directory ``make control-plane`` built, if any."""
+
+    def release(path: Path) -> tuple[int, ...]:
+        return tuple(int(n) for n in re.findall(r"\d+", path.parent.name)[:3])
+
+    done = [
+        p.parent
+        for p in BUILT.glob(f"v*/bin/{MARKER}")
+        if re.fullmatch(r"v\d+\.\d+\.\d+", p.parent.parent.name)
+    ]
+    return max(done, key=release) if done else None
+
+
+def _named_or_built() -> Path | None:
+    for variable in VARIABLES:
+        value = _from_environment.get(variable) or os.environ.get(variable)
+        if value:
+            return Path(value)
+    return built_control_plane()
 
 
 def find_control_plane_bin() -> tuple[Path | None, str]:
@@ -59,6 +96,9 @@ def find_control_plane_bin() -> tuple[Path | None, str]:
             if (path / "kube-apiserver").is_file():
                 return path, ""
             return None, f"${variable}={value} holds no kube-apiserver; {ENABLE}"
+    built = built_control_plane()
+    if built is not None:
+        return built, ""
     if UNPACK.is_file():
         try:
             done = subprocess.run(["bash", str(UNPACK)], capture_output=True, text=True, timeout=300)

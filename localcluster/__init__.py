@@ -4,7 +4,6 @@ from .apiserver.apiserver import ApiServer
 from .apiserver.errors import ApiError
 from .cli.cluster import LocalCluster
 from .common.podlogs import pod_log_dir
-from .controllers.endpoints import EndpointsController
 from .controllers.proxy import ServiceProxy
 from .kubelet.kubelet import DEFAULT_NODE_NAME, Kubelet, KubeletConfig
 
@@ -12,7 +11,6 @@ __all__ = [
     "DEFAULT_NODE_NAME",
     "ApiError",
     "ApiServer",
-    "EndpointsController",
     "Kubelet",
     "KubeletConfig",
     "LocalCluster",

@@ -51,7 +51,8 @@ from aiohttp import web
 
 from ..common.podlogs import log_files, pod_log_dir, select_lines
 from . import discovery, kinds, openapi
-from .errors import ApiError, status_object
+from .disruption import DisruptionController
+from .errors import ApiError, FieldCause, status_object
 from .eviction import evict
 from .fields import component_schemas
 from .gc import GarbageCollector
@@ -74,6 +75,27 @@ WATCH_IDLE_TICK = 5.0
 
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
+
+
+#: The kinds whose DELETE answers the deleted object itself; the others answer a Status
+#: when the object is gone at once (the object while its deletion is pending, for all).
+RETURN_DELETED = frozenset(
+    {
+        ("", "pods"),
+        ("", "services"),
+        ("", "namespaces"),
+        ("", "serviceaccounts"),
+        ("", "persistentvolumes"),
+        ("", "persistentvolumeclaims"),
+        ("", "resourcequotas"),
+        ("", "podtemplates"),
+        ("storage.k8s.io", "storageclasses"),
+        ("storage.k8s.io", "csidrivers"),
+        ("storage.k8s.io", "csinodes"),
+        ("storage.k8s.io", "volumeattachments"),
+        ("storage.k8s.io", "volumeattributesclasses"),
+    }
+)
 
 
 def _json(obj: Any, status: int = 200, warnings: list[str] | None = None) -> web.Response:
@@ -277,9 +299,20 @@ class _App:
         try:
             return FieldValidation(value)
         except ValueError:
-            raise ApiError.bad_request(
-                f'fieldValidation: Unsupported value: "{value}": supported values: "Ignore", "Strict", "Warn"'
+            options = {"POST": "CreateOptions", "PUT": "UpdateOptions"}.get(request.method, "PatchOptions")
+            why = f'Unsupported value: "{value}": supported values: "", "Ignore", "Strict", "Warn"'
+            raise ApiError.invalid(
+                "meta.k8s.io", options, "", [FieldCause("FieldValueNotSupported", why, "fieldValidation")]
             ) from None
+
+    @staticmethod
+    def _manager(request: web.Request) -> str:
+        """Who an update is recorded for in managedFields: ``fieldManager``, else the client's
+        User-Agent up to its first ``/`` (as the real server names it)."""
+        given = request.query.get("fieldManager")
+        if given:
+            return given
+        return (request.headers.get("User-Agent") or "unknown").split("/", 1)[0][:128]
 
     @staticmethod
     def _dry_run(request: web.Request) -> bool:
@@ -362,6 +395,7 @@ class _App:
                 subresource=sub,
                 validation=self._validation(request),
                 dry_run=self._dry_run(request),
+                manager=self._manager(request),
             )
             return _json(res.obj, 200, res.warnings)
         if method == "PATCH":
@@ -387,7 +421,7 @@ class _App:
                 subresource=sub,
                 validation=self._validation(request),
                 dry_run=self._dry_run(request),
-                field_manager=q.get("fieldManager"),
+                field_manager=q.get("fieldManager") if ptype is PatchType.APPLY else self._manager(request),
                 force=q.get("force") == "true",
             )
             return _json(res.obj, 201 if res.created else 200, res.warnings)
@@ -405,7 +439,22 @@ class _App:
                         "items": items,
                     }
                 )
-            obj, _removed = reg.delete(rt, ns, name, opts)
+            obj, removed = reg.delete(rt, ns, name, opts)
+            if removed and not rt.crd and (rt.group, rt.plural) in RETURN_DELETED:
+                return _json(obj)
+            if removed:
+                # What most kinds answer for an object gone at once (the kind is the resource).
+                meta = obj.get("metadata") or {}
+                details = {"name": name, "group": rt.group, "kind": rt.plural, "uid": meta.get("uid")}
+                return _json(
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "metadata": {},
+                        "status": "Success",
+                        "details": {k: v for k, v in details.items() if v},
+                    }
+                )
             return _json(obj)
         raise ApiError.method_not_allowed(f"method {method} is not supported")
 
@@ -846,6 +895,7 @@ class ApiServer:
             registry.services = kinds.ServiceAddresses(self.service_network)
         self.registry = registry
         GarbageCollector(registry)
+        DisruptionController(registry)
         registry.bootstrap()
         app_state = _App(registry, self.data_dir, self.bookmark_interval)
         self._app = app_state

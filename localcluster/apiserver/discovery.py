@@ -29,12 +29,12 @@ _SUB_VERBS = {
 def version_info() -> Obj:
     return {
         "major": "1",
-        "minor": "32",
-        "gitVersion": "v1.32.0-kelastic",
+        "minor": "37",
+        "gitVersion": "v1.37.2-kelastic",
         "gitCommit": "kelastic-local",
         "gitTreeState": "clean",
         "buildDate": "2026-01-01T00:00:00Z",
-        "goVersion": "go1.23",
+        "goVersion": "go1.26",
         "compiler": "gc",
         "platform": "linux/amd64",
     }

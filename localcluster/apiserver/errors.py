@@ -41,8 +41,9 @@ class ApiError(Exception):
 
     def to_status(self) -> dict[str, Any]:
         details = dict(self.details)
-        if not details.get("group"):
-            details.pop("group", None)  # the core group is omitted, as the API server does
+        for key in ("group", "name"):
+            if not details.get(key):
+                details.pop(key, None)  # empty ones are omitted (the core group), as the API server does
         if self.causes:
             details["causes"] = [c.to_dict() for c in self.causes]
         return status_object("Failure", self.code, self.reason, self.message, details)

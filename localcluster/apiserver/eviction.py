@@ -23,13 +23,13 @@ selector matches its labels are consulted:
   still go when the budget is met anyway (or with ``unhealthyPodEvictionPolicy:
   AlwaysAllow``), as on v1.26+.
 
-A real cluster's disruption controller keeps each budget's status; the emulator
-has none, so :func:`budget_of` works the same figures out from the pods at the
-moment of the eviction: the expected pods are the matching ones (the controller
-reads their controllers' scale for ``maxUnavailable`` and percentages),
-``currentHealthy`` the Ready ones not being deleted, ``desiredHealthy`` from
-``minAvailable`` or ``maxUnavailable`` (percentages rounded up). The budget's own
-``status`` is not written.
+A real cluster's disruption controller keeps each budget's status, and so does the
+emulator's (:mod:`.disruption`), with :func:`budget_of`; the eviction works the same
+figures out from the pods at its moment (so it never waits for a status write): the
+expected pods are the matching ones (the controller reads their controllers' scale for
+``maxUnavailable`` and percentages), ``currentHealthy`` the Ready ones not being
+deleted, ``desiredHealthy`` from ``minAvailable`` or ``maxUnavailable`` (percentages
+rounded up). An eviction does not record itself in the budget's ``disruptedPods``.
 """
 
 from __future__ import annotations

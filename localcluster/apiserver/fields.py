@@ -18,7 +18,7 @@ from kubernetes.client import models
 
 from .resources import ResourceType
 
-__all__ = ["component_schemas", "model_name", "prune_unknown", "schema_ref_name"]
+__all__ = ["component_schemas", "model_name", "prune_unknown", "schema_ref_name", "time_error"]
 
 Obj = dict[str, Any]
 
@@ -78,6 +78,45 @@ _ACCEPTS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The fields of type MicroTime (micro-second times); the other times are Time (seconds).
+_MICRO_TIMES = frozenset(
+    {("V1LeaseSpec", "acquireTime"), ("V1LeaseSpec", "renewTime"), ("EventsV1Event", "eventTime"),
+     ("CoreV1Event", "eventTime")}
+)  # fmt: skip
+_TIME_LAYOUT = ("2006", "-", "01", "-", "02", "T", "15", ":", "04", ":", "05")
+
+
+def time_error(value: str, micro: bool) -> str | None:
+    """Why ``value`` is not a Kubernetes Time (RFC 3339) or MicroTime (RFC 3339 with
+    micro-seconds), in the words of Go's time parser, as the real server says it; None if it is."""
+    layout = "2006-01-02T15:04:05" + (".000000" if micro else "") + "Z07:00"
+    rest = value
+    for element in (*_TIME_LAYOUT, ".000000" if micro else "", "Z07:00"):
+        if not element:
+            continue
+        if element == ".000000" or (element == "Z07:00" and not micro and rest.startswith(".")):
+            found = re.match(r"\.\d{6}" if micro else r"\.\d+", rest)
+            if found is None:
+                if micro:
+                    return f'parsing time "{value}" as "{layout}": cannot parse "{rest}" as ".000000"'
+            else:
+                rest = rest[found.end() :]
+            if element == ".000000":
+                continue
+        if element == "Z07:00":
+            found = re.match(r"Z|[+-]\d\d:\d\d", rest)
+        elif element.isdigit():
+            found = re.match(rf"\d{{{len(element)}}}", rest)
+        else:
+            found = re.match(re.escape(element), rest)
+        if found is None:
+            return f'parsing time "{value}" as "{layout}": cannot parse "{rest}" as "{element}"'
+        rest = rest[found.end() :]
+    if rest:
+        return f'parsing time "{value}" as "{layout}": extra text: "{rest}"'
+    return None
+
+
 def _prune(value: Any, type_str: str, path: str, dropped: list[str], wrong: list[str]) -> Any:
     if value is None:
         return value
@@ -113,8 +152,12 @@ def _prune(value: Any, type_str: str, path: str, dropped: list[str], wrong: list
         where = f"{path}.{k}" if path else k
         if sub is None:
             dropped.append(where)
-        else:
-            out[k] = _prune(v, sub, where, dropped, wrong)
+            continue
+        if sub == "datetime" and isinstance(v, str):
+            error = time_error(v, (type_str, k) in _MICRO_TIMES)
+            if error:
+                wrong.append(error)
+        out[k] = _prune(v, sub, where, dropped, wrong)
     return out
 
 

@@ -152,9 +152,23 @@ def _default_pod_spec(spec: Obj) -> None:
         _default_container(c)
 
 
+def _default_endpoints(kind: str, obj: Obj) -> None:
+    """Endpoints' and EndpointSlices' defaults: ports speak TCP, an endpoint's conditions exist."""
+    if kind == "Endpoints":
+        for subset in obj.get("subsets") or ():
+            for port in subset.get("ports") or ():
+                port.setdefault("protocol", "TCP")
+    elif kind == "EndpointSlice":
+        for port in obj.get("ports") or ():
+            port.setdefault("protocol", "TCP")
+        for endpoint in obj.get("endpoints") or ():
+            endpoint.setdefault("conditions", {})
+
+
 def prepare_create(rt: ResourceType, obj: Obj, services: ServiceAddresses) -> None:
     """Fill server-side defaults of a new built-in object (in place)."""
     kind = rt.kind if not rt.crd else ""
+    _default_endpoints(kind, obj)
     if kind == "Pod":
         spec = obj.setdefault("spec", {})
         _default_pod_spec(spec)
@@ -216,6 +230,7 @@ def prepare_create(rt: ResourceType, obj: Obj, services: ServiceAddresses) -> No
 def prepare_update(rt: ResourceType, new: Obj, old: Obj) -> None:
     """Carry server-owned fields of a built-in object over an update (in place)."""
     kind = rt.kind if not rt.crd else ""
+    _default_endpoints(kind, new)
     if kind == "Service":
         spec = new.setdefault("spec", {})
         old_spec = old.get("spec") or {}
@@ -425,37 +440,63 @@ def metadata_causes(obj: Obj) -> list[FieldCause]:
     return out
 
 
-#: Addresses Endpoints may not hold, with the real API server's words for each.
-_FORBIDDEN_ENDPOINT_NETS = (
-    (ipaddress.ip_network("127.0.0.0/8"), "may not be in the loopback range (127.0.0.0/8)"),
-    (ipaddress.ip_network("169.254.0.0/16"), "may not be in the link-local range (169.254.0.0/16)"),
-    (ipaddress.ip_network("224.0.0.0/4"), "may not be in the link-local multicast range (224.0.0.0/24)"),
-)
+def endpoint_ip_problems(ip: str) -> list[str]:
+    """Why ``ip`` may not be an address of an Endpoints or an EndpointSlice, in the real API
+    server's words (empty when it may): no unspecified, loopback or link-local address.
+
+    This is why kelastic local's pods, on 127.1.x addresses, appear in neither: the service
+    proxy finds a Service's pods itself (kelastic.localcluster.controllers.endpoints).
+    """
+    try:
+        parsed = ipaddress.ip_address(ip)
+    except ValueError:
+        return ["must be a valid IP address"]
+    out = []
+    if parsed.is_unspecified:
+        out.append(f"may not be unspecified ({ip})")
+    if parsed.is_loopback:
+        out.append("may not be in the loopback range (127.0.0.0/8, ::1/128)")
+    if parsed in ipaddress.ip_network("169.254.0.0/16") or parsed in ipaddress.ip_network("fe80::/10"):
+        out.append("may not be in the link-local range (169.254.0.0/16, fe80::/10)")
+    packed = parsed.packed
+    if parsed in ipaddress.ip_network("224.0.0.0/24") or (
+        parsed.version == 6 and packed[0] == 0xFF and packed[1] & 0x0F == 0x02
+    ):
+        out.append("may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)")
+    return out
 
 
 def _endpoints_causes(obj: Obj) -> list[FieldCause]:
-    """As the real API server: an Endpoints address must be a valid, routable IP.
-
-    (This is why kelastic local's pods, on 127.1.x addresses, are published
-    through EndpointSlices, which accept them.)
-    """
+    """An Endpoints address must be a valid IP outside the special ranges."""
     out: list[FieldCause] = []
     for i, subset in enumerate(obj.get("subsets") or ()):
         for group in ("addresses", "notReadyAddresses"):
             for j, address in enumerate(subset.get(group) or ()):
                 ip, field = str(address.get("ip", "")), f"subsets[{i}].{group}[{j}].ip"
-                try:
-                    parsed = ipaddress.ip_address(ip)
-                except ValueError:
-                    out.append(
-                        FieldCause(
-                            "FieldValueInvalid", f'Invalid value: "{ip}": must be a valid IP address', field
-                        )
-                    )
-                    continue
-                for net, why in _FORBIDDEN_ENDPOINT_NETS:
-                    if parsed in net:
-                        out.append(FieldCause("FieldValueInvalid", f'Invalid value: "{ip}": {why}', field))
+                for why in endpoint_ip_problems(ip):
+                    out.append(FieldCause("FieldValueInvalid", f'Invalid value: "{ip}": {why}', field))
+    return out
+
+
+def _endpoint_slice_causes(obj: Obj) -> list[FieldCause]:
+    """An EndpointSlice of type IPv4/IPv6 holds addresses of that family outside the special ranges."""
+    family = obj.get("addressType")
+    if family not in ("IPv4", "IPv6"):
+        return []
+    out: list[FieldCause] = []
+    for i, endpoint in enumerate(obj.get("endpoints") or ()):
+        addresses = endpoint.get("addresses") or []
+        if not addresses:
+            out.append(
+                FieldCause("FieldValueRequired", "Required value", f"endpoints[{i}].addresses")
+            )  # fmt: skip
+        for j, ip in enumerate(addresses):
+            field, problems = f"endpoints[{i}].addresses[{j}]", endpoint_ip_problems(str(ip))
+            if not problems and ipaddress.ip_address(str(ip)).version != (4 if family == "IPv4" else 6):
+                problems = [f"must be an {family} address"]
+                field = f"endpoints[{i}].addresses"
+            for why in problems:
+                out.append(FieldCause("FieldValueInvalid", f'Invalid value: "{ip}": {why}', field))
     return out
 
 
@@ -515,6 +556,8 @@ def validate_builtin(rt: ResourceType, obj: Obj) -> list[FieldCause]:
         out.extend(_crd_causes(obj))
     elif rt.kind == "Endpoints":
         out.extend(_endpoints_causes(obj))
+    elif rt.kind == "EndpointSlice":
+        out.extend(_endpoint_slice_causes(obj))
     elif rt.kind == "ConfigMap":
         for k, v in (obj.get("data") or {}).items():
             if not isinstance(v, str):
@@ -597,11 +640,20 @@ def _pod_spec_shape(spec: Obj) -> Obj:
     return out
 
 
-def update_causes(rt: ResourceType, new: Obj, old: Obj) -> list[FieldCause]:
-    """Fields an update may not change (pod specs, immutable ConfigMaps/Secrets, ClusterIPs)."""
+def update_causes(rt: ResourceType, new: Obj, old: Obj, status: bool = False) -> list[FieldCause]:
+    """Fields an update may not change (pod specs, immutable ConfigMaps/Secrets, ClusterIPs);
+    with ``status``, what a write of the status subresource may not change (a pod's QoS class,
+    which the API server sets from the spec at creation)."""
     if rt.crd:
         return []
     out: list[FieldCause] = []
+    if status:
+        before = (old.get("status") or {}).get("qosClass")
+        after = (new.get("status") or {}).get("qosClass")
+        if rt.kind == "Pod" and before and after != before:
+            out.append(FieldCause("FieldValueInvalid", f'Invalid value: "{after}": field is immutable',
+                                  "status.qosClass"))  # fmt: skip
+        return out
     if rt.kind == "Pod" and _pod_spec_shape(new.get("spec") or {}) != _pod_spec_shape(old.get("spec") or {}):
         out.append(
             FieldCause(

@@ -1,6 +1,6 @@
 """OpenAPI documents: ``/openapi/v3`` (root + one document per group/version) and ``/openapi/v2``.
 
-What kubectl 1.32 needs from them:
+What kubectl (1.32 to 1.37) needs from them:
 
 - ``kubectl apply``/``create`` with validation on (the default) asks the v3
   document of the object's group/version whether the PATCH operation of that
@@ -160,7 +160,7 @@ def gv_document(types: TypeRegistry, group: str, version: str) -> Obj | None:
         schemas.setdefault(name, schema)
     return {
         "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": "v1.32.0-kelastic"},
+        "info": {"title": "Kubernetes", "version": "v1.37.2-kelastic"},
         "paths": paths,
         "components": {"schemas": schemas},
     }
@@ -193,7 +193,7 @@ def swagger_v2(types: TypeRegistry) -> Obj:
     definitions = json.loads(json.dumps(definitions).replace('"#/components/schemas/', '"#/definitions/'))
     return {
         "swagger": "2.0",
-        "info": {"title": "Kubernetes", "version": "v1.32.0-kelastic"},
+        "info": {"title": "Kubernetes", "version": "v1.37.2-kelastic"},
         "paths": {},
         "definitions": definitions,
     }

@@ -10,6 +10,11 @@ Kubernetes writes::
     pods "x" is forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false
     (container "c" must set securityContext.allowPrivilegeEscalation=false), ...
 
+The standard of ``pod-security.kubernetes.io/warn`` (which defaults to the enforced
+one when that is stricter and the label is unset) gives a pod it admits, and any
+workload whose pod template violates it (Deployments, Jobs, ...: never refused), the
+warning ``would violate PodSecurity "restricted:latest": ...`` (:func:`policy_of`).
+
 :func:`violations` is the pure check, one entry per failed check in the order
 Kubernetes reports them. Checked: host namespaces, privileged containers,
 capabilities, hostPath volumes and (restricted) volume types, host ports, /proc
@@ -27,14 +32,20 @@ from typing import Any
 __all__ = [
     "ENFORCE_LABEL",
     "ENFORCE_VERSION_LABEL",
+    "WARN_LABEL",
     "Level",
     "forbidden_message",
     "level_of",
+    "pod_template_spec",
+    "policy_of",
     "violations",
+    "warning_message",
 ]
 
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 ENFORCE_VERSION_LABEL = "pod-security.kubernetes.io/enforce-version"
+WARN_LABEL = "pod-security.kubernetes.io/warn"
+WARN_VERSION_LABEL = "pod-security.kubernetes.io/warn-version"
 
 Obj = Mapping[str, Any]
 
@@ -82,6 +93,24 @@ def level_of(labels: Mapping[str, str]) -> tuple[Level, str]:
     except ValueError:
         level = Level.PRIVILEGED  # Kubernetes refuses such labels on the namespace itself
     return level, labels.get(ENFORCE_VERSION_LABEL) or "latest"
+
+
+_STRICTNESS = {Level.PRIVILEGED: 0, Level.BASELINE: 1, Level.RESTRICTED: 2}
+
+
+def policy_of(labels: Mapping[str, str]) -> tuple[tuple[Level, str], tuple[Level, str]]:
+    """(enforced, warned) ``(level, version)`` of a namespace's labels. An unset warn level is
+    the enforced one when that is stricter than privileged, as Kubernetes defaults it."""
+    enforce = level_of(labels)
+    if WARN_LABEL in labels:
+        try:
+            warn_level = Level(labels[WARN_LABEL])
+        except ValueError:
+            warn_level = Level.PRIVILEGED  # Kubernetes fails open for warn
+        return enforce, (warn_level, labels.get(WARN_VERSION_LABEL) or "latest")
+    if ENFORCE_LABEL in labels and _STRICTNESS[enforce[0]] > 0:
+        return enforce, (enforce[0], labels.get(WARN_VERSION_LABEL) or enforce[1])
+    return enforce, (Level.PRIVILEGED, "latest")
 
 
 def _quote(names: Iterable[Any]) -> str:
@@ -161,6 +190,28 @@ def _host_ports(spec: Obj) -> str | None:
     noun = "hostPort" if len(ports) == 1 else "hostPorts"
     verb = "uses" if len(names) == 1 else "use"
     return f"hostPort ({_containers_phrase(names)} {verb} {noun} {', '.join(ports)})"
+
+
+def _probe_hosts(spec: Obj) -> str | None:
+    """Probes and lifecycle handlers may not name another host (baseline, since 1.34)."""
+    names: set[str] = set()
+    hosts: set[str] = set()
+    for c in _containers(spec):
+        handlers = [c.get(p) for p in ("livenessProbe", "readinessProbe", "startupProbe")]
+        handlers += [(c.get("lifecycle") or {}).get(h) for h in ("postStart", "preStop")]
+        for handler in handlers:
+            for kind in ("httpGet", "tcpSocket"):
+                host = ((handler or {}).get(kind) or {}).get("host")
+                if host:
+                    names.add(str(c.get("name", "")))
+                    hosts.add(str(host))
+    if not names:
+        return None
+    verb = "uses" if len(names) == 1 else "use"
+    noun = "probe or lifecycle host" if len(hosts) == 1 else "probe or lifecycle hosts"
+    return (
+        f"probe or lifecycle host ({_containers_phrase(sorted(names))} {verb} {noun} {_quote(sorted(hosts))})"
+    )
 
 
 def _host_process(spec: Obj) -> str | None:
@@ -300,19 +351,21 @@ def _seccomp_restricted(spec: Obj) -> str | None:
     return f"seccompProfile ({'; '.join(parts)})" if parts else None
 
 
-# Kubernetes reports failed checks sorted by check ID; a restricted check replaces the
-# baseline check it tightens (capabilities, hostPath volumes, seccomp).
+# Kubernetes reports the failed baseline checks first, then the restricted ones, each
+# group sorted by check ID (byte order); a restricted check replaces the baseline check it
+# tightens (capabilities, hostPath volumes, seccomp).
 _BASELINE_CHECKS: list[tuple[str, Callable[[Obj], str | None]]] = [
     ("capabilities_baseline", _capabilities_baseline),
     ("hostNamespaces", _host_namespaces),
     ("hostPathVolumes", _host_path),
     ("hostPorts", _host_ports),
-    ("hostProcess", _host_process),
+    ("hostProbesAndHostLifecycle", _probe_hosts),
     ("privileged", _privileged),
     ("procMount", _proc_mount),
     ("seLinuxOptions", _se_linux),
     ("seccompProfile_baseline", _seccomp_baseline),
     ("sysctls", _sysctls),
+    ("windowsHostProcess", _host_process),
 ]
 _RESTRICTED_CHECKS: list[tuple[str, Callable[[Obj], str | None]]] = [
     ("allowPrivilegeEscalation", _privilege_escalation),
@@ -333,15 +386,45 @@ def violations(pod_spec: Obj, level: Level) -> list[str]:
     """What in ``pod_spec`` the ``level`` standard forbids, in Kubernetes' order and words."""
     if level is Level.PRIVILEGED:
         return []
-    checks = list(_BASELINE_CHECKS)
+    checks = sorted(_BASELINE_CHECKS, key=lambda c: c[0])  # byte order, as Go sorts the IDs
     if level is Level.RESTRICTED:
-        checks = [c for c in checks if c[0] not in _REPLACED] + _RESTRICTED_CHECKS
+        checks = [c for c in checks if c[0] not in _REPLACED] + sorted(_RESTRICTED_CHECKS, key=lambda c: c[0])
     out = []
-    for _id, check in sorted(checks, key=lambda c: c[0]):  # byte order, as Go sorts the IDs
+    for _id, check in checks:
         found = check(pod_spec)
         if found:
             out.append(found)
     return out
+
+
+#: Where each kind Pod Security admission judges keeps its pod spec.
+_TEMPLATE_PATHS = {
+    "Pod": ("spec",),
+    "PodTemplate": ("template", "spec"),
+    "ReplicationController": ("spec", "template", "spec"),
+    "ReplicaSet": ("spec", "template", "spec"),
+    "Deployment": ("spec", "template", "spec"),
+    "StatefulSet": ("spec", "template", "spec"),
+    "DaemonSet": ("spec", "template", "spec"),
+    "Job": ("spec", "template", "spec"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
+}
+
+
+def pod_template_spec(kind: str, obj: Obj) -> Obj | None:
+    """The pod spec Pod Security admission judges in an object of ``kind`` (None: not judged)."""
+    path = _TEMPLATE_PATHS.get(kind)
+    if path is None:
+        return None
+    node: Any = obj
+    for key in path:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node if isinstance(node, Mapping) else None
+
+
+def warning_message(level: Level, version: str, found: list[str]) -> str:
+    """The warning of the API server for a pod or pod template that violates the warned level."""
+    return f'would violate PodSecurity "{level.value}:{version}": {", ".join(found)}'
 
 
 def forbidden_message(name: str, level: Level, version: str, found: list[str]) -> str:

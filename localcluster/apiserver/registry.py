@@ -159,6 +159,20 @@ class Registry:
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
             if self.store.get(ns_type.key, "", name) is None:
                 self.create(ns_type, None, {"metadata": {"name": name}})
+        # The priority classes every API server makes for itself.
+        pc_type = self.types.lookup("scheduling.k8s.io", "v1", "priorityclasses")
+        assert pc_type is not None
+        for name, value in (("system-node-critical", 2000001000), ("system-cluster-critical", 2000000000)):
+            if self.store.get(pc_type.key, "", name) is None:
+                body = {
+                    "metadata": {"name": name},
+                    "value": value,
+                    "description": "Used for system critical pods that must not be moved from their current node."
+                    if name == "system-node-critical"
+                    else "Used for system critical pods that must run in the cluster, but can be moved to "
+                    "another node if necessary.",
+                }
+                self.create(pc_type, None, body)
         self._types_changed()
 
     def _types_changed(self) -> None:
@@ -255,12 +269,18 @@ class Registry:
         pruned, dropped = schema.prune(obj, rt.schema)
         meta = obj.get("metadata") or {}
         unknown_meta = [f"metadata.{k}" for k in meta if k not in _OBJECT_META_FIELDS]
-        self._unknown_fields(rt, unknown_meta + dropped, validation, warnings)
+        # Sorted, as the real server reports the paths it pruned.
+        self._unknown_fields(rt, sorted(unknown_meta + dropped), validation, warnings)
         obj = schema.apply_defaults(pruned, rt.schema)
         causes = schema.validate(obj, rt.schema)
-        if not causes:
-            before = _strip_meta(old) if old is not None else MISSING
-            causes = schema.validate_rules(_strip_meta(obj), rt.schema, before)
+        if schema.has_rules(rt.schema):
+            # As the real server: CEL rules run unless the schema found an error that blocks
+            # them (a wrong type, a missing field, ...), which it then says.
+            if any(c.reason in schema.BLOCKING_REASONS for c in causes):
+                causes.append(schema.RULES_NOT_CHECKED)
+            else:
+                before = _strip_meta(old) if old is not None else MISSING
+                causes += schema.validate_rules(_strip_meta(obj), rt.schema, before)
         if causes:
             raise ApiError.invalid(rt.group, rt.kind, name, causes)
         return obj, warnings
@@ -368,6 +388,8 @@ class Registry:
         if rt.crd and rt.has_status:
             obj.pop("status", None)
         obj, warnings = self._schema_pass(rt, obj, validation, name)
+        if rt.kind == "Pod" and not rt.crd:
+            self._admit_priority(obj, name)
         try:
             kinds.prepare_create(rt, obj, self.services)
         except ValueError as exc:
@@ -377,8 +399,7 @@ class Registry:
         self._validate(rt, obj, name)
         if rt.kind == "CustomResourceDefinition" and not rt.crd:
             self._check_crd_names(obj)
-        if rt.kind == "Pod" and not rt.crd:
-            self._admit_pod(obj, ns, name)
+        warnings += self._pod_security(rt, obj, ns, name)
         if dry_run:
             if rt.kind == "Service" and not rt.crd:
                 self.services.release(obj)
@@ -387,18 +408,54 @@ class Registry:
         self._after_write(rt, obj, None)
         return WriteResult(self.present(rt, obj), warnings, True)
 
-    def _admit_pod(self, pod: Obj, ns: str, name: str) -> None:
-        """Pod Security admission: the standard the namespace's labels enforce (403 otherwise)."""
+    def _admit_priority(self, pod: Obj, name: str) -> None:
+        """Priority admission: a pod's ``priority`` and ``preemptionPolicy`` come from its
+        PriorityClass (else the global default one, else 0); an unknown class is 403."""
+        spec = pod.setdefault("spec", {})
+        pc_type = self.types.lookup("scheduling.k8s.io", "v1", "priorityclasses")
+        if pc_type is None:
+            return
+        wanted = spec.get("priorityClassName")
+        classes = self.store.list(pc_type.key, "")
+        if wanted:
+            found = next((c for c in classes if c["metadata"]["name"] == wanted), None)
+            if found is None:
+                raise ApiError(
+                    403,
+                    "Forbidden",
+                    f'pods "{name}" is forbidden: no PriorityClass with name {wanted} was found',
+                    {"name": name, "kind": "pods"},
+                )
+        else:
+            found = next((c for c in classes if c.get("globalDefault")), None)
+            if found is not None:
+                spec["priorityClassName"] = found["metadata"]["name"]
+        if found is not None:
+            spec["priority"] = int(found.get("value", 0))
+            spec.setdefault("preemptionPolicy", found.get("preemptionPolicy") or "PreemptLowerPriority")
+
+    def _pod_security(self, rt: ResourceType, obj: Obj, ns: str, name: str) -> list[str]:
+        """Pod Security admission of a created pod or written workload: a pod that violates the
+        enforced standard is refused (403); a pod or pod template that violates the warned one
+        gets its warning (workloads are never refused)."""
+        spec = None if rt.crd else podsecurity.pod_template_spec(rt.kind, obj)
+        if spec is None:
+            return []
         nsobj = self.store.get("/namespaces", "", ns) or {}
-        level, version = podsecurity.level_of((nsobj.get("metadata") or {}).get("labels") or {})
-        found = podsecurity.violations(pod.get("spec") or {}, level)
-        if found:
-            raise ApiError(
-                403,
-                "Forbidden",
-                podsecurity.forbidden_message(name, level, version, found),
-                {"name": name, "kind": "pods"},
-            )
+        (level, version), (warn, warn_version) = podsecurity.policy_of(
+            (nsobj.get("metadata") or {}).get("labels") or {}
+        )
+        if rt.kind == "Pod":
+            found = podsecurity.violations(spec, level)
+            if found:
+                raise ApiError(
+                    403,
+                    "Forbidden",
+                    podsecurity.forbidden_message(name, level, version, found),
+                    {"name": name, "kind": "pods"},
+                )
+        found = podsecurity.violations(spec, warn)
+        return [podsecurity.warning_message(warn, warn_version, found)] if found else []
 
     def _check_crd_names(self, crd: Obj) -> None:
         spec = crd["spec"]
@@ -518,8 +575,10 @@ class Registry:
         subresource: str = "",
         validation: FieldValidation = FieldValidation.WARN,
         dry_run: bool = False,
+        manager: str | None = None,
     ) -> WriteResult:
-        """PUT: replace an object (or its ``status`` subresource) with ``body``.
+        """PUT: replace an object (or its ``status`` subresource) with ``body``; ``manager``
+        is recorded in managedFields for the fields it changed.
 
         ``metadata.resourceVersion``, when given, must match (409 Conflict); the other
         part (status for the main resource, everything else for ``status``) is kept;
@@ -545,7 +604,7 @@ class Registry:
                 f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
             )
         check_preconditions(rt, old, meta)
-        return self._write_update(rt, old, clone(body), subresource, validation, dry_run)
+        return self._write_update(rt, old, clone(body), subresource, validation, dry_run, manager)
 
     def _write_update(
         self,
@@ -555,9 +614,11 @@ class Registry:
         subresource: str,
         validation: FieldValidation,
         dry_run: bool,
+        manager: str | None = None,
     ) -> WriteResult:
         """Write ``new`` over ``old`` (update, patch and their ``status`` forms end here):
-        keep what the write may not change, check it, bump generation, store it."""
+        keep what the write may not change, check it, record ``manager``'s changed fields,
+        bump generation, store it."""
         name = old["metadata"]["name"]
         new = _carry_over(rt, old, new, subresource)
         new["apiVersion"] = self._storage_type(rt).api_version
@@ -565,12 +626,20 @@ class Registry:
         new, warnings = self._schema_pass(rt, new, validation, name, old)
         kinds.prepare_update(rt, new, old)
         self._validate(rt, new, name)
-        if subresource != "status":
-            causes = kinds.update_causes(rt, new, old)
-            if causes:
-                raise ApiError.invalid(rt.group, rt.kind, name, causes)
+        causes = kinds.update_causes(rt, new, old, status=subresource == "status")
+        if causes:
+            raise ApiError.invalid(rt.group, rt.kind, name, causes)
+        if not subresource and rt.kind != "Pod":  # a pod's spec cannot change in what is checked
+            warnings += self._pod_security(rt, new, old["metadata"].get("namespace", ""), name)
         if rt.kind == "CustomResourceDefinition" and not rt.crd:
             new["status"] = kinds.crd_status({**new, "status": old.get("status")})
+        if manager:
+            changed = ssa.changed_fields(old, new, merge_keys=not rt.crd, subresource=subresource)
+            if changed:
+                new["metadata"]["managedFields"] = ssa.record_update(
+                    new["metadata"].get("managedFields"), manager, rt.api_version, changed, now_rfc3339(),
+                    subresource,
+                )  # fmt: skip
         # Generation follows the spec (everything but metadata, and status when it is a subresource).
         if _strip(new, keep_status=not rt.has_status) != _strip(old, keep_status=not rt.has_status):
             new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
@@ -647,8 +716,17 @@ class Registry:
         old = self.store.get(rt.key, ns, name)
         if patch_type is PatchType.APPLY:
             if not field_manager:
-                raise ApiError.bad_request(
-                    "PATCH request with apply content type requires fieldManager parameter"
+                raise ApiError.invalid(
+                    "meta.k8s.io",
+                    "PatchOptions",
+                    "",
+                    [
+                        FieldCause(
+                            "FieldValueRequired",
+                            "Required value: is required for apply patch",
+                            "fieldManager",
+                        )
+                    ],
                 )
             if not isinstance(patch, dict):
                 raise ApiError.bad_request("an apply patch must be an object")
@@ -668,18 +746,16 @@ class Registry:
             clashes = ssa.conflicts(current, field_manager, fields_set, config)
             if clashes and not force:
                 message, causes = ssa.conflict_message(clashes)
-                raise ApiError(
+                raise ApiError(  # no details but the causes, as the real server answers
                     409,
                     "Conflict",
                     message,
-                    {"name": name, "group": rt.group, "kind": rt.plural},
+                    {},
                     [FieldCause("FieldManagerConflict", m, f) for m, f in causes],
                 )
             if clashes:
                 previous_managers = ssa.release(previous_managers, clashes)
-            stripped = ssa.without_fields(
-                current, ssa.removed_fields(ssa.owned_fields(old, field_manager), fields_set)
-            )
+            stripped = ssa.without_fields(current, ssa.unshared_removal(old, field_manager, fields_set))
             try:
                 new = merge_patch(stripped, config) if rt.crd else strategic_merge_patch(stripped, config)
             except PatchError as exc:
@@ -728,7 +804,7 @@ class Registry:
                 self._core_events(), old, kinds.event_to_core(new), subresource, validation, dry_run
             )
             return WriteResult(self.present(rt, res.obj), res.warnings)
-        return self._write_update(rt, old, new, subresource, validation, dry_run)
+        return self._write_update(rt, old, new, subresource, validation, dry_run, field_manager)
 
     # ---- delete --------------------------------------------------------------
     def delete(

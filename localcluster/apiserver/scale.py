@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from . import schema
 from .errors import ApiError, FieldCause
 from .patch import PatchError, clone, json_patch, merge_patch
 from .registry_types import (
@@ -117,6 +118,16 @@ class ScaleSubresource:
 
     def _apply(self, rt: ResourceType, old: Obj, scale: Obj, dry_run: bool) -> WriteResult:
         replicas = (scale.get("spec") or {}).get("replicas")
+        spec_path, _, _ = self.paths(rt)
+        if rt.crd and isinstance(replicas, int) and not isinstance(replicas, bool) and replicas < 0:
+            # A custom resource is judged as the object the Scale makes of it: its schema's
+            # errors, then the scale's own rule on the replicas field.
+            new = clone(old)
+            set_path(new, spec_path, replicas)
+            causes = schema.validate(new, rt.schema) if rt.schema else []
+            why = f"Invalid value: {replicas}: should be a non-negative integer"
+            causes.append(FieldCause("FieldValueInvalid", why, spec_path))
+            raise ApiError.invalid(rt.group, rt.kind, old["metadata"]["name"], causes)
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise ApiError.invalid(
                 "autoscaling",
@@ -130,7 +141,6 @@ class ScaleSubresource:
                     )
                 ],
             )
-        spec_path, _, _ = self.paths(rt)
         new = clone(old)
         set_path(new, spec_path, replicas)
         reg = self._registry

@@ -268,12 +268,33 @@ def validate_rules(value: Any, schema: Obj | None, old: Any = MISSING, path: str
     return causes
 
 
-def _shown(v: Any) -> str:
-    if isinstance(v, dict):
-        return '"object"'
-    if isinstance(v, list):
-        return '"array"'
-    return json.dumps(v)
+#: Schema errors after which the real server does not run the CEL rules.
+BLOCKING_REASONS = frozenset(
+    {"FieldValueNotSupported", "FieldValueRequired", "FieldValueTooLong", "FieldValueTooMany",
+     "FieldValueTypeInvalid"}
+)  # fmt: skip
+#: The cause it adds instead.
+RULES_NOT_CHECKED = FieldCause(
+    "FieldValueInvalid",
+    "Invalid value: null: some validation rules were not checked because the object was invalid; correct the "
+    "existing errors to complete validation",
+    "<nil>",
+)
+
+
+def has_rules(schema: Any) -> bool:
+    """Whether ``schema`` has an ``x-kubernetes-validations`` rule anywhere."""
+    if isinstance(schema, dict):
+        return bool(schema.get("x-kubernetes-validations")) or any(has_rules(v) for v in schema.values())
+    if isinstance(schema, list):
+        return any(has_rules(v) for v in schema)
+    return False
+
+
+def _invalid_value(v: Any) -> str:
+    """``Invalid value: <v>: `` as the real server writes it for a broken rule: objects and
+    arrays are not shown, scalars as JSON."""
+    return "Invalid value: " if isinstance(v, (dict, list)) else f"Invalid value: {json.dumps(v)}: "
 
 
 def _rules(v: Any, s: Obj, old: Any, path: str, causes: list[FieldCause]) -> None:
@@ -305,7 +326,7 @@ def _rules(v: Any, s: Obj, old: Any, path: str, causes: list[FieldCause]) -> Non
         causes.append(
             FieldCause(
                 rule.get("reason") or "FieldValueInvalid",
-                f"Invalid value: {_shown(v)}: {message}",
+                f"{_invalid_value(v)}{message}",
                 field_path.lstrip("."),
             )
         )

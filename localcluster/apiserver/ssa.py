@@ -4,10 +4,12 @@ Each apply manager's fields are recorded in ``metadata.managedFields`` (an entry
 with ``operation: Apply`` and a ``fieldsV1`` set, in the API's format:
 ``f:<field>``, ``k:{<merge key>}`` for list elements, ``v:<value>`` for set
 members). When a manager applies again, the fields it owned before but no longer
-sets are removed, then its configuration is merged in. An apply that would
-change a field another apply manager owns is a conflict (409, one cause per
-field, as the API server answers) unless forced (``force=true``), which moves
-the field to the applying manager. Fields written by updates are not tracked.
+sets are removed (unless another manager owns them too), then its configuration is
+merged in. An apply that would change a field another manager owns is a conflict
+(409, one cause per field, as the API server answers) unless forced
+(``force=true``), which moves the field to the applying manager. An update (PUT or
+a non-apply PATCH) records its manager with ``operation: Update`` and the fields it
+changed, which it takes from every other manager (:func:`record_update`).
 All functions are pure.
 """
 
@@ -20,18 +22,24 @@ from .patch import clone, merge_key_for
 
 __all__ = [
     "applied_fields",
+    "changed_fields",
     "conflict_message",
     "conflicts",
     "owned_fields",
     "record",
+    "record_update",
     "release",
     "removed_fields",
+    "unshared_removal",
     "without_fields",
 ]
 
 Obj = dict[str, Any]
 _ROOT_SKIP = ("apiVersion", "kind")
-_META_SKIP = ("name", "namespace", "managedFields", "resourceVersion", "uid")
+_META_SKIP = (
+    "name", "namespace", "managedFields", "resourceVersion", "uid", "generation", "creationTimestamp",
+    "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink",
+)  # fmt: skip
 
 
 def applied_fields(config: Obj, merge_keys: bool) -> Obj:
@@ -210,23 +218,30 @@ def _display(path: tuple[str, ...]) -> str:
     return out
 
 
+def _who(entry: Obj) -> str:
+    """How a conflict names a manager: an updater with the version it wrote."""
+    if entry.get("operation") == "Update":
+        return f'"{entry.get("manager")}" using {entry.get("apiVersion")}'
+    return f'"{entry.get("manager")}"'
+
+
 def conflicts(obj: Obj, manager: str, fields: Obj, config: Obj) -> dict[str, list[tuple[str, ...]]]:
-    """Fields other apply managers own that applying ``config`` would change, by manager."""
+    """Fields other managers own that applying ``config`` would change, by manager (as named
+    in the conflict's message)."""
     out: dict[str, list[tuple[str, ...]]] = {}
     for entry in obj.get("metadata", {}).get("managedFields") or ():
-        other = entry.get("manager")
-        if other == manager or entry.get("operation") != "Apply":
+        if entry.get("manager") == manager and entry.get("operation") == "Apply":
             continue
         owned = entry.get("fieldsV1") or {}
         for path in _leaves(fields):
             if _contains(owned, path) and _value_at(obj, path) != _value_at(config, path):
-                out.setdefault(str(other), []).append(path)
+                out.setdefault(_who(entry), []).append(path)
     return out
 
 
 def conflict_message(clashes: dict[str, list[tuple[str, ...]]]) -> tuple[str, list[tuple[str, str]]]:
     """The API server's message and (message, field) causes for ``clashes``."""
-    causes = [(f'conflict with "{m}"', _display(p)) for m, paths in clashes.items() for p in paths]
+    causes = [(f"conflict with {m}", _display(p)) for m, paths in clashes.items() for p in paths]
     count = len(causes)
     listed = "\n".join(f"{message}: {field}" for message, field in causes)
     return f"Apply failed with {count} conflict{'s' if count != 1 else ''}: {listed}", causes
@@ -236,14 +251,116 @@ def release(managed: list[Obj] | None, clashes: dict[str, list[tuple[str, ...]]]
     """managedFields with the clashing fields taken from their previous owners (a forced apply)."""
     out = []
     for entry in managed or ():
-        paths = clashes.get(str(entry.get("manager"))) if entry.get("operation") == "Apply" else None
+        paths = clashes.get(_who(entry))
         if paths:
-            fields = clone(entry.get("fieldsV1") or {})
-            for path in paths:
-                node = fields
-                for k in path[:-1]:
-                    node = node.get(k) or {}
-                node.pop(path[-1], None)
-            entry = {**clone(entry), "fieldsV1": fields}
+            entry = {**clone(entry), "fieldsV1": _without_paths(entry.get("fieldsV1") or {}, paths)}
+            if not _leaves(entry["fieldsV1"]):
+                continue
         out.append(entry)
     return out
+
+
+def _without_paths(fields: Obj, paths: list[tuple[str, ...]]) -> Obj:
+    """A fieldsV1 set without the leaves ``paths`` (and the parents they leave empty)."""
+    out = clone(fields)
+    for path in paths:
+        trail = [out]
+        for k in path[:-1]:
+            nxt = trail[-1].get(k)
+            if not isinstance(nxt, dict):
+                break
+            trail.append(nxt)
+        else:
+            trail[-1].pop(path[-1], None)
+            for parent, k in zip(reversed(trail[:-1]), reversed(path[:-1]), strict=True):
+                if not {c for c in parent.get(k, {}) if c != "."}:
+                    parent.pop(k, None)
+    return out
+
+
+def _from_paths(paths: list[tuple[str, ...]], leaf: Any) -> Obj:
+    out: Obj = {}
+    for path in paths:
+        node = out
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = clone(leaf)
+    return out
+
+
+def unshared_removal(obj: Obj, manager: str, fields: Obj) -> Obj:
+    """What ``manager``'s new apply of ``fields`` removes (see :func:`removed_fields`): the
+    fields it applied before and no longer does, except those another manager owns too."""
+    others = [
+        e.get("fieldsV1") or {}
+        for e in obj.get("metadata", {}).get("managedFields") or ()
+        if not (e.get("manager") == manager and e.get("operation") == "Apply")
+    ]
+    dropped = [
+        p
+        for p in _leaves(owned_fields(obj, manager))
+        if not _contains(fields, p) and not any(_contains(o, p) for o in others)
+    ]
+    return _from_paths(dropped, None)
+
+
+def changed_fields(old: Obj, new: Obj, merge_keys: bool, subresource: str = "") -> Obj:
+    """The fieldsV1 set of what an update changed (added or altered) from ``old`` to ``new``;
+    only ``status`` for the status subresource, everything but ``status`` otherwise."""
+
+    def part(obj: Obj) -> Obj:
+        if subresource == "status":
+            return {"status": obj.get("status")} if "status" in obj else {}
+        return {k: v for k, v in obj.items() if k != "status"}
+
+    before, after = part(old), part(new)
+    paths = [
+        p for p in _leaves(applied_fields(after, merge_keys)) if _value_at(before, p) != _value_at(after, p)
+    ]
+    return _from_paths(paths, {})
+
+
+def record_update(
+    managed: list[Obj] | None, manager: str, api_version: str, changed: Obj, now: str, subresource: str = ""
+) -> list[Obj]:
+    """managedFields after ``manager`` updated the ``changed`` fields: they are its (its Update
+    entry for this subresource, made or extended) and no other manager's any more."""
+    paths = _leaves(changed)
+    if not paths:
+        return list(managed or ())
+    out: list[Obj] = []
+    mine: Obj | None = None
+    for entry in managed or ():
+        is_mine = (
+            entry.get("manager") == manager
+            and entry.get("operation") == "Update"
+            and entry.get("subresource", "") == subresource
+        )
+        if is_mine:
+            mine = entry
+            continue
+        fields = _without_paths(entry.get("fieldsV1") or {}, paths)
+        if _leaves(fields):
+            out.append({**entry, "fieldsV1": fields} if fields != entry.get("fieldsV1") else entry)
+    merged = _merge_fields(clone((mine or {}).get("fieldsV1") or {}), changed)
+    entry = {
+        "manager": manager,
+        "operation": "Update",
+        "apiVersion": api_version,
+        "time": now,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": merged,
+    }
+    if subresource:
+        entry["subresource"] = subresource
+    out.append(entry)
+    return out
+
+
+def _merge_fields(into: Obj, more: Obj) -> Obj:
+    for k, sub in more.items():
+        if isinstance(sub, dict) and isinstance(into.get(k), dict):
+            _merge_fields(into[k], sub)
+        else:
+            into[k] = clone(sub)
+    return into

@@ -8,10 +8,11 @@ creates the object, or replaces it when it exists (keeping its
 manifest; use kubectl for anything richer.
 
 Objects are applied as strictly as kubectl applies them: a field the kind does not
-declare (a typo such as ``nprocPerNod``) is refused, not dropped. API servers from
-1.25 on judge that themselves (``fieldValidation=Strict``); older ones (1.20) ignore
-the parameter and prune in silence, so there a custom resource is checked against
-its CRD's structural schema before it is sent, with the server's words.
+declare (a typo such as ``nprocPerNod``) is refused, not dropped. Current API servers
+judge that themselves (``fieldValidation=Strict``); older ones (1.20) ignore the
+parameter and prune in silence, so there a custom resource is checked against its
+CRD's structural schema before it is sent, with the server's words. Which kind of
+server it is, is asked of the server once (:func:`server_validates_fields`).
 """
 
 from __future__ import annotations
@@ -27,21 +28,31 @@ import yaml
 
 from ..apiserver import schema
 from ..common.client import ApiClient, ApiRequestError
-from ..controlplane.controlplane import KubeVersion
 
 __all__ = ["Applier", "ManifestError", "ResourceRef", "load_manifests", "server_validates_fields"]
 
-#: The first release whose API server honours ``fieldValidation`` (beta, on by default).
-FIELD_VALIDATION_SINCE = KubeVersion(1, 25)
+#: A ConfigMap with one field no kind has: what the field-validation probe sends (dry run).
+FIELD_PROBE = {
+    "apiVersion": "v1",
+    "kind": "ConfigMap",
+    "metadata": {"name": "kelastic-field-validation-probe"},
+    "kelasticProbe": True,
+}
 
 
-def server_validates_fields(version_info: Mapping[str, Any]) -> bool:
-    """Whether the API server of this ``/version`` answer refuses unknown fields under
-    ``fieldValidation=Strict`` (False for an answer without a version: check client side)."""
+async def server_validates_fields(client: ApiClient) -> bool:
+    """Whether the API server refuses unknown fields under ``fieldValidation=Strict``: a dry-run
+    create of :data:`FIELD_PROBE` is refused with 400 by one that does, taken (pruned) by one
+    that ignores the parameter."""
     try:
-        return KubeVersion.parse(str(version_info.get("gitVersion", ""))) >= FIELD_VALIDATION_SINCE
-    except ValueError:
-        return False
+        await client.post(
+            "/api/v1/namespaces/default/configmaps", FIELD_PROBE, fieldValidation="Strict", dryRun="All"
+        )
+    except ApiRequestError as exc:
+        if exc.status == 400 and "kelasticProbe" in str(exc):
+            return True
+        raise
+    return False
 
 
 def unknown_fields_error(kind: str, version: str, dropped: list[str]) -> str:
@@ -144,7 +155,7 @@ class Applier:
         """Refuse a custom resource with fields its CRD does not declare, where the API server
         would prune them in silence (before 1.25); raises :class:`ApiRequestError` (400)."""
         if self._server_validates is None:
-            self._server_validates = server_validates_fields(await self.client.get("/version"))
+            self._server_validates = await server_validates_fields(self.client)
         if self._server_validates or ref.group_version == "v1" or "." not in ref.group_version:
             return  # the server judges, or a built-in kind (older servers have no CRD for it)
         group, version = ref.group_version.split("/", 1)

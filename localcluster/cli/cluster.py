@@ -1,8 +1,8 @@
 """``LocalCluster``: a whole single-machine Kubernetes in one object.
 
 Composes the API server with the node components that are its clients over
-HTTP: the kubelet (which also schedules), the endpoints controller and the
-service proxy. Those run in one background thread with their own event loop;
+HTTP: the kubelet (which also schedules), the service proxy and the volume
+provisioner. Those run in one background thread with their own event loop;
 the pod processes are children of that thread, so they receive SIGKILL if the
 process dies without :meth:`LocalCluster.stop`.
 
@@ -16,10 +16,9 @@ real one: :class:`~kelastic.localcluster.controlplane.controlplane.ControlPlane`
 kube-apiserver, kube-controller-manager and kube-scheduler from ``DIR``. The
 same kubelet and service proxy then talk TLS to it: the kubelet as the node
 (``system:node:<name>``, under the Node authorizer and NodeRestriction), the
-proxy as ``system:kube-proxy``; the scheduler binds pods, the
-controller-manager's EndpointSlice controller publishes pod addresses (our
-endpoints controller only runs when there is no controller-manager), and the
-proxy follows EndpointSlices.
+proxy as ``system:kube-proxy`` for Services and as the node for its pods; the
+scheduler binds pods. No Endpoints nor EndpointSlices carry the pods' loopback
+addresses (the API server refuses them): the proxy finds a Service's pods itself.
 
 What is not emulated: cluster DNS (reach services by their cluster IP), node
 resources (requests and limits are recorded, not enforced), image pulls (the
@@ -40,7 +39,6 @@ from typing import Any, TypeVar
 
 from ..common.client import ApiClient
 from ..common.ipam import NetworkClaim, claim_networks
-from ..controllers.endpoints import EndpointsController
 from ..controllers.provisioner import ClaimProvisioner
 from ..controllers.proxy import ServiceProxy
 from ..controlplane.controlplane import ControlPlane, ControlPlaneBinaries
@@ -60,7 +58,7 @@ STOP_TIMEOUT = 60.0
 
 
 class LocalCluster:
-    """API server + kubelet + endpoints controller + service proxy.
+    """API server + kubelet + service proxy + volume provisioner.
 
     ``data_dir`` holds pod logs and volumes; ``state_dir`` (optional) persists
     the API objects across restarts; ``kubeconfig`` is where the kubeconfig is
@@ -111,7 +109,6 @@ class LocalCluster:
         self._client: ApiClient | None = None
         self._node_client: ApiClient | None = None
         self._proxy_client: ApiClient | None = None
-        self._endpoints: EndpointsController | None = None
         self._provisioner: ClaimProvisioner | None = None
         self._proxy: ServiceProxy | None = None
         self._kubelet_server: KubeletServer | None = None
@@ -226,18 +223,15 @@ class LocalCluster:
                 self.kubelet.locate_logs, pki / "kubelet-serving.crt", pki / "kubelet-serving.key", cp.ca_file
             )
             self.kubelet_config.kubelet_port = await self._kubelet_server.start()
-        # A real controller-manager publishes EndpointSlices itself (and Endpoints
-        # cannot hold our loopback pod addresses there).
-        if cp is None or cp.binaries.controller_manager is None:
-            self._endpoints = EndpointsController(self._client)
-        # EndpointSlices on both API servers: Endpoints refuse our loopback pod addresses.
-        self._proxy = ServiceProxy(self._proxy_client, slices=True)
+        # Services as the node proxy, pods as the node (the only identity, besides the
+        # admin, that may list them); the proxy finds each Service's pods itself.
+        self._proxy = ServiceProxy(
+            self._proxy_client, self._node_client, None if cp is None else self.kubelet_config.node_name
+        )
         # Claims are node directories (the kubelet's claims_dir): bind them so pods schedule.
         self._provisioner = ClaimProvisioner(self._client, self.data_dir / "claims", real=cp is not None)
         await self.kubelet.start(timeout)
         await self._provisioner.start(timeout)
-        if self._endpoints is not None:
-            await self._endpoints.start(timeout)
         await self._proxy.start(timeout)
 
     async def _stop_components(self) -> None:
@@ -250,8 +244,6 @@ class LocalCluster:
             await self._proxy.stop()
         if self._provisioner is not None:
             await self._provisioner.stop()
-        if self._endpoints is not None:
-            await self._endpoints.stop()
         for client in {id(c): c for c in (self._client, self._node_client, self._proxy_client) if c}.values():
             await client.close()
 
@@ -350,7 +342,7 @@ def _describe(coro: Coroutine[Any, Any, Any]) -> str:
 def _stuck_message(timeout: float) -> str:
     """What to tell the user when the node components did not stop in time."""
     return (
-        f"the node components (kubelet, service proxy, endpoints, volume provisioner) did not stop within "
+        f"the node components (kubelet, service proxy, volume provisioner) did not stop within "
         f"{timeout:g} s; the API server was stopped anyway and the pods' processes are killed when this "
         "process exits. If any remain, list them with `pgrep -af localcluster/kubelet/shim.py` and kill them"
     )

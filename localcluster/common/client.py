@@ -130,6 +130,13 @@ class ApiClient:
     async def merge_patch(self, path: str, body: Any) -> dict[str, Any]:
         return await self.request("PATCH", path, body=body, content_type="application/merge-patch+json")
 
+    async def strategic_patch(self, path: str, body: Any) -> dict[str, Any]:
+        """A strategic merge patch (built-in kinds): lists with a merge key, such as a pod's
+        ``status.conditions`` (by ``type``), are merged item by item, not replaced."""
+        return await self.request(
+            "PATCH", path, body=body, content_type="application/strategic-merge-patch+json"
+        )
+
     async def delete(self, path: str, body: Any = None, **params: Any) -> dict[str, Any]:
         return await self.request("DELETE", path, params=params, body=body)
 

@@ -3,13 +3,18 @@
 A userspace TCP forwarder (what kube-proxy's userspace mode did): for each TCP
 port of each Service that has a cluster IP (``127.2.x.y``, allocated by the API
 server), it listens on that address and port and forwards each connection to
-one of the ready addresses of the Service's Endpoints, round-robin, trying the
-next one when a backend refuses. A connection to a Service without ready
-endpoints is closed at once (a client sees a reset/EOF, as with a real
-service without endpoints). Headless services (``clusterIP: None``) get no
-listener: clients use the pod IPs from their Endpoints. UDP is not proxied.
-Service ports below 1024 need the privilege to bind them (root, or a lowered
+one of the ready pods the Service selects, round-robin, trying the next one when
+a backend refuses. A connection to a Service without ready pods is closed at once
+(a client sees a reset/EOF, as with a real service without endpoints). Headless
+services (``clusterIP: None``) get no listener. UDP is not proxied. Service ports
+below 1024 need the privilege to bind them (root, or a lowered
 ``net.ipv4.ip_unprivileged_port_start``); the proxy keeps retrying those.
+
+The backends come from the pods themselves, not from Endpoints or EndpointSlices:
+the API server (any release since 1.21, and the emulator) refuses loopback
+addresses in both, and every pod of kelastic local has one (``127.1.x.y``). The
+proxy follows Services and the node's pods and applies the endpoints rule of
+:func:`~kelastic.localcluster.controllers.endpoints.compute_subsets` itself.
 
 There is no cluster DNS in kelastic local: clients reach services by their
 cluster IP (e.g. from the Service's ``spec.clusterIP`` or, as in a real
@@ -23,15 +28,13 @@ import contextlib
 import functools
 import itertools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from ..common.client import ApiClient, ApiRequestError, Informer
+from ..common.client import ApiClient, Informer
+from .endpoints import compute_subsets
 
-__all__ = ["ServiceProxy", "ready_backends", "service_listeners", "slice_backends"]
-
-#: The label that ties an EndpointSlice to its Service.
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+__all__ = ["ServiceProxy", "ready_backends", "service_listeners"]
 
 log = logging.getLogger(__name__)
 
@@ -63,24 +66,6 @@ def ready_backends(endpoints: Mapping[str, Any] | None, port_name: str) -> list[
         for address in subset.get("addresses") or []:
             backends.append((str(address["ip"]), int(ports[0]["port"])))
     return backends
-
-
-def slice_backends(slices: Sequence[Mapping[str, Any]], port_name: str) -> list[tuple[str, int]]:
-    """Ready ``(ip, port)`` pairs of a Service's EndpointSlices (discovery.k8s.io v1 or v1beta1).
-
-    An endpoint whose ``ready`` condition is unset counts as ready, as the API defines it.
-    """
-    backends: list[tuple[str, int]] = []
-    for item in slices:
-        ports = [p for p in item.get("ports") or [] if str(p.get("name") or "") == port_name]
-        if not ports or ports[0].get("port") is None:
-            continue
-        for endpoint in item.get("endpoints") or []:
-            if (endpoint.get("conditions") or {}).get("ready") is False:
-                continue
-            for ip in endpoint.get("addresses") or []:
-                backends.append((str(ip), int(ports[0]["port"])))
-    return sorted(set(backends))
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -124,16 +109,18 @@ async def _splice(
 class ServiceProxy:
     """Listeners for every ClusterIP service port; start and stop in one event loop.
 
-    Backends come from Endpoints, or with ``slices=True`` from EndpointSlices
-    (``discovery.k8s.io/v1`` when served, else ``v1beta1``): a real API server
-    refuses loopback pod IPs in Endpoints but takes them in slices.
+    ``client`` reads Services (the node proxy's identity on a real API server);
+    ``pods_client`` reads the pods of node ``node_name`` (the node's identity, which the
+    Node authorizer lets list its own pods), or every pod when ``node_name`` is None.
     """
 
-    def __init__(self, client: ApiClient, slices: bool = False) -> None:
+    def __init__(
+        self, client: ApiClient, pods_client: ApiClient | None = None, node_name: str | None = None
+    ) -> None:
         self.client = client
-        self.use_slices = slices
         self.services = Informer(client, "/api/v1/services", self._changed)
-        self.endpoints = Informer(client, "/api/v1/endpoints")
+        params = {"fieldSelector": f"spec.nodeName={node_name}"} if node_name else None
+        self.pods = Informer(pods_client or client, "/api/v1/pods", self._changed, params)
         self._servers: dict[tuple[str, int], asyncio.Server] = {}
         self._targets: dict[tuple[str, int], tuple[str, str]] = {}
         self._rr = itertools.count()
@@ -143,16 +130,16 @@ class ServiceProxy:
         self._failed: set[tuple[str, int]] = set()
 
     async def start(self, timeout: float = 30.0) -> None:
-        if self.use_slices:
-            self.endpoints = Informer(self.client, await self._slices_path())
         self.services.start()
-        self.endpoints.start()
+        self.pods.start()
         try:
             await asyncio.wait_for(
-                asyncio.gather(self.services.synced.wait(), self.endpoints.synced.wait()), timeout
+                asyncio.gather(self.services.synced.wait(), self.pods.synced.wait()), timeout
             )
         except asyncio.TimeoutError:
-            raise TimeoutError(f"the service proxy could not list services within {timeout}s") from None
+            raise TimeoutError(
+                f"the service proxy could not list services and pods within {timeout}s"
+            ) from None
         await self._reconcile()
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="service proxy")
 
@@ -168,30 +155,16 @@ class ServiceProxy:
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
         await self.services.stop()
-        await self.endpoints.stop()
-
-    async def _slices_path(self) -> str:
-        for version in ("v1", "v1beta1"):
-            try:
-                await self.client.get(f"/apis/discovery.k8s.io/{version}")
-            except ApiRequestError as exc:
-                if exc.status == 404:
-                    continue
-                raise
-            return f"/apis/discovery.k8s.io/{version}/endpointslices"
-        raise RuntimeError("the API server serves no discovery.k8s.io version: the proxy has no backends")
+        await self.pods.stop()
 
     def _backends(self, service_key: str, port_name: str) -> list[tuple[str, int]]:
-        if not self.use_slices:
-            return ready_backends(self.endpoints.cache.get(service_key), port_name)
-        ns, name = service_key.split("/", 1)
-        mine = [
-            s
-            for s in self.endpoints.cache.values()
-            if (s.get("metadata") or {}).get("namespace") == ns
-            and ((s.get("metadata") or {}).get("labels") or {}).get(SERVICE_NAME_LABEL) == name
-        ]
-        return slice_backends(mine, port_name)
+        """Ready ``(ip, port)`` of the service's pods, computed when a connection comes in
+        (so a pod that just turned ready or left is seen at once)."""
+        service = self.services.cache.get(service_key)
+        if service is None or not (service.get("spec") or {}).get("selector"):
+            return []
+        subsets = compute_subsets(service, self.pods.cache.values())
+        return ready_backends({"subsets": subsets}, port_name)
 
     def _changed(self, etype: str, key: str, obj: dict[str, Any]) -> None:
         self._wake.set()

@@ -27,9 +27,12 @@ Nothing routes ClusterIPs to the API server here and Endpoints may not hold
 loopback addresses, so the apiserver runs with ``--endpoint-reconciler-type
 none``: in-cluster clients are pointed at ``127.0.0.1:<port>`` directly.
 
-The binaries' version is read from ``/version`` and the served API groups
-from discovery (:attr:`ControlPlane.version`, :meth:`ControlPlane.serves`),
-so callers feature-detect instead of assuming one Kubernetes release.
+Nothing depends on a version number: the components' flags are read from their
+``--help`` (:class:`ComponentHelp`), the served API groups from discovery
+(:meth:`ControlPlane.serves`) and what the API server accepts from its answers to a
+dry run (:attr:`ControlPlane.loopback_slices`), so any release from 1.20 on is
+driven by what it offers. :attr:`ControlPlane.version` (from ``/version``) is for
+the messages only.
 """
 
 from __future__ import annotations
@@ -59,13 +62,13 @@ from .pki import CertPair, ensure_ca, ensure_leaf, ensure_signing_key
 
 __all__ = [
     "ComponentFailed",
+    "ComponentHelp",
     "ControlPlane",
     "ControlPlaneBinaries",
     "KubeVersion",
+    "component_flags",
     "control_plane_dir",
     "die_with_parent",
-    "endpoints_controller_name",
-    "version_flags",
     "write_kubeconfig",
 ]
 
@@ -164,11 +167,21 @@ def control_plane_dir(flag: Path | str | None = None) -> Path | None:
     return None
 
 
-def die_with_parent() -> None:
-    # In the child, before exec: SIGTERM when the thread that started us ends,
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    # In the child, before exec: ``sig`` when the thread that started us ends,
     # so no component outlives a kelastic that was killed without cleaning up.
     pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, sig)
+
+
+def _kill_with_parent() -> None:
+    die_with_parent(signal.SIGKILL)
+
+
+#: Components told of kelastic's death by SIGTERM, to stop cleanly; the others get SIGKILL:
+#: they keep nothing, and kube-apiserver v1.37 began a graceful shutdown on SIGTERM that
+#: never ended once etcd, dying with it, was gone (it lingered, holding its port).
+GRACEFUL_ON_PARENT_DEATH = frozenset({"etcd"})
 
 
 def free_port(host: str = HOST) -> int:
@@ -253,6 +266,9 @@ class ControlPlane:
     version: KubeVersion | None = None
     #: Served ``group/version`` strings (``v1`` for the core group), from discovery.
     api_versions: set[str] = field(default_factory=set)
+    #: Whether the API server takes a loopback address in an EndpointSlice (1.20.2 does;
+    #: every release since 1.21 refuses it, like it refuses one in Endpoints).
+    loopback_slices: bool = False
     startup_seconds: float = 0.0
     #: etcd's data directory (default ``<state_dir>/etcd``); a tmpfs directory spares a
     #: disposable cluster etcd's fsyncs, which stall it on a busy disk.
@@ -370,6 +386,7 @@ class ControlPlane:
         self._discover(admin_ctx)
         if self.version is None:
             self.version = version
+        self.loopback_slices = self._takes_loopback_slices(admin_ctx)
         waits: list[tuple[_Component, str, int]] = []
         for name, binary in (
             ("kube-controller-manager", self.binaries.controller_manager),
@@ -379,7 +396,7 @@ class ControlPlane:
                 self.progress(f"no {name} in {self.binaries.apiserver.parent}: not started")
                 continue
             port = free_port()
-            waits.append((self._spawn(name, self._component_argv(name, binary, port, version)), name, port))
+            waits.append((self._spawn(name, self._component_argv(name, binary, port)), name, port))
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE  # their self-signed serving certificates: health only
@@ -486,7 +503,7 @@ class ControlPlane:
             "--v=1",
         ]
 
-    def _component_argv(self, name: str, binary: Path, port: int, version: KubeVersion) -> list[str]:
+    def _component_argv(self, name: str, binary: Path, port: int) -> list[str]:
         kubeconfig = self.state_dir / f"{name}.kubeconfig"
         write_kubeconfig(kubeconfig, self.url, self.ca_file, name, self.credentials(name))
         argv = [
@@ -500,7 +517,7 @@ class ControlPlane:
             "--leader-elect=false",
             "--v=1",
         ]
-        argv += version_flags(name, version)
+        argv += component_flags(name, ComponentHelp.of(binary), loopback_slices=self.loopback_slices)
         if name == "kube-controller-manager":
             pki = self.pki_dir
             argv += [
@@ -525,7 +542,7 @@ class ControlPlane:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,
+                preexec_fn=die_with_parent if name in GRACEFUL_ON_PARENT_DEATH else _kill_with_parent,
                 # Not in our process group: a terminal's Ctrl-C is for kelastic, which then
                 # stops the components in order (they would otherwise die mid-start or first).
                 start_new_session=True,
@@ -564,6 +581,36 @@ class ControlPlane:
         self.version = KubeVersion.parse(str(info.get("gitVersion", "")))
         groups = json.loads(_get(self.url + "/apis", ctx)).get("groups") or []
         self.api_versions = {"v1"} | served_versions(groups)
+
+    def _takes_loopback_slices(self, ctx: ssl.SSLContext) -> bool:
+        """Whether a dry-run EndpointSlice with a pod address of ours (127.1.0.1) is accepted."""
+        for version in ("discovery.k8s.io/v1", "discovery.k8s.io/v1beta1"):
+            if not self.serves(version):
+                continue
+            probe = {
+                "apiVersion": version,
+                "kind": "EndpointSlice",
+                "metadata": {"name": "kelastic-loopback-probe"},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": ["127.1.0.1"]}],
+                "ports": [],
+            }
+            request = urllib.request.Request(
+                f"{self.url}/apis/{version}/namespaces/default/endpointslices?dryRun=All",
+                data=json.dumps(probe).encode(),
+                method="POST",
+                headers={"Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=10, context=ctx):
+                    return True
+            except urllib.error.HTTPError as exc:
+                if exc.code == 422:
+                    return False
+                raise ComponentFailed(
+                    f"kube-apiserver answered {exc.code} to a dry-run EndpointSlice"
+                ) from exc
+        return False
 
     # -- running --------------------------------------------------------------
     def ssl_context(self, client: CertPair | None = None) -> ssl.SSLContext:
@@ -609,31 +656,56 @@ class ControlPlane:
         self.stop()
 
 
-#: Since this release kube-controller-manager's controllers have canonical names
-#: (``endpoints-controller``); the older short ones (``endpoint``) stay accepted as aliases.
-CANONICAL_CONTROLLER_NAMES = KubeVersion(1, 28)
-#: From this release on the components have no insecure ``--port`` any more (it was on by default).
-NO_INSECURE_PORT = KubeVersion(1, 24)
+@dataclass(frozen=True)
+class ComponentHelp:
+    """What a component binary offers, read from its ``--help``: its flags and, for
+    kube-controller-manager, the names of its controllers."""
+
+    flags: frozenset[str]
+    controllers: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> ComponentHelp:
+        flags = frozenset(re.findall(r"^\s+(?:-\w, )?--([a-z0-9][a-z0-9-]*)", text, re.MULTILINE))
+        found = re.search(r"All controllers: ([^\n]*)", text)
+        controllers = tuple(n.strip() for n in found.group(1).split(",")) if found else ()
+        return cls(flags, tuple(n for n in controllers if n))
+
+    @classmethod
+    def of(cls, binary: Path) -> ComponentHelp:
+        try:
+            out = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ComponentFailed(f"cannot run {binary} --help: {exc}") from exc
+        return cls.parse(out.stdout + out.stderr)
+
+    def controller(self, *names: str) -> str | None:
+        """The first of ``names`` this controller-manager knows (releases renamed them)."""
+        return next((n for n in names if n in self.controllers), None)
 
 
-def endpoints_controller_name(version: KubeVersion) -> str:
-    """What ``--controllers`` of kube-controller-manager ``version`` calls the Endpoints controller."""
-    return "endpoints-controller" if version >= CANONICAL_CONTROLLER_NAMES else "endpoint"
+#: The Endpoints and EndpointSlice controllers' names: canonical since 1.28, short before.
+ENDPOINTS_CONTROLLER = ("endpoints-controller", "endpoint")
+ENDPOINTSLICE_CONTROLLER = ("endpointslice-controller", "endpointslice")
 
 
-def version_flags(component: str, version: KubeVersion) -> list[str]:
-    """The flags of ``component`` (kube-controller-manager, kube-scheduler) that depend on its release.
+def component_flags(component: str, offered: ComponentHelp, *, loopback_slices: bool) -> list[str]:
+    """The flags of ``component`` (kube-controller-manager, kube-scheduler) that depend on what
+    its binary offers and its API server accepts.
 
-    - ``--port=0`` turns off the insecure HTTP port, which exists (and is on) only up to 1.23;
-      later releases refuse the flag.
-    - the controller-manager runs every default controller but the Endpoints one: Endpoints
-      may not hold our loopback pod addresses, so it would only fail and warn for every
-      Service (EndpointSlices carry the addresses). The name is the release's own: the
-      canonical one from 1.28, the short one (which 1.20 knows) before.
+    - ``--port=0`` turns off the insecure HTTP port where the binary still has one (up to
+      1.23, on by default there).
+    - the controller-manager runs every default controller but those that would only fail
+      and warn for every Service: the Endpoints one (Endpoints may not hold our loopback pod
+      addresses), and the EndpointSlice one where the API server refuses them in slices
+      too (``loopback_slices`` False). The service proxy finds the pods itself.
     """
-    flags = ["--port=0"] if version < NO_INSECURE_PORT else []
+    flags = ["--port=0"] if "port" in offered.flags else []
     if component == "kube-controller-manager":
-        flags.append(f"--controllers=*,-{endpoints_controller_name(version)}")
+        off = [offered.controller(*ENDPOINTS_CONTROLLER)]
+        if not loopback_slices:
+            off.append(offered.controller(*ENDPOINTSLICE_CONTROLLER))
+        flags.append("--controllers=" + ",".join(["*", *(f"-{name}" for name in off if name)]))
     return flags
 
 

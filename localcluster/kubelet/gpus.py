@@ -196,6 +196,10 @@ class GpuLedger:
     def held(self, uid: str) -> dict[str, tuple[str, ...]] | None:
         return self._pods.get(uid)
 
+    def holders(self) -> list[str]:
+        """The uids of the pods that hold devices."""
+        return list(self._pods)
+
     def release(self, uid: str) -> bool:
         """Free the pod's devices; True when it held any."""
         return bool(self._pods.pop(uid, None))

@@ -86,6 +86,7 @@ from .podstatus import (
     rfc3339,
     should_restart,
 )
+from .preemption import choose_victims, holders, preempt
 from .probes import ProbeResult, ProbeSpec, ProbeTracker, run_probe
 from .runtime import ContainerProcess, ExitStatus, spawn
 from .satokens import DEFAULT_EXPIRATION_S, IssuedToken, issued_token, refresh_due, write_atomically
@@ -146,7 +147,7 @@ class KubeletConfig:
     #: How often the node's Lease and Ready heartbeat are renewed.
     heartbeat_s: float = 10.0
     #: The version the Node reports (that of the control plane, when there is a real one).
-    version: str = "v1.32.0-kelastic"
+    version: str = "v1.37.2-kelastic"
     #: Which interpreter plays which image (unlisted images: this Python environment).
     images: ImageMap = field(default_factory=ImageMap)
     #: The node's ``nvidia.com/gpu`` count; None: detected (see :func:`~.gpus.detect_gpus`).
@@ -363,7 +364,19 @@ class PodWorker:
                     return True
                 kubelet.gpu_waiters.add(self)
                 if not reported and kubelet.config.bind_pods and not pod["spec"].get("nodeName"):
-                    reported = await self._report_unschedulable(pod, claim.total)
+                    # No scheduler: preempt lower-priority pods as it would, else say it waits.
+                    victims = choose_victims(
+                        int(pod["spec"].get("priority") or 0),
+                        str(pod["spec"].get("preemptionPolicy") or "PreemptLowerPriority"),
+                        claim.total,
+                        kubelet.gpus.free,
+                        holders(kubelet, kubelet.gpus.holders()),
+                    )
+                    if victims:
+                        await preempt(kubelet, pod, victims)
+                        reported = True
+                    else:
+                        reported = await self._report_unschedulable(pod, claim.total)
                 await self.wake.wait()
         finally:
             kubelet.gpu_waiters.discard(self)
@@ -380,7 +393,7 @@ class PodWorker:
             "lastTransitionTime": rfc3339(time.time()),
         }
         try:
-            await self.kubelet.client.merge_patch(
+            await self.kubelet.client.strategic_patch(
                 self.path + "/status", {"status": {"phase": "Pending", "conditions": [condition]}}
             )
         except Exception as exc:  # the next release tries again
@@ -792,10 +805,12 @@ class PodWorker:
         if status == self.last_status:
             return True
         body: dict[str, Any] = {"status": dict(status)}
-        for optional in ("reason", "message", "podIP", "podIPs"):
+        for optional in ("reason", "message", "podIP", "podIPs", "nominatedNodeName"):
             body["status"].setdefault(optional, None)
         try:
-            await self.kubelet.client.merge_patch(self.path + "/status", body)
+            # Strategic: the conditions are merged by type, so one another component set (the
+            # scheduler's or the eviction's DisruptionTarget) stays, as with a real kubelet.
+            await self.kubelet.client.strategic_patch(self.path + "/status", body)
         except ApiRequestError as exc:
             if exc.status == 404:
                 return True  # the pod is gone: nothing to report to
@@ -1244,8 +1259,16 @@ class Kubelet:
         with contextlib.suppress(ApiRequestError):
             await self.renew_lease()
 
-    def event(self, pod: Mapping[str, Any], reason: str, message: str, warning: bool = False) -> None:
-        """Post a core/v1 Event about ``pod`` in the background (best effort).
+    def event(
+        self,
+        pod: Mapping[str, Any],
+        reason: str,
+        message: str,
+        warning: bool = False,
+        component: str = "kubelet",
+    ) -> None:
+        """Post a core/v1 Event about ``pod`` in the background (best effort), from ``component``
+        (the kubelet, or the scheduler whose part it plays without one).
 
         A repeat of the same reason and message for the same pod bumps the first
         Event's ``count`` and ``lastTimestamp`` instead of adding another, as the
@@ -1283,8 +1306,10 @@ class Kubelet:
                     "reason": reason,
                     "message": message,
                     "type": "Warning" if warning else "Normal",
-                    "source": {"component": "kubelet", "host": self.config.node_name},
-                    "reportingComponent": "kubelet",
+                    "source": {"component": component, "host": self.config.node_name}
+                    if component == "kubelet"
+                    else {"component": component},
+                    "reportingComponent": component,
                     "reportingInstance": self.config.node_name,
                     "firstTimestamp": now,
                     "lastTimestamp": now,

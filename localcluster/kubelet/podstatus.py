@@ -281,12 +281,13 @@ def pod_status(
         _condition("ContainersReady", ready, now, previous, ready_reason, ready_message),
         _condition("PodScheduled", True, now, previous),
     ]
+    # No qosClass: the API server sets it from the spec at creation and a current one refuses
+    # a status write that changes it, so the merge patch leaves the server's value alone.
     status: dict[str, Any] = {
         "phase": phase.value,
         "conditions": conditions,
         "hostIP": facts.host_ip,
         "hostIPs": [{"ip": facts.host_ip}],
-        "qosClass": "BestEffort",
         "containerStatuses": [r.to_json() for r in containers],
     }
     if init:

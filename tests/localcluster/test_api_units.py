@@ -280,6 +280,6 @@ def test_validation_rules_in_schemas() -> None:
     assert validate_rules({"spec": {"min": 1, "max": 2}}, root) == []
     causes = validate_rules({"spec": {"min": 3, "max": 2}}, root, {"spec": {"min": 1, "max": 4}})
     assert [(c.field, c.message) for c in causes] == [
-        ("spec", 'Invalid value: "object": min must not exceed max'),
-        ("spec", 'Invalid value: "object": max may not shrink'),
+        ("spec", "Invalid value: min must not exceed max"),
+        ("spec", "Invalid value: max may not shrink"),
     ]

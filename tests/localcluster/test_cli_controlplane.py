@@ -204,6 +204,9 @@ def test_a_sigkilled_clusters_tmpfs_etcd_is_removed_at_the_next_start(
         assert len(owned) == 1, owned
         cli.proc.send_signal(signal.SIGKILL)  # no chance to clean up
         cli.finish(10)
+    # No component outlives it (each is told by its parent-death signal).
+    marker = str(tmp_path / "d")
+    wait_for(lambda: not _processes_mentioning(marker), 30, "every control-plane component to exit")
     leaked = owned[0]
     assert leaked.is_dir()
     lines: list[str] = []
@@ -211,6 +214,20 @@ def test_a_sigkilled_clusters_tmpfs_etcd_is_removed_at_the_next_start(
         pass
     assert not leaked.exists()
     assert any(str(leaked) in line and f"pid {cli.proc.pid}" in line for line in lines), lines
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if text in cmdline and process_alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 def _owner(path: Path) -> Owner | None:

@@ -44,12 +44,28 @@ def run(manifest: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_servers_from_1_25_judge_field_validation_themselves() -> None:
-    assert not server_validates_fields({"gitVersion": "v1.20.2"})
-    assert not server_validates_fields({"gitVersion": "v1.24.17"})
-    assert server_validates_fields({"gitVersion": "v1.25.0"})
-    assert server_validates_fields({"gitVersion": "v1.32.0-kelastic"})
-    assert not server_validates_fields({})
+def test_the_emulator_says_it_judges_field_validation_itself(tmp_path: Path) -> None:
+    import asyncio
+
+    from kelastic.localcluster.apiserver.apiserver import ApiServer
+    from kelastic.localcluster.common.client import ApiClient
+
+    api = ApiServer(data_dir=tmp_path)
+    api.start()
+
+    async def ask() -> tuple[bool, list[object]]:
+        client = ApiClient(str(api.url))
+        try:
+            verdict = await server_validates_fields(client)
+            left = (await client.get("/api/v1/namespaces/default/configmaps"))["items"]
+            return verdict, left
+        finally:
+            await client.close()
+
+    try:
+        assert asyncio.run(ask()) == (True, [])  # a dry run: the probe left nothing behind
+    finally:
+        api.stop()
 
 
 def test_kubectl_refuses_the_typo_on_the_emulator(tmp_path: Path) -> None:

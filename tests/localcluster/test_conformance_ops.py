@@ -6,7 +6,7 @@ created in the version discovery offers). Not compared, as the releases differ a
 a pod covered by two budgets (v1.20 answers a bare 500 Status, later releases an InternalError),
 and the eviction of a pod that is not Ready (allowed when the budget is met from v1.26 on).
 
-Known, intended differences (the emulator answers as the v1.32 it reports): it marks an evicted
+Known, intended differences (the emulator answers as the v1.37 it reports): it marks an evicted
 pod with the ``DisruptionTarget`` condition before deleting it, which v1.26+ servers do and v1.20
 does not; and it takes ``policy/v1`` Evictions, which v1.20 refuses (policy/v1beta1 only).
 The sequence evicts unscheduled pods, which both delete at once, so the transcripts agree; the
@@ -99,7 +99,7 @@ def run_sequence(server: Any) -> dict[str, Any]:
 
     pods = f"/api/v1/namespaces/{NS}/pods"
     # policy/v1beta1: a v1.20 server has no policy/v1 Eviction (400 "no kind Eviction is registered
-    # for version policy/v1"); v1.22+ and the emulator (a v1.32) take both.
+    # for version policy/v1"); v1.22+ and the emulator (a v1.37) take both.
     for version in ("policy/v1beta1",):
         name = "evict-" + version.split("/")[1]
         server.raw("POST", pods, pod(name))

@@ -14,15 +14,14 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from kelastic.localcluster.controllers.proxy import slice_backends
 from kelastic.localcluster.controlplane.controlplane import (
     ComponentFailed,
+    ComponentHelp,
     ControlPlane,
     ControlPlaneBinaries,
     KubeVersion,
+    component_flags,
     control_plane_dir,
-    endpoints_controller_name,
-    version_flags,
     write_kubeconfig,
 )
 from kelastic.localcluster.controlplane.pki import ensure_ca, ensure_leaf
@@ -167,22 +166,6 @@ def test_a_component_that_never_gets_healthy_times_out_naming_the_wait(tmp_path:
         os.kill(int(pid_file.read_text()), 0)
 
 
-def test_slice_backends_follow_ready_endpoints_of_the_named_port() -> None:
-    v1 = {
-        "ports": [{"name": "web", "port": 8080}],
-        "endpoints": [
-            {"addresses": ["127.1.0.3"], "conditions": {"ready": True}},
-            {"addresses": ["127.1.0.4"], "conditions": {"ready": False}},
-            {"addresses": ["127.1.0.5"]},  # v1beta1 may leave the condition unset: ready
-        ],
-    }
-    other = {"ports": [{"name": "metrics", "port": 9090}], "endpoints": [{"addresses": ["127.1.0.9"]}]}
-    assert slice_backends([v1, other], "web") == [("127.1.0.3", 8080), ("127.1.0.5", 8080)]
-    assert slice_backends([v1, other], "metrics") == [("127.1.0.9", 9090)]
-    unnamed = {"ports": [{"name": None, "port": 80}], "endpoints": [{"addresses": ["127.1.0.2"]}]}
-    assert slice_backends([unnamed], "") == [("127.1.0.2", 80)]
-
-
 def _projected_pod() -> dict[str, Any]:
     return {
         "metadata": {"name": "p", "namespace": "team", "uid": "u1"},
@@ -257,23 +240,46 @@ def test_lease_renew_time_is_a_micro_time() -> None:
     assert micro_time(0.25) == "1970-01-01T00:00:00.250000Z"
 
 
+# The lines of `kube-controller-manager --help` that decide its flags, as two releases print them.
+HELP_1_20 = """
+      --controllers strings                      A list of controllers to enable. '*' enables all.
+                                                 All controllers: attachdetach, bootstrapsigner, daemonset, deployment, endpoint, endpointslice, endpointslicemirroring, garbagecollector
+                                                 Disabled-by-default controllers: bootstrapsigner, tokencleaner (default [*])
+      --port int     The port on which to serve unsecured, unauthenticated access. (default 10252)
+  -v, --v Level      number for the log level verbosity
+"""
+HELP_1_37 = """
+      --controllers strings                                A list of controllers to enable.
+                                                           All controllers: bootstrap-signer-controller, deployment-controller, endpoints-controller, endpointslice-controller, endpointslice-mirroring-controller, garbage-collector-controller
+                                                           Disabled-by-default controllers: bootstrap-signer-controller (default [*])
+      --secure-port int                                    The port on which to serve HTTPS. (default 10257)
+"""
+
+
+def test_component_help_gives_flags_and_controller_names() -> None:
+    old, new = ComponentHelp.parse(HELP_1_20), ComponentHelp.parse(HELP_1_37)
+    assert {"controllers", "port", "v"} <= old.flags and "port" not in new.flags
+    assert "secure-port" in new.flags
+    assert old.controller("endpoints-controller", "endpoint") == "endpoint"
+    assert new.controller("endpoints-controller", "endpoint") == "endpoints-controller"
+    assert new.controller("no-such") is None
+
+
 @pytest.mark.parametrize(
-    ("version", "port", "endpoints"),
+    ("text", "loopback_slices", "manager", "scheduler"),
     [
-        (KubeVersion(1, 20, 2), ["--port=0"], "endpoint"),
-        (KubeVersion(1, 23, 17), ["--port=0"], "endpoint"),
-        (KubeVersion(1, 24, 0), [], "endpoint"),
-        (KubeVersion(1, 27, 16), [], "endpoint"),
-        (KubeVersion(1, 28, 0), [], "endpoints-controller"),
-        (KubeVersion(1, 34, 1), [], "endpoints-controller"),
+        # 1.20.2 takes our pod addresses in EndpointSlices: its slice controller runs.
+        (HELP_1_20, True, ["--port=0", "--controllers=*,-endpoint"], ["--port=0"]),
+        (HELP_1_20, False, ["--port=0", "--controllers=*,-endpoint,-endpointslice"], ["--port=0"]),
+        (HELP_1_37, False, ["--controllers=*,-endpoints-controller,-endpointslice-controller"], []),
     ],
 )
-def test_component_flags_follow_the_release(version: KubeVersion, port: list[str], endpoints: str) -> None:
-    # 1.20 knows only the short controller names (and refuses unknown ones); 1.28 made
-    # "endpoints-controller" canonical; the insecure port (and its flag) ended with 1.23.
-    assert endpoints_controller_name(version) == endpoints
-    assert version_flags("kube-controller-manager", version) == [*port, f"--controllers=*,-{endpoints}"]
-    assert version_flags("kube-scheduler", version) == port
+def test_component_flags_follow_what_the_binary_and_server_offer(
+    text: str, loopback_slices: bool, manager: list[str], scheduler: list[str]
+) -> None:
+    offered = ComponentHelp.parse(text)
+    assert component_flags("kube-controller-manager", offered, loopback_slices=loopback_slices) == manager
+    assert component_flags("kube-scheduler", offered, loopback_slices=loopback_slices) == scheduler
 
 
 def test_the_control_plane_lanes_skip_message_says_where_to_get_the_binaries(
@@ -290,7 +296,21 @@ def test_the_control_plane_lanes_skip_message_says_where_to_get_the_binaries(
     for variable in root.VARIABLES:
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setattr(root, "UNPACK", tmp_path / "no-unpack.sh")
+    monkeypatch.setattr(root, "BUILT", tmp_path / "cache")
     path, why = root.find_control_plane_bin()
     assert path is None
-    for needed in ("dl.k8s.io/release", "etcd-io/etcd/releases", "setup-envtest", "KELASTIC_CONTROL_PLANE"):
+    for needed in (
+        "make control-plane",
+        "dl.k8s.io/release",
+        "etcd-io/etcd/releases",
+        "setup-envtest",
+        "KELASTIC_CONTROL_PLANE",
+    ):
         assert needed in why, why
+    # A build that did not finish (no marker) is not taken; a finished one is, the newest first.
+    for version, done in (("v1.36.3", True), ("v1.37.2", True), ("v1.38.0", False)):
+        (tmp_path / "cache" / version / "bin").mkdir(parents=True)
+        (tmp_path / "cache" / version / "bin" / "kube-apiserver").write_text("")
+        if done:
+            (tmp_path / "cache" / version / "bin" / root.MARKER).write_text(f"kubernetes {version}")
+    assert root.find_control_plane_bin() == (tmp_path / "cache" / "v1.37.2" / "bin", "")

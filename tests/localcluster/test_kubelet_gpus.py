@@ -283,3 +283,24 @@ def test_kelastic_local_up_and_run_take_a_gpu_count() -> None:
     assert parser.parse_args(["local", "up", "--gpus", "2"]).gpus == 2
     assert parser.parse_args(["local", "run", "--gpus", "0", "job.yaml"]).gpus == 0
     assert parser.parse_args(["local", "up"]).gpus is None  # detected
+
+
+def test_preemption_takes_the_fewest_least_important_pods_that_free_enough() -> None:
+    from kelastic.localcluster.kubelet.preemption import Holder, choose_victims, unschedulable_message
+
+    low = Holder("u1", "ns", "low", 100, 1)
+    lower = Holder("u2", "ns", "lower", 10, 1)
+    big = Holder("u3", "ns", "big", 50, 2)
+    same = Holder("u4", "ns", "same", 1000, 1)
+    # One GPU wanted, none free: the lowest priority one goes, nobody else.
+    assert choose_victims(1000, "PreemptLowerPriority", 1, 0, [low, lower, same]) == [lower]
+    # Two wanted: the two-GPU pod alone suffices, so the one-GPU pods are spared.
+    assert choose_victims(1000, "PreemptLowerPriority", 2, 0, [low, lower, big]) == [big]
+    # Pods of equal or higher priority are never taken; not enough below: nothing is.
+    assert choose_victims(1000, "PreemptLowerPriority", 2, 0, [low, same]) == []
+    assert choose_victims(1000, "Never", 1, 0, [low]) == []
+    assert choose_victims(1000, "PreemptLowerPriority", 1, 1, [low]) == []  # it fits already
+    assert unschedulable_message("n", 2) == (
+        "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: found a potential placement "
+        "for pod on node n, preempting 2 victims"
+    )

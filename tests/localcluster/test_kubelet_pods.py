@@ -226,21 +226,21 @@ def test_graceful_deletion_honours_the_grace_period(kubectl: Kubectl, tmp_path: 
     assert elapsed >= 1.5, f"the pod was removed after {elapsed:.1f}s, before its 2 s grace period"
 
 
-def _slice_ips(kubectl: Kubectl, service: str) -> tuple[set[str], set[str]]:
-    """(ready, not ready) pod addresses in the Service's EndpointSlices."""
-    ready: set[str] = set()
-    not_ready: set[str] = set()
-    for piece in kubectl.json("endpointslices", "-l", f"kubernetes.io/service-name={service}")["items"]:
-        for endpoint in piece.get("endpoints") or []:
-            target = ready if (endpoint.get("conditions") or {}).get("ready") else not_ready
-            target.update(endpoint.get("addresses") or [])
-    return ready, not_ready
+def _answer(url: str) -> str | None:
+    """The body at ``url``, or None when the connection is refused or closed unanswered."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return str(resp.read().decode())
+    except (urllib.error.URLError, ConnectionError, http.client.RemoteDisconnected):
+        return None
 
 
 @pytest.mark.slow
-def test_cluster_ip_reaches_a_listening_pod_and_readiness_drives_endpoints(
-    kubectl: Kubectl, tmp_path: Path
-) -> None:
+def test_cluster_ip_reaches_a_listening_pod_once_it_is_ready(kubectl: Kubectl, tmp_path: Path) -> None:
     ready_flag = tmp_path / "ready"
     kubectl.apply(
         f"""
@@ -270,9 +270,11 @@ spec:
     (tmp_path / "index.html").write_text("served by web-0")
     wait_for(lambda: _phase(kubectl, "web-0") == "Running", 20, "web-0 to run")
 
-    # Running but not ready: listed, not ready.
-    wait_for(lambda: _slice_ips(kubectl, "web")[1], 10, "web-0 listed as not ready")
-    assert not _slice_ips(kubectl, "web")[0]
+    cluster_ip = kubectl.json("service", "web")["spec"]["clusterIP"]
+    assert cluster_ip.startswith("127.")
+    url = f"http://{cluster_ip}:8080/index.html"
+    # Running but not ready: the service proxy does not send it connections (closed at once).
+    assert _answer(url) is None
     ready_flag.touch()
     wait_for(
         lambda: (
@@ -282,29 +284,15 @@ spec:
         10,
         "web-0 to become Ready",
     )
-    wait_for(lambda: _slice_ips(kubectl, "web")[0], 10, "web-0 listed as ready")
-    pod_ip = _pod(kubectl, "web-0")["status"]["podIP"]
-    assert _slice_ips(kubectl, "web")[0] == {pod_ip}
-    (piece,) = kubectl.json("endpointslices", "-l", "kubernetes.io/service-name=web")["items"]
-    assert piece["ports"] == [{"name": "http", "port": 8000, "protocol": "TCP"}]
-    # kubectl describe reads the EndpointSlices.
-    wait_for(lambda: f"{pod_ip}:8000" in kubectl("describe", "service", "web"), 10, "slices")
-    # Endpoints cannot hold a loopback pod address (the real API server refuses it too).
+    assert wait_for(lambda: _answer(url), 10, "the ClusterIP to answer") == "served by web-0"
+    # Neither Endpoints nor EndpointSlices can hold a loopback pod address (the real API
+    # server refuses both too): the proxy found the pod itself.
     assert kubectl("get", "endpoints", "web", check=False).strip() == ""
-
-    cluster_ip = kubectl.json("service", "web")["spec"]["clusterIP"]
-    assert cluster_ip.startswith("127.")
-    import urllib.request
-
-    body = wait_for(
-        lambda: urllib.request.urlopen(f"http://{cluster_ip}:8080/index.html", timeout=2).read().decode(),
-        10,
-        "the ClusterIP to answer",
-    )
-    assert body == "served by web-0"
+    slices = kubectl.json("endpointslices", "-l", "kubernetes.io/service-name=web")["items"]
+    assert [e for piece in slices for e in piece.get("endpoints") or []] == []
 
     ready_flag.unlink()
-    wait_for(lambda: not _slice_ips(kubectl, "web")[0], 10, "web-0 to leave the ready addresses")
+    wait_for(lambda: _answer(url) is None, 10, "web-0 to be left out once unready")
     kubectl("delete", "pod", "web-0", "--grace-period=0", "--force")
     kubectl("delete", "service", "web")
 
@@ -474,7 +462,7 @@ def test_an_unknown_executable_is_a_start_error_that_is_retried(kubectl: Kubectl
     kubectl("delete", "pod", "nosuch", "--grace-period=0", "--force")
 
 
-def test_headless_service_lists_pod_ips_and_empty_dir_is_per_pod(kubectl: Kubectl) -> None:
+def test_empty_dir_is_per_pod_behind_a_headless_service(kubectl: Kubectl) -> None:
     script = (
         "import os, pathlib, time\n"
         "d = pathlib.Path(os.environ['KELASTIC_VOLUME_SCRATCH'])\n"
@@ -514,18 +502,7 @@ def test_headless_service_lists_pod_ips_and_empty_dir_is_per_pod(kubectl: Kubect
         wait_for(lambda n=name: kubectl("logs", n, check=False).strip(), 20, f"{name} to report its volume")
         # Each pod sees only its own file: the emptyDir is per pod.
         assert kubectl("logs", name).split("]")[0] == "['mine'"
-    ips = {_pod(kubectl, n)["status"]["podIP"] for n in ("peer-a", "peer-b")}
-
-    def listed() -> set[str]:
-        return _slice_ips(kubectl, "peers")[0]
-
-    wait_for(lambda: listed() == ips, 10, "the headless service's endpoints to list both pod IPs")
     assert kubectl.json("service", "peers")["spec"]["clusterIP"] == "None"
-    # A pod relabelled out of the selector leaves the endpoints.
-    kubectl("label", "pod", "peer-b", "app=elsewhere", "--overwrite")
-    ip_a = _pod(kubectl, "peer-a")["status"]["podIP"]
-    wait_for(lambda: listed() == {ip_a}, 10, "peer-b to leave the endpoints")
-    kubectl("delete", "pod", "peer-b", "--grace-period=0", "--force")
     kubectl("delete", "pods", "-l", "app=peers", "--grace-period=0", "--force")
     kubectl("delete", "service", "peers")
 

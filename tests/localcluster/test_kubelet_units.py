@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kelastic.localcluster.common.ipam import IpAllocator, IpExhaustedError, claim_networks
-from kelastic.localcluster.controllers.endpoints import compute_slices, compute_subsets
+from kelastic.localcluster.controllers.endpoints import compute_subsets
 from kelastic.localcluster.controllers.proxy import ready_backends, service_listeners
 from kelastic.localcluster.kubelet.podenv import (
     ContainerConfigError,
@@ -274,14 +274,6 @@ def test_endpoints_subsets() -> None:
     assert [a["ip"] for a in subset["notReadyAddresses"]] == ["127.1.0.4"]
     assert subset["ports"] == [{"name": "http", "port": 8000, "protocol": "TCP"}]
     assert ready_backends({"subsets": [subset]}, "http") == [("127.1.0.5", 8000)]
-    (eps,) = compute_slices({**service, "metadata": {**service["metadata"], "uid": "s-uid"}}, [subset])
-    assert eps["metadata"]["labels"]["kubernetes.io/service-name"] == "s"
-    assert eps["metadata"]["ownerReferences"][0]["uid"] == "s-uid"
-    assert [(e["addresses"], e["conditions"]["ready"]) for e in eps["endpoints"]] == [
-        (["127.1.0.4"], False),
-        (["127.1.0.5"], True),
-    ]
-    assert eps["ports"] == [{"name": "http", "port": 8000, "protocol": "TCP"}]
     assert (
         compute_subsets({**service, "spec": {**service["spec"], "publishNotReadyAddresses": True}}, pods)[0][
             "addresses"

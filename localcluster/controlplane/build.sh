@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# Build a Kubernetes control plane from the Go module proxy into an envtest asset directory.
+#
+#   localcluster/controlplane/build.sh          (or: make control-plane)
+#
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler and kubectl of
+# k8s.io/kubernetes $K8S_VERSION, and etcd of go.etcd.io/etcd/server/v3 $ETCD_VERSION, into
+#
+#   $KELASTIC_K8S_CACHE/$K8S_VERSION/bin      (default ~/.cache/kelastic/k8s/v1.37.2/bin)
+#
+# and prints that directory on its last line. The directory has the layout of an envtest
+# asset directory (KUBEBUILDER_ASSETS): etcd and kube-apiserver side by side, the others
+# beside them; `kelastic local --control-plane DIR` and the tests' control-plane lane take it.
+# A directory is complete once its marker `.kelastic-complete` names the versions asked for;
+# a complete one is reused at once, anything else is rebuilt (an interrupted build leaves
+# only a `bin.partial.*` directory, never a half-filled bin/).
+#
+# k8s.io/kubernetes cannot be `go install`ed: its go.mod replaces every k8s.io staging module
+# with a folder of its own source tree. Here a throwaway module requires it and replaces each
+# staging module with its release of the same minor (v1.37.2 -> v0.37.2), which is how
+# projects import Kubernetes as a library. etcd's server module has replace lines too; a
+# second throwaway module requires it, and its requirements pin its sibling modules.
+#
+# Knobs: K8S_VERSION, ETCD_VERSION, KELASTIC_K8S_CACHE (the cache root), GO (the go command),
+# GOFLAGS/GOPROXY/GOMODCACHE/GOCACHE as for any Go build. Needs Go at least as new as the
+# go line of k8s.io/kubernetes's go.mod (1.26 for v1.37); with an older Go, export
+# GOTOOLCHAIN=go1.27.3 (or whichever the error names) and the go command fetches it.
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-v1.37.2}
+ETCD_VERSION=${ETCD_VERSION:-v3.7.3}
+GO=${GO:-go}
+CACHE_ROOT=${KELASTIC_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kelastic/k8s}
+HEARTBEAT=${KELASTIC_BUILD_HEARTBEAT:-30}
+
+say() { echo "control-plane build: $*" >&2; }
+die() { say "ERROR: $*"; exit 1; }
+
+[[ $K8S_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] \
+    || die "K8S_VERSION=$K8S_VERSION is not a Kubernetes release (v1.MINOR.PATCH, e.g. v1.37.2)"
+MINOR=${BASH_REMATCH[1]}
+STAGING_VERSION="v0.$MINOR.${BASH_REMATCH[2]}"
+[[ $ETCD_VERSION =~ ^v3\.[0-9]+\.[0-9]+$ ]] \
+    || die "ETCD_VERSION=$ETCD_VERSION is not an etcd release (v3.MINOR.PATCH, e.g. v3.7.3)"
+
+DEST=$CACHE_ROOT/$K8S_VERSION
+BIN=$DEST/bin
+MARKER=$BIN/.kelastic-complete
+WANT="kubernetes $K8S_VERSION etcd $ETCD_VERSION"
+COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+
+complete() { [[ -f $MARKER && $(cat "$MARKER") == "$WANT" ]]; }
+
+if complete; then
+    echo "$BIN"
+    exit 0
+fi
+
+command -v "$GO" >/dev/null 2>&1 || die "no Go toolchain ('$GO' is not on PATH); install Go 1.26 or newer"
+mkdir -p "$DEST"
+# One build per version at a time: a second caller waits for the first and reuses its result.
+exec 9>"$DEST/.lock"
+if ! flock -n 9; then
+    say "another build of $K8S_VERSION is running; waiting for it (lock $DEST/.lock)"
+    flock 9
+fi
+if complete; then
+    echo "$BIN"
+    exit 0
+fi
+
+WORK=$(mktemp -d "$DEST/work.XXXXXX")
+PARTIAL=$DEST/bin.partial.$$
+LOG=$WORK/build.log
+cleanup() {
+    [[ -n ${HEARTBEAT_PID:-} ]] && kill "$HEARTBEAT_PID" 2>/dev/null
+    rm -rf "$WORK" "$PARTIAL"
+}
+trap cleanup EXIT
+rm -rf "$DEST"/bin.partial.* "$DEST"/work.*
+mkdir -p "$PARTIAL"
+START=$SECONDS
+
+# The proxy's refusal reads "go: MODULE@VERSION: reading URL: 404 Not Found" (or 410 Gone,
+# "unknown revision", "not found"); name the module and version plainly, then the go output.
+explain_failure() {
+    local step=$1
+    local refused
+    refused=$( {
+        grep -oE '[A-Za-z0-9._~/-]+@v[0-9][A-Za-z0-9.+-]*: reading [^ ]+: [0-9]{3} [A-Za-z ]+' "$LOG" \
+            | sed -E 's#^(.*)@(v[^:]*): reading [^ ]+: (.*)$#module \1 version \2 (\3)#'
+        grep -oE '[A-Za-z0-9._~/-]+@v[0-9][A-Za-z0-9.+-]*: (unknown revision|invalid version)[^"]*' "$LOG" \
+            | sed -E 's#^(.*)@(v[^:]*): (.*)$#module \1 version \2 (\3)#'
+    } | sort -u | head -5 || true)
+    say "ERROR: $step failed after $((SECONDS - START)) s"
+    if [[ -n $refused ]]; then
+        while IFS= read -r line; do
+            say "  the Go module proxy ($("$GO" env GOPROXY)) refused $line"
+        done <<<"$refused"
+    fi
+    say "last lines of the go command's output ($LOG):"
+    tail -n 25 "$LOG" | sed 's/^/    /' >&2
+    trap - EXIT
+    [[ -n ${HEARTBEAT_PID:-} ]] && kill "$HEARTBEAT_PID" 2>/dev/null
+    rm -rf "$PARTIAL"
+    say "the work directory stays for inspection: $WORK"
+    exit 1
+}
+
+# A Go build of Kubernetes prints nothing for minutes; a line every $HEARTBEAT seconds says it
+# is alive and how far the caches have grown.
+heartbeat() {
+    local step=$1
+    while sleep "$HEARTBEAT"; do
+        say "  ... $step, $((SECONDS - START)) s so far (module cache $(du -sh "$("$GO" env GOMODCACHE)" 2>/dev/null | cut -f1), build cache $(du -sh "$("$GO" env GOCACHE)" 2>/dev/null | cut -f1))"
+    done
+}
+
+run_go() {  # STEP DIR ARGS...: runs the go command in DIR with a heartbeat, its output in $LOG
+    local step=$1 dir=$2
+    shift 2
+    say "$step"
+    heartbeat "$step" &
+    HEARTBEAT_PID=$!
+    if ! (cd "$dir" && "$GO" "$@") >>"$LOG" 2>&1; then
+        explain_failure "$step"
+    fi
+    kill "$HEARTBEAT_PID" 2>/dev/null
+    wait "$HEARTBEAT_PID" 2>/dev/null || true
+    HEARTBEAT_PID=
+}
+
+export GOFLAGS="${GOFLAGS:-} -mod=mod"
+export CGO_ENABLED=0
+say "building Kubernetes $K8S_VERSION and etcd $ETCD_VERSION into $BIN (Go: $("$GO" env GOVERSION), proxy: $("$GO" env GOPROXY))"
+say "a cold build takes tens of minutes on two cores; the module and build caches make the next one fast"
+
+# --- Kubernetes ----------------------------------------------------------------------------
+K8S_MOD=$WORK/kubernetes
+mkdir -p "$K8S_MOD"
+cat >"$K8S_MOD/go.mod" <<EOF
+module kelastic.local/build/kubernetes
+
+go 1.26.0
+
+require k8s.io/kubernetes $K8S_VERSION
+EOF
+run_go "fetching k8s.io/kubernetes@$K8S_VERSION's go.mod" "$K8S_MOD" mod download -json "k8s.io/kubernetes@$K8S_VERSION"
+UPSTREAM_MOD=$(sed -n 's/^\s*"GoMod": "\(.*\)",$/\1/p' "$LOG" | tail -1)
+[[ -f $UPSTREAM_MOD ]] || { echo "no GoMod in the go command's answer" >>"$LOG"; explain_failure "reading k8s.io/kubernetes's go.mod"; }
+UPSTREAM_GO=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$UPSTREAM_MOD")
+# The staging modules are the ones k8s.io/kubernetes replaces with its own folders.
+mapfile -t STAGING < <(sed -n 's#^\s*\(k8s\.io/[A-Za-z0-9._-]*\) => \./staging/.*#\1#p' "$UPSTREAM_MOD")
+[[ ${#STAGING[@]} -gt 0 ]] || die "k8s.io/kubernetes@$K8S_VERSION's go.mod names no staging modules; is it a release?"
+{
+    echo "module kelastic.local/build/kubernetes"
+    echo
+    echo "go ${UPSTREAM_GO:-1.26.0}"
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    echo "replace ("
+    for module in "${STAGING[@]}"; do echo "	$module => $module $STAGING_VERSION"; done
+    echo ")"
+} >"$K8S_MOD/go.mod"
+say "${#STAGING[@]} staging modules pinned to $STAGING_VERSION"
+
+# The version the binaries report (/version, kubectl version, the API server's emulation
+# version): the same -X flags as Kubernetes's own release build (hack/lib/version.sh).
+UPSTREAM_INFO=$(sed -n 's/^\s*"Info": "\(.*\)",$/\1/p' "$LOG" | tail -1)
+BUILD_DATE=$(sed -n 's/.*"Time": *"\([^"]*\)".*/\1/p' "$UPSTREAM_INFO" 2>/dev/null || true)
+MAJOR=1
+LDFLAGS="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    LDFLAGS+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=$MAJOR -X $pkg.gitMinor=$MINOR"
+    LDFLAGS+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=${BUILD_DATE:-1970-01-01T00:00:00Z}"
+done
+PACKAGES=()
+for component in "${COMPONENTS[@]}"; do PACKAGES+=("k8s.io/kubernetes/cmd/$component"); done
+# etcd's throwaway module: its requirements pin etcd's sibling modules (api, client, pkg).
+ETCD_MOD=$WORK/etcd
+mkdir -p "$ETCD_MOD"
+cat >"$ETCD_MOD/go.mod" <<EOF
+module kelastic.local/build/etcd
+
+go 1.26.0
+
+require go.etcd.io/etcd/server/v3 $ETCD_VERSION
+EOF
+
+# Every module both builds need, fetched before anything compiles: a version the proxy
+# refuses is named within seconds, not after the long step. Only errors are printed.
+ONLY_ERRORS='{{if .Error}}{{.ImportPath}}: {{.Error}}{{end}}'
+run_go "fetching the modules that Kubernetes $K8S_VERSION's commands import" "$K8S_MOD" \
+    list -deps -f "$ONLY_ERRORS" "${PACKAGES[@]}"
+run_go "fetching the modules that etcd $ETCD_VERSION imports" "$ETCD_MOD" \
+    list -deps -f "$ONLY_ERRORS" go.etcd.io/etcd/server/v3
+run_go "compiling ${COMPONENTS[*]} (the long step)" "$K8S_MOD" \
+    build -trimpath -ldflags "$LDFLAGS" -o "$PARTIAL/" "${PACKAGES[@]}"
+say "Kubernetes done at $((SECONDS - START)) s"
+run_go "compiling etcd $ETCD_VERSION" "$ETCD_MOD" \
+    build -trimpath -ldflags "-s -w" -o "$PARTIAL/etcd" go.etcd.io/etcd/server/v3
+
+for binary in "${COMPONENTS[@]}" etcd; do
+    [[ -x $PARTIAL/$binary ]] || die "the build left no $binary in $PARTIAL"
+done
+"$PARTIAL/kube-apiserver" --version >>"$LOG" 2>&1 || explain_failure "running the new kube-apiserver --version"
+
+# Swap the finished directory in whole, then mark it complete: a reader never sees a mix.
+rm -rf "$BIN.old"
+[[ -d $BIN ]] && mv "$BIN" "$BIN.old"
+mv "$PARTIAL" "$BIN"
+rm -rf "$BIN.old"
+echo "$WANT" >"$MARKER"
+say "done in $((SECONDS - START)) s: $(cd "$BIN" && "./kube-apiserver" --version), etcd $ETCD_VERSION"
+echo "$BIN"
