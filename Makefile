@@ -5,11 +5,13 @@ PYTHON ?= python3
 #   make install TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_PIP_ARGS ?=
 
-.PHONY: install test test-fast test-gpu lint typecheck import-rules docs-rules format bench control-plane
+.PHONY: install test test-fast test-gpu lint typecheck import-rules docs-rules format bench control-plane kueue
 
 # The control plane `make control-plane` builds from the Go module proxy (docs/kelastic-local.md).
 K8S_VERSION ?= v1.37.2
 ETCD_VERSION ?= v3.7.3
+# The Kueue manager `make kueue` builds from the Go module proxy (docs/kueue.md).
+KUEUE_VERSION ?= v0.17.0
 
 install:  ## torch first and pinned (see TORCH_PIP_ARGS for a CPU-only machine), then kelastic
 	$(PYTHON) -m pip install torch==2.13.0 $(TORCH_PIP_ARGS)
@@ -26,6 +28,9 @@ test-gpu:  ## the gpu lane: NCCL scenarios, needs CUDA and 2+ GPUs (docs/gpus.md
 
 control-plane:  ## build (or reuse) kube-apiserver, -controller-manager, -scheduler, kubectl, etcd; prints their directory last
 	@K8S_VERSION=$(K8S_VERSION) ETCD_VERSION=$(ETCD_VERSION) nice -n 10 bash localcluster/controlplane/build.sh
+
+kueue:  ## build (or reuse) the Kueue manager and its CRDs; prints their directory last
+	@KUEUE_VERSION=$(KUEUE_VERSION) nice -n 10 bash localcluster/kueue/build.sh
 
 lint:  ## style, types, the import direction between the three parts, docs that name every module; CI runs this
 	ruff check .

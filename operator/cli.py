@@ -176,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-address", default="0.0.0.0", help="address the metrics port binds (default %(default)s)"
     )
     p.add_argument(
+        "--kueue",
+        action="store_true",
+        help="jobs labelled kueue.x-k8s.io/queue-name wait for Kueue's admission through Workloads "
+        "(needs Kueue's CRDs; docs/kueue.md)",
+    )
+    p.add_argument(
         "--liveness",
         default=None,
         metavar="URL",
@@ -300,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kube = Kube(cfg)
     options = ControllerOptions(
         resync_interval=args.resync_interval,
+        kueue=args.kueue,
         reconcile=ReconcileConfig(
             min_replicas_timeout=args.min_replicas_timeout,
             success_grace=args.success_grace,

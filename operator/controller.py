@@ -47,6 +47,8 @@ from kelastic.operator.executor import ActionExecutor
 from kelastic.operator.jobcache import EXPECT_SECONDS, JobCache
 from kelastic.operator.joblog import JobKey, job_log
 from kelastic.operator.kube import ApiError, Kube
+from kelastic.operator.kueue import queue_name
+from kelastic.operator.kueuesync import QueueSync
 from kelastic.operator.metrics import OperatorMetrics, count_recoveries
 from kelastic.operator.observed import Observed, PodView, ServiceView
 from kelastic.operator.reconcile import Decision, DeleteJob, ReconcileConfig, external_store, reconcile
@@ -76,6 +78,8 @@ class ControllerOptions:
     #: Upper bound on reconciles running at once (each may hold a few API calls).
     max_parallel: int = 16
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
+    #: Jobs labelled ``kueue.x-k8s.io/queue-name`` wait for Kueue's admission (kelastic.operator.kueue).
+    kueue: bool = False
 
 
 class Controller:
@@ -141,6 +145,8 @@ class Controller:
         self.executor = ActionExecutor(
             self.kube, self._io, self.events, self.metrics, self.cache, self.stores.publish
         )
+        #: Queued jobs' Workloads (only with ``options.kueue``).
+        self.queues = QueueSync(self.kube, self._io, self.events) if self.options.kueue else None
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="kelastic-api")
         self._limit = asyncio.Semaphore(self.options.max_parallel)
         self._resync_task: asyncio.Task[None] | None = None
@@ -303,9 +309,15 @@ class Controller:
         rdzv = self.stores.observe(key, job, pods)
         original_status = dict(body.get("status") or {})
         decision: Decision | None = None
+        queued = self.queues is not None and queue_name(job) is not None and job.spec is not None
+        priority = await self.queues.priority(job) if self.queues is not None and queued else None
         for _ in range(3):
+            grant = None
+            if self.queues is not None and queued:
+                before = self.queues.plan(job, pods, job.status.get("phase"), priority, self.clock.now())
+                grant = before.grant if before is not None else None
             observed = Observed(
-                now=self.clock.now(), pods=tuple(pods), services=tuple(services), rendezvous=rdzv
+                now=self.clock.now(), pods=tuple(pods), services=tuple(services), rendezvous=rdzv, queue=grant
             )
             decision = reconcile(job, observed, self.options.reconcile)
             applied = await self.executor.apply(job, body, decision, pods, services)
@@ -317,6 +329,11 @@ class Controller:
                 break
             job = parse_job({**body, "status": decision.status})
         assert decision is not None
+        if self.queues is not None and queued:
+            # Planned again as of the pass's outcome: a job that just ended finishes its Workloads now.
+            after = self.queues.plan(job, pods, decision.status.get("phase"), priority, self.clock.now())
+            if after is not None:
+                await self.queues.apply(body, job, after)
         # Recoveries are counted once their mark is in the status: a new operator reads it
         # and does not count them again (the agents report their latest for as long as they run).
         recoveries, status = count_recoveries(decision.status, rdzv.recoveries if rdzv is not None else ())

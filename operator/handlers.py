@@ -31,6 +31,7 @@ from typing import Any
 import kopf
 
 from kelastic.agent import contract
+from kelastic.operator import kueue
 from kelastic.operator.controller import Controller, JobKey
 from kelastic.operator.leader import LeaderElector
 from kelastic.operator.observed import PodView, ServiceView, pod_view, service_view
@@ -42,6 +43,8 @@ __all__ = ["OWNED_SELECTOR", "NoDiffBase", "build_registry", "configure_settings
 OWNED_SELECTOR = contract.LABEL_JOB_NAME
 #: The kinds watched with :data:`OWNED_SELECTOR` only.
 OWNED_KINDS = (("v1", "pods"), ("v1", "services"))
+#: Kueue's Workloads, watched (with :data:`OWNED_SELECTOR`) only when the operator runs with --kueue.
+WORKLOADS = (kueue.GROUP, "workloads")
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -66,7 +69,7 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
-def configure_settings(settings: kopf.OperatorSettings, *, cluster_wide: bool) -> None:
+def configure_settings(settings: kopf.OperatorSettings, *, cluster_wide: bool, kueue: bool = False) -> None:
     """The kopf settings of kelastic-operator (applied at startup, before any watch starts)."""
     settings.persistence.diffbase_storage = NoDiffBase()
     # Our own Events say what happened; kopf's would repeat each handler run.
@@ -77,6 +80,8 @@ def configure_settings(settings: kopf.OperatorSettings, *, cluster_wide: bool) -
     settings.peering.standalone = True
     for kind in OWNED_KINDS:
         settings.watching.label_selectors[kind] = OWNED_SELECTOR
+    if kueue:
+        settings.watching.label_selectors[WORKLOADS] = OWNED_SELECTOR
     # Namespaced: serve exactly the namespaces named. Scanning would list namespaces and
     # CRDs, which the chart's Role does not grant. Cluster-wide, scanning follows the CRD
     # being installed or changed after the operator started (the ClusterRole grants it).
@@ -90,7 +95,7 @@ def build_registry(
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure_settings(settings, cluster_wide=cluster_wide)
+        configure_settings(settings, cluster_wide=cluster_wide, kueue=controller.queues is not None)
         controller.start()
         if elector is not None:
             elector.start()
@@ -161,4 +166,32 @@ def build_registry(
                 controller.pod_seen(key, name)
             controller.trigger(key)
 
+    if controller.queues is not None:
+        _register_workloads(registry, controller)
     return registry
+
+
+def _register_workloads(registry: kopf.OperatorRegistry, controller: Controller) -> None:
+    """With Kueue: the index of the operator's Workloads, and a pass of their job on each change."""
+    queues = controller.queues
+    assert queues is not None
+
+    @kopf.index(kueue.GROUP, "v1beta2", "workloads", id="kelastic_workloads", registry=registry)
+    def kelastic_workloads(
+        namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+    ) -> dict[JobKey, kueue.WorkloadView]:
+        job = labels.get(contract.LABEL_JOB_NAME)
+        view = kueue.workload_view(body) if job else None
+        return {(namespace or "", job): view} if job and view is not None else {}
+
+    @kopf.on.event(kueue.GROUP, "v1beta2", "workloads", id="elasticjob-workload", registry=registry)  # type: ignore[arg-type]
+    async def workload_event(
+        namespace: str | None,
+        labels: kopf.Labels,
+        kelastic_workloads: kopf.Index[JobKey, kueue.WorkloadView],
+        **_: Any,
+    ) -> None:
+        queues.bind_index(kelastic_workloads)
+        job = labels.get(contract.LABEL_JOB_NAME)
+        if job:
+            controller.trigger((namespace or "", job))

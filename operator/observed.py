@@ -17,6 +17,7 @@ from typing import Any
 from kelastic.agent import contract
 from kelastic.operator.checkpoint import CheckpointReport
 from kelastic.operator.disruption import disruption_reason
+from kelastic.operator.kueue import Grant
 from kelastic.operator.spec import JOB_SECRET_VOLUME, parse_time
 
 __all__ = [
@@ -116,6 +117,8 @@ class Observed:
     #: None when the store was not asked or could not be reached.
     rendezvous: RendezvousView | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: What Kueue admits of a queued job (kelastic.operator.kueue); None when Kueue does not manage it.
+    queue: Grant | None = None
 
 
 def _owner_uid(metadata: Mapping[str, Any]) -> str | None:

@@ -156,6 +156,7 @@ class JobMeta:
     generation: int
     creation_timestamp: datetime | None
     annotations: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -272,6 +273,7 @@ def parse_job(body: Mapping[str, Any]) -> Job:
         generation=int(metadata.get("generation") or 0),
         creation_timestamp=parse_time(metadata.get("creationTimestamp")),
         annotations=dict(metadata.get("annotations") or {}),
+        labels=dict(metadata.get("labels") or {}),
     )
     status = body.get("status") or {}
     deleting = bool(metadata.get("deletionTimestamp"))

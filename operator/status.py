@@ -38,6 +38,8 @@ class Phase(str, enum.Enum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
+    #: Waiting for Kueue to admit the job (kelastic.operator.kueue): no pod runs.
+    QUEUED = "Queued"
 
 
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
@@ -81,6 +83,8 @@ class JobStatus:
     last_recovery_time: str | None = None
     #: The members' memory checkpoints (``kelastic.operator.checkpoint``).
     checkpoint: dict[str, Any] | None = None
+    #: What Kueue admits of a queued job (``kelastic.operator.reconcile.queue``).
+    queue: dict[str, Any] | None = None
     start_time: str | None = None
     completion_time: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)

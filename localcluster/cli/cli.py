@@ -272,7 +272,9 @@ def _in_thread(what: str, fn: Callable[[], T]) -> T:
     return result[0]
 
 
-def _install_chart(cluster: LocalCluster, out: TextIO, watch: Sequence[str], cluster_wide: bool) -> bool:
+def _install_chart(
+    cluster: LocalCluster, out: TextIO, watch: Sequence[str], cluster_wide: bool, kueue: bool = False
+) -> bool:
     """On a real control plane, install the operator from its chart; False when that is not possible here.
 
     The operator then runs as the chart's Deployment under its ServiceAccount and
@@ -292,6 +294,7 @@ def _install_chart(cluster: LocalCluster, out: TextIO, watch: Sequence[str], clu
         lambda: install_chart(
             cluster.kubeconfig,
             chart_dir,
+            values={"kueue": {"enabled": True}} if kueue else None,
             watch_namespaces=tuple(watch),
             cluster_wide=cluster_wide,
             progress=_progress(out),
@@ -325,6 +328,7 @@ def _start_operator(
     watch: Sequence[str] = (),
     cluster_wide: bool = True,
     log_kept: bool = True,
+    kueue: bool = False,
 ) -> _Operator | None:
     """Start the operator: from the chart on a real control plane, else as a subprocess (None: not installed).
 
@@ -339,7 +343,7 @@ def _start_operator(
                 f"kelastic: ${OPERATOR_OVERRIDE_ENV} is set: running it instead of installing the chart",
                 file=out,
             )
-        elif _install_chart(cluster, out, watch, cluster_wide):
+        elif _install_chart(cluster, out, watch, cluster_wide, kueue):
             return None
     command = override if override is not None else operator_command()
     if command is None:
@@ -348,7 +352,7 @@ def _start_operator(
     if override is None:
         # The operator watches only "default" without a scope flag.
         port = free_port()
-        command = [*command, *_operator_flags(watch, cluster_wide, port)]
+        command = [*command, *_operator_flags(watch, cluster_wide, port), *(["--kueue"] if kueue else [])]
         metrics_url = f"http://{HOST}:{port}/metrics"
     operator = _Operator(command, cluster.kubeconfig, cluster.data_dir / "operator.log", metrics_url)
     scope = "every namespace" if cluster_wide else f"namespace(s) {', '.join(watch)}"
@@ -453,6 +457,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     served = served_namespaces(args.watch_namespace, args.cluster_wide)
     operator: _Operator | None = None
+    kueue: Any = None
+    if args.kueue and not cluster.real:
+        print(
+            "kelastic: --kueue needs a real control plane (--control-plane DIR, built by make control-plane): "
+            "Kueue's manager runs against kube-apiserver",
+            file=sys.stderr,
+        )
+        return 2
     stopper = _Stopper()
     with stopper.installed():  # also during the clean-up: a second Ctrl-C must not break it off
         try:
@@ -460,8 +472,10 @@ def cmd_up(args: argparse.Namespace) -> int:
                 with stopper.interruptible():
                     cluster.start()
                     _apply_crds(cluster, out)
+                    if args.kueue:
+                        kueue = _start_kueue(cluster, out, args.kueue)
                     if not args.no_operator:
-                        operator = _start_operator(cluster, out, *served)
+                        operator = _start_operator(cluster, out, *served, kueue=kueue is not None)
             except Interrupted as exc:
                 print(f"kelastic: {exc} while starting: stopping what was started", file=out, flush=True)
                 return exit_code(exc.signum)
@@ -489,12 +503,34 @@ def cmd_up(args: argparse.Namespace) -> int:
             print("kelastic: stopping", file=out, flush=True)
         finally:
             try:
+                if kueue is not None:
+                    kueue.stop()
                 _stop_all(cluster, operator)
             finally:
                 if temp_dir is not None:
                     shutil.rmtree(temp_dir, ignore_errors=True)
                 print("kelastic: stopped", file=out, flush=True)
     return 0
+
+
+def _start_kueue(cluster: LocalCluster, out: TextIO, flag: str) -> Any:
+    """Kueue's manager beside the control plane (docs/kueue.md), from ``flag`` or the build ``make kueue`` made."""
+    from ..kueue import KueueBinaries, KueueManager, find_kueue_dir
+
+    directory = find_kueue_dir(None if flag == "auto" else flag)
+    if directory is None:
+        raise SystemExit(
+            "kelastic: --kueue: no Kueue build found; run `make kueue` (it builds sigs.k8s.io/kueue from the Go "
+            "module proxy into ~/.cache/kelastic/kueue/<version>), or pass --kueue DIR"
+        )
+    assert cluster.control_plane is not None
+    manager = KueueManager(
+        KueueBinaries.find(directory),
+        cluster.control_plane,
+        (cluster.state_dir or cluster.data_dir) / "kueue",
+        progress=_progress(out),
+    )
+    return manager.start()
 
 
 # -- run ------------------------------------------------------------------------------
@@ -852,6 +888,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-dir", type=Path, help="pod logs and volumes (default: <state dir>/data or a temp dir)"
     )
     up.add_argument("--no-operator", action="store_true", help="do not start the kelastic operator")
+    up.add_argument(
+        "--kueue",
+        nargs="?",
+        const="auto",
+        metavar="DIR",
+        help="start Kueue's manager beside the operator (needs --control-plane); DIR is what `make kueue` "
+        "printed (default: $KELASTIC_KUEUE, else the newest build), and the operator queues jobs labelled "
+        "kueue.x-k8s.io/queue-name (docs/kueue.md)",
+    )
     _control_plane_flag(up)
     _image_flag(up)
     _gpus_flag(up)

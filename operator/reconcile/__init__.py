@@ -37,6 +37,7 @@ from kelastic.operator.reconcile import (
     membership,
     network_policy,
     ongoing_phase,
+    queue,
     replica_range,
     scaling,
     stalled,
@@ -121,6 +122,12 @@ def reconcile(job: Job, observed: Observed, config: ReconcileConfig | None = Non
             finished(p, spec, workers)
         elif spec.suspend:
             suspend(p, spec, workers)
+        elif observed.queue is not None:
+            queue.record(p, observed.queue)
+            if observed.queue.admitted == 0:
+                queue.queued(p, spec, workers, observed.queue)
+            else:
+                _active(p, queue.admitted_spec(spec, observed.queue), workers)
         else:
             _active(p, spec, workers)
 

@@ -43,12 +43,14 @@ LOCALCLUSTER: dict[str, tuple[str, ...]] = {
     f"{LC}.kubelet": (f"{LC}.common",),
     f"{LC}.controllers": (f"{LC}.common",),
     f"{LC}.controlplane": (f"{LC}.common",),
+    f"{LC}.kueue": (f"{LC}.common", f"{LC}.controlplane"),
     f"{LC}.cli": (
         f"{LC}.common",
         f"{LC}.apiserver",
         f"{LC}.kubelet",
         f"{LC}.controllers",
         f"{LC}.controlplane",
+        f"{LC}.kueue",
     ),
 }
 # The modules that stand in localcluster/ itself, outside the parts: the package's public face.

@@ -115,4 +115,16 @@ namespaced Role and the cluster-wide ClusterRole so both grant the same verbs.
   resources: ["networkpolicies"]
   verbs: ["create", "patch"]
 {{- end }}
+{{- if .Values.kueue.enabled }}
+# Kueue (docs/kueue.md): the Workloads through which a queued job asks for its workers
+# (watched by label, created, deleted while pending), and their status: the operator
+# releases an evicted Workload's quota once its pods are gone, marks pods ready, and
+# finishes the Workloads when the job ends.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list", "watch", "create", "delete"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 {{- end }}

@@ -1,0 +1,343 @@
+"""ElasticJobs queued by the real Kueue, on the real control plane (v1.37 lane).
+
+Real processes throughout: etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+(``make control-plane``), Kueue's manager (``make kueue``) with its CRDs and webhooks, the
+kelastic operator with ``--kueue``, the process kubelet, kelastic-agent and torch workers
+(gloo on CPU). A ClusterQueue of 1.5 CPUs; each worker asks for 500m, so three workers fit.
+
+Skipped, saying how to enable it, where either build is missing; the emulator lane has no
+Kueue (Kueue's manager needs kube-apiserver).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kelastic.localcluster.cli.cluster import LocalCluster
+from kelastic.localcluster.kueue import KueueBinaries, KueueManager, find_kueue_dir
+from kelastic.localcluster.testing import Kubectl, stop_process, wait_for
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+QUEUE = "team"
+FIGURES: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def kueue_dir() -> Path:
+    found = find_kueue_dir()
+    if found is None or not (found / "bin" / "kueue").is_file():
+        pytest.skip(
+            "no Kueue build: run `make kueue` (builds sigs.k8s.io/kueue v0.17.0 from the Go module proxy into "
+            "~/.cache/kelastic/kueue/<version>) or set KELASTIC_KUEUE to such a directory; this lane also needs "
+            "`make control-plane`"
+        )
+    return found
+
+
+@pytest.fixture(scope="module")
+def lane(
+    control_plane_bin: Path, kueue_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LocalCluster, Kubectl]]:
+    data = tmp_path_factory.mktemp("kueue-lane")
+    cluster = LocalCluster(
+        data / "data", control_plane=control_plane_bin, workdir=REPO, backoff_base=1.0, backoff_cap=4.0
+    )
+    cluster.start(timeout=120)
+    manager: KueueManager | None = None
+    operator: subprocess.Popen[bytes] | None = None
+    try:
+        assert cluster.control_plane is not None
+        manager = KueueManager(KueueBinaries.find(kueue_dir), cluster.control_plane, data / "kueue").start()
+        kubectl = Kubectl(cluster.kubeconfig)
+        kubectl("apply", "-f", str(REPO / "crds" / "elasticjob.yaml"))
+        kubectl.apply(QUOTA)
+        log = open(data / "operator.log", "wb")  # noqa: SIM115 - lives as long as the operator
+        operator = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kelastic.operator",
+                f"--kubeconfig={cluster.kubeconfig}",
+                "--standalone",
+                "--all-namespaces",
+                "--kueue",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        yield cluster, kubectl
+    finally:
+        if operator is not None:
+            stop_process(operator, 10.0)
+        if manager is not None:
+            manager.stop()
+        cluster.stop()
+        for name, value in FIGURES.items():
+            print(f"kueue lane: {name}: {value:.1f}")
+
+
+QUOTA = f"""
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata:
+  name: default
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata:
+  name: cq
+spec:
+  namespaceSelector: {{}}
+  preemption:
+    withinClusterQueue: LowerPriority
+  resourceGroups:
+  - coveredResources: [cpu]
+    flavors:
+    - name: default
+      resources:
+      - name: cpu
+        nominalQuota: 1500m
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata:
+  name: {QUEUE}
+  namespace: default
+spec:
+  clusterQueue: cq
+"""
+
+
+def elastic_job(name: str, minimum: int, replicas: int, steps: int, delay: float = 0.2) -> dict[str, Any]:
+    return {
+        "apiVersion": "kelastic.dev/v1alpha1",
+        "kind": "ElasticJob",
+        "metadata": {"name": name, "namespace": "default", "labels": {"kueue.x-k8s.io/queue-name": QUEUE}},
+        "spec": {
+            "minReplicas": minimum,
+            "maxReplicas": 4,
+            "replicaSpecs": {
+                "Worker": {
+                    "replicas": replicas,
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "trainer",
+                                    "image": "kelastic:0.1.0",
+                                    "command": ["python", "examples/train.py"],
+                                    "args": [
+                                        f"--steps={steps}",
+                                        f"--step-delay={delay}",
+                                        "--checkpoint-every=1",
+                                        "--log-every=5",
+                                    ],
+                                    "resources": {"requests": {"cpu": "500m"}},
+                                }
+                            ]
+                        }
+                    },
+                }
+            },
+        },
+    }
+
+
+def get_job(kubectl: Kubectl, name: str) -> dict[str, Any]:
+    return kubectl.json("elasticjob", name)
+
+
+def status(kubectl: Kubectl, name: str) -> dict[str, Any]:
+    return get_job(kubectl, name).get("status") or {}
+
+
+def step_of(st: dict[str, Any]) -> int:
+    text = str(st.get("progress") or "")
+    head = text.split("/")[0].strip()
+    return int(head) if head.isdigit() else 0
+
+
+def worker_pods(kubectl: Kubectl, job: str) -> list[dict[str, Any]]:
+    pods = kubectl.json("pods", "-l", f"kelastic.dev/job-name={job},kelastic.dev/role=worker")
+    return [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def test_a_queued_job_waits_for_quota_and_grows_when_it_frees(lane: tuple[LocalCluster, Kubectl]) -> None:
+    """First waits for second; partial admission at minReplicas; growth when quota frees."""
+    _, kubectl = lane
+    kubectl.apply_object(elastic_job("first", 2, 2, steps=40))
+    wait_for(lambda: status(kubectl, "first").get("phase") == "Running" or None, 240, "first to run")
+    # second asks for 2..2: 500m are left of 1500m, so Kueue admits nothing yet.
+    kubectl.apply_object(elastic_job("second", 2, 2, steps=30))
+    queued = wait_for(
+        lambda: (
+            (s := status(kubectl, "second")).get("phase") == "Queued"
+            and (s.get("queue") or {}).get("message")
+            and s
+        ),
+        60,
+        "second to be Queued with Kueue's reason",
+    )
+    assert "insufficient" in queued["queue"]["message"], queued
+    assert worker_pods(kubectl, "second") == []
+    table = kubectl("get", "elasticjobs")
+    assert "team: 0 admitted, 2 pending" in table, table
+    # third asks for 1..3: partial admission at its minimum (one worker of 500m).
+    kubectl.apply_object(elastic_job("third", 1, 3, steps=400, delay=0.1))
+    wait_for(
+        lambda: (status(kubectl, "third").get("queue") or {}).get("admitted") == 1 or None,
+        60,
+        "third to be admitted with 1 worker",
+    )
+    assert len(worker_pods(kubectl, "third")) == 1
+    # first ends: its quota is released at once, and second (queued first) starts.
+    wait_for(lambda: status(kubectl, "first").get("phase") == "Succeeded" or None, 300, "first to succeed")
+    freed = time.monotonic()
+    wait_for(
+        lambda: step_of(status(kubectl, "second")) >= 1 or None, 240, "second's first step", interval=0.2
+    )
+    FIGURES["quota freed -> waiting job's first step (s)"] = time.monotonic() - freed
+    # second ends: third grows to 3 through its growth Workload.
+    wait_for(lambda: status(kubectl, "second").get("phase") == "Succeeded" or None, 300, "second to succeed")
+    wait_for(
+        lambda: (status(kubectl, "third").get("queue") or {}).get("admitted") == 3 or None,
+        120,
+        "third to grow to 3 admitted workers",
+    )
+    wait_for(lambda: status(kubectl, "third").get("worldSize") == 3 or None, 240, "third's group at 3")
+    final = status(kubectl, "third")
+    assert not final.get("backoffCount"), final
+    workloads = kubectl.json("workloads.kueue.x-k8s.io")["items"]
+    finished = [
+        w["metadata"]["name"]
+        for w in workloads
+        if any(c["type"] == "Finished" and c["status"] == "True" for c in w["status"].get("conditions", []))
+    ]
+    assert any(n.startswith("first-") for n in finished) and any(n.startswith("second-") for n in finished)
+    kubectl("delete", "elasticjob", "third", "--wait=false")
+    print(json.dumps({"third": final.get("queue")}))
+
+
+URGENT = """
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: WorkloadPriorityClass
+metadata:
+  name: urgent
+value: 1000
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: ckpt
+  namespace: default
+spec:
+  accessModes: [ReadWriteMany]
+  resources:
+    requests:
+      storage: 1Gi
+"""
+
+
+def with_checkpoint_files(job: dict[str, Any]) -> dict[str, Any]:
+    """The job's script also writes checkpoint files to a claim, which outlive its pods."""
+    pod = job["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]
+    container = pod["containers"][0]
+    container["args"] += ["--checkpoint-dir=/ckpt/{run_id}", "--log-every=1"]
+    container["volumeMounts"] = [{"name": "ckpt", "mountPath": "/ckpt"}]
+    pod["volumes"] = [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "ckpt"}}]
+    return job
+
+
+def urgent(job: dict[str, Any]) -> dict[str, Any]:
+    job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "urgent"
+    return job
+
+
+def history(cluster: LocalCluster) -> list[dict[str, Any]]:
+    """The job's training history (examples/train.py writes it to the claim, rank 0 only)."""
+    files = sorted((cluster.data_dir / "claims").rglob("history.jsonl"))
+    assert files, f"no history.jsonl under {cluster.data_dir / 'claims'}"
+    return [json.loads(line) for line in files[-1].read_text().splitlines() if line.strip()]
+
+
+def restarts(events: list[dict[str, Any]]) -> list[tuple[int, int, str]]:
+    """Each restart after the first start: (steps redone, step resumed from, source).
+
+    Steps redone are the checkpoints recorded past the step the group resumed from (every step
+    is a checkpoint here), i.e. the steps lost beyond the one in flight."""
+    out: list[tuple[int, int, str]] = []
+    newest = 0
+    started = False
+    for event in events:
+        if event["event"] == "checkpoint":
+            newest = max(newest, int(event["step"]))
+        elif event["event"] == "start":
+            if started:
+                out.append(
+                    (max(0, newest - int(event["step"])), int(event["step"]), str(event.get("source")))
+                )
+            started = True
+    return out
+
+
+def test_preemption_shrinks_then_suspends_and_resumes_without_a_failure(
+    lane: tuple[LocalCluster, Kubectl],
+) -> None:
+    _, kubectl = lane
+    kubectl.apply(URGENT)
+    # hold takes 2 workers, so low is admitted at its minimum (1) and grows to 3 when hold ends.
+    kubectl.apply_object(elastic_job("hold", 2, 2, steps=20))
+    wait_for(lambda: status(kubectl, "hold").get("phase") == "Running" or None, 240, "hold to run")
+    kubectl.apply_object(with_checkpoint_files(elastic_job("low", 1, 3, steps=3000, delay=0.1)))
+    wait_for(lambda: status(kubectl, "hold").get("phase") == "Succeeded" or None, 300, "hold to succeed")
+    wait_for(lambda: status(kubectl, "low").get("worldSize") == 3 or None, 300, "low to grow to 3")
+    # An urgent job of 2 workers: Kueue preempts low's growth Workload (2 workers), not its base.
+    kubectl.apply_object(urgent(elastic_job("high", 2, 2, steps=40)))
+    preempted = time.monotonic()
+    wait_for(lambda: status(kubectl, "low").get("worldSize") == 1 or None, 120, "low to shrink to 1")
+    before = step_of(status(kubectl, "low"))
+    wait_for(lambda: step_of(status(kubectl, "low")) > before or None, 120, "low's shrunk group to step")
+    FIGURES["preemption -> shrunk group's first step (s)"] = time.monotonic() - preempted
+    low = status(kubectl, "low")
+    assert low.get("phase") in ("Running", "Scaling"), low
+    assert not low.get("backoffCount") and low["queue"]["admitted"] == 1, low
+    cluster = lane[0]
+    shrink = restarts(history(cluster))
+    assert shrink, history(cluster)
+    FIGURES["steps lost at the shrink"] = shrink[-1][0]
+    wait_for(lambda: status(kubectl, "high").get("phase") == "Succeeded" or None, 300, "high to succeed")
+    wait_for(
+        lambda: (status(kubectl, "low").get("queue") or {}).get("admitted") == 3 or None,
+        120,
+        "low to grow back",
+    )
+    # An urgent job of 3 workers takes the whole queue: low is suspended (Queued), not failed.
+    kubectl.apply_object(urgent(elastic_job("all", 3, 3, steps=30)))
+    suspended = wait_for(
+        lambda: (s := status(kubectl, "low")).get("phase") == "Queued" and s, 120, "low to be suspended"
+    )
+    last = step_of(suspended)  # the status's progress lags: a lower bound of the step reached
+    wait_for(lambda: worker_pods(kubectl, "low") == [] or None, 120, "low's pods to go")
+    wait_for(lambda: status(kubectl, "all").get("phase") == "Succeeded" or None, 300, "all to succeed")
+    resumed = time.monotonic()
+    before = len(restarts(history(cluster)))
+    wait_for(lambda: len(restarts(history(cluster))) > before or None, 300, "low to resume")
+    wait_for(lambda: status(kubectl, "low").get("phase") == "Running" or None, 300, "low to run again")
+    FIGURES["quota freed -> suspended job's first step (s)"] = time.monotonic() - resumed
+    lost, start, source = restarts(history(cluster))[-1]
+    assert source == "checkpoint file" and start >= last - 1, (lost, start, source, last)
+    FIGURES["steps lost at the suspension"] = lost
+    final = status(kubectl, "low")
+    assert not final.get("backoffCount") and final.get("phase") != "Failed", final
+    kubectl("delete", "elasticjob", "low", "--wait=false")
