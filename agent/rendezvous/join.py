@@ -24,10 +24,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
+    RendezvousGracefulExitError,
     RendezvousInfo,
     RendezvousStoreInfo,
     RendezvousTimeoutError,
@@ -157,10 +159,10 @@ class Joiner:
             epoch = self._events.epoch()
             if epoch is None or epoch != self._closed_checked:
                 if store.check([k.closed]):
-                    raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
+                    self._raise_closed()
                 self._closed_checked = epoch
             if self._events.job_closed.is_set():
-                raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
+                self._raise_closed()
             bounds = read_bounds(store, k)
             if bounds is not None and not store.check([k.listed(name)]):
                 # The controller has not admitted this node (yet): wait for a publication.
@@ -218,6 +220,16 @@ class Joiner:
                 "kelastic rendezvous: %s came too late for round %d; waiting for round %d", name, r, r + 1
             )
             next_round = r + 1
+
+    def _raise_closed(self) -> NoReturn:
+        """The job is finished: a parked standby exits gracefully (it had no rank), a joiner fails."""
+        s = self._s
+        if self.parked is not None:
+            self.parked = None
+            raise RendezvousGracefulExitError(
+                f"the job of rendezvous {s.run_id} finished while {s.node_name} waited as a standby"
+            )
+        raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
 
     def _place(self, store: dist.TCPStore, r: int, bounds: ControllerBounds | None) -> bool | None:
         """Whether this node takes a slot in round r: False (a member, or the first round),

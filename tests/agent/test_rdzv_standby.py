@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from torch.distributed.elastic.rendezvous import RendezvousInfo
+from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError, RendezvousInfo
 
 from kelastic.agent.rendezvous import KelasticRendezvousHandler, ServerProcess, control, standby
 from kelastic.agent.rendezvous.protocol import RunKeys, read_counter
@@ -193,12 +193,15 @@ def test_raised_bounds_take_the_parked_node_in_first(server: ServerProcess, run_
     thread, out = in_thread(spare.next_rendezvous)
     wait_until("the spare parked", lambda: standby_record(server, run_id, "spare") is not None)
     assert not members[0].wait_membership_change(0.5)
+    # The controller sees it as a standby: listed, no member, parked.
+    assert control.read_status(store, run_id).standbys == ("spare",)
     control.publish_membership(store, run_id, nodes=names, min_nodes=1, max_nodes=3)
     assert members[0].wait_membership_change(5)
     infos = rendezvous_concurrently(members)
     thread.join(10)
     assert isinstance(out[0], RendezvousInfo), out
     assert {i.world_size for i in [*infos, out[0]]} == {3}
+    assert control.read_status(store, run_id).standbys == ()
 
 
 def test_lowered_bounds_shrink_the_group_and_the_node_past_them_parks(
@@ -218,3 +221,16 @@ def test_lowered_bounds_shrink_the_group_and_the_node_past_them_parks(
     assert {out[0].world_size for _, out in runs if out} == {2}
     parked = [m.node_name for m, (_, out) in zip(members, runs, strict=True) if not out]
     wait_until("the third parked", lambda: standby_record(server, run_id, parked[0]) is not None)
+
+
+def test_a_standby_exits_gracefully_when_the_job_finishes(server: ServerProcess, run_id: str) -> None:
+    """It had no rank: the end of the job is a graceful exit for it, not a failure."""
+    members = [make(server.endpoint, run_id, f"n{i}", 2, 2) for i in range(2)]
+    rendezvous_concurrently(members)
+    spare = make(server.endpoint, run_id, "spare", 2, 2)
+    thread, out = in_thread(spare.next_rendezvous)
+    wait_until("the spare parked", lambda: standby_record(server, run_id, "spare") is not None)
+    members[0].set_closed()
+    thread.join(10)
+    assert isinstance(out[0], RendezvousGracefulExitError), out
+    assert "waited as a standby" in str(out[0])
