@@ -17,7 +17,7 @@ it when it restarts its workers. The ledger keeps:
   its first attempt accounts nothing, the group's older members do.
 
 ``record()`` is the JSON object the agent publishes under ``"goodput"`` in its
-progress record; the operator (``kelastic.operator.goodput``) turns the members'
+progress record (with ``time``, when it was made: the node had done ``step`` steps then); the operator (``kelastic.operator.goodput``) turns the members'
 records into the job's ``status.goodput``. The definitions are in docs/operations.md.
 """
 
@@ -130,6 +130,7 @@ class GoodputLedger:
         seconds = self.step_seconds
         current = self._current
         return {
+            "time": round(time.time(), 3),
             "started": round(self.started, 3),
             "step": current.step if current is not None else None,
             "step_time": round(current.time, 3) if current is not None else None,

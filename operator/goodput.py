@@ -12,7 +12,10 @@ missing or malformed; :func:`goodput_status` folds the current members' reports 
   lost to a restore and done again counts once, when it is done past the highest);
 * ``stepSeconds``: the fault-free step time, the median of the members' own (each the
   median of their recent step intervals without save stalls);
-* ``productiveSeconds = keptSteps x stepSeconds``; ``elapsedSeconds``: since ``since``;
+* ``productiveSeconds = keptSteps x stepSeconds``; ``elapsedSeconds``: from ``since`` to
+  when the slowest member reported its step (its record's ``time``: it had done that many
+  steps then), or to :data:`STALE_AFTER` seconds ago when no member reported for that long
+  (a restart under way, a hung job: the clock runs on);
   ``ratio = productiveSeconds / elapsedSeconds``, shown as ``percent``;
 * where the rest went: ``restartSeconds`` (per restart, from the last step before it
   to the first step after, less that step's own time), ``redoneSteps`` and
@@ -37,6 +40,7 @@ from kelastic.operator.spec import parse_time
 
 __all__ = [
     "SAME_RESUME_WINDOW",
+    "STALE_AFTER",
     "STATUS_FIELD",
     "GoodputReport",
     "Resume",
@@ -46,6 +50,8 @@ __all__ = [
 
 #: The ElasticJob status field this module writes.
 STATUS_FIELD = "goodput"
+#: With no member's record newer than this (seconds), the elapsed time runs on with the clock.
+STALE_AFTER = 15.0
 #: Restarts reported resuming this close together (seconds) are one restart: the members
 #: of a group take their first step together, and restarts are seconds apart.
 SAME_RESUME_WINDOW = 1.0
@@ -69,6 +75,8 @@ class GoodputReport:
     node: str
     step: int | None = None
     step_time: float | None = None
+    #: When the record was made (epoch seconds): the node had done ``step`` steps then.
+    time: float | None = None
     step_seconds: float | None = None
     stall: float = 0.0
     started: float | None = None
@@ -95,6 +103,7 @@ def report(node: str, record: Mapping[str, Any]) -> GoodputReport:
         node=node,
         step=int(step) if step is not None else None,
         step_time=nonnegative(record.get("step_time")),
+        time=nonnegative(record.get("time")),
         step_seconds=seconds if seconds else None,
         stall=nonnegative(record.get("stall")) or 0.0,
         started=nonnegative(record.get("started")),
@@ -174,7 +183,12 @@ def goodput_status(
         nodes[rep.node] = {"started": rep.started, "stall": rep.stall}
     out["saveStallSeconds"] = round(stall, 3)
     out["nodes"] = nodes
-    elapsed = max(0.0, now - since)
+    # Up to when the figures hold: the slowest member's record, unless every record is stale.
+    as_of = now - STALE_AFTER
+    if stepped:
+        slowest = min(stepped, key=lambda r: (r.step, -(r.time or r.step_time or 0.0)))
+        as_of = max(as_of, slowest.time or slowest.step_time or as_of)
+    elapsed = max(float(out.get("elapsedSeconds", 0.0)), min(now, as_of) - since)
     kept = int(out["highStep"]) - int(out["firstStep"])
     out["elapsedSeconds"] = round(elapsed, 3)
     out["keptSteps"] = kept

@@ -47,8 +47,8 @@ The controller (kelastic's operator) is a client of the same store as the agents
     "durable", "seconds", "time"}``, or null), ``bytes`` (what it holds) and ``limit``;
     ``read_status`` lists the current members' records as they were written, and
     readers tolerate missing or extra keys. ``goodput`` (optional) is the node's goodput
-    record (``kelastic.agent.goodput``), a JSON object: ``started`` (when its agent
-    started), ``step`` and ``step_time`` (its slowest rank's step and when it reached it), ``step_seconds``
+    record (``kelastic.agent.goodput``), a JSON object: ``time`` (when it was made),
+    ``started`` (when its agent started), ``step`` and ``step_time`` (its slowest rank's step and when it reached it), ``step_seconds``
     (its fault-free step time), ``stall`` (seconds its workers waited on saves) and
     ``resumes`` (its latest restarts: ``[stopped step, stopped time, first step, first
     time]`` each); ``read_status`` lists the current members' records as written.

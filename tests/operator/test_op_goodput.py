@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from kelastic.operator.goodput import GoodputReport, Resume, goodput_status, report
+from kelastic.operator.goodput import STALE_AFTER, GoodputReport, Resume, goodput_status, report
 
 T = 1_800_000_000.0  # an epoch instant
 
 
 def rep(node: str = "a", step: int | None = 10, at: float = 0.0, **kw: Any) -> GoodputReport:
-    base: dict[str, Any] = dict(
-        step_time=T + at if step is not None else None, step_seconds=1.0, started=T - 60
-    )
+    """A record made when its step was reached (``time`` = ``step_time``) unless ``time`` says."""
+    reached = T + at if step is not None else None
+    base: dict[str, Any] = dict(step_time=reached, time=reached, step_seconds=1.0, started=T - 60)
     base.update(kw)
     return GoodputReport(node=node, step=step, **base)
 
@@ -25,7 +25,7 @@ def test_nothing_reported_is_no_goodput() -> None:
 
 
 def test_the_accounting_starts_at_the_slowest_members_first_step() -> None:
-    g = goodput_status(None, [rep("a", 12, 2.0), rep("b", 10, 0.0)], T + 3)
+    g = goodput_status(None, [rep("a", 12, 2.0), rep("b", 10, 0.0, time=T + 3.0)], T + 3.5)
     assert g is not None
     assert (g["firstStep"], g["highStep"], g["keptSteps"]) == (10, 10, 0)
     assert g["since"] == "2027-01-15T08:00:00.000Z"
@@ -42,9 +42,12 @@ def test_steady_steps_are_all_productive_and_time_without_steps_is_not() -> None
         1.0,
         "100.0%",
     )
-    # Ten seconds without a step (a restart under way): the ratio falls as time goes on.
-    g = goodput_status(g, [rep(step=40, at=30.0)], T + 40.0)
+    # Ten seconds without a step, the agent still reporting: the ratio falls as time goes on.
+    g = goodput_status(g, [rep(step=40, at=30.0, time=T + 40.0)], T + 41.0)
     assert g is not None and g["ratio"] == 0.75 and g["percent"] == "75.0%"
+    # Nobody reports any more (a restart under way, a hung job): the clock runs on, STALE_AFTER behind.
+    g = goodput_status(g, [rep(step=40, at=30.0, time=T + 40.0)], T + 40.0 + STALE_AFTER + 20.0)
+    assert g is not None and g["elapsedSeconds"] == 60.0 and g["ratio"] == 0.5
 
 
 def test_a_restart_reported_by_every_member_is_counted_once_and_steps_redone_count_once() -> None:
@@ -130,8 +133,16 @@ def test_a_record_as_the_agent_publishes_it() -> None:
         "stall": 0.5,
         "resumes": [[50, T - 30, 46, T - 25]],
     }
+    record["time"] = T + 0.4
     assert report("a", record) == GoodputReport(
-        "a", 41, T, 0.998, 0.5, T - 5, (Resume(50, T - 30, 46, T - 25),)
+        "a",
+        step=41,
+        step_time=T,
+        time=T + 0.4,
+        step_seconds=0.998,
+        stall=0.5,
+        started=T - 5,
+        resumes=(Resume(50, T - 30, 46, T - 25),),
     )
 
 
