@@ -70,6 +70,8 @@ log = logging.getLogger(__name__)
 
 #: A parked node decides again at least this often (seconds), in case an event was missed.
 PARKED_RECHECK = 5.0
+#: A standby says again that it waits when it parks behind a new round this long after it last did.
+PARKED_LOG_EVERY = 300.0
 
 #: What a member's peer link connects to: (round, successor's name, its address, its link port).
 LinkTarget = tuple[int, str, str, int]
@@ -128,6 +130,7 @@ class Joiner:
         self.joining: Joining | None = None
         self.parked: int | None = None
         self.park_deadline = float("-inf")
+        self._parked_said = float("-inf")  # when the standby last said that it waits
         self._worker_store: ServedStore | None = None
         # Names of rounds this node closed (it read them then), for ``Member.names``.
         self._closed_names: dict[int, tuple[str, ...]] = {}
@@ -270,7 +273,8 @@ class Joiner:
         if self.parked != r:
             store.add(k.parked(r), 1)
             store.set(k.standby(s.node_name), json.dumps({"round": r, "since": time.time()}))
-            if self.parked is None:
+            if self.parked is None or time.monotonic() - self._parked_said >= PARKED_LOG_EVERY:
+                self._parked_said = time.monotonic()
                 log.info(
                     "kelastic rendezvous: %s is a standby: it waits without a rank for a place in round %d "
                     "(round %d: %d members, %d lost, max %d%s)",
