@@ -262,6 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra rendezvous settings, key=value,... (e.g. join_timeout=600)",
     )
     flag("standalone", help="single-node job with an embedded rendezvous store on a free port")
+    flag(
+        contract.FLAG_STANDBY,
+        help="start as a hot standby (kelastic backend): warm, waiting in the rendezvous without a rank, "
+        "it never grows the group and takes the place of the first member lost",
+    )
     opt(
         contract.FLAG_MAX_RESTARTS,
         default=0,
@@ -445,6 +450,15 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         host, sep, port = endpoint.rpartition(":")
         if backend != "c10d" and (not sep or not host or not port.isdigit()):
             raise ValueError(f"--rdzv-endpoint must be HOST:PORT, got {endpoint!r}")
+
+    if args.standby:
+        if backend != "kelastic" or standalone:
+            raise ValueError(
+                "--standby waits in a kelastic rendezvous shared with the job's other nodes: it needs "
+                f"--rdzv-backend kelastic and --rdzv-endpoint (got --rdzv-backend {args.rdzv_backend}"
+                f"{', --standalone' if standalone else ''})"
+            )
+        rdzv_conf["standby"] = "1"
 
     script = args.training_script
     script_args = list(args.training_script_args)

@@ -38,6 +38,7 @@ __all__ = [
     "FLAG_RDZV_CONF",
     "FLAG_RDZV_ENDPOINT",
     "FLAG_RDZV_ID",
+    "FLAG_STANDBY",
     "FLAG_WARM_START",
     "INJECT_LAUNCHER",
     "INJECT_LIB",
@@ -105,6 +106,9 @@ FLAG_HEALTH_PORT = "--health-port"
 FLAG_HANG_TIMEOUT = "--hang-timeout"
 FLAG_NO_PYTHON = "--no-python"
 FLAG_WARM_START = "--warm-start"
+#: Start this node as a standby: it waits in the rendezvous without a rank and only
+#: takes the place of a lost member (the rendezvous setting ``standby=1``).
+FLAG_STANDBY = "--standby"
 #: The training program is a Python module (``python -m``).
 FLAG_MODULE = "-m"
 

@@ -63,6 +63,7 @@ from kelastic.agent.api import (
     WorkerState,
 )
 from kelastic.agent.events import EventSink
+from kelastic.agent.goodput import GoodputLedger
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import (
     LogsSpecs,
@@ -248,6 +249,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             if rdzv_endpoint and isinstance(handler, NamedNode)
             else None
         )
+        self._goodput = GoodputLedger()
 
     @property
     def run_log_dir(self) -> Path:
@@ -317,6 +319,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         use_agent_store = bool(handler.use_agent_store)
         base_env = dict(os.environ)
         n = spec.local_world_size
+        if self._progress_files:  # a restart: where the ended attempt stopped, for the goodput
+            self._goodput.restarted(self.rank_progress())
         self._progress_files = {lr: str(progress_file(attempt_dir, lr)) for lr in range(n)}
         envs = {
             lr: worker_env(
@@ -539,8 +543,10 @@ class LocalElasticAgent(SimpleElasticAgent):
         the ranks' files as they are now, not the display's latest periodic read of them."""
         if self._publisher is None:
             return
+        self._goodput.observe(self.rank_progress())
         self._publisher.publish(
             aggregate(self.rank_progress()) if final else self.node_progress(),
+            goodput=self._goodput.record(),
             restarts=self.restart_count,
             local_world_size=self._worker_group.spec.local_world_size,
             recovery=self._recovery() if self._recovery is not None else None,

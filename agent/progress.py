@@ -9,7 +9,12 @@ Worker side (in the user's training script; a no-op outside kelastic)::
 
 ``update`` keeps the latest report and writes it (at most 10 times a second, plus the
 final step and at exit) as JSON to the file named by ``KELASTIC_PROGRESS_FILE``
-(:data:`kelastic.agent.contract.ENV_PROGRESS_FILE`).
+(:data:`kelastic.agent.contract.ENV_PROGRESS_FILE`). The report also carries the first
+step this process reported and when (a restarted group's first step: what a restart
+cost), and ``stall``, the seconds the process waited on checkpoint saves, which
+``stalled(seconds)`` adds to (``kelastic.checkpoint.MemoryWriter`` calls it for the
+saves it makes on the training thread). The agent turns them into the node's goodput
+record (:mod:`kelastic.agent.goodput`).
 
 Agent side (``kelastic.agent.local_agent``), once per node::
 
@@ -71,6 +76,7 @@ __all__ = [
     "read_report",
     "render_bar",
     "render_plain",
+    "stalled",
     "update",
 ]
 
@@ -90,6 +96,10 @@ class ProgressReport:
     total: int | None
     metrics: dict[str, float] = field(default_factory=dict)
     time: float = 0.0
+    #: Seconds this rank's process waited on checkpoint saves so far (:func:`stalled`).
+    stall: float = 0.0
+    #: The first step this rank's process reported, and when (None: not recorded).
+    first: tuple[int, float] | None = None
 
 
 class _Reporter:
@@ -100,11 +110,16 @@ class _Reporter:
         self.pending: tuple[str, int, int | None, dict[str, float], float] | None = None
         self.written_at = float("-inf")
         self.exit_hook = False
+        self.stall = 0.0
+        self.first: tuple[int, float] | None = None
 
     def offer(self, path: str, step: int, total: int | None, metrics: dict[str, float], final: bool) -> None:
         now = time.monotonic()
         with self.lock:
-            self.pending = (path, step, total, metrics, time.time())
+            stamp = time.time()
+            if self.first is None:
+                self.first = (int(step), stamp)
+            self.pending = (path, step, total, metrics, stamp)
             if final or now - self.written_at >= _MIN_WRITE_INTERVAL:
                 self._write_locked(now)
             elif not self.exit_hook:
@@ -128,6 +143,8 @@ class _Reporter:
                 "total": None if total is None else int(total),
                 "metrics": {k: float(v) for k, v in metrics.items()},
                 "time": stamp,
+                "stall": round(self.stall, 6),
+                "first": list(self.first) if self.first is not None else None,
             }
         )
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -166,6 +183,18 @@ def flush() -> None:
     _reporter.flush()
 
 
+def stalled(seconds: float) -> None:
+    """Record that training waited ``seconds`` on a checkpoint save (sent with the next report).
+
+    ``kelastic.checkpoint.MemoryWriter`` calls it for every save it makes on the training
+    thread; a script that saves some other way may call it around its own saves. The job's
+    goodput counts these seconds as save stalls. Never raises.
+    """
+    if seconds > 0:
+        with _reporter.lock:
+            _reporter.stall += float(seconds)
+
+
 # ---------------------------------------------------------------------------------------
 # Agent side: reading and aggregating
 # ---------------------------------------------------------------------------------------
@@ -181,11 +210,14 @@ def read_report(path: str | os.PathLike[str]) -> ProgressReport | None:
     try:
         data = json.loads(Path(path).read_text())
         total = data.get("total")
+        first = data.get("first")
         return ProgressReport(
             step=int(data["step"]),
             total=None if total is None else int(total),
             metrics={str(k): float(v) for k, v in (data.get("metrics") or {}).items()},
             time=float(data.get("time", 0.0)),
+            stall=float(data.get("stall") or 0.0),
+            first=(int(first[0]), float(first[1])) if first else None,
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -87,6 +87,7 @@ class ProgressPublisher:
         recovery: tuple[float, float] | None = None,
         hang: tuple[tuple[int, ...], float, float] | None = None,
         checkpoint: dict[str, Any] | None = None,
+        goodput: dict[str, Any] | None = None,
     ) -> bool:
         """Publish now (unless paused after an error); True if the store took the report."""
         now = self._clock()
@@ -110,6 +111,7 @@ class ProgressPublisher:
                 recovery=recovery,
                 hang=hang,
                 checkpoint=checkpoint,
+                goodput=goodput,
             )
         except Exception as e:  # progress is best effort; the store may be restarting
             self._store = None

@@ -17,6 +17,11 @@ One job, run in one invocation under three configurations:
     (``wait_staged()``) only before its own update, and the next save first waits for the
     previous one to be committed. Its save stall is the time the training thread spends in
     those two calls.
+(s) (c) with one hot standby: one more ``kelastic-agent --standby``, warm and waiting in the
+    rendezvous without a rank, takes a lost node's place in the same re-form (the lost node's
+    replacement then waits as the next standby). Faults strike members only.
+(e) (d) and (s) together: overlapping saves every step and one hot standby, where a fault
+    should cost less than a step.
 
 The job (this file with ``--worker``): N nodes of one rank each (``--nodes``, default 3,
 ``--nnodes N-1:N``), gloo, a state of ``--state-mib`` MiB (default 512) shaped like four
@@ -58,7 +63,10 @@ group that restarted after it); steps lost per fault (steps redone after every r
 the window, down and up, and for a failed job the steps past its last checkpoint, per
 fault); lost seconds per fault (window - steps kept x fault-free step time - save stalls,
 per fault); and goodput = steps kept in the final lineage per second of window /
-fault-free steps per second. The fault-free rate is measured by the same job without
+fault-free steps per second. For the kelastic configurations it also prints the job-status
+figure: the operator's own computation (``kelastic.operator.goodput``, what ``status.goodput``
+shows) over the agents' goodput records, read from the rendezvous store every
+``--status-every`` seconds as the operator does, accumulated from the window's opening. The fault-free rate is measured by the same job without
 checkpoints and without faults, on kelastic-agent, over ``--baseline-window`` seconds.
 Then the issue's targets beside the figures, and whether each is met. Times are printed,
 never asserted.
@@ -175,6 +183,8 @@ class Figures:
     kept: int = 0
     window: float = 0.0
     goodput: float | None = None
+    #: the job-status figure (the operator's status.goodput over the window), and its parts
+    status: dict[str, Any] | None = None
     lost_per_fault: float | None = None
     failed: str | None = None
     checks: tuple[int, int] = (0, 0)
@@ -235,6 +245,8 @@ def worker(a: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+
+    from kelastic.agent import progress
 
     began = time.time()
     node = os.environ.get("BENCH_NODE", "?")
@@ -357,6 +369,7 @@ def worker(a: argparse.Namespace) -> None:
             inflight = (inflight[0], inflight[1] + time.monotonic() - t1)
         update(s)
         emit("step", step=s)
+        progress.update(s)  # what the agent's goodput record (and so the job's status) is made of
         if every and s % every == 0 and saver is not None:
             t1 = time.monotonic()
             committed = saver.save(state, step=s)  # waits for the previous save first
@@ -454,6 +467,7 @@ class Config:
     label: str
     launcher: Launcher
     mode: str  # disk | memory | overlap | none
+    standbys: int = 0  # kelastic-agent --standby nodes beside --nodes
 
     @property
     def in_memory(self) -> bool:
@@ -466,6 +480,8 @@ CONFIGS = (
     Config("(b) kelastic + disk", Launcher.KELASTIC, "disk"),
     Config("(c) kelastic + memory", Launcher.KELASTIC, "memory"),
     Config("(d) kelastic + overlapping", Launcher.KELASTIC, "overlap"),
+    Config("(s) (c) + 1 standby", Launcher.KELASTIC, "memory", standbys=1),
+    Config("(e) (d) + 1 standby", Launcher.KELASTIC, "overlap", standbys=1),
 )
 BASELINE = Config("fault-free, no checkpoint", Launcher.KELASTIC, "none")
 
@@ -493,6 +509,7 @@ class Job:
         self.run_id = f"goodput-{time.time_ns()}"
         self.server: Any = None
         self.endpoint = ""
+        self._conn: Any = None  # a client of the rendezvous store (kelastic), opened on first read
         if cfg.launcher is Launcher.KELASTIC:
             from kelastic.agent.rendezvous.server import start_server_process
 
@@ -504,7 +521,7 @@ class Job:
 
             self.endpoint = f"127.0.0.1:{_free_port()}"
 
-    def command(self, name: str, shm: Path | None) -> list[str]:
+    def command(self, name: str, shm: Path | None, standby: bool = False) -> list[str]:
         a, n = self.a, self.a.nodes
         worker = [
             __file__, "--worker", "--out", str(self.out), "--mode", self.cfg.mode,
@@ -535,10 +552,11 @@ class Job:
             sys.executable, "-m", "kelastic.agent", "--nnodes", f"{max(1, n - 1)}:{n}", "--nproc-per-node", "1",
             "--rdzv-backend", "kelastic", "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.run_id,
             "--max-restarts", restarts, "--local-addr", "127.0.0.1", "--warm-start",
-            "--log-dir", str(self.dir / "agent-logs" / f"{name}.{self.incarnations}"), *ckpt, *worker,
+            "--log-dir", str(self.dir / "agent-logs" / f"{name}.{self.incarnations}"), *ckpt,
+            *(["--standby"] if standby else []), *worker,
         ]  # fmt: skip
 
-    def start(self, name: str) -> Node:
+    def start(self, name: str, standby: bool = False) -> Node:
         self.incarnations += 1
         shm = self.shm_root / f"{name}.{self.incarnations}" if self.cfg.in_memory else None
         env = {
@@ -551,7 +569,11 @@ class Job:
         env.pop("OMP_NUM_THREADS", None)
         with (self.dir / f"{name}.log").open("ab") as f:
             proc = subprocess.Popen(
-                self.command(name, shm), stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                self.command(name, shm, standby),
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
             )
         node = Node(name, proc, shm)
         self.nodes[name] = node
@@ -564,6 +586,41 @@ class Job:
                 from bench_recovery import _wait_listening
 
                 _wait_listening(self.endpoint, deadline)  # node 0 hosts torchrun's store
+        for i in range(self.cfg.standbys):
+            self.start(f"standby{i}", standby=True)
+
+    def members(self) -> list[str] | None:
+        """The nodes of the job's current rendezvous round (kelastic; None when unknown)."""
+        if self.cfg.launcher is not Launcher.KELASTIC:
+            return None
+        try:
+            from kelastic.agent.rendezvous import control
+
+            return list(control.read_status(self._store(), self.run_id).members)
+        except Exception:
+            self._conn = None
+            return None
+
+    def _store(self) -> Any:
+        from kelastic.agent.rendezvous import control
+
+        if self._conn is None:
+            self._conn = control.connect(self.endpoint, timeout=5.0)
+        return self._conn
+
+    def status_goodput(self, prior: dict[str, Any] | None) -> dict[str, Any] | None:
+        """One read of the store as the operator makes it, folded into ``prior`` by the
+        operator's own code: what ``status.goodput`` would show now (None when unreadable)."""
+        from kelastic.agent.rendezvous import control
+        from kelastic.operator import goodput
+
+        try:
+            status = control.read_status(self._store(), self.run_id)
+        except Exception:
+            self._conn = None
+            return prior
+        reports = [goodput.report(node, record) for node, record in status.goodputs]
+        return goodput.goodput_status(prior, reports, time.time()) or prior
 
     def kill(self, node: Node) -> None:
         """SIGKILL the node's agent and every process under it (workers run in sessions of
@@ -683,11 +740,16 @@ def run_config(cfg: Config, a: argparse.Namespace, step_time: float, root: Path,
         fig.save_cost, fig.copy_share, fig.copy_full = cal["save_cost"], cal["copy_share"], cal["copy_full"]
         w1 = w0 + a.window
         due = [w0 + (i + 0.5) * a.fault_every for i in range(int(a.window / a.fault_every))]
+        status: dict[str, Any] | None = None
+        polled = 0.0
         victims = [f"node{i}" for i in range(1, a.nodes)] or ["node0"]
         while time.time() < w1:
             fig.failed = job.failure(fig.faults, a.stall_cap)
             if fig.failed is not None:
                 break
+            if cfg.launcher is Launcher.KELASTIC and time.time() - polled >= a.status_every:
+                polled = time.time()
+                status = job.status_goodput(status)
             if due and time.time() >= due[0]:
                 due.pop(0)
                 if fig.faults and not _restarted_since(job, fig.faults[-1].time):
@@ -697,6 +759,11 @@ def run_config(cfg: Config, a: argparse.Namespace, step_time: float, root: Path,
                     break
                 i = len(fig.faults)
                 kind, victim = FAULT_KINDS[i % len(FAULT_KINDS)], victims[i % len(victims)]
+                members = job.members() if cfg.standbys else None
+                if members and victim not in members:
+                    # a standby holds no rank: strike the member that took its turn instead
+                    others = [n for n in members if n != "node0"] or members
+                    victim = others[i % len(others)]
                 fault = Fault(kind, victim, time.time())
                 fig.faults.append(fault)
                 fault.note = job.inject(kind, victim)
@@ -708,6 +775,7 @@ def run_config(cfg: Config, a: argparse.Namespace, step_time: float, root: Path,
                 time.sleep(0.2)
             if (_last_step_time(job) or 0) < w1:
                 fig.failed = f"job failed after fault {len(fig.faults)} (no step after the window, {a.stall_cap:.0f} s)"
+        fig.status = status
         return analyse(fig, job.events(), w0, w1, rate)
     finally:
         job.close()
@@ -762,6 +830,12 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
+def _status_parts(status: dict[str, Any] | None) -> str:
+    if not status or "restarts" not in status:
+        return "-"
+    return f"{status['restarts']} / {status['restartSeconds']:.1f} / {status['redoneSteps']}"
+
+
 def report(figs: list[Figures], a: argparse.Namespace, step_time: float, rate: float) -> None:
     rows: list[tuple[str, Callable[[Figures], str]]] = [
         ("checkpoint every K steps", lambda f: str(f.interval.steps) if f.interval else "-"),
@@ -773,6 +847,8 @@ def report(figs: list[Figures], a: argparse.Namespace, step_time: float, rate: f
         ("lost seconds per fault", lambda f: _s(f.lost_per_fault, digits=1)),
         ("steps kept in the window", lambda f: str(f.kept)),
         ("goodput", lambda f: _s(None if f.goodput is None else 100 * f.goodput, "%", 1)),
+        ("goodput in the job's status", lambda f: (f.status or {}).get("percent", "-")),
+        ("  its restarts / restart s / redone", lambda f: _status_parts(f.status)),
         ("restores checked / done", lambda f: f"{f.checks[0]}/{f.checks[1]}"),
         ("outcome", lambda f: f.failed or f"ok, {len(f.faults)} faults"),
     ]  # fmt: skip
@@ -792,6 +868,11 @@ def report(figs: list[Figures], a: argparse.Namespace, step_time: float, rate: f
                 print(f"      restored {line}")
         if f.sources:
             print(f"    restored from: {', '.join(f'{k} x{v}' for k, v in sorted(f.sources.items()))}")
+        st = f.status or {}
+        if "ratio" in st:
+            print(f"    job status: {st['percent']} = {st['keptSteps']} steps kept x {st['stepSeconds']:.3f} s / "
+                  f"{st['elapsedSeconds']:.1f} s; restarts {st['restartSeconds']:.1f} s, {st['redoneSteps']} steps "
+                  f"redone, save stalls {st['saveStallSeconds']:.1f} s")  # fmt: skip
     print()
     by = {f.label[:3]: f for f in figs}
     mem, disk = by.get("(c)"), by.get("(b)")
@@ -825,6 +906,24 @@ def report(figs: list[Figures], a: argparse.Namespace, step_time: float, rate: f
             redone = over.redone / len(over.faults)
             print(f"target: steps redone per fault <= 1 with overlapping saves every step: {redone:.1f}: "
                   f"{'met' if redone <= 1 else 'NOT met'}{cond}")  # fmt: skip
+    spare = by.get("(s)")
+    if spare is not None and spare.lost_per_fault is not None:
+        print(f"target: lost seconds per fault with one standby <= 2 s: {spare.lost_per_fault:.1f} s "
+              f"(without, (c): {_s(mem.lost_per_fault if mem else None, digits=1)}): "
+              f"{'met' if spare.lost_per_fault <= 2.0 else 'NOT met'}{cond}")  # fmt: skip
+    both = by.get("(e)")
+    if both is not None:
+        if both.lost_per_fault is not None:
+            print(f"target: lost seconds per fault with overlapping saves and one standby <= 2 s: "
+                  f"{both.lost_per_fault:.1f} s: {'met' if both.lost_per_fault <= 2.0 else 'NOT met'}{cond}")  # fmt: skip
+        if both.goodput is not None:
+            print(f"target: goodput >= 98% with overlapping saves and one standby: {100 * both.goodput:.1f}%: "
+                  f"{'met' if both.goodput >= 0.98 else 'NOT met'}{cond}")  # fmt: skip
+    for f in figs:
+        if f.goodput is not None and f.status and isinstance(f.status.get("ratio"), float):
+            gap = 100 * (f.status["ratio"] - f.goodput)
+            print(f"goodput of {f.label[:3]}: the job's status says {f.status['percent']}, the bench "
+                  f"{100 * f.goodput:.1f}% ({gap:+.1f} points; same definition, docs/operations.md)")  # fmt: skip
 
 
 def main() -> None:
@@ -844,7 +943,11 @@ def main() -> None:
     p.add_argument("--baseline-window", type=float, default=0.0,
                    help="seconds of the fault-free run without checkpoints (default: min(window, 30))")  # fmt: skip
     p.add_argument("--calibrate", type=int, default=6, help="saves timed before the window (default 6)")
-    p.add_argument("--configs", default="abcd", help="which configurations, of a, b, c, d (default abcd)")
+    p.add_argument(
+        "--configs", default="abcdse", help="which configurations, of a, b, c, d, s, e (default abcdse)"
+    )
+    p.add_argument("--status-every", type=float, default=2.0,
+                   help="seconds between reads of the store for the job-status goodput (the operator's 2)")  # fmt: skip
     p.add_argument("--checkpoint-memory", default="",
                    help="kelastic-agent --checkpoint-memory for (c) and (d) (default: 2Gi or 5x the state)")  # fmt: skip
     p.add_argument("--start-cap", type=float, default=240.0, help="deadline for a job's start, s (240)")

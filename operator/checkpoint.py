@@ -32,7 +32,9 @@ __all__ = [
     "Restore",
     "Source",
     "checkpoint_status",
+    "nonnegative",
     "report",
+    "time_mark",
 ]
 
 #: The ElasticJob status field this module writes.
@@ -87,7 +89,8 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def _number(value: Any) -> float | None:
+def nonnegative(value: Any) -> float | None:
+    """``value`` as a float when it is a non-negative number (not a bool), else None."""
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         return None
     return float(value)
@@ -98,7 +101,11 @@ def report(node: str, record: Mapping[str, Any]) -> CheckpointReport:
     restored: Restore | None = None
     raw = record.get("restored")
     if isinstance(raw, Mapping):
-        rid, seconds, ended = _int(raw.get("id")), _number(raw.get("seconds")), _number(raw.get("time"))
+        rid, seconds, ended = (
+            _int(raw.get("id")),
+            nonnegative(raw.get("seconds")),
+            nonnegative(raw.get("time")),
+        )
         try:
             source = Source(raw.get("source"))
         except ValueError:
@@ -108,7 +115,8 @@ def report(node: str, record: Mapping[str, Any]) -> CheckpointReport:
     return CheckpointReport(node, _int(record.get("latest")), _int(record.get("step")), restored)
 
 
-def _mark(when: float) -> str:
+def time_mark(when: float) -> str:
+    """Epoch seconds as RFC 3339 with milliseconds, in UTC (``Z``)."""
     return (
         datetime.fromtimestamp(when, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     )
@@ -170,7 +178,7 @@ def checkpoint_status(
         step = out.get("step") if out.get("latest") == latest.id else None
         message = _message(group, step)
         out["restoredId"] = latest.id
-        out["restoredTime"] = _mark(latest.time)
+        out["restoredTime"] = time_mark(latest.time)
     else:
         group = [r for r in restores if same_as_marked(r)]
     if group:

@@ -353,5 +353,7 @@ class Controller:
             decision.status.get("phase"),
             world_size=decision.status.get("worldSize"),
             restarts=decision.status.get("restarts"),
+            standbys=decision.status.get("standbys"),
+            goodput=decision.status.get("goodput"),
         )
         return decision

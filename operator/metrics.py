@@ -9,6 +9,13 @@ and it keeps the series:
 ``kelastic_job_world_size{namespace,job}``, ``kelastic_job_restarts{namespace,job}``
     Ranks in the job's current rendezvous round, and restarts its agents spent
     (the highest ``TORCHELASTIC_RESTART_COUNT``); removed with the job.
+``kelastic_job_standbys{namespace,job}``
+    Worker pods waiting in the job's rendezvous as hot standbys (``status.standbys``);
+    only for jobs that show it, removed with the job.
+``kelastic_job_goodput_ratio{namespace,job}``, ``kelastic_job_goodput_seconds{namespace,job,kind}``
+    The job's goodput (``status.goodput.ratio``) and its parts in seconds, by ``kind``:
+    ``elapsed``, ``productive``, ``restart``, ``redone`` and ``save_stall``
+    (docs/operations.md); only once the job has them, removed with the job.
 ``kelastic_pod_recreations_total{reason}``
     Pods the operator deleted or created to replace one: ``RecreateWorker`` (a
     failed worker), ``StoreDied`` (the rendezvous store), and whatever else
@@ -42,6 +49,7 @@ from kelastic.operator.spec import parse_time
 from kelastic.operator.status import Phase
 
 __all__ = [
+    "GOODPUT_SECONDS",
     "RECOVERY_BUCKETS",
     "RECOVERY_FIELD",
     "RECREATION_REASONS",
@@ -61,6 +69,14 @@ RECOVERY_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 
 SAME_RECOVERY_WINDOW = 3.0
 #: The ElasticJob status field holding when the latest recovery counted ended (RFC 3339, ms).
 RECOVERY_FIELD = "lastRecoveryTime"
+#: ``kelastic_job_goodput_seconds``'s kinds and the ``status.goodput`` field of each.
+GOODPUT_SECONDS = {
+    "elapsed": "elapsedSeconds",
+    "productive": "productiveSeconds",
+    "restart": "restartSeconds",
+    "redone": "redoneSeconds",
+    "save_stall": "saveStallSeconds",
+}
 
 
 def new_recoveries(
@@ -127,6 +143,25 @@ class OperatorMetrics:
             ["namespace", "job"],
             registry=r,
         )
+        self.standbys = Gauge(
+            "kelastic_job_standbys",
+            "Worker pods waiting in the job's rendezvous as hot standbys, without a rank.",
+            ["namespace", "job"],
+            registry=r,
+        )
+        self.goodput_ratio = Gauge(
+            "kelastic_job_goodput_ratio",
+            "Share of the job's time spent on training steps it kept (status.goodput.ratio).",
+            ["namespace", "job"],
+            registry=r,
+        )
+        self.goodput_seconds = Gauge(
+            "kelastic_job_goodput_seconds",
+            "The job's time since its first step, by kind: elapsed, productive, and lost to restarts, "
+            "to redone steps and to save stalls (status.goodput).",
+            ["namespace", "job", "kind"],
+            registry=r,
+        )
         self.recreations = Counter(
             "kelastic_pod_recreations", "Pods replaced by the operator, by reason.", ["reason"], registry=r
         )
@@ -154,9 +189,17 @@ class OperatorMetrics:
 
     # what the controller reports --------------------------------------------------------------
     def job_observed(
-        self, key: JobKey, phase: str | None, world_size: int | None = None, restarts: int | None = None
+        self,
+        key: JobKey,
+        phase: str | None,
+        world_size: int | None = None,
+        restarts: int | None = None,
+        *,
+        standbys: int | None = None,
+        goodput: Mapping[str, Any] | None = None,
     ) -> None:
-        """A reconcile pass saw ``key`` in ``phase`` (None: no phase yet, counted as Created)."""
+        """A reconcile pass saw ``key`` in ``phase`` (None: no phase yet, counted as Created);
+        ``goodput`` is the job's ``status.goodput``."""
         with self._lock:
             self._phases[key] = phase or Phase.CREATED.value
             self._set_phases()
@@ -164,15 +207,28 @@ class OperatorMetrics:
             self.world_size.labels(*key).set(world_size)
         if restarts is not None:
             self.restarts.labels(*key).set(restarts)
+        if standbys is not None:
+            self.standbys.labels(*key).set(standbys)
+        if goodput:
+            if isinstance(goodput.get("ratio"), int | float):
+                self.goodput_ratio.labels(*key).set(goodput["ratio"])
+            for kind, field in GOODPUT_SECONDS.items():
+                if isinstance(goodput.get(field), int | float):
+                    self.goodput_seconds.labels(*key, kind).set(goodput[field])
 
     def job_removed(self, key: JobKey) -> None:
         """The job is gone: drop it from the phase counts and its own series."""
         with self._lock:
             self._phases.pop(key, None)
             self._set_phases()
-        for gauge in (self.world_size, self.restarts):
+        for gauge in (self.world_size, self.restarts, self.standbys, self.goodput_ratio):
             try:
                 gauge.remove(*key)
+            except KeyError:
+                pass
+        for kind in GOODPUT_SECONDS:
+            try:
+                self.goodput_seconds.remove(*key, kind)
             except KeyError:
                 pass
 

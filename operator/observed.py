@@ -17,6 +17,7 @@ from typing import Any
 from kelastic.agent import contract
 from kelastic.operator.checkpoint import CheckpointReport
 from kelastic.operator.disruption import disruption_reason
+from kelastic.operator.goodput import GoodputReport
 from kelastic.operator.kueue import Grant
 from kelastic.operator.spec import JOB_SECRET_VOLUME, parse_time
 
@@ -107,6 +108,10 @@ class RendezvousView:
     #: The latest closed rendezvous round (1 for the group's first start, 0 before it): every
     #: later round is a restart of the group, whatever its cause.
     round: int = 0
+    #: Running pods that wait in the rendezvous as standbys, without a rank.
+    standbys: tuple[str, ...] = ()
+    #: The current members' goodput records (members without one left out).
+    goodputs: tuple[GoodputReport, ...] = ()
 
 
 @dataclass(frozen=True)

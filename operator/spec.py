@@ -230,6 +230,17 @@ class JobSpec:
     agent: AgentMode = AgentMode.INJECT
     #: The agent's memory checkpoint (``spec.checkpoint``); every job has one.
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    #: Hot standby pods beside the ``replicas`` workers (``spec.standbyReplicas``).
+    standby_replicas: int = 0
+
+    @property
+    def pods(self) -> int:
+        """The worker pods the job runs: ``replicas`` plus its standbys.
+
+        Every one runs the same agent; which of them are members and which wait as
+        standbys is the rendezvous' choice (the group takes ``replicas`` of them).
+        """
+        return self.replicas + self.standby_replicas
 
 
 #: JobSpec's field defaults: the one place the operator's defaults are written. The CRD
@@ -436,6 +447,7 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
         replicas_requested=replicas.requested,
         agent=_enum(spec, "agent", "spec.agent", AgentMode, DEFAULTS["agent"]),
         checkpoint=_parse_checkpoint(spec, container.template),
+        standby_replicas=_parse_standby(spec, rdzv.backend),
     )
 
 
@@ -582,6 +594,26 @@ def _check_name(meta: JobMeta) -> None:
             f"is {len(meta.name)} characters; at most {MAX_NAME_LENGTH} fit the names of the "
             "job's pods and Service",
         )
+
+
+#: The most standby pods a job may have (the CRD's maximum).
+MAX_STANDBY_REPLICAS = 100
+
+
+def _parse_standby(spec: Mapping[str, Any], backend: RdzvBackend) -> int:
+    """``spec.standbyReplicas``: hot standby pods, kept in kelastic's rendezvous only."""
+    path = "spec.standbyReplicas"
+    standbys = _int(spec, "standbyReplicas", path, default=DEFAULTS["standby_replicas"], minimum=0)
+    assert standbys is not None
+    if standbys > MAX_STANDBY_REPLICAS:
+        raise SpecError(path, f"must be at most {MAX_STANDBY_REPLICAS}, got {standbys}")
+    if standbys and backend is not RdzvBackend.KELASTIC:
+        raise SpecError(
+            path,
+            f"needs spec.rdzvBackend kelastic (got {backend.value}): standbys wait in kelastic's rendezvous "
+            "without a rank; set standbyReplicas to 0 or use the kelastic backend",
+        )
+    return standbys
 
 
 def _parse_replicas(spec: Mapping[str, Any], *, started: bool) -> _Replicas:

@@ -69,6 +69,8 @@ class JobStatus:
     observed_generation: int | None = None
     replica_statuses: dict[str, Any] | None = None
     world_size: int | None = None
+    #: Worker pods waiting in the rendezvous as hot standbys (set for jobs with ``standbyReplicas``).
+    standbys: int | None = None
     restarts: int | None = None
     progress: str | None = None
     rdzv_endpoint: str | None = None
@@ -85,6 +87,8 @@ class JobStatus:
     checkpoint: dict[str, Any] | None = None
     #: What Kueue admits of a queued job (``kelastic.operator.reconcile.queue``).
     queue: dict[str, Any] | None = None
+    #: The job's goodput and where the rest of its time went (``kelastic.operator.goodput``).
+    goodput: dict[str, Any] | None = None
     start_time: str | None = None
     completion_time: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from kelastic.operator import checkpoint
+from kelastic.operator import checkpoint, goodput
 from kelastic.operator.observed import RendezvousView
 from kelastic.operator.reconcile import PublishMembership
 
@@ -218,4 +218,6 @@ def _read(store: Any, run_id: str) -> RendezvousView:
         hangs=tuple((h.node, h.ranks, h.seconds, h.at) for h in status.hangs),
         checkpoints=tuple(checkpoint.report(node, record) for node, record in status.checkpoints),
         round=int(status.round or 0),
+        standbys=tuple(status.standbys),
+        goodputs=tuple(goodput.report(node, record) for node, record in status.goodputs),
     )

@@ -167,7 +167,15 @@ class StoreSync:
                 and (view.step, view.total, view.round, view.restarts)
                 != (before.step, before.total, before.round, before.restarts)
             )
-            or (view.world_size, view.members, view.restarts, view.recoveries, view.round, _restores(view))
+            or (
+                view.world_size,
+                view.members,
+                view.restarts,
+                view.recoveries,
+                view.round,
+                _restores(view),
+                view.standbys,
+            )
             != (
                 before.world_size,
                 before.members,
@@ -175,6 +183,7 @@ class StoreSync:
                 before.recoveries,
                 before.round,
                 _restores(before),
+                before.standbys,
             )
         ):
             self._trigger(key)

@@ -68,6 +68,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from kelastic.agent import progress
 from kelastic.agent.checkpoint.storage import MemoryWriter, _agent
 
 __all__ = ["OverlappingSaver"]
@@ -213,12 +214,13 @@ class OverlappingSaver:
         """
         if self._closed:
             raise RuntimeError("OverlappingSaver.save() after close()")
+        began = time.monotonic()
         if self._no_dist and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             raise RuntimeError(
                 "this OverlappingSaver was made before torch.distributed.init_process_group(): it would save "
                 "this rank alone; make it after (every rank at the same point)"
             )
-        previous = self.wait()
+        previous = self._wait()
         plain = resolve_stateful(state)
         job = _Save(step, {}, planner)
         if _uses_cuda(plain):
@@ -230,6 +232,8 @@ class OverlappingSaver:
             job.state = snapshot(plain)
         self._current = job
         self._jobs.put(job)
+        # What the training thread waited here is the job's save stall (its goodput counts it).
+        progress.stalled(time.monotonic() - began)
         return previous
 
     def wait_staged(self) -> None:
@@ -241,12 +245,21 @@ class OverlappingSaver:
         if job.cuda_ready is not None and not job.done.is_set():
             torch.cuda.current_stream().wait_event(job.cuda_ready)
             return
+        began = time.monotonic()
         self._await(job.copied, job, "copied")
+        progress.stalled(time.monotonic() - began)
 
     def wait(self) -> int | None:
         """Return once the save in flight is over: its ``step`` when it was committed (the
         ``step`` it was given), None when it was skipped as too large or none was in flight;
         raise its error if it failed."""
+        began = time.monotonic()
+        try:
+            return self._wait()
+        finally:
+            progress.stalled(time.monotonic() - began)
+
+    def _wait(self) -> int | None:
         job, self._current = self._current, None
         if job is None:
             return None

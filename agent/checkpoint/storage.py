@@ -69,6 +69,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
+from kelastic.agent import progress
 from kelastic.agent.checkpoint.errors import (
     CheckpointError,
     CheckpointNotFound,
@@ -266,6 +267,7 @@ class MemoryWriter(StorageWriter):
         self._is_coordinator = True
         self._save: _SaveInfo | None = None
         self._label: str | None = None
+        self._began: float | None = None  # monotonic start of the save under way
 
     # StorageWriter ---------------------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
@@ -286,6 +288,7 @@ class MemoryWriter(StorageWriter):
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._is_coordinator = is_coordinator
         self._rank = _rank(kwargs)
+        self._began = time.monotonic()
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         nbytes = sum(_align(_item_bytes(i)) for i in plan.items)
@@ -369,6 +372,16 @@ class MemoryWriter(StorageWriter):
         return WriteResult(index=item.index, size_in_bytes=n, storage_data=where)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        try:
+            self._finish(metadata, results)
+        finally:
+            # The coordinator's finish ends the save for every rank: the job's stall. A save
+            # made on another thread (overlapping the step) stalls nobody.
+            if self._began is not None and threading.current_thread() is threading.main_thread():
+                progress.stalled(time.monotonic() - self._began)
+            self._began = None
+
+    def _finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         info = self._save
         assert info is not None, "finish() before write_data()"
         if info.refused:

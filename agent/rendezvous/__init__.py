@@ -11,7 +11,7 @@
 
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from . import control
+from . import control, standby
 from .handler import BACKEND, KelasticRendezvousHandler, create_handler
 from .server import (
     READY_PREFIX,
@@ -37,5 +37,6 @@ __all__ = [
     "get_rendezvous_handler",
     "serve_store",
     "settings_from_params",
+    "standby",
     "start_server_process",
 ]

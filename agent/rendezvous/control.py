@@ -23,7 +23,8 @@ The controller (kelastic's operator) is a client of the same store as the agents
 
 ``read_status(store, run_id) -> RendezvousStatus``
     The current (latest closed) round, its members, how many nodes wait in the
-    open round, whether the job is closed, the highest restart count an agent
+    open round, the listed nodes parked as standbys (``standby/<name>``, read for
+    the listed nodes that are no members), whether the job is closed, the highest restart count an agent
     reported, and the job's progress: the minimum step over the current members
     that reported one.
 
@@ -45,7 +46,12 @@ The controller (kelastic's operator) is a client of the same store as the agents
     null), ``restored`` (its latest restore: ``{"id", "source": "memory" | "replica" |
     "durable", "seconds", "time"}``, or null), ``bytes`` (what it holds) and ``limit``;
     ``read_status`` lists the current members' records as they were written, and
-    readers tolerate missing or extra keys.
+    readers tolerate missing or extra keys. ``goodput`` (optional) is the node's goodput
+    record (``kelastic.agent.goodput``), a JSON object: ``time`` (when it was made),
+    ``started`` (when its agent started), ``step`` and ``step_time`` (its slowest rank's step and when it reached it), ``step_seconds``
+    (its fault-free step time), ``stall`` (seconds its workers waited on saves) and
+    ``resumes`` (its latest restarts: ``[stopped step, stopped time, first step, first
+    time]`` each); ``read_status`` lists the current members' records as written.
 
 ``connect(endpoint, timeout)`` opens a client of the store and raises an error
 naming the endpoint if it is unreachable.
@@ -69,6 +75,7 @@ from .protocol import (
     RunKeys,
     claim_fate,
     connect_store,
+    get_or_none,
     open_round,
     parse_endpoint,
     push_event,
@@ -140,6 +147,8 @@ class AgentReport:
     hang: Hang | None = None
     #: The node's checkpoint record as published (see ``publish_progress``), None without one.
     checkpoint: Mapping[str, object] | None = None
+    #: The node's goodput record as published (see ``publish_progress``), None without one.
+    goodput: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +164,10 @@ class RendezvousStatus:
     hangs: tuple[Hang, ...] = ()  # the current members' latest hang verdicts
     #: The current members' checkpoint records, (node, record).
     checkpoints: tuple[tuple[str, Mapping[str, object]], ...] = ()
+    #: Listed nodes that wait as standbys, without a slot (``standby/<name>``), by name.
+    standbys: tuple[str, ...] = ()
+    #: The current members' goodput records, (node, record).
+    goodputs: tuple[tuple[str, Mapping[str, object]], ...] = ()
 
 
 def connect(endpoint: str, timeout: float = 5.0) -> dist.Store:
@@ -218,6 +231,7 @@ def publish_progress(
     recovery: tuple[float, float] | None = None,
     hang: tuple[tuple[int, ...], float, float] | None = None,
     checkpoint: Mapping[str, object] | None = None,
+    goodput: Mapping[str, object] | None = None,
 ) -> None:
     """Record ``node``'s latest progress (overwrites its previous report).
 
@@ -240,6 +254,8 @@ def publish_progress(
         report["hang"] = [[int(r) for r in hang[0]], float(hang[1]), float(hang[2])]
     if checkpoint is not None:  # the node's checkpoint record (see the module doc)
         report["checkpoint"] = dict(checkpoint)
+    if goodput is not None:  # the node's goodput record (see the module doc)
+        report["goodput"] = dict(goodput)
     store.set(RunKeys(run_id).progress(node), json.dumps(report))
 
 
@@ -260,6 +276,7 @@ def read_progress(store: dist.Store, run_id: str, node: str) -> AgentReport | No
         recovery=Recovery(node, float(rec[0]), float(rec[1])) if rec else None,
         hang=Hang(node, tuple(int(r) for r in hung[0]), float(hung[1]), float(hung[2])) if hung else None,
         checkpoint=data["checkpoint"] if isinstance(data.get("checkpoint"), dict) else None,
+        goodput=data["goodput"] if isinstance(data.get("goodput"), dict) else None,
     )
 
 
@@ -302,7 +319,18 @@ def read_status(store: dist.Store, run_id: str) -> RendezvousStatus:
         recoveries=tuple(r.recovery for r in reports if r.recovery is not None),
         hangs=tuple(r.hang for r in reports if r.hang is not None),
         checkpoints=tuple((r.node, r.checkpoint) for r in reports if r.checkpoint is not None),
+        standbys=_standbys(store, keys, members),
+        goodputs=tuple((r.node, r.goodput) for r in reports if r.goodput is not None),
     )
+
+
+def _standbys(store: dist.Store, keys: RunKeys, members: Sequence[str]) -> tuple[str, ...]:
+    """The listed nodes that are no members and wait as standbys (O(listed - members) reads)."""
+    membership = read_membership(store, keys)
+    if membership is None:
+        return ()
+    others = sorted(set(membership.nodes) - set(members))
+    return tuple(name for name in others if get_or_none(store, keys.standby(name)) is not None)
 
 
 def _members(store: dist.Store, keys: RunKeys, r: int) -> list[str]:

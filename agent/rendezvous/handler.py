@@ -47,6 +47,19 @@ to see it true closes):
 - fall-back timers (``rejoin_timeout``, ``controller_timeout``) only when an
   expected node never shows up.
 
+Standbys
+--------
+A node that is no member of the current round R takes a slot in R+1 only for one
+of its places (``standby``): the members R lost plus the room ``max`` leaves (for
+a node started with ``standby=1``, the lost members only). It claims the place
+(``r/R+1/claimed``) and takes its slot; with no place free it *parks*: no slot, no
+rank, ``standby/<name>`` written, woken by the events like any waiter, and no
+deadline while it waits. A full group is thus never re-formed for an arriving
+node, and the loss of a member, which wakes the parked nodes with the survivors,
+is replaced in the same round: the group re-forms once, at its old size. Without
+a controller the round waits (``rejoin_timeout`` at most) for the standbys parked
+for it to arrive; with one, a listed standby that has not joined holds it anyway.
+
 Every member of R-1 gets exactly one *fate* (``r/R-1/fate/<name>``, first claim
 wins, counted in ``r/R-1/accounted``): ``rejoin`` when it joins R, ``dead`` when
 its process or heartbeat is gone, ``left`` on a graceful shutdown, ``dropped`` when the
@@ -248,6 +261,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
             lambda: self._link,
             self._local_addr,
             self._became,
+            lambda: self._last_member.round if self._last_member is not None else None,
         )
         self._conn = StoreConnection(
             settings,
@@ -322,6 +336,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
                     first_line(exc),
                 )
                 self._drop_connection()
+                # A parked standby waits without a deadline: only its last join_timeout counts.
+                deadline = max(deadline, self._joiner.park_deadline)
                 if time.monotonic() >= deadline:
                     raise RendezvousConnectionError(
                         f"lost the kelastic rendezvous store at {self._s.endpoint} and could not "
@@ -362,6 +378,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
         ok = True
         with self._lock:
             member, store = self._member, self._conn.store
+            if store is not None:
+                self._joiner.unpark_quietly(store)
             if member is not None and store is not None:
                 try:
                     if not store.check([self._keys.closed]):
@@ -593,11 +611,11 @@ class KelasticRendezvousHandler(RendezvousHandler):
         k, r = self._keys, member.round
         if open_round(store, k) > r + 1 or read_counter(store, k.accounted(r)) > 0:
             return True
-        if read_counter(store, k.joined(r + 1)) == 0:
-            return False
+        waiting = read_counter(store, k.joined(r + 1)) > 0
         bounds = read_bounds(store, k)
         max_nodes = bounds.max_nodes if bounds is not None else self._s.max_nodes
-        return member.size < max_nodes
+        # Over max (the controller lowered it): re-form at max; the nodes past it park.
+        return member.size > max_nodes or (waiting and member.size < max_nodes)
 
     # -- connection, events, threads ----------------------------------------
 

@@ -9,6 +9,11 @@ waits for the round to close: ``closewait.step`` decides every move of that wait
 ``rounds``. A node whose slot is below the round's size becomes a member: it reads
 its ring successor's record (and rank 0's when the close did not name the worker
 store); a node that came too late joins the next round at once.
+
+Before it takes a slot, a node that is no member of the current round asks
+``standby.decide`` whether the open round has a place for it: it then claims the
+place and takes its slot, or *parks* without one (a standby): it waits for the
+next event and asks again, with no deadline while it waits.
 """
 
 from __future__ import annotations
@@ -19,16 +24,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
+    RendezvousGracefulExitError,
     RendezvousInfo,
     RendezvousStoreInfo,
     RendezvousTimeoutError,
 )
 
-from . import closewait
+from . import closewait, standby
 from .liveness import PeerLink
 from .protocol import (
     ControllerBounds,
@@ -42,6 +49,7 @@ from .protocol import (
     read_close,
     read_counter,
     read_membership,
+    read_size,
 )
 from .rounds import (
     UNREAD,
@@ -56,9 +64,14 @@ from .server import ServedStore, serve_store
 from .settings import RendezvousSettings
 from .watcher import EventWatcher
 
-__all__ = ["Joiner", "LinkTarget", "RendezvousTimings"]
+__all__ = ["PARKED_RECHECK", "Joiner", "LinkTarget", "RendezvousTimings"]
 
 log = logging.getLogger(__name__)
+
+#: A parked node decides again at least this often (seconds), in case an event was missed.
+PARKED_RECHECK = 5.0
+#: A standby says again that it waits when it parks behind a new round this long after it last did.
+PARKED_LOG_EVERY = 300.0
 
 #: What a member's peer link connects to: (round, successor's name, its address, its link port).
 LinkTarget = tuple[int, str, str, int]
@@ -85,8 +98,11 @@ class Joiner:
     """The join and close of one handler; it hosts the worker store while this node is in slot 0.
 
     ``became(member, link_target)`` is called once this node is a member, before
-    :meth:`join` returns. ``joining`` is the round this node waits
-    in (read under ``lock``; None while it does not wait).
+    :meth:`join` returns. ``last_round()`` is the latest round this node was a member
+    of (None: never). ``joining`` is the round this node waits in (read under
+    ``lock``; None while it does not wait). ``parked`` is the round it waits for
+    without a slot, as a standby (None while it does not park); ``park_deadline``
+    the deadline its join has while it parks (a parked node waits without one).
     """
 
     def __init__(
@@ -99,6 +115,7 @@ class Joiner:
         link: Callable[[], PeerLink | None],
         local_addr: Callable[[], str],
         became: Callable[[Member, LinkTarget | None], None],
+        last_round: Callable[[], int | None] = lambda: None,
     ) -> None:
         self._s = settings
         self._keys = keys
@@ -108,8 +125,12 @@ class Joiner:
         self._link = link
         self._local_addr = local_addr
         self._became = became
+        self._last_round = last_round
         self._timings: RendezvousTimings | None = None
         self.joining: Joining | None = None
+        self.parked: int | None = None
+        self.park_deadline = float("-inf")
+        self._parked_said = float("-inf")  # when the standby last said that it waits
         self._worker_store: ServedStore | None = None
         # Names of rounds this node closed (it read them then), for ``Member.names``.
         self._closed_names: dict[int, tuple[str, ...]] = {}
@@ -141,10 +162,10 @@ class Joiner:
             epoch = self._events.epoch()
             if epoch is None or epoch != self._closed_checked:
                 if store.check([k.closed]):
-                    raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
+                    self._raise_closed()
                 self._closed_checked = epoch
             if self._events.job_closed.is_set():
-                raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
+                self._raise_closed()
             bounds = read_bounds(store, k)
             if bounds is not None and not store.check([k.listed(name)]):
                 # The controller has not admitted this node (yet): wait for a publication.
@@ -158,6 +179,12 @@ class Joiner:
                 self._events.wait_event(generation, deadline - time.monotonic())
                 continue
             r = max(open_round(store, k), next_round)
+            claimed = self._place(store, r, bounds)
+            if claimed is None:  # parked: no place for this node in round r yet
+                self.park_deadline = time.monotonic() + s.join_timeout
+                deadline = max(deadline, self.park_deadline)
+                self._events.wait_event(generation, PARKED_RECHECK)
+                continue
             slot = int(store.add(k.joined(r), 1)) - 1
             addr = self._local_addr()
             peer_link = self._link()
@@ -175,6 +202,7 @@ class Joiner:
             # torch implements Store.multi_set; its stubs do not declare it.
             store.multi_set([k.node(r, slot), k.slot(r, name)], [json.dumps(record), str(slot)])  # type: ignore[attr-defined]
             store.add(k.heartbeat(name), 1)
+            self._unpark(store, r if claimed else None)
             with self._lock:
                 self.joining = Joining(r, slot)
             if self._timings is not None:
@@ -195,6 +223,91 @@ class Joiner:
                 "kelastic rendezvous: %s came too late for round %d; waiting for round %d", name, r, r + 1
             )
             next_round = r + 1
+
+    def _raise_closed(self) -> NoReturn:
+        """The job is finished: a parked standby exits gracefully (it had no rank), a joiner fails."""
+        s = self._s
+        if self.parked is not None:
+            self.parked = None
+            raise RendezvousGracefulExitError(
+                f"the job of rendezvous {s.run_id} finished while {s.node_name} waited as a standby"
+            )
+        raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
+
+    def _place(self, store: dist.TCPStore, r: int, bounds: ControllerBounds | None) -> bool | None:
+        """Whether this node takes a slot in round r: False (a member, or the first round),
+        True (it claimed one of the round's places), None (no place: it parked)."""
+        k, s = self._keys, self._s
+        current = r - 1
+        member = current >= 1 and self._last_round() == current
+        if member or (current < 1 and not s.standby):
+            return False  # the common case reads nothing more
+        size = read_size(store, k, current)
+        view = standby.GroupView(
+            current=current,
+            size=size,
+            gone=read_counter(store, k.gone(current)) if size else 0,
+            max_nodes=bounds.max_nodes if bounds is not None else s.max_nodes,
+            claimed=read_counter(store, k.claimed(r)) if current >= 1 else 0,
+            member=member,
+            standby=s.standby,
+        )
+        move = standby.decide(view)
+        if move is standby.Move.JOIN:
+            return False
+        if move is standby.Move.CLAIM:
+            if standby.claim_won(view, int(store.add(k.claimed(r), 1))):
+                log.info(
+                    "kelastic rendezvous: %s takes one of the %d places of round %d (round %d: %d members, "
+                    "%d lost, max %d)",
+                    s.node_name,
+                    standby.places(view),
+                    r,
+                    current,
+                    view.size,
+                    view.gone,
+                    view.max_nodes,
+                )
+                return True
+            store.add(k.claimed(r), -1)  # another node took the last place first
+        if self.parked != r:
+            store.add(k.parked(r), 1)
+            store.set(k.standby(s.node_name), json.dumps({"round": r, "since": time.time()}))
+            if self.parked is None or time.monotonic() - self._parked_said >= PARKED_LOG_EVERY:
+                self._parked_said = time.monotonic()
+                log.info(
+                    "kelastic rendezvous: %s is a standby: it waits without a rank for a place in round %d "
+                    "(round %d: %d members, %d lost, max %d%s)",
+                    s.node_name,
+                    r,
+                    current,
+                    view.size,
+                    view.gone,
+                    view.max_nodes,
+                    "; it only replaces lost members" if s.standby else "",
+                )
+            self.parked = r
+        return None
+
+    def _unpark(self, store: dist.TCPStore, claimed_round: int | None) -> None:
+        """This node took a slot: it is no standby any more (a claimer tells the deciders it arrived)."""
+        k = self._keys
+        if claimed_round is not None:
+            store.add(k.arrived(claimed_round), 1)
+            push_event(store, k, f"standby {claimed_round} {self._s.node_name}")
+        if self.parked is not None:
+            store.delete_key(k.standby(self._s.node_name))
+            self.parked = None
+
+    def unpark_quietly(self, store: dist.TCPStore) -> None:
+        """Best effort on shutdown: a parked node removes its standby record."""
+        if self.parked is None:
+            return
+        try:
+            store.delete_key(self._keys.standby(self._s.node_name))
+        except dist.DistError:
+            pass
+        self.parked = None
 
     def _serve_worker_store(self, addr: str) -> int:
         with self._lock:

@@ -29,6 +29,12 @@ Key layout (all under ``kelastic/<run_id>/``)::
     r/<R>/gone               counter of members of R with a fate other than rejoin
     r/<R>/leaving            counter of members of R that announced they are stopping their
                              workers to leave (before their fate ``left``)
+    r/<R>/parked             counter of the nodes that parked (waited without a slot) for round R
+    r/<R>/claimed            counter: places of round R claimed by parked nodes (``add`` hands the
+                             claimer its ordinal; a claim past the places is given back with -1)
+    r/<R>/arrived            counter of the claimers that took their slot in round R
+    standby/<name>           JSON {"round", "since"} while ``name`` is parked as a standby, waiting
+                             for round R without a slot (deleted when it takes one)
     hb/<name>                heartbeat counter, incremented by the node every keep-alive interval
     ctl/membership           JSON from the controller: {"nodes", "min_nodes", "max_nodes"}
     ctl/bounds               JSON {"min_nodes", "max_nodes", "count"}: the same without the names
@@ -39,6 +45,17 @@ Key layout (all under ``kelastic/<run_id>/``)::
 Every node reads O(1) keys of O(1) size per round; only a few nodes (the
 *deciders*, slots 0-2 of the open round, and the joiner whose join completed
 the controller's count) read O(N) data, and only when the round may close.
+
+Standbys: a node that is no member of the current round R takes a slot in the
+open round R+1 only for one of its *places*: ``max - (size(R) - gone(R))``, the
+members R lost (dead, left, dropped) plus the room left under ``max`` (a node
+started with ``standby=1`` takes only the places of lost members). It claims a
+place with ``add(r/<R+1>/claimed, 1)`` (an ordinal past the places is given back)
+and takes its slot; while no place is free it *parks*: it holds no slot and no
+rank, counts itself once in ``r/<R+1>/parked``, writes ``standby/<name>`` and
+waits for events (a loss, a scale, a close), warm and without a deadline. So a
+full group is never re-formed by a node that arrives, and the loss of a member
+is replaced in the same re-form by a parked node (:mod:`.standby` decides).
 """
 
 from __future__ import annotations
@@ -165,6 +182,18 @@ class RunKeys:
 
     def finished_count(self, r: int) -> str:
         return self._k(f"r/{r}/finished")
+
+    def parked(self, r: int) -> str:
+        return self._k(f"r/{r}/parked")
+
+    def claimed(self, r: int) -> str:
+        return self._k(f"r/{r}/claimed")
+
+    def arrived(self, r: int) -> str:
+        return self._k(f"r/{r}/arrived")
+
+    def standby(self, name: str) -> str:
+        return self._k(f"standby/{name}")
 
     def heartbeat(self, name: str) -> str:
         return self._k(f"hb/{name}")
@@ -521,6 +550,28 @@ class RoundView:
     # Every node the controller lists has joined or is known gone: it has a fate other
     # than rejoin in the previous round (dead, left, dropped). False if not controlled.
     listed_all_joined: bool
+    # Standbys (read only without a controller, when the previous round lost members and
+    # the round is below max): members of the previous round lost, nodes parked for this
+    # round, places they claimed, and claimers that took their slot.
+    prev_gone: int = 0
+    parked: int = 0
+    claimed: int = 0
+    arrived: int = 0
+
+    @property
+    def standbys_on_their_way(self) -> bool:
+        """Parked nodes will take lost members' places here: the round waits for them.
+
+        Only without a controller (with one, a listed standby that has not joined already
+        holds the round). The places they fill: the members lost, at most what ``max``
+        leaves beside the survivors and at most the nodes parked; a claim whose slot is
+        not taken yet is on its way too.
+        """
+        if self.controlled or self.prev_gone <= 0 or self.joined >= self.max_nodes:
+            return False
+        survivors = self.prev_size - self.prev_gone
+        expected = min(self.parked, self.prev_gone, max(0, self.max_nodes - survivors))
+        return self.arrived < max(expected, self.claimed)
 
 
 @dataclass(frozen=True)
@@ -546,6 +597,10 @@ def decide_close(view: RoundView) -> CloseDecision:
         return CloseDecision(CloseAction.CLOSE, size=view.max_nodes)
     if view.joined < view.min_nodes:
         return CloseDecision(CloseAction.WAIT)
+    if view.standbys_on_their_way:
+        # Parked standbys take the lost members' places in this very round; they were
+        # woken by the same loss and are claiming them (bounded by the rejoin timer).
+        return CloseDecision(CloseAction.TIMER, timer=TimerKind.REJOIN)
     if view.controlled:
         if view.listed_all_joined:
             return CloseDecision(CloseAction.CLOSE, size=view.joined)

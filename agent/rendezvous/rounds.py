@@ -132,14 +132,28 @@ def observe_round(
             listed = membership is not None and listed_all_joined(
                 store, k, r, joined, membership.nodes, wait=wait
             )
+    max_nodes = bounds.max_nodes if bounds is not None else s.max_nodes
+    # Without a controller, a round that replaces lost members waits for the standbys
+    # parked for it (``RoundView.standbys_on_their_way``): O(1) reads, only then.
+    prev_gone = parked = claimed = arrived = 0
+    if bounds is None and prev_size and prev_accounted and min_nodes <= joined < max_nodes:
+        prev_gone = read_counter(store, k.gone(r - 1))
+        if prev_gone:
+            parked = read_counter(store, k.parked(r))
+            claimed = read_counter(store, k.claimed(r))
+            arrived = read_counter(store, k.arrived(r))
     return RoundView(
         joined=joined,
         min_nodes=min_nodes,
-        max_nodes=bounds.max_nodes if bounds is not None else s.max_nodes,
+        max_nodes=max_nodes,
         prev_size=prev_size,
         prev_accounted=prev_accounted,
         controlled=bounds is not None,
         listed_all_joined=listed,
+        prev_gone=prev_gone,
+        parked=parked,
+        claimed=claimed,
+        arrived=arrived,
     )
 
 

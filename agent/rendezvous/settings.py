@@ -16,6 +16,9 @@ keep_alive_max_attempt      5        a node whose heartbeat did not move for int
                                      is dead (5 s by default, noticed within about 6 s)
 node_name                   none     this node's name (default: $KELASTIC_NODE_NAME or host_pid)
 local_world_size            none     ranks on this node, shown by ``control.read_status`` (agents set it)
+standby                     0        1: this node is a standby: it never grows the group, it waits
+                                     without a rank and takes only the place of a lost member
+                                     (``kelastic-agent --standby``; see ``standby``)
 ==========================  =======  ===========================================================
 
 Other keys (torchrun passes some of its own) are ignored.
@@ -69,6 +72,7 @@ class RendezvousSettings:
     keep_alive_interval: float = DEFAULT_KEEP_ALIVE_INTERVAL
     keep_alive_max_attempt: int = DEFAULT_KEEP_ALIVE_MAX_ATTEMPT
     local_world_size: int | None = None
+    standby: bool = False
 
     @property
     def endpoint(self) -> str:
@@ -85,6 +89,9 @@ class RendezvousSettings:
             TimerKind.REJOIN: self.rejoin_timeout,
             TimerKind.CONTROLLER: self.controller_timeout,
         }[kind]
+
+
+_BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
 def default_node_name() -> str:
@@ -123,6 +130,9 @@ def settings_from_params(params: RendezvousParameters) -> RendezvousSettings:
         lws = None if lws_raw in (None, "") else int(lws_raw)
     except (TypeError, ValueError):
         raise ValueError(f"rdzv-conf local_world_size={lws_raw!r} is not an integer") from None
+    standby_raw = str(params.get("standby") or "0").strip().lower()
+    if standby_raw not in _BOOLEANS:
+        raise ValueError(f"rdzv-conf standby={standby_raw!r} must be one of {', '.join(sorted(_BOOLEANS))}")
     return RendezvousSettings(
         run_id=str(params.run_id),
         host=host,
@@ -138,4 +148,5 @@ def settings_from_params(params: RendezvousParameters) -> RendezvousSettings:
         keep_alive_interval=_seconds(params, "keep_alive_interval", DEFAULT_KEEP_ALIVE_INTERVAL),
         keep_alive_max_attempt=attempts,
         local_world_size=lws,
+        standby=_BOOLEANS[standby_raw],
     )

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo, RendezvousParameters
 
 from .handler import KelasticRendezvousHandler, create_handler
 
-__all__ = ["kelastic_handler", "rendezvous_concurrently", "shutdown_handlers"]
+__all__ = ["in_thread", "kelastic_handler", "rendezvous_concurrently", "shutdown_handlers"]
 
 # Every handler kelastic_handler made and shutdown_handlers has not shut down yet.
 _live: list[KelasticRendezvousHandler] = []
@@ -80,3 +80,18 @@ def rendezvous_concurrently(
         if isinstance(result, BaseException):
             raise result
     return results
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Run ``fn`` on a daemon thread; the list gets its result, or the exception it raised."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out

@@ -143,7 +143,7 @@ def _active(p: Pass, spec: JobSpec, workers: list[PodView]) -> None:
     job = ActiveJob(
         spec=spec,
         workers=workers,
-        wanted=[w for w in workers if not w.terminating and w.index is not None and w.index < spec.replicas],
+        wanted=[w for w in workers if not w.terminating and w.index is not None and w.index < spec.pods],
     )
     for step in _ACTIVE_STEPS:
         if step(p, job) is Next.STOP:

@@ -115,7 +115,7 @@ class ActiveJob:
 
     spec: JobSpec
     workers: list[PodView]
-    #: The workers the job still wants: not being deleted, index within ``spec.replicas``.
+    #: The workers the job still wants: not being deleted, index within ``spec.pods``.
     #: Only these decide success or failure: a pod being deleted (scaled away, replaced)
     #: may end with any exit code, and that says nothing about the training.
     wanted: list[PodView]

@@ -36,7 +36,7 @@ def step(p: Pass, job: ActiveJob) -> Next:
     elif (
         p.was_true(disruption.CONDITION_DISRUPTED)
         and all(w.phase is PodPhase.RUNNING for w in job.wanted)
-        and len(job.wanted) >= job.spec.replicas
+        and len(job.wanted) >= job.spec.pods
     ):
         p.condition(disruption.CONDITION_DISRUPTED, False, "Recovered", "every disrupted worker was replaced")
     return Next.CONTINUE

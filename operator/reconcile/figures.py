@@ -1,12 +1,13 @@
 """The figures the status shows every pass: the replica counts, and what the rendezvous
-store reports (world size, progress, restarts, the memory checkpoints and their restores).
+store reports (world size, standbys, progress, restarts, the memory checkpoints and their
+restores, the goodput).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kelastic.operator import checkpoint
+from kelastic.operator import checkpoint, goodput
 from kelastic.operator.observed import PodPhase, PodView
 from kelastic.operator.reconcile.actions import Emit
 from kelastic.operator.reconcile.context import Pass
@@ -27,6 +28,9 @@ def rendezvous_figures(p: Pass) -> None:
     status = p.status
     rdzv = p.observed.rendezvous
     running = status.phase in (Phase.RUNNING.value, Phase.SCALING.value, Phase.RESTARTING.value)
+    spec = p.job.spec
+    if rdzv is not None and ((spec is not None and spec.standby_replicas) or rdzv.standbys):
+        status.standbys = len(rdzv.standbys) if running else 0
     if rdzv is not None:
         status.world_size = rdzv.world_size if running else 0
         text = progress_text(rdzv.step, rdzv.total)
@@ -37,6 +41,10 @@ def rendezvous_figures(p: Pass) -> None:
             status.checkpoint = figures
         if restored is not None:
             p.actions.append(Emit(reason=checkpoint.EVENT_RESTORED, message=restored))
+        if running:
+            figures_now = goodput.goodput_status(status.goodput, rdzv.goodputs, p.now.timestamp())
+            if figures_now is not None:
+                status.goodput = figures_now
     elif not running or status.world_size is None:
         status.world_size = 0
     # RESTARTS counts restarts of the worker group whatever their cause (a failure, a scale, a

@@ -1,4 +1,10 @@
-"""Policy: publish the running workers within range as the rendezvous membership."""
+"""Policy: publish the running workers within range as the rendezvous membership.
+
+Every running worker pod is listed, standbys too: the rendezvous waits for listed
+pods, and a standby that takes a lost member's place must not wait for a new list.
+The size bounds are ``minReplicas`` and ``replicas`` (not ``maxReplicas``: the group
+takes ``replicas`` of the listed pods, and the pods past it park as standbys).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ def step(p: Pass, job: ActiveJob) -> Next:
             if w.phase is PodPhase.RUNNING
             and not w.terminating
             and w.index is not None
-            and w.index < spec.replicas
+            and w.index < spec.pods
         ),
         key=lambda w: w.index or 0,
     )
@@ -31,7 +37,7 @@ def step(p: Pass, job: ActiveJob) -> Next:
                 run_id=p.job.meta.uid,
                 nodes=tuple(w.name for w in job.running),
                 min_nodes=spec.min_replicas,
-                max_nodes=spec.max_replicas,
+                max_nodes=spec.replicas,
                 store_id=job.store_id,
             )
         )

@@ -18,11 +18,15 @@ def step(p: Pass, job: ActiveJob) -> Next:
             p.phase(Phase.RESTARTING, "NotEnoughWorkers", message)
         else:
             p.phase(Phase.CREATED, "WaitingForWorkers", message)
-    elif count == spec.replicas and not any(
-        w.index >= spec.replicas for w in job.workers if w.index is not None
-    ):
+    elif count >= spec.replicas and not any(w.index >= spec.pods for w in job.workers if w.index is not None):
+        # Running pods past ``replicas`` are standbys: the group is whole without them.
         p.status.scaled_to = spec.replicas
-        p.phase(Phase.RUNNING, "WorkersRunning", f"{count} worker pods running")
+        standbys = (
+            f" ({spec.replicas} in the group, {count - spec.replicas} standby)"
+            if spec.standby_replicas
+            else ""
+        )
+        p.phase(Phase.RUNNING, "WorkersRunning", f"{count} worker pods running{standbys}")
     elif scaled_to is None:
         p.phase(Phase.RUNNING, "WorkersRunning", f"{count} of {spec.replicas} worker pods running")
     elif scaled_to != spec.replicas:

@@ -1,4 +1,4 @@
-"""Policy: worker pods for indices [0, replicas); those above are deleted."""
+"""Policy: worker pods for indices [0, replicas + standbyReplicas); those above are deleted."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ from kelastic.operator.reconcile.context import ActiveJob, Next, Pass
 
 
 def step(p: Pass, job: ActiveJob) -> Next:
-    """Worker pods for indices [0, replicas); those above go. A name still taken (terminating,
-    failed) waits for the next pass."""
+    """Worker pods for indices [0, replicas + standbyReplicas); those above go. A name still
+    taken (terminating, failed) waits for the next pass. Every pod runs the same agent: the
+    rendezvous makes ``replicas`` of them members and parks the others as standbys, so a lost
+    member's replacement pod becomes the new standby."""
     spec = job.spec
     by_index: dict[int, list[PodView]] = {}
     for pod in job.workers:
         assert pod.index is not None
         by_index.setdefault(pod.index, []).append(pod)
-    for index in range(spec.replicas):
+    for index in range(spec.pods):
         if index in by_index:
             continue
         if job.endpoint is None:
@@ -32,13 +34,14 @@ def step(p: Pass, job: ActiveJob) -> Next:
     for pod in sorted(job.workers, key=lambda w: -(w.index or 0)):
         if (
             pod.index is not None
-            and pod.index >= spec.replicas
+            and pod.index >= spec.pods
             and not pod.terminating
             and pod not in job.recreating
         ):
             p.delete_pod(
                 pod,
                 "ScaleDown",
-                f"deleting worker pod {pod.name}: spec.replicaSpecs.Worker.replicas is {spec.replicas}",
+                f"deleting worker pod {pod.name}: spec.replicaSpecs.Worker.replicas is {spec.replicas}"
+                + (f" and spec.standbyReplicas {spec.standby_replicas}" if spec.standby_replicas else ""),
             )
     return Next.CONTINUE

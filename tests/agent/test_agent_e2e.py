@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from kelastic.agent.rendezvous import control
+from kelastic.agent.rendezvous.protocol import RunKeys, read_counter
 from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
 
 harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
@@ -113,6 +114,38 @@ def test_sigkill_of_one_node_lets_the_survivors_continue(cluster: Any) -> None:
     _check_group(records, 2)
     first = min(t for t, w, _, _ in cluster.steps() if w == 2)
     print(f"recovery: first step at world 2 {first - killed_at:.2f}s after SIGKILL")
+
+
+def test_a_standby_agent_replaces_a_killed_node_in_one_reform(cluster: Any, store: ServerProcess) -> None:
+    done = cluster.tmp / "done"
+    common = ["--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "0", "--warm-start"]
+    script = ["--until-file", str(done), "--steps", "3", "--max-wait", "120"]
+    agents = [cluster.start(n, common, script) for n in ("a", "b", "c")]
+    cluster.wait_for("steps at world 3", lambda: any(w == 3 for _, w, _, _ in cluster.steps()), 90)
+    reserve = cluster.start("reserve", [*common, "--standby"], script)
+    keys = RunKeys(cluster.run_id)
+    rdzv = control.connect(store.endpoint)
+    cluster.wait_for("the standby parked", lambda: rdzv.check([keys.standby("reserve")]), 90)
+    assert read_counter(rdzv, keys.open) == 1, "the standby's arrival re-formed the group"
+    before = {r["pid"] for r in cluster.records(3)}
+    killed_at = time.time()
+    agents[2].kill_group(signal.SIGKILL)
+    # The re-formed group's workers overwrite the records of the first (same world, same restart count).
+    cluster.wait_for(
+        "a second group of world 3",
+        lambda: len({r["pid"] for r in cluster.records(3)} - before) == 3,
+        60,
+    )
+    first = min(t for t, w, rank, _ in cluster.steps() if w == 3 and t > killed_at)
+    done.touch()
+    assert cluster.wait_all(90, [*agents[:2], reserve]) == [0, 0, 0]
+    # One re-form: round 2 closed with the survivors and the standby, nothing after it.
+    status = control.read_status(rdzv, cluster.run_id)
+    assert read_counter(rdzv, keys.open) == 2
+    assert status.round == 2 and sorted(status.members) == ["a", "b", "reserve"]
+    assert {r["env"]["WORLD_SIZE"] for r in cluster.records()} == {"3"}
+    assert "is a standby" in reserve.output()
+    print(f"standby: first step of the re-formed group {first - killed_at:.2f}s after SIGKILL")
 
 
 def test_heterogeneous_nodes_get_global_and_role_ranks(cluster: Any) -> None:

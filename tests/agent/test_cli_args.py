@@ -95,6 +95,17 @@ def test_static_backend_uses_master_address() -> None:
     assert c.rdzv_configs["rank"] == 1
 
 
+def test_standby_is_a_rendezvous_setting_of_the_kelastic_backend() -> None:
+    assert _config([*OPERATOR_ARGS[:-3], "--standby", "train.py"]).rdzv_configs == {"standby": "1"}
+    assert "standby" not in _config(OPERATOR_ARGS).rdzv_configs
+    for argv in (["--standby", "t.py"], ["--standby", "--standalone", "t.py"]):
+        with pytest.raises(ValueError, match=r"--standby .* --rdzv-backend kelastic"):
+            _config(argv)
+    c10d = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "--nnodes", "2", "--standby", "t.py"]
+    with pytest.raises(ValueError, match="got --rdzv-backend c10d"):
+        _config(c10d)
+
+
 def test_parsers() -> None:
     assert parse_nnodes("3") == (3, 3)
     assert parse_nnodes("2:4") == (2, 4)

@@ -28,7 +28,12 @@ from kelastic.agent.rendezvous import (
     start_server_process,
 )
 from kelastic.agent.rendezvous.protocol import RunKeys, read_counter
-from kelastic.agent.rendezvous.testing import kelastic_handler, rendezvous_concurrently, shutdown_handlers
+from kelastic.agent.rendezvous.testing import (
+    in_thread,
+    kelastic_handler,
+    rendezvous_concurrently,
+    shutdown_handlers,
+)
 
 _procs: list[subprocess.Popen[str]] = []
 
@@ -157,6 +162,48 @@ def test_two_nodes_dying_together_are_both_found() -> None:
         assert {i.world_size for i in infos} == {2}
         print(f"two lost nodes: survivors re-formed after {took:.2f}s")
         assert took < 20, f"re-forming took {took:.1f}s: the survivors waited for rejoin_timeout"
+    finally:
+        shutdown_handlers()
+        server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("controlled", [False, True], ids=["plain", "controller"])
+def test_a_standby_takes_a_killed_members_place_in_one_reform(controlled: bool) -> None:
+    """A node that found the group full waits without a slot; the SIGKILLed member's
+    place is its in the round the survivors re-form: one re-form, at the old size."""
+    server = start_server_process("127.0.0.1", 0)
+    run = f"standby-{'controller' if controlled else 'plain'}"
+    keys = RunKeys(run)
+    try:
+        store = control.connect(server.endpoint)
+        if controlled:
+            names = ["a", "b", "victim", "spare"]
+            control.publish_membership(store, run, nodes=names, min_nodes=2, max_nodes=3)
+        victim, members, infos = with_a_victim(server.endpoint, run, 2, 3)
+        assert {i.world_size for i in infos} == {3}
+        spare = node(server.endpoint, run, "spare", 2, 3)
+        thread, out = in_thread(spare.next_rendezvous)
+        deadline = time.monotonic() + 30
+        while not store.check([keys.standby("spare")]):
+            assert time.monotonic() < deadline, "the spare never parked"
+            time.sleep(0.05)
+        assert read_counter(store, keys.open) == 1 and read_counter(store, keys.joined(2)) == 0
+        os.killpg(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        assert all(m.wait_membership_change(10) for m in members)
+        again = rendezvous_concurrently(members, timeout=30)
+        thread.join(30)
+        took = time.monotonic() - killed
+        assert not isinstance(out[0], BaseException), out
+        assert {i.world_size for i in [*again, out[0]]} == {3}
+        assert sorted(i.rank for i in [*again, out[0]]) == [0, 1, 2]
+        # One re-form: round 2 is the last closed round; its members, the survivors and the spare.
+        time.sleep(0.5)
+        assert read_counter(store, keys.open) == 2
+        status = control.read_status(store, run)
+        assert status.round == 2 and sorted(status.members) == ["a", "b", "spare"]
+        print(f"standby: round 2 closed with the spare {took:.2f}s after SIGKILL")
     finally:
         shutdown_handlers()
         server.stop()

@@ -8,7 +8,6 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,7 +24,7 @@ from kelastic.agent.rendezvous import (
     get_rendezvous_handler,
 )
 from kelastic.agent.rendezvous.protocol import RoundClose, RunKeys, close_event, parse_close_event, push_event
-from kelastic.agent.rendezvous.testing import kelastic_handler, rendezvous_concurrently
+from kelastic.agent.rendezvous.testing import in_thread, kelastic_handler, rendezvous_concurrently
 from kelastic.localcluster.testing import wait_for
 
 
@@ -40,20 +39,6 @@ def make_handler(
 @pytest.fixture
 def handlers() -> list[KelasticRendezvousHandler]:
     return []
-
-
-def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:
-            out.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, out
 
 
 def test_nodes_form_a_round_with_distinct_ranks(server: ServerProcess, handlers: list, run_id: str) -> None:

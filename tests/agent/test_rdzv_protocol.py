@@ -61,6 +61,37 @@ def test_close_rule(kw: dict[str, object], expected: CloseDecision) -> None:
     assert decide_close(view(**kw)) == expected
 
 
+LOSS = dict(joined=2, max_nodes=3, prev_size=3, prev_accounted=3, prev_gone=1)
+HOLD = CloseDecision(CloseAction.TIMER, timer=TimerKind.REJOIN)
+
+
+@pytest.mark.parametrize(
+    ("kw", "expected"),
+    [
+        # The survivors are back before the standby parked for this round claimed the lost
+        # member's place: the round waits for it (the same loss woke it).
+        (dict(parked=1), HOLD),
+        # It claimed and has not taken its slot yet: still on its way.
+        (dict(parked=1, claimed=1), HOLD),
+        # It took its slot: the round is at max and closes at once.
+        (dict(parked=1, claimed=1, arrived=1, joined=3), CloseDecision(CloseAction.CLOSE, size=3)),
+        # No standby parked: the survivors close at once, one smaller.
+        (dict(), CloseDecision(CloseAction.CLOSE, size=2)),
+        # No member lost (a failure of the group's own): nobody to replace.
+        (dict(prev_gone=0, parked=1, joined=3), CloseDecision(CloseAction.CLOSE, size=3)),
+        # Two lost, one standby: once it arrived the round closes one smaller than before.
+        (dict(prev_gone=2, parked=1, claimed=1, arrived=1), CloseDecision(CloseAction.CLOSE, size=2)),
+        # With a controller the listed standby that has not joined holds the round instead.
+        (dict(parked=1, controlled=True), CloseDecision(CloseAction.TIMER, timer=TimerKind.CONTROLLER)),
+        (dict(parked=1, controlled=True, listed_all_joined=True), CloseDecision(CloseAction.CLOSE, size=2)),
+    ],
+)
+def test_a_round_that_replaces_lost_members_waits_for_the_standbys(
+    kw: dict[str, object], expected: CloseDecision
+) -> None:
+    assert decide_close(view(**{**LOSS, **kw})) == expected
+
+
 def test_parse_endpoint() -> None:
     assert parse_endpoint("10.0.0.1:1234", 29400) == ("10.0.0.1", 1234)
     assert parse_endpoint("store", 29400) == ("store", 29400)

@@ -360,6 +360,8 @@ def test_world_size_and_progress_reach_status_then_success(env: Env) -> None:
     )
     assert st["worldSize"] == 2 and st["phase"] == "Running"
     assert "40/40 (100%)" in env.kubectl("get", "ej", "zeta")
+    # The agents' goodput records reach the status too (status.goodput; its figures in test_op_goodput.py).
+    assert st["goodput"]["highStep"] == 40 and st["goodput"]["firstStep"] <= 40, st.get("goodput")
     done.write_text("")
     st = env.wait("Succeeded", lambda: (s := status()).get("phase") == "Succeeded" and s, 60)
     assert st["replicaStatuses"]["Worker"]["succeeded"] == 2 and st["completionTime"]

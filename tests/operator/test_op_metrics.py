@@ -116,3 +116,28 @@ def test_worker_pods_carry_the_scrape_annotations_of_the_agents_health_port(kit:
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "false"
     pod = worker_pod(parse_job(kit.job_body()), 0, endpoint="h:1", config=BuildConfig(health_port=None))
     assert "prometheus.io/scrape" not in (pod["metadata"].get("annotations") or {})
+
+
+def test_standbys_and_goodput_series_follow_the_status_and_go_with_the_job(metrics: OperatorMetrics) -> None:
+    port = metrics.serve(0, "127.0.0.1")
+    key = ("ns", "a")
+    goodput = {"ratio": 0.934, "elapsedSeconds": 600.0, "productiveSeconds": 560.4, "restartSeconds": 24.0,
+               "redoneSeconds": 11.0, "saveStallSeconds": 4.6, "percent": "93.4%"}  # fmt: skip
+    metrics.job_observed(key, "Running", world_size=3, restarts=5, standbys=1, goodput=goodput)
+    metrics.job_observed(("ns", "plain"), "Running", world_size=3, restarts=0)
+    s = scrape(port)
+    labels = (("job", "a"), ("namespace", "ns"))
+    assert s[("kelastic_job_standbys", labels)] == 1
+    assert s[("kelastic_job_goodput_ratio", labels)] == pytest.approx(0.934)
+    for kind, value in (("elapsed", 600.0), ("productive", 560.4), ("restart", 24.0), ("redone", 11.0),
+                        ("save_stall", 4.6)):  # fmt: skip
+        assert (
+            s[("kelastic_job_goodput_seconds", (("job", "a"), ("kind", kind), ("namespace", "ns")))] == value
+        )
+    # A job whose status has neither gets no series.
+    assert not any(
+        dict(lbl).get("job") == "plain" for name, lbl in s if "goodput" in name or "standbys" in name
+    )
+    metrics.job_removed(key)
+    s = scrape(port)
+    assert not any(name.startswith(("kelastic_job_goodput", "kelastic_job_standbys")) for name, _ in s)

@@ -21,7 +21,8 @@ def test_running_job_is_steady_and_publishes_membership(kit: SimpleNamespace) ->
     assert not harness.kinds(d, CreatePod) and not harness.kinds(d, DeletePod)
     (pub,) = harness.kinds(d, PublishMembership)
     assert pub.nodes == ("demo-worker-0", "demo-worker-1", "demo-worker-2")
-    assert (pub.min_nodes, pub.max_nodes, pub.run_id, pub.store_id) == (2, 4, "uid-demo", "store-1")
+    # The bounds are minReplicas and replicas (not maxReplicas): a pod past replicas parks as a standby.
+    assert (pub.min_nodes, pub.max_nodes, pub.run_id, pub.store_id) == (2, 3, "uid-demo", "store-1")
     assert d.status["phase"] == "Running"
     assert d.status["replicaStatuses"]["Worker"] == {"active": 3, "ready": 3, "succeeded": 0, "failed": 0}
     # applying the status and reconciling again is a fixed point

@@ -180,6 +180,19 @@ INVALID: list[tuple[str, Any, str, str]] = [
     ("bad-conf", lambda b: b["spec"].update(rdzvConf={"a": "x,y"}), "spec.rdzvConf.a", "','"),
     ("long-name", lambda b: b["metadata"].update(name="x" * 60), "metadata.name", "at most 52"),
     (
+        "negative-standby",
+        lambda b: b["spec"].update(standbyReplicas=-1),
+        "spec.standbyReplicas",
+        "at least 0",
+    ),
+    ("many-standby", lambda b: b["spec"].update(standbyReplicas=101), "spec.standbyReplicas", "at most 100"),
+    (
+        "standby-c10d",
+        lambda b: b["spec"].update(standbyReplicas=1, rdzvBackend="c10d"),
+        "spec.standbyReplicas",
+        "needs spec.rdzvBackend kelastic",
+    ),
+    (
         "bad-annotation",
         lambda b: b["metadata"].update(annotations={"kelastic.dev/min-replicas-timeout-seconds": "soon"}),
         "min-replicas-timeout",

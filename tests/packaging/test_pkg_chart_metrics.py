@@ -86,7 +86,14 @@ def _series_served() -> set[str]:
         # gauges without a value yet (no progress reported) have no sample: take the family's name
         names |= {s.name for s in family.samples} | {family.name}
     m = OperatorMetrics()
-    m.job_observed(("ns", "j"), "Running", world_size=1, restarts=0)
+    m.job_observed(
+        ("ns", "j"),
+        "Running",
+        world_size=1,
+        restarts=0,
+        standbys=1,
+        goodput={"ratio": 0.9, "elapsedSeconds": 10.0, "restartSeconds": 1.0, "saveStallSeconds": 0.0},
+    )
     m.action_applied("RecreateWorker")
     m.api_error(500)
     for family in m.registry.collect():
@@ -102,13 +109,14 @@ def test_dashboard_shows_jobs_world_size_restarts_and_recovery_from_served_serie
     assert dashboard == json.loads(DASHBOARD.read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
-    for topic in ("jobs", "world size", "restarts", "recovery"):
+    for topic in ("jobs", "world size", "restarts", "recovery", "goodput", "standbys"):
         assert topic in titles
     used = {m for e in exprs for m in re.findall(r"\b(kelastic_[a-z_]+)", e)}
     missing = used - _series_served()
     assert not missing, f"the dashboard queries series nobody serves: {sorted(missing)}"
     assert {"kelastic_jobs", "kelastic_job_world_size", "kelastic_job_restarts"} <= used
     assert "kelastic_recovery_seconds_bucket" in used
+    assert {"kelastic_job_goodput_ratio", "kelastic_job_goodput_seconds", "kelastic_job_standbys"} <= used
 
 
 @pytest.mark.parametrize("value", [True, False])

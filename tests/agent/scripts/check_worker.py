@@ -7,6 +7,8 @@ variables it saw and what the group agreed on, then:
   ``TORCHELASTIC_RESTART_COUNT < --crash-times`` (default: always);
 * ``--until-world W``: keeps stepping (one all-reduce per step) until the
   agent restarts it at world size W, then does ``--steps`` more and exits 0;
+* ``--until-file F``: keeps stepping until the file F exists, then does ``--steps`` more
+  and exits 0;
 * otherwise does ``--steps`` all-reduce steps and exits 0.
 * ``--note-signals``: a termination signal writes ``<out>/signal_rank<RANK>.txt``
   with the signal's name before the worker exits.
@@ -55,6 +57,7 @@ def main() -> None:
     p.add_argument("--crash-rank", type=int, default=-1)
     p.add_argument("--crash-times", type=int, default=10**9)
     p.add_argument("--until-world", type=int, default=0)
+    p.add_argument("--until-file", default="")
     p.add_argument("--max-wait", type=float, default=60.0)
     p.add_argument("--note-signals", action="store_true")
     p.add_argument("--total", type=int, default=None, help="total steps reported to kelastic's progress")
@@ -105,6 +108,13 @@ def main() -> None:
             step(i)
             i += 1
         raise TimeoutError(f"world stayed {world}, never became {a.until_world} within {a.max_wait}s")
+    if a.until_file:
+        deadline = time.monotonic() + a.max_wait
+        while not os.path.exists(a.until_file):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{a.until_file} did not appear within {a.max_wait}s")
+            step(i)
+            i += 1
     for _ in range(a.steps):
         step(i)
         i += 1

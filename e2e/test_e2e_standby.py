@@ -1,0 +1,98 @@
+"""End-to-end: a hot standby takes a lost worker's place, and the job's status shows its goodput.
+
+A job of two workers and one standby (``spec.standbyReplicas: 1``): the status and
+``kubectl get ej`` show the standby; a worker pod force-deleted is replaced by the
+standby in one re-form at the same world size (the training history of
+examples/train.py counts the group's starts), the deleted pod's replacement waits as
+the new standby, and the job ends with every pod succeeded, the standby too. The
+status carries the goodput the operator computed from the agents' records.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+NAME = "e2e-standby"
+
+
+def starts(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in history if e["event"] == "start"]
+
+
+def live_workers(kel: Any) -> list[dict[str, Any]]:
+    return [p for p in kel.pods(NAME, role="worker") if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def test_standby_replaces_a_deleted_worker_in_one_reform_and_goodput_is_in_the_status(kel: Any) -> None:
+    manifest = kel.job_manifest(
+        NAME, replicas=2, min_replicas=2, max_replicas=3, steps=400, step_delay=0.1, checkpoint_every=10
+    )
+    manifest["spec"]["standbyReplicas"] = 1
+    uid = kel.apply_job(manifest)["metadata"]["uid"]
+    kel.wait_history(
+        uid, f"a checkpoint at step >= 20 in elasticjob/{NAME}", lambda h: any(
+            e["event"] == "checkpoint" and e["step"] >= 20 for e in h
+        )
+    )  # fmt: skip
+
+    def one_standby() -> bool:
+        status = kel.status(NAME)
+        if status.get("standbys") != 1 or status.get("worldSize") != 2:
+            raise kel.LastSeen({k: status.get(k) for k in ("phase", "worldSize", "standbys")})
+        return True
+
+    kel.wait_for(f"elasticjob/{NAME} to show one standby beside a world of 2", one_standby, 120)
+    table = kel.kubectl.run(
+        "get", "ej", NAME, "-o", "custom-columns=S:.status.standbys,G:.status.goodput.percent"
+    )
+    assert table.stdout.split()[2] == "1", table.stdout
+    printed = kel.kubectl.run("get", "ej", NAME).stdout.splitlines()
+    assert "STANDBY" in printed[0] and "GOODPUT" in printed[0], printed
+    assert len(live_workers(kel)) == 3
+    assert len(starts(kel.history(uid))) == 1
+
+    # The standby holds no rank, runs no workers: it is the pod that is not ready.
+    members = [p for p in live_workers(kel) if ready(p)]
+    assert len(members) == 2, [(p["metadata"]["name"], ready(p)) for p in live_workers(kel)]
+    victim = members[-1]["metadata"]["name"]
+    deleted = time.time()
+    kel.kubectl.run("delete", "pod", victim, "--grace-period=0", "--force")
+
+    def restarted_once(history: list[dict[str, Any]]) -> bool:
+        return any(e["event"] == "first_step" and e["time"] > deleted for e in history)
+
+    kel.wait_history(uid, f"elasticjob/{NAME} to train again after {victim} was deleted", restarted_once, 120)
+    first = min(e["time"] for e in kel.history(uid) if e["event"] == "first_step" and e["time"] > deleted)
+
+    def standby_again() -> bool:
+        status = kel.status(NAME)
+        if status.get("standbys") != 1 or len(live_workers(kel)) != 3:
+            raise kel.LastSeen({k: status.get(k) for k in ("phase", "worldSize", "standbys")})
+        return True
+
+    kel.wait_for(f"{victim}'s replacement to wait as the new standby", standby_again, 120)
+    status = kel.wait_phase(NAME, {"Succeeded", "Failed"}, timeout=400)
+    assert status["phase"] == "Succeeded", status
+    history = kel.history(uid)
+    # One re-form, at the same size: no shrink to 1 and grow back to 2.
+    assert [s["world_size"] for s in starts(history)] == [2, 2], starts(history)
+    assert {e["world_size"] for e in history if e["event"] == "first_step"} == {2}
+    assert history[-1] == {**history[-1], "event": "done", "step": 400}
+    goodput = status.get("goodput") or {}
+    assert goodput.get("restarts", 0) >= 1 and 0 < goodput.get("ratio", 0) <= 1, goodput
+    assert goodput["percent"].endswith("%") and goodput["keptSteps"] > 0, goodput
+    print(
+        f"[{kel.lane}] standby: first step {first - deleted:.1f}s after the force-delete; "
+        f"goodput {goodput['percent']} ({goodput['restarts']} restart(s), {goodput['restartSeconds']}s, "
+        f"{goodput['redoneSteps']} steps redone)"
+    )
