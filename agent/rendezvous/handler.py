@@ -91,7 +91,8 @@ Each member of a running round watches one peer, its ring successor (rank + 1
 mod N), two ways:
 
 - a *peer link*: every node listens on its ``local_addr`` (port in its join
-  record) and its predecessor keeps a TCP connection to it. When a node's process
+  record) and its predecessor keeps a TCP connection to it, on which both proved the
+  job's secret (``liveness.PeerLink``; without a secret there is no peer link). When a node's process
   dies (crash, OOM kill, SIGKILL) the kernel closes the connection and the
   watcher claims ``dead`` within milliseconds;
 - a heartbeat: a keep-alive thread (``keepalive``) increments ``hb/<name>`` every
@@ -636,10 +637,17 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._conn.drop()
 
     def _start_threads(self) -> None:
-        try:
-            self._link = PeerLink(self._local_addr(), self._peer_lost)
-        except OSError as exc:
-            log.warning("kelastic rendezvous: no peer link (%s); dead nodes are found by heartbeat only", exc)
+        if self._s.job_key is None:
+            log.warning(
+                "kelastic rendezvous: no job secret, so no peer link; dead nodes are found by heartbeat only"
+            )
+        else:
+            try:
+                self._link = PeerLink(self._local_addr(), self._peer_lost, self._s.job_key)
+            except OSError as exc:
+                log.warning(
+                    "kelastic rendezvous: no peer link (%s); dead nodes are found by heartbeat only", exc
+                )
         self._conn.spawn_threads()
         _live_handlers.add(self)
 
