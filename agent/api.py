@@ -95,6 +95,7 @@ from kelastic.agent.restart_policy import Action, JoinDeferral, LossQuestion, Ve
 __all__ = [
     "DEFAULT_ROLE",
     "CheckpointCommits",
+    "CheckpointRing",
     "ElasticAgent",
     "FinishBarrier",
     "LossWatcher",
@@ -185,6 +186,21 @@ class CheckpointCommits(Protocol):
 
     def wait_committed(self, after: int, timeout: float) -> bool:
         """Block up to ``timeout`` s until a checkpoint newer than ``after`` is committed."""
+        ...
+
+
+class CheckpointRing(Protocol):
+    """The node's checkpoint service as the rendezvous sees it (kelastic's
+    :class:`~kelastic.agent.checkpoint.service.CheckpointService`): the agents exchange their
+    endpoints with their role infos and each tells its own service the round's ring."""
+
+    @property
+    def endpoint(self) -> str:
+        """Where this node's service is reached (``HOST:PORT``)."""
+        ...
+
+    def set_ring(self, ring: Sequence[str]) -> None:
+        """The group's services in group rank order, for the round that just closed."""
         ...
 
 
@@ -364,21 +380,29 @@ class RunResult:
 class RoleInstanceInfo:
     """What one agent tells the others before ranks are assigned.
 
-    ``restarts`` is how many restarts this agent has spent (its own budget).
+    ``restarts`` is how many restarts this agent has spent (its own budget); ``endpoint``
+    its checkpoint service (empty without one).
     """
 
     role: str
     rank: int  # group rank of the agent
     local_world_size: int
     restarts: int = 0
+    endpoint: str = ""
 
     def to_json(self) -> str:
-        return json.dumps([self.role, self.rank, self.local_world_size, self.restarts])
+        return json.dumps([self.role, self.rank, self.local_world_size, self.restarts, self.endpoint])
 
     @staticmethod
     def from_json(data: str | bytes) -> RoleInstanceInfo:
         role, rank, lws, *rest = json.loads(data)
-        return RoleInstanceInfo(str(role), int(rank), int(lws), int(rest[0]) if rest else 0)
+        return RoleInstanceInfo(
+            str(role),
+            int(rank),
+            int(lws),
+            int(rest[0]) if rest else 0,
+            str(rest[1]) if len(rest) > 1 else "",
+        )
 
 
 @dataclass(frozen=True)
@@ -389,7 +413,8 @@ class RankAssignment:
     same for every agent of the round: the most restarts any of its agents spent.
     It is what workers get as ``TORCHELASTIC_RESTART_COUNT``, so every rank of an
     attempt agrees on it, including ranks on an agent that was spared (its peer's
-    failure cost it nothing) or that joined late.
+    failure cost it nothing) or that joined late. ``ring`` is the round's checkpoint
+    services in group rank order (the same for every agent of the round).
     """
 
     base_global_rank: int
@@ -397,6 +422,7 @@ class RankAssignment:
     base_role_rank: int
     role_world_size: int
     group_restart_count: int = 0
+    ring: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(
@@ -406,13 +432,15 @@ class RankAssignment:
                 self.base_role_rank,
                 self.role_world_size,
                 self.group_restart_count,
+                list(self.ring),
             ]
         )
 
     @staticmethod
     def from_json(data: str | bytes) -> RankAssignment:
         a, b, c, d, *rest = json.loads(data)
-        return RankAssignment(int(a), int(b), int(c), int(d), int(rest[0]) if rest else 0)
+        ring = tuple(str(e) for e in rest[1]) if len(rest) > 1 else ()
+        return RankAssignment(int(a), int(b), int(c), int(d), int(rest[0]) if rest else 0, ring)
 
 
 def assign_ranks(infos: Sequence[RoleInstanceInfo]) -> dict[int, RankAssignment]:
@@ -443,6 +471,7 @@ def assign_ranks(infos: Sequence[RoleInstanceInfo]) -> dict[int, RankAssignment]
         role_offsets[info.role] = base_role[info.rank] + info.local_world_size
 
     group_restarts = max(i.restarts for i in by_rank)
+    ring = tuple(i.endpoint for i in by_rank if i.endpoint)
     return {
         info.rank: RankAssignment(
             base_global_rank=base_global[info.rank],
@@ -450,6 +479,7 @@ def assign_ranks(infos: Sequence[RoleInstanceInfo]) -> dict[int, RankAssignment]
             base_role_rank=base_role[info.rank],
             role_world_size=role_sizes[info.role],
             group_restart_count=group_restarts,
+            ring=ring,
         )
         for info in by_rank
     }
@@ -489,11 +519,14 @@ def exchange_rank_assignments(
     timeout: float = 300.0,
     abort: Callable[[], bool] | None = None,
     restarts: int = 0,
+    endpoint: str = "",
 ) -> RankAssignment:
     """Publish this agent's role info, let group rank 0 assign all ranks, return this agent's share.
 
     ``restarts`` is what this agent spent of its restart budget; the share's
     ``group_restart_count`` is the round's maximum of them (see :class:`RankAssignment`).
+    ``endpoint`` is this agent's checkpoint service, which the share's ``ring`` lists with
+    the others' in group rank order.
 
     ``store`` must be private to the current rendezvous round (the handlers'
     ``RendezvousInfo.store`` is). Raises :class:`TimeoutError` naming what it
@@ -501,7 +534,7 @@ def exchange_rank_assignments(
     :class:`MembershipChangedError` as soon as ``abort()`` (checked every half
     second while waiting) returns True.
     """
-    me = RoleInstanceInfo(role, group_rank, local_world_size, restarts)
+    me = RoleInstanceInfo(role, group_rank, local_world_size, restarts, endpoint)
     store.set(f"{_ROLE_INFO_PREFIX}{group_rank}", me.to_json())
     if group_rank == 0:
         keys = [f"{_ROLE_INFO_PREFIX}{i}" for i in range(group_world_size)]
@@ -622,6 +655,7 @@ class SimpleElasticAgent(ElasticAgent):
         event_sink: EventSink | None = None,
         metrics: Metrics | None = None,
         checkpoint_commits: CheckpointCommits | None = None,
+        checkpoint_ring: CheckpointRing | None = None,
     ) -> None:
         if spec.rdzv_handler is None:
             raise ValueError("WorkerSpec.rdzv_handler is required to run an agent (the spec has None)")
@@ -631,6 +665,7 @@ class SimpleElasticAgent(ElasticAgent):
         #: which a member of the round left may still show as lost (see _settle_spent_restart).
         self._settle_by: float | None = None
         self._checkpoint_commits = checkpoint_commits
+        self._checkpoint_ring = checkpoint_ring
         self._workers_started = time.monotonic()  # of the current workers
         #: While nodes wait to join and the group finishes its current checkpoint interval:
         #: what it waits for and until when (time.monotonic()).
@@ -763,7 +798,11 @@ class SimpleElasticAgent(ElasticAgent):
                 spec.local_world_size,
                 abort=self._membership_changed_now if self._watches_membership() else None,
                 restarts=self.restarts_spent,
+                endpoint=self._checkpoint_ring.endpoint if self._checkpoint_ring is not None else "",
             )
+        if self._checkpoint_ring is not None:
+            # The ring a commit replicates on: this round's, learnt here, never from a request.
+            self._checkpoint_ring.set_ring(assignment.ring)
         self._group_restart_count = assignment.group_restart_count
         worker_group.workers = workers_for(assignment, spec.local_world_size)
         worker_group.store = store

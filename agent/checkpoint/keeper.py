@@ -8,22 +8,33 @@ folder on a tmpfs (``settings.root``)::
     ckpt-<id>/.manifest.json  the files the checkpoint consists of, the ring, the step
     free/<n>                  files of dropped checkpoints, kept allocated for the next save
 
-Rules it enforces (the contract ``MemoryWriter`` relies on):
+Rules it enforces (the contract ``MemoryWriter`` relies on), whoever asks:
 
 * **Complete or nothing.** A checkpoint counts once its metadata arrived (``commit``), which
   the coordinating rank sends only after every rank's part was written. Replicas arrive under
   a temporary name and appear whole.
+* **Committed is final.** A committed checkpoint's metadata and parts are never replaced: a
+  second commit of it is taken only when it is the same (a retry), a part it holds is never
+  written again (``open`` refuses a checkpoint not newer than the newest committed one, a
+  replica never replaces a file held).
 * **The last complete one and at most one in progress.** Opening a file of a newer
   checkpoint drops every checkpoint older than the newest committed one, and every
-  uncommitted one (a save that broke off); a restore drops what is newer than what the
-  group restored (an abandoned lineage).
+  uncommitted one (a save that broke off). After a restore of an older checkpoint than the
+  newest committed here (the newer one turned out incomplete), the restored one is kept
+  beside it until a checkpoint newer than it is committed; the abandoned newer one goes
+  when memory is short, or with the restored one once a newer one is committed. These rules
+  alone drop checkpoints: no request names one to drop.
 * **A save waits for the previous replica.** ``begin`` returns only when no replication of
   this node's parts is in flight (so a lost node costs at most one checkpoint) and no
   durable copy of an older checkpoint is still being written.
 * **Bounded memory.** ``begin`` refuses a save that would not fit in ``settings.limit``
-  (:func:`~kelastic.agent.checkpoint.plan.memory_needed`), naming the sizes; files are
-  allocated up front (``posix_fallocate``) so a full tmpfs is an error, never a SIGBUS in a
-  worker.
+  (:func:`~kelastic.agent.checkpoint.plan.memory_needed`), naming the sizes; ``open``,
+  incoming replicas (counted while they arrive) and metadata never take the files held past
+  the limit. A rank's files are allocated up front (``posix_fallocate``) so a full tmpfs is
+  an error, never a SIGBUS in a worker; a replica's file grows as its bytes arrive, so a
+  peer that announces one and sends nothing costs nothing.
+* **Numbers in range.** A checkpoint number may run at most :data:`MAX_ID_JUMP` past the
+  newest this node has seen; a reservation names a live process of this node.
 
 Thread-safe; blocking waits are bounded by the caller's timeout.
 """
@@ -45,14 +56,18 @@ from typing import Any
 from kelastic.agent.checkpoint.durable import DurableStore
 from kelastic.agent.checkpoint.errors import CheckpointError
 from kelastic.agent.checkpoint.plan import HeldCheckpoint, Inventory, memory_needed
+from kelastic.agent.checkpoint.requests import check_name
 from kelastic.agent.checkpoint.settings import CheckpointSettings, format_bytes
 
-__all__ = ["CheckpointKeeper", "Refusal"]
+__all__ = ["MAX_ID_JUMP", "CheckpointKeeper", "Refusal"]
 
 _log = logging.getLogger(__name__)
 
 METADATA = ".metadata"
 MANIFEST = ".manifest.json"
+#: How far past the newest checkpoint number this node has seen a request's number may run
+#: (a fresh node joins a group whose numbers are far ahead; no request exhausts them).
+MAX_ID_JUMP = 2**32
 
 
 @dataclass
@@ -64,13 +79,14 @@ class _Ckpt:
     required: dict[str, int] | None = None
     ring: list[str] = field(default_factory=list)
     step: int | None = None
+    metadata: bytes = b""
 
     @property
     def committed(self) -> bool:
         return self.required is not None
 
     def nbytes(self) -> int:
-        return sum(self.files.values())
+        return sum(self.files.values()) + len(self.metadata)
 
 
 @dataclass(frozen=True)
@@ -97,6 +113,12 @@ class CheckpointKeeper:
         self._pending: dict[int, tuple[int, int]] = {}
         self._outgoing = 0
         self._pinned: dict[int, int] = {}
+        #: (checkpoint, file) -> bytes of replicas arriving now: counted against the limit
+        self._incoming: dict[tuple[int, str], int] = {}
+        #: The checkpoint the group restored when it is older than the newest committed here
+        #: (which turned out incomplete): kept, when held, until a newer one is committed; the
+        #: newer ones are dropped first when memory is short
+        self._base: int | None = None
         self._restored: dict[str, Any] | None = None
         self._last_persist: float | None = None
         self._saves = 0
@@ -116,9 +138,10 @@ class CheckpointKeeper:
         return self.root / self.dir_name(cid)
 
     def path_of(self, cid: int, name: str) -> Path:
-        if "/" in name or name.startswith(".") or not name:
-            raise CheckpointError(f"not a checkpoint file name: {name!r}")
-        return self.dir_of(cid) / name
+        try:
+            return self.dir_of(cid) / check_name(name)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
 
     def _load_existing(self) -> None:
         """Take over what a previous agent of this node left (a restarted container)."""
@@ -133,6 +156,7 @@ class CheckpointKeeper:
                 continue
             info = json.loads(manifest.read_text())
             ck = _Ckpt(cid, required=dict(info["required"]), ring=list(info["ring"]), step=info.get("step"))
+            ck.metadata = (d / METADATA).read_bytes()
             for f in d.iterdir():
                 if not f.name.startswith("."):
                     ck.files[f.name] = f.stat().st_size
@@ -158,12 +182,39 @@ class CheckpointKeeper:
         done = [c for c in self._ckpts.values() if c.committed]
         return max(done, key=lambda c: c.id) if done else None
 
-    def _kept_bytes(self) -> int:
+    def _kept(self) -> set[int]:
+        """Checkpoints a new save must not drop: the newest committed, a restored older one
+        (see ``_base``) and those whose durable copy is being written."""
         newest = self._newest_committed()
         kept = {c.id for c in self._ckpts.values() if c.id in self._pinned}
         if newest is not None:
             kept.add(newest.id)
-        return sum(self._ckpts[i].nbytes() for i in kept)
+        if self._base is not None and self._base in self._ckpts:
+            kept.add(self._base)
+        return kept
+
+    def _kept_bytes(self) -> int:
+        return sum(self._ckpts[i].nbytes() for i in self._kept())
+
+    def _used(self) -> int:
+        """Bytes held (files, metadata) and arriving (replicas), without the reuse pool."""
+        return sum(c.nbytes() for c in self._ckpts.values()) + sum(self._incoming.values())
+
+    def _check_id(self, cid: int) -> None:
+        if cid > self._newest + MAX_ID_JUMP:
+            raise CheckpointError(
+                f"checkpoint {cid} is more than {MAX_ID_JUMP} past the newest this node has seen ({self._newest})"
+            )
+
+    def _drop_abandoned(self) -> None:
+        """Memory is short after a restore: drop the committed checkpoints newer than the one
+        the group restored (it restored an older one because they were incomplete)."""
+        if self._base is None:
+            return
+        for cid in [c.id for c in self._ckpts.values() if c.committed and c.id > self._base]:
+            if cid not in self._pinned:
+                _log.info("checkpoint %d: dropped for memory (the group restored %d)", cid, self._base)
+                self._drop(cid)
 
     # --- a save ------------------------------------------------------------------------------
     def _prune_pending(self, rank: int, pid: int) -> None:
@@ -181,15 +232,18 @@ class CheckpointKeeper:
             return f"rank {rank}'s previous save is still being written"
         return None
 
-    def begin(self, rank: int, nbytes: int, timeout: float, pid: int = 0) -> tuple[int, Refusal | None]:
+    def begin(self, rank: int, nbytes: int, timeout: float, pid: int) -> tuple[int, Refusal | None]:
         """Reserve ``nbytes`` for rank ``rank``'s part of the next save.
 
         Waits (at most ``timeout`` seconds) until the previous checkpoint's replica and any
         older durable copy are done and the rank's previous save finished writing. Returns the
         newest checkpoint number this node has seen and None, or a :class:`Refusal` when the
-        save would not fit (or the wait timed out). ``pid`` is the calling worker's: a
-        reservation of a process that is gone (a save its failed group broke off) is dropped.
+        save would not fit (or the wait timed out). ``pid`` is the calling worker's (a process
+        of this node): a reservation of a process that is gone (a save its failed group broke
+        off) is dropped. CheckpointError for a pid that cannot be one.
         """
+        if pid <= 0:
+            raise CheckpointError(f"a save is reserved for a worker process of this node, not pid {pid}")
         deadline = time.monotonic() + timeout
         with self._cond:
             self._prune_pending(rank, pid)
@@ -200,6 +254,9 @@ class CheckpointKeeper:
                 self._cond.wait(min(left, 1.0))
                 self._prune_pending(rank, pid)
             new_part = sum(b for _, b in self._pending.values()) + nbytes
+            need = memory_needed(self._kept_bytes(), new_part, self.settings.replicas)
+            if need > self.settings.limit:
+                self._drop_abandoned()
             kept = self._kept_bytes()
             need = memory_needed(kept, new_part, self.settings.replicas)
             if need > self.settings.limit:
@@ -232,24 +289,37 @@ class CheckpointKeeper:
         Opening a newer checkpoint than any seen drops what the rules say (module docstring).
         Raises CheckpointError when the tmpfs cannot allocate it.
         """
+        path = self.path_of(cid, name)
         with self._cond:
+            self._check_id(cid)
             committed = [c.id for c in self._ckpts.values() if c.committed]
             if committed and cid <= max(committed):
                 raise CheckpointError(
-                    f"checkpoint {cid} is older than the committed checkpoint {max(committed)}"
+                    f"checkpoint {cid} is not newer than the committed checkpoint {max(committed)}, "
+                    "whose parts are final"
                 )
             self._drop_superseded(cid)
+            ck = self._ckpts.get(cid)
+            held = ck.files.get(name, 0) if ck is not None else 0
+            used = self._used() - held
+            if used + size > self.settings.limit:
+                raise CheckpointError(
+                    f"node {self.settings.node} cannot open {format_bytes(size)} for {name} of checkpoint "
+                    f"{cid}: it holds {format_bytes(used)} of a {format_bytes(self.settings.limit)} limit"
+                )
             self._newest = max(self._newest, cid)
             ck = self._ckpts.setdefault(cid, _Ckpt(cid))
-            path = self.path_of(cid, name)
             path.parent.mkdir(parents=True, exist_ok=True)
             self._allocate(path, size)
             ck.files[name] = size
             ck.own.add(name)
             ck.replicas.discard(name)
+            self._trim_pool()
             return path
 
-    def _allocate(self, path: Path, size: int) -> None:
+    def _allocate(self, path: Path, size: int, *, fill: bool = True) -> None:
+        """A file of ``size`` bytes at ``path``, from the reuse pool when it has one; with
+        ``fill`` its pages are allocated now, else it is sized as it is written."""
         if not (path.exists() and path.stat().st_size == size):
             pool = self._pool_files()
             same = next((p for p in pool if p.stat().st_size == size), None)
@@ -258,9 +328,12 @@ class CheckpointKeeper:
                 os.replace(reuse, path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            os.ftruncate(fd, size)
-            if size:
-                os.posix_fallocate(fd, 0, size)
+            if fill:
+                os.ftruncate(fd, size)
+                if size:
+                    os.posix_fallocate(fd, 0, size)
+            elif os.fstat(fd).st_size > size:
+                os.ftruncate(fd, size)
         except OSError as e:
             os.close(fd)
             path.unlink(missing_ok=True)
@@ -278,16 +351,32 @@ class CheckpointKeeper:
 
     def commit(
         self, cid: int, metadata: bytes, required: dict[str, int], ring: list[str], step: int | None
-    ) -> _Ckpt:
-        """Checkpoint ``cid`` is complete (every rank's part is written): keep its metadata.
+    ) -> bool:
+        """Checkpoint ``cid`` is complete (every rank's part is written): keep its metadata,
+        its manifest (``required``) and the ring it was saved on.
 
+        True for a new commit, False for a repeat of the same commit (a retry: nothing to do).
         Raises CheckpointError when a newer checkpoint was opened meanwhile (an overlapping
-        save superseded it).
+        save superseded it), when ``cid`` is committed already with other contents (a
+        committed checkpoint is final), or when its metadata would not fit.
         """
         with self._cond:
+            self._check_id(cid)
+            ck = self._ckpts.get(cid)
+            if ck is not None and ck.committed:
+                if (ck.metadata, ck.required, ck.step) == (metadata, required, step):
+                    return False
+                raise CheckpointError(
+                    f"checkpoint {cid} is committed already; a committed checkpoint is final"
+                )
             newer = [c for c in self._ckpts if c > cid]
             if newer:
                 raise CheckpointError(f"checkpoint {cid} was superseded by checkpoint {max(newer)}")
+            if self._used() + len(metadata) > self.settings.limit:
+                raise CheckpointError(
+                    f"node {self.settings.node} cannot keep {format_bytes(len(metadata))} of metadata of checkpoint "
+                    f"{cid}: it holds {format_bytes(self._used())} of a {format_bytes(self.settings.limit)} limit"
+                )
             ck = self._ckpts.setdefault(cid, _Ckpt(cid))
             d = self.dir_of(cid)
             d.mkdir(parents=True, exist_ok=True)
@@ -295,12 +384,14 @@ class CheckpointKeeper:
             _write_atomically(
                 d / MANIFEST, json.dumps({"required": required, "ring": ring, "step": step}).encode()
             )
-            ck.required, ck.ring, ck.step = dict(required), list(ring), step
+            ck.required, ck.ring, ck.step, ck.metadata = dict(required), list(ring), step, metadata
+            if self._base is not None and cid > self._base:
+                self._base = None  # a newer checkpoint than the restored one is complete
             self._newest = max(self._newest, cid)
             self._saves += 1
             self._commit_times.append(time.monotonic())
             self._cond.notify_all()
-            return ck
+            return True
 
     def cadence(self) -> tuple[int | None, float | None, float | None]:
         """The job's saves as this node saw them: the newest committed checkpoint, seconds
@@ -333,33 +424,61 @@ class CheckpointKeeper:
 
     # --- replicas ----------------------------------------------------------------------------
     def replica_target(self, cid: int, name: str, size: int) -> Path:
-        """A temporary file for an incoming replica; :meth:`replica_done` publishes it."""
+        """A temporary file for an incoming replica of ``size`` bytes, counted against the
+        limit while it arrives; :meth:`replica_done` publishes it, :meth:`replica_failed`
+        drops it. CheckpointError when it would replace a file held, belongs to a checkpoint
+        older than the newest committed one, or would not fit."""
+        final = self.path_of(cid, name)
         with self._cond:
-            used = sum(c.nbytes() for c in self._ckpts.values())
+            self._check_id(cid)
+            newest = self._newest_committed()
+            if newest is not None and cid < newest.id:
+                raise CheckpointError(f"checkpoint {cid} is older than the committed checkpoint {newest.id}")
+            ck = self._ckpts.get(cid)
+            if (ck is not None and name in ck.files) or (cid, name) in self._incoming:
+                raise CheckpointError(
+                    f"node {self.settings.node} holds {name} of checkpoint {cid} already; a held part is "
+                    "never replaced"
+                )
+            used = self._used()
             if used + size > self.settings.limit:
-                self._evict_pool(used + size - self.settings.limit)
                 raise CheckpointError(
                     f"node {self.settings.node} cannot hold a {format_bytes(size)} replica: it holds "
                     f"{format_bytes(used)} of a {format_bytes(self.settings.limit)} limit"
                 )
-            self._newest = max(self._newest, cid)
-            self._ckpts.setdefault(cid, _Ckpt(cid))
-            final = self.path_of(cid, name)
+            self._incoming[(cid, name)] = size
             part = final.with_name(f".{name}.{uuid.uuid4().hex[:8]}.part")
-            part.parent.mkdir(parents=True, exist_ok=True)
-            self._allocate(part, size)
+            try:
+                part.parent.mkdir(parents=True, exist_ok=True)
+                self._allocate(part, size, fill=False)
+            except BaseException:
+                del self._incoming[(cid, name)]
+                raise
+            self._trim_pool()
             return part
 
     def replica_done(self, cid: int, name: str, part: Path, size: int) -> None:
         with self._cond:
-            ck = self._ckpts.get(cid)
-            if ck is None:  # dropped meanwhile
+            self._incoming.pop((cid, name), None)
+            newest = self._newest_committed()
+            if newest is not None and cid < newest.id:  # superseded meanwhile
                 part.unlink(missing_ok=True)
+                self._cond.notify_all()
                 return
+            self._newest = max(self._newest, cid)
+            ck = self._ckpts.setdefault(cid, _Ckpt(cid))
             os.replace(part, self.path_of(cid, name))
             ck.files[name] = size
             if name not in ck.own:
                 ck.replicas.add(name)
+            self._cond.notify_all()
+
+    def replica_failed(self, cid: int, name: str, part: Path) -> None:
+        """An incoming replica broke off: its file and its share of the limit are freed."""
+        with self._cond:
+            self._incoming.pop((cid, name), None)
+            part.unlink(missing_ok=True)
+            self._cond.notify_all()
 
     def outgoing(self, delta: int) -> None:
         """Count replication jobs of this node's parts in flight (``begin`` waits for 0)."""
@@ -412,19 +531,29 @@ class CheckpointKeeper:
         except OSError as e:
             raise CheckpointError(f"node {self.settings.node} holds no metadata of checkpoint {cid}") from e
 
-    def readable(self, cid: int, name: str) -> Path:
+    def readable(self, cid: int, name: str, offset: int = 0, length: int = 0) -> Path:
+        """The file ``name`` of checkpoint ``cid``, which holds bytes ``offset`` to
+        ``offset + length``; CheckpointError when it is not held or shorter."""
         with self._cond:
             ck = self._ckpts.get(cid)
             if ck is None or name not in ck.files:
                 raise CheckpointError(f"node {self.settings.node} holds no file {name} of checkpoint {cid}")
+            if offset + length > ck.files[name]:
+                raise CheckpointError(
+                    f"{name} of checkpoint {cid} has {ck.files[name]} bytes; bytes {offset}..{offset + length} "
+                    "are past its end"
+                )
             return self.path_of(cid, name)
 
     def restored(self, cid: int, source: str, seconds: float, step: int | None) -> bool:
-        """The group restored checkpoint ``cid``: drop newer ones (an abandoned lineage).
-        True the first time a rank of this node reports it (the agent logs it once)."""
+        """A rank of this node restored checkpoint ``cid``: recorded for the status and the
+        metrics. Drops nothing: when ``cid`` is older than the newest committed here (which
+        was incomplete), it is kept beside it (module docstring). True the first time a rank
+        of this node reports it (the agent logs it once)."""
         with self._cond:
-            for newer in [c for c in self._ckpts if c > cid and c not in self._pinned]:
-                self._drop(newer)
+            newest = self._newest_committed()
+            if newest is not None and cid < newest.id:
+                self._base = cid
             first = self._restored is None or self._restored.get("id") != cid
             if first:
                 self._restores[source] = self._restores.get(source, 0) + 1
@@ -456,13 +585,10 @@ class CheckpointKeeper:
 
     # --- dropping ----------------------------------------------------------------------------
     def _drop_superseded(self, cid: int) -> None:
-        newest = self._newest_committed()
+        kept = self._kept()
         for old in list(self._ckpts):
-            if old >= cid or old in self._pinned:
-                continue
-            if newest is not None and old == newest.id:
-                continue
-            self._drop(old)
+            if old < cid and old not in kept:
+                self._drop(old)
 
     def _drop(self, cid: int) -> None:
         ck = self._ckpts.pop(cid, None)
@@ -474,6 +600,12 @@ class CheckpointKeeper:
                     os.replace(src, self._pool / uuid.uuid4().hex)
         shutil.rmtree(d, ignore_errors=True)
         self._cond.notify_all()
+
+    def _trim_pool(self) -> None:
+        """Free files kept for reuse that would take the tmpfs past the limit."""
+        over = self._used() + self.pool_bytes() - self.settings.limit
+        if over > 0:
+            self._evict_pool(over)
 
     def _evict_pool(self, nbytes: int) -> None:
         for p in self._pool_files():
@@ -493,10 +625,10 @@ class CheckpointKeeper:
 
 def _alive(pid: int) -> bool:
     if pid <= 0:
-        return True  # not told: trust the reservation
+        return False  # no process of this node: no reservation
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
