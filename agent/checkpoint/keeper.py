@@ -1,12 +1,8 @@
 """One node's checkpoint memory: the files, what they belong to, and when they go.
 
 :class:`CheckpointKeeper` is the state behind the agent's checkpoint service. It owns a
-folder on a tmpfs (``settings.root``)::
-
-    ckpt-<id>/<file>          a part written by a local rank, or a replica of a peer's part
-    ckpt-<id>/.metadata       the checkpoint's torch.distributed.checkpoint metadata (pickled)
-    ckpt-<id>/.manifest.json  the files the checkpoint consists of, the ring, the step
-    free/<n>                  files of dropped checkpoints, kept allocated for the next save
+folder on a tmpfs (``settings.root``, laid out by :class:`~kelastic.agent.checkpoint.folder.
+MemoryFolder`).
 
 Rules it enforces (the contract ``MemoryWriter`` relies on), whoever asks:
 
@@ -41,10 +37,9 @@ Thread-safe; blocking waits are bounded by the caller's timeout.
 
 from __future__ import annotations
 
-import json
+import hashlib
 import logging
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -55,16 +50,14 @@ from typing import Any
 
 from kelastic.agent.checkpoint.durable import DurableStore
 from kelastic.agent.checkpoint.errors import CheckpointError
+from kelastic.agent.checkpoint.folder import MemoryFolder
 from kelastic.agent.checkpoint.plan import HeldCheckpoint, Inventory, memory_needed
-from kelastic.agent.checkpoint.requests import check_name
 from kelastic.agent.checkpoint.settings import CheckpointSettings, format_bytes
 
 __all__ = ["MAX_ID_JUMP", "CheckpointKeeper", "Refusal"]
 
 _log = logging.getLogger(__name__)
 
-METADATA = ".metadata"
-MANIFEST = ".manifest.json"
 #: How far past the newest checkpoint number this node has seen a request's number may run
 #: (a fresh node joins a group whose numbers are far ahead; no request exhausts them).
 MAX_ID_JUMP = 2**32
@@ -79,14 +72,16 @@ class _Ckpt:
     required: dict[str, int] | None = None
     ring: list[str] = field(default_factory=list)
     step: int | None = None
-    metadata: bytes = b""
+    #: bytes and SHA-256 of the committed metadata (kept in the folder): a repeat is recognized
+    meta_size: int = 0
+    meta_digest: bytes = b""
 
     @property
     def committed(self) -> bool:
         return self.required is not None
 
     def nbytes(self) -> int:
-        return sum(self.files.values()) + len(self.metadata)
+        return sum(self.files.values()) + self.meta_size
 
 
 @dataclass(frozen=True)
@@ -103,8 +98,7 @@ class CheckpointKeeper:
         self.settings = settings
         self.endpoint = endpoint
         self.root = settings.root
-        self._pool = self.root / "free"
-        self._pool.mkdir(parents=True, exist_ok=True)
+        self.folder = MemoryFolder(settings.root)
         self._cond = threading.Condition()
         self._ckpts: dict[int, _Ckpt] = {}
         self._newest = 0
@@ -129,49 +123,31 @@ class CheckpointKeeper:
         self._load_existing()
 
     # --- paths -------------------------------------------------------------------------------
-    @staticmethod
-    def dir_name(cid: int) -> str:
-        """The folder of checkpoint ``cid`` under a node's root (workers read it directly)."""
-        return f"ckpt-{cid:010d}"
+    dir_name = staticmethod(MemoryFolder.dir_name)
 
     def dir_of(self, cid: int) -> Path:
-        return self.root / self.dir_name(cid)
+        return self.folder.dir_of(cid)
 
     def path_of(self, cid: int, name: str) -> Path:
-        try:
-            return self.dir_of(cid) / check_name(name)
-        except ValueError as e:
-            raise CheckpointError(str(e)) from None
+        return self.folder.path_of(cid, name)
 
     def _load_existing(self) -> None:
         """Take over what a previous agent of this node left (a restarted container)."""
-        for d in sorted(self.root.glob("ckpt-*")):
-            try:
-                cid = int(d.name.split("-", 1)[1])
-            except ValueError:
-                continue
-            manifest = d / MANIFEST
-            if not (d / METADATA).exists() or not manifest.exists():
-                shutil.rmtree(d, ignore_errors=True)  # never committed here: torn
-                continue
-            info = json.loads(manifest.read_text())
-            ck = _Ckpt(cid, required=dict(info["required"]), ring=list(info["ring"]), step=info.get("step"))
-            ck.metadata = (d / METADATA).read_bytes()
-            for f in d.iterdir():
-                if not f.name.startswith("."):
-                    ck.files[f.name] = f.stat().st_size
-                    ck.own.add(f.name)
-            self._ckpts[cid] = ck
-            self._newest = max(self._newest, cid)
+        for found in self.folder.load():
+            info = found.manifest
+            ck = _Ckpt(
+                found.id, required=dict(info["required"]), ring=list(info["ring"]), step=info.get("step")
+            )
+            ck.meta_size, ck.meta_digest = len(found.metadata), hashlib.sha256(found.metadata).digest()
+            ck.files, ck.own = dict(found.files), set(found.files)
+            self._ckpts[found.id] = ck
+            self._newest = max(self._newest, found.id)
         if self._ckpts:
             _log.info("checkpoint memory: found %s from an earlier agent of this node", sorted(self._ckpts))
 
     # --- accounting --------------------------------------------------------------------------
-    def _pool_files(self) -> list[Path]:
-        return sorted(self._pool.iterdir())
-
     def pool_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self._pool_files())
+        return self.folder.pool_bytes()
 
     def held_bytes(self) -> int:
         """Bytes of checkpoint files held (own parts and replicas), without the reuse pool."""
@@ -310,38 +286,12 @@ class CheckpointKeeper:
             self._newest = max(self._newest, cid)
             ck = self._ckpts.setdefault(cid, _Ckpt(cid))
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._allocate(path, size)
+            self.folder.allocate(path, size)
             ck.files[name] = size
             ck.own.add(name)
             ck.replicas.discard(name)
             self._trim_pool()
             return path
-
-    def _allocate(self, path: Path, size: int, *, fill: bool = True) -> None:
-        """A file of ``size`` bytes at ``path``, from the reuse pool when it has one; with
-        ``fill`` its pages are allocated now, else it is sized as it is written."""
-        if not (path.exists() and path.stat().st_size == size):
-            pool = self._pool_files()
-            same = next((p for p in pool if p.stat().st_size == size), None)
-            reuse = same or (pool[0] if pool else None)
-            if reuse is not None:
-                os.replace(reuse, path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            if fill:
-                os.ftruncate(fd, size)
-                if size:
-                    os.posix_fallocate(fd, 0, size)
-            elif os.fstat(fd).st_size > size:
-                os.ftruncate(fd, size)
-        except OSError as e:
-            os.close(fd)
-            path.unlink(missing_ok=True)
-            raise CheckpointError(
-                f"cannot allocate {format_bytes(size)} for {path.name} in {path.parent}: {e.strerror}; "
-                "give /dev/shm a larger sizeLimit or lower --checkpoint-memory"
-            ) from e
-        os.close(fd)
 
     def done(self, rank: int) -> None:
         """Rank ``rank`` finished writing (or skipped) its part of the current save."""
@@ -364,7 +314,11 @@ class CheckpointKeeper:
             self._check_id(cid)
             ck = self._ckpts.get(cid)
             if ck is not None and ck.committed:
-                if (ck.metadata, ck.required, ck.step) == (metadata, required, step):
+                if (ck.meta_digest, ck.required, ck.step) == (
+                    hashlib.sha256(metadata).digest(),
+                    required,
+                    step,
+                ):
                     return False
                 raise CheckpointError(
                     f"checkpoint {cid} is committed already; a committed checkpoint is final"
@@ -378,13 +332,9 @@ class CheckpointKeeper:
                     f"{cid}: it holds {format_bytes(self._used())} of a {format_bytes(self.settings.limit)} limit"
                 )
             ck = self._ckpts.setdefault(cid, _Ckpt(cid))
-            d = self.dir_of(cid)
-            d.mkdir(parents=True, exist_ok=True)
-            _write_atomically(d / METADATA, metadata)
-            _write_atomically(
-                d / MANIFEST, json.dumps({"required": required, "ring": ring, "step": step}).encode()
-            )
-            ck.required, ck.ring, ck.step, ck.metadata = dict(required), list(ring), step, metadata
+            self.folder.write_commit(cid, metadata, {"required": required, "ring": ring, "step": step})
+            ck.required, ck.ring, ck.step = dict(required), list(ring), step
+            ck.meta_size, ck.meta_digest = len(metadata), hashlib.sha256(metadata).digest()
             if self._base is not None and cid > self._base:
                 self._base = None  # a newer checkpoint than the restored one is complete
             self._newest = max(self._newest, cid)
@@ -450,7 +400,7 @@ class CheckpointKeeper:
             part = final.with_name(f".{name}.{uuid.uuid4().hex[:8]}.part")
             try:
                 part.parent.mkdir(parents=True, exist_ok=True)
-                self._allocate(part, size, fill=False)
+                self.folder.allocate(part, size, fill=False)
             except BaseException:
                 del self._incoming[(cid, name)]
                 raise
@@ -525,11 +475,12 @@ class CheckpointKeeper:
         return Inventory(self.settings.node, self.endpoint, held, durable, newest)
 
     def metadata(self, cid: int) -> bytes:
-        path = self.dir_of(cid) / METADATA
-        try:
-            return path.read_bytes()
-        except OSError as e:
-            raise CheckpointError(f"node {self.settings.node} holds no metadata of checkpoint {cid}") from e
+        with self._cond:
+            ck = self._ckpts.get(cid)
+            blob = self.folder.metadata(cid) if ck is not None and ck.committed else None
+            if blob is None:
+                raise CheckpointError(f"node {self.settings.node} holds no metadata of checkpoint {cid}")
+            return blob
 
     def readable(self, cid: int, name: str, offset: int = 0, length: int = 0) -> Path:
         """The file ``name`` of checkpoint ``cid``, which holds bytes ``offset`` to
@@ -592,34 +543,21 @@ class CheckpointKeeper:
 
     def _drop(self, cid: int) -> None:
         ck = self._ckpts.pop(cid, None)
-        d = self.dir_of(cid)
-        if ck is not None:
-            for name in ck.files:
-                src = d / name
-                if src.exists():
-                    os.replace(src, self._pool / uuid.uuid4().hex)
-        shutil.rmtree(d, ignore_errors=True)
+        self.folder.release(cid, ck.files if ck is not None else ())
         self._cond.notify_all()
 
     def _trim_pool(self) -> None:
         """Free files kept for reuse that would take the tmpfs past the limit."""
         over = self._used() + self.pool_bytes() - self.settings.limit
         if over > 0:
-            self._evict_pool(over)
-
-    def _evict_pool(self, nbytes: int) -> None:
-        for p in self._pool_files():
-            if nbytes <= 0:
-                return
-            nbytes -= p.stat().st_size
-            p.unlink(missing_ok=True)
+            self.folder.evict(over)
 
     def close(self, *, remove: bool) -> None:
         """Free the reuse pool; with ``remove``, everything (the job is over on this node)."""
         with self._cond:
-            self._evict_pool(2**63)
+            self.folder.evict(2**63)
             if remove:
-                shutil.rmtree(self.root, ignore_errors=True)
+                self.folder.remove()
                 self._ckpts.clear()
 
 
@@ -633,12 +571,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _tmpfs_free(path: Path) -> int | None:
