@@ -37,7 +37,6 @@ Thread-safe; blocking waits are bounded by the caller's timeout.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -72,9 +71,8 @@ class _Ckpt:
     required: dict[str, int] | None = None
     ring: list[str] = field(default_factory=list)
     step: int | None = None
-    #: bytes and SHA-256 of the committed metadata (kept in the folder): a repeat is recognized
+    #: bytes of the committed metadata (kept in the folder)
     meta_size: int = 0
-    meta_digest: bytes = b""
 
     @property
     def committed(self) -> bool:
@@ -138,7 +136,7 @@ class CheckpointKeeper:
             ck = _Ckpt(
                 found.id, required=dict(info["required"]), ring=list(info["ring"]), step=info.get("step")
             )
-            ck.meta_size, ck.meta_digest = len(found.metadata), hashlib.sha256(found.metadata).digest()
+            ck.meta_size = len(found.metadata)
             ck.files, ck.own = dict(found.files), set(found.files)
             self._ckpts[found.id] = ck
             self._newest = max(self._newest, found.id)
@@ -314,11 +312,7 @@ class CheckpointKeeper:
             self._check_id(cid)
             ck = self._ckpts.get(cid)
             if ck is not None and ck.committed:
-                if (ck.meta_digest, ck.required, ck.step) == (
-                    hashlib.sha256(metadata).digest(),
-                    required,
-                    step,
-                ):
+                if (ck.required, ck.step) == (required, step) and self.folder.metadata(cid) == metadata:
                     return False
                 raise CheckpointError(
                     f"checkpoint {cid} is committed already; a committed checkpoint is final"
@@ -334,7 +328,7 @@ class CheckpointKeeper:
             ck = self._ckpts.setdefault(cid, _Ckpt(cid))
             self.folder.write_commit(cid, metadata, {"required": required, "ring": ring, "step": step})
             ck.required, ck.ring, ck.step = dict(required), list(ring), step
-            ck.meta_size, ck.meta_digest = len(metadata), hashlib.sha256(metadata).digest()
+            ck.meta_size = len(metadata)
             if self._base is not None and cid > self._base:
                 self._base = None  # a newer checkpoint than the restored one is complete
             self._newest = max(self._newest, cid)
