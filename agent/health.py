@@ -7,6 +7,13 @@ finished (readiness). Both bodies are small JSON documents. ``GET /metrics``
 (when the server was given a ``metrics`` callable) answers the agent's metrics
 in the Prometheus text format. Any other path is 404. The server runs on a
 daemon thread and never blocks the agent.
+
+The probes stay open to whoever reaches the port (the kubelet, Prometheus): they only read,
+and say nothing secret (states and counters; never a key, a path to one, or checkpoint
+bytes). What a stranger can do to them is bounded: at most :data:`MAX_CONNECTIONS` are
+served at once (one more is closed at once and counted, service ``health``), each may take
+:data:`READ_TIMEOUT` seconds per read and :data:`CONNECTION_DEADLINE` seconds in all, and
+one request is served per connection (HTTP/1.0).
 """
 
 from __future__ import annotations
@@ -17,20 +24,70 @@ import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
+from kelastic.agent.auth import REFUSALS, Reason
 from kelastic.agent.exposition import CONTENT_TYPE
 
-__all__ = ["HealthServer"]
+__all__ = ["CONNECTION_DEADLINE", "MAX_CONNECTIONS", "READ_TIMEOUT", "SERVICE", "HealthServer"]
 
 _log = logging.getLogger(__name__)
+
+#: The health server's name in :data:`kelastic.agent.auth.REFUSALS` and ``/metrics``.
+SERVICE = "health"
+#: Connections served at once (probes and scrapes take one each, for milliseconds).
+MAX_CONNECTIONS = 16
+#: Seconds each read of a request may wait.
+READ_TIMEOUT = 5.0
+#: Seconds a connection may take in all (a client trickling its headers is cut off).
+CONNECTION_DEADLINE = 15.0
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most :data:`MAX_CONNECTIONS` of them, each with a deadline."""
+
+    daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            REFUSALS.count(SERVICE, Reason.OVER_CAPACITY)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        deadline = threading.Timer(CONNECTION_DEADLINE, _cut, args=(request,))
+        deadline.daemon = True
+        deadline.start()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            deadline.cancel()
+            self._slots.release()
+
+
+def _cut(request: socket.socket) -> None:
+    REFUSALS.count(SERVICE, Reason.TIMEOUT)
+    try:
+        request.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _server_class(host: str) -> type[ThreadingHTTPServer]:
     """An HTTP server class of the address family of ``host`` (an IPv6 pod IP needs AF_INET6)."""
     if ":" not in host:
-        return ThreadingHTTPServer
+        return _BoundedServer
 
-    class V6Server(ThreadingHTTPServer):
+    class V6Server(_BoundedServer):
         address_family = socket.AF_INET6
 
     return V6Server
@@ -61,6 +118,8 @@ class HealthServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = READ_TIMEOUT
+
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/healthz":
