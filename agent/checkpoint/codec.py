@@ -24,7 +24,7 @@ import io
 import pickle
 from typing import Any
 
-__all__ = ["UnsafeMetadata", "dumps", "loads"]
+__all__ = ["UnsafeMetadata", "check_commit", "dumps", "loads"]
 
 #: (module, name) globals a DCP metadata may name, beside torch's dtypes, layouts and
 #: memory formats (checked by type in :meth:`_Unpickler.find_class`).
@@ -95,3 +95,28 @@ def loads(blob: bytes) -> Any:
     if not isinstance(value, Metadata):
         raise UnsafeMetadata(f"checkpoint metadata is a {type(value).__name__}, not a DCP Metadata")
     return value
+
+
+def check_commit(blob: bytes, required: dict[str, int]) -> None:
+    """What the checkpoint service checks of a commit before it takes it: ``blob`` is a DCP
+    metadata (:func:`loads`), every item of which lies in a file of ``required`` (the
+    commit's manifest) within its size. UnsafeMetadata saying what is wrong otherwise."""
+    from kelastic.agent.checkpoint.storage import MemoryItem
+
+    metadata = loads(blob)
+    storage = metadata.storage_data
+    if not isinstance(storage, dict):
+        raise UnsafeMetadata("checkpoint metadata has no storage records")
+    for index, where in storage.items():
+        if not isinstance(where, MemoryItem):
+            raise UnsafeMetadata(f"item {index} is stored as a {type(where).__name__}, not a MemoryItem")
+        if not (
+            isinstance(where.relative_path, str) and type(where.offset) is int and type(where.length) is int
+        ):
+            raise UnsafeMetadata(f"item {index} has a malformed storage record")
+        size = required.get(where.relative_path)
+        if where.length and (size is None or not 0 <= where.offset <= where.offset + where.length <= size):
+            raise UnsafeMetadata(
+                f"item {index} lies at {where.relative_path}[{where.offset}:{where.offset + where.length}], "
+                "outside the files the commit names"
+            )

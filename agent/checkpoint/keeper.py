@@ -261,7 +261,8 @@ class CheckpointKeeper:
         """A file of ``size`` allocated bytes for rank ``rank``'s part of checkpoint ``cid``.
 
         Opening a newer checkpoint than any seen drops what the rules say (module docstring).
-        Raises CheckpointError when the tmpfs cannot allocate it.
+        Raises CheckpointError when the file would take the node past its limit (nothing is
+        dropped then) or the tmpfs cannot allocate it.
         """
         path = self.path_of(cid, name)
         with self._cond:
@@ -272,15 +273,17 @@ class CheckpointKeeper:
                     f"checkpoint {cid} is not newer than the committed checkpoint {max(committed)}, "
                     "whose parts are final"
                 )
-            self._drop_superseded(cid)
+            superseded = self._superseded(cid)
             ck = self._ckpts.get(cid)
             held = ck.files.get(name, 0) if ck is not None else 0
-            used = self._used() - held
+            used = self._used() - held - sum(self._ckpts[c].nbytes() for c in superseded)
             if used + size > self.settings.limit:
                 raise CheckpointError(
                     f"node {self.settings.node} cannot open {format_bytes(size)} for {name} of checkpoint "
                     f"{cid}: it holds {format_bytes(used)} of a {format_bytes(self.settings.limit)} limit"
                 )
+            for old in superseded:
+                self._drop(old)
             self._newest = max(self._newest, cid)
             ck = self._ckpts.setdefault(cid, _Ckpt(cid))
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -529,11 +532,10 @@ class CheckpointKeeper:
             }
 
     # --- dropping ----------------------------------------------------------------------------
-    def _drop_superseded(self, cid: int) -> None:
+    def _superseded(self, cid: int) -> list[int]:
+        """What opening checkpoint ``cid`` drops: every older one the rules do not keep."""
         kept = self._kept()
-        for old in list(self._ckpts):
-            if old < cid and old not in kept:
-                self._drop(old)
+        return [old for old in self._ckpts if old < cid and old not in kept]
 
     def _drop(self, cid: int) -> None:
         ck = self._ckpts.pop(cid, None)

@@ -13,7 +13,8 @@ that does not is closed before anything it sent is parsed, and counted. Operatio
                replica); answers the newest checkpoint number seen, or why not
 ``open``       allocate the file a rank writes its part into (a path on this node's tmpfs)
 ``done``       the rank finished writing
-``commit``     the checkpoint is complete: its metadata (sealed payload) and manifest; starts
+``commit``     the checkpoint is complete: its metadata (sealed payload; a DCP metadata whose
+               items lie in the manifest's files, read without running code) and manifest; starts
                the replication of this node's parts to its successors on the *ring of the
                current rendezvous round* (:meth:`CheckpointService.set_ring`, never a list
                the request names) and, on the ring's first node when due, the durable copy
@@ -33,6 +34,7 @@ Replication and durable copies run on one background thread, off the training pa
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import queue
@@ -43,8 +45,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kelastic.agent import auth
+from kelastic.agent.checkpoint import codec, wire
 from kelastic.agent.checkpoint import requests as rq
-from kelastic.agent.checkpoint import wire
 from kelastic.agent.checkpoint.admission import Admission
 from kelastic.agent.checkpoint.client import ServiceClient, parse_endpoint
 from kelastic.agent.checkpoint.durable import DurableStore
@@ -105,12 +107,14 @@ class CheckpointService:
         self._on_restore = on_restore
         self._on_replicated = on_replicated
         self._ring: tuple[str, ...] = ()
-        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._jobs: queue.Queue[Callable[[], object] | None] = queue.Queue()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
         self.admission = Admission(limits.connections, limits.handshakes)
 
     def start(self) -> CheckpointService:
+        # What checking a commit's metadata imports (torch.distributed.checkpoint), off the save path.
+        self._jobs.put(lambda: importlib.import_module("kelastic.agent.checkpoint.storage"))
         for target, name in ((self._accept, "accept"), (self._background, "replicate")):
             t = threading.Thread(target=target, name=f"kelastic-checkpoint-{name}", daemon=True)
             t.start()
@@ -305,6 +309,12 @@ class CheckpointService:
 
     def _commit(self, req: rq.Commit, metadata: bytes) -> None:
         cid = req.id
+        try:
+            codec.check_commit(metadata, req.required)
+        except codec.UnsafeMetadata as e:
+            auth.REFUSALS.count(SERVICE, auth.Reason.BAD_REQUEST)
+            _log.warning("checkpoint service: refused the commit of checkpoint %d: %s", cid, e)
+            raise CheckpointError(f"commit of checkpoint {cid} refused: {e}") from None
         ring = list(self._ring) or [self.endpoint]
         if not self.keeper.commit(cid, metadata, req.required, ring, req.step):
             return  # the same commit again (a retry): done already

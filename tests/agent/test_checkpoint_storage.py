@@ -299,9 +299,17 @@ def test_a_commit_of_a_superseded_save_is_refused(
     try:
         client.call({"op": "open", "id": 5, "name": "__0.mem", "size": 64, "rank": 0})
         with pytest.raises(Exception, match="superseded"):
-            client.call({"op": "commit", "id": 4, "required": {}, "step": None}, b"x")
+            client.call({"op": "commit", "id": 4, "required": {}, "step": None}, empty_metadata())
     finally:
         client.close()
+
+
+def empty_metadata() -> bytes:
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from kelastic.agent.checkpoint import codec
+
+    return codec.dumps(Metadata(state_dict_metadata={}, storage_data={}))
 
 
 def wait_background(s: CheckpointService, timeout: float = 30) -> None:
