@@ -50,6 +50,8 @@ class _BoundedServer(ThreadingHTTPServer):
     the oldest), none older than :data:`CONNECTION_DEADLINE`."""
 
     daemon_threads = True
+    # socketserver's default backlog of 5 drops the SYNs of a probe behind a burst of connections
+    request_queue_size = 128
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

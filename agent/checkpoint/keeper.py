@@ -107,9 +107,9 @@ class CheckpointKeeper:
         self._pinned: dict[int, int] = {}
         #: (checkpoint, file) -> bytes of replicas arriving now: counted against the limit
         self._incoming: dict[tuple[int, str], int] = {}
-        #: The checkpoint the group restored when it is older than the newest committed here
-        #: (which turned out incomplete): kept, when held, until a newer one is committed; the
-        #: newer ones are dropped first when memory is short
+        #: The checkpoint the group restored when this node holds it and it is older than the
+        #: newest committed here (which turned out incomplete): kept until a newer one is
+        #: committed; the newer ones are dropped first when memory is short
         self._base: int | None = None
         self._restored: dict[str, Any] | None = None
         self._last_persist: float | None = None
@@ -183,7 +183,7 @@ class CheckpointKeeper:
     def _drop_abandoned(self) -> None:
         """Memory is short after a restore: drop the committed checkpoints newer than the one
         the group restored (it restored an older one because they were incomplete)."""
-        if self._base is None:
+        if self._base is None or self._base not in self._ckpts:
             return
         for cid in [c.id for c in self._ckpts.values() if c.committed and c.id > self._base]:
             if cid not in self._pinned:
@@ -495,12 +495,13 @@ class CheckpointKeeper:
 
     def restored(self, cid: int, source: str, seconds: float, step: int | None) -> bool:
         """A rank of this node restored checkpoint ``cid``: recorded for the status and the
-        metrics. Drops nothing: when ``cid`` is older than the newest committed here (which
-        was incomplete), it is kept beside it (module docstring). True the first time a rank
-        of this node reports it (the agent logs it once)."""
+        metrics. Drops nothing: when this node holds ``cid`` and it is older than the newest
+        committed here (which was incomplete), it is kept beside it (module docstring). True
+        the first time a rank of this node reports it (the agent logs it once)."""
         with self._cond:
             newest = self._newest_committed()
-            if newest is not None and cid < newest.id:
+            held = self._ckpts.get(cid)
+            if held is not None and held.committed and newest is not None and cid < newest.id:
                 self._base = cid
             first = self._restored is None or self._restored.get("id") != cid
             if first:

@@ -85,7 +85,7 @@ class Channel:
     def send(self, header: dict[str, Any], payload: bytes | memoryview = b"", *, sealed: bool = True) -> None:
         """Send a header and its whole payload (sealed unless told otherwise)."""
         seal = sealed and len(payload) > 0
-        head = self._head(header, len(payload), SEALED if seal else 0)
+        head = self.head(header, len(payload), SEALED if seal else 0)
         tail = self._session.seal(payload) if seal else b""
         self.sock.settimeout(self._io_timeout)
         if len(payload) < _SMALL:
@@ -99,9 +99,11 @@ class Channel:
     def send_header(self, header: dict[str, Any], length: int) -> None:
         """Send a header announcing ``length`` unsealed bytes; the caller sends them next."""
         self.sock.settimeout(self._io_timeout)
-        self.sock.sendall(self._head(header, length, 0))
+        self.sock.sendall(self.head(header, length, 0))
 
-    def _head(self, header: dict[str, Any], length: int, flags: int) -> bytes:
+    def head(self, header: dict[str, Any], length: int, flags: int) -> bytes:
+        """The bytes of a message's prefix, tag and header (its tag takes the next sequence
+        number): what :meth:`send` and :meth:`send_header` send first."""
         body = json.dumps(header, separators=(",", ":")).encode()
         prefix = PREFIX.pack(flags, len(body), length)
         return prefix + self._session.seal(prefix, body) + body
@@ -163,18 +165,8 @@ class Channel:
     def recv_payload(self, msg: Message) -> bytes:
         """The whole payload of ``msg``, read as it arrives (never allocated ahead), its tag
         checked when sealed."""
-        h = self._session.incoming() if msg.sealed else None
         out = bytearray()
-        left = msg.length
-        while left:
-            chunk = bytearray(min(left, _CHUNK))
-            self.recv_into(memoryview(chunk))
-            if h is not None:
-                h.update(chunk)
-            out += chunk
-            left -= len(chunk)
-        if h is not None:
-            self._check_tail(h)
+        self._stream(msg, out.extend, chunk=2**20)
         return bytes(out)
 
     def recv_payload_into(self, msg: Message, view: memoryview) -> None:
@@ -195,9 +187,11 @@ class Channel:
         """Read and drop the payload of ``msg`` (a refused upload), keeping the stream in step."""
         self._stream(msg, None)
 
-    def _stream(self, msg: Message, write: Callable[[memoryview], object] | None) -> None:
+    def _stream(
+        self, msg: Message, write: Callable[[memoryview], object] | None, chunk: int = _CHUNK
+    ) -> None:
         h = self._session.incoming() if msg.sealed else None
-        buf = bytearray(min(msg.length, _CHUNK) or 1)
+        buf = bytearray(min(msg.length, chunk) or 1)
         view = memoryview(buf)
         left = msg.length
         while left:
