@@ -47,6 +47,7 @@ __all__ = [
     "REFUSED",
     "TAG_SIZE",
     "AuthError",
+    "HandshakeClosed",
     "Reason",
     "RefusalCounter",
     "Service",
@@ -80,6 +81,10 @@ class Service(IntEnum):
 
 class AuthError(ConnectionError):
     """The other end did not prove the job's key (or is not a kelastic service at all)."""
+
+
+class HandshakeClosed(AuthError):
+    """The other end closed the connection before the handshake was over (it may be gone)."""
 
 
 def _mac(key: bytes, label: bytes, service: Service, ns: bytes, nc: bytes) -> bytes:
@@ -192,7 +197,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     while got < n:
         k = sock.recv_into(view[got:])
         if k == 0:
-            raise AuthError("the other end closed the connection during the handshake")
+            raise HandshakeClosed("the other end closed the connection during the handshake")
         got += k
     return bytes(buf)
 

@@ -269,27 +269,34 @@ class PeerLink:
         """(connection, refused): refused means nobody listens there any more, the peer is gone.
 
         Unreachable or slow peers, and peers that do not prove the job's key, give
-        (None, False): no verdict, the heartbeat timeout still applies.
+        (None, False): no verdict, the heartbeat timeout still applies. A connection closed
+        in the middle of the handshake is no verdict either (the peer may have been busy):
+        a second connect tells whether its process is gone.
         """
         _, name, addr, port = target
-        try:
-            sock = socket.create_connection((addr, port), timeout=1.0)
-        except ConnectionRefusedError:
-            return None, True
-        except OSError:
-            return None, False
-        try:
-            sock.settimeout(PROOF_TIMEOUT)
-            auth.client_handshake(sock, self._key, auth.Service.PEER_LINK)
-        except auth.AuthError as e:
-            sock.close()
-            log.warning("peer link to %s at %s:%d: %s; watching its heartbeat only", name, addr, port, e)
-            return None, False
-        except OSError:
-            sock.close()
-            return None, False
-        sock.setblocking(False)
-        return sock, False
+        for _attempt in (0, 1):
+            try:
+                sock = socket.create_connection((addr, port), timeout=1.0)
+            except ConnectionRefusedError:
+                return None, True
+            except OSError:
+                return None, False
+            try:
+                sock.settimeout(PROOF_TIMEOUT)
+                auth.client_handshake(sock, self._key, auth.Service.PEER_LINK)
+            except (auth.HandshakeClosed, ConnectionResetError):
+                sock.close()
+                continue
+            except auth.AuthError as e:
+                sock.close()
+                log.warning("peer link to %s at %s:%d: %s; watching its heartbeat only", name, addr, port, e)
+                return None, False
+            except OSError:
+                sock.close()
+                return None, False
+            sock.setblocking(False)
+            return sock, False
+        return None, False
 
     def _lost(self, target: tuple[int, str, str, int]) -> None:
         with self._lock:

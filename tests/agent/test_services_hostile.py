@@ -116,6 +116,30 @@ def test_peers_that_share_the_key_watch_each_other_and_others_give_no_verdict() 
             pl.close()
 
 
+def test_a_peer_that_dies_during_the_handshake_is_found_lost() -> None:
+    """The peer's process goes while the watcher proves the key: its listener is gone too,
+    so the second connect is refused and the loss is known at once."""
+    lost: list[tuple[int, str]] = []
+    dying = socket.create_server(("127.0.0.1", 0))
+    port = dying.getsockname()[1]
+
+    def die() -> None:
+        conn, _ = dying.accept()
+        conn.sendall(auth.hello(auth.Service.PEER_LINK, secrets.token_bytes(auth.NONCE_SIZE)))
+        dying.close()  # the process is gone: its listener, then its connections
+        conn.close()
+
+    t = threading.Thread(target=die)
+    t.start()
+    watcher = PeerLink("127.0.0.1", lambda r, n: lost.append((r, n)), KEY)
+    try:
+        watcher.watch((3, "dying", "127.0.0.1", port))
+        assert wait_until(lambda: lost == [(3, "dying")], 5), lost
+    finally:
+        watcher.close()
+        t.join(5)
+
+
 # --- the health server --------------------------------------------------------------------------
 @pytest.fixture
 def probes(monkeypatch: pytest.MonkeyPatch) -> Iterator[HealthServer]:
