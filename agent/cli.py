@@ -601,8 +601,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
-        # Before anything else starts: a missing or unusable secret is a usage error.
+        # Before anything else starts: a missing or unusable secret is a usage error, told
+        # in one line (a pod's log tail, which the operator quotes, holds no usage text).
         config.job_secret = resolve_job_secret(config)
+    except secret.SecretError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(

@@ -251,9 +251,9 @@ def decide(
         why = f"the {max_nodes} nodes this job may have must share one secret to talk to each other"
     return Decision(
         None,
-        f"no job secret: {why}. Pass {FLAG_JOB_SECRET_FILE} FILE (${ENV_JOB_SECRET_FILE}; in a pod the "
-        f"operator mounts it at {JOB_SECRET_FILE}; by hand, {MAKE_ONE}), or {FLAG_INSECURE_NO_SECRET} to run "
-        "unauthenticated on a network you trust (docs/security.md)",
+        f"no job secret: pass {FLAG_JOB_SECRET_FILE} FILE (${ENV_JOB_SECRET_FILE}) or, on a network you "
+        f"trust, {FLAG_INSECURE_NO_SECRET}: {why}. In a pod the operator mounts the job's secret at "
+        f"{JOB_SECRET_FILE}; by hand, {MAKE_ONE} (docs/security.md)",
     )
 
 
