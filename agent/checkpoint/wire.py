@@ -80,6 +80,13 @@ class Channel:
         self._session = session
         self._io_timeout = io_timeout
         self._max_header = max_header
+        self._timeout: float | None = -1.0
+
+    def _wait(self, seconds: float) -> None:
+        """Set the socket's timeout (only when it changes: most messages keep one)."""
+        if seconds != self._timeout:
+            self.sock.settimeout(seconds)
+            self._timeout = seconds
 
     # --- sending -------------------------------------------------------------------------------
     def send(self, header: dict[str, Any], payload: bytes | memoryview = b"", *, sealed: bool = True) -> None:
@@ -87,7 +94,7 @@ class Channel:
         seal = sealed and len(payload) > 0
         head = self.head(header, len(payload), SEALED if seal else 0)
         tail = self._session.seal(payload) if seal else b""
-        self.sock.settimeout(self._io_timeout)
+        self._wait(self._io_timeout)
         if len(payload) < _SMALL:
             self.sock.sendall(b"".join((head, payload, tail)))
             return
@@ -98,7 +105,7 @@ class Channel:
 
     def send_header(self, header: dict[str, Any], length: int) -> None:
         """Send a header announcing ``length`` unsealed bytes; the caller sends them next."""
-        self.sock.settimeout(self._io_timeout)
+        self._wait(self._io_timeout)
         self.sock.sendall(self.head(header, length, 0))
 
     def head(self, header: dict[str, Any], length: int, flags: int) -> bytes:
@@ -116,15 +123,22 @@ class Channel:
         (IdleTimeout), then ``io_timeout`` for each piece of it (TimeoutError). ProtocolError
         for anything that is not an authentic message (the caller closes).
         """
-        self.sock.settimeout(self._io_timeout if idle_timeout is None else idle_timeout)
+        # Waiting in steps of the I/O timeout keeps one timeout on the socket for every message.
+        step = self._io_timeout if idle_timeout is None else min(self._io_timeout, idle_timeout)
+        self._wait(step)
         prefix = bytearray(PREFIX.size)
-        try:
-            first = self.sock.recv_into(prefix)
-        except TimeoutError as e:
-            raise IdleTimeout(str(e)) from None
+        waited = 0.0
+        while True:
+            try:
+                first = self.sock.recv_into(prefix)
+                break
+            except TimeoutError:
+                waited += step
+                if idle_timeout is None or waited >= idle_timeout:
+                    raise IdleTimeout(f"no message for {waited:g} s") from None
         if first == 0:
             return None
-        self.sock.settimeout(self._io_timeout)
+        self._wait(self._io_timeout)
         if first < len(prefix):
             self.recv_into(memoryview(prefix)[first:])
         flags, header_len, length = PREFIX.unpack(prefix)
