@@ -3,7 +3,9 @@
 Starts a checkpoint service in this process (its own tmpfs folder, loopback, real sockets)
 and times, on one kept connection, the requests of a save of one rank (``begin``,
 ``open``, ``done``, ``commit`` with a real DCP metadata of ``--tensors`` tensors) and a
-small read (``inventory``), plus opening a connection (with this checkout's handshake).
+small read (``inventory``), plus opening a connection (with this checkout's handshake);
+then whole ``dcp.save`` calls of ``--state-mib`` MiB through ``MemoryWriter`` (one rank,
+``no_dist``: the save's stall as a rank sees it, its copy into the agent's memory included).
 Run it with another checkout's interpreter to compare (its protocol, whatever it is): it
 adapts to the constructor of the checkout it imports. Prints medians and quartiles in
 microseconds; asserts nothing.
@@ -32,6 +34,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=300, help="saves timed (default 300)")
     p.add_argument("--tensors", type=int, default=64, help="tensors in the state (default 64)")
     p.add_argument("--connects", type=int, default=100, help="connections timed (default 100)")
+    p.add_argument("--state-mib", type=int, default=64, help="state of the timed dcp.save calls (default 64)")
+    p.add_argument("--saves", type=int, default=30, help="dcp.save calls timed (default 30)")
     a = p.parse_args()
 
     import torch
@@ -120,6 +124,7 @@ def main() -> None:
             fresh.call({"op": "done", "rank": 1})  # connect (and authenticate) + one small request
             connects.append((time.perf_counter() - t0) * 1e6)
             fresh.close()
+        saves = time_saves(service, a.state_mib, a.saves)
     finally:
         c.close()
         service.stop(remove=True)
@@ -131,11 +136,38 @@ def main() -> None:
         f"({'authenticated' if authenticated else 'unauthenticated'} protocol), metadata {len(blob)} bytes, "
         f"{a.rounds} saves, load average {os.getloadavg()[0]:.2f}"
     )
-    for name, values in [*timings.items(), ("connect + done", connects)]:
+    for name, values in [
+        *timings.items(),
+        ("connect + done", connects),
+        (f"dcp.save {a.state_mib} MiB", saves),
+    ]:
         q = statistics.quantiles(values, n=4)
         print(
             f"  {name:16s} median {statistics.median(values):8.1f} us   (quartiles {q[0]:8.1f} .. {q[2]:8.1f})"
         )
+
+
+def time_saves(service: Any, state_mib: int, count: int) -> list[float]:
+    """Microseconds of ``count`` whole saves of a ``state_mib`` MiB state (the first two,
+    which allocate, left out)."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from kelastic.agent.checkpoint.storage import MemoryWriter
+
+    warnings.filterwarnings("ignore")
+    os.environ.update(service.worker_env())
+    rows = state_mib * 2**20 // 4 // 1024 // 12
+    state = {f"t{i}": torch.randn(rows, 1024) for i in range(12)}
+    out = []
+    for i in range(count + 2):
+        t0 = time.perf_counter()
+        dcp.save(state, storage_writer=MemoryWriter(step=i), no_dist=True)
+        if i >= 2:
+            out.append((time.perf_counter() - t0) * 1e6)
+    return out
 
 
 if __name__ == "__main__":

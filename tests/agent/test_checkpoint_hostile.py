@@ -449,10 +449,14 @@ def test_connection_floods_are_bounded_and_the_job_saves_through_them(job: Job) 
 
 def test_the_health_port_stays_answering_through_a_flood(job: Job) -> None:
     node = job.nodes[0]
+    base = threads(node.pid)
     silent = [socket.create_connection(("127.0.0.1", node.health), timeout=5) for _ in range(100)]
+    time.sleep(0.5)
+    # a thread and a deadline timer per connection held, at most 32 connections
+    assert threads(node.pid) <= base + 2 * 32 + 4, threads(node.pid)
     with urllib.request.urlopen(f"http://127.0.0.1:{node.health}/healthz", timeout=10) as r:
         assert r.status == 200
-    assert metric(node, "health", "over_capacity") >= 100 - 32
+    assert metric(node, "health", "over_capacity") >= 1
     for s in silent:
         s.close()
 

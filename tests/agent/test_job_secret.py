@@ -5,6 +5,7 @@ them (a real ``python -m kelastic.agent`` process: exit 2, one line naming flag 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -159,3 +160,37 @@ def test_the_agent_refuses_to_start_without_a_usable_secret(
     assert done.returncode == 2, done.stderr
     assert needle in done.stderr and FLAG_JOB_SECRET_FILE in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def run_standalone(tmp_path: Path, *flags: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """A single-node agent saving three checkpoints with MemoryWriter; its output and events."""
+    script = Path(__file__).parent / "scripts" / "ckpt_worker.py"
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_JOB_SECRET_FILE, ENV_INSECURE_NO_SECRET)}
+    done = subprocess.run(
+        [sys.executable, "-m", "kelastic.agent", "--standalone", "--nproc-per-node", "1", *flags,
+         "--checkpoint-dir", str(tmp_path / "shm"), "--checkpoint-memory", "64Mi",
+         str(script), "--out", str(out), "--steps", "3", "--step-time", "0", "--mib", "1"],
+        capture_output=True, text=True, timeout=240, env={**env, "LOGLEVEL": "INFO"},
+    )  # fmt: skip
+    events = (out / "events.jsonl").read_text().splitlines() if (out / "events.jsonl").exists() else []
+    return done, events
+
+
+@pytest.mark.slow
+def test_a_single_node_run_on_loopback_uses_a_key_of_its_own_and_removes_it(tmp_path: Path) -> None:
+    done, events = run_standalone(tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sum('"saved"' in e for e in events) == 3, events
+    found = re.search(r"a secret of this agent's own \((\S+); loopback only\)", done.stderr)
+    assert found, done.stderr[-3000:]
+    assert not os.path.exists(found.group(1)), "the ephemeral secret outlived its agent"
+
+
+@pytest.mark.slow
+def test_insecure_no_secret_is_said_once_and_works(tmp_path: Path) -> None:
+    done, events = run_standalone(tmp_path, FLAG_INSECURE_NO_SECRET)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sum('"saved"' in e for e in events) == 3, events
+    assert done.stderr.count(f"{FLAG_INSECURE_NO_SECRET}: the checkpoint service") == 1, done.stderr[-3000:]
