@@ -614,4 +614,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    sys.exit(run(config))
+    try:
+        status = run(config)
+    finally:
+        if config.job_secret is not None:
+            config.job_secret.discard()  # an ephemeral key's folder, whatever happened
+    sys.exit(status)
