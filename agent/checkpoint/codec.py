@@ -97,26 +97,83 @@ def loads(blob: bytes) -> Any:
     return value
 
 
+class _Stub:
+    """Stands for an allowed dataclass while a commit is checked: built and filled by the
+    unpickler's own C code (``NEWOBJ``, then ``BUILD`` into ``__dict__``), running nothing."""
+
+
+class _StateStub(_Stub):
+    """A stub for a class with its own ``__setstate__`` (DCP's ``TensorProperties``)."""
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
+def _path_stub(*parts: Any) -> str:
+    return "/".join(str(p) for p in parts)
+
+
+#: What stands for the allowed callables while a commit is checked: builtins that take the
+#: same arguments and run nothing of interest.
+_CALLABLE_STUBS: dict[tuple[str, str], Any] = {
+    ("torch", "Size"): tuple,
+    ("torch.serialization", "_get_layout"): str,
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"): str,
+    ("collections", "OrderedDict"): dict,
+    ("pathlib", "PosixPath"): _path_stub,
+    ("pathlib", "PurePosixPath"): _path_stub,
+}
+_STUBS: dict[tuple[str, str], Any] = {}
+
+
+class _Skeleton(_Unpickler):
+    """The allow-list of :class:`_Unpickler`, building stubs instead of DCP's classes."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _ALLOWED:
+            return super().find_class(module, name)  # torch's dtypes and the like, or UnsafeMetadata
+        stub = _STUBS.get((module, name))
+        if stub is None:
+            base = _StateStub if name == "TensorProperties" else _Stub
+            stub = _CALLABLE_STUBS.get((module, name)) or type(name, (base,), {"__module__": module})
+            _STUBS[(module, name)] = stub
+        return stub
+
+
+def _fields(obj: Any, name: str) -> dict[str, Any] | None:
+    """The fields of a stub of dataclass ``name``, or None."""
+    if not isinstance(obj, _Stub) or type(obj).__name__ != name:
+        return None
+    return vars(obj)
+
+
 def check_commit(blob: bytes, required: dict[str, int]) -> None:
     """What the checkpoint service checks of a commit before it takes it: ``blob`` is a DCP
-    metadata (:func:`loads`), every item of which lies in a file of ``required`` (the
-    commit's manifest) within its size. UnsafeMetadata saying what is wrong otherwise."""
-    from kelastic.agent.checkpoint.storage import MemoryItem
-
-    metadata = loads(blob)
-    storage = metadata.storage_data
+    metadata naming nothing but what :func:`loads` allows (checked without building it and
+    without importing torch.distributed.checkpoint), every item of which is a memory
+    checkpoint record lying in a file of ``required`` (the commit's manifest) within its
+    size. UnsafeMetadata saying what is wrong otherwise."""
+    try:
+        top = _Skeleton(io.BytesIO(blob)).load()
+    except UnsafeMetadata:
+        raise
+    except Exception as e:
+        raise UnsafeMetadata(f"checkpoint metadata is unreadable: {type(e).__name__}: {e}") from None
+    metadata = _fields(top, "Metadata")
+    if metadata is None:
+        raise UnsafeMetadata(f"checkpoint metadata is a {type(top).__name__}, not a DCP Metadata")
+    storage = metadata.get("storage_data")
     if not isinstance(storage, dict):
         raise UnsafeMetadata("checkpoint metadata has no storage records")
-    for index, where in storage.items():
-        if not isinstance(where, MemoryItem):
-            raise UnsafeMetadata(f"item {index} is stored as a {type(where).__name__}, not a MemoryItem")
-        if not (
-            isinstance(where.relative_path, str) and type(where.offset) is int and type(where.length) is int
-        ):
-            raise UnsafeMetadata(f"item {index} has a malformed storage record")
-        size = required.get(where.relative_path)
-        if where.length and (size is None or not 0 <= where.offset <= where.offset + where.length <= size):
+    for n, where in enumerate(storage.values()):
+        item = _fields(where, "MemoryItem")
+        if item is None:
+            raise UnsafeMetadata(f"item {n} is stored as a {type(where).__name__}, not a MemoryItem")
+        path, offset, length = item.get("relative_path"), item.get("offset"), item.get("length")
+        if not (isinstance(path, str) and type(offset) is int and type(length) is int):
+            raise UnsafeMetadata(f"item {n} has a malformed storage record")
+        size = required.get(path)
+        if length and (size is None or not 0 <= offset <= offset + length <= size):
             raise UnsafeMetadata(
-                f"item {index} lies at {where.relative_path}[{where.offset}:{where.offset + where.length}], "
-                "outside the files the commit names"
+                f"item {n} lies at {path}[{offset}:{offset + length}], outside the files the commit names"
             )

@@ -34,7 +34,6 @@ Replication and durable copies run on one background thread, off the training pa
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import queue
@@ -107,14 +106,12 @@ class CheckpointService:
         self._on_restore = on_restore
         self._on_replicated = on_replicated
         self._ring: tuple[str, ...] = ()
-        self._jobs: queue.Queue[Callable[[], object] | None] = queue.Queue()
+        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
         self.admission = Admission(limits.connections, limits.handshakes)
 
     def start(self) -> CheckpointService:
-        # What checking a commit's metadata imports (torch.distributed.checkpoint), off the save path.
-        self._jobs.put(lambda: importlib.import_module("kelastic.agent.checkpoint.storage"))
         for target, name in ((self._accept, "accept"), (self._background, "replicate")):
             t = threading.Thread(target=target, name=f"kelastic-checkpoint-{name}", daemon=True)
             t.start()
