@@ -54,7 +54,7 @@ from kelastic.agent.checkpoint.keeper import CheckpointKeeper
 from kelastic.agent.checkpoint.plan import successors
 from kelastic.agent.checkpoint.settings import CheckpointSettings, ServiceLimits, format_bytes
 from kelastic.agent.contract import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_ENDPOINT, format_endpoint
-from kelastic.agent.secret import JobSecret
+from kelastic.agent.secret import JobSecret, ephemeral_secret
 
 __all__ = ["SERVICE", "CheckpointService"]
 
@@ -80,8 +80,9 @@ def _shut(socks: Sequence[socket.socket]) -> None:
 class CheckpointService:
     """Serves one node's checkpoint memory; see the module docstring for the operations.
 
-    ``secret`` is the job's key; ``host`` is the address to listen on, ``advertise`` the one
-    peers and workers use. ``on_restore(status)`` is called (on a service thread) the first
+    ``secret`` is the job's key (None: a key of the service's own, in a 0600 file it removes
+    when it stops; enough where no other node talks to it); ``host`` is the address to listen
+    on, ``advertise`` the one peers and workers use. ``on_restore(status)`` is called (on a service thread) the first
     time a restore is reported, ``on_replicated(id, seconds, bytes)`` after each
     replication; both optional.
     """
@@ -89,7 +90,7 @@ class CheckpointService:
     def __init__(
         self,
         settings: CheckpointSettings,
-        secret: JobSecret,
+        secret: JobSecret | None = None,
         *,
         host: str = "0.0.0.0",
         advertise: str = "127.0.0.1",
@@ -102,7 +103,8 @@ class CheckpointService:
         self.keeper = CheckpointKeeper(settings, self.endpoint)
         self.settings = settings
         self.limits = limits
-        self._secret = secret
+        self._own_secret = secret is None
+        self._secret = ephemeral_secret() if secret is None else secret
         self._on_restore = on_restore
         self._on_replicated = on_replicated
         self._ring: tuple[str, ...] = ()
@@ -137,6 +139,8 @@ class CheckpointService:
         for t in self._threads:
             t.join(timeout=5)
         self.keeper.close(remove=remove)
+        if self._own_secret:
+            self._secret.discard()
 
     def worker_env(self) -> dict[str, str]:
         """What a worker's ``MemoryWriter``/``MemoryReader`` needs to find this service and

@@ -81,7 +81,12 @@ from kelastic.agent.checkpoint.errors import (
 )
 from kelastic.agent.checkpoint.keeper import CheckpointKeeper
 from kelastic.agent.checkpoint.plan import Inventory, RestoreChoice, Source, choose_restore, next_id
-from kelastic.agent.contract import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_ENDPOINT
+from kelastic.agent.contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_ENDPOINT,
+    ENV_INSECURE_NO_SECRET,
+    ENV_JOB_SECRET_FILE,
+)
 from kelastic.agent.secret import SecretError, secret_from_env
 
 __all__ = ["MemoryItem", "MemoryReader", "MemoryWriter"]
@@ -135,15 +140,16 @@ def _agent() -> tuple[str, str]:
 
 
 _clients = threading.local()
-_key: tuple[int, bytes] | None = None
+_key: tuple[tuple[int, str | None, str | None], bytes] | None = None
 
 
 def _job_key() -> bytes:
-    """The job's key, read once per process from the file the agent named."""
+    """The job's key, read once per process (and per file the agent named) from that file."""
     global _key
-    if _key is None or _key[0] != os.getpid():
+    source = (os.getpid(), os.environ.get(ENV_JOB_SECRET_FILE), os.environ.get(ENV_INSECURE_NO_SECRET))
+    if _key is None or _key[0] != source:
         try:
-            _key = (os.getpid(), secret_from_env().key)
+            _key = (source, secret_from_env().key)
         except SecretError as e:
             raise CheckpointError(
                 f"kelastic.checkpoint cannot prove the job's secret to its agent: {e}"
