@@ -478,8 +478,18 @@ def test_after_the_attacks_a_failed_rank_restores_bit_identical(job: Job) -> Non
         "a restore", lambda: sum(e["event"] == "restored" for e in job.events()) > restores, 180
     )
     restored = [e for e in job.events() if e["event"] == "restored"][-1]
-    assert restored["source"] == "memory" and restored["hash"] == job.saved()[restored["step"]], restored
+    assert restored["source"] == "memory", restored
+    saved = job.saved()
+    if restored["step"] in saved:
+        assert restored["hash"] == saved[restored["step"]], restored
+    else:  # committed as the rank died, before rank 0 could log it
+        assert restored["step"] == max(s for s in saved if s < restored["step"]) + 1, (restored, max(saved))
     job.saves_go_on(2)
+    hashes: dict[int, set[str]] = {}
+    for e in job.events():
+        if e["event"] in ("saved", "restored"):
+            hashes.setdefault(e["step"], set()).add(e["hash"])
+    assert all(len(h) == 1 for h in hashes.values()), "a step saved or restored with two different states"
     assert not job.marker.exists(), "code ran from an attacker's bytes"
 
 
