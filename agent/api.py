@@ -89,13 +89,15 @@ from torch.distributed.elastic.rendezvous.api import RendezvousGracefulExitError
 
 from kelastic.agent import restart_policy, warm
 from kelastic.agent.events import Event, EventSink, EventSource, default_sink, record
+from kelastic.agent.join_at_checkpoint import JoinAtCheckpoint
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import ProcessFailure, SignalException, Std
-from kelastic.agent.restart_policy import Action, JoinDeferral, LossQuestion, Verdict, Watching
+from kelastic.agent.restart_policy import Action, LossQuestion, Verdict, Watching
 
 __all__ = [
     "DEFAULT_ROLE",
     "CheckpointCommits",
+    "CheckpointRing",
     "ElasticAgent",
     "FinishBarrier",
     "LossWatcher",
@@ -187,6 +189,21 @@ class CheckpointCommits(Protocol):
 
     def wait_committed(self, after: int, timeout: float) -> bool:
         """Block up to ``timeout`` s until a checkpoint newer than ``after`` is committed."""
+        ...
+
+
+class CheckpointRing(Protocol):
+    """The node's checkpoint service as the rendezvous sees it (kelastic's
+    :class:`~kelastic.agent.checkpoint.service.CheckpointService`): the agents exchange their
+    endpoints with their role infos and each tells its own service the round's ring."""
+
+    @property
+    def endpoint(self) -> str:
+        """Where this node's service is reached (``HOST:PORT``)."""
+        ...
+
+    def set_ring(self, ring: Sequence[str]) -> None:
+        """The group's services in group rank order, for the round that just closed."""
         ...
 
 
@@ -366,21 +383,29 @@ class RunResult:
 class RoleInstanceInfo:
     """What one agent tells the others before ranks are assigned.
 
-    ``restarts`` is how many restarts this agent has spent (its own budget).
+    ``restarts`` is how many restarts this agent has spent (its own budget); ``endpoint``
+    its checkpoint service (empty without one).
     """
 
     role: str
     rank: int  # group rank of the agent
     local_world_size: int
     restarts: int = 0
+    endpoint: str = ""
 
     def to_json(self) -> str:
-        return json.dumps([self.role, self.rank, self.local_world_size, self.restarts])
+        return json.dumps([self.role, self.rank, self.local_world_size, self.restarts, self.endpoint])
 
     @staticmethod
     def from_json(data: str | bytes) -> RoleInstanceInfo:
         role, rank, lws, *rest = json.loads(data)
-        return RoleInstanceInfo(str(role), int(rank), int(lws), int(rest[0]) if rest else 0)
+        return RoleInstanceInfo(
+            str(role),
+            int(rank),
+            int(lws),
+            int(rest[0]) if rest else 0,
+            str(rest[1]) if len(rest) > 1 else "",
+        )
 
 
 @dataclass(frozen=True)
@@ -391,7 +416,8 @@ class RankAssignment:
     same for every agent of the round: the most restarts any of its agents spent.
     It is what workers get as ``TORCHELASTIC_RESTART_COUNT``, so every rank of an
     attempt agrees on it, including ranks on an agent that was spared (its peer's
-    failure cost it nothing) or that joined late.
+    failure cost it nothing) or that joined late. ``ring`` is the round's checkpoint
+    services in group rank order (the same for every agent of the round).
     """
 
     base_global_rank: int
@@ -399,6 +425,7 @@ class RankAssignment:
     base_role_rank: int
     role_world_size: int
     group_restart_count: int = 0
+    ring: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(
@@ -408,13 +435,15 @@ class RankAssignment:
                 self.base_role_rank,
                 self.role_world_size,
                 self.group_restart_count,
+                list(self.ring),
             ]
         )
 
     @staticmethod
     def from_json(data: str | bytes) -> RankAssignment:
         a, b, c, d, *rest = json.loads(data)
-        return RankAssignment(int(a), int(b), int(c), int(d), int(rest[0]) if rest else 0)
+        ring = tuple(str(e) for e in rest[1]) if len(rest) > 1 else ()
+        return RankAssignment(int(a), int(b), int(c), int(d), int(rest[0]) if rest else 0, ring)
 
 
 def assign_ranks(infos: Sequence[RoleInstanceInfo]) -> dict[int, RankAssignment]:
@@ -445,6 +474,7 @@ def assign_ranks(infos: Sequence[RoleInstanceInfo]) -> dict[int, RankAssignment]
         role_offsets[info.role] = base_role[info.rank] + info.local_world_size
 
     group_restarts = max(i.restarts for i in by_rank)
+    ring = tuple(i.endpoint for i in by_rank if i.endpoint)
     return {
         info.rank: RankAssignment(
             base_global_rank=base_global[info.rank],
@@ -452,6 +482,7 @@ def assign_ranks(infos: Sequence[RoleInstanceInfo]) -> dict[int, RankAssignment]
             base_role_rank=base_role[info.rank],
             role_world_size=role_sizes[info.role],
             group_restart_count=group_restarts,
+            ring=ring,
         )
         for info in by_rank
     }
@@ -491,11 +522,14 @@ def exchange_rank_assignments(
     timeout: float = 300.0,
     abort: Callable[[], bool] | None = None,
     restarts: int = 0,
+    endpoint: str = "",
 ) -> RankAssignment:
     """Publish this agent's role info, let group rank 0 assign all ranks, return this agent's share.
 
     ``restarts`` is what this agent spent of its restart budget; the share's
     ``group_restart_count`` is the round's maximum of them (see :class:`RankAssignment`).
+    ``endpoint`` is this agent's checkpoint service, which the share's ``ring`` lists with
+    the others' in group rank order.
 
     ``store`` must be private to the current rendezvous round (the handlers'
     ``RendezvousInfo.store`` is). Raises :class:`TimeoutError` naming what it
@@ -503,7 +537,7 @@ def exchange_rank_assignments(
     :class:`MembershipChangedError` as soon as ``abort()`` (checked every half
     second while waiting) returns True.
     """
-    me = RoleInstanceInfo(role, group_rank, local_world_size, restarts)
+    me = RoleInstanceInfo(role, group_rank, local_world_size, restarts, endpoint)
     store.set(f"{_ROLE_INFO_PREFIX}{group_rank}", me.to_json())
     if group_rank == 0:
         keys = [f"{_ROLE_INFO_PREFIX}{i}" for i in range(group_world_size)]
@@ -626,6 +660,7 @@ class SimpleElasticAgent(ElasticAgent):
         event_sink: EventSink | None = None,
         metrics: Metrics | None = None,
         checkpoint_commits: CheckpointCommits | None = None,
+        checkpoint_ring: CheckpointRing | None = None,
     ) -> None:
         if spec.rdzv_handler is None:
             raise ValueError("WorkerSpec.rdzv_handler is required to run an agent (the spec has None)")
@@ -634,11 +669,12 @@ class SimpleElasticAgent(ElasticAgent):
         #: When a restart was spent before its cause was known: the end of the grace within
         #: which a member of the round left may still show as lost (see _settle_spent_restart).
         self._settle_by: float | None = None
-        self._checkpoint_commits = checkpoint_commits
+        self._checkpoint_ring = checkpoint_ring
         self._workers_started = time.monotonic()  # of the current workers
-        #: While nodes wait to join and the group finishes its current checkpoint interval:
-        #: what it waits for and until when (time.monotonic()).
-        self._deferral: tuple[JoinDeferral, float] | None = None
+        #: While nodes wait to join and the group finishes its current checkpoint interval.
+        self._join_at_checkpoint = (
+            None if checkpoint_commits is None else JoinAtCheckpoint(checkpoint_commits)
+        )
         self._group_restart_count = 0  # of the last round (see RankAssignment)
         self._store: Store | None = None
         self._exit_barrier_timeout = exit_barrier_timeout
@@ -773,7 +809,11 @@ class SimpleElasticAgent(ElasticAgent):
                 spec.local_world_size,
                 abort=self._membership_changed_now if self._watches_membership() else None,
                 restarts=self.restarts_spent,
+                endpoint=self._checkpoint_ring.endpoint if self._checkpoint_ring is not None else "",
             )
+        if self._checkpoint_ring is not None:
+            # The ring a commit replicates on: this round's, learnt here, never from a request.
+            self._checkpoint_ring.set_ring(assignment.ring)
         self._group_restart_count = assignment.group_restart_count
         worker_group.workers = workers_for(assignment, spec.local_world_size)
         worker_group.store = store
@@ -905,49 +945,17 @@ class SimpleElasticAgent(ElasticAgent):
         return watcher.membership_changed() or bool(watcher.wait_membership_change(self._membership_grace))
 
     def _at_a_checkpoint(self, verdict: Verdict, tick: float) -> Verdict:
-        """Hold a restart for joining nodes until the group's next checkpoint is committed.
-
-        Returns ``verdict`` (restart now) when a member was lost, when the job's save
-        pace does not allow it (:func:`~kelastic.agent.restart_policy.defer_join`), or
-        once the checkpoint came or the wait ran out; else CONTINUE, after waiting up
-        to ``tick`` seconds for the commit. Every agent of the group sees the same
-        commit within milliseconds, so they re-form together.
-        """
-        commits = self._checkpoint_commits
-        watcher = self._worker_group.spec.rdzv_handler
-        if commits is None or not isinstance(watcher, LossWatcher):
+        """Hold a restart for joining nodes until the group's next checkpoint is committed
+        (:class:`~kelastic.agent.join_at_checkpoint.JoinAtCheckpoint`); at once when a member
+        was lost."""
+        joining, watcher = self._join_at_checkpoint, self._worker_group.spec.rdzv_handler
+        if joining is None or not isinstance(watcher, LossWatcher):
             return verdict
         if watcher.wait_member_lost(0.0):
-            self._deferral = None
+            joining.cancel()
             return verdict
-        role = self._worker_group.spec.role
-        if self._deferral is None:
-            latest, age, interval = commits.cadence()
-            if age is not None:
-                # Workers (re)started since the last commit count their saves from their start.
-                age = min(age, time.monotonic() - self._workers_started)
-            deferral = restart_policy.defer_join(latest, age, interval)
-            if deferral is None:
-                return verdict
-            self._deferral = (deferral, time.monotonic() + deferral.within)
-            _log.info(
-                "[%s] %s: restarting after the next checkpoint (the newest is %d; within %.1fs)",
-                role,
-                verdict.reason,
-                deferral.after,
-                deferral.within,
-            )
-        deferral, deadline = self._deferral
-        remaining = deadline - time.monotonic()
-        if commits.wait_committed(deferral.after, min(tick, max(0.0, remaining))):
-            self._deferral = None
-            return Verdict(verdict.action, f"{verdict.reason}; at the checkpoint after {deferral.after}")
-        if remaining <= tick:
-            self._deferral = None
-            return Verdict(
-                verdict.action, f"{verdict.reason}; no checkpoint after {deferral.after} came in time"
-            )
-        return Verdict(Action.CONTINUE, "")
+        spec = self._worker_group.spec
+        return joining.hold(verdict, tick, role=spec.role, workers_started=self._workers_started)
 
     def _settle_spent_restart(self, handler: RendezvousHandler) -> None:
         """After re-joining on a restart spent before its cause was known: give it back
@@ -1007,10 +1015,10 @@ class SimpleElasticAgent(ElasticAgent):
                 # Failed while waiting for a checkpoint to let nodes join: a peer that
                 # re-formed first stopped them (or they failed on their own in that
                 # window; either way the group is re-forming).
-                question = (
-                    LossQuestion.YES if self._deferral is not None else self._loss_question(watching, changed)
-                )
-                self._deferral = None
+                deferring = self._join_at_checkpoint is not None and self._join_at_checkpoint.active
+                question = LossQuestion.YES if deferring else self._loss_question(watching, changed)
+                if self._join_at_checkpoint is not None:
+                    self._join_at_checkpoint.cancel()
                 grace_ends = time.monotonic() + self._membership_grace
                 verdict = restart_policy.decide_after_failure(
                     restart_policy.Failure(

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kelastic.agent import contract, devices, warm
+from kelastic.agent import contract, devices, secret, warm
 from kelastic.agent.events import Event, EventMetadataValue, EventSink, EventSource, default_sink, record
 from kelastic.agent.multiprocessing import Std
 
@@ -52,6 +52,7 @@ __all__ = [
     "main",
     "parse_nnodes",
     "parse_nproc_per_node",
+    "resolve_job_secret",
 ]
 
 _log = logging.getLogger("kelastic.agent")
@@ -91,6 +92,8 @@ class LaunchConfig:
     #: that lets services without one listen beyond loopback (``--insecure-no-secret``).
     job_secret_file: str | None = None
     insecure_no_secret: bool = False
+    #: The key itself, once read (or made: :func:`resolve_job_secret`); never printed.
+    job_secret: secret.JobSecret | None = field(default=None, repr=False)
     entrypoint: Callable[..., Any] | str = ""
     args: tuple[Any, ...] = ()
     entrypoint_name: str = ""
@@ -396,6 +399,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def resolve_job_secret(config: LaunchConfig) -> secret.JobSecret | None:
+    """The key of this agent's services (:mod:`kelastic.agent.secret`): read from
+    ``--job-secret-file``, the public one of ``--insecure-no-secret``, one made for a
+    single-node run on loopback, or None when the agent serves no kelastic protocol.
+    SecretError (a ValueError naming the flag and the file) when it must not start."""
+    return secret.for_agent(
+        secret_file=config.job_secret_file,
+        insecure=config.insecure_no_secret,
+        serves=config.checkpoint is not None or config.rdzv_backend == "kelastic",
+        local_addr=config.local_addr,
+        rdzv_endpoint=config.rdzv_endpoint,
+        standalone=config.standalone,
+        max_nodes=config.max_nodes,
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """Resolve parsed flags into a :class:`LaunchConfig`; ValueError names the bad flag."""
     min_nodes, max_nodes = parse_nnodes(args.nnodes)
@@ -596,6 +615,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
+        # Before anything else starts: a missing or unusable secret is a usage error, told
+        # in one line (a pod's log tail, which the operator quotes, holds no usage text).
+        config.job_secret = resolve_job_secret(config)
+    except secret.SecretError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(
@@ -603,4 +628,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    sys.exit(run(config))
+    try:
+        status = run(config)
+    finally:
+        if config.job_secret is not None:
+            config.job_secret.discard()  # an ephemeral key's folder, whatever happened
+    sys.exit(status)

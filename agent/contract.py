@@ -139,8 +139,10 @@ ENV_CHECKPOINT_DIR = "KELASTIC_CHECKPOINT_MEMORY_DIR"
 #: ``--job-secret-file`` (or ``$KELASTIC_JOB_SECRET_FILE``): its bytes, with surrounding
 #: whitespace stripped, are the key, at least ``JOB_SECRET_MIN_BYTES`` of them. The agent
 #: hands its workers the file's path under the same variable, never the key itself.
-#: ``--insecure-no-secret`` (``KELASTIC_INSECURE_NO_SECRET=1``) lets an agent without a
-#: secret serve beyond loopback anyway; it says so once in its log.
+#: Without one, an agent whose services would listen beyond loopback, or of a job of
+#: several nodes, does not start (a single-node run on loopback makes a key of its own);
+#: ``--insecure-no-secret`` (``KELASTIC_INSECURE_NO_SECRET=1``) lets it serve anyway, with
+#: a public key that authenticates nothing; it says so once in its log.
 FLAG_JOB_SECRET_FILE = "--job-secret-file"
 ENV_JOB_SECRET_FILE = "KELASTIC_JOB_SECRET_FILE"
 FLAG_INSECURE_NO_SECRET = "--insecure-no-secret"

@@ -7,6 +7,14 @@ finished (readiness). Both bodies are small JSON documents. ``GET /metrics``
 (when the server was given a ``metrics`` callable) answers the agent's metrics
 in the Prometheus text format. Any other path is 404. The server runs on a
 daemon thread and never blocks the agent.
+
+The probes stay open to whoever reaches the port (the kubelet, Prometheus): they only read,
+and say nothing secret (states and counters; never a key, a path to one, or checkpoint
+bytes). What a stranger can do to them is bounded: at most :data:`MAX_CONNECTIONS` are
+served at once (one more replaces the oldest, which is cut off and counted, service
+``health``: a probe still gets through connections a stranger holds open), each may take
+:data:`READ_TIMEOUT` seconds per read and :data:`CONNECTION_DEADLINE` seconds in all, and
+one request is served per connection (HTTP/1.0).
 """
 
 from __future__ import annotations
@@ -15,22 +23,86 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
+from kelastic.agent.auth import REFUSALS, Reason
 from kelastic.agent.exposition import CONTENT_TYPE
 
-__all__ = ["HealthServer"]
+__all__ = ["CONNECTION_DEADLINE", "MAX_CONNECTIONS", "READ_TIMEOUT", "SERVICE", "HealthServer"]
 
 _log = logging.getLogger(__name__)
+
+#: The health server's name in :data:`kelastic.agent.auth.REFUSALS` and ``/metrics``.
+SERVICE = "health"
+#: Connections served at once (probes and scrapes take one each, for milliseconds).
+MAX_CONNECTIONS = 32
+#: Seconds each read of a request may wait.
+READ_TIMEOUT = 2.0
+#: Seconds a connection may take in all (a client trickling its headers is cut off).
+CONNECTION_DEADLINE = 5.0
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most :data:`MAX_CONNECTIONS` of them (a new one replaces
+    the oldest), none older than :data:`CONNECTION_DEADLINE`."""
+
+    daemon_threads = True
+    # socketserver's default backlog of 5 drops the SYNs of a probe behind a burst of connections
+    request_queue_size = 128
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lock = threading.Lock()
+        #: connection -> when it was accepted (time.monotonic())
+        self._active: dict[socket.socket, float] = {}
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            cut = []
+            while len(self._active) >= MAX_CONNECTIONS:
+                oldest = min(self._active, key=self._active.__getitem__)
+                del self._active[oldest]
+                cut.append(oldest)
+            self._active[request] = time.monotonic()
+        for old in cut:
+            _cut(old, Reason.OVER_CAPACITY)
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        deadline = threading.Timer(CONNECTION_DEADLINE, self._expire, args=(request,))
+        deadline.daemon = True
+        deadline.start()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            deadline.cancel()
+            with self._lock:
+                self._active.pop(request, None)
+
+    def _expire(self, request: socket.socket) -> None:
+        with self._lock:
+            held = self._active.pop(request, None) is not None
+        if held:
+            _cut(request, Reason.TIMEOUT)
+
+
+def _cut(request: socket.socket, reason: Reason) -> None:
+    REFUSALS.count(SERVICE, reason)
+    try:
+        request.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _server_class(host: str) -> type[ThreadingHTTPServer]:
     """An HTTP server class of the address family of ``host`` (an IPv6 pod IP needs AF_INET6)."""
     if ":" not in host:
-        return ThreadingHTTPServer
+        return _BoundedServer
 
-    class V6Server(ThreadingHTTPServer):
+    class V6Server(_BoundedServer):
         address_family = socket.AF_INET6
 
     return V6Server
@@ -61,6 +133,8 @@ class HealthServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = READ_TIMEOUT
+
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/healthz":

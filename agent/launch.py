@@ -18,6 +18,13 @@ runs the agent and tears everything down:
 ``--standalone`` (or a single-node run without an endpoint) hosts an embedded
 rendezvous store on a loopback port the agent bound itself.
 
+The job's secret (:mod:`kelastic.agent.secret`) authenticates the checkpoint service and
+the rendezvous peer link; an agent that would serve them beyond loopback without one (and
+without ``--insecure-no-secret``) does not start (``SecretError``). The checkpoint service
+listens on ``--local-addr``, or on loopback when it is reached there, else on every
+interface; the agents tell each other their services with their role infos, and each
+tells its own service the round's ring (:meth:`CheckpointService.set_ring`).
+
 When the run fails (workers failed with no restarts left, or the agent itself
 could not run them) the agent writes one line naming the root cause to its
 termination message file, as a Kubernetes-native program does: the file named by
@@ -37,7 +44,7 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousPa
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 import kelastic.agent.rendezvous  # noqa: F401  (registers the "kelastic" backend with torch)
-from kelastic.agent import contract
+from kelastic.agent import contract, secret
 from kelastic.agent.api import LossWatcher, NamedNode, RunResult, WorkerSpec, WorkerState
 from kelastic.agent.checkpoint.service import CheckpointService
 from kelastic.agent.checkpoint.settings import (
@@ -100,27 +107,11 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
 
 
-def _advertised_addr(config: LaunchConfig, endpoint: str) -> str:
-    """The address peers reach this node's checkpoint service on: ``--local-addr``, else the
-    local address of the route to the rendezvous store, else loopback."""
-    if config.local_addr:
-        return config.local_addr
-    host = endpoint.rpartition(":")[0].strip("[]") if endpoint else ""
-    if host:
-        try:
-            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((host, 9))
-                addr: str = s.getsockname()[0]
-                return addr
-        except OSError:
-            pass
-    return "127.0.0.1"
-
-
 def start_checkpoint_service(
-    flags: CheckpointFlags, run_id: str, node: str, advertise: str, bind: str
+    flags: CheckpointFlags, run_id: str, node: str, advertise: str, bind: str, key: secret.JobSecret
 ) -> CheckpointService:
-    """This node's checkpoint service, in ``<checkpoint dir>/<run id>/<node>``."""
+    """This node's checkpoint service, in ``<checkpoint dir>/<run id>/<node>``, answering
+    only clients that prove ``key``."""
     from pathlib import Path
 
     root = Path(flags.folder) / _safe(run_id) / _safe(node)
@@ -158,15 +149,43 @@ def start_checkpoint_service(
             float(info.get("seconds") or 0.0),
         )
 
-    return CheckpointService(settings, host=bind, advertise=advertise, on_restore=restored).start()
+    return CheckpointService(settings, key, host=bind, advertise=advertise, on_restore=restored).start()
 
 
 def launch_agent(config: LaunchConfig) -> RunResult:
     """Run this node's agent to completion; see the module docstring for teardown rules.
 
     Raises :class:`~kelastic.agent.multiprocessing.SignalException` when stopped by a
-    signal and rendezvous errors (closed, timed out, unreachable) as they come.
+    signal, rendezvous errors (closed, timed out, unreachable) as they come, and
+    :class:`~kelastic.agent.secret.SecretError` when the agent must not serve without a secret.
     """
+    from kelastic.agent.cli import resolve_job_secret
+
+    key = config.job_secret if config.job_secret is not None else resolve_job_secret(config)
+    if key is not None and key.source is secret.SecretSource.INSECURE:
+        _log.warning(
+            "%s: the checkpoint service and the peer link accept anyone who reaches them; they can "
+            "read and replace the job's checkpoints and run code in its workers (docs/security.md)",
+            contract.FLAG_INSECURE_NO_SECRET,
+        )
+    try:
+        return _launch(config, key)
+    finally:
+        if key is not None:
+            key.discard()
+
+
+def _rdzv_secret(config: LaunchConfig, key: secret.JobSecret | None) -> dict[str, object]:
+    """What the kelastic rendezvous backend needs for its peer link: the key's file, or the
+    explicit opt-out (torch's backends get nothing: they run no peer link)."""
+    if config.rdzv_backend != "kelastic" or key is None:
+        return {}
+    if key.source is secret.SecretSource.INSECURE:
+        return {"insecure_no_secret": True}
+    return {"job_secret_file": key.path}
+
+
+def _launch(config: LaunchConfig, key: secret.JobSecret | None) -> RunResult:
     embedded: RendezvousServer | None = None
     endpoint = config.rdzv_endpoint
     if config.standalone:
@@ -198,17 +217,20 @@ def launch_agent(config: LaunchConfig) -> RunResult:
             min_nodes=config.min_nodes,
             max_nodes=config.max_nodes,
             local_addr=config.local_addr,
-            **config.rdzv_configs,
+            **{**config.rdzv_configs, **_rdzv_secret(config, key)},
         )
         handler = get_rendezvous_handler(params)
         if config.checkpoint is not None:
+            assert key is not None, "a checkpoint service always has a key (resolve_job_secret)"
             node = handler.node_name if isinstance(handler, NamedNode) else node_name()
+            advertise = secret.advertised_address(config.local_addr, endpoint)
             checkpoints = start_checkpoint_service(
                 config.checkpoint,
                 config.run_id,
                 node,
-                _advertised_addr(config, endpoint),
-                config.local_addr or "0.0.0.0",
+                advertise,
+                secret.bind_address(config.local_addr, advertise),
+                key,
             )
         spec = WorkerSpec(
             role=config.role,
@@ -237,6 +259,7 @@ def launch_agent(config: LaunchConfig) -> RunResult:
             extra_env=checkpoints.worker_env() if checkpoints is not None else None,
             checkpoint_status=checkpoints.keeper.status if checkpoints is not None else None,
             checkpoint_commits=checkpoints.keeper if checkpoints is not None else None,
+            checkpoint_ring=checkpoints,
         )
         telemetry.start_sampler(agent.rank_progress)
         if checkpoints is not None:

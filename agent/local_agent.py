@@ -55,6 +55,7 @@ from typing import Any
 from kelastic.agent import contract, hang, warm
 from kelastic.agent.api import (
     CheckpointCommits,
+    CheckpointRing,
     NamedNode,
     RunResult,
     SimpleElasticAgent,
@@ -180,7 +181,8 @@ class LocalElasticAgent(SimpleElasticAgent):
     every worker's environment (the checkpoint service's address);
     ``checkpoint_status`` (optional) gives the node's checkpoint state published with its
     progress; ``checkpoint_commits`` (optional) lets a restart for joining nodes wait for
-    the group's next checkpoint (see :func:`kelastic.agent.restart_policy.defer_join`).
+    the group's next checkpoint (see :func:`kelastic.agent.restart_policy.defer_join`);
+    ``checkpoint_ring`` (optional) is told each round's ring of checkpoint services.
     """
 
     def __init__(
@@ -203,6 +205,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         extra_env: Mapping[str, str] | None = None,
         checkpoint_status: Callable[[], dict[str, Any]] | None = None,
         checkpoint_commits: CheckpointCommits | None = None,
+        checkpoint_ring: CheckpointRing | None = None,
     ) -> None:
         super().__init__(
             spec,
@@ -211,6 +214,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             event_sink=event_sink,
             metrics=metrics,
             checkpoint_commits=checkpoint_commits,
+            checkpoint_ring=checkpoint_ring,
         )
         if logs_specs is not None and log_dir is not None:
             raise ValueError("pass either logs_specs (torch's) or log_dir (kelastic's), not both")

@@ -26,7 +26,10 @@ checkpoint (``kelastic.checkpoint``): ``checkpoint_latest`` (the newest complete
 checkpoint), ``checkpoint_bytes`` and ``checkpoint_limit_bytes`` (held on this node, and
 its limit), ``checkpoint_saves_total``, ``checkpoint_refused_total`` (saves that did not
 fit), ``checkpoint_restores_total{source}`` (memory, replica or durable) and
-``checkpoint_restore_seconds`` (the latest restore).
+``checkpoint_restore_seconds`` (the latest restore); and what kelastic's services turned
+away (:data:`kelastic.agent.auth.REFUSALS`): ``refused_total{service,reason}`` (service
+``checkpoint``, ``peer_link`` or ``health``; reason ``unauthenticated``, ``bad_frame``,
+``bad_request``, ``timeout`` or ``over_capacity``).
 """
 
 from __future__ import annotations
@@ -38,12 +41,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kelastic.agent.auth import REFUSALS, Reason
 from kelastic.agent.events import Event, EventSink, record
 from kelastic.agent.exposition import Family, counter, gauge, histogram, render
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.progress import ProgressReport
 
-__all__ = ["DURATION_BUCKETS", "AgentTelemetry", "ProgressSample", "steps_per_second"]
+__all__ = ["DURATION_BUCKETS", "AgentTelemetry", "ProgressSample", "refusals", "steps_per_second"]
 
 #: Histogram buckets (seconds) for rendezvous and recovery durations: sub-second to minutes.
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -57,6 +61,14 @@ class ProgressSample:
 
     time: float
     step: int
+
+
+def refusals() -> dict[tuple[tuple[str, str], ...], float]:
+    """:data:`~kelastic.agent.auth.REFUSALS` as labelled samples; the unauthenticated series of
+    the checkpoint service and the peer link are always there (0 until one happens)."""
+    counts = {("checkpoint", Reason.UNAUTHENTICATED.value): 0, ("peer_link", Reason.UNAUTHENTICATED.value): 0}
+    counts.update(REFUSALS.snapshot())
+    return {(("service", s), ("reason", r)): float(n) for (s, r), n in sorted(counts.items())}
 
 
 def steps_per_second(samples: list[ProgressSample]) -> float | None:
@@ -239,6 +251,13 @@ class AgentTelemetry:
                 f"{_PREFIX}seconds_since_progress",
                 "Seconds since any local rank last reported progress.",
                 since,
+            ),
+            counter(
+                f"{_PREFIX}refused_total",
+                "Connections and requests kelastic's services turned away, by service (checkpoint, "
+                "peer_link, health) and reason (unauthenticated, bad_frame, bad_request, timeout, "
+                "over_capacity).",
+                refusals(),
             ),
         ]
 

@@ -81,6 +81,7 @@ import argparse
 import json
 import math
 import os
+import secrets
 import shutil
 import signal
 import statistics
@@ -504,6 +505,8 @@ class Job:
         self.disk = self.dir / "disk"
         self.disk.mkdir()
         self.shm_root = Path("/dev/shm") / f"kelastic-goodput-{os.getpid()}-{self.dir.name}"
+        self.secret = self.dir / "job-secret"  # every agent of the job gets it (--job-secret-file)
+        self.secret.write_text(secrets.token_hex(32))
         self.nodes: dict[str, Node] = {}
         self.incarnations = 0
         self.run_id = f"goodput-{time.time_ns()}"
@@ -552,6 +555,7 @@ class Job:
             sys.executable, "-m", "kelastic.agent", "--nnodes", f"{max(1, n - 1)}:{n}", "--nproc-per-node", "1",
             "--rdzv-backend", "kelastic", "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.run_id,
             "--max-restarts", restarts, "--local-addr", "127.0.0.1", "--warm-start",
+            "--job-secret-file", str(self.secret),
             "--log-dir", str(self.dir / "agent-logs" / f"{name}.{self.incarnations}"), *ckpt,
             *(["--standby"] if standby else []), *worker,
         ]  # fmt: skip

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import socket
 import statistics
@@ -303,10 +304,14 @@ def kelastic_launcher(duration: float, logdir: Path, warm: bool, setup: Setup = 
         state["id"] = f"bench-{time.time_ns()}"
         return server
 
+    secret = logdir / "job-secret"  # the job's agents share it
+    secret.parent.mkdir(parents=True, exist_ok=True)
+    secret.write_text(secrets.token_hex(32))
+
     def command(name: str, out: Path) -> list[str]:
         return [
             sys.executable, "-m", "kelastic.agent", "--nnodes", f"{setup.min_nodes}:{setup.nodes}",
-            "--nproc-per-node", "1",
+            "--nproc-per-node", "1", "--job-secret-file", str(secret),
             "--rdzv-backend", "kelastic", "--rdzv-endpoint", state["endpoint"], "--rdzv-id", state["id"],
             "--max-restarts", "3", "--local-addr", "127.0.0.1", "--log-dir", str(logdir / state["id"] / name),
             *(["--warm-start"] if warm else []), *setup.worker_args(out, duration),

@@ -112,8 +112,23 @@ class DurableStore:
         for _, where in old:
             shutil.rmtree(where, ignore_errors=True)
 
+    def read_metadata(self, where: str) -> Any:
+        """Copy ``where``'s metadata, read with :func:`kelastic.agent.checkpoint.codec.loads`
+        (DCP's own readers unpickle it unchecked). OSError when it cannot be read,
+        ``codec.UnsafeMetadata`` when it names anything a DCP metadata does not hold."""
+        from kelastic.agent.checkpoint import codec
+
+        if self.is_url or "://" in where:
+            fs, _ = self._fs()
+            with fs.open(f"{where.rstrip('/')}/{METADATA}", "rb") as f:
+                blob = f.read()
+        else:
+            blob = (Path(where.removeprefix("file://")) / METADATA).read_bytes()
+        return codec.loads(blob)
+
     def reader(self, where: str) -> Any:
-        """torch.distributed.checkpoint's reader for copy ``where``."""
+        """torch.distributed.checkpoint's reader for copy ``where`` (its data files; take the
+        metadata from :meth:`read_metadata`)."""
         if self.is_url or "://" in where:
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 

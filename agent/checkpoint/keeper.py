@@ -1,39 +1,44 @@
 """One node's checkpoint memory: the files, what they belong to, and when they go.
 
 :class:`CheckpointKeeper` is the state behind the agent's checkpoint service. It owns a
-folder on a tmpfs (``settings.root``)::
+folder on a tmpfs (``settings.root``, laid out by :class:`~kelastic.agent.checkpoint.folder.
+MemoryFolder`).
 
-    ckpt-<id>/<file>          a part written by a local rank, or a replica of a peer's part
-    ckpt-<id>/.metadata       the checkpoint's torch.distributed.checkpoint metadata (pickled)
-    ckpt-<id>/.manifest.json  the files the checkpoint consists of, the ring, the step
-    free/<n>                  files of dropped checkpoints, kept allocated for the next save
-
-Rules it enforces (the contract ``MemoryWriter`` relies on):
+Rules it enforces (the contract ``MemoryWriter`` relies on), whoever asks:
 
 * **Complete or nothing.** A checkpoint counts once its metadata arrived (``commit``), which
   the coordinating rank sends only after every rank's part was written. Replicas arrive under
   a temporary name and appear whole.
+* **Committed is final.** A committed checkpoint's metadata and parts are never replaced: a
+  second commit of it is taken only when it is the same (a retry), a part it holds is never
+  written again (``open`` refuses a checkpoint not newer than the newest committed one, a
+  replica never replaces a file held).
 * **The last complete one and at most one in progress.** Opening a file of a newer
   checkpoint drops every checkpoint older than the newest committed one, and every
-  uncommitted one (a save that broke off); a restore drops what is newer than what the
-  group restored (an abandoned lineage).
+  uncommitted one (a save that broke off). After a restore of an older checkpoint than the
+  newest committed here (the newer one turned out incomplete), the restored one is kept
+  beside it until a checkpoint newer than it is committed; the abandoned newer one goes
+  when memory is short, or with the restored one once a newer one is committed. These rules
+  alone drop checkpoints: no request names one to drop.
 * **A save waits for the previous replica.** ``begin`` returns only when no replication of
   this node's parts is in flight (so a lost node costs at most one checkpoint) and no
   durable copy of an older checkpoint is still being written.
 * **Bounded memory.** ``begin`` refuses a save that would not fit in ``settings.limit``
-  (:func:`~kelastic.agent.checkpoint.plan.memory_needed`), naming the sizes; files are
-  allocated up front (``posix_fallocate``) so a full tmpfs is an error, never a SIGBUS in a
-  worker.
+  (:func:`~kelastic.agent.checkpoint.plan.memory_needed`), naming the sizes; ``open``,
+  incoming replicas (counted while they arrive) and metadata never take the files held past
+  the limit. A rank's files are allocated up front (``posix_fallocate``) so a full tmpfs is
+  an error, never a SIGBUS in a worker; a replica's file grows as its bytes arrive, so a
+  peer that announces one and sends nothing costs nothing.
+* **Numbers in range.** A checkpoint number may run at most :data:`MAX_ID_JUMP` past the
+  newest this node has seen; a reservation names a live process of this node.
 
 Thread-safe; blocking waits are bounded by the caller's timeout.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -44,15 +49,17 @@ from typing import Any
 
 from kelastic.agent.checkpoint.durable import DurableStore
 from kelastic.agent.checkpoint.errors import CheckpointError
+from kelastic.agent.checkpoint.folder import MemoryFolder
 from kelastic.agent.checkpoint.plan import HeldCheckpoint, Inventory, memory_needed
 from kelastic.agent.checkpoint.settings import CheckpointSettings, format_bytes
 
-__all__ = ["CheckpointKeeper", "Refusal"]
+__all__ = ["MAX_ID_JUMP", "CheckpointKeeper", "Refusal"]
 
 _log = logging.getLogger(__name__)
 
-METADATA = ".metadata"
-MANIFEST = ".manifest.json"
+#: How far past the newest checkpoint number this node has seen a request's number may run
+#: (a fresh node joins a group whose numbers are far ahead; no request exhausts them).
+MAX_ID_JUMP = 2**32
 
 
 @dataclass
@@ -64,13 +71,15 @@ class _Ckpt:
     required: dict[str, int] | None = None
     ring: list[str] = field(default_factory=list)
     step: int | None = None
+    #: bytes of the committed metadata (kept in the folder)
+    meta_size: int = 0
 
     @property
     def committed(self) -> bool:
         return self.required is not None
 
     def nbytes(self) -> int:
-        return sum(self.files.values())
+        return sum(self.files.values()) + self.meta_size
 
 
 @dataclass(frozen=True)
@@ -87,8 +96,7 @@ class CheckpointKeeper:
         self.settings = settings
         self.endpoint = endpoint
         self.root = settings.root
-        self._pool = self.root / "free"
-        self._pool.mkdir(parents=True, exist_ok=True)
+        self.folder = MemoryFolder(settings.root)
         self._cond = threading.Condition()
         self._ckpts: dict[int, _Ckpt] = {}
         self._newest = 0
@@ -97,6 +105,12 @@ class CheckpointKeeper:
         self._pending: dict[int, tuple[int, int]] = {}
         self._outgoing = 0
         self._pinned: dict[int, int] = {}
+        #: (checkpoint, file) -> bytes of replicas arriving now: counted against the limit
+        self._incoming: dict[tuple[int, str], int] = {}
+        #: The checkpoint the group restored when this node holds it and it is older than the
+        #: newest committed here (which turned out incomplete): kept until a newer one is
+        #: committed; the newer ones are dropped first when memory is short
+        self._base: int | None = None
         self._restored: dict[str, Any] | None = None
         self._last_persist: float | None = None
         self._saves = 0
@@ -107,47 +121,31 @@ class CheckpointKeeper:
         self._load_existing()
 
     # --- paths -------------------------------------------------------------------------------
-    @staticmethod
-    def dir_name(cid: int) -> str:
-        """The folder of checkpoint ``cid`` under a node's root (workers read it directly)."""
-        return f"ckpt-{cid:010d}"
+    dir_name = staticmethod(MemoryFolder.dir_name)
 
     def dir_of(self, cid: int) -> Path:
-        return self.root / self.dir_name(cid)
+        return self.folder.dir_of(cid)
 
     def path_of(self, cid: int, name: str) -> Path:
-        if "/" in name or name.startswith(".") or not name:
-            raise CheckpointError(f"not a checkpoint file name: {name!r}")
-        return self.dir_of(cid) / name
+        return self.folder.path_of(cid, name)
 
     def _load_existing(self) -> None:
         """Take over what a previous agent of this node left (a restarted container)."""
-        for d in sorted(self.root.glob("ckpt-*")):
-            try:
-                cid = int(d.name.split("-", 1)[1])
-            except ValueError:
-                continue
-            manifest = d / MANIFEST
-            if not (d / METADATA).exists() or not manifest.exists():
-                shutil.rmtree(d, ignore_errors=True)  # never committed here: torn
-                continue
-            info = json.loads(manifest.read_text())
-            ck = _Ckpt(cid, required=dict(info["required"]), ring=list(info["ring"]), step=info.get("step"))
-            for f in d.iterdir():
-                if not f.name.startswith("."):
-                    ck.files[f.name] = f.stat().st_size
-                    ck.own.add(f.name)
-            self._ckpts[cid] = ck
-            self._newest = max(self._newest, cid)
+        for found in self.folder.load():
+            info = found.manifest
+            ck = _Ckpt(
+                found.id, required=dict(info["required"]), ring=list(info["ring"]), step=info.get("step")
+            )
+            ck.meta_size = len(found.metadata)
+            ck.files, ck.own = dict(found.files), set(found.files)
+            self._ckpts[found.id] = ck
+            self._newest = max(self._newest, found.id)
         if self._ckpts:
             _log.info("checkpoint memory: found %s from an earlier agent of this node", sorted(self._ckpts))
 
     # --- accounting --------------------------------------------------------------------------
-    def _pool_files(self) -> list[Path]:
-        return sorted(self._pool.iterdir())
-
     def pool_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self._pool_files())
+        return self.folder.pool_bytes()
 
     def held_bytes(self) -> int:
         """Bytes of checkpoint files held (own parts and replicas), without the reuse pool."""
@@ -158,12 +156,39 @@ class CheckpointKeeper:
         done = [c for c in self._ckpts.values() if c.committed]
         return max(done, key=lambda c: c.id) if done else None
 
-    def _kept_bytes(self) -> int:
+    def _kept(self) -> set[int]:
+        """Checkpoints a new save must not drop: the newest committed, a restored older one
+        (see ``_base``) and those whose durable copy is being written."""
         newest = self._newest_committed()
         kept = {c.id for c in self._ckpts.values() if c.id in self._pinned}
         if newest is not None:
             kept.add(newest.id)
-        return sum(self._ckpts[i].nbytes() for i in kept)
+        if self._base is not None and self._base in self._ckpts:
+            kept.add(self._base)
+        return kept
+
+    def _kept_bytes(self) -> int:
+        return sum(self._ckpts[i].nbytes() for i in self._kept())
+
+    def _used(self) -> int:
+        """Bytes held (files, metadata) and arriving (replicas), without the reuse pool."""
+        return sum(c.nbytes() for c in self._ckpts.values()) + sum(self._incoming.values())
+
+    def _check_id(self, cid: int) -> None:
+        if cid > self._newest + MAX_ID_JUMP:
+            raise CheckpointError(
+                f"checkpoint {cid} is more than {MAX_ID_JUMP} past the newest this node has seen ({self._newest})"
+            )
+
+    def _drop_abandoned(self) -> None:
+        """Memory is short after a restore: drop the committed checkpoints newer than the one
+        the group restored (it restored an older one because they were incomplete)."""
+        if self._base is None or self._base not in self._ckpts:
+            return
+        for cid in [c.id for c in self._ckpts.values() if c.committed and c.id > self._base]:
+            if cid not in self._pinned:
+                _log.info("checkpoint %d: dropped for memory (the group restored %d)", cid, self._base)
+                self._drop(cid)
 
     # --- a save ------------------------------------------------------------------------------
     def _prune_pending(self, rank: int, pid: int) -> None:
@@ -181,15 +206,18 @@ class CheckpointKeeper:
             return f"rank {rank}'s previous save is still being written"
         return None
 
-    def begin(self, rank: int, nbytes: int, timeout: float, pid: int = 0) -> tuple[int, Refusal | None]:
+    def begin(self, rank: int, nbytes: int, timeout: float, pid: int) -> tuple[int, Refusal | None]:
         """Reserve ``nbytes`` for rank ``rank``'s part of the next save.
 
         Waits (at most ``timeout`` seconds) until the previous checkpoint's replica and any
         older durable copy are done and the rank's previous save finished writing. Returns the
         newest checkpoint number this node has seen and None, or a :class:`Refusal` when the
-        save would not fit (or the wait timed out). ``pid`` is the calling worker's: a
-        reservation of a process that is gone (a save its failed group broke off) is dropped.
+        save would not fit (or the wait timed out). ``pid`` is the calling worker's (a process
+        of this node): a reservation of a process that is gone (a save its failed group broke
+        off) is dropped. CheckpointError for a pid that cannot be one.
         """
+        if pid <= 0:
+            raise CheckpointError(f"a save is reserved for a worker process of this node, not pid {pid}")
         deadline = time.monotonic() + timeout
         with self._cond:
             self._prune_pending(rank, pid)
@@ -200,6 +228,9 @@ class CheckpointKeeper:
                 self._cond.wait(min(left, 1.0))
                 self._prune_pending(rank, pid)
             new_part = sum(b for _, b in self._pending.values()) + nbytes
+            need = memory_needed(self._kept_bytes(), new_part, self.settings.replicas)
+            if need > self.settings.limit:
+                self._drop_abandoned()
             kept = self._kept_bytes()
             need = memory_needed(kept, new_part, self.settings.replicas)
             if need > self.settings.limit:
@@ -230,45 +261,38 @@ class CheckpointKeeper:
         """A file of ``size`` allocated bytes for rank ``rank``'s part of checkpoint ``cid``.
 
         Opening a newer checkpoint than any seen drops what the rules say (module docstring).
-        Raises CheckpointError when the tmpfs cannot allocate it.
+        Raises CheckpointError when the file would take the node past its limit (nothing is
+        dropped then) or the tmpfs cannot allocate it.
         """
+        path = self.path_of(cid, name)
         with self._cond:
+            self._check_id(cid)
             committed = [c.id for c in self._ckpts.values() if c.committed]
             if committed and cid <= max(committed):
                 raise CheckpointError(
-                    f"checkpoint {cid} is older than the committed checkpoint {max(committed)}"
+                    f"checkpoint {cid} is not newer than the committed checkpoint {max(committed)}, "
+                    "whose parts are final"
                 )
-            self._drop_superseded(cid)
+            superseded = self._superseded(cid)
+            ck = self._ckpts.get(cid)
+            held = ck.files.get(name, 0) if ck is not None else 0
+            used = self._used() - held - sum(self._ckpts[c].nbytes() for c in superseded)
+            if used + size > self.settings.limit:
+                raise CheckpointError(
+                    f"node {self.settings.node} cannot open {format_bytes(size)} for {name} of checkpoint "
+                    f"{cid}: it holds {format_bytes(used)} of a {format_bytes(self.settings.limit)} limit"
+                )
+            for old in superseded:
+                self._drop(old)
             self._newest = max(self._newest, cid)
             ck = self._ckpts.setdefault(cid, _Ckpt(cid))
-            path = self.path_of(cid, name)
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._allocate(path, size)
+            self.folder.allocate(path, size)
             ck.files[name] = size
             ck.own.add(name)
             ck.replicas.discard(name)
+            self._trim_pool()
             return path
-
-    def _allocate(self, path: Path, size: int) -> None:
-        if not (path.exists() and path.stat().st_size == size):
-            pool = self._pool_files()
-            same = next((p for p in pool if p.stat().st_size == size), None)
-            reuse = same or (pool[0] if pool else None)
-            if reuse is not None:
-                os.replace(reuse, path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            os.ftruncate(fd, size)
-            if size:
-                os.posix_fallocate(fd, 0, size)
-        except OSError as e:
-            os.close(fd)
-            path.unlink(missing_ok=True)
-            raise CheckpointError(
-                f"cannot allocate {format_bytes(size)} for {path.name} in {path.parent}: {e.strerror}; "
-                "give /dev/shm a larger sizeLimit or lower --checkpoint-memory"
-            ) from e
-        os.close(fd)
 
     def done(self, rank: int) -> None:
         """Rank ``rank`` finished writing (or skipped) its part of the current save."""
@@ -278,29 +302,43 @@ class CheckpointKeeper:
 
     def commit(
         self, cid: int, metadata: bytes, required: dict[str, int], ring: list[str], step: int | None
-    ) -> _Ckpt:
-        """Checkpoint ``cid`` is complete (every rank's part is written): keep its metadata.
+    ) -> bool:
+        """Checkpoint ``cid`` is complete (every rank's part is written): keep its metadata,
+        its manifest (``required``) and the ring it was saved on.
 
+        True for a new commit, False for a repeat of the same commit (a retry: nothing to do).
         Raises CheckpointError when a newer checkpoint was opened meanwhile (an overlapping
-        save superseded it).
+        save superseded it), when ``cid`` is committed already with other contents (a
+        committed checkpoint is final), or when its metadata would not fit.
         """
         with self._cond:
+            self._check_id(cid)
+            ck = self._ckpts.get(cid)
+            if ck is not None and ck.committed:
+                if (ck.required, ck.step) == (required, step) and self.folder.metadata(cid) == metadata:
+                    return False
+                raise CheckpointError(
+                    f"checkpoint {cid} is committed already; a committed checkpoint is final"
+                )
             newer = [c for c in self._ckpts if c > cid]
             if newer:
                 raise CheckpointError(f"checkpoint {cid} was superseded by checkpoint {max(newer)}")
+            if self._used() + len(metadata) > self.settings.limit:
+                raise CheckpointError(
+                    f"node {self.settings.node} cannot keep {format_bytes(len(metadata))} of metadata of checkpoint "
+                    f"{cid}: it holds {format_bytes(self._used())} of a {format_bytes(self.settings.limit)} limit"
+                )
             ck = self._ckpts.setdefault(cid, _Ckpt(cid))
-            d = self.dir_of(cid)
-            d.mkdir(parents=True, exist_ok=True)
-            _write_atomically(d / METADATA, metadata)
-            _write_atomically(
-                d / MANIFEST, json.dumps({"required": required, "ring": ring, "step": step}).encode()
-            )
+            self.folder.write_commit(cid, metadata, {"required": required, "ring": ring, "step": step})
             ck.required, ck.ring, ck.step = dict(required), list(ring), step
+            ck.meta_size = len(metadata)
+            if self._base is not None and cid > self._base:
+                self._base = None  # a newer checkpoint than the restored one is complete
             self._newest = max(self._newest, cid)
             self._saves += 1
             self._commit_times.append(time.monotonic())
             self._cond.notify_all()
-            return ck
+            return True
 
     def cadence(self) -> tuple[int | None, float | None, float | None]:
         """The job's saves as this node saw them: the newest committed checkpoint, seconds
@@ -333,33 +371,61 @@ class CheckpointKeeper:
 
     # --- replicas ----------------------------------------------------------------------------
     def replica_target(self, cid: int, name: str, size: int) -> Path:
-        """A temporary file for an incoming replica; :meth:`replica_done` publishes it."""
+        """A temporary file for an incoming replica of ``size`` bytes, counted against the
+        limit while it arrives; :meth:`replica_done` publishes it, :meth:`replica_failed`
+        drops it. CheckpointError when it would replace a file held, belongs to a checkpoint
+        older than the newest committed one, or would not fit."""
+        final = self.path_of(cid, name)
         with self._cond:
-            used = sum(c.nbytes() for c in self._ckpts.values())
+            self._check_id(cid)
+            newest = self._newest_committed()
+            if newest is not None and cid < newest.id:
+                raise CheckpointError(f"checkpoint {cid} is older than the committed checkpoint {newest.id}")
+            ck = self._ckpts.get(cid)
+            if (ck is not None and name in ck.files) or (cid, name) in self._incoming:
+                raise CheckpointError(
+                    f"node {self.settings.node} holds {name} of checkpoint {cid} already; a held part is "
+                    "never replaced"
+                )
+            used = self._used()
             if used + size > self.settings.limit:
-                self._evict_pool(used + size - self.settings.limit)
                 raise CheckpointError(
                     f"node {self.settings.node} cannot hold a {format_bytes(size)} replica: it holds "
                     f"{format_bytes(used)} of a {format_bytes(self.settings.limit)} limit"
                 )
-            self._newest = max(self._newest, cid)
-            self._ckpts.setdefault(cid, _Ckpt(cid))
-            final = self.path_of(cid, name)
+            self._incoming[(cid, name)] = size
             part = final.with_name(f".{name}.{uuid.uuid4().hex[:8]}.part")
-            part.parent.mkdir(parents=True, exist_ok=True)
-            self._allocate(part, size)
+            try:
+                part.parent.mkdir(parents=True, exist_ok=True)
+                self.folder.allocate(part, size, fill=False)
+            except BaseException:
+                del self._incoming[(cid, name)]
+                raise
+            self._trim_pool()
             return part
 
     def replica_done(self, cid: int, name: str, part: Path, size: int) -> None:
         with self._cond:
-            ck = self._ckpts.get(cid)
-            if ck is None:  # dropped meanwhile
+            self._incoming.pop((cid, name), None)
+            newest = self._newest_committed()
+            if newest is not None and cid < newest.id:  # superseded meanwhile
                 part.unlink(missing_ok=True)
+                self._cond.notify_all()
                 return
+            self._newest = max(self._newest, cid)
+            ck = self._ckpts.setdefault(cid, _Ckpt(cid))
             os.replace(part, self.path_of(cid, name))
             ck.files[name] = size
             if name not in ck.own:
                 ck.replicas.add(name)
+            self._cond.notify_all()
+
+    def replica_failed(self, cid: int, name: str, part: Path) -> None:
+        """An incoming replica broke off: its file and its share of the limit are freed."""
+        with self._cond:
+            self._incoming.pop((cid, name), None)
+            part.unlink(missing_ok=True)
+            self._cond.notify_all()
 
     def outgoing(self, delta: int) -> None:
         """Count replication jobs of this node's parts in flight (``begin`` waits for 0)."""
@@ -406,25 +472,37 @@ class CheckpointKeeper:
         return Inventory(self.settings.node, self.endpoint, held, durable, newest)
 
     def metadata(self, cid: int) -> bytes:
-        path = self.dir_of(cid) / METADATA
-        try:
-            return path.read_bytes()
-        except OSError as e:
-            raise CheckpointError(f"node {self.settings.node} holds no metadata of checkpoint {cid}") from e
+        with self._cond:
+            ck = self._ckpts.get(cid)
+            blob = self.folder.metadata(cid) if ck is not None and ck.committed else None
+            if blob is None:
+                raise CheckpointError(f"node {self.settings.node} holds no metadata of checkpoint {cid}")
+            return blob
 
-    def readable(self, cid: int, name: str) -> Path:
+    def readable(self, cid: int, name: str, offset: int = 0, length: int = 0) -> Path:
+        """The file ``name`` of checkpoint ``cid``, which holds bytes ``offset`` to
+        ``offset + length``; CheckpointError when it is not held or shorter."""
         with self._cond:
             ck = self._ckpts.get(cid)
             if ck is None or name not in ck.files:
                 raise CheckpointError(f"node {self.settings.node} holds no file {name} of checkpoint {cid}")
+            if offset + length > ck.files[name]:
+                raise CheckpointError(
+                    f"{name} of checkpoint {cid} has {ck.files[name]} bytes; bytes {offset}..{offset + length} "
+                    "are past its end"
+                )
             return self.path_of(cid, name)
 
     def restored(self, cid: int, source: str, seconds: float, step: int | None) -> bool:
-        """The group restored checkpoint ``cid``: drop newer ones (an abandoned lineage).
-        True the first time a rank of this node reports it (the agent logs it once)."""
+        """A rank of this node restored checkpoint ``cid``: recorded for the status and the
+        metrics. Drops nothing: when this node holds ``cid`` and it is older than the newest
+        committed here (which was incomplete), it is kept beside it (module docstring). True
+        the first time a rank of this node reports it (the agent logs it once)."""
         with self._cond:
-            for newer in [c for c in self._ckpts if c > cid and c not in self._pinned]:
-                self._drop(newer)
+            newest = self._newest_committed()
+            held = self._ckpts.get(cid)
+            if held is not None and held.committed and newest is not None and cid < newest.id:
+                self._base = cid
             first = self._restored is None or self._restored.get("id") != cid
             if first:
                 self._restores[source] = self._restores.get(source, 0) + 1
@@ -455,58 +533,41 @@ class CheckpointKeeper:
             }
 
     # --- dropping ----------------------------------------------------------------------------
-    def _drop_superseded(self, cid: int) -> None:
-        newest = self._newest_committed()
-        for old in list(self._ckpts):
-            if old >= cid or old in self._pinned:
-                continue
-            if newest is not None and old == newest.id:
-                continue
-            self._drop(old)
+    def _superseded(self, cid: int) -> list[int]:
+        """What opening checkpoint ``cid`` drops: every older one the rules do not keep."""
+        kept = self._kept()
+        return [old for old in self._ckpts if old < cid and old not in kept]
 
     def _drop(self, cid: int) -> None:
         ck = self._ckpts.pop(cid, None)
-        d = self.dir_of(cid)
-        if ck is not None:
-            for name in ck.files:
-                src = d / name
-                if src.exists():
-                    os.replace(src, self._pool / uuid.uuid4().hex)
-        shutil.rmtree(d, ignore_errors=True)
+        self.folder.release(cid, ck.files if ck is not None else ())
         self._cond.notify_all()
 
-    def _evict_pool(self, nbytes: int) -> None:
-        for p in self._pool_files():
-            if nbytes <= 0:
-                return
-            nbytes -= p.stat().st_size
-            p.unlink(missing_ok=True)
+    def _trim_pool(self) -> None:
+        """Free files kept for reuse that would take the tmpfs past the limit."""
+        over = self._used() + self.pool_bytes() - self.settings.limit
+        if over > 0:
+            self.folder.evict(over)
 
     def close(self, *, remove: bool) -> None:
         """Free the reuse pool; with ``remove``, everything (the job is over on this node)."""
         with self._cond:
-            self._evict_pool(2**63)
+            self.folder.evict(2**63)
             if remove:
-                shutil.rmtree(self.root, ignore_errors=True)
+                self.folder.remove()
                 self._ckpts.clear()
 
 
 def _alive(pid: int) -> bool:
     if pid <= 0:
-        return True  # not told: trust the reservation
+        return False  # no process of this node: no reservation
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
     return True
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _tmpfs_free(path: Path) -> int | None:

@@ -10,12 +10,15 @@ storage_reader=FileSystemReader(".../checkpoint-N"))`` reads it without kelastic
 Complete or nothing (:class:`~kelastic.agent.checkpoint.durable.DurableStore`): a local copy
 is written under a temporary name, synced, and renamed into place; at a URL ``.metadata`` is
 written last. Only then are copies older than the newest ``keep`` removed.
+
+The metadata is read with :func:`kelastic.agent.checkpoint.codec.loads` (no code runs from
+it); parts the node does not hold come from its peers over authenticated connections.
 """
 
 from __future__ import annotations
 
 import io
-import pickle
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,10 +26,11 @@ import torch
 # DCP's own per-item storage record: the file layout FileSystemReader reads.
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
+from kelastic.agent.checkpoint import codec
+from kelastic.agent.checkpoint.client import ServiceClient
 from kelastic.agent.checkpoint.durable import METADATA, DurableStore
 from kelastic.agent.checkpoint.errors import CheckpointError
 from kelastic.agent.checkpoint.keeper import CheckpointKeeper
-from kelastic.agent.checkpoint.service import ServiceClient
 
 __all__ = ["write_durable"]
 
@@ -35,8 +39,10 @@ class _PartReader:
     """Byte ranges of checkpoint ``cid``'s parts: from this node's memory when it holds the
     part, else from the ring's other nodes (one connection each, closed by :meth:`close`)."""
 
-    def __init__(self, keeper: CheckpointKeeper, cid: int, ring: list[str]) -> None:
-        self.keeper, self.cid, self.ring = keeper, cid, ring
+    def __init__(
+        self, keeper: CheckpointKeeper, cid: int, ring: list[str], connect: Callable[[str], ServiceClient]
+    ) -> None:
+        self.keeper, self.cid, self.ring, self.connect = keeper, cid, ring, connect
         self.clients: dict[str, ServiceClient] = {}
 
     def read(self, name: str, offset: int, length: int) -> bytes:
@@ -53,7 +59,9 @@ class _PartReader:
         for endpoint in self.ring:
             if endpoint == self.keeper.endpoint:
                 continue
-            client = self.clients.setdefault(endpoint, ServiceClient(endpoint))
+            client = self.clients.get(endpoint)
+            if client is None:
+                client = self.clients[endpoint] = self.connect(endpoint)
             try:
                 client.call(
                     {"op": "get", "id": self.cid, "name": name, "offset": offset, "length": length},
@@ -69,17 +77,25 @@ class _PartReader:
             client.close()
 
 
-def write_durable(keeper: CheckpointKeeper, cid: int, ring: list[str], store: DurableStore, keep: int) -> str:
+def write_durable(
+    keeper: CheckpointKeeper,
+    cid: int,
+    ring: list[str],
+    store: DurableStore,
+    keep: int,
+    connect: Callable[[str], ServiceClient],
+) -> str:
     """Write checkpoint ``cid`` to ``<store>/checkpoint-<cid>``; return where it is.
 
-    Parts this node does not hold are read from the ring's other nodes. Raises
+    Parts this node does not hold are read from the ring's other nodes (``connect(endpoint)``
+    opens an authenticated connection to one). Raises
     CheckpointError (or OSError) when a part cannot be read or the copy written; the
     memory checkpoint is not affected either way.
     """
     from kelastic.agent.checkpoint.storage import MemoryItem, _dtype
 
-    metadata = pickle.loads(keeper.metadata(cid))
-    parts = _PartReader(keeper, cid, ring)
+    metadata = codec.loads(keeper.metadata(cid))
+    parts = _PartReader(keeper, cid, ring, connect)
     try:
         with store.writing(cid) as out_dir:
             by_file: dict[str, list[tuple[Any, MemoryItem]]] = {}
@@ -109,7 +125,7 @@ def write_durable(keeper: CheckpointKeeper, cid: int, ring: list[str], store: Du
                         position += len(blob)
             metadata.storage_data = storage
             with out_dir.open(METADATA) as f:  # last: its presence marks the copy complete
-                pickle.dump(metadata, f)
+                f.write(codec.dumps(metadata))
     finally:
         parts.close()
     store.prune(keep)

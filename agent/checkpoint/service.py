@@ -3,21 +3,31 @@
 Every ``kelastic-agent`` runs one (``--checkpoint-*`` flags). Its clients are the node's own
 workers (``MemoryWriter``/``MemoryReader``, which find it through
 ``$KELASTIC_CHECKPOINT_ENDPOINT``) and the other nodes' services and workers (replicas,
-restores, commits). Operations (:mod:`~kelastic.agent.checkpoint.wire` framing):
+restores, commits). Every client proves the job's secret first (:mod:`kelastic.agent.auth`:
+a mutual handshake per connection, then a MAC on every message, :mod:`.wire`); a connection
+that does not is closed before anything it sent is parsed, and counted. Operations
+(:mod:`.requests` checks every field):
 
 =============  ===========================================================================
 ``begin``      reserve memory for a rank's part of the next save (waits for the previous
                replica); answers the newest checkpoint number seen, or why not
 ``open``       allocate the file a rank writes its part into (a path on this node's tmpfs)
 ``done``       the rank finished writing
-``commit``     the checkpoint is complete: its metadata (payload), manifest and ring; starts
-               the replication of this node's parts and, when due, the durable copy
-``put``        a peer's part (payload), kept as a replica
+``commit``     the checkpoint is complete: its metadata (sealed payload; a DCP metadata whose
+               items lie in the manifest's files, read without running code) and manifest; starts
+               the replication of this node's parts to its successors on the *ring of the
+               current rendezvous round* (:meth:`CheckpointService.set_ring`, never a list
+               the request names) and, on the ring's first node when due, the durable copy
+``put``        a peer's part (payload), kept as a replica (never replacing a file held)
 ``inventory``  what this node holds (:class:`~kelastic.agent.checkpoint.plan.Inventory`)
-``metadata``   a checkpoint's metadata (payload)
+``metadata``   a checkpoint's metadata (sealed payload)
 ``get``        a byte range of a held file (payload, sent with ``sendfile``)
-``restored``   a rank restored checkpoint N from a source in S seconds
+``restored``   a rank restored checkpoint N from a source in S seconds (recorded; drops nothing)
 =============  ===========================================================================
+
+Bad input gets an error reply, or a closed connection when the stream cannot be trusted
+any more; the service logs it in one line and goes on serving. Connections are bounded
+(:class:`~kelastic.agent.checkpoint.settings.ServiceLimits`, :mod:`.admission`).
 
 Replication and durable copies run on one background thread, off the training path.
 """
@@ -25,156 +35,91 @@ Replication and durable copies run on one background thread, off the training pa
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from kelastic.agent.checkpoint import wire
+from kelastic.agent import auth
+from kelastic.agent.checkpoint import codec, wire
+from kelastic.agent.checkpoint import requests as rq
+from kelastic.agent.checkpoint.admission import Admission
+from kelastic.agent.checkpoint.client import ServiceClient, parse_endpoint
 from kelastic.agent.checkpoint.durable import DurableStore
 from kelastic.agent.checkpoint.errors import CheckpointError
 from kelastic.agent.checkpoint.keeper import CheckpointKeeper
 from kelastic.agent.checkpoint.plan import successors
-from kelastic.agent.checkpoint.settings import CheckpointSettings, format_bytes
+from kelastic.agent.checkpoint.settings import CheckpointSettings, ServiceLimits, format_bytes
 from kelastic.agent.contract import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_ENDPOINT, format_endpoint
+from kelastic.agent.secret import JobSecret, ephemeral_secret
 
-__all__ = ["CheckpointService", "ServiceClient", "parse_endpoint"]
+__all__ = ["SERVICE", "CheckpointService"]
 
 _log = logging.getLogger(__name__)
 
-#: Seconds a peer may take to answer one request (a frozen peer must not hold a save forever).
-PEER_TIMEOUT = 30.0
+#: This service's name in :data:`kelastic.agent.auth.REFUSALS` and ``/metrics``.
+SERVICE = "checkpoint"
 
 
-def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    host, _, port = endpoint.rpartition(":")
-    return host.strip("[]"), int(port)
+class _Close(Exception):
+    """End this connection (after a refusal whose payload is not worth reading)."""
 
 
-class ServiceClient:
-    """A connection to one checkpoint service; reconnects once after a broken connection.
-
-    Not thread-safe: one per thread (the storage classes keep one per process and endpoint).
-    """
-
-    def __init__(self, endpoint: str, timeout: float = PEER_TIMEOUT) -> None:
-        self.endpoint = endpoint
-        self.timeout = timeout
-        self._sock: socket.socket | None = None
-
-    def _connect(self) -> socket.socket:
-        if self._sock is None:
-            try:
-                sock = socket.create_connection(parse_endpoint(self.endpoint), timeout=self.timeout)
-            except OSError as e:
-                raise CheckpointError(f"cannot reach the checkpoint service at {self.endpoint}: {e}") from e
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock = sock
-        return self._sock
-
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
-    def call(
-        self,
-        header: dict[str, Any],
-        payload: bytes = b"",
-        *,
-        timeout: float | None = None,
-        into: memoryview | None = None,
-    ) -> tuple[dict[str, Any], bytes]:
-        """Send one request; the reply's header and payload (or the payload read ``into`` a
-        buffer of its exact size). CheckpointError with the service's message on refusal."""
-        for attempt in (0, 1):
-            sock = self._connect()
-            sock.settimeout(timeout if timeout is not None else self.timeout)
-            try:
-                wire.send_message(sock, header, payload)
-                got = wire.recv_header(sock)
-                if got is None:
-                    raise wire.ProtocolError("the service closed the connection")
-                reply, length = got
-                if into is not None and reply.get("ok"):
-                    if length != len(into):
-                        raise wire.ProtocolError(f"expected {len(into)} bytes, got {length}")
-                    wire.recv_exact_into(sock, into)
-                    data = b""
-                else:
-                    buf = bytearray(length)
-                    wire.recv_exact_into(sock, memoryview(buf))
-                    data = bytes(buf)
-            except (OSError, wire.ProtocolError) as e:
-                self.close()
-                if attempt == 0 and not isinstance(e, TimeoutError):
-                    continue
-                raise CheckpointError(f"checkpoint service at {self.endpoint}: {e}") from e
-            if not reply.get("ok"):
-                raise CheckpointError(str(reply.get("error") or "refused"))
-            return reply, data
-        raise AssertionError("unreachable")
-
-    def put_file(self, cid: int, name: str, path: Path, size: int) -> None:
-        """Send a whole file as a replica (zero-copy ``sendfile``)."""
-        sock = self._connect()
-        sock.settimeout(self.timeout)
+def _shut(socks: Sequence[socket.socket]) -> None:
+    for s in socks:
+        auth.REFUSALS.count(SERVICE, auth.Reason.OVER_CAPACITY)
         try:
-            wire.send_header(sock, {"op": "put", "id": cid, "name": name}, size)
-            with open(path, "rb") as f:
-                sent = sock.sendfile(f, 0, size)
-            if sent != size:
-                raise wire.ProtocolError(f"sent {sent} of {size} bytes of {name}")
-            got = wire.recv_header(sock)
-            if got is None:
-                raise wire.ProtocolError("the peer closed the connection")
-            reply, length = got
-            wire.discard(sock, length)
-        except (OSError, wire.ProtocolError) as e:
-            self.close()
-            raise CheckpointError(f"sending {name} of checkpoint {cid} to {self.endpoint}: {e}") from e
-        if not reply.get("ok"):
-            raise CheckpointError(str(reply.get("error")))
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 class CheckpointService:
     """Serves one node's checkpoint memory; see the module docstring for the operations.
 
-    ``host`` is the address to listen on, ``advertise`` the one peers and workers use.
-    ``on_restore(status)`` is called (on a service thread) the first time a restore is
-    reported, ``on_commit(seconds)`` with each replication's duration; both optional.
+    ``secret`` is the job's key (None: a key of the service's own, in a 0600 file it removes
+    when it stops; enough where no other node talks to it); ``host`` is the address to listen
+    on, ``advertise`` the one peers and workers use. ``on_restore(status)`` is called (on a service thread) the first
+    time a restore is reported, ``on_replicated(id, seconds, bytes)`` after each
+    replication; both optional.
     """
 
     def __init__(
         self,
         settings: CheckpointSettings,
+        secret: JobSecret | None = None,
         *,
         host: str = "0.0.0.0",
         advertise: str = "127.0.0.1",
         on_restore: Callable[[dict[str, Any]], None] | None = None,
         on_replicated: Callable[[int, float, int], None] | None = None,
+        limits: ServiceLimits = ServiceLimits(),
     ) -> None:
         self._listener = socket.create_server((host, 0), backlog=128, reuse_port=False)
         self.endpoint = format_endpoint(advertise, self._listener.getsockname()[1])
         self.keeper = CheckpointKeeper(settings, self.endpoint)
         self.settings = settings
+        self.limits = limits
+        self._own_secret = secret is None
+        self._secret = ephemeral_secret() if secret is None else secret
         self._on_restore = on_restore
         self._on_replicated = on_replicated
+        self._ring: tuple[str, ...] = ()
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
+        self.admission = Admission(limits.connections, limits.handshakes)
 
     def start(self) -> CheckpointService:
         for target, name in ((self._accept, "accept"), (self._background, "replicate")):
             t = threading.Thread(target=target, name=f"kelastic-checkpoint-{name}", daemon=True)
             t.start()
             self._threads.append(t)
-        _log.info("%s; service at %s", self.settings.describe(), self.endpoint)
+        _log.info("%s; service at %s, authenticated with %s", self.settings.describe(), self.endpoint,
+                  self._secret.describe())  # fmt: skip
         return self
 
     def stop(self, *, remove: bool = True) -> None:
@@ -186,143 +131,200 @@ class CheckpointService:
         except OSError:
             pass
         self._listener.close()
-        with self._lock:
-            for c in list(self._conns):
-                try:
-                    c.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        for c in self.admission.sockets():
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         for t in self._threads:
             t.join(timeout=5)
         self.keeper.close(remove=remove)
+        if self._own_secret:
+            self._secret.discard()
 
     def worker_env(self) -> dict[str, str]:
-        """The variables that let a worker's ``MemoryWriter``/``MemoryReader`` find this service."""
-        return {ENV_CHECKPOINT_ENDPOINT: self.endpoint, ENV_CHECKPOINT_DIR: str(self.settings.root)}
+        """What a worker's ``MemoryWriter``/``MemoryReader`` needs to find this service and
+        prove the job's secret to it (the secret's path, never the key)."""
+        return {
+            ENV_CHECKPOINT_ENDPOINT: self.endpoint,
+            ENV_CHECKPOINT_DIR: str(self.settings.root),
+            **self._secret.worker_env(),
+        }
 
-    # --- serving -----------------------------------------------------------------------------
+    def client(self, endpoint: str) -> ServiceClient:
+        """A connection to ``endpoint`` (a peer's service) with this node's key."""
+        return ServiceClient(endpoint, self._secret.key)
+
+    # --- the ring ------------------------------------------------------------------------------
+    def set_ring(self, ring: Sequence[str]) -> None:
+        """The group's nodes of the current rendezvous round, in group rank order: where
+        this node's parts are replicated and which node writes the durable copy. The agent
+        calls it after every rendezvous; a commit never names it."""
+        checked: list[str] = []
+        for endpoint in ring:
+            parse_endpoint(endpoint)  # ValueError for anything that is not HOST:PORT
+            if endpoint not in checked:
+                checked.append(endpoint)
+        self._ring = tuple(checked)
+        _log.debug("checkpoint ring of this round: %s", checked)
+
+    @property
+    def ring(self) -> tuple[str, ...]:
+        return self._ring
+
+    # --- serving -------------------------------------------------------------------------------
     def _accept(self) -> None:
         while not self._stopped.is_set():
             try:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self._conns.add(conn)
+            _shut(self.admission.arrive(conn))
             threading.Thread(
                 target=self._serve, args=(conn,), name="kelastic-checkpoint-conn", daemon=True
             ).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        reason: auth.Reason | None = None
         try:
-            while not self._stopped.is_set():
-                got = wire.recv_header(conn)
-                if got is None:
-                    return
-                header, length = got
-                try:
-                    self._dispatch(conn, header, length)
-                except CheckpointError as e:
-                    wire.send_message(conn, {"ok": False, "error": str(e)})
-                except (KeyError, TypeError, ValueError) as e:
-                    wire.send_message(
-                        conn, {"ok": False, "error": f"bad request {header.get('op')!r}: {e!r}"}
-                    )
-        except (OSError, wire.ProtocolError) as e:
-            if not self._stopped.is_set():
-                _log.debug("checkpoint connection ended: %s", e)
-        finally:
-            with self._lock:
-                self._conns.discard(conn)
-            conn.close()
-
-    def _dispatch(self, conn: socket.socket, h: dict[str, Any], length: int) -> None:
-        op = h.get("op")
-        k = self.keeper
-        if op == "put":
-            self._receive_replica(conn, int(h["id"]), str(h["name"]), length)
-            return
-        payload = b""
-        if length:
-            buf = bytearray(length)
-            wire.recv_exact_into(conn, memoryview(buf))
-            payload = bytes(buf)
-        if op == "begin":
-            newest, refusal = k.begin(
-                int(h["rank"]), int(h["bytes"]), float(h.get("timeout", 300.0)), int(h.get("pid", 0))
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(self.limits.handshake_timeout)
+            try:
+                session = auth.server_handshake(conn, self._secret.key, auth.Service.CHECKPOINT)
+            except auth.AuthError:
+                reason = auth.Reason.UNAUTHENTICATED
+                return
+            admitted, evicted = self.admission.authenticated(conn, self.limits.io_timeout)
+            _shut(evicted)
+            if not admitted:
+                reason = auth.Reason.OVER_CAPACITY
+                return
+            channel = wire.Channel(
+                conn, session, io_timeout=self.limits.io_timeout, max_header=self.limits.max_header
             )
-            if refusal is not None:
-                _log.error("checkpoint refused for rank %s: %s", h["rank"], refusal.reason)
+            while not self._stopped.is_set():
+                msg = channel.recv_header(self.limits.idle_timeout)
+                if msg is None or not self.admission.busy(conn):
+                    return
+                try:
+                    self._handle(channel, msg)
+                finally:
+                    self.admission.idle(conn)
+        except (wire.IdleTimeout, _Close):
+            pass
+        except TimeoutError:
+            reason = auth.Reason.TIMEOUT
+        except wire.ProtocolError:
+            reason = auth.Reason.BAD_FRAME
+        except OSError:
+            pass  # reset, shut down by stop() or for a newer connection
+        except Exception as e:  # a bug must cost this connection, never the service
+            _log.warning("checkpoint connection dropped after an unexpected %s: %s", type(e).__name__, e)
+        finally:
+            held = self.admission.leave(conn)
+            conn.close()
+            if held and reason is not None and not self._stopped.is_set():
+                auth.REFUSALS.count(SERVICE, reason)
+                _log.debug("checkpoint connection refused: %s", reason.value)
+
+    def _handle(self, channel: wire.Channel, msg: wire.Message) -> None:
+        try:
+            req = rq.parse(
+                msg.header,
+                msg.length,
+                msg.sealed,
+                max_metadata=self.limits.max_metadata,
+                max_part=self.settings.limit,
+            )
+        except rq.BadRequest as e:
+            auth.REFUSALS.count(SERVICE, auth.Reason.BAD_REQUEST)
+            _log.warning("checkpoint service: refused a %r request: %s", msg.header.get("op"), e)
+            channel.send({"ok": False, "error": f"bad request: {e}"})
+            if msg.length:
+                raise _Close from None  # its payload is not worth reading
+            return
+        try:
+            self._dispatch(channel, req, msg)
+        except CheckpointError as e:
+            channel.send({"ok": False, "error": str(e)})
+
+    def _dispatch(self, channel: wire.Channel, req: rq.Request, msg: wire.Message) -> None:
+        k = self.keeper
+        if isinstance(req, rq.Put):
+            self._receive_replica(channel, req, msg)
+        elif isinstance(req, rq.Commit):
+            self._commit(req, channel.recv_payload(msg))
+            channel.send({"ok": True})
+        elif isinstance(req, rq.Begin):
+            newest, refusal = k.begin(req.rank, req.nbytes, req.timeout, req.pid)
             reply: dict[str, Any] = {"ok": True, "newest": newest, "node": k.settings.node}
             if refusal is not None:
+                _log.error("checkpoint refused for rank %s: %s", req.rank, refusal.reason)
                 reply["refused"] = refusal.reason
-            wire.send_message(conn, reply)
-        elif op == "open":
-            path = k.open(int(h["id"]), str(h["name"]), int(h["size"]), int(h["rank"]))
-            wire.send_message(conn, {"ok": True, "path": str(path)})
-        elif op == "done":
-            k.done(int(h["rank"]))
-            wire.send_message(conn, {"ok": True})
-        elif op == "commit":
-            self._commit(h, payload)
-            wire.send_message(conn, {"ok": True})
-        elif op == "inventory":
-            wire.send_message(conn, {"ok": True, "inventory": k.inventory().to_json()})
-        elif op == "metadata":
-            wire.send_message(conn, {"ok": True}, k.metadata(int(h["id"])))
-        elif op == "get":
-            self._send_range(conn, int(h["id"]), str(h["name"]), int(h["offset"]), int(h["length"]))
-        elif op == "restored":
-            status_step = h.get("step")
-            first = k.restored(
-                int(h["id"]),
-                str(h["source"]),
-                float(h["seconds"]),
-                None if status_step is None else int(status_step),
-            )
-            wire.send_message(conn, {"ok": True})
+            channel.send(reply)
+        elif isinstance(req, rq.Open):
+            path = k.open(req.id, req.name, req.size, req.rank)
+            channel.send({"ok": True, "path": str(path)})
+        elif isinstance(req, rq.Done):
+            k.done(req.rank)
+            channel.send({"ok": True})
+        elif isinstance(req, rq.InventoryRequest):
+            channel.send({"ok": True, "inventory": k.inventory().to_json()})
+        elif isinstance(req, rq.MetadataRequest):
+            channel.send({"ok": True}, k.metadata(req.id))
+        elif isinstance(req, rq.Get):
+            self._send_range(channel, req)
+        else:
+            first = k.restored(req.id, req.source.value, req.seconds, req.step)
+            channel.send({"ok": True})
             if first and self._on_restore is not None:
                 self._on_restore(k.status())
-        else:
-            raise CheckpointError(f"unknown operation {op!r}")
 
-    def _receive_replica(self, conn: socket.socket, cid: int, name: str, length: int) -> None:
+    def _receive_replica(self, channel: wire.Channel, req: rq.Put, msg: wire.Message) -> None:
         try:
-            part = self.keeper.replica_target(cid, name, length)
+            part = self.keeper.replica_target(req.id, req.name, req.size)
         except CheckpointError as e:
-            wire.discard(conn, length)
-            wire.send_message(conn, {"ok": False, "error": str(e)})
+            channel.discard(msg)
+            channel.send({"ok": False, "error": str(e)})
             return
         try:
             with open(part, "r+b") as f:
-                wire.recv_to_file(conn, f, length)
+                channel.recv_to_file(msg, f)
         except BaseException:
-            part.unlink(missing_ok=True)
+            self.keeper.replica_failed(req.id, req.name, part)
             raise
-        self.keeper.replica_done(cid, name, part, length)
-        wire.send_message(conn, {"ok": True})
+        self.keeper.replica_done(req.id, req.name, part, req.size)
+        channel.send({"ok": True})
 
-    def _send_range(self, conn: socket.socket, cid: int, name: str, offset: int, length: int) -> None:
-        path = self.keeper.readable(cid, name)
-        with open(path, "rb") as f:
-            wire.send_header(conn, {"ok": True}, length)
-            sent = conn.sendfile(f, offset, length)
-        if sent != length:
-            raise wire.ProtocolError(f"sent {sent} of {length} bytes of {name}")
+    def _send_range(self, channel: wire.Channel, req: rq.Get) -> None:
+        path = self.keeper.readable(req.id, req.name, req.offset, req.length)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise CheckpointError(f"{req.name} of checkpoint {req.id} went away: {e.strerror}") from e
+        with open(fd, "rb") as f:
+            channel.send_header({"ok": True}, req.length)
+            sent = channel.sock.sendfile(f, req.offset, req.length) if req.length else 0
+        if sent != req.length:
+            raise wire.ProtocolError(f"sent {sent} of {req.length} bytes of {req.name}")
 
-    def _commit(self, h: dict[str, Any], metadata: bytes) -> None:
-        cid = int(h["id"])
-        ring = [str(e) for e in h["ring"]]
-        required = {str(n): int(s) for n, s in dict(h["required"]).items()}
-        step = h.get("step")
-        self.keeper.commit(cid, metadata, required, ring, None if step is None else int(step))
+    def _commit(self, req: rq.Commit, metadata: bytes) -> None:
+        cid = req.id
+        try:
+            codec.check_commit(metadata, req.required)
+        except codec.UnsafeMetadata as e:
+            auth.REFUSALS.count(SERVICE, auth.Reason.BAD_REQUEST)
+            _log.warning("checkpoint service: refused the commit of checkpoint %d: %s", cid, e)
+            raise CheckpointError(f"commit of checkpoint {cid} refused: {e}") from None
+        ring = list(self._ring) or [self.endpoint]
+        if not self.keeper.commit(cid, metadata, req.required, ring, req.step):
+            return  # the same commit again (a retry): done already
         targets = successors(ring, self.endpoint, self.settings.replicas)
         files = self.keeper.own_files(cid)
         if targets and files:
             self.keeper.outgoing(+1)
             self._jobs.put(lambda: self._replicate(cid, files, targets))
-        if h.get("coordinator") and self.keeper.persist_due(cid):
+        if ring[0] == self.endpoint and self.keeper.persist_due(cid):
             self.keeper.pin(cid)
             self._jobs.put(lambda: self._persist(cid, ring))
 
@@ -342,7 +344,7 @@ class CheckpointService:
         total = 0
         try:
             for target in targets:
-                client = ServiceClient(target)
+                client = self.client(target)
                 try:
                     for name, size in files:
                         client.put_file(cid, name, self.keeper.path_of(cid, name), size)
@@ -371,8 +373,9 @@ class CheckpointService:
             assert self.settings.persist_dir is not None
             began = time.monotonic()
             path = write_durable(
-                self.keeper, cid, ring, DurableStore(self.settings.persist_dir), self.settings.persist_keep
-            )
+                self.keeper, cid, ring, DurableStore(self.settings.persist_dir), self.settings.persist_keep,
+                self.client,
+            )  # fmt: skip
             _log.info("checkpoint %d persisted to %s in %.1f s", cid, path, time.monotonic() - began)
         except Exception as e:
             _log.error(

@@ -15,6 +15,7 @@ __all__ = [
     "AUTO_FRACTION",
     "DEFAULT_DIR",
     "CheckpointSettings",
+    "ServiceLimits",
     "auto_limit",
     "container_memory_limit",
     "format_bytes",
@@ -171,3 +172,25 @@ class CheckpointSettings:
             f"checkpoint memory: up to {format_bytes(self.limit)} in {self.root} ({self.limit_reason}); "
             f"{self.replicas} replica(s) on the ring's next node(s); durable copy: {durable}"
         )
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    """What one checkpoint service takes at once and how long it waits (docs/security.md).
+
+    ``connections`` authenticated connections are served at once; a new one past that
+    replaces the one idle longest, or waits up to ``io_timeout`` for a free place and is
+    then closed. ``handshakes`` connections may be proving the key at once (a new one
+    past that replaces the oldest), each for at most ``handshake_timeout`` seconds. Inside a
+    message every read and write must progress within ``io_timeout``; a connection with no
+    request for ``idle_timeout`` is closed (a client reconnects on its next request).
+    ``max_header`` caps a message's header, ``max_metadata`` a commit's metadata.
+    """
+
+    connections: int = 256
+    handshakes: int = 32
+    handshake_timeout: float = 10.0
+    io_timeout: float = 30.0
+    idle_timeout: float = 300.0
+    max_header: int = 4 * 2**20
+    max_metadata: int = 256 * 2**20

@@ -31,6 +31,9 @@ What a caller may rely on:
 * **Too large.** A save that does not fit in a node's checkpoint memory writes nothing and
   leaves the previous checkpoint standing; it prints one error naming the sizes and training
   goes on. ``MemoryWriter(strict=True)`` raises :class:`CheckpointTooLarge` instead.
+* **Authenticated.** Every connection to an agent proves the job's secret (the file
+  ``$KELASTIC_JOB_SECRET_FILE`` names; the agent sets it) and checks that the agent holds it
+  too; metadata is read without running code (:mod:`~kelastic.agent.checkpoint.codec`).
 * Outside a kelastic worker both raise :class:`NotInKelasticWorker`.
 
 The module imports only the standard library and torch.
@@ -42,7 +45,6 @@ import dataclasses
 import io
 import mmap
 import os
-import pickle
 import sys
 import threading
 import time
@@ -70,6 +72,8 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from kelastic.agent import progress
+from kelastic.agent.checkpoint import codec
+from kelastic.agent.checkpoint.client import ServiceClient
 from kelastic.agent.checkpoint.errors import (
     CheckpointError,
     CheckpointNotFound,
@@ -78,8 +82,13 @@ from kelastic.agent.checkpoint.errors import (
 )
 from kelastic.agent.checkpoint.keeper import CheckpointKeeper
 from kelastic.agent.checkpoint.plan import Inventory, RestoreChoice, Source, choose_restore, next_id
-from kelastic.agent.checkpoint.service import ServiceClient
-from kelastic.agent.contract import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_ENDPOINT
+from kelastic.agent.contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_ENDPOINT,
+    ENV_INSECURE_NO_SECRET,
+    ENV_JOB_SECRET_FILE,
+)
+from kelastic.agent.secret import SecretError, secret_from_env
 
 __all__ = ["MemoryItem", "MemoryReader", "MemoryWriter"]
 
@@ -132,6 +141,21 @@ def _agent() -> tuple[str, str]:
 
 
 _clients = threading.local()
+_key: tuple[tuple[int, str | None, str | None], bytes] | None = None
+
+
+def _job_key() -> bytes:
+    """The job's key, read once per process (and per file the agent named) from that file."""
+    global _key
+    source = (os.getpid(), os.environ.get(ENV_JOB_SECRET_FILE), os.environ.get(ENV_INSECURE_NO_SECRET))
+    if _key is None or _key[0] != source:
+        try:
+            _key = (source, secret_from_env().key)
+        except SecretError as e:
+            raise CheckpointError(
+                f"kelastic.checkpoint cannot prove the job's secret to its agent: {e}"
+            ) from None
+    return _key[1]
 
 
 def _client(endpoint: str) -> ServiceClient:
@@ -141,7 +165,7 @@ def _client(endpoint: str) -> ServiceClient:
         pool = _clients.pool = {}
         _clients.pid = os.getpid()
     if endpoint not in pool:
-        pool[endpoint] = ServiceClient(endpoint)
+        pool[endpoint] = ServiceClient(endpoint, _job_key())
     return pool[endpoint]
 
 
@@ -402,18 +426,14 @@ class MemoryWriter(StorageWriter):
                     end = where.offset + where.length
                     required[where.relative_path] = max(required.get(where.relative_path, 0), end)
         metadata.storage_data = storage
-        blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
-        header = {
-            "op": "commit",
-            "id": info.id,
-            "ring": list(info.ring),
-            "required": required,
-            "step": self.step,
-        }
+        blob = codec.dumps(metadata)
+        # No ring: each node replicates on the ring of the current rendezvous round, which its
+        # agent knows; a commit never names one.
+        header = {"op": "commit", "id": info.id, "required": required, "step": self.step}
 
         def commit(endpoint: str) -> str | None:
             try:  # the pool's threads keep their connections from one save to the next
-                _client(endpoint).call({**header, "coordinator": endpoint == self._endpoint}, blob)
+                _client(endpoint).call(header, blob)
             except CheckpointError as e:
                 return str(e)
             return None
@@ -498,17 +518,26 @@ class MemoryReader(StorageReader):
             from kelastic.agent.checkpoint.durable import DurableStore
 
             assert choice.durable_path is not None
-            self._fs = DurableStore(choice.durable_path).reader(choice.durable_path)
-            durable: Metadata = self._fs.read_metadata()
+            store = DurableStore(choice.durable_path)
+            self._fs = store.reader(choice.durable_path)
+            try:
+                durable: Metadata = store.read_metadata(choice.durable_path)
+            except codec.UnsafeMetadata as e:
+                raise CheckpointError(
+                    f"the durable copy {choice.durable_path} was not restored: {e}"
+                ) from None
+            if durable.storage_meta is None:
+                durable.storage_meta = StorageMeta()
+            durable.storage_meta.load_id = getattr(self._fs, "load_id", None)
             return durable
         sources = sorted(choice.metadata_from, key=lambda e: e != self._endpoint)
         last: Exception | None = None
         for endpoint in sources:
             try:
                 _, blob = _client(endpoint).call({"op": "metadata", "id": choice.id})
-                metadata: Metadata = pickle.loads(blob)
+                metadata: Metadata = codec.loads(blob)
                 return metadata
-            except CheckpointError as e:
+            except (CheckpointError, codec.UnsafeMetadata) as e:
                 last = e
         raise CheckpointError(f"no node could give checkpoint {choice.id}'s metadata: {last}")
 

@@ -1,91 +1,221 @@
-"""The checkpoint service's framing: a JSON header and a raw payload on a TCP stream.
+"""The checkpoint service's framing: authenticated messages of a JSON header and a payload.
 
-A message is ``<header length: 8 bytes big-endian><payload length: 8 bytes big-endian>``,
-the header (UTF-8 JSON object), then the payload bytes. Requests carry ``{"op": …}``;
-replies ``{"ok": true, …}`` or ``{"ok": false, "error": "…"}``. The payload is streamed:
-a receiver reads it straight into a file or a buffer, so a part of hundreds of MiB is
-never held twice.
+A connection starts with :mod:`kelastic.agent.auth`'s handshake (service ``CHECKPOINT``);
+every message after it is::
+
+    prefix   flags (1 byte) | 3 zero bytes | header length (4) | payload length (8), big-endian
+    tag      HMAC(session key, seq | prefix | header)                        32 bytes
+    header   UTF-8 JSON object                                               header length
+    payload  raw bytes                                                       payload length
+    [ptag]   HMAC(session key, seq + 1 | payload), only when flags has SEALED
+
+The receiver checks the tag before it parses the header (a message that fails is never
+read further: the connection is closed) and a sealed payload's tag before it hands the
+payload on. Requests carry ``{"op": …}``; replies ``{"ok": true, …}`` or ``{"ok": false,
+"error": "…"}``.
+
+**What is sealed.** Every header, and the payloads that steer the job: a commit's metadata
+and the ``metadata`` reply. The bulk bytes of parts (``put``, the ``get`` reply: hundreds of
+MiB, sent with ``sendfile``) are not MAC'd byte by byte: they travel only on a connection
+whose both ends proved the key and whose headers are MAC'd in order, so changing them
+takes taking over an established TCP connection, which only an attacker on the path of the
+pod network can do; such an attacker can change the job's gloo/NCCL traffic as well (which
+torch does not authenticate, and which carries DCP's own pickled plans). docs/security.md
+says what protects against that (an encrypted pod network). Authenticating every byte
+would cost a SHA-256 pass over each part on both ends (about 1 GiB/s a core).
+
+A payload is read as it arrives, in chunks: a peer that announces a large payload and
+sends nothing makes the receiver allocate nothing.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-__all__ = ["ProtocolError", "recv_exact_into", "recv_header", "recv_to_file", "send_header", "send_message"]
+from kelastic.agent.auth import TAG_SIZE, AuthError, Session
 
-_PREFIX = struct.Struct(">QQ")
-#: Headers are small; anything larger is a stray connection, not a peer.
-_MAX_HEADER = 16 * 2**20
+__all__ = ["SEALED", "Channel", "IdleTimeout", "Message", "ProtocolError"]
+
+PREFIX = struct.Struct(">BxxxIQ")
+#: The payload carries its own tag.
+SEALED = 0x01
 _CHUNK = 4 * 2**20
+#: Below this, a message goes out in one ``sendall`` (one packet with TCP_NODELAY).
+_SMALL = 64 * 2**10
 
 
 class ProtocolError(ConnectionError):
     """The peer closed the connection or sent something that is not a message."""
 
 
-def send_header(sock: socket.socket, header: dict[str, Any], payload_len: int = 0) -> None:
-    """Send a header announcing ``payload_len`` bytes; the caller sends them next."""
-    body = json.dumps(header, separators=(",", ":")).encode()
-    sock.sendall(_PREFIX.pack(len(body), payload_len) + body)
+class IdleTimeout(TimeoutError):
+    """No message began within the idle timeout (not an error: the connection rests)."""
 
 
-def send_message(sock: socket.socket, header: dict[str, Any], payload: bytes | memoryview = b"") -> None:
-    """Send a header and its whole payload."""
-    send_header(sock, header, len(payload))
-    if payload:
-        sock.sendall(payload)
+@dataclass(frozen=True)
+class Message:
+    """A received header; its payload (``length`` bytes, ``sealed`` or not) is still on the
+    connection for :meth:`Channel.recv_payload` and friends."""
+
+    header: dict[str, Any]
+    length: int
+    sealed: bool
 
 
-def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` from the socket; ProtocolError if it closes first."""
-    got = 0
-    while got < len(view):
-        n = sock.recv_into(view[got:], min(len(view) - got, _CHUNK))
-        if n == 0:
-            raise ProtocolError("connection closed in the middle of a message")
-        got += n
+class Channel:
+    """One authenticated connection's messages (after the handshake).
 
+    ``io_timeout`` bounds every read and write inside a message: a peer that sends half a
+    message and waits is cut off after it (TimeoutError). ``max_header`` caps a header.
+    Not thread-safe: one request and its reply at a time.
+    """
 
-def recv_header(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
-    """The next header and its payload length, or None when the peer closed cleanly."""
-    prefix = bytearray(_PREFIX.size)
-    first = sock.recv_into(prefix)
-    if first == 0:
-        return None
-    if first < len(prefix):
-        recv_exact_into(sock, memoryview(prefix)[first:])
-    header_len, payload_len = _PREFIX.unpack(prefix)
-    if header_len > _MAX_HEADER:
-        raise ProtocolError(f"header of {header_len} bytes: not a kelastic checkpoint peer")
-    body = bytearray(header_len)
-    recv_exact_into(sock, memoryview(body))
-    try:
-        header = json.loads(body)
-    except ValueError as e:
-        raise ProtocolError(f"unreadable header: {e}") from e
-    if not isinstance(header, dict):
-        raise ProtocolError("a header must be a JSON object")
-    return header, payload_len
+    def __init__(self, sock: socket.socket, session: Session, *, io_timeout: float, max_header: int) -> None:
+        self.sock = sock
+        self._session = session
+        self._io_timeout = io_timeout
+        self._max_header = max_header
+        self._timeout: float | None = -1.0
 
+    def _wait(self, seconds: float) -> None:
+        """Set the socket's timeout (only when it changes: most messages keep one)."""
+        if seconds != self._timeout:
+            self.sock.settimeout(seconds)
+            self._timeout = seconds
 
-def recv_to_file(sock: socket.socket, f: BinaryIO, length: int) -> None:
-    """Stream ``length`` payload bytes into ``f`` at its current position."""
-    buf = bytearray(min(length, _CHUNK) or 1)
-    view = memoryview(buf)
-    left = length
-    while left:
-        n = sock.recv_into(view, min(left, len(buf)))
-        if n == 0:
-            raise ProtocolError("connection closed in the middle of a payload")
-        f.write(view[:n])
-        left -= n
+    # --- sending -------------------------------------------------------------------------------
+    def send(self, header: dict[str, Any], payload: bytes | memoryview = b"", *, sealed: bool = True) -> None:
+        """Send a header and its whole payload (sealed unless told otherwise)."""
+        seal = sealed and len(payload) > 0
+        head = self.head(header, len(payload), SEALED if seal else 0)
+        tail = self._session.seal(payload) if seal else b""
+        self._wait(self._io_timeout)
+        if len(payload) < _SMALL:
+            self.sock.sendall(b"".join((head, payload, tail)))
+            return
+        self.sock.sendall(head)
+        self.sock.sendall(payload)
+        if tail:
+            self.sock.sendall(tail)
 
+    def send_header(self, header: dict[str, Any], length: int) -> None:
+        """Send a header announcing ``length`` unsealed bytes; the caller sends them next."""
+        self._wait(self._io_timeout)
+        self.sock.sendall(self.head(header, length, 0))
 
-def discard(sock: socket.socket, length: int) -> None:
-    """Read and drop ``length`` payload bytes (a refused upload)."""
-    with open(os.devnull, "wb") as sink:
-        recv_to_file(sock, sink, length)
+    def head(self, header: dict[str, Any], length: int, flags: int) -> bytes:
+        """The bytes of a message's prefix, tag and header (its tag takes the next sequence
+        number): what :meth:`send` and :meth:`send_header` send first."""
+        body = json.dumps(header, separators=(",", ":")).encode()
+        prefix = PREFIX.pack(flags, len(body), length)
+        return prefix + self._session.seal(prefix, body) + body
+
+    # --- receiving -----------------------------------------------------------------------------
+    def recv_header(self, idle_timeout: float | None = None) -> Message | None:
+        """The next message's header, checked; None when the peer closed between messages.
+
+        Waits up to ``idle_timeout`` (default: the I/O timeout) for the message to begin
+        (IdleTimeout), then ``io_timeout`` for each piece of it (TimeoutError). ProtocolError
+        for anything that is not an authentic message (the caller closes).
+        """
+        # Waiting in steps of the I/O timeout keeps one timeout on the socket for every message.
+        step = self._io_timeout if idle_timeout is None else min(self._io_timeout, idle_timeout)
+        self._wait(step)
+        prefix = bytearray(PREFIX.size)
+        waited = 0.0
+        while True:
+            try:
+                first = self.sock.recv_into(prefix)
+                break
+            except TimeoutError:
+                waited += step
+                if idle_timeout is None or waited >= idle_timeout:
+                    raise IdleTimeout(f"no message for {waited:g} s") from None
+        if first == 0:
+            return None
+        self._wait(self._io_timeout)
+        if first < len(prefix):
+            self.recv_into(memoryview(prefix)[first:])
+        flags, header_len, length = PREFIX.unpack(prefix)
+        if header_len > self._max_header or flags & ~SEALED:
+            raise ProtocolError(f"a header of {header_len} bytes (flags {flags:#x}): not a checkpoint peer")
+        rest = bytearray(TAG_SIZE + header_len)
+        self.recv_into(memoryview(rest))
+        tag, body = bytes(rest[:TAG_SIZE]), memoryview(rest)[TAG_SIZE:]
+        try:
+            self._session.open(tag, prefix, body)
+        except AuthError as e:
+            raise ProtocolError(str(e)) from e
+        try:
+            header = json.loads(body.tobytes())
+        except ValueError as e:
+            raise ProtocolError(f"unreadable header: {e}") from e
+        if not isinstance(header, dict):
+            raise ProtocolError("a header must be a JSON object")
+        return Message(header, length, bool(flags & SEALED))
+
+    def recv_into(self, view: memoryview) -> None:
+        """Fill ``view`` from the connection (no MAC: framing and bulk bytes)."""
+        got = 0
+        while got < len(view):
+            n = self.sock.recv_into(view[got:], min(len(view) - got, _CHUNK))
+            if n == 0:
+                raise ProtocolError("connection closed in the middle of a message")
+            got += n
+
+    def _check_tail(self, h: Any) -> None:
+        tag = bytearray(TAG_SIZE)
+        self.recv_into(memoryview(tag))
+        try:
+            Session.verify(h, bytes(tag))
+        except AuthError as e:
+            raise ProtocolError(str(e)) from e
+
+    def recv_payload(self, msg: Message) -> bytes:
+        """The whole payload of ``msg``, read as it arrives (never allocated ahead), its tag
+        checked when sealed."""
+        out = bytearray()
+        self._stream(msg, out.extend, chunk=2**20)
+        return bytes(out)
+
+    def recv_payload_into(self, msg: Message, view: memoryview) -> None:
+        """The payload of ``msg`` straight into ``view`` (of its exact size)."""
+        if len(view) != msg.length:
+            raise ProtocolError(f"expected {len(view)} bytes, got {msg.length}")
+        h = self._session.incoming() if msg.sealed else None
+        self.recv_into(view)
+        if h is not None:
+            h.update(view)
+            self._check_tail(h)
+
+    def recv_to_file(self, msg: Message, f: BinaryIO) -> None:
+        """Stream the payload of ``msg`` into ``f`` at its current position."""
+        self._stream(msg, f.write)
+
+    def discard(self, msg: Message) -> None:
+        """Read and drop the payload of ``msg`` (a refused upload), keeping the stream in step."""
+        self._stream(msg, None)
+
+    def _stream(
+        self, msg: Message, write: Callable[[memoryview], object] | None, chunk: int = _CHUNK
+    ) -> None:
+        h = self._session.incoming() if msg.sealed else None
+        buf = bytearray(min(msg.length, chunk) or 1)
+        view = memoryview(buf)
+        left = msg.length
+        while left:
+            n = self.sock.recv_into(view, min(left, len(buf)))
+            if n == 0:
+                raise ProtocolError("connection closed in the middle of a payload")
+            if h is not None:
+                h.update(view[:n])
+            if write is not None:
+                write(view[:n])
+            left -= n
+        if h is not None:
+            self._check_tail(h)

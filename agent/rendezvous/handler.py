@@ -104,7 +104,8 @@ Each member of a running round watches one peer, its ring successor (rank + 1
 mod N), two ways:
 
 - a *peer link*: every node listens on its ``local_addr`` (port in its join
-  record) and its predecessor keeps a TCP connection to it. When a node's process
+  record) and its predecessor keeps a TCP connection to it, on which both proved the
+  job's secret (``liveness.PeerLink``; without a secret there is no peer link). When a node's process
   dies (crash, OOM kill, SIGKILL) the kernel closes the connection and the
   watcher claims ``dead`` within milliseconds;
 - a heartbeat: a keep-alive thread (``keepalive``) increments ``hb/<name>`` every
@@ -259,7 +260,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._lock,
             self._events,
             lambda: self._link,
-            self._local_addr,
+            lambda: _advertised_addr(settings),
             self._became,
             lambda: self._last_member.round if self._last_member is not None else None,
         )
@@ -654,10 +655,17 @@ class KelasticRendezvousHandler(RendezvousHandler):
             self._conn.drop()
 
     def _start_threads(self) -> None:
-        try:
-            self._link = PeerLink(self._local_addr(), self._peer_lost)
-        except OSError as exc:
-            log.warning("kelastic rendezvous: no peer link (%s); dead nodes are found by heartbeat only", exc)
+        if self._s.job_key is None:
+            log.warning(
+                "kelastic rendezvous: no job secret, so no peer link; dead nodes are found by heartbeat only"
+            )
+        else:
+            try:
+                self._link = PeerLink(_advertised_addr(self._s), self._peer_lost, self._s.job_key)
+            except OSError as exc:
+                log.warning(
+                    "kelastic rendezvous: no peer link (%s); dead nodes are found by heartbeat only", exc
+                )
         self._conn.spawn_threads()
         _live_handlers.add(self)
 
@@ -710,16 +718,17 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
     # -- helpers -------------------------------------------------------------
 
-    def _local_addr(self) -> str:
-        """The address peers reach this node on: ``local_addr``, else the route to the store."""
-        if self._s.local_addr:
-            return self._s.local_addr
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                probe.connect((self._s.host, self._s.port))
-                return str(probe.getsockname()[0])
-        except OSError:
-            return socket.gethostname()
+
+def _advertised_addr(s: RendezvousSettings) -> str:
+    """The address peers reach this node on: ``local_addr``, else the route to the store."""
+    if s.local_addr:
+        return s.local_addr
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((s.host, s.port))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
 
 
 def create_handler(params: RendezvousParameters) -> KelasticRendezvousHandler:

@@ -1,4 +1,5 @@
-"""Dead-node detection: heartbeat counters judged by the observer's own clock, and peer links.
+"""Dead-node detection: heartbeat counters judged by the observer's own clock, and peer links
+(authenticated with the job's secret, bounded).
 
 Each node increments its ``hb/<name>`` counter every keep-alive interval. An
 observer remembers the last value it read for a peer and when (its monotonic
@@ -8,12 +9,28 @@ means the peer is dead. Clocks of different machines are never compared.
 
 from __future__ import annotations
 
+import logging
+import secrets
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable
 
-__all__ = ["HeartbeatTracker", "PeerLink"]
+from kelastic.agent import auth
+
+__all__ = ["MAX_PEERS", "MAX_PROVING", "PROOF_TIMEOUT", "SERVICE", "HeartbeatTracker", "PeerLink"]
+
+log = logging.getLogger(__name__)
+
+#: The peer link's name in :data:`kelastic.agent.auth.REFUSALS` and ``/metrics``.
+SERVICE = "peer_link"
+#: Connections that may be proving the job's key at once (a new one replaces the oldest).
+MAX_PROVING = 16
+#: Seconds a connection may take to prove the key (either side).
+PROOF_TIMEOUT = 5.0
+#: Authenticated connections a node keeps (its predecessor's, and a few while rounds change).
+MAX_PEERS = 32
 
 
 class HeartbeatTracker:
@@ -54,25 +71,38 @@ class PeerLink:
     """Notices at once when the watched peer's process exits, through a TCP connection to it.
 
     Every node listens on ``host`` (port chosen by the OS, published in its join
-    record) and never closes what it accepted while it lives. A node keeps one
-    connection to the peer it watches; when that peer's process dies the kernel
-    closes its sockets, the connection reads EOF (or the connect is refused) and
-    ``on_lost(round, name)`` runs on the link thread. A peer that vanishes without
-    closing its sockets (a lost machine) is left to the heartbeat timeout.
+    record) and keeps what it accepted while it lives. A node keeps one connection to
+    the peer it watches; when that peer's process dies the kernel closes its sockets,
+    the connection reads EOF (or the connect is refused) and ``on_lost(round, name)``
+    runs on the link thread. A peer that vanishes without closing its sockets (a lost
+    machine) is left to the heartbeat timeout.
+
+    Both ends prove the job's ``key`` when a connection opens (:mod:`kelastic.agent.auth`,
+    service ``PEER_LINK``), the listening side without ever blocking on a stranger: at
+    most :data:`MAX_PROVING` connections may be proving it at once (a new one replaces the
+    oldest), each for at most :data:`PROOF_TIMEOUT` seconds, and at most :data:`MAX_PEERS`
+    authenticated ones are kept (the predecessor's, and a few of earlier rounds while it
+    moves on); anything else is closed and counted in :data:`kelastic.agent.auth.REFUSALS`
+    (service ``peer_link``). A peer that does not prove the key when this node connects
+    gives no verdict (the heartbeat still applies).
     """
 
-    def __init__(self, host: str, on_lost: Callable[[int, str], None]) -> None:
+    def __init__(self, host: str, on_lost: Callable[[int, str], None], key: bytes) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.bind((host, 0))
         self._listener.listen(64)
         self._listener.setblocking(False)
         self.port: int = self._listener.getsockname()[1]
+        self._key = key
         self._on_lost = on_lost
         self._wake_r, self._wake_w = socket.socketpair()
         self._lock = threading.Lock()
         self._wanted: tuple[int, str, str, int] | None = None
         self._stopping = False
+        #: connections proving the key: socket -> (server nonce, proof so far, deadline)
+        self._proving: dict[socket.socket, tuple[bytes, bytearray, float]] = {}
+        self._peers: set[socket.socket] = set()
         self._thread = threading.Thread(
             target=self._run, name=f"kelastic-rdzv-link :{self.port}", daemon=True
         )
@@ -89,6 +119,11 @@ class PeerLink:
             self._stopping = True
         self._wake()
         self._thread.join(timeout=3.0)
+
+    def connections(self) -> tuple[int, int]:
+        """(connections proving the key, authenticated ones) accepted now (for tests)."""
+        with self._lock:
+            return len(self._proving), len(self._peers)
 
     def _wake(self) -> None:
         try:
@@ -121,21 +156,17 @@ class PeerLink:
                             current = None
                         elif out is not None:
                             sel.register(out, selectors.EVENT_READ, "out")
-                for key, _ in sel.select():
+                for key, _ in sel.select(self._expire(sel)):
                     sock = key.fileobj
                     assert isinstance(sock, socket.socket)
                     if key.data == "accept":
-                        try:
-                            conn, _ = sock.accept()
-                        except OSError:
-                            continue
-                        conn.setblocking(False)
-                        sel.register(conn, selectors.EVENT_READ, "in")
+                        self._accept(sel, sock)
                     elif key.data == "wake":
                         sock.recv(4096)
+                    elif key.data == "proving":
+                        self._prove(sel, sock)
                     elif not _alive(sock):
-                        sel.unregister(sock)
-                        sock.close()
+                        self._forget(sel, sock)
                         if key.data == "out" and current is not None:
                             out = None
                             self._lost(current)
@@ -149,21 +180,123 @@ class PeerLink:
             self._wake_r.close()
             self._wake_w.close()
 
+    # --- the listening side: never blocks on a connection -------------------------------------
+    def _accept(self, sel: selectors.BaseSelector, listener: socket.socket) -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        conn.setblocking(False)
+        ns = secrets.token_bytes(auth.NONCE_SIZE)
+        try:
+            conn.send(auth.hello(auth.Service.PEER_LINK, ns))  # 42 bytes into an empty buffer
+        except OSError:
+            conn.close()
+            return
+        while len(self._proving) >= MAX_PROVING:
+            oldest = min(self._proving, key=lambda s: self._proving[s][2])
+            self._refuse(sel, oldest, auth.Reason.OVER_CAPACITY)
+        with self._lock:
+            self._proving[conn] = (ns, bytearray(), time.monotonic() + PROOF_TIMEOUT)
+        sel.register(conn, selectors.EVENT_READ, "proving")
+
+    def _prove(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
+        ns, got, _ = self._proving[conn]
+        try:
+            data = conn.recv(auth.PROOF_SIZE - len(got))
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._refuse(sel, conn, auth.Reason.UNAUTHENTICATED)
+            return
+        got += data
+        if len(got) < auth.PROOF_SIZE:
+            return
+        try:
+            reply, _session = auth.verify_proof(self._key, auth.Service.PEER_LINK, ns, bytes(got))
+        except auth.AuthError:
+            try:
+                conn.send(auth.REFUSED)
+            except OSError:
+                pass
+            self._refuse(sel, conn, auth.Reason.UNAUTHENTICATED)
+            return
+        with self._lock:
+            del self._proving[conn]
+            full = len(self._peers) >= MAX_PEERS
+            if not full:
+                self._peers.add(conn)
+        if full:
+            sel.unregister(conn)
+            conn.close()
+            auth.REFUSALS.count(SERVICE, auth.Reason.OVER_CAPACITY)
+            return
+        try:
+            conn.send(reply)
+        except OSError:
+            self._forget(sel, conn)
+            return
+        sel.modify(conn, selectors.EVENT_READ, "in")
+
+    def _expire(self, sel: selectors.BaseSelector) -> float | None:
+        """Close the connections whose proof is overdue; seconds until the next is due."""
+        now = time.monotonic()
+        for conn, (_, _, deadline) in list(self._proving.items()):
+            if deadline <= now:
+                self._refuse(sel, conn, auth.Reason.TIMEOUT)
+        if not self._proving:
+            return None
+        return max(0.0, min(d for _, _, d in self._proving.values()) - now)
+
+    def _refuse(self, sel: selectors.BaseSelector, conn: socket.socket, reason: auth.Reason) -> None:
+        auth.REFUSALS.count(SERVICE, reason)
+        self._forget(sel, conn)
+
+    def _forget(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
+        with self._lock:
+            self._proving.pop(conn, None)
+            self._peers.discard(conn)
+        try:
+            sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+
+    # --- the connecting side ---------------------------------------------------------------------
     def _connect(self, target: tuple[int, str, str, int]) -> tuple[socket.socket | None, bool]:
         """(connection, refused): refused means nobody listens there any more, the peer is gone.
 
-        Unreachable or slow peers give (None, False): no verdict, the heartbeat
-        timeout still applies.
+        Unreachable or slow peers, and peers that do not prove the job's key, give
+        (None, False): no verdict, the heartbeat timeout still applies. A connection closed
+        in the middle of the handshake is no verdict either (the peer may have been busy):
+        a second connect tells whether its process is gone.
         """
-        _, _, addr, port = target
-        try:
-            sock = socket.create_connection((addr, port), timeout=1.0)
-        except ConnectionRefusedError:
-            return None, True
-        except OSError:
-            return None, False
-        sock.setblocking(False)
-        return sock, False
+        _, name, addr, port = target
+        for _attempt in (0, 1):
+            try:
+                sock = socket.create_connection((addr, port), timeout=1.0)
+            except ConnectionRefusedError:
+                return None, True
+            except OSError:
+                return None, False
+            try:
+                sock.settimeout(PROOF_TIMEOUT)
+                auth.client_handshake(sock, self._key, auth.Service.PEER_LINK)
+            except (auth.HandshakeClosed, ConnectionResetError):
+                sock.close()
+                continue
+            except auth.AuthError as e:
+                sock.close()
+                log.warning("peer link to %s at %s:%d: %s; watching its heartbeat only", name, addr, port, e)
+                return None, False
+            except OSError:
+                sock.close()
+                return None, False
+            sock.setblocking(False)
+            return sock, False
+        return None, False
 
     def _lost(self, target: tuple[int, str, str, int]) -> None:
         with self._lock:

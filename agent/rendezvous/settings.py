@@ -36,11 +36,17 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-from kelastic.agent.contract import DEFAULT_RDZV_PORT, ENV_NODE_NAME
+from kelastic.agent.contract import (
+    DEFAULT_RDZV_PORT,
+    ENV_INSECURE_NO_SECRET,
+    ENV_JOB_SECRET_FILE,
+    ENV_NODE_NAME,
+)
+from kelastic.agent.secret import INSECURE_KEY, read_secret_file, truthy
 
 from .protocol import TimerKind, parse_endpoint
 
@@ -73,6 +79,8 @@ class RendezvousSettings:
     keep_alive_max_attempt: int = DEFAULT_KEEP_ALIVE_MAX_ATTEMPT
     local_world_size: int | None = None
     standby: bool = False
+    #: The job's key for the peer link (None: no peer link, the heartbeat alone finds deaths).
+    job_key: bytes | None = field(default=None, repr=False)
 
     @property
     def endpoint(self) -> str:
@@ -112,6 +120,17 @@ def _seconds(params: RendezvousParameters, key: str, default: float, *, allow_ze
     return value
 
 
+def _job_key(params: RendezvousParameters) -> bytes | None:
+    """The peer link's key: rdzv-conf ``job_secret_file`` (the agent passes its own), else
+    ``$KELASTIC_JOB_SECRET_FILE``; ``insecure_no_secret`` (or its variable) for the public key."""
+    path = params.get("job_secret_file") or os.environ.get(ENV_JOB_SECRET_FILE)
+    if path:
+        return read_secret_file(str(path), flag="rdzv-conf job_secret_file")
+    if truthy(str(params.get("insecure_no_secret") or "")) or truthy(os.environ.get(ENV_INSECURE_NO_SECRET)):
+        return INSECURE_KEY
+    return None
+
+
 def settings_from_params(params: RendezvousParameters) -> RendezvousSettings:
     """Validate ``params`` for the kelastic backend; ValueError says what is wrong."""
     if not params.run_id:
@@ -149,4 +168,5 @@ def settings_from_params(params: RendezvousParameters) -> RendezvousSettings:
         keep_alive_max_attempt=attempts,
         local_world_size=lws,
         standby=_BOOLEANS[standby_raw],
+        job_key=_job_key(params),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
 import signal
 import subprocess
 import sys
@@ -42,12 +43,17 @@ class AgentProc:
 
 
 class Cluster:
-    """Agents of one job sharing an output directory; ``close()`` kills whatever is left."""
+    """Agents of one job sharing an output directory and the job's secret (``secret``, a
+    0600 file every agent gets with ``--job-secret-file``); ``close()`` kills whatever is left."""
 
     def __init__(self, tmp: Path, endpoint: str = "", run_id: str = "job") -> None:
         self.tmp = tmp
         self.out = tmp / "out"
         self.out.mkdir(parents=True, exist_ok=True)
+        self.secret = tmp / "job-secret"
+        if not self.secret.exists():
+            self.secret.write_text(secrets.token_hex(32) + "\n")
+            self.secret.chmod(0o600)
         self.logs = tmp / "logs"
         self.endpoint = endpoint
         self.run_id = run_id
@@ -70,7 +76,7 @@ class Cluster:
         )
         cmd = [
             sys.executable, "-m", "kelastic.agent", *rdzv, "--local-addr", "127.0.0.1",
-            "--log-dir", str(self.logs / name), *agent_args,
+            "--job-secret-file", str(self.secret), "--log-dir", str(self.logs / name), *agent_args,
             str(script or SCRIPT), "--out", str(self.out), *script_args,
         ]  # fmt: skip
         extra = env or {}

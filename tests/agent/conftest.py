@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from kelastic.agent.contract import ENV_JOB_SECRET_FILE
 from kelastic.agent.rendezvous import ServerProcess, start_server_process
 from kelastic.agent.rendezvous.testing import shutdown_handlers
+
+
+@pytest.fixture(scope="session")
+def job_secret_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One job secret for the agents of every test: agents of a job must share one."""
+    path = tmp_path_factory.mktemp("job-secret") / "job-secret"
+    path.write_text(secrets.token_hex(32) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _job_secret(job_secret_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every agent, rendezvous handler and worker a test starts finds the job's secret in
+    ``$KELASTIC_JOB_SECRET_FILE``, as the operator's flag gives it in a pod. Tests of the
+    agent without one remove it."""
+    monkeypatch.setenv(ENV_JOB_SECRET_FILE, str(job_secret_file))
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -156,6 +157,8 @@ def run_partition(net: Net, tmp: Path, down: float) -> dict[str, float]:
     server: ServerProcess = start_server_process(net.gateway, 29400, timeout=30)
     procs: list[subprocess.Popen[bytes]] = []
     logs = [tmp / f"node{i}.log" for i in range(3)]
+    secret = tmp / "job-secret"  # the three nodes' agents share it (the bench runs this outside pytest)
+    secret.write_text(secrets.token_hex(32))
     try:
         for i, space in enumerate(net.spaces):
             env = {
@@ -172,6 +175,7 @@ def run_partition(net: Net, tmp: Path, down: float) -> dict[str, float]:
                 "--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "3", "--warm-start",
                 "--rdzv-backend", "kelastic", "--rdzv-endpoint", server.endpoint, "--rdzv-id", "partition",
                 "--rdzv-conf", "last_call_timeout=30", "--local-addr", net.hosts[i],
+                "--job-secret-file", str(secret),
                 "--log-dir", str(tmp / "logs" / f"node{i}"), str(script), str(out),
             ]  # fmt: skip
             with logs[i].open("wb") as f:

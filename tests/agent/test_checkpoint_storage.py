@@ -22,9 +22,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from kelastic.agent.checkpoint.errors import CheckpointTooLarge, NotInKelasticWorker
 from kelastic.agent.checkpoint.plan import Source
-from kelastic.agent.checkpoint.service import CheckpointService, ServiceClient
+from kelastic.agent.checkpoint.service import CheckpointService
 from kelastic.agent.checkpoint.settings import CheckpointSettings
 from kelastic.agent.contract import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_ENDPOINT
+from kelastic.agent.secret import JobSecret, secret_from_file
 from kelastic.checkpoint import MemoryReader, MemoryWriter
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -37,18 +38,37 @@ def shm() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+class Started(list[CheckpointService]):
+    """The services a test started, and the job's secret they share."""
+
+    def __init__(self, secret: JobSecret) -> None:
+        super().__init__()
+        self.secret = secret
+
+
+@pytest.fixture(scope="module")
+def job_secret(tmp_path_factory: pytest.TempPathFactory) -> JobSecret:
+    path = tmp_path_factory.mktemp("secret") / "job-secret"
+    path.write_text(uuid.uuid4().hex * 2)
+    return secret_from_file(str(path))
+
+
 @pytest.fixture
-def services(shm: Path) -> Iterator[list[CheckpointService]]:
-    started: list[CheckpointService] = []
+def services(shm: Path, job_secret: JobSecret) -> Iterator[Started]:
+    started = Started(job_secret)
     yield started
     for s in started:
         s.stop(remove=True)
 
 
 def service(started: list[CheckpointService], shm: Path, name: str, **kw: Any) -> CheckpointService:
+    assert isinstance(started, Started)
     opts: dict[str, Any] = {"limit": 256 * 2**20, **kw}
     s = CheckpointService(
-        CheckpointSettings(root=shm / name, node=name, **opts), host="127.0.0.1", advertise="127.0.0.1"
+        CheckpointSettings(root=shm / name, node=name, **opts),
+        started.secret,
+        host="127.0.0.1",
+        advertise="127.0.0.1",
     ).start()
     started.append(s)
     return s
@@ -275,13 +295,21 @@ def test_a_commit_of_a_superseded_save_is_refused(
     a = service(services, shm, "a")
     worker_of(a, monkeypatch)
     save(state(1))
-    client = ServiceClient(a.endpoint)
+    client = a.client(a.endpoint)
     try:
         client.call({"op": "open", "id": 5, "name": "__0.mem", "size": 64, "rank": 0})
         with pytest.raises(Exception, match="superseded"):
-            client.call({"op": "commit", "id": 4, "ring": [a.endpoint], "required": {}, "step": None}, b"x")
+            client.call({"op": "commit", "id": 4, "required": {}, "step": None}, empty_metadata())
     finally:
         client.close()
+
+
+def empty_metadata() -> bytes:
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from kelastic.agent.checkpoint import codec
+
+    return codec.dumps(Metadata(state_dict_metadata={}, storage_data={}))
 
 
 def wait_background(s: CheckpointService, timeout: float = 30) -> None:
@@ -298,8 +326,11 @@ def test_a_lost_node_s_part_is_restored_from_its_successor_s_replica(
     a = service(services, shm, "a")
     b = service(services, shm, "b")
     worker_of(a, monkeypatch)
-    # a group of two nodes in which node a wrote everything: b sits on the ring after a
+    # a group of two nodes in which node a wrote everything: b sits on the ring after a (the
+    # ring of the rendezvous round, which each agent tells its service) and gets the commit
     ring = [a.endpoint, b.endpoint]
+    for s in (a, b):
+        s.set_ring(ring)
 
     class OnRing(MemoryWriter):
         def prepare_global_plan(self, plans: list[Any]) -> list[Any]:

@@ -1,0 +1,179 @@
+"""A checkpoint's metadata as bytes, read back without running code.
+
+torch.distributed.checkpoint's ``Metadata`` is a pickle (DCP itself writes ``.metadata``
+with ``pickle.dump`` and reads it with ``pickle.load``, which can run any code the bytes
+name). kelastic encodes it the same way (:func:`dumps`), so that a durable copy stays
+DCP's own layout, but reads every metadata it did not just make with :func:`loads`: an
+unpickler that builds only the classes a DCP metadata consists of (its dataclasses, the
+per-item storage records of kelastic and of DCP's file system layout, ``torch.Size``,
+torch's dtypes, layouts and memory formats, plain containers) and refuses any other
+global with :class:`UnsafeMetadata`, naming it. So metadata that crossed the network, or
+lies in a durable directory, cannot run code in the process that reads it.
+
+The items of a checkpoint that are not tensors (``BYTE_IO``: a step counter, a dict of
+hyperparameters, any object in the state) are a different matter: DCP's load planners
+read them with ``torch.load(..., weights_only=False)``, a full unpickling, in torch 2.13
+as before. Whoever can write a checkpoint's part bytes can therefore run code in a rank
+that restores it; kelastic lets only the job's authenticated agents and workers write
+them (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+__all__ = ["UnsafeMetadata", "check_commit", "dumps", "loads"]
+
+#: (module, name) globals a DCP metadata may name, beside torch's dtypes, layouts and
+#: memory formats (checked by type in :meth:`_Unpickler.find_class`).
+_ALLOWED: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata",
+            "MetadataIndex",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )
+    }
+    | {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("kelastic.agent.checkpoint.storage", "MemoryItem"),
+        ("torch", "Size"),
+        # rebuilds a torch.layout from its name (a lookup in torch's own layouts)
+        ("torch.serialization", "_get_layout"),
+        # DCP's file system writer records its checkpoint_id as a path
+        ("pathlib", "PosixPath"),
+        ("pathlib", "PurePosixPath"),
+        ("collections", "OrderedDict"),
+    }
+)
+
+
+class UnsafeMetadata(pickle.UnpicklingError):
+    """Metadata that names something a DCP metadata never holds (refused, nothing run)."""
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch" and "." not in name:
+            import torch
+
+            value = getattr(torch, name, None)
+            if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+                return value
+        raise UnsafeMetadata(
+            f"checkpoint metadata names {module}.{name}, which a torch.distributed.checkpoint "
+            "metadata never holds; refused without running it"
+        )
+
+
+def dumps(metadata: Any) -> bytes:
+    """DCP's encoding of ``metadata`` (a pickle)."""
+    return pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads(blob: bytes) -> Any:
+    """The metadata in ``blob``, built from allowed classes only; UnsafeMetadata otherwise
+    (also for bytes that are no pickle at all)."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        value = _Unpickler(io.BytesIO(blob)).load()
+    except UnsafeMetadata:
+        raise
+    except Exception as e:  # bytes that are no pickle fail in many ways; all mean "refused"
+        raise UnsafeMetadata(f"checkpoint metadata is unreadable: {type(e).__name__}: {e}") from None
+    if not isinstance(value, Metadata):
+        raise UnsafeMetadata(f"checkpoint metadata is a {type(value).__name__}, not a DCP Metadata")
+    return value
+
+
+class _Stub:
+    """Stands for an allowed dataclass while a commit is checked: built and filled by the
+    unpickler's own C code (``NEWOBJ``, then ``BUILD`` into ``__dict__``), running nothing."""
+
+
+class _StateStub(_Stub):
+    """A stub for a class with its own ``__setstate__`` (DCP's ``TensorProperties``)."""
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
+def _path_stub(*parts: Any) -> str:
+    return "/".join(str(p) for p in parts)
+
+
+#: What stands for the allowed callables while a commit is checked: builtins that take the
+#: same arguments and run nothing of interest.
+_CALLABLE_STUBS: dict[tuple[str, str], Any] = {
+    ("torch", "Size"): tuple,
+    ("torch.serialization", "_get_layout"): str,
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"): str,
+    ("collections", "OrderedDict"): dict,
+    ("pathlib", "PosixPath"): _path_stub,
+    ("pathlib", "PurePosixPath"): _path_stub,
+}
+_STUBS: dict[tuple[str, str], Any] = {}
+
+
+class _Skeleton(_Unpickler):
+    """The allow-list of :class:`_Unpickler`, building stubs instead of DCP's classes."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _ALLOWED:
+            return super().find_class(module, name)  # torch's dtypes and the like, or UnsafeMetadata
+        stub = _STUBS.get((module, name))
+        if stub is None:
+            base = _StateStub if name == "TensorProperties" else _Stub
+            stub = _CALLABLE_STUBS.get((module, name)) or type(name, (base,), {"__module__": module})
+            _STUBS[(module, name)] = stub
+        return stub
+
+
+def _fields(obj: Any, name: str) -> dict[str, Any] | None:
+    """The fields of a stub of dataclass ``name``, or None."""
+    if not isinstance(obj, _Stub) or type(obj).__name__ != name:
+        return None
+    return vars(obj)
+
+
+def check_commit(blob: bytes, required: dict[str, int]) -> None:
+    """What the checkpoint service checks of a commit before it takes it: ``blob`` is a DCP
+    metadata naming nothing but what :func:`loads` allows (checked without building it and
+    without importing torch.distributed.checkpoint), every item of which is a memory
+    checkpoint record lying in a file of ``required`` (the commit's manifest) within its
+    size. UnsafeMetadata saying what is wrong otherwise."""
+    try:
+        top = _Skeleton(io.BytesIO(blob)).load()
+    except UnsafeMetadata:
+        raise
+    except Exception as e:
+        raise UnsafeMetadata(f"checkpoint metadata is unreadable: {type(e).__name__}: {e}") from None
+    metadata = _fields(top, "Metadata")
+    if metadata is None:
+        raise UnsafeMetadata(f"checkpoint metadata is a {type(top).__name__}, not a DCP Metadata")
+    storage = metadata.get("storage_data")
+    if not isinstance(storage, dict):
+        raise UnsafeMetadata("checkpoint metadata has no storage records")
+    for n, where in enumerate(storage.values()):
+        item = _fields(where, "MemoryItem")
+        if item is None:
+            raise UnsafeMetadata(f"item {n} is stored as a {type(where).__name__}, not a MemoryItem")
+        path, offset, length = item.get("relative_path"), item.get("offset"), item.get("length")
+        if not (isinstance(path, str) and type(offset) is int and type(length) is int):
+            raise UnsafeMetadata(f"item {n} has a malformed storage record")
+        size = required.get(path)
+        if length and (size is None or not 0 <= offset <= offset + length <= size):
+            raise UnsafeMetadata(
+                f"item {n} lies at {path}[{offset}:{offset + length}], outside the files the commit names"
+            )
