@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -244,8 +245,12 @@ def test_a_run_resized_from_three_ranks_to_two_trains_like_one_that_never_resize
         agents.append(agent("steady", ["--standalone", "--nproc-per-node", "2"],
                             "--loss-log", str(tmp_path / "steady.jsonl"), "--checkpoint-dir", str(tmp_path / "a")))  # fmt: skip
         assert agents[0].wait(timeout=300) == 0, output()
+        # Agents of one job on several nodes share its secret, as a user starting them by hand would.
+        secret = tmp_path / "job-secret"
+        secret.write_text(secrets.token_hex(32) + "\n")
+        secret.chmod(0o600)
         rdzv = ["--rdzv-backend", "kelastic", "--rdzv-endpoint", store.endpoint, "--rdzv-id", f"resize-{tmp_path.name}",
-                "--nnodes", "2:3", "--nproc-per-node", "1"]  # fmt: skip
+                "--nnodes", "2:3", "--nproc-per-node", "1", "--job-secret-file", str(secret)]  # fmt: skip
         resized = tmp_path / "resized.jsonl"
         for name in ("node-a", "node-b", "node-c"):
             agents.append(
