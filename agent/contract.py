@@ -50,6 +50,7 @@ __all__ = [
     "LABEL_REPLICA_INDEX",
     "LABEL_ROLE",
     "PET_PREFIX",
+    "RDZV_CONF_CONTROLLED",
     "ROLE_RENDEZVOUS",
     "ROLE_WORKER",
     "WORKER_ENV_VARS",
@@ -109,6 +110,11 @@ FLAG_WARM_START = "--warm-start"
 #: Start this node as a standby: it waits in the rendezvous without a rank and only
 #: takes the place of a lost member (the rendezvous setting ``standby=1``).
 FLAG_STANDBY = "--standby"
+#: The ``--rdzv-conf`` key (value ``1``) the operator gives every agent of a kelastic-backend
+#: job: the rendezvous' membership and size bounds are the ones it publishes in the store, so
+#: an agent joins no round before they are there (``--nnodes`` says ``maxReplicas``; the
+#: operator's bound is ``replicas``, the pods past it standbys).
+RDZV_CONF_CONTROLLED = "controlled"
 #: The training program is a Python module (``python -m``).
 FLAG_MODULE = "-m"
 

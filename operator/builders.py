@@ -233,8 +233,14 @@ def agent_command(spec: JobSpec, *, run_id: str, endpoint: str, config: BuildCon
     if spec.hang_timeout_seconds is not None:
         argv += [contract.FLAG_HANG_TIMEOUT, str(spec.hang_timeout_seconds)]
     argv += checkpoint_flags(spec.checkpoint)
-    if spec.rdzv_conf:
-        argv += [contract.FLAG_RDZV_CONF, ",".join(f"{k}={v}" for k, v in sorted(spec.rdzv_conf.items()))]
+    rdzv_conf = dict(spec.rdzv_conf)
+    if uses_control(spec):
+        # The membership and the bounds are the ones this operator publishes (max_nodes is
+        # replicas, not the maxReplicas of --nnodes): the agent joins no round before they
+        # are in the store, a new one or one recreated.
+        rdzv_conf[contract.RDZV_CONF_CONTROLLED] = "1"
+    if rdzv_conf:
+        argv += [contract.FLAG_RDZV_CONF, ",".join(f"{k}={v}" for k, v in sorted(rdzv_conf.items()))]
     argv += cmd.launcher_options
     if cmd.interpreter is None:
         argv.append(contract.FLAG_NO_PYTHON)  # the agent refuses --warm-start with it

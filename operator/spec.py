@@ -749,6 +749,12 @@ def _parse_rendezvous(spec: Mapping[str, Any]) -> _Rendezvous:
         if "," in text or "=" in str(key) or "," in str(key):
             raise SpecError(f"spec.rdzvConf.{key}", "keys and values may not contain ',' (or '=' in keys)")
         rdzv_conf[str(key)] = text
+    if backend is RdzvBackend.KELASTIC and contract.RDZV_CONF_CONTROLLED in rdzv_conf:
+        raise SpecError(
+            f"spec.rdzvConf.{contract.RDZV_CONF_CONTROLLED}",
+            "is set by the operator: the agents of a kelastic-backend job always wait for the membership "
+            "it publishes; remove the key",
+        )
     return _Rendezvous(backend, endpoint, rdzv_conf)
 
 

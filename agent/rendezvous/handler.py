@@ -612,9 +612,13 @@ class KelasticRendezvousHandler(RendezvousHandler):
         k, r = self._keys, member.round
         if open_round(store, k) > r + 1 or read_counter(store, k.accounted(r)) > 0:
             return True
+        limits = self._s.bounds(read_bounds(store, k))
+        if limits is None:
+            # Controlled, and the (restarted) store has no bounds of the controller yet: no
+            # size to judge the round by (its own --nnodes may be above the controller's).
+            return False
+        max_nodes = limits[1]
         waiting = read_counter(store, k.joined(r + 1)) > 0
-        bounds = read_bounds(store, k)
-        max_nodes = bounds.max_nodes if bounds is not None else self._s.max_nodes
         # Over max (the controller lowered it): re-form at max; the nodes past it park.
         return member.size > max_nodes or (waiting and member.size < max_nodes)
 

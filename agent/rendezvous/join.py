@@ -72,6 +72,8 @@ log = logging.getLogger(__name__)
 PARKED_RECHECK = 5.0
 #: A standby says again that it waits when it parks behind a new round this long after it last did.
 PARKED_LOG_EVERY = 300.0
+#: A node the controller has not admitted yet says again that it waits this often (seconds).
+AWAITING_LOG_EVERY = 30.0
 
 #: What a member's peer link connects to: (round, successor's name, its address, its link port).
 LinkTarget = tuple[int, str, str, int]
@@ -131,6 +133,9 @@ class Joiner:
         self.parked: int | None = None
         self.park_deadline = float("-inf")
         self._parked_said = float("-inf")  # when the standby last said that it waits
+        # Since when (and when it last said so) this node waits for the controller to admit it.
+        self._awaiting_since: float | None = None
+        self._awaiting_said = float("-inf")
         self._worker_store: ServedStore | None = None
         # Names of rounds this node closed (it read them then), for ``Member.names``.
         self._closed_names: dict[int, tuple[str, ...]] = {}
@@ -167,19 +172,16 @@ class Joiner:
             if self._events.job_closed.is_set():
                 self._raise_closed()
             bounds = read_bounds(store, k)
-            if bounds is not None and not store.check([k.listed(name)]):
-                # The controller has not admitted this node (yet): wait for a publication.
-                if time.monotonic() >= deadline:
-                    listed = read_membership(store, k)
-                    raise RendezvousTimeoutError(
-                        f"node {name} was not listed by the controller of rendezvous {s.run_id} at "
-                        f"{s.endpoint} within join_timeout={s.join_timeout:g}s (listed: "
-                        f"{list(listed.nodes) if listed is not None else []})"
-                    )
+            limits = s.bounds(bounds)
+            if limits is None or (bounds is not None and not store.check([k.listed(name)])):
+                # The controller has not admitted this node (yet), or has published nothing
+                # in this store yet and the node is controlled: wait for a publication.
+                self._await_controller(store, bounds, deadline)
                 self._events.wait_event(generation, deadline - time.monotonic())
                 continue
+            self._awaiting_since = None
             r = max(open_round(store, k), next_round)
-            claimed = self._place(store, r, bounds)
+            claimed = self._place(store, r, limits[1])
             if claimed is None:  # parked: no place for this node in round r yet
                 self.park_deadline = time.monotonic() + s.join_timeout
                 deadline = max(deadline, self.park_deadline)
@@ -234,9 +236,46 @@ class Joiner:
             )
         raise RendezvousClosedError(f"the rendezvous {s.run_id} at {s.endpoint} is closed")
 
-    def _place(self, store: dist.TCPStore, r: int, bounds: ControllerBounds | None) -> bool | None:
+    def _await_controller(
+        self, store: dist.TCPStore, bounds: ControllerBounds | None, deadline: float
+    ) -> None:
+        """The controller has not admitted this node: say so now and then; past ``deadline``, raise."""
+        s, name, now = self._s, self._s.node_name, time.monotonic()
+        if bounds is None:
+            what = (
+                f"the controller's membership of rendezvous {s.run_id} (rdzv-conf controlled=1: this node "
+                f"joins no round before the controller published its bounds at {s.endpoint})"
+            )
+        else:
+            what = f"the controller of rendezvous {s.run_id} to list {name}"
+        if now >= deadline:
+            if bounds is None:
+                raise RendezvousTimeoutError(
+                    f"node {name} waited join_timeout={s.join_timeout:g}s for {what}; is the controller "
+                    "(kelastic's operator) running, and can it reach the store?"
+                )
+            listed = read_membership(store, self._keys)
+            raise RendezvousTimeoutError(
+                f"node {name} was not listed by the controller of rendezvous {s.run_id} at "
+                f"{s.endpoint} within join_timeout={s.join_timeout:g}s (listed: "
+                f"{list(listed.nodes) if listed is not None else []})"
+            )
+        if self._awaiting_since is None:
+            self._awaiting_since = self._awaiting_said = now
+            log.info("kelastic rendezvous: %s waits for %s", name, what)
+        elif now - self._awaiting_said >= AWAITING_LOG_EVERY:
+            self._awaiting_said = now
+            log.info(
+                "kelastic rendezvous: %s still waits for %s (%.0fs so far)",
+                name,
+                what,
+                now - self._awaiting_since,
+            )
+
+    def _place(self, store: dist.TCPStore, r: int, max_nodes: int) -> bool | None:
         """Whether this node takes a slot in round r: False (a member, or the first round),
-        True (it claimed one of the round's places), None (no place: it parked)."""
+        True (it claimed one of the round's places), None (no place: it parked).
+        ``max_nodes``: the bounds' maximum in force (``RendezvousSettings.bounds``)."""
         k, s = self._keys, self._s
         current = r - 1
         member = current >= 1 and self._last_round() == current
@@ -247,7 +286,7 @@ class Joiner:
             current=current,
             size=size,
             gone=read_counter(store, k.gone(current)) if size else 0,
-            max_nodes=bounds.max_nodes if bounds is not None else s.max_nodes,
+            max_nodes=max_nodes,
             claimed=read_counter(store, k.claimed(r)) if current >= 1 else 0,
             member=member,
             standby=s.standby,

@@ -557,6 +557,9 @@ class RoundView:
     parked: int = 0
     claimed: int = 0
     arrived: int = 0
+    # A controlled node (``controlled=1``) in a store without the controller's bounds (one
+    # restarted under it): nothing closes the round until the controller publishes them.
+    awaiting_controller: bool = False
 
     @property
     def standbys_on_their_way(self) -> bool:
@@ -586,12 +589,14 @@ def decide_close(view: RoundView) -> CloseDecision:
 
     A round never closes while the previous round is intact (it has members and
     none of them is accounted for): nodes that arrive then are spare and wait.
-    Otherwise it closes at once when ``max`` nodes joined, when every node the
-    controller lists joined or is known gone (a dead node the controller still
-    lists never delays the round), or when every member of the previous round is
-    accounted for; else a timer starts once ``min`` is reached.
+    Nor while a controlled node does not know the controller's bounds: its own
+    ``max`` may be above the controller's. Otherwise it closes at once when ``max``
+    nodes joined, when every node the controller lists joined or is known gone (a
+    dead node the controller still lists never delays the round), or when every
+    member of the previous round is accounted for; else a timer starts once ``min``
+    is reached.
     """
-    if view.joined < 1 or (view.prev_size > 0 and view.prev_accounted == 0):
+    if view.awaiting_controller or view.joined < 1 or (view.prev_size > 0 and view.prev_accounted == 0):
         return CloseDecision(CloseAction.WAIT)
     if view.joined >= view.max_nodes:
         return CloseDecision(CloseAction.CLOSE, size=view.max_nodes)

@@ -109,10 +109,12 @@ def observe_round(
 ) -> RoundView:
     """The close rule's inputs: O(1) reads, plus O(N) only when every listed node may be here.
 
-    ``bounds``: the controller's bounds if just read (None: no controller).
-    The O(N) check that every listed node joined is made by a joiner only when
-    its own join (``own_count`` = its slot + 1) completed the count, waiting for
-    records still on the way, and by the deciders (``deep``). Nodes that merely
+    ``bounds``: the controller's bounds if just read (None: none published). A
+    controlled node that finds none (the store restarted under it) gets a view that
+    closes nothing (``awaiting_controller``). The O(N) check that every listed node
+    joined is made by a joiner only when its own join (``own_count`` = its slot + 1)
+    completed the count, waiting for records still on the way, and by the deciders
+    (``deep``). Nodes that merely
     read a complete count do not: thousands of simultaneous joiners would
     otherwise each read every record (O(N) each, O(N^2) for the store).
     """
@@ -122,7 +124,19 @@ def observe_round(
         bounds = read_bounds(store, k)
     prev_size = read_size(store, k, r - 1)
     prev_accounted = read_counter(store, k.accounted(r - 1)) if prev_size else 0
-    min_nodes = bounds.min_nodes if bounds is not None else s.min_nodes
+    limits = s.bounds(bounds)
+    if limits is None:
+        return RoundView(
+            joined=joined,
+            min_nodes=s.min_nodes,
+            max_nodes=s.max_nodes,
+            prev_size=prev_size,
+            prev_accounted=prev_accounted,
+            controlled=True,
+            listed_all_joined=False,
+            awaiting_controller=True,
+        )
+    min_nodes, max_nodes = limits
     listed = False
     if bounds is not None and joined >= min_nodes and (deep or own_count is not None):
         gone = read_counter(store, k.gone(r - 1)) if prev_size else 0
@@ -132,7 +146,6 @@ def observe_round(
             listed = membership is not None and listed_all_joined(
                 store, k, r, joined, membership.nodes, wait=wait
             )
-    max_nodes = bounds.max_nodes if bounds is not None else s.max_nodes
     # Without a controller, a round that replaces lost members waits for the standbys
     # parked for it (``RoundView.standbys_on_their_way``): O(1) reads, only then.
     prev_gone = parked = claimed = arrived = 0

@@ -19,6 +19,10 @@ local_world_size            none     ranks on this node, shown by ``control.read
 standby                     0        1: this node is a standby: it never grows the group, it waits
                                      without a rank and takes only the place of a lost member
                                      (``kelastic-agent --standby``; see ``standby``)
+controlled                  0        1: a controller (kelastic's operator) publishes this
+                                     rendezvous' membership and size bounds: the node takes no
+                                     slot, claims no place and judges no round's size before they
+                                     are in the store (``--nnodes`` is then never acted on)
 ==========================  =======  ===========================================================
 
 Other keys (torchrun passes some of its own) are ignored.
@@ -45,10 +49,11 @@ from kelastic.agent.contract import (
     ENV_INSECURE_NO_SECRET,
     ENV_JOB_SECRET_FILE,
     ENV_NODE_NAME,
+    RDZV_CONF_CONTROLLED,
 )
 from kelastic.agent.secret import INSECURE_KEY, read_secret_file, truthy
 
-from .protocol import TimerKind, parse_endpoint
+from .protocol import ControllerBounds, TimerKind, parse_endpoint
 
 __all__ = [
     "DEFAULT_KEEP_ALIVE_INTERVAL",
@@ -79,6 +84,8 @@ class RendezvousSettings:
     keep_alive_max_attempt: int = DEFAULT_KEEP_ALIVE_MAX_ATTEMPT
     local_world_size: int | None = None
     standby: bool = False
+    #: A controller publishes the membership (rdzv-conf ``controlled=1``): see :meth:`bounds`.
+    controlled: bool = False
     #: The job's key for the peer link (None: no peer link, the heartbeat alone finds deaths).
     job_key: bytes | None = field(default=None, repr=False)
 
@@ -90,6 +97,20 @@ class RendezvousSettings:
     def node_timeout(self) -> float:
         """A heartbeat that did not move for this long means the node is dead."""
         return self.keep_alive_interval * self.keep_alive_max_attempt
+
+    def bounds(self, controller: ControllerBounds | None) -> tuple[int, int] | None:
+        """The (min, max) nodes this node acts on, given the controller's bounds read from the store.
+
+        The controller's when it published them; else this node's own (``--nnodes``),
+        unless the node is ``controlled``: then None, the bounds are not known yet (a new
+        store, or one restarted, before the controller's next publication), and the node
+        takes no slot, claims no place and closes or re-forms no round by its own
+        ``--nnodes``, whose maximum may be above what the controller wants (an operator's
+        ``replicas`` below ``maxReplicas``, the pods past it standbys).
+        """
+        if controller is not None:
+            return controller.min_nodes, controller.max_nodes
+        return None if self.controlled else (self.min_nodes, self.max_nodes)
 
     def timer(self, kind: TimerKind) -> float:
         return {
@@ -118,6 +139,13 @@ def _seconds(params: RendezvousParameters, key: str, default: float, *, allow_ze
     if value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"rdzv-conf {key}={raw!r} must be {'>= 0' if allow_zero else '> 0'} seconds")
     return value
+
+
+def _boolean(params: RendezvousParameters, key: str) -> bool:
+    raw = str(params.get(key) or "0").strip().lower()
+    if raw not in _BOOLEANS:
+        raise ValueError(f"rdzv-conf {key}={raw!r} must be one of {', '.join(sorted(_BOOLEANS))}")
+    return _BOOLEANS[raw]
 
 
 def _job_key(params: RendezvousParameters) -> bytes | None:
@@ -149,9 +177,6 @@ def settings_from_params(params: RendezvousParameters) -> RendezvousSettings:
         lws = None if lws_raw in (None, "") else int(lws_raw)
     except (TypeError, ValueError):
         raise ValueError(f"rdzv-conf local_world_size={lws_raw!r} is not an integer") from None
-    standby_raw = str(params.get("standby") or "0").strip().lower()
-    if standby_raw not in _BOOLEANS:
-        raise ValueError(f"rdzv-conf standby={standby_raw!r} must be one of {', '.join(sorted(_BOOLEANS))}")
     return RendezvousSettings(
         run_id=str(params.run_id),
         host=host,
@@ -167,6 +192,7 @@ def settings_from_params(params: RendezvousParameters) -> RendezvousSettings:
         keep_alive_interval=_seconds(params, "keep_alive_interval", DEFAULT_KEEP_ALIVE_INTERVAL),
         keep_alive_max_attempt=attempts,
         local_world_size=lws,
-        standby=_BOOLEANS[standby_raw],
+        standby=_boolean(params, "standby"),
+        controlled=_boolean(params, RDZV_CONF_CONTROLLED),
         job_key=_job_key(params),
     )

@@ -10,6 +10,7 @@ from kelastic.agent.rendezvous.liveness import HeartbeatTracker
 from kelastic.agent.rendezvous.protocol import (
     CloseAction,
     CloseDecision,
+    ControllerBounds,
     RoundClose,
     RoundView,
     TimerKind,
@@ -55,6 +56,13 @@ def view(**kw: object) -> RoundView:
         # A controller: close as soon as its listed nodes joined, no last call.
         (dict(joined=3, controlled=True, listed_all_joined=True), CloseDecision(CloseAction.CLOSE, size=3)),
         (dict(joined=3, controlled=True), CloseDecision(CloseAction.TIMER, timer=TimerKind.CONTROLLER)),
+        # A controlled node without the controller's bounds (a store restarted under it):
+        # nothing closes, not even at its own max.
+        (dict(joined=4, controlled=True, awaiting_controller=True), CloseDecision(CloseAction.WAIT)),
+        (
+            dict(joined=3, prev_size=4, prev_accounted=4, controlled=True, awaiting_controller=True),
+            CloseDecision(CloseAction.WAIT),
+        ),
     ],
 )
 def test_close_rule(kw: dict[str, object], expected: CloseDecision) -> None:
@@ -146,3 +154,30 @@ def test_round_close_round_trips_through_its_value_and_its_event() -> None:
     assert RoundClose.from_value(b"3|n0|tok") == RoundClose(3, "n0", "tok", "", 0)
     for other in (b"closed-job", b"min 3", b"dead 2 n1", b"closed x y"):
         assert parse_close_event(other) is None
+
+
+@pytest.mark.parametrize(
+    ("controlled", "published", "expected"),
+    [
+        # No controller: the node's own --nnodes.
+        (False, None, (2, 3)),
+        # The controller's bounds, once published, whatever --nnodes says.
+        (False, ControllerBounds(2, 2, 3), (2, 2)),
+        (True, ControllerBounds(2, 2, 3), (2, 2)),
+        # Controlled, nothing published in this store yet: unknown (the node waits), never
+        # --nnodes' maximum, which may be above the controller's (maxReplicas vs replicas).
+        (True, None, None),
+    ],
+)
+def test_the_bounds_a_node_acts_on(
+    controlled: bool, published: ControllerBounds | None, expected: tuple[int, int] | None
+) -> None:
+    conf = {"controlled": "1"} if controlled else {}
+    s = settings_from_params(RendezvousParameters("kelastic", "h:1", "run", 2, 3, **conf))
+    assert s.controlled is controlled
+    assert s.bounds(published) == expected
+
+
+def test_controlled_is_a_boolean() -> None:
+    with pytest.raises(ValueError, match="rdzv-conf controlled='maybe' must be one of"):
+        settings_from_params(RendezvousParameters("kelastic", "h:1", "run", 1, 3, controlled="maybe"))

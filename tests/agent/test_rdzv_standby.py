@@ -9,6 +9,7 @@ test_rdzv_failures.py, real agents in test_agent_e2e.py.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -241,3 +242,53 @@ def test_a_standby_exits_gracefully_when_the_job_finishes(server: ServerProcess,
     thread.join(10)
     assert isinstance(out[0], RendezvousGracefulExitError), out
     assert "waited as a standby" in str(out[0])
+
+
+# -- nodes that reach the store before the controller's bounds -----------------------------------
+
+
+def waited_for_controller(caplog: pytest.LogCaptureFixture, run_id: str, name: str) -> int:
+    """How often node ``name`` said it waits for the controller's membership of ``run_id``."""
+    said = f"kelastic rendezvous: {name} waits for the controller's membership of rendezvous {run_id} "
+    return sum(r.getMessage().startswith(said) for r in caplog.records)
+
+
+def test_controlled_nodes_that_arrive_before_the_bounds_form_no_group_above_them(
+    server: ServerProcess, run_id: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The order an operator's pods may meet: three agents (``--nnodes 2:3``, maxReplicas) reach
+    the store before the operator published ``max_nodes`` = replicas = 2. They take no slot
+    until it did; then the first round closes at 2 and the third parks: one group, of 2,
+    never a group of 3 that re-forms at 2."""
+    caplog.set_level(logging.INFO, logger="kelastic.agent.rendezvous.join")
+    names = ["w0", "w1", "w2"]
+    nodes = [make(server.endpoint, run_id, n, 2, 3, controlled="1") for n in names]
+    runs = [in_thread(h.next_rendezvous) for h in nodes]
+    wait_until(
+        "every node to wait for the controller (or to return)",
+        lambda: all(waited_for_controller(caplog, run_id, n) for n in names) or any(out for _, out in runs),
+    )
+    assert not any(out for _, out in runs), [out for _, out in runs]
+    assert counter(server, run_id, lambda k: k.joined(1)) == 0
+    assert counter(server, run_id, lambda k: k.open) == 0
+    store = control.connect(server.endpoint)
+    control.publish_membership(store, run_id, nodes=names, min_nodes=2, max_nodes=2)
+    wait_until("two members", lambda: sum(bool(out) for _, out in runs) >= 2)
+    spare = [n for n, (_, out) in zip(names, runs, strict=True) if not out]
+    assert len(spare) == 1, [out for _, out in runs]
+    wait_until("the third parked", lambda: standby_record(server, run_id, spare[0]) is not None)
+    infos = [out[0] for _, out in runs if out]
+    assert all(isinstance(i, RendezvousInfo) for i in infos), infos
+    assert [i.world_size for i in infos] == [2, 2]
+    # One round closed, and it stays current: the members have nothing to re-form for.
+    member = next(h for h, (_, out) in zip(nodes, runs, strict=True) if out)
+    assert not member.wait_membership_change(0.5)
+    assert counter(server, run_id, lambda k: k.open) == 1
+    assert control.read_status(store, run_id).standbys == (spare[0],)
+
+
+def test_a_node_without_a_controller_acts_on_its_own_bounds(server: ServerProcess, run_id: str) -> None:
+    """Without ``controlled`` (plain ``kelastic-agent``, no operator) no bounds are waited for:
+    --nnodes is the truth, and three nodes of ``2:3`` form a group of 3 at once."""
+    nodes = [make(server.endpoint, run_id, f"n{i}", 2, 3) for i in range(3)]
+    assert {i.world_size for i in rendezvous_concurrently(nodes)} == {3}

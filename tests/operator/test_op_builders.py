@@ -8,10 +8,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from kelastic.agent import cli as agent_cli
 from kelastic.agent import contract, warm
 from kelastic.agent.cli import LaunchConfig
+from kelastic.agent.rendezvous.settings import settings_from_params
 from kelastic.operator.builders import (
     IMAGE_AGENT_BOOTSTRAP,
     INJECT_MOUNT_PATH,
@@ -52,7 +54,7 @@ def test_python_command_runs_under_its_interpreter(kit: SimpleNamespace) -> None
         "--job-secret-file", "/var/run/secrets/kelastic.dev/job/job-secret",
         "--health-port", "8081",
         "--checkpoint-dir", "/dev/shm/kelastic-checkpoints",
-        "--rdzv-conf", "a=x,b=2",
+        "--rdzv-conf", "a=x,b=2,controlled=1",
         "--warm-start",
         "train.py", "--lr", "0.1",
     ]  # fmt: skip
@@ -79,6 +81,21 @@ def test_the_agent_reads_the_command_the_operator_writes(kit: SimpleNamespace) -
     assert c.job_secret_file == contract.JOB_SECRET_FILE  # where the worker pod mounts the job's secret
     assert c.start_method == "forkserver"  # --warm-start
     assert c.args == ("train.py", "--lr", "0.1")
+    # The rendezvous waits for the bounds the operator publishes (replicas), never acting on
+    # --nnodes' maxReplicas, whatever the user's own rdzvConf says.
+    params = RendezvousParameters(
+        c.rdzv_backend, "127.2.0.5:29400", c.run_id, c.min_nodes, c.max_nodes, **c.rdzv_configs
+    )
+    settings = settings_from_params(params)
+    assert settings.controlled and settings.bounds(None) is None
+    assert c.rdzv_configs["a"] == "x"
+
+
+def test_only_a_kelastic_backend_job_waits_for_the_operators_membership(kit: SimpleNamespace) -> None:
+    """c10d has no controller (the operator publishes nothing to it): its agents get no ``controlled``."""
+    c10d = job_of(kit, command=["python3", "train.py"], rdzvBackend="c10d").spec
+    assert c10d is not None
+    assert not any("controlled" in arg for arg in agent_command(c10d, run_id="u", endpoint="h:1", config=CFG))
 
 
 def test_module_and_non_python_commands(kit: SimpleNamespace) -> None:

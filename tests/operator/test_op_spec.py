@@ -178,6 +178,12 @@ INVALID: list[tuple[str, Any, str, str]] = [
     ("bad-suspend", lambda b: b["spec"].update(suspend="yes"), "spec.suspend", "true or false"),
     ("bad-warm", lambda b: b["spec"].update(warmStart="on"), "spec.warmStart", "true or false"),
     ("bad-conf", lambda b: b["spec"].update(rdzvConf={"a": "x,y"}), "spec.rdzvConf.a", "','"),
+    (
+        "conf-controlled",
+        lambda b: b["spec"].update(rdzvConf={"controlled": "0"}),
+        "spec.rdzvConf.controlled",
+        "set by the operator",
+    ),
     ("long-name", lambda b: b["metadata"].update(name="x" * 60), "metadata.name", "at most 52"),
     (
         "negative-standby",
