@@ -38,11 +38,12 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from kelastic.agent import contract, devices, secret, warm
 from kelastic.agent.events import Event, EventMetadataValue, EventSink, EventSource, default_sink, record
 from kelastic.agent.multiprocessing import Std
+from kelastic.agent.process_exit import exit_process
 
 __all__ = [
     "CheckpointFlags",
@@ -609,8 +610,11 @@ def run(config: LaunchConfig) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point; exits with the status documented in the module docstring."""
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Console-script entry point; exits with the status documented in the module docstring.
+
+    The process ends with ``os._exit`` once the clean-up ran (:func:`exit_process`): call
+    it as a program, not from a process that should go on."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -633,4 +637,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         if config.job_secret is not None:
             config.job_secret.discard()  # an ephemeral key's folder, whatever happened
-    sys.exit(status)
+    # Not sys.exit: a daemon thread still blocked in a torch call (a store read on a
+    # connection a partition left stale) would abort a finishing interpreter (process_exit).
+    exit_process(status)

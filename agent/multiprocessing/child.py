@@ -126,3 +126,46 @@ def run_callable(
     sys.stderr.flush()
     if ends is not None:
         finish(ends)
+    _destroy_process_groups()
+
+
+#: How long a returned rank gives ``destroy_process_group`` before it ends anyway (seconds).
+DESTROY_GRACE = 30.0
+
+
+def _destroy_process_groups() -> None:
+    """Destroy the process groups a rank's function left behind, before the interpreter ends.
+
+    Many scripts return without ``destroy_process_group``. Their process group's threads
+    (gloo's run loop) may still drop the last work item, which takes the GIL; if the
+    interpreter is finalizing by then, CPython ends that thread with ``pthread_exit``,
+    whose unwinding meets a ``noexcept`` destructor of torch's bindings: the rank dies of
+    SIGABRT after its work was done and a finished job counts as failed. Destroying the
+    groups here, while the interpreter is whole, joins those threads first. Only ranks that
+    initialized ``torch.distributed`` pay for it; a destroy that does not return within
+    :data:`DESTROY_GRACE` (an operation the script left pending on a dead peer) ends the
+    rank with status 0: its value is stored and its launcher released it.
+    """
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return
+    except Exception:  # a torch the rank broke or half-imported: nothing of ours to tidy
+        return
+    import threading
+
+    done = threading.Event()
+
+    def _bounded() -> None:
+        if not done.wait(DESTROY_GRACE):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+    threading.Thread(target=_bounded, name="kelastic-destroy-grace", daemon=True).start()
+    try:
+        dist.destroy_process_group()
+    except Exception as e:  # the work is done; a failed tidy-up must not fail the rank
+        print(f"kelastic: destroy_process_group after the rank returned failed: {e}", file=sys.stderr)
+    finally:
+        done.set()

@@ -88,6 +88,28 @@ def _script(tmp_path: Path) -> Path:
     return script
 
 
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_a_rank_that_returned_without_destroying_its_group_has_it_destroyed(
+    method: str, tmp_path: Path, helpers: ModuleType, contexts: list[PContext]
+) -> None:
+    """The group a rank's function left initialized is destroyed once the rank is released,
+    while its interpreter is whole (child.py says why), and the rank still ends with 0."""
+    marker = tmp_path / "destroyed"
+    ctx = _start(
+        contexts,
+        "d",
+        helpers.gloo_return_noting_destroy,
+        {0: (str(marker), str(tmp_path / "init"))},
+        {0: {}},
+        logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path / "logs")),
+        start_method=method,
+    )
+    result = ctx.wait(timeout=120, period=0.05)
+    assert result is not None and not result.is_failed(), result
+    assert result.return_values == {0: 7}
+    assert marker.read_text() == "True"
+
+
 @pytest.mark.parametrize(
     ("method", "warm_script"),
     [("spawn", False), ("fork", False), ("forkserver", False), ("forkserver", True)],

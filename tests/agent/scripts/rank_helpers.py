@@ -50,3 +50,22 @@ def return_or_hang(pid_file: str) -> bool:
     Path(pid_file + ".agent1").write_text(str(os.getppid()))
     time.sleep(600)
     return False
+
+
+def gloo_return_noting_destroy(marker: str, init_file: str) -> int:
+    """A rank of one: gloo through ``init_file``, one ``all_reduce``, return without
+    ``destroy_process_group``; a destroy made afterwards (by the rank's process) writes
+    ``marker`` and whether the group was still initialized then."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
+    dist.all_reduce(torch.ones(1))
+    original = dist.destroy_process_group
+
+    def noting(*args: object, **kwargs: object) -> None:
+        Path(marker).write_text(str(dist.is_initialized()))
+        original(*args, **kwargs)  # type: ignore[arg-type]
+
+    dist.destroy_process_group = noting  # type: ignore[assignment]
+    return 7
