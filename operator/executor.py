@@ -5,7 +5,8 @@ carries its actions out, in the order that keeps a job whole:
 
 1. Services, the job's Secret (``CreateSecret``: its value is made here, and a
    failure holds back the worker pods of the pass), and the objects made to exist
-   (``EnsureObject``: the NetworkPolicies, the PodGroup), in order;
+   (``EnsureObject``: the NetworkPolicies, the PodGroup, whose failure also holds back
+   the worker pods: they would name a group that does not exist), in order;
 2. the membership, handed to the store publisher (survivors of a scale-down
    re-form before their peer is stopped);
 3. pod creates and deletes, concurrently;
@@ -115,10 +116,10 @@ class ActionExecutor:
         ns = job.meta.namespace
         key = (ns, job.meta.name)
         created_service = False
-        secret_failed = False
+        workers_wait = False
         for action in decision.actions:
             if isinstance(action, CreateSecret):
-                secret_failed = not await self._create_secret(body, ns, action)
+                workers_wait = not await self._create_secret(body, ns, action) or workers_wait
             elif isinstance(action, CreateService):
                 result = await self._change(body, action, self.kube.create, ns, "services", action.manifest)
                 if result is not None:
@@ -126,8 +127,13 @@ class ActionExecutor:
                     created_service = True
             elif isinstance(action, DeleteService):
                 await self._change(body, action, self.kube.delete, ns, "services", action.name)
-            elif isinstance(action, EnsureObject):
-                await self._ensure(body, action)
+            elif (
+                isinstance(action, EnsureObject)
+                and not await self._ensure(body, action)
+                and action.workers_wait
+            ):
+                workers_wait = True
+                self.failed.add(key)
         # The membership goes first: survivors of a scale-down re-form before their peer is stopped.
         for action in decision.actions:
             if isinstance(action, PublishMembership):
@@ -135,8 +141,7 @@ class ActionExecutor:
         pod_actions = [
             a
             for a in decision.actions
-            if isinstance(a, DeletePod)
-            or (isinstance(a, CreatePod) and not (secret_failed and _is_worker(a)))
+            if isinstance(a, DeletePod) or (isinstance(a, CreatePod) and not (workers_wait and _is_worker(a)))
         ]
         failed_creates: list[str] = []
         deleted = 0
@@ -186,8 +191,9 @@ class ActionExecutor:
             )
         return not failures
 
-    async def _ensure(self, body: Mapping[str, Any], action: EnsureObject) -> None:
-        """Make ``action``'s object exist with its manifest's labels and spec.
+    async def _ensure(self, body: Mapping[str, Any], action: EnsureObject) -> bool:
+        """Make ``action``'s object exist with its manifest's labels and spec; whether it exists
+        (made now or earlier, perhaps with an older manifest).
 
         Once per run and whenever the manifest changes: create it; if it exists (409),
         merge-patch its labels and spec. A failure (no permission, an API the cluster
@@ -195,10 +201,12 @@ class ActionExecutor:
         """
         wanted = json.dumps(action.manifest, sort_keys=True, default=str)
         failed_at = self._ensure_failed.get(action.key)
-        if self._ensured.get(action.key) == wanted or (
-            failed_at is not None and time.monotonic() - failed_at < ENSURE_RETRY_SECONDS
-        ):
-            return
+        existed = action.key in self._ensured
+        if self._ensured.get(action.key) == wanted:
+            return True
+        if failed_at is not None and time.monotonic() - failed_at < ENSURE_RETRY_SECONDS:
+            return existed
+        found = False
         try:
             try:
                 await self._io(self.kube.request, "POST", action.path, dict(action.manifest))
@@ -206,6 +214,7 @@ class ActionExecutor:
             except ApiError as err:
                 if err.status != 409:
                     raise
+                found = True
                 name = str((action.manifest.get("metadata") or {}).get("name"))
                 patch = {
                     "metadata": {"labels": (action.manifest.get("metadata") or {}).get("labels") or {}},
@@ -217,14 +226,17 @@ class ActionExecutor:
         except ApiError as err:
             self._ensure_failed[action.key] = time.monotonic()
             failure = f"{action.message} failed: {err}"
+            if action.workers_wait and not (existed or found):
+                failure += f"; the worker pods wait for it (tried again in {ENSURE_RETRY_SECONDS:g}s)"
             job_log(key_of(body), logging.WARNING, failure)
             self.events.emit(body, "FailedCreate", failure, warning=True)
-            return
-        if action.key in self._ensured or message == action.message:
+            return existed or found
+        if existed or message == action.message:
             job_log(key_of(body), logging.INFO, message)
             self.events.emit(body, action.reason, message, warning=action.warning)
         self._ensured[action.key] = wanted
         self._ensure_failed.pop(action.key, None)
+        return True
 
     async def _pod_action(
         self, body: Mapping[str, Any], ns: str, action: CreatePod | DeletePod, failed_creates: list[str]

@@ -95,10 +95,10 @@ OPERATOR_RULES = {
     ("", "secrets", "create"),
     ("", "events", "create"),
     ("", "events", "patch"),
-    # gang scheduling: each job's PodGroup (Volcano, scheduler-plugins)
+    # gang scheduling: each job's PodGroup (Volcano, scheduler-plugins, kube-scheduler)
     *{
         (g, "podgroups", v)
-        for g in ("scheduling.volcano.sh", "scheduling.x-k8s.io")
+        for g in ("scheduling.volcano.sh", "scheduling.x-k8s.io", "scheduling.k8s.io")
         for v in ("create", "patch")
     },
     # the store's NetworkPolicy of each job (networkPolicy.enabled, default true)
