@@ -62,6 +62,9 @@ apiVersion: kueue.x-k8s.io/v1beta2
 kind: ResourceFlavor
 metadata:
   name: default
+spec:
+  nodeLabels:
+    kubernetes.io/hostname: kelastic-local
 ---
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: ClusterQueue
@@ -170,7 +173,9 @@ def test_a_queued_job_waits_for_quota_and_grows_when_it_frees(lane: tuple[LocalC
         60,
         "third to be admitted with 1 worker",
     )
-    assert len(worker_pods(kubectl, "third")) == 1
+    (single,) = worker_pods(kubectl, "third")
+    # Placed as its ResourceFlavor says: the flavor's node label is the pod's node selector.
+    assert single["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "kelastic-local"}, single["spec"]
     # first ends: its quota is released at once, and second (queued first) starts.
     wait_for(lambda: status(kubectl, "first").get("phase") == "Succeeded" or None, 300, "first to succeed")
     freed = time.monotonic()

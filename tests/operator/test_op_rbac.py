@@ -149,6 +149,9 @@ def run_under_chart_rbac(
             "kueue.x-k8s.io/queue-name": queue,
             "kueue.x-k8s.io/priority-class": "rbac",
         }
+        # Kueue assigns a flavor per resource requested: the workers ask for cpu.
+        trainer = body["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+        trainer["resources"] = {"requests": {"cpu": "100m"}}
     try:
         real.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
         deadline = time.monotonic() + 90
@@ -213,6 +216,16 @@ def run_under_chart_rbac(
                 )
             )["items"]
             assert workload["spec"].get("priority") == 7, workload["spec"]
+            # The workers run where the ResourceFlavor says (the operator read it under the chart's RBAC).
+            for worker in items:
+                if worker["metadata"]["name"] != "rbac-rendezvous":
+                    assert worker["spec"]["nodeSelector"] == {"pool": "rbac-pool"}, worker["spec"]
+                    assert {
+                        "key": "dedicated",
+                        "operator": "Equal",
+                        "value": "training",
+                        "effect": "NoSchedule",
+                    } in (worker["spec"]["tolerations"]), worker["spec"]
         pod = items[0]
         assert pod["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
         real.kubectl("get", "service", "-n", job_namespace, "rbac-rendezvous")
@@ -244,6 +257,11 @@ apiVersion: kueue.x-k8s.io/v1beta2
 kind: ResourceFlavor
 metadata:
   name: rbac-flavor
+spec:
+  nodeLabels:
+    pool: rbac-pool
+  tolerations:
+  - {key: dedicated, operator: Equal, value: training, effect: NoSchedule}
 ---
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: ClusterQueue
