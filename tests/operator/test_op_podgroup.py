@@ -170,9 +170,16 @@ class GroupKube:
     """Creates pods; answers the PodGroup's create with ``group_status`` (201 when None), its
     patch with ``patch_status`` (200 when None)."""
 
-    def __init__(self, group_status: int | None = None, patch_status: int | None = None) -> None:
+    def __init__(
+        self,
+        group_status: int | None = None,
+        patch_status: int | None = None,
+        existing: dict[str, Any] | None = None,
+    ) -> None:
         self.group_status = group_status
         self.patch_status = patch_status
+        #: What a GET of the PodGroup answers (after a 409).
+        self.existing = existing or {"metadata": {"name": "demo"}}
         self.pods: list[str] = []
         self.requests: list[tuple[str, str]] = []
 
@@ -180,6 +187,8 @@ class GroupKube:
         from kelastic.operator.kube import ApiError
 
         self.requests.append((method, path))
+        if method == "GET":
+            return self.existing
         status = self.group_status if method == "POST" else self.patch_status
         if status is not None:
             raise ApiError(status, "Refused", "no")
@@ -244,3 +253,37 @@ def test_a_podgroup_that_exists_but_cannot_be_patched_keeps_the_workers_coming(k
     assert kube.pods == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
     (failure,) = [m for r, m in posted if r == "FailedCreate"]
     assert "worker pods wait" not in failure
+
+
+@pytest.mark.parametrize(
+    "left",
+    [
+        {"metadata": {"name": "demo", "deletionTimestamp": "2026-01-01T00:00:00Z"}},
+        {"metadata": {"name": "demo", "ownerReferences": [{"uid": "uid-earlier", "controller": True}]}},
+    ],
+)
+def test_a_podgroup_an_earlier_job_of_the_same_name_left_is_waited_for_not_taken_over(
+    kit: SimpleNamespace, left: dict[str, Any]
+) -> None:
+    """Deleted and applied again at once: the earlier job's PodGroup (kept by its protection
+    finalizer until its pods are gone) must not count as this job's, or the new workers would
+    name a group the garbage collector then removes."""
+    import time as clock
+
+    from kelastic.operator import executor as module
+
+    kube = GroupKube(group_status=409, existing=left)
+    executor, posted = apply_pass(kit, kube)
+    assert kube.pods == [] and executor.failed  # retried soon, by the job's back-off
+    assert ("PATCH", "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups/demo") not in kube.requests
+    assert not [r for r, _ in posted if r == "FailedCreate"]  # waiting is not a failure
+    # Within the wait nothing is asked again; once the earlier one is gone the create succeeds.
+    kube.requests.clear()
+    executor.failed.clear()
+    apply_pass(kit, kube, executor)
+    assert kube.requests == [] and kube.pods == []
+    executor._ensure_retry = {k: clock.monotonic() - 1 for k in executor._ensure_retry}
+    kube.group_status = None
+    apply_pass(kit, kube, executor)
+    assert kube.pods == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
+    assert module.ENSURE_PREDECESSOR_SECONDS <= 5
