@@ -130,6 +130,9 @@ class BuildConfig:
     rdzv_port: int = contract.DEFAULT_RDZV_PORT
     #: ``schedulerName`` of the scheduler-plugins coscheduling scheduler (``kelastic.operator.podgroup``).
     coscheduling_scheduler: str = podgroup.DEFAULT_COSCHEDULING_SCHEDULER
+    #: Workers of a job that names no other gang scheduler join a ``scheduling.k8s.io`` PodGroup
+    #: (kube-scheduler's own gang scheduling): set where the API server serves them.
+    kubernetes_gang: bool = False
     #: ``kelastic-agent --health-port``; None runs the agent without health endpoints (and probe).
     health_port: int | None = contract.DEFAULT_HEALTH_PORT
     #: Add a readiness probe on the agent's ``/readyz`` unless the template has one.
@@ -359,14 +362,17 @@ def worker_pod(job: Job, index: int, *, endpoint: str, config: BuildConfig) -> d
     pod_spec["containers"] = containers
     pod_spec["restartPolicy"] = "Never"
     labels = _labels(job, contract.ROLE_WORKER, index)
-    # A gang-scheduled worker names its PodGroup (named after the job) by a label or annotation.
-    gang = podgroup.gang_scheduler(spec, config.coscheduling_scheduler)
-    group_labels, group_annotations = podgroup.member_marks(gang, job.meta.name) if gang else ({}, {})
+    # A gang-scheduled worker names its PodGroup (named after the job) by a label, an
+    # annotation or its schedulingGroup.
+    gang = podgroup.gang_scheduler(spec, config.coscheduling_scheduler, kubernetes=config.kubernetes_gang)
+    marks = podgroup.member_marks(gang, job.meta.name) if gang else podgroup.MemberMarks({}, {})
+    if marks.scheduling_group is not None:
+        pod_spec["schedulingGroup"] = dict(marks.scheduling_group)
     metadata = _metadata(
-        job, worker_pod_name(job.meta.name, index), {**labels, **group_labels}, template.get("metadata")
+        job, worker_pod_name(job.meta.name, index), {**labels, **marks.labels}, template.get("metadata")
     )
-    if group_annotations:
-        metadata["annotations"] = {**(metadata.get("annotations") or {}), **group_annotations}
+    if marks.annotations:
+        metadata["annotations"] = {**(metadata.get("annotations") or {}), **marks.annotations}
     if config.health_port is not None:
         # The usual annotations of annotation-based Prometheus scraping: the agent serves
         # /metrics on its health port. The template's own annotations win.

@@ -129,6 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
         "scheduling.x-k8s.io PodGroup (default scheduler-plugins-scheduler; volcano is always recognised)",
     )
     p.add_argument(
+        "--kubernetes-gang",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="where the API server serves scheduling.k8s.io/v1beta1 PodGroups (Kubernetes' GenericWorkload "
+        "feature), the workers of a job that names no other gang scheduler join one, so kube-scheduler binds "
+        "none of them until minReplicas fit (default on; read from discovery at start; docs/operations.md)",
+    )
+    p.add_argument(
         "--network-policy",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -325,6 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if args.coscheduling_scheduler_name
                     else {}
                 ),
+                kubernetes_gang=args.kubernetes_gang and _kubernetes_gang(kube, log),
             ),
         ),
     )
@@ -394,6 +403,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     loop.close()  # lets idle executor threads end, without waiting for busy ones
     _exit_within(2.0, 0, log)
     return 0
+
+
+def _kubernetes_gang(kube: Kube, log: logging.Logger) -> bool:
+    """Whether the API server serves Kubernetes' own PodGroups (discovery, once at start-up)."""
+    from kelastic.operator.kube import ApiError
+    from kelastic.operator.podgroup import KUBERNETES_API_VERSION
+
+    try:
+        served = kube.serves(KUBERNETES_API_VERSION, "podgroups")
+    except ApiError as err:
+        log.warning(
+            "cannot read discovery of %s (%s): jobs get no Kubernetes PodGroup; restart the operator to "
+            "try again",
+            KUBERNETES_API_VERSION,
+            err,
+        )
+        return False
+    if served:
+        log.info(
+            "the API server serves %s PodGroups: the workers of each job (unless its template names Volcano "
+            "or the coscheduling scheduler) join the job's PodGroup, placed all or nothing up to minReplicas",
+            KUBERNETES_API_VERSION,
+        )
+    else:
+        log.info(
+            "the API server serves no %s PodGroups (Kubernetes' GenericWorkload feature is off): workers are "
+            "scheduled one by one unless their template names a gang scheduler",
+            KUBERNETES_API_VERSION,
+        )
+    return served
 
 
 def _network_policy(

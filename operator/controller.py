@@ -314,6 +314,8 @@ class Controller:
         for _ in range(3):
             grant = None
             if self.queues is not None and queued:
+                # No await between these two: the flavors read are those of the Workloads planned.
+                await self.queues.read_flavors(key)
                 before = self.queues.plan(job, pods, job.status.get("phase"), priority, self.clock.now())
                 grant = before.grant if before is not None else None
             observed = Observed(

@@ -5,7 +5,8 @@ carries its actions out, in the order that keeps a job whole:
 
 1. Services, the job's Secret (``CreateSecret``: its value is made here, and a
    failure holds back the worker pods of the pass), and the objects made to exist
-   (``EnsureObject``: the NetworkPolicies, the PodGroup), in order;
+   (``EnsureObject``: the NetworkPolicies, the PodGroup, whose failure also holds back
+   the worker pods: they would name a group that does not exist), in order;
 2. the membership, handed to the store publisher (survivors of a scale-down
    re-form before their peer is stopped);
 3. pod creates and deletes, concurrently;
@@ -52,10 +53,13 @@ from kelastic.operator.reconcile import (
 )
 from kelastic.operator.spec import Job
 
-__all__ = ["ENSURE_RETRY_SECONDS", "ActionExecutor", "Applied"]
+__all__ = ["ENSURE_PREDECESSOR_SECONDS", "ENSURE_RETRY_SECONDS", "ActionExecutor", "Applied"]
 
 #: An object whose creation failed (no permission, an API not served) is tried again after this (seconds).
 ENSURE_RETRY_SECONDS = 60.0
+#: An object of the same name that an earlier job (same name, other uid) left, still being
+#: deleted, is waited for this long before trying again (seconds).
+ENSURE_PREDECESSOR_SECONDS = 2.0
 
 #: Runs a blocking API call off the event loop: ``await io(fn, *args)`` is ``fn(*args)``.
 Io = Callable[..., Awaitable[Any]]
@@ -94,7 +98,7 @@ class ActionExecutor:
         #: Jobs whose last :meth:`apply` had a create or delete fail (cleared by the controller).
         self.failed: set[JobKey] = set()
         self._ensured: dict[str, str] = {}  # EnsureObject key -> the manifest last made true (JSON)
-        self._ensure_failed: dict[str, float] = {}  # key -> when creating it last failed (monotonic)
+        self._ensure_retry: dict[str, float] = {}  # key -> when to try again after a failure (monotonic)
 
     def forget(self, uid: str) -> None:
         """The job with ``uid`` is gone: what was made to exist for it goes with it."""
@@ -115,10 +119,10 @@ class ActionExecutor:
         ns = job.meta.namespace
         key = (ns, job.meta.name)
         created_service = False
-        secret_failed = False
+        workers_wait = False
         for action in decision.actions:
             if isinstance(action, CreateSecret):
-                secret_failed = not await self._create_secret(body, ns, action)
+                workers_wait = not await self._create_secret(body, ns, action) or workers_wait
             elif isinstance(action, CreateService):
                 result = await self._change(body, action, self.kube.create, ns, "services", action.manifest)
                 if result is not None:
@@ -126,8 +130,13 @@ class ActionExecutor:
                     created_service = True
             elif isinstance(action, DeleteService):
                 await self._change(body, action, self.kube.delete, ns, "services", action.name)
-            elif isinstance(action, EnsureObject):
-                await self._ensure(body, action)
+            elif (
+                isinstance(action, EnsureObject)
+                and not await self._ensure(body, action)
+                and action.workers_wait
+            ):
+                workers_wait = True
+                self.failed.add(key)
         # The membership goes first: survivors of a scale-down re-form before their peer is stopped.
         for action in decision.actions:
             if isinstance(action, PublishMembership):
@@ -135,8 +144,7 @@ class ActionExecutor:
         pod_actions = [
             a
             for a in decision.actions
-            if isinstance(a, DeletePod)
-            or (isinstance(a, CreatePod) and not (secret_failed and _is_worker(a)))
+            if isinstance(a, DeletePod) or (isinstance(a, CreatePod) and not (workers_wait and _is_worker(a)))
         ]
         failed_creates: list[str] = []
         deleted = 0
@@ -186,19 +194,24 @@ class ActionExecutor:
             )
         return not failures
 
-    async def _ensure(self, body: Mapping[str, Any], action: EnsureObject) -> None:
-        """Make ``action``'s object exist with its manifest's labels and spec.
+    async def _ensure(self, body: Mapping[str, Any], action: EnsureObject) -> bool:
+        """Make ``action``'s object exist with its manifest's labels and spec; whether it exists
+        (made now or earlier, perhaps with an older manifest).
 
         Once per run and whenever the manifest changes: create it; if it exists (409),
         merge-patch its labels and spec. A failure (no permission, an API the cluster
-        does not serve) is an Event and a log line, retried at most once a minute.
+        does not serve) is an Event and a log line, retried at most once a minute. One left by
+        an earlier job of the same name (another owner, or being deleted: the garbage
+        collector removes it) is not taken over: it is waited for and created anew.
         """
         wanted = json.dumps(action.manifest, sort_keys=True, default=str)
-        failed_at = self._ensure_failed.get(action.key)
-        if self._ensured.get(action.key) == wanted or (
-            failed_at is not None and time.monotonic() - failed_at < ENSURE_RETRY_SECONDS
-        ):
-            return
+        existed = action.key in self._ensured
+        if self._ensured.get(action.key) == wanted:
+            return True
+        if time.monotonic() < self._ensure_retry.get(action.key, 0.0):
+            return existed
+        found = False
+        name = str((action.manifest.get("metadata") or {}).get("name"))
         try:
             try:
                 await self._io(self.kube.request, "POST", action.path, dict(action.manifest))
@@ -206,7 +219,14 @@ class ActionExecutor:
             except ApiError as err:
                 if err.status != 409:
                     raise
-                name = str((action.manifest.get("metadata") or {}).get("name"))
+                current = await self._io(self.kube.request, "GET", f"{action.path}/{name}")
+                predecessor = _predecessor(current, action.manifest)
+                if predecessor:
+                    self._ensure_retry[action.key] = time.monotonic() + ENSURE_PREDECESSOR_SECONDS
+                    self.failed.add(key_of(body))  # the pass is retried soon (back-off from 1 s)
+                    job_log(key_of(body), logging.INFO, f"{action.message}: waiting, {name} {predecessor}")
+                    return False
+                found = True
                 patch = {
                     "metadata": {"labels": (action.manifest.get("metadata") or {}).get("labels") or {}},
                     "spec": action.manifest.get("spec") or {},
@@ -215,16 +235,19 @@ class ActionExecutor:
                 await self._io(merge, "PATCH", f"{action.path}/{name}", patch)
                 message = f"{action.message} (updated the existing one)"
         except ApiError as err:
-            self._ensure_failed[action.key] = time.monotonic()
+            self._ensure_retry[action.key] = time.monotonic() + ENSURE_RETRY_SECONDS
             failure = f"{action.message} failed: {err}"
+            if action.workers_wait and not (existed or found):
+                failure += f"; the worker pods wait for it (tried again in {ENSURE_RETRY_SECONDS:g}s)"
             job_log(key_of(body), logging.WARNING, failure)
             self.events.emit(body, "FailedCreate", failure, warning=True)
-            return
-        if action.key in self._ensured or message == action.message:
+            return existed or found
+        if existed or message == action.message:
             job_log(key_of(body), logging.INFO, message)
             self.events.emit(body, action.reason, message, warning=action.warning)
         self._ensured[action.key] = wanted
-        self._ensure_failed.pop(action.key, None)
+        self._ensure_retry.pop(action.key, None)
+        return True
 
     async def _pod_action(
         self, body: Mapping[str, Any], ns: str, action: CreatePod | DeletePod, failed_creates: list[str]
@@ -278,6 +301,19 @@ class ActionExecutor:
         if event:
             self.events.emit(body, action.reason, action.message, warning=action.warning)
         return result if result is not None else True
+
+
+def _predecessor(current: Mapping[str, Any], manifest: Mapping[str, Any]) -> str:
+    """Why the existing object ``current`` is not the one ``manifest`` asks for but an earlier
+    job's, which the garbage collector is about to remove ("" when it may be taken over)."""
+    meta = current.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return "is being deleted (an earlier job's); it is created anew once gone"
+    ours = {o.get("uid") for o in (manifest.get("metadata") or {}).get("ownerReferences") or ()}
+    theirs = {o.get("uid") for o in meta.get("ownerReferences") or () if o.get("controller")}
+    if ours and theirs and not theirs & ours:
+        return "belongs to an earlier job of the same name; it is created anew once the garbage collector removed it"
+    return ""
 
 
 def _is_worker(action: CreatePod) -> bool:

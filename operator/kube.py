@@ -182,6 +182,17 @@ class Kube:
             body["preconditions"] = {"uid": uid}
         self.request("DELETE", self.core_path(namespace, plural, name), body)
 
+    def serves(self, group_version: str, plural: str) -> bool:
+        """Whether discovery lists the resource ``plural`` of ``group_version`` (e.g.
+        ``scheduling.k8s.io/v1beta1``, ``podgroups``): False when the group version is not served."""
+        try:
+            listing = self.request("GET", f"/apis/{group_version}")
+        except ApiError as err:
+            if err.status == 404:
+                return False
+            raise
+        return any(r.get("name") == plural for r in listing.get("resources") or [])
+
     def get_namespace(self, name: str) -> dict[str, Any]:
         """The Namespace ``name`` (the operator reads its own, to learn its labels)."""
         return self.request("GET", f"/api/v1/namespaces/{quote(name)}")

@@ -24,6 +24,13 @@ Kueue's job reconciler does after stopping a job). An evicted growth Workload is
 pending again: the growth request. An evicted base stops the whole job (its growth
 Workloads are deleted once their pods are gone) until Kueue admits the base again.
 
+Each admitted Workload places its workers as Kueue's own job integrations place a job's
+pods: the ResourceFlavors it was admitted to (``podSetAssignments[].flavors``) add their
+``nodeLabels`` to the pods' ``nodeSelector`` and their ``tolerations`` to the pods'
+(:class:`Placement`). Workers are counted against the granted Workloads in the order they
+were made (the base first): worker ``i`` gets the placement of the Workload whose share
+holds ``i``.
+
 A finished job finishes its Workloads at once (condition ``Finished``), which releases
 their quota. Nothing here talks to the API: :func:`plan` returns the changes, the
 controller carries them out.
@@ -50,18 +57,23 @@ __all__ = [
     "CreateWorkload",
     "DeleteWorkload",
     "FinishWorkload",
+    "FlavorView",
     "Grant",
     "Inputs",
     "Part",
+    "Placement",
     "QueuePlan",
     "ReadyWorkload",
     "WorkloadChange",
     "WorkloadView",
     "clear_reservation_status",
     "finish_status",
+    "flavor_view",
+    "placement",
     "plan",
     "pods_ready_status",
     "queue_name",
+    "with_placement",
     "workload_view",
 ]
 
@@ -111,6 +123,8 @@ class WorkloadView:
     conditions: tuple[Mapping[str, Any], ...] = ()
     #: Whether ``PodsReady`` is True.
     pods_ready: bool = False
+    #: The ResourceFlavors of the admission (``podSetAssignments[0].flavors``), sorted.
+    flavors: tuple[str, ...] = ()
 
     @property
     def granted(self) -> int:
@@ -147,10 +161,12 @@ def workload_view(body: Mapping[str, Any]) -> WorkloadView | None:
     conditions = tuple(status.get("conditions") or ())
     admission = status.get("admission") or None
     reserved: int | None = None
+    flavors: tuple[str, ...] = ()
     if admission is not None and _true(conditions, "QuotaReserved"):
         assignments = admission.get("podSetAssignments") or [{}]
         count = assignments[0].get("count")
         reserved = int(count) if count is not None else int(pod_sets[0].get("count") or 0)
+        flavors = tuple(sorted({str(f) for f in (assignments[0].get("flavors") or {}).values()}))
     evicted = _condition(conditions, "Evicted")
     quota = _condition(conditions, "QuotaReserved")
     owner = next(
@@ -181,7 +197,65 @@ def workload_view(body: Mapping[str, Any]) -> WorkloadView | None:
         ),
         conditions=conditions,
         pods_ready=_true(conditions, "PodsReady"),
+        flavors=flavors,
     )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the workers of one admitted Workload may run: what its ResourceFlavors add to a pod."""
+
+    #: Workers of this share (the Workload's granted count).
+    count: int
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    #: The flavors, for messages.
+    flavors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FlavorView:
+    """What a ResourceFlavor adds to the pods admitted to it."""
+
+    node_labels: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+
+
+def flavor_view(body: Mapping[str, Any]) -> FlavorView:
+    """A ResourceFlavor object → what it adds to pods (``spec.nodeLabels``, ``spec.tolerations``)."""
+    spec = body.get("spec") or {}
+    return FlavorView(
+        node_labels={str(k): str(v) for k, v in (spec.get("nodeLabels") or {}).items()},
+        tolerations=tuple(dict(t) for t in spec.get("tolerations") or ()),
+    )
+
+
+def placement(wl: WorkloadView, flavors: Mapping[str, FlavorView]) -> Placement:
+    """The placement of ``wl``'s granted workers: its flavors' node labels and tolerations merged."""
+    selector: dict[str, str] = {}
+    tolerations: list[Mapping[str, Any]] = []
+    for name in wl.flavors:
+        flavor = flavors.get(name, FlavorView())
+        selector.update(flavor.node_labels)
+        tolerations += [t for t in flavor.tolerations if t not in tolerations]
+    return Placement(wl.granted, selector, tuple(tolerations), wl.flavors)
+
+
+def with_placement(manifest: Mapping[str, Any], where: Placement | None) -> dict[str, Any]:
+    """A worker pod ``manifest`` placed as ``where`` says: the flavors' node labels merged into its
+    ``nodeSelector`` (a flavor's value wins over the template's for the same key: Kueue counted
+    the pod in that flavor) and their tolerations added (none twice)."""
+    out = dict(manifest)
+    if where is None or not (where.node_selector or where.tolerations):
+        return out
+    spec = dict(out.get("spec") or {})
+    if where.node_selector:
+        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **where.node_selector}
+    if where.tolerations:
+        own = list(spec.get("tolerations") or [])
+        spec["tolerations"] = own + [dict(t) for t in where.tolerations if t not in own]
+    out["spec"] = spec
+    return out
 
 
 def queue_name(job: Job) -> str | None:
@@ -244,6 +318,17 @@ class Grant:
     message: str | None = None
     #: The base Workload was evicted (preempted, or its pods not ready in time).
     evicted: bool = False
+    #: Where the granted workers run, one share per admitted Workload, in the order they were made.
+    placements: tuple[Placement, ...] = ()
+
+    def placement_of(self, index: int) -> Placement | None:
+        """The placement of worker ``index``: that of the share holding it (None beyond the grant)."""
+        start = 0
+        for share in self.placements:
+            if index < start + share.count:
+                return share
+            start += share.count
+        return None
 
     def summary(self) -> str:
         """The short text of ``kubectl get ej``'s Queue column."""
@@ -389,6 +474,8 @@ class Inputs:
     finish_message: str = ""
     #: The WorkloadPriorityClass (name, value) the job's label names, if found.
     priority: tuple[str, int] | None = None
+    #: The ResourceFlavors the Workloads were admitted to, as read (a missing one adds nothing).
+    flavors: Mapping[str, FlavorView] = field(default_factory=dict)
 
 
 def plan(job: Job, workloads: Sequence[WorkloadView], inputs: Inputs, now: datetime) -> QueuePlan | None:
@@ -546,6 +633,8 @@ def plan(job: Job, workloads: Sequence[WorkloadView], inputs: Inputs, now: datet
             for w in live
             if w.granted > 0 and not w.pods_ready
         )
+    # The shares of the grant: the base first, then the growth Workloads in the order made.
+    shares = sorted((w for w in live if w.granted > 0), key=lambda w: w.seq)
     return QueuePlan(
         Grant(
             queue,
@@ -554,6 +643,7 @@ def plan(job: Job, workloads: Sequence[WorkloadView], inputs: Inputs, now: datet
             cluster_queue=base.cluster_queue,
             reason=said[0] if said else None,
             message=said[1] if said else None,
+            placements=tuple(placement(w, inputs.flavors) for w in shares),
         ),
         tuple(changes),
         pods_ready,

@@ -1,5 +1,6 @@
 """The I/O around :mod:`kelastic.operator.kueue`: the jobs' Workloads as the watch shows
-them, the WorkloadPriorityClass values, and carrying a plan's changes out.
+them, the WorkloadPriorityClass values, the ResourceFlavors the Workloads are admitted to,
+and carrying a plan's changes out.
 
 Only built when the operator runs with ``--kueue``: without it no Workload is watched or
 written, and a labelled job runs as any other (the label is Kueue's, which then is not
@@ -30,6 +31,8 @@ Io = Callable[..., Awaitable[Any]]
 
 #: How long a WorkloadPriorityClass's value is reused before it is read again (seconds).
 PRIORITY_TTL = 60.0
+#: How long a ResourceFlavor's node labels and tolerations are reused before they are read again (seconds).
+FLAVOR_TTL = 60.0
 
 
 def workloads_path(namespace: str, name: str | None = None, *, status: bool = False) -> str:
@@ -50,6 +53,7 @@ class QueueSync:
         self.events = events
         self._index: Mapping[JobKey, Iterable[kueue.WorkloadView]] = {}
         self._priorities: dict[str, tuple[float, int | None]] = {}
+        self._flavors: dict[str, tuple[float, kueue.FlavorView]] = {}
 
     def bind_index(self, index: Mapping[JobKey, Iterable[kueue.WorkloadView]]) -> None:
         """kopf's live index of the operator's Workloads, keyed by (namespace, job name)."""
@@ -86,6 +90,40 @@ class QueueSync:
             self._priorities[name] = cached
         return None if cached[1] is None else (name, cached[1])
 
+    async def read_flavors(self, key: JobKey) -> None:
+        """Read the ResourceFlavors the job's Workloads are admitted to that are not known (or were
+        read over a minute ago). One that cannot be read adds nothing to the pods (logged).
+
+        Returns once every flavor the Workloads name is known, as of the index now: a plan made
+        right after (without awaiting anything) places every admitted worker."""
+        for _ in range(3):  # a Workload admitted meanwhile names another flavor: read it too
+            now = time.monotonic()
+            stale = sorted(
+                {f for w in self.workloads(key) for f in w.flavors}
+                - {n for n, (at, _) in self._flavors.items() if now - at <= FLAVOR_TTL}
+            )
+            if not stale:
+                return
+            for name in stale:
+                self._flavors[name] = (time.monotonic(), await self._read_flavor(key, name))
+
+    async def _read_flavor(self, key: JobKey, name: str) -> kueue.FlavorView:
+        try:
+            body = await self._io(
+                self.kube.request, "GET", f"/apis/{kueue.API_VERSION}/resourceflavors/{quote(name)}"
+            )
+        except ApiError as err:
+            if err.status not in (403, 404):
+                raise
+            job_log(
+                key,
+                logging.WARNING,
+                f"cannot read ResourceFlavor {name} ({err}): its node labels and tolerations are not "
+                "added to the workers Kueue admitted to it",
+            )
+            return kueue.FlavorView()
+        return kueue.flavor_view(body)
+
     def plan(
         self,
         job: Job,
@@ -109,6 +147,7 @@ class QueueSync:
             succeeded=phase == Phase.SUCCEEDED.value,
             finish_message=finish_message or f"the ElasticJob is {phase}",
             priority=priority,
+            flavors={name: view for name, (_, view) in self._flavors.items()},
         )
         return kueue.plan(job, self.workloads(key), inputs, now)
 

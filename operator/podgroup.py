@@ -1,4 +1,4 @@
-"""Gang scheduling: the PodGroup of a job for Volcano or the scheduler-plugins coscheduling plugin (pure).
+"""Gang scheduling: the PodGroup of a job for kube-scheduler, Volcano or the coscheduling plugin (pure).
 
 Which gang scheduler a job uses follows its worker template's ``schedulerName``:
 
@@ -8,7 +8,14 @@ Which gang scheduler a job uses follows its worker template's ``schedulerName``:
   default ``scheduler-plugins-scheduler``, the name the scheduler-plugins chart gives
   its second scheduler) → a ``scheduling.x-k8s.io/v1alpha1`` PodGroup; worker pods
   carry the label ``scheduling.x-k8s.io/pod-group``;
-* any other scheduler: no PodGroup.
+* any other scheduler, where the API server serves ``scheduling.k8s.io/v1beta1``
+  PodGroups (Kubernetes' own workload-aware scheduling, the ``GenericWorkload`` feature;
+  the operator learns it from discovery: ``kubernetes`` below) → such a PodGroup with a
+  gang policy (``schedulingPolicy.gang.minCount``); worker pods name it in
+  ``spec.schedulingGroup.podGroupName``. kube-scheduler then binds none of the group's
+  pods until ``minCount`` of them can be placed together; pods beyond ``minCount`` (the
+  replicas above the minimum, standbys) are placed one by one as room appears;
+* otherwise: no PodGroup.
 
 The PodGroup is named after the job, owned by it (removed with it) and built from
 ``spec.schedulingPolicy``: ``minMember`` is ``minAvailable``, by default
@@ -20,6 +27,10 @@ without it anyway). ``queue`` and ``priorityClass`` go to Volcano's ``queue`` an
 ``priorityClassName`` (a coscheduling PodGroup has neither: give the pods a
 ``priorityClassName`` in the template); ``scheduleTimeoutSeconds`` goes to the
 coscheduling PodGroup's ``scheduleTimeoutSeconds`` (Volcano's PodGroup has none).
+kube-scheduler requires a PodGroup's priority to equal its pods': its PodGroup takes the
+template's ``priorityClassName`` (``schedulingPolicy.priorityClass`` is Volcano's only),
+and it has no timeout (kube-scheduler retries an unplaceable gang with its usual back-off;
+the job's ``minReplicasTimeout`` bounds the wait).
 """
 
 from __future__ import annotations
@@ -35,7 +46,11 @@ from kelastic.operator.spec import JobSpec
 
 __all__ = [
     "DEFAULT_COSCHEDULING_SCHEDULER",
+    "KUBERNETES_API_VERSION",
+    "MIN_FIELD",
     "GangScheduler",
+    "MemberMark",
+    "MemberMarks",
     "PodGroupRef",
     "gang_scheduler",
     "member_marks",
@@ -46,11 +61,24 @@ __all__ = [
 
 #: The scheduler name of scheduler-plugins' second scheduler (its Helm chart's default).
 DEFAULT_COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
+#: The API version of Kubernetes' own PodGroups (served with the ``GenericWorkload`` feature).
+KUBERNETES_API_VERSION = "scheduling.k8s.io/v1beta1"
 
 
 class GangScheduler(str, enum.Enum):
     VOLCANO = "volcano"
     COSCHEDULING = "coscheduling"
+    #: kube-scheduler's own gang scheduling (``scheduling.k8s.io/v1beta1`` PodGroups).
+    KUBERNETES = "kubernetes"
+
+
+class MemberMark(str, enum.Enum):
+    """How a pod names its group."""
+
+    LABEL = "label"
+    ANNOTATION = "annotation"
+    #: ``spec.schedulingGroup.podGroupName`` (a field of the pod, immutable).
+    SCHEDULING_GROUP = "schedulingGroup"
 
 
 @dataclass(frozen=True)
@@ -59,31 +87,53 @@ class PodGroupRef:
 
     api_version: str
     plural: str
-    #: The pod label (coscheduling) or annotation (Volcano) naming the group.
+    #: The pod label (coscheduling) or annotation (Volcano) naming the group ("" for a pod field).
     member_key: str
-    member_is_label: bool
+    mark: MemberMark
+
+
+@dataclass(frozen=True)
+class MemberMarks:
+    """What a worker pod of a group carries: labels, annotations, and the pod's
+    ``schedulingGroup`` (None when the scheduler reads a label or an annotation)."""
+
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    scheduling_group: Mapping[str, str] | None = None
 
 
 REFS: Mapping[GangScheduler, PodGroupRef] = {
     GangScheduler.VOLCANO: PodGroupRef(
-        "scheduling.volcano.sh/v1beta1", "podgroups", "scheduling.k8s.io/group-name", False
+        "scheduling.volcano.sh/v1beta1", "podgroups", "scheduling.k8s.io/group-name", MemberMark.ANNOTATION
     ),
     GangScheduler.COSCHEDULING: PodGroupRef(
-        "scheduling.x-k8s.io/v1alpha1", "podgroups", "scheduling.x-k8s.io/pod-group", True
+        "scheduling.x-k8s.io/v1alpha1", "podgroups", "scheduling.x-k8s.io/pod-group", MemberMark.LABEL
+    ),
+    GangScheduler.KUBERNETES: PodGroupRef(
+        KUBERNETES_API_VERSION, "podgroups", "", MemberMark.SCHEDULING_GROUP
     ),
 }
 
 
+#: The name of the PodGroup's minimum, for messages.
+MIN_FIELD: Mapping[GangScheduler, str] = {
+    GangScheduler.VOLCANO: "minMember",
+    GangScheduler.COSCHEDULING: "minMember",
+    GangScheduler.KUBERNETES: "minCount",
+}
+
+
 def gang_scheduler(
-    spec: JobSpec, coscheduling_scheduler: str = DEFAULT_COSCHEDULING_SCHEDULER
+    spec: JobSpec, coscheduling_scheduler: str = DEFAULT_COSCHEDULING_SCHEDULER, *, kubernetes: bool = False
 ) -> GangScheduler | None:
-    """The gang scheduler the job's worker template names, or None."""
+    """The gang scheduler of the job's workers: the one the template names, else Kubernetes' own
+    where ``kubernetes`` (the API server serves its PodGroups), else None."""
     name = (spec.template.get("spec") or {}).get("schedulerName")
     if name == "volcano":
         return GangScheduler.VOLCANO
     if name and name == coscheduling_scheduler:
         return GangScheduler.COSCHEDULING
-    return None
+    return GangScheduler.KUBERNETES if kubernetes else None
 
 
 def min_member(spec: JobSpec) -> int:
@@ -95,10 +145,14 @@ def min_member(spec: JobSpec) -> int:
     return max(1, min(wanted, spec.replicas))
 
 
-def member_marks(kind: GangScheduler, group: str) -> tuple[dict[str, str], dict[str, str]]:
-    """(labels, annotations) a worker pod of ``group`` carries for ``kind``."""
+def member_marks(kind: GangScheduler, group: str) -> MemberMarks:
+    """What a worker pod of ``group`` carries for ``kind``."""
     ref = REFS[kind]
-    return ({ref.member_key: group}, {}) if ref.member_is_label else ({}, {ref.member_key: group})
+    if ref.mark is MemberMark.LABEL:
+        return MemberMarks({ref.member_key: group}, {})
+    if ref.mark is MemberMark.ANNOTATION:
+        return MemberMarks({}, {ref.member_key: group})
+    return MemberMarks({}, {}, {"podGroupName": group})
 
 
 def pod_group_path(kind: GangScheduler, namespace: str) -> str:
@@ -111,13 +165,23 @@ def pod_group(
 ) -> dict[str, Any]:
     """The PodGroup ``name`` of a job with ``spec`` (see the module docstring)."""
     policy = spec.scheduling_policy
-    group_spec: dict[str, Any] = {"minMember": min_member(spec)}
+    if kind is GangScheduler.KUBERNETES:
+        group_spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min_member(spec)}}}
+        priority_class = (spec.template.get("spec") or {}).get("priorityClassName")
+        if priority_class:
+            group_spec["priorityClassName"] = priority_class
+    else:
+        group_spec = {"minMember": min_member(spec)}
     if kind is GangScheduler.VOLCANO:
         if policy is not None and policy.queue:
             group_spec["queue"] = policy.queue
         if policy is not None and policy.priority_class:
             group_spec["priorityClassName"] = policy.priority_class
-    elif policy is not None and policy.schedule_timeout_seconds is not None:
+    elif (
+        kind is GangScheduler.COSCHEDULING
+        and policy is not None
+        and policy.schedule_timeout_seconds is not None
+    ):
         group_spec["scheduleTimeoutSeconds"] = policy.schedule_timeout_seconds
     return {
         "apiVersion": REFS[kind].api_version,

@@ -388,13 +388,27 @@ def _images(args: argparse.Namespace) -> ImageMap:
         raise SystemExit(f"kelastic: {exc}") from None
 
 
-def _gpus_flag(parser: argparse.ArgumentParser) -> None:
+def _cpu_quantity(text: str) -> str:
+    """A positive cpu quantity as a Node reports it: ``2``, ``0.5``, ``1500m``."""
+    if not re.fullmatch(r"(?:\d+(?:\.\d+)?|\d+m)", text) or not re.search(r"[1-9]", text):
+        raise argparse.ArgumentTypeError(f"not a positive cpu quantity: {text!r} (e.g. 2, 0.5 or 1500m)")
+    return text
+
+
+def _node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpus",
         type=int,
         metavar="N",
         help="the node's nvidia.com/gpu count, handed to pods that request them (default: "
         "$KELASTIC_LOCAL_GPUS, else the GPUs the NVIDIA driver lists; 0: none)",
+    )
+    parser.add_argument(
+        "--cpus",
+        type=_cpu_quantity,
+        metavar="QUANTITY",
+        help="the node's cpu capacity as the scheduler sees it, e.g. 2 or 1500m (default: the machine's "
+        "cores); pods are not limited to it, only placed by it",
     )
 
 
@@ -454,6 +468,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         progress=_progress(out),
         images=_images(args),
         gpus=args.gpus,
+        cpus=args.cpus,
     )
     served = served_namespaces(args.watch_namespace, args.cluster_wide)
     operator: _Operator | None = None
@@ -689,6 +704,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress=_progress(out),
         images=_images(args),
         gpus=args.gpus,
+        cpus=args.cpus,
     )
     # One progress line per job: the job's own (its status), not each of its agents' as well.
     drop = _agent_progress_line if any(o.get("kind") == "ElasticJob" for o in objects) else None
@@ -899,7 +915,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _control_plane_flag(up)
     _image_flag(up)
-    _gpus_flag(up)
+    _node_flags(up)
     up.set_defaults(func=cmd_up)
 
     run = commands.add_parser("run", help="run a manifest to completion on a private local cluster")
@@ -922,7 +938,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-operator", action="store_true", help="do not start the kelastic operator")
     _control_plane_flag(run)
     _image_flag(run)
-    _gpus_flag(run)
+    _node_flags(run)
     run.set_defaults(func=cmd_run)
     return parser
 

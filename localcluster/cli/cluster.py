@@ -67,7 +67,8 @@ class LocalCluster:
     ``control_plane`` is a directory of Kubernetes binaries to run instead of the
     emulator (its state lives in ``<state_dir>/control-plane``, else under
     ``data_dir``); ``progress`` receives its start-up lines (default: dropped). ``gpus``
-    overrides the node's ``nvidia.com/gpu`` count (see :mod:`~kelastic.localcluster.kubelet.gpus`).
+    overrides the node's ``nvidia.com/gpu`` count (see :mod:`~kelastic.localcluster.kubelet.gpus`),
+    ``cpus`` its cpu capacity (a quantity; default the machine's cores).
     """
 
     def __init__(
@@ -86,6 +87,7 @@ class LocalCluster:
         progress: Callable[[str], None] | None = None,
         images: ImageMap | None = None,
         gpus: int | None = None,
+        cpus: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port
@@ -100,6 +102,7 @@ class LocalCluster:
             backoff_cap=max(backoff_cap, backoff_base),
             images=images or ImageMap(),
             gpus=gpus,
+            cpus=cpus,
         )
         self.control_plane_dir = Path(control_plane).expanduser() if control_plane else None
         self.progress: Callable[[str], None] = progress or (lambda line: None)

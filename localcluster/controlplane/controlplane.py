@@ -27,8 +27,14 @@ Nothing routes ClusterIPs to the API server here and Endpoints may not hold
 loopback addresses, so the apiserver runs with ``--endpoint-reconciler-type
 none``: in-cluster clients are pointed at ``127.0.0.1:<port>`` directly.
 
-Nothing depends on a version number: the components' flags are read from their
-``--help`` (:class:`ComponentHelp`), the served API groups from discovery
+Workload-aware scheduling is on where the binaries offer it: the beta feature gates of
+:data:`BETA_GATES` (``GenericWorkload``: ``scheduling.k8s.io/v1beta1`` Workloads and
+PodGroups, kube-scheduler's gang scheduling, kube-controller-manager's PodGroup
+protection) are turned on for every component whose ``--help`` lists them as beta, and
+the API versions they bring are served (``--runtime-config``).
+
+Nothing depends on a version number: the components' flags and feature gates are read
+from their ``--help`` (:class:`ComponentHelp`), the served API groups from discovery
 (:meth:`ControlPlane.serves`) and what the API server accepts from its answers to a
 dry run (:attr:`ControlPlane.loopback_slices`), so any release from 1.20 on is
 driven by what it offers. :attr:`ControlPlane.version` (from ``/version``) is for
@@ -52,7 +58,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +67,7 @@ from ..common.interrupts import uninterrupted
 from .pki import CertPair, ensure_ca, ensure_leaf, ensure_signing_key
 
 __all__ = [
+    "BETA_GATES",
     "ComponentFailed",
     "ComponentHelp",
     "ControlPlane",
@@ -91,6 +98,11 @@ ADMISSION_PLUGINS = (
 )
 HOST = "127.0.0.1"
 LOG_TAIL_LINES = 25
+#: Beta feature gates (off by default upstream) turned on where a component's ``--help`` lists
+#: them as beta, each with the API versions it needs served. ``GenericWorkload`` (beta since
+#: 1.37): kube-scheduler places a ``scheduling.k8s.io/v1beta1`` PodGroup's pods all or nothing
+#: (``schedulingPolicy.gang.minCount``), which kelastic's operator uses for its jobs' workers.
+BETA_GATES: dict[str, tuple[str, ...]] = {"GenericWorkload": ("scheduling.k8s.io/v1beta1",)}
 
 
 class ComponentFailed(RuntimeError):
@@ -275,6 +287,10 @@ class ControlPlane:
     etcd_data: Path | None = None
     #: The API server's port (0: a free one).
     api_port: int = 0
+    #: The beta gates to turn on where the binaries know them ({} keeps every default).
+    beta_gates: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(BETA_GATES))
+    #: The feature gates turned on, as the API server's ``--help`` offered them.
+    gates_on: tuple[str, ...] = ()
     _components: list[_Component] = field(default_factory=list)
 
     # -- paths ----------------------------------------------------------------
@@ -333,9 +349,10 @@ class ControlPlane:
                 self.stop(None if isinstance(exc, Exception) else ABORT_GRACE_S)
                 raise
         self.startup_seconds = time.monotonic() - started
+        gates = f", feature gates {', '.join(self.gates_on)} on" if self.gates_on else ""
         self.progress(
             f"control plane {self.version} ready after {self.startup_seconds:.1f} s: {self.url} "
-            f"(logs in {self.logs_dir})"
+            f"(logs in {self.logs_dir}{gates})"
         )
         return self
 
@@ -470,6 +487,8 @@ class ControlPlane:
 
     def _apiserver_argv(self, etcd_port: int, port: int) -> list[str]:
         pki = self.pki_dir
+        offered = ComponentHelp.of(self.binaries.apiserver)
+        self.gates_on = tuple(g for g in self.beta_gates if offered.gates.get(g) == BETA)
         return [
             str(self.binaries.apiserver),
             f"--etcd-servers=http://{HOST}:{etcd_port}",
@@ -501,6 +520,7 @@ class ControlPlane:
             f"--enable-admission-plugins={','.join(ADMISSION_PLUGINS)}",
             "--allow-privileged=true",
             "--v=1",
+            *component_flags("kube-apiserver", offered, loopback_slices=False, gates=self.beta_gates),
         ]
 
     def _component_argv(self, name: str, binary: Path, port: int) -> list[str]:
@@ -517,7 +537,9 @@ class ControlPlane:
             "--leader-elect=false",
             "--v=1",
         ]
-        argv += component_flags(name, ComponentHelp.of(binary), loopback_slices=self.loopback_slices)
+        argv += component_flags(
+            name, ComponentHelp.of(binary), loopback_slices=self.loopback_slices, gates=self.beta_gates
+        )
         if name == "kube-controller-manager":
             pki = self.pki_dir
             argv += [
@@ -656,20 +678,28 @@ class ControlPlane:
         self.stop()
 
 
+#: A feature gate's maturity as ``--help`` prints it: ``GenericWorkload=true|false (BETA - default=false)``.
+BETA = "BETA"
+
+
 @dataclass(frozen=True)
 class ComponentHelp:
-    """What a component binary offers, read from its ``--help``: its flags and, for
-    kube-controller-manager, the names of its controllers."""
+    """What a component binary offers, read from its ``--help``: its flags, its feature gates
+    (name → maturity: ALPHA, BETA, GA, DEPRECATED) and, for kube-controller-manager, the
+    names of its controllers."""
 
     flags: frozenset[str]
     controllers: tuple[str, ...] = ()
+    gates: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str) -> ComponentHelp:
         flags = frozenset(re.findall(r"^\s+(?:-\w, )?--([a-z0-9][a-z0-9-]*)", text, re.MULTILINE))
         found = re.search(r"All controllers: ([^\n]*)", text)
         controllers = tuple(n.strip() for n in found.group(1).split(",")) if found else ()
-        return cls(flags, tuple(n for n in controllers if n))
+        # 1.37 prefixes each gate with its component (kube:GenericWorkload=...), 1.20 does not.
+        gates = dict(re.findall(r"(?:[a-z]+:)?\b([A-Z][A-Za-z0-9]*)=true\|false \(([A-Z]+)\b", text))
+        return cls(flags, tuple(n for n in controllers if n), gates)
 
     @classmethod
     def of(cls, binary: Path) -> ComponentHelp:
@@ -689,10 +719,19 @@ ENDPOINTS_CONTROLLER = ("endpoints-controller", "endpoint")
 ENDPOINTSLICE_CONTROLLER = ("endpointslice-controller", "endpointslice")
 
 
-def component_flags(component: str, offered: ComponentHelp, *, loopback_slices: bool) -> list[str]:
-    """The flags of ``component`` (kube-controller-manager, kube-scheduler) that depend on what
-    its binary offers and its API server accepts.
+def component_flags(
+    component: str,
+    offered: ComponentHelp,
+    *,
+    loopback_slices: bool,
+    gates: Mapping[str, tuple[str, ...]] = BETA_GATES,
+) -> list[str]:
+    """The flags of ``component`` (kube-apiserver, kube-controller-manager, kube-scheduler) that
+    depend on what its binary offers and its API server accepts.
 
+    - ``--feature-gates`` turns on those of ``gates`` the binary lists as beta, and the API
+      server serves the API versions they bring (``--runtime-config``); a binary that does not
+      know a gate, or knows it at another maturity, keeps its default.
     - ``--port=0`` turns off the insecure HTTP port where the binary still has one (up to
       1.23, on by default there).
     - the controller-manager runs every default controller but those that would only fail
@@ -700,7 +739,12 @@ def component_flags(component: str, offered: ComponentHelp, *, loopback_slices: 
       addresses), and the EndpointSlice one where the API server refuses them in slices
       too (``loopback_slices`` False). The service proxy finds the pods itself.
     """
-    flags = ["--port=0"] if "port" in offered.flags else []
+    on = [g for g in gates if offered.gates.get(g) == BETA]
+    flags = ["--feature-gates=" + ",".join(f"{g}=true" for g in on)] if on else []
+    if component == "kube-apiserver":
+        apis = [api for g in on for api in gates[g]]
+        return flags + (["--runtime-config=" + ",".join(f"{api}=true" for api in apis)] if apis else [])
+    flags += ["--port=0"] if "port" in offered.flags else []
     if component == "kube-controller-manager":
         off = [offered.controller(*ENDPOINTS_CONTROLLER)]
         if not loopback_slices:

@@ -152,6 +152,9 @@ class KubeletConfig:
     images: ImageMap = field(default_factory=ImageMap)
     #: The node's ``nvidia.com/gpu`` count; None: detected (see :func:`~.gpus.detect_gpus`).
     gpus: int | None = None
+    #: The node's cpu capacity and allocatable (a quantity: ``2``, ``1500m``); None: the machine's
+    #: cores. Only the scheduler counts it: pods are not limited to it.
+    cpus: str | None = None
 
 
 class _Container:
@@ -1197,7 +1200,7 @@ class Kubelet:
         """Create (or refresh) this node's Node object and Lease; servers without nodes are tolerated."""
         now = rfc3339(time.time())
         self._ready_since = self._ready_since or now
-        cpus = str(os.cpu_count() or 1)
+        cpus = self.config.cpus or str(os.cpu_count() or 1)
         try:
             memory = f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') // 1024}Ki"
         except (ValueError, OSError):

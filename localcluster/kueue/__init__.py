@@ -16,7 +16,15 @@ from kelastic.localcluster.kueue.manager import (
     KueueBinaries,
     KueueFailed,
     KueueManager,
+    KueueUnsupported,
     find_kueue_dir,
 )
 
-__all__ = ["ELASTICJOB_FRAMEWORK", "KueueBinaries", "KueueFailed", "KueueManager", "find_kueue_dir"]
+__all__ = [
+    "ELASTICJOB_FRAMEWORK",
+    "KueueBinaries",
+    "KueueFailed",
+    "KueueManager",
+    "KueueUnsupported",
+    "find_kueue_dir",
+]

@@ -21,7 +21,14 @@ import yaml
 from kelastic.localcluster.controlplane.controlplane import HOST, ControlPlane, die_with_parent, free_port
 from kelastic.localcluster.kueue.pki import kueue_certificates
 
-__all__ = ["ELASTICJOB_FRAMEWORK", "KueueBinaries", "KueueFailed", "KueueManager", "find_kueue_dir"]
+__all__ = [
+    "ELASTICJOB_FRAMEWORK",
+    "KueueBinaries",
+    "KueueFailed",
+    "KueueManager",
+    "KueueUnsupported",
+    "find_kueue_dir",
+]
 
 #: The ElasticJob kind in Kueue's ``integrations.externalFrameworks`` (Kind.version.group):
 #: Kueue then knows the kind's controller manages its Workloads (kelastic's operator), and
@@ -43,6 +50,10 @@ CONVERTED = ("localqueues", "clusterqueues", "workloads", "cohorts", "multikueue
 
 class KueueFailed(RuntimeError):
     """The manager exited or never became ready (the message carries its log tail)."""
+
+
+class KueueUnsupported(KueueFailed):
+    """The API server refuses Kueue's CRDs (422): a release older than this Kueue supports."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +170,17 @@ class KueueManager:
         ca_pem = self._seed_certificates()
         self.progress(f"installing Kueue {self.binaries.version}'s {len(self.binaries.crds)} CRDs")
         for path in self.binaries.crds:
-            self._ensure("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", self._crd(path, ca_pem))
+            try:
+                self._ensure(
+                    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", self._crd(path, ca_pem)
+                )
+            except KueueFailed as exc:
+                if "failed (422)" not in str(exc):
+                    raise
+                raise KueueUnsupported(
+                    f"the API server ({self.control_plane.version}) refuses Kueue {self.binaries.version}'s CRDs: "
+                    f"run Kueue on a newer Kubernetes (make control-plane builds one); {str(exc)[:300]}"
+                ) from None
         self._wait("Kueue's CRDs to be established", self._crds_established)
         self._register_webhooks(ca_pem)
         certs = self.state_dir / "kueue-certs"

@@ -8,9 +8,11 @@ from kelastic.operator.reconcile.context import ActiveJob, Next, Pass
 
 
 def step(p: Pass, job: ActiveJob) -> Next:
-    """With a gang scheduler (the template's ``schedulerName``): the job's PodGroup, before its
-    pods, kept in step with ``spec.schedulingPolicy`` and the replicas (``kelastic.operator.podgroup``)."""
-    kind = podgroup.gang_scheduler(job.spec, p.config.build.coscheduling_scheduler)
+    """With a gang scheduler (the template's ``schedulerName``, else kube-scheduler's own where the
+    API server serves its PodGroups): the job's PodGroup, before its pods, kept in step with
+    ``spec.schedulingPolicy`` and the replicas (``kelastic.operator.podgroup``)."""
+    build = p.config.build
+    kind = podgroup.gang_scheduler(job.spec, build.coscheduling_scheduler, kubernetes=build.kubernetes_gang)
     if kind is None:
         return Next.CONTINUE
     meta = p.job.meta
@@ -20,10 +22,11 @@ def step(p: Pass, job: ActiveJob) -> Next:
     p.actions.append(
         EnsureObject(
             reason="PodGroup",
-            message=f"PodGroup {meta.name} for {kind.value}: minMember {manifest['spec']['minMember']}",
+            message=f"PodGroup {meta.name} for {kind.value}: {podgroup.MIN_FIELD[kind]} {podgroup.min_member(job.spec)}",
             path=podgroup.pod_group_path(kind, meta.namespace),
             manifest=manifest,
             key=f"{meta.uid}/podgroup",
+            workers_wait=True,
         )
     )
     return Next.CONTINUE

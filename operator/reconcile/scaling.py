@@ -1,8 +1,10 @@
-"""Policy: worker pods for indices [0, replicas + standbyReplicas); those above are deleted."""
+"""Policy: worker pods for indices [0, replicas + standbyReplicas); those above are deleted. A
+worker of a job Kueue admitted runs where its share of the admission says
+(``kelastic.operator.kueue.Placement``)."""
 
 from __future__ import annotations
 
-from kelastic.operator import builders
+from kelastic.operator import builders, kueue
 from kelastic.operator.observed import PodView
 from kelastic.operator.reconcile.actions import CreatePod
 from kelastic.operator.reconcile.context import ActiveJob, Next, Pass
@@ -24,6 +26,8 @@ def step(p: Pass, job: ActiveJob) -> Next:
         if job.endpoint is None:
             break  # the Service has no cluster IP yet; the next pass creates the workers
         manifest = builders.worker_pod(p.job, index, endpoint=job.endpoint, config=p.config.build)
+        if p.observed.queue is not None:  # where Kueue admitted it: its flavors' nodes
+            manifest = kueue.with_placement(manifest, p.observed.queue.placement_of(index))
         p.actions.append(
             CreatePod(
                 reason="CreateWorker",

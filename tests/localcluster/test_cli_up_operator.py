@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from kelastic.localcluster.cli.cli import served_namespaces
-from kelastic.localcluster.testing import Kubectl, wait_for
+from kelastic.localcluster.testing import Kubectl, process_alive, wait_for
 
 KELASTIC = [sys.executable, "-m", "kelastic.localcluster"]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def job(namespace: str) -> dict[str, object]:
@@ -53,8 +54,10 @@ def test_served_namespaces_default_to_every_namespace_and_narrow_to_the_named_on
         served_namespaces(["a"], True)
 
 
-def _up(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[str], list[str], Kubectl]:
-    """``kelastic local up`` started and ready: (process, lines printed, kubectl)."""
+def _up(
+    tmp_path: Path, *flags: str, cwd: Path | None = None
+) -> tuple[subprocess.Popen[str], list[str], Kubectl]:
+    """``kelastic local up`` started in ``cwd`` (default ``tmp_path``) and ready: (process, lines printed, kubectl)."""
     kubeconfig = tmp_path / "kubeconfig"
     up = subprocess.Popen(
         [
@@ -71,7 +74,7 @@ def _up(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[str], list[str], 
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        cwd=tmp_path,
+        cwd=cwd or tmp_path,
     )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in up.stdout or []], daemon=True).start()
@@ -86,6 +89,20 @@ def _up(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen[str], list[str], 
         except queue.Empty:
             pass
     return up, printed, Kubectl(kubeconfig)
+
+
+def _children(parent: int, program: str) -> list[int]:
+    """The pids of ``parent``'s children that run ``program`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            argv0 = (stat.parent / "cmdline").read_bytes().split(b"\0")[0].decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and argv0 == program:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def _stop(up: subprocess.Popen[str]) -> None:
@@ -134,3 +151,68 @@ def test_local_up_on_a_control_plane_serves_every_namespace(control_plane_bin: P
         _served_in_team_a(kubectl)
     finally:
         _stop(up)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_local_up_with_kueue_queues_the_example_as_docs_kueue_says(
+    control_plane_bin: Path, tmp_path: Path
+) -> None:
+    """A newcomer's steps of docs/kueue.md: ``kelastic local up --control-plane DIR --kueue``, then
+    ``kubectl apply -f examples/kueue.yaml`` (the real kubectl of the build): the first job is
+    admitted, the second waits for quota and runs once the first ends; Kueue stops with the rest."""
+    from kelastic.localcluster.kueue import find_kueue_dir
+
+    kueue = find_kueue_dir()
+    if kueue is None or not (kueue / "bin" / "kueue").is_file():
+        pytest.skip("no Kueue build: run `make kueue` (or set KELASTIC_KUEUE to such a directory)")
+    started = time.monotonic()
+    up, printed, kubectl = _up(tmp_path, "--control-plane", str(control_plane_bin), "--kueue", cwd=REPO)
+    timings = {"up (s)": time.monotonic() - started}
+    try:
+        assert any("Kueue v" in line and "ready after" in line for line in printed), printed
+        # The operator is the chart's Deployment, installed with kueue.enabled.
+        deployments = json.loads(kubectl("get", "deployments", "-n", "kelastic-system", "-o", "json"))[
+            "items"
+        ]
+        assert [
+            d["spec"]["template"]["spec"]["containers"][0]["args"].count("--kueue") for d in deployments
+        ] == [1]
+        applied = time.monotonic()
+        kubectl("apply", "-f", str(REPO / "examples" / "kueue.yaml"))
+
+        def queue_of(job: str) -> dict[str, object]:
+            return dict(
+                json.loads(kubectl("get", "ej", job, "-o", "json")).get("status", {}).get("queue") or {}
+            )
+
+        wait_for(lambda: queue_of("queued-first").get("admitted") == 3 or None, 180, "queued-first admitted")
+        second = wait_for(
+            lambda: (q := queue_of("queued-second")).get("message") and q, 120, "queued-second's reason"
+        )
+        assert second.get("admitted") == 0 and "insufficient unused quota" in str(second["message"]), second
+        table = kubectl("get", "ej")
+        assert "team-a: 3 admitted" in table and "team-a: 0 admitted, 2 pending" in table, table
+        for name in ("queued-first", "queued-second"):  # in that order: the second waited for the first
+            wait_for(
+                lambda n=name: (
+                    kubectl("get", "ej", n, "-o", "jsonpath={.status.phase}") == "Succeeded" or None
+                ),
+                300,
+                f"{name} to succeed",
+                interval=1,
+            )
+        timings["apply -> both jobs succeeded (s)"] = time.monotonic() - applied
+        workloads = json.loads(kubectl("get", "kueueworkloads", "-o", "json"))["items"]
+        finished = {
+            w["metadata"]["labels"]["kelastic.dev/job-name"]
+            for w in workloads
+            if any(c["type"] == "Finished" and c["status"] == "True" for c in w["status"]["conditions"])
+        }
+        assert finished == {"queued-first", "queued-second"}, workloads
+        (kueue_pid,) = _children(up.pid, str(kueue.resolve() / "bin" / "kueue"))
+    finally:
+        _stop(up)
+    assert up.returncode == 0, up.returncode
+    assert not process_alive(kueue_pid), "Kueue's manager outlived kelastic local up"
+    print(json.dumps(timings))

@@ -282,6 +282,42 @@ def test_component_flags_follow_what_the_binary_and_server_offer(
     assert component_flags("kube-scheduler", offered, loopback_slices=loopback_slices) == scheduler
 
 
+# The feature-gate lines of `--help`, as 1.37 prints them (1.20 has no component prefix).
+GATES_1_37 = """
+      --feature-gates colonSeparatedMultimapStringString   Comma-separated list of component:key=value pairs
+                                                           kube:GenericWorkload=true|false (BETA - default=false)
+                                                           kube:CompositePodGroup=true|false (ALPHA - default=false)
+"""
+GATES_OLD = """
+      --feature-gates mapStringBool   A set of key=value pairs that describe feature gates for alpha/experimental features. Options are:
+                                      APIListChunking=true|false (BETA - default=true)
+                                      GenericWorkload=true|false (ALPHA - default=false)
+"""
+
+
+def test_beta_gates_are_turned_on_only_where_the_binary_lists_them_as_beta() -> None:
+    offered = ComponentHelp.parse(HELP_1_37 + GATES_1_37)
+    assert offered.gates == {"GenericWorkload": "BETA", "CompositePodGroup": "ALPHA"}
+    assert component_flags("kube-scheduler", offered, loopback_slices=False) == [
+        "--feature-gates=GenericWorkload=true"
+    ]
+    assert component_flags("kube-apiserver", offered, loopback_slices=False) == [
+        "--feature-gates=GenericWorkload=true",
+        "--runtime-config=scheduling.k8s.io/v1beta1=true",
+    ]
+    manager = component_flags("kube-controller-manager", offered, loopback_slices=False)
+    assert manager[0] == "--feature-gates=GenericWorkload=true" and manager[1].startswith("--controllers=")
+    # Asked for none: every default kept.
+    assert component_flags("kube-apiserver", offered, loopback_slices=False, gates={}) == []
+    # A release that knows the gate only as alpha (another API version), or not at all: untouched.
+    old = ComponentHelp.parse(HELP_1_20 + GATES_OLD)
+    assert old.gates == {"APIListChunking": "BETA", "GenericWorkload": "ALPHA"}
+    assert component_flags("kube-apiserver", old, loopback_slices=False) == []
+    assert component_flags("kube-scheduler", ComponentHelp.parse(HELP_1_20), loopback_slices=False) == [
+        "--port=0"
+    ]
+
+
 def test_the_control_plane_lanes_skip_message_says_where_to_get_the_binaries(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

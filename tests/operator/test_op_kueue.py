@@ -3,6 +3,7 @@ core (kelastic.operator.reconcile.queue): table tests, no cluster."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,7 +21,7 @@ from kelastic.operator.kueue import (
     plan,
     workload_view,
 )
-from kelastic.operator.observed import Observed, PodPhase, PodView
+from kelastic.operator.observed import Observed, PodPhase, PodView, ServiceView
 from kelastic.operator.reconcile import CreatePod, DeletePod, reconcile
 from kelastic.operator.spec import parse_job
 
@@ -71,6 +72,7 @@ def wl(
     finished: bool = False,
     pending: tuple[str, str] | None = None,
     min_count: int | None = 2,
+    flavors: tuple[str, ...] = (),
 ) -> WorkloadView:
     return WorkloadView(
         name=f"w{seq}",
@@ -86,6 +88,7 @@ def wl(
         finished=finished,
         cluster_queue="cq" if reserved is not None else None,
         pending=pending,
+        flavors=flavors,
     )
 
 
@@ -242,7 +245,12 @@ def test_workload_view_reads_kueues_status() -> None:
         },
         "spec": {"podSets": [{"name": "workers", "count": 4, "minCount": 2}]},
         "status": {
-            "admission": {"clusterQueue": "cq", "podSetAssignments": [{"name": "workers", "count": 3}]},
+            "admission": {
+                "clusterQueue": "cq",
+                "podSetAssignments": [
+                    {"name": "workers", "count": 3, "flavors": {"cpu": "on-demand", "memory": "on-demand"}}
+                ],
+            },
             "conditions": [
                 {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": ""},
                 {"type": "Admitted", "status": "True", "reason": "Admitted", "message": ""},
@@ -252,6 +260,7 @@ def test_workload_view_reads_kueues_status() -> None:
     view = workload_view(body)
     assert view is not None
     assert (view.reserved, view.granted, view.count, view.min_count, view.cluster_queue) == (3, 3, 4, 2, "cq")
+    assert view.flavors == ("on-demand",)
     assert workload_view({"metadata": {"labels": {}}}) is None
 
 
@@ -302,3 +311,76 @@ def test_an_evicted_job_deletes_its_pods_and_waits_to_be_admitted_again() -> Non
     assert decision.status["phase"] == "Queued"
     phase = next(c for c in decision.status["conditions"] if c["type"] == "Queued")
     assert phase["reason"] == "Preempted"
+
+
+# ------------------------------------------------------------ where the admitted workers run
+
+SPOT = kueue.FlavorView(
+    node_labels={"pool": "spot"},
+    tolerations=({"key": "spot", "operator": "Exists", "effect": "NoSchedule"},),
+)
+ON_DEMAND = kueue.FlavorView(node_labels={"pool": "on-demand", "zone": "a"})
+
+
+def test_each_admitted_share_places_its_workers_on_its_flavors_nodes() -> None:
+    """As Kueue's job integrations do: a flavor's nodeLabels and tolerations go to the pods admitted to it."""
+    workloads = [
+        wl(Part.BASE, 0, 4, reserved=2, flavors=("on-demand",)),
+        wl(Part.GROWTH, 1, 2, reserved=1, min_count=1, flavors=("spot",)),
+    ]
+    flavors = {"on-demand": ON_DEMAND, "spot": SPOT}
+    result = plan(job(4, 2), workloads, Inputs(flavors=flavors), NOW)
+    assert result is not None
+    grant = result.grant
+    assert [(pl.count, pl.flavors) for pl in grant.placements] == [(2, ("on-demand",)), (1, ("spot",))]
+    assert [grant.placement_of(i).flavors for i in range(3)] == [("on-demand",)] * 2 + [("spot",)]  # type: ignore[union-attr]
+    assert grant.placement_of(3) is None
+    # The pods: the template's own selector and tolerations kept, the flavor's added (its value wins).
+    template = {
+        "spec": {
+            "nodeSelector": {"pool": "any", "disk": "ssd"},
+            "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+        }
+    }
+    spot = kueue.with_placement(template, grant.placement_of(2))
+    assert spot["spec"]["nodeSelector"] == {"pool": "spot", "disk": "ssd"}
+    assert spot["spec"]["tolerations"] == [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]
+    assert template["spec"]["nodeSelector"]["pool"] == "any"  # not changed in place
+    assert kueue.with_placement(template, None) == template
+
+
+def test_a_flavor_not_read_adds_nothing_and_an_evicted_share_places_no_worker() -> None:
+    workloads = [
+        wl(Part.BASE, 0, 4, reserved=2, flavors=("gone",)),
+        wl(Part.GROWTH, 1, 2, reserved=2, min_count=1, flavors=("spot",), evicted=("Preempted", "")),
+    ]
+    result = plan(job(4, 2), workloads, Inputs(worker_indices=(0, 1, 2, 3), flavors={"spot": SPOT}), NOW)
+    assert result is not None
+    (share,) = result.grant.placements
+    assert (share.count, dict(share.node_selector), share.tolerations) == (2, {}, ())
+
+
+def test_the_workers_kueue_admitted_are_created_with_their_placement(kit: Any) -> None:
+    grant = kueue.Grant(
+        "team",
+        3,
+        1,
+        placements=(
+            kueue.Placement(2, {"pool": "on-demand"}, (), ("on-demand",)),
+            kueue.Placement(1, {"pool": "spot"}, SPOT.tolerations, ("spot",)),
+        ),
+    )
+    store = replace(kit.store(job="train"), owner_uid=UID)
+    service = ServiceView("train-rendezvous", "svc", "127.2.0.5", owner_uid=UID)
+    observed = Observed(now=NOW, pods=(store, worker(0)), services=(service,), queue=grant)
+    decision = reconcile(job(4, 2), observed)
+    created = {
+        a.manifest["metadata"]["name"]: a.manifest["spec"]
+        for a in decision.actions
+        if isinstance(a, CreatePod) and a.manifest["metadata"]["labels"].get("kelastic.dev/role") == "worker"
+    }
+    assert sorted(created) == ["train-worker-1", "train-worker-2"]
+    assert created["train-worker-1"]["nodeSelector"] == {"pool": "on-demand"}
+    assert "tolerations" not in created["train-worker-1"]
+    assert created["train-worker-2"]["nodeSelector"] == {"pool": "spot"}
+    assert created["train-worker-2"]["tolerations"] == list(SPOT.tolerations)

@@ -12,30 +12,30 @@ Kueue (Kueue's manager needs kube-apiserver).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import runpy
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from kelastic.localcluster.cli.cluster import LocalCluster
-from kelastic.localcluster.kueue import KueueBinaries, KueueManager, find_kueue_dir
-from kelastic.localcluster.testing import Kubectl, stop_process, wait_for
+from kelastic.localcluster.testing import Kubectl, wait_for
+
+harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("lane_harness.py"))))
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 QUEUE = "team"
 FIGURES: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
 def kueue_dir() -> Path:
-    found = find_kueue_dir()
-    if found is None or not (found / "bin" / "kueue").is_file():
+    found: Path | None = harness.kueue_build()
+    if found is None:
         pytest.skip(
             "no Kueue build: run `make kueue` (builds sigs.k8s.io/kueue v0.17.0 from the Go module proxy into "
             "~/.cache/kelastic/kueue/<version>) or set KELASTIC_KUEUE to such a directory; this lane also needs "
@@ -48,43 +48,13 @@ def kueue_dir() -> Path:
 def lane(
     control_plane_bin: Path, kueue_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[LocalCluster, Kubectl]]:
-    data = tmp_path_factory.mktemp("kueue-lane")
-    cluster = LocalCluster(
-        data / "data", control_plane=control_plane_bin, workdir=REPO, backoff_base=1.0, backoff_cap=4.0
-    )
-    cluster.start(timeout=120)
-    manager: KueueManager | None = None
-    operator: subprocess.Popen[bytes] | None = None
-    try:
-        assert cluster.control_plane is not None
-        manager = KueueManager(KueueBinaries.find(kueue_dir), cluster.control_plane, data / "kueue").start()
-        kubectl = Kubectl(cluster.kubeconfig)
-        kubectl("apply", "-f", str(REPO / "crds" / "elasticjob.yaml"))
-        kubectl.apply(QUOTA)
-        log = open(data / "operator.log", "wb")  # noqa: SIM115 - lives as long as the operator
-        operator = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "kelastic.operator",
-                f"--kubeconfig={cluster.kubeconfig}",
-                "--standalone",
-                "--all-namespaces",
-                "--kueue",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        yield cluster, kubectl
-    finally:
-        if operator is not None:
-            stop_process(operator, 10.0)
-        if manager is not None:
-            manager.stop()
-        cluster.stop()
-        for name, value in FIGURES.items():
-            print(f"kueue lane: {name}: {value:.1f}")
+    with harness.real_lane(control_plane_bin, tmp_path_factory.mktemp("kueue-lane"), kueue=kueue_dir) as real:
+        real.kubectl.apply(QUOTA)
+        try:
+            yield real.cluster, real.kubectl
+        finally:
+            for name, value in FIGURES.items():
+                print(f"kueue lane: {name}: {value:.1f}")
 
 
 QUOTA = f"""
@@ -92,6 +62,9 @@ apiVersion: kueue.x-k8s.io/v1beta2
 kind: ResourceFlavor
 metadata:
   name: default
+spec:
+  nodeLabels:
+    kubernetes.io/hostname: kelastic-local
 ---
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: ClusterQueue
@@ -200,7 +173,9 @@ def test_a_queued_job_waits_for_quota_and_grows_when_it_frees(lane: tuple[LocalC
         60,
         "third to be admitted with 1 worker",
     )
-    assert len(worker_pods(kubectl, "third")) == 1
+    (single,) = worker_pods(kubectl, "third")
+    # Placed as its ResourceFlavor says: the flavor's node label is the pod's node selector.
+    assert single["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "kelastic-local"}, single["spec"]
     # first ends: its quota is released at once, and second (queued first) starts.
     wait_for(lambda: status(kubectl, "first").get("phase") == "Succeeded" or None, 300, "first to succeed")
     freed = time.monotonic()

@@ -100,3 +100,190 @@ def test_reconcile_ensures_the_podgroup_before_creating_pods(kit: SimpleNamespac
 @pytest.mark.parametrize("kind", list(GangScheduler))
 def test_podgroup_paths_name_the_right_group(kind: GangScheduler) -> None:
     assert pod_group_path(kind, "ns").endswith("/namespaces/ns/podgroups")
+
+
+def test_kubernetes_podgroup_where_the_api_server_serves_it(kit: SimpleNamespace) -> None:
+    """kube-scheduler's own gang: only where discovery found the API, never over a named gang scheduler."""
+    plain = job_with(kit, None, min_r=2, max_r=4, replicas=3)
+    assert gang_scheduler(plain.spec, kubernetes=True) is GangScheduler.KUBERNETES
+    assert (
+        gang_scheduler(job_with(kit, "default-scheduler").spec, kubernetes=True) is GangScheduler.KUBERNETES
+    )
+    assert gang_scheduler(job_with(kit, "volcano").spec, kubernetes=True) is GangScheduler.VOLCANO
+    assert gang_scheduler(job_with(kit, "scheduler-plugins-scheduler").spec, kubernetes=True) is (
+        GangScheduler.COSCHEDULING
+    )
+    group = pod_group(
+        GangScheduler.KUBERNETES, name="demo", namespace="ns", spec=plain.spec, owner=owner_reference(plain)
+    )
+    assert group["apiVersion"] == "scheduling.k8s.io/v1beta1" and group["kind"] == "PodGroup"
+    # minCount is minReplicas: the third replica is placed when it fits, not with the gang
+    assert group["spec"] == {"schedulingPolicy": {"gang": {"minCount": 2}}}
+    assert group["metadata"]["ownerReferences"][0]["uid"] == "uid-demo"
+    assert (
+        pod_group_path(GangScheduler.KUBERNETES, "ns")
+        == "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups"
+    )
+    pod = worker_pod(plain, 2, endpoint="h:1", config=BuildConfig(kubernetes_gang=True))
+    assert pod["spec"]["schedulingGroup"] == {"podGroupName": "demo"}
+    assert "scheduling.x-k8s.io/pod-group" not in pod["metadata"]["labels"]
+    assert "scheduling.k8s.io/group-name" not in pod["metadata"].get("annotations", {})
+    assert "schedulingGroup" not in worker_pod(plain, 0, endpoint="h:1", config=BuildConfig())["spec"]
+    # the store stays outside the gang
+    assert "schedulingGroup" not in store_pod(plain, config=BuildConfig(kubernetes_gang=True))["spec"]
+
+
+def test_kubernetes_podgroup_takes_the_pods_priority_class_not_volcanos(kit: SimpleNamespace) -> None:
+    """kube-scheduler refuses a group whose priority differs from its pods': the template's class counts."""
+    job = job_with(kit, None, schedulingPolicy={"priorityClass": "volcano-only", "scheduleTimeoutSeconds": 9})
+    group = pod_group(GangScheduler.KUBERNETES, name="demo", namespace="ns", spec=job.spec, owner={})
+    assert group["spec"] == {"schedulingPolicy": {"gang": {"minCount": 2}}}
+    body = kit.job_body()
+    body["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["priorityClassName"] = "research"
+    classed = parse_job(body)
+    assert classed.spec is not None
+    group = pod_group(GangScheduler.KUBERNETES, name="demo", namespace="ns", spec=classed.spec, owner={})
+    assert group["spec"]["priorityClassName"] == "research"
+
+
+def test_reconcile_ensures_the_kubernetes_podgroup_when_served(kit: SimpleNamespace) -> None:
+    from kelastic.operator.reconcile import ReconcileConfig
+
+    served = ReconcileConfig(build=BuildConfig(kubernetes_gang=True))
+    decision = reconcile(job_with(kit, None, replicas=3), kit.observed(kit.store()), served)
+    ensure = next(a for a in decision.actions if isinstance(a, EnsureObject) and a.key.endswith("/podgroup"))
+    assert ensure.path == "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups"
+    assert ensure.manifest["spec"]["schedulingPolicy"]["gang"]["minCount"] == 2
+    assert "minCount 2" in ensure.message
+    kinds = [type(a).__name__ for a in decision.actions]
+    assert kinds.index("EnsureObject") < kinds.index("CreatePod")
+    workers = [
+        a.manifest
+        for a in decision.actions
+        if type(a).__name__ == "CreatePod"
+        and a.manifest["metadata"]["labels"].get("kelastic.dev/role") == "worker"
+    ]
+    assert workers and all(w["spec"]["schedulingGroup"] == {"podGroupName": "demo"} for w in workers)
+
+
+class GroupKube:
+    """Creates pods; answers the PodGroup's create with ``group_status`` (201 when None), its
+    patch with ``patch_status`` (200 when None)."""
+
+    def __init__(
+        self,
+        group_status: int | None = None,
+        patch_status: int | None = None,
+        existing: dict[str, Any] | None = None,
+    ) -> None:
+        self.group_status = group_status
+        self.patch_status = patch_status
+        #: What a GET of the PodGroup answers (after a 409).
+        self.existing = existing or {"metadata": {"name": "demo"}}
+        self.pods: list[str] = []
+        self.requests: list[tuple[str, str]] = []
+
+    def request(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
+        from kelastic.operator.kube import ApiError
+
+        self.requests.append((method, path))
+        if method == "GET":
+            return self.existing
+        status = self.group_status if method == "POST" else self.patch_status
+        if status is not None:
+            raise ApiError(status, "Refused", "no")
+        return dict(body or {})
+
+    def create(self, namespace: str, plural: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        if plural == "pods":
+            self.pods.append(manifest["metadata"]["name"])
+        return {
+            **manifest,
+            "metadata": {**manifest["metadata"], "uid": f"uid-{manifest['metadata']['name']}"},
+        }
+
+
+def apply_pass(
+    kit: SimpleNamespace, kube: GroupKube, executor: Any = None
+) -> tuple[Any, list[tuple[str, str]]]:
+    import asyncio
+
+    from kelastic.operator.executor import ActionExecutor
+    from kelastic.operator.jobcache import JobCache
+    from kelastic.operator.metrics import OperatorMetrics
+    from kelastic.operator.reconcile import ReconcileConfig
+
+    job = job_with(kit, None, replicas=3)
+    decision = reconcile(
+        job, kit.observed(kit.store()), ReconcileConfig(build=BuildConfig(kubernetes_gang=True))
+    )
+    posted: list[tuple[str, str]] = []
+
+    class Events:
+        def emit(self, body: Any, reason: str, message: str, *, warning: bool = False) -> None:
+            posted.append((reason, message))
+
+    async def io(fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    if executor is None:
+        executor = ActionExecutor(kube, io, Events(), OperatorMetrics(), JobCache(), lambda key, action: None)  # type: ignore[arg-type]
+    else:
+        executor.events = Events()
+    asyncio.run(executor.apply(job, kit.job_body(replicas=3), decision, [], []))
+    return executor, posted
+
+
+def test_workers_wait_for_a_podgroup_that_cannot_be_made(kit: SimpleNamespace) -> None:
+    """A worker naming a missing group would never be scheduled: none is created, the pass retries."""
+    refused = GroupKube(group_status=403)
+    executor, posted = apply_pass(kit, refused)
+    assert executor.failed and refused.pods == []
+    (failure,) = [m for r, m in posted if r == "FailedCreate"]
+    assert "PodGroup demo for kubernetes" in failure and "worker pods wait for it" in failure
+    kube = GroupKube()
+    executor, posted = apply_pass(kit, kube)
+    assert not executor.failed and kube.pods == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
+    assert ("POST", "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups") in kube.requests
+
+
+def test_a_podgroup_that_exists_but_cannot_be_patched_keeps_the_workers_coming(kit: SimpleNamespace) -> None:
+    kube = GroupKube(group_status=409, patch_status=422)
+    _, posted = apply_pass(kit, kube)
+    assert kube.pods == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
+    (failure,) = [m for r, m in posted if r == "FailedCreate"]
+    assert "worker pods wait" not in failure
+
+
+@pytest.mark.parametrize(
+    "left",
+    [
+        {"metadata": {"name": "demo", "deletionTimestamp": "2026-01-01T00:00:00Z"}},
+        {"metadata": {"name": "demo", "ownerReferences": [{"uid": "uid-earlier", "controller": True}]}},
+    ],
+)
+def test_a_podgroup_an_earlier_job_of_the_same_name_left_is_waited_for_not_taken_over(
+    kit: SimpleNamespace, left: dict[str, Any]
+) -> None:
+    """Deleted and applied again at once: the earlier job's PodGroup (kept by its protection
+    finalizer until its pods are gone) must not count as this job's, or the new workers would
+    name a group the garbage collector then removes."""
+    import time as clock
+
+    from kelastic.operator import executor as module
+
+    kube = GroupKube(group_status=409, existing=left)
+    executor, posted = apply_pass(kit, kube)
+    assert kube.pods == [] and executor.failed  # retried soon, by the job's back-off
+    assert ("PATCH", "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups/demo") not in kube.requests
+    assert not [r for r, _ in posted if r == "FailedCreate"]  # waiting is not a failure
+    # Within the wait nothing is asked again; once the earlier one is gone the create succeeds.
+    kube.requests.clear()
+    executor.failed.clear()
+    apply_pass(kit, kube, executor)
+    assert kube.requests == [] and kube.pods == []
+    executor._ensure_retry = {k: clock.monotonic() - 1 for k in executor._ensure_retry}
+    kube.group_status = None
+    apply_pass(kit, kube, executor)
+    assert kube.pods == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
+    assert module.ENSURE_PREDECESSOR_SECONDS <= 5

@@ -100,13 +100,17 @@ def job(name: str, namespace: str) -> dict[str, Any]:
     }
 
 
-def run_under_chart_rbac(real: RealCluster, *, cluster_wide: bool, release: str, job_namespace: str) -> None:
+def run_under_chart_rbac(
+    real: RealCluster, *, cluster_wide: bool, release: str, job_namespace: str, queue: str | None = None
+) -> None:
+    """``queue``: the chart with ``kueue.enabled`` and a job in that LocalQueue (Kueue running)."""
     from kelastic.localcluster.cli.chart import install_chart, uninstall_chart
 
     chart = install_chart(
         real.admin,
         CHART,
         f"{release}-system",
+        {"kueue": {"enabled": True}} if queue else None,
         release=release,
         watch_namespaces=() if cluster_wide else (job_namespace,),
         cluster_wide=cluster_wide,
@@ -138,8 +142,18 @@ def run_under_chart_rbac(real: RealCluster, *, cluster_wide: bool, release: str,
         start_new_session=True,
     )
     started = time.monotonic()
+    body = job("rbac", job_namespace)
+    if queue:
+        assert "--kueue" in argv, argv
+        body["metadata"]["labels"] = {
+            "kueue.x-k8s.io/queue-name": queue,
+            "kueue.x-k8s.io/priority-class": "rbac",
+        }
+        # Kueue assigns a flavor per resource requested: the workers ask for cpu.
+        trainer = body["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+        trainer["resources"] = {"requests": {"cpu": "100m"}}
     try:
-        real.kubectl("apply", "-f", "-", input=yaml.safe_dump(job("rbac", job_namespace)))
+        real.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
         deadline = time.monotonic() + 90
         names: set[str] = set()
         while time.monotonic() < deadline and len(names) < 3:
@@ -171,15 +185,47 @@ def run_under_chart_rbac(real: RealCluster, *, cluster_wide: bool, release: str,
             "uid"
         ]
         selector = f"{contract.LABEL_JOB_NAME}=rbac"
-        for kind, expected in (
+        owned_kinds = [
             ("secrets", {f"rbac-secret-{uid[:8]}"}),
             ("networkpolicies", {"rbac-rendezvous", "rbac-workers"}),
+        ]
+        if "podgroups.scheduling.k8s.io" in real.kubectl(
+            "api-resources", "--api-group=scheduling.k8s.io", "-o", "name"
         ):
+            # kube-scheduler's own gang: the job's PodGroup, which its workers name.
+            owned_kinds.append(("podgroups.scheduling.k8s.io", {"rbac"}))
+            assert all(p["spec"]["schedulingGroup"] == {"podGroupName": "rbac"} for p in items[1:]), items
+        if queue:
+            # Kueue: the job's base Workload, admitted; the workers are what it admitted.
+            owned_kinds.append(("workloads.kueue.x-k8s.io", {f"rbac-{uid[:8]}-base"}))
+        for kind, expected in owned_kinds:
             owned = json.loads(real.kubectl("get", kind, "-n", job_namespace, "-l", selector, "-o", "json"))[
                 "items"
             ]
             assert {o["metadata"]["name"] for o in owned} == expected, kind
             assert all(o["metadata"]["ownerReferences"][0]["uid"] == uid for o in owned), kind
+        if queue:
+            status = json.loads(real.kubectl("get", "ej", "-n", job_namespace, "rbac", "-o", "json"))[
+                "status"
+            ]
+            assert status["queue"]["admitted"] == 2, status
+            # The Workload carries the priority the operator read from the WorkloadPriorityClass.
+            (workload,) = json.loads(
+                real.kubectl(
+                    "get", "workloads.kueue.x-k8s.io", "-n", job_namespace, "-l", selector, "-o", "json"
+                )
+            )["items"]
+            assert workload["spec"].get("priority") == 7, workload["spec"]
+            # The workers run where the ResourceFlavor says (the operator read it under the chart's RBAC).
+            for worker in items:
+                if worker["metadata"]["name"] != "rbac-rendezvous":
+                    assert worker["spec"]["nodeSelector"] == {"pool": "rbac-pool"}, worker["spec"]
+                    assert {
+                        "key": "dedicated",
+                        "operator": "Equal",
+                        "value": "training",
+                        "effect": "NoSchedule",
+                    } in (worker["spec"]["tolerations"]), worker["spec"]
         pod = items[0]
         assert pod["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
         real.kubectl("get", "service", "-n", job_namespace, "rbac-rendezvous")
@@ -204,3 +250,65 @@ def test_namespaced_chart_rbac_lets_the_operator_create_a_jobs_pods(real: RealCl
 
 def test_cluster_wide_chart_rbac_lets_the_operator_create_a_jobs_pods(real: RealCluster) -> None:
     run_under_chart_rbac(real, cluster_wide=True, release="kelcw", job_namespace="team-b")
+
+
+KUEUE_QUOTA = """
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata:
+  name: rbac-flavor
+spec:
+  nodeLabels:
+    pool: rbac-pool
+  tolerations:
+  - {key: dedicated, operator: Equal, value: training, effect: NoSchedule}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata:
+  name: rbac-cq
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [cpu]
+    flavors:
+    - name: rbac-flavor
+      resources:
+      - name: cpu
+        nominalQuota: "4"
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: WorkloadPriorityClass
+metadata:
+  name: rbac
+value: 7
+"""
+
+
+def test_chart_rbac_with_kueue_enabled_lets_the_operator_queue_a_job(
+    real: RealCluster, tmp_path: Path
+) -> None:
+    """kueue.enabled: the operator under the chart's RBAC watches, creates and reads Workloads and
+    their priority class, and creates the admitted workers; no 403."""
+    from kelastic.localcluster.kueue import KueueBinaries, KueueManager, KueueUnsupported, find_kueue_dir
+
+    found = find_kueue_dir()
+    if found is None or not (found / "bin" / "kueue").is_file():
+        pytest.skip("no Kueue build: run `make kueue` (or set KELASTIC_KUEUE to such a directory)")
+    manager = KueueManager(KueueBinaries.find(found), real.plane, tmp_path / "kueue")
+    try:
+        manager.start()
+    except KueueUnsupported as exc:
+        pytest.skip(str(exc))
+    try:
+        real.kubectl("create", "namespace", "team-q")
+        local_queue = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": "rbac-q", "namespace": "team-q"},
+            "spec": {"clusterQueue": "rbac-cq"},
+        }
+        real.kubectl("apply", "-f", "-", input=KUEUE_QUOTA + "---\n" + yaml.safe_dump(local_queue))
+        run_under_chart_rbac(real, cluster_wide=False, release="kelq", job_namespace="team-q", queue="rbac-q")
+    finally:
+        manager.stop()

@@ -95,10 +95,10 @@ OPERATOR_RULES = {
     ("", "secrets", "create"),
     ("", "events", "create"),
     ("", "events", "patch"),
-    # gang scheduling: each job's PodGroup (Volcano, scheduler-plugins)
+    # gang scheduling: each job's PodGroup (Volcano, scheduler-plugins, kube-scheduler)
     *{
         (g, "podgroups", v)
-        for g in ("scheduling.volcano.sh", "scheduling.x-k8s.io")
+        for g in ("scheduling.volcano.sh", "scheduling.x-k8s.io", "scheduling.k8s.io")
         for v in ("create", "patch")
     },
     # the store's NetworkPolicy of each job (networkPolicy.enabled, default true)
@@ -297,3 +297,22 @@ def test_operator_cli_accepts_the_rendered_arguments() -> None:
         assert parsed.namespace == namespaces and parsed.all_namespaces is cluster_wide
         assert parsed.log_level == "warning" and parsed.liveness == "http://$(POD_IP):8080/healthz"
         assert parsed.lease_namespace == NAMESPACE and not parsed.standalone
+
+
+def test_kueue_enabled_grants_exactly_what_the_queue_needs() -> None:
+    """kueue.enabled: the operator runs with --kueue, may manage Workloads in the namespaces it
+    serves, and reads (only) WorkloadPriorityClasses and ResourceFlavors cluster-wide."""
+    objects = render({"kueue": {"enabled": True}})
+    assert "--kueue" in operator_container(objects)["args"]
+    (role,) = operator_roles(objects)
+    assert_least_privilege(role["rules"])
+    workloads = {("kueue.x-k8s.io", "workloads", v) for v in ("list", "watch", "create", "delete")}
+    assert granted(role["rules"]) == OPERATOR_RULES | workloads | {
+        ("kueue.x-k8s.io", "workloads/status", "patch")
+    }
+    (reader,) = [r for r in by_kind(objects, "ClusterRole") if r["metadata"]["name"].endswith("-kueue")]
+    assert granted(reader["rules"]) == {
+        ("kueue.x-k8s.io", "workloadpriorityclasses", "get"),
+        ("kueue.x-k8s.io", "resourceflavors", "get"),
+    }
+    assert "--kueue" not in operator_container(render())["args"]

@@ -103,8 +103,9 @@ namespaced Role and the cluster-wide ClusterRole so both grant the same verbs.
   resources: ["events"]
   verbs: ["create", "patch"]
 # Gang scheduling: the PodGroup of a job whose workers use Volcano or the scheduler-plugins
-# coscheduling scheduler; created, and patched when the job scales. Removed with the job.
-- apiGroups: ["scheduling.volcano.sh", "scheduling.x-k8s.io"]
+# coscheduling scheduler, or kube-scheduler's own (scheduling.k8s.io, where the cluster serves
+# it); created, and patched when the job scales. Removed with the job.
+- apiGroups: ["scheduling.volcano.sh", "scheduling.x-k8s.io", "scheduling.k8s.io"]
   resources: ["podgroups"]
   verbs: ["create", "patch"]
 {{- if .Values.networkPolicy.enabled }}
