@@ -186,14 +186,27 @@ def test_local_up_with_kueue_queues_the_example_as_docs_kueue_says(
                 json.loads(kubectl("get", "ej", job, "-o", "json")).get("status", {}).get("queue") or {}
             )
 
-        wait_for(lambda: queue_of("queued-first").get("admitted") == 3 or None, 180, "queued-first admitted")
-        second = wait_for(
-            lambda: (q := queue_of("queued-second")).get("message") and q, 120, "queued-second's reason"
+        full = {"queued-first": 3, "queued-second": 2}
+
+        def one_admitted_one_waiting() -> tuple[str, str, dict[str, object]] | None:
+            # Kueue takes the Workload made first; one apply makes both, so either may lead.
+            for lead, other in (("queued-first", "queued-second"), ("queued-second", "queued-first")):
+                waiting = queue_of(other)
+                # Kueue's own reason, not the operator's "waiting for Kueue" before Kueue looked.
+                if queue_of(lead).get("admitted") == full[lead] and "insufficient" in str(
+                    waiting.get("message")
+                ):
+                    return lead, other, waiting
+            return None
+
+        lead, other, waiting = wait_for(one_admitted_one_waiting, 180, "one job admitted, the other waiting")
+        assert waiting.get("admitted") == 0 and "insufficient unused quota" in str(waiting["message"]), (
+            waiting
         )
-        assert second.get("admitted") == 0 and "insufficient unused quota" in str(second["message"]), second
         table = kubectl("get", "ej")
-        assert "team-a: 3 admitted" in table and "team-a: 0 admitted, 2 pending" in table, table
-        for name in ("queued-first", "queued-second"):  # in that order: the second waited for the first
+        assert f"team-a: {full[lead]} admitted" in table, table
+        assert f"team-a: 0 admitted, {full[other]} pending" in table, table
+        for name in (lead, other):  # in that order: the other waited for the first
             wait_for(
                 lambda n=name: (
                     kubectl("get", "ej", n, "-o", "jsonpath={.status.phase}") == "Succeeded" or None

@@ -33,7 +33,9 @@ from kelastic.localcluster.testing import Kubectl, wait_for
 
 harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("lane_harness.py"))))
 
-pytestmark = pytest.mark.slow
+# Scenarios of several stages, each with its own bounded wait; the backstop covers their sum
+# on a loaded two-core machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 NODE_CPUS = "2"
 QUEUE = "gang-queue"
