@@ -674,20 +674,20 @@ def _watch(
     return outcomes, end
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    out = sys.stdout
-    manifest = Path(args.manifest)
+def _run_objects(manifest: Path) -> list[dict[str, Any]] | None:
+    """The objects of ``kelastic local run``'s manifest, None (said on stderr) when it cannot
+    run: unreadable, or holding nothing to wait for. A pod that never finishes is warned of."""
     try:
         objects = load_manifests([manifest])
     except ManifestError as exc:
         print(f"kelastic: {exc}", file=sys.stderr)
-        return 2
+        return None
     if not any(waitable(o) for o in objects):
         print(
             f"kelastic: {manifest} holds no workload to wait for (only {', '.join(sorted({o['kind'] for o in objects}))})",
             file=sys.stderr,
         )
-        return 2
+        return None
     for obj in objects:
         if obj["kind"] == "Pod" and (obj.get("spec") or {}).get("restartPolicy", "Always") == "Always":
             print(
@@ -695,6 +695,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "so it is restarted whenever it exits and never finishes; set restartPolicy: Never or OnFailure",
                 file=sys.stderr,
             )
+    return objects
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    manifest = Path(args.manifest)
+    objects = _run_objects(manifest)
+    if objects is None:
+        return 2
     temp_dir = Path(tempfile.mkdtemp(prefix="kelastic-run-"))
     cluster = LocalCluster(
         temp_dir,
