@@ -13,7 +13,11 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 CONTROL_PLANE = REPO / "localcluster" / "controlplane" / "build.sh"
