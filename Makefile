@@ -15,7 +15,7 @@ KUEUE_VERSION ?= v0.17.0
 
 install:  ## torch first and pinned (see TORCH_PIP_ARGS for a CPU-only machine), then kelastic
 	$(PYTHON) -m pip install torch==2.13.0 $(TORCH_PIP_ARGS)
-	$(PYTHON) -m pip install -e ".[dev]"
+	$(PYTHON) -m pip install -e ".[local,dev]"
 
 test:  ## the whole suite, end-to-end scenarios included (what CI runs)
 	$(PYTHON) -m pytest -q
