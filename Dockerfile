@@ -11,6 +11,12 @@
 #   kelastic-agent        the elastic agent the operator wraps around worker commands
 #                         (also `python -m kelastic.agent`)
 #   kelastic-rendezvous   the rendezvous store the operator runs for each job
+#
+# kelastic is installed without its `local` extra: the local cluster's dependencies
+# (cryptography, for a real control plane's certificates) are for a developer's machine,
+# not for every cluster that pulls this image. localcluster/ is still copied, as the package
+# lists it (the `kelastic` command lives there); in the image that command only says which
+# extra it needs.
 FROM python:3.11-slim
 
 ARG TORCH_VERSION=2.13.0

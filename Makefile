@@ -15,7 +15,7 @@ KUEUE_VERSION ?= v0.17.0
 
 install:  ## torch first and pinned (see TORCH_PIP_ARGS for a CPU-only machine), then kelastic
 	$(PYTHON) -m pip install torch==2.13.0 $(TORCH_PIP_ARGS)
-	$(PYTHON) -m pip install -e ".[dev]"
+	$(PYTHON) -m pip install -e ".[local,dev]"
 
 test:  ## the whole suite, end-to-end scenarios included (what CI runs)
 	$(PYTHON) -m pytest -q
@@ -49,7 +49,7 @@ typecheck:  ## mypy: strict for agent/ and operator/, checked for localcluster/
 	cd build/mypy && $(PYTHON) -m mypy --config-file ../../pyproject.toml \
 		-p kelastic.agent -p kelastic.operator -p kelastic.localcluster
 
-import-rules:  ## agent imports nothing of ours; operator only the agent's contract; localcluster neither, and its parts import each other one way
+import-rules:  ## agent imports nothing of ours; operator only the agent's contract; localcluster neither, and its parts import each other one way; no class over 500 lines, no function over 100
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests/packaging/test_pkg_imports.py
 
 docs-rules:  ## docs/architecture.md names every module of agent/ and operator/, and every flag of the worker command

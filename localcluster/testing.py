@@ -10,9 +10,7 @@ shortened to 1 s..4 s); ``kubectl`` runs the real binary against it. Requires py
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -24,6 +22,7 @@ from typing import Any, TypeVar
 import pytest
 
 from kelastic.localcluster.cli.cluster import LocalCluster
+from kelastic.localcluster.common import processes
 
 __all__ = ["Kubectl", "cluster_fixture", "kubectl_fixture", "process_alive", "stop_process", "wait_for"]
 
@@ -89,22 +88,9 @@ def stop_process(
 
     With ``group`` the signals go to the process group ``proc`` leads (started with
     ``start_new_session=True``), so its children stop with it. Returns the exit code.
+    The local cluster's own :func:`~kelastic.localcluster.common.processes.stop_process`.
     """
-
-    def send(s: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            if group:
-                os.killpg(proc.pid, s)
-            else:
-                proc.send_signal(s)
-
-    if proc.poll() is None:
-        send(sig)
-        try:
-            return proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            send(signal.SIGKILL)
-    return proc.wait(kill_grace)
+    return processes.stop_process(proc, grace, group=group, sig=sig, kill_grace=kill_grace)
 
 
 def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1) -> T:

@@ -2,8 +2,11 @@
 
 :class:`ApiServer` serves the Kubernetes REST API (discovery, OpenAPI, CRUD,
 list/watch, subresources, Table output, pod logs) with aiohttp on its own event
-loop in a background thread. Object semantics live in :mod:`.registry`, storage
-in :mod:`.storage`, garbage collection in :mod:`.gc`.
+loop in a background thread. What a path names is decided in :mod:`.routing`; the
+handlers here answer each verb, with the request's options and the answers' encoding in
+:mod:`.httpio`, watches in :mod:`.watchstream` and pod logs in :mod:`.logstream`. Object
+semantics live in :mod:`.registry`, storage in :mod:`.storage`, garbage collection in
+:mod:`.gc`.
 
 What clients get, as from a real API server: legacy discovery, OpenAPI v3 (and an
 empty protobuf v2 document, so kubectl validates through the server), CRUD with
@@ -34,47 +37,51 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ipaddress
-import json
 import logging
 import os
 import signal
 import threading
-import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from aiohttp import web
 
-from ..common.podlogs import log_files, pod_log_dir, select_lines
 from . import discovery, kinds, openapi
 from .disruption import DisruptionController
-from .errors import ApiError, FieldCause, status_object
+from .errors import ApiError, status_object
 from .eviction import evict
 from .fields import component_schemas
 from .gc import GarbageCollector
-from .protobuf import ProtobufError, decode_object
-from .registry import DeleteOptions, FieldValidation, PatchType, Registry
+from .httpio import (
+    ObjectEncoder,
+    accept_as,
+    delete_options,
+    dry_run,
+    dumps,
+    error_response,
+    field_manager,
+    field_validation,
+    flag,
+    int_param,
+    json_response,
+    read_body,
+)
+from .logstream import serve_logs
+from .registry import PatchType, Registry
+from .registry_types import Obj
 from .resources import ResourceType, TypeRegistry
-from .selectors import make_predicate, parse_field_selector, parse_label_selector
-from .storage import EventType, Store, Watcher, WatchItem
+from .routing import EndpointKind, Route, not_found_path, resolve
+from .storage import Store
 from .table import to_table
+from .watchstream import serve_watch
 
 __all__ = ["ApiServer", "main"]
 
 log = logging.getLogger(__name__)
-Obj = dict[str, Any]
 
 _V2_PROTOBUF = "application/octet-stream"
-#: How often an idle watch checks that its client is still there (and sends a bookmark if asked).
-WATCH_IDLE_TICK = 5.0
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 #: The kinds whose DELETE answers the deleted object itself; the others answer a Status
@@ -98,66 +105,9 @@ RETURN_DELETED = frozenset(
 )
 
 
-def _json(obj: Any, status: int = 200, warnings: list[str] | None = None) -> web.Response:
-    resp = web.Response(body=_dumps(obj), status=status, content_type="application/json")
-    for w in warnings or ():
-        resp.headers.add("Warning", '299 - "' + w.replace('"', '\\"') + '"')
-    return resp
-
-
-def _error(err: ApiError) -> web.Response:
-    return _json(err.to_status(), err.code)
-
-
-def _not_found_path() -> ApiError:
-    return ApiError(404, "NotFound", "the server could not find the requested resource", {})
-
-
-@dataclass
-class _Route:
-    group: str
-    version: str
-    rt: ResourceType
-    namespace: str | None
-    name: str | None
-    sub: str
-    watch_path: bool
-
-
-def _flag(value: str | None) -> bool:
-    return value is not None and value.lower() in ("1", "true", "yes")
-
-
-def _int(value: str | None, what: str) -> int | None:
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ApiError.bad_request(f"{what} must be an integer, got {value!r}") from None
-
-
-class _Encoder:
-    """Per-event JSON encoding shared by every watcher (objects are immutable once stored)."""
-
-    def __init__(self, size: int = 8192) -> None:
-        self._cache: OrderedDict[tuple[str, str, str], bytes] = OrderedDict()
-        self._size = size
-
-    def object_bytes(self, obj: Obj) -> bytes:
-        m = obj["metadata"]
-        key = (m.get("uid", ""), m.get("resourceVersion", ""), obj.get("apiVersion", ""))
-        data = self._cache.get(key)
-        if data is None:
-            data = _dumps(obj)
-            self._cache[key] = data
-            if len(self._cache) > self._size:
-                self._cache.popitem(last=False)
-        return data
-
-
 class _App:
-    """The aiohttp request handlers over one registry."""
+    """The aiohttp request handlers over one registry: :mod:`.routing` says what a path
+    names, each handler below answers one kind of endpoint or one verb of a resource."""
 
     def __init__(self, registry: Registry, data_dir: Path, bookmark_interval: float) -> None:
         self.registry = registry
@@ -165,80 +115,46 @@ class _App:
         self.store = registry.store
         self.data_dir = data_dir
         self.bookmark_interval = bookmark_interval
-        self.encoder = _Encoder()
+        self.encoder = ObjectEncoder()
         self.server_address = ""
         self.stopping = False
         self._openapi_cache: dict[tuple[Any, ...], tuple[bytes, str]] = {}
 
-    # ---- routing -----------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
             return await self._dispatch(request)
         except ApiError as err:
-            return _error(err)
+            return error_response(err)
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as exc:
             log.exception("internal error serving %s %s", request.method, request.path)
-            return _error(ApiError(500, "InternalError", f"Internal error occurred: {exc}"))
+            return error_response(ApiError(500, "InternalError", f"Internal error occurred: {exc}"))
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
-        path = request.path.rstrip("/") or "/"
-        parts = [p for p in path.split("/") if p]
-        method = request.method
-        if path in ("/healthz", "/livez", "/readyz") or path.startswith(("/healthz/", "/livez/", "/readyz/")):
+        endpoint = resolve(self.types, request.path)
+        kind = endpoint.kind
+        if kind is EndpointKind.RESOURCE:
+            assert endpoint.route is not None
+            return await self._resource(request, endpoint.route)
+        if kind is EndpointKind.HEALTH:
             return web.Response(text="ok")
-        if path == "/version":
-            return _json(discovery.version_info())
-        if path == "/api":
-            return _json(discovery.api_versions(self.server_address))
-        if path == "/apis":
-            return _json(discovery.api_group_list(self.types))
-        if parts[:1] == ["openapi"]:
-            return self._openapi(request, parts[1:])
-        if parts[:1] == ["api"] and len(parts) >= 2:
-            group, version, rest = "", parts[1], parts[2:]
-        elif parts[:1] == ["apis"] and len(parts) >= 2:
-            group = parts[1]
-            if len(parts) == 2:
-                doc = discovery.api_group(self.types, group)
-                if doc is None:
-                    raise _not_found_path()
-                return _json(doc)
-            version, rest = parts[2], parts[3:]
+        if kind is EndpointKind.OPENAPI:
+            return self._openapi(request, list(endpoint.rest))
+        doc: Obj | None
+        if kind is EndpointKind.VERSION:
+            doc = discovery.version_info()
+        elif kind is EndpointKind.CORE_VERSIONS:
+            doc = discovery.api_versions(self.server_address)
+        elif kind is EndpointKind.GROUPS:
+            doc = discovery.api_group_list(self.types)
+        elif kind is EndpointKind.GROUP:
+            doc = discovery.api_group(self.types, endpoint.group)
         else:
-            raise _not_found_path()
-        if not rest:
-            doc = discovery.resource_list(self.types, group, version)
-            if doc is None:
-                raise _not_found_path()
-            return _json(doc)
-        route = self._route(group, version, rest)
-        return await self._resource(request, method, route)
-
-    def _route(self, group: str, version: str, rest: list[str]) -> _Route:
-        watch_path = False
-        if rest[0] == "watch":
-            watch_path, rest = True, rest[1:]
-        namespace: str | None = None
-        if (
-            len(rest) >= 3
-            and rest[0] == "namespaces"
-            and not (len(rest) == 3 and rest[2] in ("status", "finalize"))
-        ):
-            namespace, rest = rest[1], rest[2:]
-        if not rest or len(rest) > 3:
-            raise _not_found_path()
-        rt = self.types.lookup(group, version, rest[0])
-        if rt is None:
-            raise _not_found_path()
-        if namespace is not None and not rt.namespaced:
-            raise _not_found_path()
-        name = rest[1] if len(rest) > 1 else None
-        sub = rest[2] if len(rest) > 2 else ""
-        if sub and sub not in rt.subresources:
-            raise _not_found_path()
-        return _Route(group, version, rt, namespace, name, sub, watch_path)
+            doc = discovery.resource_list(self.types, endpoint.group, endpoint.version)
+        if doc is None:
+            raise not_found_path()
+        return json_response(doc)
 
     # ---- openapi -----------------------------------------------------------------
     def _openapi(self, request: web.Request, rest: list[str]) -> web.Response:
@@ -258,9 +174,9 @@ class _App:
                 # An empty protobuf message is a valid, empty OpenAPI v2 document: kubectl then
                 # finds no v2 schema for any kind and relies on server-side field validation.
                 return b"", _V2_PROTOBUF
-            return _dumps(openapi.swagger_v2(self.types)), "application/json"
+            return dumps(openapi.swagger_v2(self.types)), "application/json"
         if rest == ["v3"]:
-            return _dumps(openapi.v3_root(self.types)), "application/json"
+            return dumps(openapi.v3_root(self.types)), "application/json"
         if rest[:1] == ["v3"] and len(rest) >= 3:
             if rest[1] == "api":
                 doc = openapi.gv_document(self.types, "", rest[2])
@@ -269,194 +185,149 @@ class _App:
             else:
                 doc = None
             if doc is not None:
-                return _dumps(doc), "application/json"
-        raise _not_found_path()
-
-    # ---- bodies and options ---------------------------------------------------------
-    async def _body(self, request: web.Request) -> Any:
-        raw = await request.read()
-        if not raw:
-            return None
-        ctype = request.content_type or ""
-        if "protobuf" in ctype:
-            try:
-                return decode_object(raw)
-            except ProtobufError as exc:
-                raise ApiError(415, "UnsupportedMediaType", str(exc)) from None
-        try:
-            return json.loads(raw)
-        except ValueError:
-            if "yaml" in ctype:
-                try:
-                    return yaml.safe_load(raw)
-                except yaml.YAMLError as exc:
-                    raise ApiError.bad_request(f"the request body is not valid YAML: {exc}") from None
-            raise ApiError.bad_request("the request body is not valid JSON") from None
-
-    @staticmethod
-    def _validation(request: web.Request) -> FieldValidation:
-        value = request.query.get("fieldValidation") or "Warn"
-        try:
-            return FieldValidation(value)
-        except ValueError:
-            options = {"POST": "CreateOptions", "PUT": "UpdateOptions"}.get(request.method, "PatchOptions")
-            why = f'Unsupported value: "{value}": supported values: "", "Ignore", "Strict", "Warn"'
-            raise ApiError.invalid(
-                "meta.k8s.io", options, "", [FieldCause("FieldValueNotSupported", why, "fieldValidation")]
-            ) from None
-
-    @staticmethod
-    def _manager(request: web.Request) -> str:
-        """Who an update is recorded for in managedFields: ``fieldManager``, else the client's
-        User-Agent up to its first ``/`` (as the real server names it)."""
-        given = request.query.get("fieldManager")
-        if given:
-            return given
-        return (request.headers.get("User-Agent") or "unknown").split("/", 1)[0][:128]
-
-    @staticmethod
-    def _dry_run(request: web.Request) -> bool:
-        values = request.query.getall("dryRun", [])
-        for v in values:
-            if v != "All":
-                raise ApiError.bad_request(f'dryRun: Unsupported value: "{v}": supported values: "All"')
-        return bool(values)
-
-    async def _delete_options(self, request: web.Request) -> DeleteOptions:
-        body = await self._body(request) or {}
-        if not isinstance(body, dict):
-            raise ApiError.bad_request("the DELETE body must be a DeleteOptions object")
-        q = request.query
-        policy = body.get("propagationPolicy") or q.get("propagationPolicy")
-        orphan = body.get("orphanDependents")
-        if orphan is None and "orphanDependents" in q:
-            orphan = _flag(q.get("orphanDependents"))
-        if policy is None and orphan is not None:
-            policy = "Orphan" if orphan else "Background"
-        grace = body.get("gracePeriodSeconds")
-        if grace is None:
-            grace = _int(q.get("gracePeriodSeconds"), "gracePeriodSeconds")
-        pre = body.get("preconditions") or {}
-        dry = bool(body.get("dryRun")) or self._dry_run(request)
-        return DeleteOptions(policy, grace, pre.get("uid"), pre.get("resourceVersion"), dry)
+                return dumps(doc), "application/json"
+        raise not_found_path()
 
     # ---- resource requests ------------------------------------------------------------
-    async def _resource(self, request: web.Request, method: str, r: _Route) -> web.StreamResponse:
+    async def _resource(self, request: web.Request, r: Route) -> web.StreamResponse:
+        handler = {
+            "GET": self._get,
+            "POST": self._post,
+            "PUT": self._put,
+            "PATCH": self._patch,
+            "DELETE": self._delete,
+        }.get(request.method)
+        if handler is None:
+            raise ApiError.method_not_allowed(f"method {request.method} is not supported")
+        return await handler(request, r)
+
+    async def _get(self, request: web.Request, r: Route) -> web.StreamResponse:
         rt, ns, name, sub = r.rt, r.namespace, r.name, r.sub
-        q = request.query
+        if r.watch_path or flag(request.query.get("watch")):
+            return await serve_watch(
+                request, r, self.registry, self.encoder, self.bookmark_interval, lambda: self.stopping
+            )
+        if name is None:
+            if "list" not in rt.verbs:
+                raise ApiError.method_not_allowed(f"{rt.plural} cannot be listed")
+            return self._list(request, r)
+        if sub == "scale":
+            return json_response(self.registry.scale.get(rt, ns, name))
+        if sub == "log":
+            return await serve_logs(
+                request, self.registry, self.data_dir, ns or "", name, lambda: self.stopping
+            )
+        if sub and sub != "status":
+            raise ApiError.method_not_allowed(f"GET is not supported on {rt.plural}/{sub}")
+        obj = self.registry.get(rt, ns, name)
+        return self._object_response(request, rt, obj)
+
+    async def _post(self, request: web.Request, r: Route) -> web.StreamResponse:
+        rt, ns, name, sub = r.rt, r.namespace, r.name, r.sub
         reg = self.registry
-        if method == "GET":
-            if r.watch_path or _flag(q.get("watch")):
-                return await self._watch(request, r)
-            if name is None:
-                if "list" not in rt.verbs:
-                    raise ApiError.method_not_allowed(f"{rt.plural} cannot be listed")
-                return self._list(request, r)
-            if sub == "scale":
-                return _json(reg.scale.get(rt, ns, name))
-            if sub == "log":
-                return await self._logs(request, ns or "", name)
-            if sub and sub != "status":
-                raise ApiError.method_not_allowed(f"GET is not supported on {rt.plural}/{sub}")
-            obj = reg.get(rt, ns, name)
-            return self._object_response(request, rt, obj)
-        if method == "POST":
-            if rt.kind in ("SelfSubjectAccessReview", "SubjectAccessReview") and name is None:
-                body = await self._body(request) or {}
-                body["status"] = {"allowed": True, "reason": "kelastic local authorizes every request"}
-                body.setdefault("apiVersion", rt.api_version)
-                body.setdefault("kind", rt.kind)
-                return _json(body, 201)
-            body = await self._body(request)
-            if name is None:
-                res = reg.create(
-                    rt, ns, body, validation=self._validation(request), dry_run=self._dry_run(request)
-                )
-                return _json(res.obj, 201, res.warnings)
-            if sub == "binding":
-                return _json(self._bind(rt, ns or "", name, body), 201)
-            if sub == "eviction":
-                return _json(evict(reg, rt, ns or "", name, body), 201)
-            raise ApiError.method_not_allowed(f"POST is not supported on a named {rt.kind}")
-        if method == "PUT":
-            if name is None:
-                raise ApiError.method_not_allowed(f"PUT needs an object name for {rt.plural}")
-            body = await self._body(request)
-            if sub == "scale":
-                res = reg.scale.update(rt, ns, name, body, dry_run=self._dry_run(request))
-                return _json(res.obj)
-            if sub == "finalize":
-                return _json(self._finalize_namespace(name, body))
-            res = reg.update(
-                rt,
-                ns,
-                name,
-                body,
-                subresource=sub,
-                validation=self._validation(request),
-                dry_run=self._dry_run(request),
-                manager=self._manager(request),
+        if rt.kind in ("SelfSubjectAccessReview", "SubjectAccessReview") and name is None:
+            body = await read_body(request) or {}
+            body["status"] = {"allowed": True, "reason": "kelastic local authorizes every request"}
+            body.setdefault("apiVersion", rt.api_version)
+            body.setdefault("kind", rt.kind)
+            return json_response(body, 201)
+        body = await read_body(request)
+        if name is None:
+            res = reg.create(rt, ns, body, validation=field_validation(request), dry_run=dry_run(request))
+            return json_response(res.obj, 201, res.warnings)
+        if sub == "binding":
+            return json_response(self._bind(rt, ns or "", name, body), 201)
+        if sub == "eviction":
+            return json_response(evict(reg, rt, ns or "", name, body), 201)
+        raise ApiError.method_not_allowed(f"POST is not supported on a named {rt.kind}")
+
+    async def _put(self, request: web.Request, r: Route) -> web.StreamResponse:
+        rt, ns, name, sub = r.rt, r.namespace, r.name, r.sub
+        if name is None:
+            raise ApiError.method_not_allowed(f"PUT needs an object name for {rt.plural}")
+        body = await read_body(request)
+        if sub == "scale":
+            res = self.registry.scale.update(rt, ns, name, body, dry_run=dry_run(request))
+            return json_response(res.obj)
+        if sub == "finalize":
+            return json_response(self._finalize_namespace(name, body))
+        res = self.registry.update(
+            rt,
+            ns,
+            name,
+            body,
+            subresource=sub,
+            validation=field_validation(request),
+            dry_run=dry_run(request),
+            manager=field_manager(request),
+        )
+        return json_response(res.obj, 200, res.warnings)
+
+    async def _patch(self, request: web.Request, r: Route) -> web.StreamResponse:
+        rt, name = r.rt, r.name
+        if name is None:
+            raise ApiError.method_not_allowed(f"PATCH needs an object name for {rt.plural}")
+        ctype = (request.content_type or "").split(";")[0].strip()
+        try:
+            ptype = PatchType(ctype)
+        except ValueError:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format ({ctype!r}) - accepted media "
+                f"types include: {', '.join(p.value for p in PatchType)}",
+            ) from None
+        body = await read_body(request)
+        q = request.query
+        res = self.registry.patch(
+            rt,
+            r.namespace,
+            name,
+            ptype,
+            body,
+            subresource=r.sub,
+            validation=field_validation(request),
+            dry_run=dry_run(request),
+            field_manager=q.get("fieldManager") if ptype is PatchType.APPLY else field_manager(request),
+            force=q.get("force") == "true",
+        )
+        return json_response(res.obj, 201 if res.created else 200, res.warnings)
+
+    async def _delete(self, request: web.Request, r: Route) -> web.StreamResponse:
+        rt, ns, name = r.rt, r.namespace, r.name
+        opts = await delete_options(request)
+        q = request.query
+        if name is None:
+            if "deletecollection" not in rt.verbs:
+                raise ApiError.method_not_allowed(f"{rt.plural} cannot be deleted as a collection")
+            items = self.registry.delete_collection(
+                rt, ns, opts, q.get("labelSelector"), q.get("fieldSelector")
             )
-            return _json(res.obj, 200, res.warnings)
-        if method == "PATCH":
-            if name is None:
-                raise ApiError.method_not_allowed(f"PATCH needs an object name for {rt.plural}")
-            ctype = (request.content_type or "").split(";")[0].strip()
-            try:
-                ptype = PatchType(ctype)
-            except ValueError:
-                raise ApiError(
-                    415,
-                    "UnsupportedMediaType",
-                    f"the body of the request was in an unknown format ({ctype!r}) - accepted media "
-                    f"types include: {', '.join(p.value for p in PatchType)}",
-                ) from None
-            body = await self._body(request)
-            res = reg.patch(
-                rt,
-                ns,
-                name,
-                ptype,
-                body,
-                subresource=sub,
-                validation=self._validation(request),
-                dry_run=self._dry_run(request),
-                field_manager=q.get("fieldManager") if ptype is PatchType.APPLY else self._manager(request),
-                force=q.get("force") == "true",
+            return json_response(
+                {
+                    "kind": rt.list_kind,
+                    "apiVersion": rt.api_version,
+                    "metadata": {"resourceVersion": str(self.store.rv)},
+                    "items": items,
+                }
             )
-            return _json(res.obj, 201 if res.created else 200, res.warnings)
-        if method == "DELETE":
-            opts = await self._delete_options(request)
-            if name is None:
-                if "deletecollection" not in rt.verbs:
-                    raise ApiError.method_not_allowed(f"{rt.plural} cannot be deleted as a collection")
-                items = reg.delete_collection(rt, ns, opts, q.get("labelSelector"), q.get("fieldSelector"))
-                return _json(
-                    {
-                        "kind": rt.list_kind,
-                        "apiVersion": rt.api_version,
-                        "metadata": {"resourceVersion": str(self.store.rv)},
-                        "items": items,
-                    }
-                )
-            obj, removed = reg.delete(rt, ns, name, opts)
-            if removed and not rt.crd and (rt.group, rt.plural) in RETURN_DELETED:
-                return _json(obj)
-            if removed:
-                # What most kinds answer for an object gone at once (the kind is the resource).
-                meta = obj.get("metadata") or {}
-                details = {"name": name, "group": rt.group, "kind": rt.plural, "uid": meta.get("uid")}
-                return _json(
-                    {
-                        "kind": "Status",
-                        "apiVersion": "v1",
-                        "metadata": {},
-                        "status": "Success",
-                        "details": {k: v for k, v in details.items() if v},
-                    }
-                )
-            return _json(obj)
-        raise ApiError.method_not_allowed(f"method {method} is not supported")
+        obj, removed = self.registry.delete(rt, ns, name, opts)
+        if removed and not rt.crd and (rt.group, rt.plural) in RETURN_DELETED:
+            return json_response(obj)
+        if removed:
+            # What most kinds answer for an object gone at once (the kind is the resource).
+            meta = obj.get("metadata") or {}
+            details = {"name": name, "group": rt.group, "kind": rt.plural, "uid": meta.get("uid")}
+            return json_response(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Success",
+                    "details": {k: v for k, v in details.items() if v},
+                }
+            )
+        return json_response(obj)
 
     def _bind(self, rt: ResourceType, ns: str, name: str, body: Any) -> Obj:
         target = ((body or {}).get("target") or {}).get("name")
@@ -470,22 +341,10 @@ class _App:
         return self.registry.namespaces.finalize(name, finalizers)
 
     # ---- output formats -------------------------------------------------------------------
-    @staticmethod
-    def _accept_as(request: web.Request) -> str:
-        """'Table', 'PartialObjectMetadata' (or …List) when the client asks for it, else ''."""
-        for part in request.headers.get("Accept", "").split(","):
-            params = dict(p.strip().split("=", 1) for p in part.split(";")[1:] if "=" in p)
-            as_ = params.get("as")
-            if as_ in ("Table", "PartialObjectMetadata", "PartialObjectMetadataList"):
-                return as_
-            if part.strip().startswith(("application/json", "*/*")) and not as_:
-                return ""
-        return ""
-
     def _object_response(self, request: web.Request, rt: ResourceType, obj: Obj) -> web.Response:
-        as_ = self._accept_as(request)
+        as_ = accept_as(request)
         if as_ == "Table":
-            return _json(
+            return json_response(
                 to_table(
                     rt,
                     [obj],
@@ -494,19 +353,19 @@ class _App:
                 )
             )
         if as_.startswith("PartialObjectMetadata"):
-            return _json(
+            return json_response(
                 {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
             )
-        return _json(obj)
+        return json_response(obj)
 
-    def _list(self, request: web.Request, r: _Route) -> web.Response:
+    def _list(self, request: web.Request, r: Route) -> web.Response:
         q = request.query
         res = self.registry.list(
             r.rt,
             r.namespace,
             label_selector=q.get("labelSelector"),
             field_selector=q.get("fieldSelector"),
-            limit=_int(q.get("limit"), "limit"),
+            limit=int_param(q.get("limit"), "limit"),
             continue_token=q.get("continue"),
             resource_version=q.get("resourceVersion"),
             resource_version_match=q.get("resourceVersionMatch"),
@@ -516,11 +375,13 @@ class _App:
             meta["continue"] = res.continue_token
         if res.remaining is not None:
             meta["remainingItemCount"] = res.remaining
-        as_ = self._accept_as(request)
+        as_ = accept_as(request)
         if as_ == "Table":
-            return _json(to_table(r.rt, res.items, q.get("includeObject", "PartialObjectMetadata"), meta))
+            return json_response(
+                to_table(r.rt, res.items, q.get("includeObject", "PartialObjectMetadata"), meta)
+            )
         if as_.startswith("PartialObjectMetadata"):
-            return _json(
+            return json_response(
                 {
                     "kind": "PartialObjectMetadataList",
                     "apiVersion": "meta.k8s.io/v1",
@@ -536,226 +397,10 @@ class _App:
                 }
             )
         # Items are serialized once each and spliced in: lists of thousands of pods stay cheap.
-        head = _dumps({"kind": r.rt.list_kind, "apiVersion": r.rt.api_version, "metadata": meta})
+        head = dumps({"kind": r.rt.list_kind, "apiVersion": r.rt.api_version, "metadata": meta})
         items = b",".join(self.encoder.object_bytes(o) for o in res.items)
         body = head[:-1] + b',"items":[' + items + b"]}"
         return web.Response(body=body, content_type="application/json")
-
-    # ---- watch -----------------------------------------------------------------------------
-    async def _watch(self, request: web.Request, r: _Route) -> web.StreamResponse:
-        q = request.query
-        rt = r.rt
-        if "watch" not in rt.verbs:
-            raise ApiError.method_not_allowed(f"{rt.plural} cannot be watched")
-        fields = parse_field_selector(q.get("fieldSelector"), rt.kind)
-        if r.name is not None:
-            fields = [*fields, *parse_field_selector(f"metadata.name={r.name}", rt.kind)]
-        ns = r.namespace if rt.namespaced else None
-        pred = make_predicate(ns, parse_label_selector(q.get("labelSelector")), fields)
-        timeout = _int(q.get("timeoutSeconds"), "timeoutSeconds")
-        bookmarks = _flag(q.get("allowWatchBookmarks"))
-        initial = _flag(q.get("sendInitialEvents"))
-        rv_param = q.get("resourceVersion") or ""
-        as_table = self._accept_as(request) == "Table"
-        watcher = Watcher(rt.key, pred)
-        # Everything up to subscribe runs without awaiting: no write can slip in between.
-        gone: ApiError | None = None
-        if rv_param in ("", "0") or initial:
-            for obj in self.store.list(rt.key, ns):
-                if pred(obj):
-                    watcher.queue.put_nowait((EventType.ADDED, obj, int(obj["metadata"]["resourceVersion"])))
-        else:
-            try:
-                since = int(rv_param)
-            except ValueError:
-                raise ApiError.bad_request(f"invalid resourceVersion {rv_param!r}") from None
-            try:
-                for ev in self.registry.events_since(rt, since):
-                    watcher.offer(ev)
-            except ApiError as err:
-                gone = err
-        start_rv = self.store.rv
-        if gone is None:
-            self.store.subscribe(watcher)
-        resp = web.StreamResponse(status=200)
-        resp.content_type = "application/json"
-        resp.enable_chunked_encoding()
-        try:
-            await resp.prepare(request)
-            if gone is not None:
-                await resp.write(_dumps({"type": "ERROR", "object": gone.to_status()}) + b"\n")
-                return resp
-            if initial:
-                # The initial state is queued; the bookmark marking its end follows it.
-                watcher.queue.put_nowait(("INITIAL_END", {}, start_rv))
-            deadline = time.monotonic() + timeout if timeout else None
-            last_bookmark = time.monotonic()
-            while not self.stopping:
-                wait = WATCH_IDLE_TICK
-                if bookmarks:
-                    wait = min(wait, max(0.05, last_bookmark + self.bookmark_interval - time.monotonic()))
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    wait = min(wait, left)
-                item: WatchItem | tuple[()] | None  # () when the wait timed out
-                if not watcher.queue.empty():
-                    item = watcher.queue.get_nowait()
-                else:
-                    try:
-                        item = await asyncio.wait_for(watcher.queue.get(), wait)
-                    except asyncio.TimeoutError:
-                        item = ()
-                if item is None:
-                    break
-                chunks = []
-                if item:
-                    chunks.append(self._event_line(rt, item, as_table))
-                    while not watcher.queue.empty() and len(chunks) < 256:
-                        nxt = watcher.queue.get_nowait()
-                        if nxt is None:
-                            watcher.closed = True
-                            break
-                        chunks.append(self._event_line(rt, nxt, as_table))
-                if (
-                    bookmarks
-                    and time.monotonic() - last_bookmark >= self.bookmark_interval
-                    and watcher.queue.empty()
-                ):
-                    chunks.append(self._bookmark(rt, str(self.store.rv)))
-                    last_bookmark = time.monotonic()
-                transport = request.transport
-                if transport is None or transport.is_closing():
-                    break
-                if chunks:
-                    await resp.write(b"".join(chunks))
-                if watcher.closed and watcher.queue.empty():
-                    break
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass
-        finally:
-            self.store.unsubscribe(watcher)
-        return resp
-
-    def _bookmark(self, rt: ResourceType, rv: str, annotations: Obj | None = None) -> bytes:
-        meta: Obj = {"resourceVersion": rv}
-        if annotations:
-            meta["annotations"] = annotations
-        return (
-            _dumps(
-                {
-                    "type": "BOOKMARK",
-                    "object": {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta},
-                }
-            )
-            + b"\n"
-        )
-
-    def _event_line(self, rt: ResourceType, item: WatchItem, as_table: bool) -> bytes:
-        kind, obj, rv = item
-        if kind == "INITIAL_END":
-            return self._bookmark(rt, str(rv), {"k8s.io/initial-events-end": "true"})
-        obj = self.registry.present(rt, obj)
-        if as_table:
-            body = _dumps(to_table(rt, [obj]))
-        else:
-            body = self.encoder.object_bytes(obj)
-        return b'{"type":"' + kind.value.encode() + b'","object":' + body + b"}\n"
-
-    # ---- logs -----------------------------------------------------------------------------------
-    async def _logs(self, request: web.Request, ns: str, name: str) -> web.StreamResponse:
-        rt = self.types.lookup("", "v1", "pods")
-        assert rt is not None
-        q = request.query
-        pod = self.registry.get(rt, ns, name)
-        containers = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
-        inits = [c["name"] for c in (pod.get("spec") or {}).get("initContainers") or []]
-        container = q.get("container")
-        if not container:
-            if len(containers) != 1:
-                raise ApiError.bad_request(
-                    f"a container name must be specified for pod {name}, choose one of: [{' '.join(containers)}]"
-                    + (f" or one of the init containers: [{' '.join(inits)}]" if inits else "")
-                )
-            container = containers[0]
-        elif container not in containers and container not in inits:
-            raise ApiError.bad_request(f"container {container} is not valid for pod {name}")
-        folder = pod_log_dir(self.data_dir, ns, name, pod["metadata"]["uid"]) / container
-        files = log_files(folder)
-        if not files:
-            raise ApiError.bad_request(
-                f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating'
-            )
-        if _flag(q.get("previous")):
-            if len(files) < 2:
-                raise ApiError.bad_request(
-                    f'previous terminated container "{container}" in pod "{name}" not found'
-                )
-            index, path = files[-2]
-        else:
-            index, path = files[-1]
-        follow = _flag(q.get("follow"))
-        tail = _int(q.get("tailLines"), "tailLines")
-        limit = _int(q.get("limitBytes"), "limitBytes")
-        stamps = _flag(q.get("timestamps"))
-        data = path.read_bytes()
-        offset = len(data)
-        data = select_lines(data, tail, limit)
-        prefix: Callable[[bytes], bytes] = (lambda b: _stamp(b)) if stamps else (lambda b: b)
-        if not follow:
-            return web.Response(body=prefix(data), content_type="text/plain")
-        resp = web.StreamResponse(status=200)
-        resp.content_type = "text/plain"
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        try:
-            if data:
-                await resp.write(prefix(data))
-            pending = b""
-            while not self.stopping:
-                with open(path, "rb") as fh:
-                    fh.seek(offset)
-                    chunk = fh.read()
-                offset += len(chunk)
-                pending += chunk
-                if pending:
-                    cut = pending.rfind(b"\n") + 1
-                    if cut:
-                        await resp.write(prefix(pending[:cut]))
-                        pending = pending[cut:]
-                if chunk:
-                    continue
-                if self._container_done(rt, ns, name, pod["metadata"]["uid"], container, index, folder):
-                    if pending:
-                        await resp.write(prefix(pending))
-                    break
-                transport = request.transport
-                if transport is None or transport.is_closing():
-                    break
-                await asyncio.sleep(0.1)
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass
-        return resp
-
-    def _container_done(
-        self, rt: ResourceType, ns: str, name: str, uid: str, container: str, index: int, folder: Path
-    ) -> bool:
-        pod = self.store.get(rt.key, ns, name)
-        if pod is None or pod["metadata"].get("uid") != uid:
-            return True
-        if (folder / f"{index + 1}.log").exists():
-            return True
-        status = pod.get("status") or {}
-        for s in (status.get("containerStatuses") or []) + (status.get("initContainerStatuses") or []):
-            if s.get("name") == container:
-                return int(s.get("restartCount", 0)) == index and "terminated" in (s.get("state") or {})
-        return status.get("phase") in ("Succeeded", "Failed")
-
-
-def _stamp(data: bytes) -> bytes:
-    now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() % 1 * 1e9):09d}Z "
-    return b"".join(now.encode() + line for line in data.splitlines(keepends=True))
 
 
 class ApiServer:

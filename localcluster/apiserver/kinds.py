@@ -15,12 +15,14 @@ import re
 from typing import Any
 
 from ..common.ipam import IpAllocator, IpExhaustedError
-from .errors import FieldCause
+from .errors import ApiError, FieldCause
+from .patch import clone
 from .resources import ResourceType
 
 __all__ = [
     "SERVICE_NETWORK",
     "ServiceAddresses",
+    "bound_pod",
     "crd_status",
     "event_to_core",
     "event_to_events_v1",
@@ -593,6 +595,28 @@ _EVENT_FIELDS = (
     ("reportingController", "reportingComponent"),
 )
 _EVENT_SHARED = ("eventTime", "series", "reportingInstance", "action", "reason", "type", "related")
+
+
+def bound_pod(rt: ResourceType, old: Obj, node: str, now: str) -> Obj:
+    """The pod ``old`` bound to ``node`` (the ``binding`` subresource): spec.nodeName and
+    PodScheduled at once; 409 Conflict for a pod that is bound already or being deleted."""
+    name = old["metadata"]["name"]
+    current = (old.get("spec") or {}).get("nodeName")
+    if current:
+        raise ApiError.conflict(
+            rt.group, rt.plural, name, f"pod {name} is already assigned to node {current!r}"
+        )
+    if old["metadata"].get("deletionTimestamp"):
+        raise ApiError.conflict(rt.group, rt.plural, name, f"pod {name} is being deleted, cannot be assigned")
+    new = clone(old)
+    new["spec"]["nodeName"] = node
+    status = new.setdefault("status", {})
+    conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+    conditions.append(
+        {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now}
+    )
+    status["conditions"] = conditions
+    return new
 
 
 def event_to_events_v1(core: Obj) -> Obj:

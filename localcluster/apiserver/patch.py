@@ -149,6 +149,9 @@ def json_patch(doc: Any, ops: Any) -> Any:
 # ---- strategic merge patch ---------------------------------------------------
 
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+#: The lists with a patch merge key in k8s.io/api. Any other list is atomic, replaced whole:
+#: ``containerStatuses`` and ``initContainerStatuses`` among them (``+listType=atomic``), so a
+#: kubelet's status write replaces each container's ``state`` rather than adding a second one.
 _MERGE_KEYS = {
     "containers": "name",
     "initContainers": "name",
@@ -163,8 +166,6 @@ _MERGE_KEYS = {
     "hostAliases": "ip",
     "resourceClaims": "name",
     "topologySpreadConstraints": "topologyKey",
-    "containerStatuses": "name",
-    "initContainerStatuses": "name",
 }
 #: Lists of scalars merged as sets.
 _SET_LISTS = ("finalizers",)

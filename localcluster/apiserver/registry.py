@@ -6,23 +6,25 @@ Conflict), generation bumped on spec changes only, status and scale
 subresources, CRD schemas (prune, default, validate → 422), finalizers and
 deletionTimestamp, graceful pod deletion, and registration of CRD types. It runs
 on the server's event loop thread; every method is synchronous.
+
+The registry holds the store and the order of each operation; the rules of each request
+are pure decisions in their own modules: :mod:`.objectmeta` (a body's envelope, a new
+object's name and metadata), :mod:`.admission`, :mod:`.listing`, :mod:`.patching` and
+:mod:`.deletion`, beside :mod:`.kinds` (per-kind rules) and :mod:`.schema` (CRD schemas).
 """
 
 from __future__ import annotations
 
-import base64
 import builtins
-import json
-import secrets
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-from . import fields, kinds, podsecurity, schema, ssa
+from . import admission, deletion, fields, kinds, listing, objectmeta, patching, schema, ssa
 from .cel import MISSING
+from .deletion import FINALIZER_FOREGROUND, FINALIZER_ORPHAN
 from .errors import ApiError, FieldCause
 from .namespaces import Namespaces
-from .patch import PatchError, clone, json_patch, merge_patch, strategic_merge_patch
+from .patch import clone
 from .registry_types import (
     DeleteOptions,
     FieldValidation,
@@ -35,7 +37,6 @@ from .registry_types import (
 )
 from .resources import ResourceType, TypeRegistry
 from .scale import ScaleSubresource
-from .selectors import make_predicate, parse_field_selector, parse_label_selector
 from .storage import EventType, Gone, Store
 
 __all__ = [
@@ -49,11 +50,6 @@ __all__ = [
     "WriteResult",
     "now_rfc3339",
 ]
-
-_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
-
-FINALIZER_ORPHAN = "orphan"
-FINALIZER_FOREGROUND = "foregroundDeletion"
 
 
 #: Metadata the server sets and a write cannot change.
@@ -162,16 +158,9 @@ class Registry:
         # The priority classes every API server makes for itself.
         pc_type = self.types.lookup("scheduling.k8s.io", "v1", "priorityclasses")
         assert pc_type is not None
-        for name, value in (("system-node-critical", 2000001000), ("system-cluster-critical", 2000000000)):
+        for name, (value, description) in admission.SYSTEM_PRIORITY_CLASSES.items():
             if self.store.get(pc_type.key, "", name) is None:
-                body = {
-                    "metadata": {"name": name},
-                    "value": value,
-                    "description": "Used for system critical pods that must not be moved from their current node."
-                    if name == "system-node-critical"
-                    else "Used for system critical pods that must run in the cluster, but can be moved to "
-                    "another node if necessary.",
-                }
+                body = {"metadata": {"name": name}, "value": value, "description": description}
                 self.create(pc_type, None, body)
         self._types_changed()
 
@@ -220,35 +209,6 @@ class Registry:
     def get(self, rt: ResourceType, namespace: str | None, name: str) -> Obj:
         """GET one object, as served at ``rt``'s version; 404 NotFound when it does not exist."""
         return self.present(rt, self._stored(rt, self._ns(rt, namespace), name))
-
-    def _check_body(self, rt: ResourceType, body: Any, namespace: str) -> Obj:
-        if not isinstance(body, dict):
-            raise ApiError.bad_request(
-                f"the request body must be a {rt.kind} object, got {type(body).__name__}"
-            )
-        kind = body.get("kind")
-        if kind and kind != rt.kind:
-            raise ApiError.bad_request(
-                f"the object provided is unrecognized (must be of type {rt.kind}): kind {kind!r} in the body"
-            )
-        api_version = body.get("apiVersion")
-        if api_version and api_version != rt.api_version and not rt.crd:
-            raise ApiError.bad_request(
-                f"the API version in the data ({api_version}) does not match the expected API version "
-                f"({rt.api_version})"
-            )
-        meta = body.get("metadata")
-        if meta is None:
-            meta = {}
-        if not isinstance(meta, dict):
-            raise ApiError.bad_request("metadata must be an object")
-        if rt.namespaced:
-            given = meta.get("namespace")
-            if given and given != namespace:
-                raise ApiError.bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request"
-                )
-        return body
 
     def _schema_pass(
         self, rt: ResourceType, obj: Obj, validation: FieldValidation, name: str, old: Obj | None = None
@@ -303,13 +263,6 @@ class Registry:
         if causes:
             raise ApiError.invalid(rt.group, rt.kind, name, causes)
 
-    def _new_name(self, rt: ResourceType, ns: str, prefix: str) -> str:
-        for _ in range(20):
-            name = prefix + "".join(secrets.choice(_NAME_CHARS) for _ in range(5))
-            if self.store.get(rt.key, ns, name) is None:
-                return name
-        raise ApiError(500, "AlreadyExists", f"could not generate a free name with prefix {prefix!r}")
-
     # ---- create --------------------------------------------------------------
     def create(
         self,
@@ -333,55 +286,20 @@ class Registry:
             res = self.create(
                 self._core_events(),
                 namespace,
-                kinds.event_to_core(self._check_body(rt, body, self._ns(rt, namespace))),
+                kinds.event_to_core(objectmeta.check_body(rt, body, self._ns(rt, namespace))),
                 validation=validation,
                 dry_run=dry_run,
             )
             return WriteResult(self.present(rt, res.obj), res.warnings, res.created)
         ns = self._ns(rt, namespace)
-        body = self._check_body(rt, body, ns)
+        body = objectmeta.check_body(rt, body, ns)
         obj = clone(body)
         meta = obj.setdefault("metadata", {})
-        if not meta.get("name"):
-            if meta.get("generateName"):
-                meta["name"] = self._new_name(rt, ns, meta["generateName"])
-            else:
-                raise ApiError.invalid(
-                    rt.group,
-                    rt.kind,
-                    "",
-                    [
-                        FieldCause(
-                            "FieldValueRequired",
-                            "Required value: name or generateName is required",
-                            "metadata.name",
-                        )
-                    ],
-                )
-        name = meta["name"]
-        causes = kinds.name_causes(rt, name)
-        if causes:
-            raise ApiError.invalid(rt.group, rt.kind, name, causes)
+        name = objectmeta.name_of(rt, meta, lambda taken: self.store.get(rt.key, ns, taken) is not None)
         self.namespaces.check_open(rt, ns)
         if self.store.get(rt.key, ns, name) is not None:
             raise ApiError.already_exists(rt.group, rt.plural, name)
-        if rt.namespaced:
-            meta["namespace"] = ns
-        else:
-            meta.pop("namespace", None)
-        for f in (
-            "resourceVersion",
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "selfLink",
-            "managedFields",
-        ):
-            meta.pop(f, None)
-        if managed:
-            meta["managedFields"] = managed
-        meta["uid"] = str(uuid.uuid4())
-        meta["creationTimestamp"] = now_rfc3339()
-        meta["generation"] = 1
+        objectmeta.set_new_metadata(rt, meta, ns, managed)
         st = self._storage_type(rt)
         obj["apiVersion"] = st.api_version
         obj["kind"] = rt.kind
@@ -389,7 +307,7 @@ class Registry:
             obj.pop("status", None)
         obj, warnings = self._schema_pass(rt, obj, validation, name)
         if rt.kind == "Pod" and not rt.crd:
-            self._admit_priority(obj, name)
+            admission.admit_priority(self.store, self.types, obj, name)
         try:
             kinds.prepare_create(rt, obj, self.services)
         except ValueError as exc:
@@ -398,8 +316,8 @@ class Registry:
             ) from None
         self._validate(rt, obj, name)
         if rt.kind == "CustomResourceDefinition" and not rt.crd:
-            self._check_crd_names(obj)
-        warnings += self._pod_security(rt, obj, ns, name)
+            admission.check_crd_names(self.types, obj)
+        warnings += admission.pod_security(self.store, rt, obj, ns, name)
         if dry_run:
             if rt.kind == "Service" and not rt.crd:
                 self.services.release(obj)
@@ -407,73 +325,6 @@ class Registry:
         self.store.put(rt.key, obj, EventType.ADDED)
         self._after_write(rt, obj, None)
         return WriteResult(self.present(rt, obj), warnings, True)
-
-    def _admit_priority(self, pod: Obj, name: str) -> None:
-        """Priority admission: a pod's ``priority`` and ``preemptionPolicy`` come from its
-        PriorityClass (else the global default one, else 0); an unknown class is 403."""
-        spec = pod.setdefault("spec", {})
-        pc_type = self.types.lookup("scheduling.k8s.io", "v1", "priorityclasses")
-        if pc_type is None:
-            return
-        wanted = spec.get("priorityClassName")
-        classes = self.store.list(pc_type.key, "")
-        if wanted:
-            found = next((c for c in classes if c["metadata"]["name"] == wanted), None)
-            if found is None:
-                raise ApiError(
-                    403,
-                    "Forbidden",
-                    f'pods "{name}" is forbidden: no PriorityClass with name {wanted} was found',
-                    {"name": name, "kind": "pods"},
-                )
-        else:
-            found = next((c for c in classes if c.get("globalDefault")), None)
-            if found is not None:
-                spec["priorityClassName"] = found["metadata"]["name"]
-        if found is not None:
-            spec["priority"] = int(found.get("value", 0))
-            spec.setdefault("preemptionPolicy", found.get("preemptionPolicy") or "PreemptLowerPriority")
-
-    def _pod_security(self, rt: ResourceType, obj: Obj, ns: str, name: str) -> list[str]:
-        """Pod Security admission of a created pod or written workload: a pod that violates the
-        enforced standard is refused (403); a pod or pod template that violates the warned one
-        gets its warning (workloads are never refused)."""
-        spec = None if rt.crd else podsecurity.pod_template_spec(rt.kind, obj)
-        if spec is None:
-            return []
-        nsobj = self.store.get("/namespaces", "", ns) or {}
-        (level, version), (warn, warn_version) = podsecurity.policy_of(
-            (nsobj.get("metadata") or {}).get("labels") or {}
-        )
-        if rt.kind == "Pod":
-            found = podsecurity.violations(spec, level)
-            if found:
-                raise ApiError(
-                    403,
-                    "Forbidden",
-                    podsecurity.forbidden_message(name, level, version, found),
-                    {"name": name, "kind": "pods"},
-                )
-        found = podsecurity.violations(spec, warn)
-        return [podsecurity.warning_message(warn, warn_version, found)] if found else []
-
-    def _check_crd_names(self, crd: Obj) -> None:
-        spec = crd["spec"]
-        for v in spec.get("versions") or ():
-            existing = self.types.lookup(spec["group"], v["name"], spec["names"]["plural"])
-            if existing is not None and not existing.crd:
-                raise ApiError.invalid(
-                    "apiextensions.k8s.io",
-                    "CustomResourceDefinition",
-                    crd["metadata"]["name"],
-                    [
-                        FieldCause(
-                            "FieldValueInvalid",
-                            "Invalid value: a built-in resource already serves this group and plural",
-                            "spec.names.plural",
-                        )
-                    ],
-                )
 
     def _after_write(self, rt: ResourceType, obj: Obj, old: Obj | None) -> None:
         if rt.crd:
@@ -504,65 +355,18 @@ class Registry:
         """LIST ``rt`` objects (all namespaces when ``namespace`` is None), filtered by label
         and field selectors, in pages of ``limit`` with ``continue_token``; 410 Gone for a
         continue token or resourceVersion older than the retained history."""
-        ns = namespace if rt.namespaced and namespace else None
-        pred = make_predicate(
-            ns, parse_label_selector(label_selector), parse_field_selector(field_selector, rt.kind)
+        return listing.list_objects(
+            self.store,
+            rt,
+            namespace,
+            self.present,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            limit=limit,
+            continue_token=continue_token,
+            resource_version=resource_version,
+            resource_version_match=resource_version_match,
         )
-        if resource_version_match and resource_version_match not in ("NotOlderThan", "Exact"):
-            raise ApiError.bad_request(
-                f"resourceVersionMatch: Unsupported value: {resource_version_match!r}: supported values: "
-                '"Exact", "NotOlderThan"'
-            )
-        if resource_version_match and not resource_version:
-            raise ApiError.bad_request("resourceVersionMatch is forbidden unless resourceVersion is provided")
-        current = self.store.rv
-        if resource_version and resource_version != "0":
-            try:
-                wanted = int(resource_version)
-            except ValueError:
-                raise ApiError.bad_request(f"invalid resourceVersion {resource_version!r}") from None
-            if resource_version_match == "Exact" and wanted != current:
-                raise ApiError.gone(
-                    f"too old resource version: {wanted} ({current}); only the current version can be listed "
-                    "exactly"
-                )
-            if wanted > current:
-                raise ApiError(
-                    504,
-                    "Timeout",
-                    f"Too large resource version: {wanted}, current: {current}",
-                    {
-                        "causes": [
-                            {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
-                        ],
-                        "retryAfterSeconds": 1,
-                    },
-                )
-        start_after: tuple[str, str] | None = None
-        list_rv = str(current)
-        if continue_token:
-            try:
-                tok = json.loads(base64.urlsafe_b64decode(continue_token.encode()))
-                start_after = (tok["ns"], tok["name"])
-                list_rv = str(tok["rv"])
-            except (ValueError, KeyError, TypeError):
-                raise ApiError.bad_request(f"invalid continue token {continue_token!r}") from None
-        objs = self.store.list(rt.key, ns)
-        if start_after is not None:
-            objs = [
-                o for o in objs if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > start_after
-            ]
-        items = [self.present(rt, o) for o in objs if pred(o)]
-        cont = ""
-        remaining = None
-        if limit and limit > 0 and len(items) > limit:
-            remaining = len(items) - limit
-            items = items[:limit]
-            last = items[-1]["metadata"]
-            cont = base64.urlsafe_b64encode(
-                json.dumps({"ns": last.get("namespace", ""), "name": last["name"], "rv": list_rv}).encode()
-            ).decode()
-        return ListResult(items, list_rv, cont, remaining)
 
     # ---- update --------------------------------------------------------------
     def update(
@@ -589,14 +393,14 @@ class Registry:
                 self._core_events(),
                 namespace,
                 name,
-                kinds.event_to_core(self._check_body(rt, body, self._ns(rt, namespace))),
+                kinds.event_to_core(objectmeta.check_body(rt, body, self._ns(rt, namespace))),
                 subresource=subresource,
                 validation=validation,
                 dry_run=dry_run,
             )
             return WriteResult(self.present(rt, res.obj), res.warnings)
         ns = self._ns(rt, namespace)
-        body = self._check_body(rt, body, ns)
+        body = objectmeta.check_body(rt, body, ns)
         old = self._stored(rt, ns, name)
         meta = body.get("metadata") or {}
         if meta.get("name") and meta["name"] != name:
@@ -630,7 +434,9 @@ class Registry:
         if causes:
             raise ApiError.invalid(rt.group, rt.kind, name, causes)
         if not subresource and rt.kind != "Pod":  # a pod's spec cannot change in what is checked
-            warnings += self._pod_security(rt, new, old["metadata"].get("namespace", ""), name)
+            warnings += admission.pod_security(
+                self.store, rt, new, old["metadata"].get("namespace", ""), name
+            )
         if rt.kind == "CustomResourceDefinition" and not rt.crd:
             new["status"] = kinds.crd_status({**new, "status": old.get("status")})
         if manager:
@@ -668,29 +474,7 @@ class Registry:
 
     def bind(self, rt: ResourceType, namespace: str, name: str, node: str) -> Obj:
         """Assign a pod to ``node`` (the ``binding`` subresource): spec.nodeName and PodScheduled at once."""
-        old = self._stored(rt, namespace, name)
-        current = (old.get("spec") or {}).get("nodeName")
-        if current:
-            raise ApiError.conflict(
-                rt.group, rt.plural, name, f"pod {name} is already assigned to node {current!r}"
-            )
-        if old["metadata"].get("deletionTimestamp"):
-            raise ApiError.conflict(
-                rt.group, rt.plural, name, f"pod {name} is being deleted, cannot be assigned"
-            )
-        new = clone(old)
-        new["spec"]["nodeName"] = node
-        status = new.setdefault("status", {})
-        conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
-        conditions.append(
-            {
-                "type": "PodScheduled",
-                "status": "True",
-                "lastProbeTime": None,
-                "lastTransitionTime": now_rfc3339(),
-            }
-        )
-        status["conditions"] = conditions
+        new = kinds.bound_pod(rt, self._stored(rt, namespace, name), node, now_rfc3339())
         self.store.put(rt.key, new, EventType.MODIFIED)
         return self.present(rt, new)
 
@@ -715,22 +499,8 @@ class Registry:
         ns = self._ns(rt, namespace)
         old = self.store.get(rt.key, ns, name)
         if patch_type is PatchType.APPLY:
-            if not field_manager:
-                raise ApiError.invalid(
-                    "meta.k8s.io",
-                    "PatchOptions",
-                    "",
-                    [
-                        FieldCause(
-                            "FieldValueRequired",
-                            "Required value: is required for apply patch",
-                            "fieldManager",
-                        )
-                    ],
-                )
-            if not isinstance(patch, dict):
-                raise ApiError.bad_request("an apply patch must be an object")
-            fields_set = ssa.applied_fields(patch, merge_keys=not rt.crd)
+            fields_set = patching.apply_fields(rt, patch, field_manager)
+            assert field_manager is not None  # apply_fields refuses an apply without one
             if old is None:
                 if subresource:
                     raise ApiError.not_found(rt.group, rt.plural, name)
@@ -740,65 +510,15 @@ class Registry:
                 return self.create(
                     rt, namespace, body, validation=validation, dry_run=dry_run, managed=managed
                 )
-            current = self.present(rt, old)
-            config = {k: v for k, v in patch.items() if k not in ("apiVersion", "kind")}
-            previous_managers = old["metadata"].get("managedFields")
-            clashes = ssa.conflicts(current, field_manager, fields_set, config)
-            if clashes and not force:
-                message, causes = ssa.conflict_message(clashes)
-                raise ApiError(  # no details but the causes, as the real server answers
-                    409,
-                    "Conflict",
-                    message,
-                    {},
-                    [FieldCause("FieldManagerConflict", m, f) for m, f in causes],
-                )
-            if clashes:
-                previous_managers = ssa.release(previous_managers, clashes)
-            stripped = ssa.without_fields(current, ssa.unshared_removal(old, field_manager, fields_set))
-            try:
-                new = merge_patch(stripped, config) if rt.crd else strategic_merge_patch(stripped, config)
-            except PatchError as exc:
-                raise ApiError.bad_request(str(exc)) from None
-            new.setdefault("metadata", {})["managedFields"] = ssa.record(
-                previous_managers, field_manager, rt.api_version, fields_set, now_rfc3339()
-            )
+            new = patching.applied(rt, self.present(rt, old), old, patch, field_manager, fields_set, force)
             check_preconditions(rt, old, patch.get("metadata") or {})
             return self._write_update(rt, old, new, subresource, validation, dry_run)
         if old is None:
             raise ApiError.not_found(rt.group, rt.plural, name)
         if subresource == "scale":
             return self.scale.patch(rt, namespace, name, patch_type, patch, dry_run=dry_run)
-        if patch_type is PatchType.STRATEGIC and rt.crd:
-            raise ApiError(
-                415,
-                "UnsupportedMediaType",
-                f"the body of the request was in an unknown format - accepted media types include: "
-                f"{PatchType.JSON.value}, {PatchType.MERGE.value}, {PatchType.APPLY.value}",
-            )
-        current = self.present(rt, old)
-        try:
-            if patch_type is PatchType.JSON:
-                new = json_patch(current, patch)
-            elif patch_type is PatchType.MERGE:
-                if not isinstance(patch, dict):
-                    raise PatchError("a merge patch must be a JSON object")
-                new = merge_patch(current, patch)
-            else:
-                if not isinstance(patch, dict):
-                    raise PatchError("a strategic merge patch must be a JSON object")
-                new = strategic_merge_patch(current, patch)
-        except PatchError as exc:
-            raise ApiError(
-                422 if patch_type is PatchType.JSON else 400,
-                "Invalid" if patch_type is PatchType.JSON else "BadRequest",
-                str(exc),
-            ) from None
-        if not isinstance(new, dict):
-            raise ApiError.bad_request("the patch must leave an object")
-        meta = new.get("metadata") or {}
-        check_preconditions(rt, old, meta)
-        new = clone(new)
+        new = patching.patched(rt, self.present(rt, old), patch_type, patch)
+        check_preconditions(rt, old, new.get("metadata") or {})
         if rt.shared_key == "/events":
             res = self._write_update(
                 self._core_events(), old, kinds.event_to_core(new), subresource, validation, dry_run
@@ -815,69 +535,26 @@ class Registry:
         ns = self._ns(rt, namespace)
         obj = self._stored(rt, ns, name)
         meta = obj["metadata"]
-        if opts.precondition_uid and opts.precondition_uid != meta.get("uid"):
-            raise ApiError.conflict(
-                rt.group,
-                rt.plural,
-                name,
-                f"Precondition failed: UID in precondition: {opts.precondition_uid}, UID in "
-                f"object meta: {meta.get('uid')}",
-            )
-        if opts.precondition_rv and opts.precondition_rv != meta.get("resourceVersion"):
-            raise ApiError.conflict(
-                rt.group,
-                rt.plural,
-                name,
-                f"Precondition failed: ResourceVersion in precondition: "
-                f"{opts.precondition_rv}, ResourceVersion in object meta: "
-                f"{meta.get('resourceVersion')}",
-            )
+        deletion.check_preconditions(rt, meta, opts)
         is_pod = rt.kind == "Pod" and not rt.crd
         grace = kinds.pod_grace_period(obj, opts.grace_period) if is_pod else 0
-        finalizers = list(meta.get("finalizers") or ())
-        policy = opts.propagation
-        if policy not in (None, "Background", "Foreground", "Orphan"):
-            raise ApiError.bad_request(
-                f'propagationPolicy: Unsupported value: "{policy}": supported values: "Background", '
-                '"Foreground", "Orphan"'
-            )
-        if policy == "Orphan" and FINALIZER_ORPHAN not in finalizers and self.store.dependents(meta["uid"]):
-            finalizers.append(FINALIZER_ORPHAN)
-        if (
-            policy == "Foreground"
-            and FINALIZER_FOREGROUND not in finalizers
-            and self.store.dependents(meta["uid"])
-        ):
-            finalizers.append(FINALIZER_FOREGROUND)
+        finalizers = deletion.finalizers_for(
+            opts.propagation, meta, lambda: bool(self.store.dependents(meta["uid"]))
+        )
         if rt.kind == "Namespace" and not rt.crd:
             return self.namespaces.delete(rt, obj, opts)
         if opts.dry_run:
             return self.present(rt, obj), False
         if meta.get("deletionTimestamp"):
-            # Already being deleted: only a shorter grace period changes anything.
-            current = meta.get("deletionGracePeriodSeconds") or 0
-            if is_pod and grace < current:
-                new = clone(obj)
-                nm = new["metadata"]
-                nm["deletionGracePeriodSeconds"] = grace
-                nm["deletionTimestamp"] = now_rfc3339(grace)
-                if grace == 0 and not nm.get("finalizers"):
-                    return self.present(rt, self._remove(rt, new)), True
-                self.store.put(rt.key, new, EventType.MODIFIED)
-                return self.present(rt, new), False
-            if set(finalizers) - set(meta.get("finalizers") or ()):
-                new = clone(obj)
-                new["metadata"]["finalizers"] = finalizers
-                self.store.put(rt.key, new, EventType.MODIFIED)
-                return self.present(rt, new), False
-            return self.present(rt, obj), False
+            new, goes = deletion.deleted_again(obj, is_pod, grace, finalizers)
+            if new is None:
+                return self.present(rt, obj), False
+            if goes:
+                return self.present(rt, self._remove(rt, new)), True
+            self.store.put(rt.key, new, EventType.MODIFIED)
+            return self.present(rt, new), False
         if finalizers or grace > 0:
-            new = clone(obj)
-            nm = new["metadata"]
-            nm["deletionTimestamp"] = now_rfc3339(grace)
-            nm["deletionGracePeriodSeconds"] = grace
-            if finalizers:
-                nm["finalizers"] = finalizers
+            new = deletion.marked(obj, grace, finalizers)
             self.store.put(rt.key, new, EventType.MODIFIED)
             return self.present(rt, new), False
         return self.present(rt, self._remove(rt, obj)), True

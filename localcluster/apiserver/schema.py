@@ -133,37 +133,7 @@ def _invalid(causes: list[FieldCause], path: str, v: Any, why: str) -> None:
 
 def _validate(v: Any, s: Obj, path: str, causes: list[FieldCause], root: bool = False) -> None:
     where = path or "<root>"
-    if v is None:
-        if s.get("nullable") or not s.get("type"):
-            return
-        causes.append(
-            FieldCause(
-                "FieldValueTypeInvalid",
-                f'Invalid value: "null": {where} in body must be of type {s["type"]}: "null"',
-                path,
-            )
-        )
-        return
-    if s.get("x-kubernetes-int-or-string"):
-        if not (isinstance(v, str) or _type_ok("integer", v)):
-            causes.append(
-                FieldCause(
-                    "FieldValueTypeInvalid",
-                    f"Invalid value: {_show(v)}: {where} in body must be of type "
-                    f"integer or string: {json.dumps(_json_type(v))}",
-                    path,
-                )
-            )
-            return
-    elif s.get("type") and not _type_ok(s["type"], v):
-        causes.append(
-            FieldCause(
-                "FieldValueTypeInvalid",
-                f"Invalid value: {json.dumps(_json_type(v))}: {where} in body must be of type "
-                f"{s['type']}: {json.dumps(_json_type(v))}",
-                path,
-            )
-        )
+    if _type_causes(v, s, path, where, causes):
         return
     if "enum" in s and v not in s["enum"]:
         supported = ", ".join(json.dumps(e) for e in s["enum"])
@@ -175,74 +145,13 @@ def _validate(v: Any, s: Obj, path: str, causes: list[FieldCause], root: bool = 
             )
         )
     if isinstance(v, (int, float)) and not isinstance(v, bool):
-        if "minimum" in s:
-            if s.get("exclusiveMinimum") is True and not v > s["minimum"]:
-                _invalid(causes, path, v, f"{where} in body should be greater than {s['minimum']}")
-            elif v < s["minimum"]:
-                _invalid(
-                    causes, path, v, f"{where} in body should be greater than or equal to {s['minimum']}"
-                )
-        if "maximum" in s:
-            if s.get("exclusiveMaximum") is True and not v < s["maximum"]:
-                _invalid(causes, path, v, f"{where} in body should be less than {s['maximum']}")
-            elif v > s["maximum"]:
-                _invalid(causes, path, v, f"{where} in body should be less than or equal to {s['maximum']}")
-        if s.get("multipleOf") and v % s["multipleOf"]:
-            _invalid(causes, path, v, f"{where} in body should be a multiple of {s['multipleOf']}")
+        _number_causes(v, s, path, where, causes)
     if isinstance(v, str):
-        if "minLength" in s and len(v) < s["minLength"]:
-            _invalid(causes, path, v, f"{where} in body should be at least {s['minLength']} chars long")
-        if "maxLength" in s and len(v) > s["maxLength"]:
-            causes.append(
-                FieldCause(
-                    "FieldValueTooLong", f"Too long: may not be more than {s['maxLength']} bytes", path
-                )
-            )
-        if "pattern" in s:
-            try:
-                ok = re.search(s["pattern"], v) is not None
-            except re.error:
-                ok = True  # patterns Go accepts but Python does not are not enforced
-            if not ok:
-                _invalid(causes, path, v, f"{where} in body should match '{s['pattern']}'")
+        _string_causes(v, s, path, where, causes)
     if isinstance(v, list):
-        if "minItems" in s and len(v) < s["minItems"]:
-            _invalid(causes, path, len(v), f"{where} in body should have at least {s['minItems']} items")
-        if "maxItems" in s and len(v) > s["maxItems"]:
-            causes.append(
-                FieldCause(
-                    "FieldValueTooMany", f"Too many: {len(v)}: must have at most {s['maxItems']} items", path
-                )
-            )
-        if s.get("uniqueItems"):
-            seen = [json.dumps(x, sort_keys=True) for x in v]
-            if len(set(seen)) != len(seen):
-                causes.append(FieldCause("FieldValueDuplicate", f"Duplicate value: {_show(v)}", path))
-        items = s.get("items")
-        if isinstance(items, dict):
-            for i, item in enumerate(v):
-                _validate(item, items, f"{path}[{i}]", causes)
+        _list_causes(v, s, path, where, causes)
     if isinstance(v, dict):
-        props = s.get("properties") or {}
-        for req in s.get("required") or ():
-            if req not in v:
-                causes.append(FieldCause("FieldValueRequired", "Required value", _child(path, req)))
-        if "minProperties" in s and len(v) < s["minProperties"]:
-            _invalid(
-                causes, path, len(v), f"{where} in body should have at least {s['minProperties']} properties"
-            )
-        if "maxProperties" in s and len(v) > s["maxProperties"]:
-            _invalid(
-                causes, path, len(v), f"{where} in body should have at most {s['maxProperties']} properties"
-            )
-        addl = s.get("additionalProperties")
-        for k, item in v.items():
-            if root and k in _ROOT_KEEP:
-                continue
-            if k in props:
-                _validate(item, props[k], _child(path, k), causes)
-            elif isinstance(addl, dict):
-                _validate(item, addl, _child(path, k), causes)
+        _object_causes(v, s, path, where, causes, root)
     for sub in s.get("allOf") or ():
         _validate(v, sub, path, causes)
     if s.get("anyOf") and not any(not validate(v, sub, path) for sub in s["anyOf"]):
@@ -253,6 +162,114 @@ def _validate(v: Any, s: Obj, path: str, causes: list[FieldCause], root: bool = 
             _invalid(causes, path, v, f"{where} in body must validate one and only one schema (oneOf)")
     if isinstance(s.get("not"), dict) and not validate(v, s["not"], path):
         _invalid(causes, path, v, f"{where} in body must not validate the schema (not)")
+
+
+def _type_causes(v: Any, s: Obj, path: str, where: str, causes: list[FieldCause]) -> bool:
+    """A null or a value of the wrong type; True when nothing more is to be checked."""
+    if v is None:
+        if s.get("nullable") or not s.get("type"):
+            return True
+        causes.append(
+            FieldCause(
+                "FieldValueTypeInvalid",
+                f'Invalid value: "null": {where} in body must be of type {s["type"]}: "null"',
+                path,
+            )
+        )
+        return True
+    if s.get("x-kubernetes-int-or-string"):
+        if not (isinstance(v, str) or _type_ok("integer", v)):
+            causes.append(
+                FieldCause(
+                    "FieldValueTypeInvalid",
+                    f"Invalid value: {_show(v)}: {where} in body must be of type "
+                    f"integer or string: {json.dumps(_json_type(v))}",
+                    path,
+                )
+            )
+            return True
+    elif s.get("type") and not _type_ok(s["type"], v):
+        causes.append(
+            FieldCause(
+                "FieldValueTypeInvalid",
+                f"Invalid value: {json.dumps(_json_type(v))}: {where} in body must be of type "
+                f"{s['type']}: {json.dumps(_json_type(v))}",
+                path,
+            )
+        )
+        return True
+    return False
+
+
+def _number_causes(v: float, s: Obj, path: str, where: str, causes: list[FieldCause]) -> None:
+    if "minimum" in s:
+        if s.get("exclusiveMinimum") is True and not v > s["minimum"]:
+            _invalid(causes, path, v, f"{where} in body should be greater than {s['minimum']}")
+        elif v < s["minimum"]:
+            _invalid(causes, path, v, f"{where} in body should be greater than or equal to {s['minimum']}")
+    if "maximum" in s:
+        if s.get("exclusiveMaximum") is True and not v < s["maximum"]:
+            _invalid(causes, path, v, f"{where} in body should be less than {s['maximum']}")
+        elif v > s["maximum"]:
+            _invalid(causes, path, v, f"{where} in body should be less than or equal to {s['maximum']}")
+    if s.get("multipleOf") and v % s["multipleOf"]:
+        _invalid(causes, path, v, f"{where} in body should be a multiple of {s['multipleOf']}")
+
+
+def _string_causes(v: str, s: Obj, path: str, where: str, causes: list[FieldCause]) -> None:
+    if "minLength" in s and len(v) < s["minLength"]:
+        _invalid(causes, path, v, f"{where} in body should be at least {s['minLength']} chars long")
+    if "maxLength" in s and len(v) > s["maxLength"]:
+        causes.append(
+            FieldCause("FieldValueTooLong", f"Too long: may not be more than {s['maxLength']} bytes", path)
+        )
+    if "pattern" in s:
+        try:
+            ok = re.search(s["pattern"], v) is not None
+        except re.error:
+            ok = True  # patterns Go accepts but Python does not are not enforced
+        if not ok:
+            _invalid(causes, path, v, f"{where} in body should match '{s['pattern']}'")
+
+
+def _list_causes(v: list[Any], s: Obj, path: str, where: str, causes: list[FieldCause]) -> None:
+    if "minItems" in s and len(v) < s["minItems"]:
+        _invalid(causes, path, len(v), f"{where} in body should have at least {s['minItems']} items")
+    if "maxItems" in s and len(v) > s["maxItems"]:
+        causes.append(
+            FieldCause(
+                "FieldValueTooMany", f"Too many: {len(v)}: must have at most {s['maxItems']} items", path
+            )
+        )
+    if s.get("uniqueItems"):
+        seen = [json.dumps(x, sort_keys=True) for x in v]
+        if len(set(seen)) != len(seen):
+            causes.append(FieldCause("FieldValueDuplicate", f"Duplicate value: {_show(v)}", path))
+    items = s.get("items")
+    if isinstance(items, dict):
+        for i, item in enumerate(v):
+            _validate(item, items, f"{path}[{i}]", causes)
+
+
+def _object_causes(v: Obj, s: Obj, path: str, where: str, causes: list[FieldCause], root: bool) -> None:
+    props = s.get("properties") or {}
+    for req in s.get("required") or ():
+        if req not in v:
+            causes.append(FieldCause("FieldValueRequired", "Required value", _child(path, req)))
+    if "minProperties" in s and len(v) < s["minProperties"]:
+        _invalid(
+            causes, path, len(v), f"{where} in body should have at least {s['minProperties']} properties"
+        )
+    if "maxProperties" in s and len(v) > s["maxProperties"]:
+        _invalid(causes, path, len(v), f"{where} in body should have at most {s['maxProperties']} properties")
+    addl = s.get("additionalProperties")
+    for k, item in v.items():
+        if root and k in _ROOT_KEEP:
+            continue
+        if k in props:
+            _validate(item, props[k], _child(path, k), causes)
+        elif isinstance(addl, dict):
+            _validate(item, addl, _child(path, k), causes)
 
 
 def validate_rules(value: Any, schema: Obj | None, old: Any = MISSING, path: str = "") -> list[FieldCause]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -137,58 +138,110 @@ def _crd_cell(obj: Obj, col: Obj) -> Any:
     return json.dumps(v, separators=(",", ":"))
 
 
-def _pod_ready(pod: Obj) -> str:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    total = len((pod.get("spec") or {}).get("containers") or [])
-    return f"{sum(1 for s in statuses if s.get('ready'))}/{total}"
+@dataclass
+class _PodRow:
+    """The READY, STATUS and RESTARTS cells of a pod, as kube-apiserver's ``printPod`` makes them."""
+
+    ready: str
+    status: str
+    restarts: str
 
 
-def _pod_status(pod: Obj) -> str:
+def _restartable(init: Obj | None) -> bool:
+    """A sidecar: an init container with ``restartPolicy: Always``."""
+    return bool(init) and (init or {}).get("restartPolicy") == "Always"
+
+
+def _terminated_reason(term: Obj, prefix: str = "") -> str:
+    if term.get("reason"):
+        return prefix + term["reason"]
+    if term.get("signal"):
+        return f"{prefix}Signal:{term['signal']}"
+    return f"{prefix}ExitCode:{term.get('exitCode', 0)}"
+
+
+def _finished_at(status: Obj) -> str:
+    return ((status.get("lastState") or {}).get("terminated") or {}).get("finishedAt") or ""
+
+
+def _has_condition(status: Obj, kind: str) -> bool:
+    return any(c.get("type") == kind and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _pod_row(pod: Obj) -> _PodRow:
+    """Port of ``printPod`` (pkg/printers/internalversion): what ``kubectl get pods`` reads.
+
+    A container status holds one state (``waiting``, ``running`` or ``terminated``); the
+    STATUS column is the last container's reason, ``Running`` while one runs and is ready,
+    ``Terminating`` for a pod being deleted that has not reached a terminal phase.
+    """
+    spec = pod.get("spec") or {}
     status = pod.get("status") or {}
-    reason = status.get("reason") or status.get("phase") or "Unknown"
-    init_statuses = status.get("initContainerStatuses") or []
-    n_init = len((pod.get("spec") or {}).get("initContainers") or [])
+    reason = status.get("reason") or status.get("phase") or ""
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("reason") == "SchedulingGated":
+            reason = "SchedulingGated"
+    inits = {c.get("name"): c for c in spec.get("initContainers") or []}
+    total = len(spec.get("containers") or []) + sum(1 for c in inits.values() if _restartable(c))
+    ready = restarts = sidecar_restarts = 0
+    last_restart = sidecar_last_restart = ""
     initializing = False
+    init_statuses = status.get("initContainerStatuses") or []
     for i, s in enumerate(init_statuses):
         state = s.get("state") or {}
+        restarts += int(s.get("restartCount", 0))
+        last_restart = max(last_restart, _finished_at(s))
+        sidecar = _restartable(inits.get(s.get("name")))
+        if sidecar:
+            sidecar_restarts += int(s.get("restartCount", 0))
+            sidecar_last_restart = max(sidecar_last_restart, _finished_at(s))
         term = state.get("terminated")
+        waiting = (state.get("waiting") or {}).get("reason")
         if term and term.get("exitCode") == 0:
+            continue
+        if sidecar and s.get("started"):
+            ready += 1 if s.get("ready") else 0
             continue
         initializing = True
         if term:
-            reason = "Init:" + (term.get("reason") or f"ExitCode:{term.get('exitCode')}")
-        elif (state.get("waiting") or {}).get("reason") not in (None, "PodInitializing"):
-            reason = "Init:" + state["waiting"]["reason"]
+            reason = _terminated_reason(term, "Init:")
+        elif waiting and waiting != "PodInitializing":
+            reason = "Init:" + waiting
         else:
-            reason = f"Init:{i}/{n_init}"
+            reason = f"Init:{i}/{len(inits)}"
         break
-    if not initializing:
-        running = False
+    if not initializing or _has_condition(status, "Initialized"):
+        restarts, last_restart = sidecar_restarts, sidecar_last_restart
+        has_running, error_reason = False, ""
         for s in reversed(status.get("containerStatuses") or []):
             state = s.get("state") or {}
+            restarts += int(s.get("restartCount", 0))
+            last_restart = max(last_restart, _finished_at(s))
             if (state.get("waiting") or {}).get("reason"):
                 reason = state["waiting"]["reason"]
-            elif state.get("terminated"):
-                term = state["terminated"]
-                if term.get("reason"):
-                    reason = term["reason"]
-                elif term.get("signal"):
-                    reason = f"Signal:{term['signal']}"
-                else:
-                    reason = f"ExitCode:{term.get('exitCode')}"
-            elif state.get("running") and s.get("ready"):
-                running = True
-        if reason == "Completed" and running:
-            reason = "Running"
-    if pod["metadata"].get("deletionTimestamp"):
+            elif state.get("terminated") is not None:
+                reason = _terminated_reason(state["terminated"])
+                if state["terminated"].get("exitCode", 0) != 0:
+                    error_reason = reason
+            elif s.get("ready") and state.get("running") is not None:
+                has_running = True
+                ready += 1
+        if reason == "Completed":
+            if has_running and _has_condition(status, "Ready"):
+                reason = "Running"
+            elif error_reason:
+                reason = error_reason
+            elif has_running:
+                reason = "NotReady"
+    deleting = bool(pod["metadata"].get("deletionTimestamp"))
+    if deleting and status.get("reason") == "NodeLost":
+        reason = "Unknown"
+    elif deleting and status.get("phase") not in ("Succeeded", "Failed"):
         reason = "Terminating"
-    return reason
-
-
-def _restarts(pod: Obj) -> int:
-    return sum(
-        int(s.get("restartCount", 0)) for s in (pod.get("status") or {}).get("containerStatuses") or []
-    )
+    shown = str(restarts)
+    if restarts and last_restart:
+        shown = f"{restarts} ({_since(last_restart)} ago)"
+    return _PodRow(f"{ready}/{total}", reason, shown)
 
 
 def _svc_ports(svc: Obj) -> str:
@@ -229,9 +282,9 @@ def _builtin_columns(kind: str) -> list[Column]:
     age: Column = ("Age", "string", 0, _age)
     if kind == "Pod":
         return [
-            ("Ready", "string", 0, _pod_ready),
-            ("Status", "string", 0, _pod_status),
-            ("Restarts", "integer", 0, _restarts),
+            ("Ready", "string", 0, lambda o: _pod_row(o).ready),
+            ("Status", "string", 0, lambda o: _pod_row(o).status),
+            ("Restarts", "string", 0, lambda o: _pod_row(o).restarts),
             age,
             ("IP", "string", 1, lambda o: (o.get("status") or {}).get("podIP") or "<none>"),
             ("Node", "string", 1, lambda o: (o.get("spec") or {}).get("nodeName") or "<none>"),

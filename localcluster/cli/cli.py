@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from ..common.interrupts import interrupt, uninterrupted
+from ..common.processes import stop_process
 from ..controlplane.controlplane import HOST, control_plane_dir, die_with_parent, free_port
 from ..kubelet.images import ImageMap
 from .apply import Applier, ManifestError, load_manifests
@@ -213,17 +214,12 @@ class _Operator:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
 
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM, wait up to ``grace`` s, then SIGKILL its whole group."""
-        if self.proc.poll() is None:
-            self.terminate()
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+    def stop(self, grace: float = 10.0, progress: Callable[[str], None] | None = None) -> None:
+        """SIGTERM to its group, wait up to ``grace`` s, then SIGKILL its whole group (what is
+        left of it also when the operator itself exited in time)."""
+        stop_process(
+            self.proc, grace, name="the operator", progress=progress, group=True, kill_leftovers=True
+        )
 
 
 def _apply_all(cluster: LocalCluster, objects: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -444,7 +440,7 @@ def _stop_all(cluster: LocalCluster, operator: _Operator | None) -> None:
         cluster.stop()
     finally:  # a cluster that did not stop cleanly must not orphan the operator
         if operator is not None:
-            operator.stop()
+            operator.stop(progress=cluster.progress)
 
 
 # -- up -------------------------------------------------------------------------------
@@ -674,20 +670,20 @@ def _watch(
     return outcomes, end
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    out = sys.stdout
-    manifest = Path(args.manifest)
+def _run_objects(manifest: Path) -> list[dict[str, Any]] | None:
+    """The objects of ``kelastic local run``'s manifest, None (said on stderr) when it cannot
+    run: unreadable, or holding nothing to wait for. A pod that never finishes is warned of."""
     try:
         objects = load_manifests([manifest])
     except ManifestError as exc:
         print(f"kelastic: {exc}", file=sys.stderr)
-        return 2
+        return None
     if not any(waitable(o) for o in objects):
         print(
             f"kelastic: {manifest} holds no workload to wait for (only {', '.join(sorted({o['kind'] for o in objects}))})",
             file=sys.stderr,
         )
-        return 2
+        return None
     for obj in objects:
         if obj["kind"] == "Pod" and (obj.get("spec") or {}).get("restartPolicy", "Always") == "Always":
             print(
@@ -695,6 +691,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "so it is restarted whenever it exits and never finishes; set restartPolicy: Never or OnFailure",
                 file=sys.stderr,
             )
+    return objects
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    manifest = Path(args.manifest)
+    objects = _run_objects(manifest)
+    if objects is None:
+        return 2
     temp_dir = Path(tempfile.mkdtemp(prefix="kelastic-run-"))
     cluster = LocalCluster(
         temp_dir,

@@ -33,8 +33,9 @@ GO=${GO:-go}
 CACHE_ROOT=${KELASTIC_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kelastic/k8s}
 HEARTBEAT=${KELASTIC_BUILD_HEARTBEAT:-30}
 
-say() { echo "control-plane build: $*" >&2; }
-die() { say "ERROR: $*"; exit 1; }
+# shellcheck source=../gobuild.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh"
+gobuild_name "control-plane build"
 
 [[ $K8S_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] \
     || die "K8S_VERSION=$K8S_VERSION is not a Kubernetes release (v1.MINOR.PATCH, e.g. v1.37.2)"
@@ -56,14 +57,10 @@ if complete; then
     exit 0
 fi
 
-command -v "$GO" >/dev/null 2>&1 || die "no Go toolchain ('$GO' is not on PATH); install Go 1.26 or newer"
+gobuild_need_go 1.26
 mkdir -p "$DEST"
 # One build per version at a time: a second caller waits for the first and reuses its result.
-exec 9>"$DEST/.lock"
-if ! flock -n 9; then
-    say "another build of $K8S_VERSION is running; waiting for it (lock $DEST/.lock)"
-    flock 9
-fi
+gobuild_lock "$DEST/.lock" "$K8S_VERSION"
 if complete; then
     echo "$BIN"
     exit 0
@@ -73,62 +70,18 @@ WORK=$(mktemp -d "$DEST/work.XXXXXX")
 PARTIAL=$DEST/bin.partial.$$
 LOG=$WORK/build.log
 cleanup() {
-    [[ -n ${HEARTBEAT_PID:-} ]] && kill "$HEARTBEAT_PID" 2>/dev/null
+    stop_heartbeat
     rm -rf "$WORK" "$PARTIAL"
 }
 trap cleanup EXIT
+on_build_failure() {  # the work directory stays for whoever looks into the failure
+    trap - EXIT
+    rm -rf "$PARTIAL"
+    say "the work directory stays for inspection: $WORK"
+}
 rm -rf "$DEST"/bin.partial.* "$DEST"/work.*
 mkdir -p "$PARTIAL"
 START=$SECONDS
-
-# The proxy's refusal reads "go: MODULE@VERSION: reading URL: 404 Not Found" (or 410 Gone,
-# "unknown revision", "not found"); name the module and version plainly, then the go output.
-explain_failure() {
-    local step=$1
-    local refused
-    refused=$( {
-        grep -oE '[A-Za-z0-9._~/-]+@v[0-9][A-Za-z0-9.+-]*: reading [^ ]+: [0-9]{3} [A-Za-z ]+' "$LOG" \
-            | sed -E 's#^(.*)@(v[^:]*): reading [^ ]+: (.*)$#module \1 version \2 (\3)#'
-        grep -oE '[A-Za-z0-9._~/-]+@v[0-9][A-Za-z0-9.+-]*: (unknown revision|invalid version)[^"]*' "$LOG" \
-            | sed -E 's#^(.*)@(v[^:]*): (.*)$#module \1 version \2 (\3)#'
-    } | sort -u | head -5 || true)
-    say "ERROR: $step failed after $((SECONDS - START)) s"
-    if [[ -n $refused ]]; then
-        while IFS= read -r line; do
-            say "  the Go module proxy ($("$GO" env GOPROXY)) refused $line"
-        done <<<"$refused"
-    fi
-    say "last lines of the go command's output ($LOG):"
-    tail -n 25 "$LOG" | sed 's/^/    /' >&2
-    trap - EXIT
-    [[ -n ${HEARTBEAT_PID:-} ]] && kill "$HEARTBEAT_PID" 2>/dev/null
-    rm -rf "$PARTIAL"
-    say "the work directory stays for inspection: $WORK"
-    exit 1
-}
-
-# A Go build of Kubernetes prints nothing for minutes; a line every $HEARTBEAT seconds says it
-# is alive and how far the caches have grown.
-heartbeat() {
-    local step=$1
-    while sleep "$HEARTBEAT"; do
-        say "  ... $step, $((SECONDS - START)) s so far (module cache $(du -sh "$("$GO" env GOMODCACHE)" 2>/dev/null | cut -f1), build cache $(du -sh "$("$GO" env GOCACHE)" 2>/dev/null | cut -f1))"
-    done
-}
-
-run_go() {  # STEP DIR ARGS...: runs the go command in DIR with a heartbeat, its output in $LOG
-    local step=$1 dir=$2
-    shift 2
-    say "$step"
-    heartbeat "$step" &
-    HEARTBEAT_PID=$!
-    if ! (cd "$dir" && "$GO" "$@") >>"$LOG" 2>&1; then
-        explain_failure "$step"
-    fi
-    kill "$HEARTBEAT_PID" 2>/dev/null
-    wait "$HEARTBEAT_PID" 2>/dev/null || true
-    HEARTBEAT_PID=
-}
 
 export GOFLAGS="${GOFLAGS:-} -mod=mod"
 export CGO_ENABLED=0

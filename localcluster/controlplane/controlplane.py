@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.interrupts import uninterrupted
+from ..common.processes import stop_process
 from .pki import CertPair, ensure_ca, ensure_leaf, ensure_signing_key
 
 __all__ = [
@@ -657,18 +658,8 @@ class ControlPlane:
         """Stop every component, last started first: SIGTERM, then SIGKILL after ``grace`` (default ``stop_grace``)."""
         grace = self.stop_grace if grace is None else grace
         for component in reversed(self._components):
-            proc = component.process
-            if proc is None:
-                continue
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.terminate()
-                try:
-                    proc.wait(grace)
-                except subprocess.TimeoutExpired:
-                    self.progress(f"{component.name} ignored SIGTERM for {grace:g} s: killing it")
-                    proc.kill()
-                    proc.wait()
+            if component.process is not None:
+                stop_process(component.process, grace, name=component.name, progress=self.progress)
         self._components.clear()
 
     def __enter__(self) -> ControlPlane:

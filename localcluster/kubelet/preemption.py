@@ -23,14 +23,12 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..common.client import ApiRequestError
 from .gpus import GPU_RESOURCE
+from .nodeview import KubeletView
 from .podstatus import rfc3339
-
-if TYPE_CHECKING:
-    from .kubelet import Kubelet
 
 __all__ = ["Holder", "choose_victims", "preempt", "unschedulable_message"]
 
@@ -84,7 +82,7 @@ def unschedulable_message(node: str, victims: int | None) -> str:
     return message
 
 
-def holders(kubelet: Kubelet, held: Iterable[str]) -> list[Holder]:
+def holders(kubelet: KubeletView, held: Iterable[str]) -> list[Holder]:
     """The pods of ``held`` (uids holding GPUs) as :class:`Holder` s."""
     by_uid = {str(p["metadata"].get("uid")): p for p in kubelet.pods.values()}
     out = []
@@ -105,7 +103,7 @@ def holders(kubelet: Kubelet, held: Iterable[str]) -> list[Holder]:
     return out
 
 
-async def preempt(kubelet: Kubelet, pod: Mapping[str, Any], victims: list[Holder]) -> None:
+async def preempt(kubelet: KubeletView, pod: Mapping[str, Any], victims: list[Holder]) -> None:
     """Mark and delete ``victims``, and say so on ``pod`` (see the module docstring)."""
     node = kubelet.config.node_name
     meta = pod["metadata"]

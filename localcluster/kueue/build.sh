@@ -28,8 +28,9 @@ GO=${GO:-go}
 CACHE_ROOT=${KELASTIC_KUEUE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kelastic/kueue}
 HEARTBEAT=${KELASTIC_BUILD_HEARTBEAT:-30}
 
-say() { echo "kueue build: $*" >&2; }
-die() { say "ERROR: $*"; exit 1; }
+# shellcheck source=../gobuild.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh"
+gobuild_name "kueue build"
 
 [[ $KUEUE_VERSION =~ ^v0\.[0-9]+\.[0-9]+$ ]] \
     || die "KUEUE_VERSION=$KUEUE_VERSION is not a Kueue release (v0.MINOR.PATCH, e.g. v0.17.0)"
@@ -45,14 +46,10 @@ if complete; then
     exit 0
 fi
 
-command -v "$GO" >/dev/null 2>&1 || die "no Go toolchain ('$GO' is not on PATH); install Go 1.25 or newer"
+gobuild_need_go 1.25
 mkdir -p "$CACHE_ROOT"
 # One build per version at a time: a second caller waits for the first and reuses its result.
-exec 9>"$CACHE_ROOT/.$KUEUE_VERSION.lock"
-if ! flock -n 9; then
-    say "another build of Kueue $KUEUE_VERSION is running; waiting for it (lock $CACHE_ROOT/.$KUEUE_VERSION.lock)"
-    flock 9
-fi
+gobuild_lock "$CACHE_ROOT/.$KUEUE_VERSION.lock" "Kueue $KUEUE_VERSION"
 if complete; then
     echo "$DEST"
     exit 0
@@ -61,7 +58,7 @@ fi
 PARTIAL=$CACHE_ROOT/partial.$KUEUE_VERSION.$$
 LOG=$PARTIAL.log
 cleanup() {
-    [[ -n ${HEARTBEAT_PID:-} ]] && kill "$HEARTBEAT_PID" 2>/dev/null
+    stop_heartbeat
     rm -rf "$PARTIAL"
 }
 trap cleanup EXIT
@@ -70,60 +67,17 @@ mkdir -p "$PARTIAL/bin" "$PARTIAL/crds" "$PARTIAL/webhook"
 : >"$LOG"
 START=$SECONDS
 
-# The proxy's refusal reads "go: MODULE@VERSION: reading URL: 404 Not Found" (or 403/410,
-# "unknown revision", "invalid version"); name the module and version plainly, then the output.
-explain_failure() {
-    local step=$1
-    local refused
-    refused=$( {
-        grep -oE '[A-Za-z0-9._~/-]+@v[0-9][A-Za-z0-9.+-]*: reading [^ ]+: [0-9]{3} [A-Za-z ]+' "$LOG" \
-            | sed -E 's#^(.*)@(v[^:]*): reading [^ ]+: (.*)$#module \1 version \2 (\3)#'
-        grep -oE '[A-Za-z0-9._~/-]+@v[0-9][A-Za-z0-9.+-]*: (unknown revision|invalid version)[^"]*' "$LOG" \
-            | sed -E 's#^(.*)@(v[^:]*): (.*)$#module \1 version \2 (\3)#'
-    } | sort -u | head -5 || true)
-    say "ERROR: $step failed after $((SECONDS - START)) s"
-    if [[ -n $refused ]]; then
-        while IFS= read -r line; do
-            say "  the Go module proxy ($("$GO" env GOPROXY)) refused $line"
-        done <<<"$refused"
-    fi
-    say "last lines of the go command's output ($LOG):"
-    tail -n 25 "$LOG" | sed 's/^/    /' >&2
-    exit 1
-}
-
-heartbeat() {
-    local step=$1
-    while sleep "$HEARTBEAT"; do
-        say "  ... $step, $((SECONDS - START)) s so far (build cache $(du -sh "$("$GO" env GOCACHE)" 2>/dev/null | cut -f1))"
-    done
-}
-
-run_go() {  # STEP ARGS...: runs the go command with a heartbeat, its output in $LOG
-    local step=$1
-    shift
-    say "$step"
-    heartbeat "$step" &
-    HEARTBEAT_PID=$!
-    if ! (cd "$PARTIAL" && "$GO" "$@") >>"$LOG" 2>&1; then
-        explain_failure "$step"
-    fi
-    kill "$HEARTBEAT_PID" 2>/dev/null
-    wait "$HEARTBEAT_PID" 2>/dev/null || true
-    HEARTBEAT_PID=
-}
-
 export CGO_ENABLED=0
 say "building $MODULE $KUEUE_VERSION into $DEST (Go: $("$GO" env GOVERSION), proxy: $("$GO" env GOPROXY))"
 say "a cold build takes about ten minutes on two cores; the module and build caches make the next one fast"
 
 # The module first: a version the proxy refuses is named within seconds, not after compiling.
-run_go "fetching $MODULE@$KUEUE_VERSION" mod download -json "$MODULE@$KUEUE_VERSION"
+run_go "fetching $MODULE@$KUEUE_VERSION" "$PARTIAL" mod download -json "$MODULE@$KUEUE_VERSION"
 SRC=$(sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p' "$LOG" | tail -1)
 [[ -d $SRC/config/components/crd/bases ]] || { echo "no CRDs under $SRC" >>"$LOG"; explain_failure "reading $MODULE's CRDs"; }
 
 LDFLAGS="-s -w -X $MODULE/pkg/version.GitVersion=$KUEUE_VERSION -X $MODULE/pkg/version.BuildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-GOBIN=$PARTIAL/bin run_go "compiling $MODULE/cmd/kueue $KUEUE_VERSION (the long step)" \
+GOBIN=$PARTIAL/bin run_go "compiling $MODULE/cmd/kueue $KUEUE_VERSION (the long step)" "$PARTIAL" \
     install -trimpath -ldflags "$LDFLAGS" "$MODULE/cmd/kueue@$KUEUE_VERSION"
 [[ -x $PARTIAL/bin/kueue ]] || die "the build left no kueue in $PARTIAL/bin"
 cp "$SRC"/config/components/crd/bases/*.yaml "$PARTIAL/crds/"

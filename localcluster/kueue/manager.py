@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from kelastic.localcluster.common.processes import stop_process
 from kelastic.localcluster.controlplane.controlplane import HOST, ControlPlane, die_with_parent, free_port
 from kelastic.localcluster.kueue.pki import kueue_certificates
 
@@ -217,18 +218,8 @@ class KueueManager:
         return self
 
     def stop(self, grace: float = 10.0) -> None:
-        proc = self.process
-        if proc is None:
-            return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.progress(f"Kueue ignored SIGTERM for {grace:g} s: killing it")
-                proc.kill()
-                proc.wait()
+        if self.process is not None:
+            stop_process(self.process, grace, name="Kueue", progress=self.progress)
         self.process = None
 
     def __enter__(self) -> KueueManager:

@@ -25,7 +25,8 @@ from kelastic.localcluster.controlplane.controlplane import (
     write_kubeconfig,
 )
 from kelastic.localcluster.controlplane.pki import ensure_ca, ensure_leaf
-from kelastic.localcluster.kubelet.kubelet import Kubelet, KubeletConfig, micro_time
+from kelastic.localcluster.kubelet.kubelet import Kubelet, KubeletConfig
+from kelastic.localcluster.kubelet.nodestatus import micro_time
 from kelastic.localcluster.kubelet.podenv import ContainerConfigError
 from kelastic.localcluster.kubelet.volumes import prepare_volumes, token_key
 

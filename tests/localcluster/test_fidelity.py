@@ -741,6 +741,110 @@ def test_a_preempted_pod_carries_the_schedulers_condition(real: Side, emulator: 
     compare(real, emulator, scenario)
 
 
+# -- what `kubectl get pods` prints in every phase ---------------------------------------------
+def pod_columns(side: Side, ns: str) -> dict[str, tuple[str, ...]]:
+    """NAME → (READY, STATUS, RESTARTS) as the real kubectl prints them from the server's Table."""
+    listed = side.kubectl("get", "pods", "-n", ns)
+    assert listed.returncode == 0, (side.name, listed.stderr)
+    lines = listed.stdout.splitlines()
+    assert re.split(r"\s{2,}", lines[0].strip())[:4] == ["NAME", "READY", "STATUS", "RESTARTS"], lines[0]
+    rows = [re.split(r"\s{2,}", line.strip()) for line in lines[1:]]
+    # A restart count reads "1 (5s ago)": the time since is the one thing that may differ.
+    return {r[0]: (r[1], r[2], re.sub(r" \(.*? ago\)", " (<ago>)", r[3])) for r in rows}
+
+
+def state_keys(pod: dict[str, Any]) -> list[list[str]]:
+    """The keys of each container's ``state``: a container has exactly one state."""
+    return [sorted(s.get("state") or {}) for s in (pod.get("status") or {}).get("containerStatuses") or []]
+
+
+T0 = "2026-01-01T00:00:00Z"
+OOM_KILLED = {"terminated": {"exitCode": 137, "reason": "OOMKilled", "startedAt": T0, "finishedAt": T0}}
+
+
+def container_status(name: str, state: dict[str, Any]) -> dict[str, Any]:
+    """One entry of ``containerStatuses`` as a kubelet writes it."""
+    started = "running" in state
+    return {
+        "name": name,
+        "image": "python",
+        "imageID": "",
+        "ready": False,
+        "restartCount": 0,
+        "started": started,
+        "state": state,
+        "lastState": {},
+    }
+
+
+def test_kubectl_get_pods_reads_the_same_in_every_phase(real: Side, emulator: Side) -> None:
+    def scenario(side: Side) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        ns = side.namespace("fid-phases")
+        pods = f"/api/v1/namespaces/{ns}/pods"
+
+        def phase_is(name: str, *phases: str) -> Callable[[], bool]:
+            return lambda: side.call("GET", f"{pods}/{name}").body.get("status", {}).get("phase") in phases
+
+        def once(name: str, code: str) -> dict[str, Any]:
+            pod = sleeper(name, {"app": name}, restartPolicy="Never")
+            pod["spec"]["containers"][0]["command"] = ["python", "-c", f"raise SystemExit({code})"]
+            return pod
+
+        stubborn = sleeper("deleting", {"app": "deleting"}, terminationGracePeriodSeconds=60)
+        stubborn["spec"]["containers"][0]["command"] = [
+            "python", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)",
+        ]  # fmt: skip
+        initializing = sleeper("initializing", {"app": "initializing"})
+        initializing["spec"]["initContainers"] = [
+            {"name": "setup", "image": "python", "command": ["python", "-c", "import time; time.sleep(600)"]}
+        ]
+        pending = sleeper("pending", {"app": "pending"})
+        pending["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "2"}}  # of 1
+        for made in (
+            pending,
+            sleeper("running", {"app": "running"}),
+            once("succeeded", "0"),
+            once("failed", "3"),
+            stubborn,
+            initializing,
+        ):
+            assert side.call("POST", pods, made).code == 201, (side.name, made["metadata"]["name"])
+        running(side, ns, "running")
+        running(side, ns, "deleting")
+        wait(f"{side.name}: pod succeeded to succeed", phase_is("succeeded", "Succeeded"))
+        wait(f"{side.name}: pod failed to fail", phase_is("failed", "Failed"))
+        wait(
+            f"{side.name}: the init container of pod initializing to run",
+            lambda: any(
+                "running" in (s.get("state") or {})
+                for s in side.call("GET", f"{pods}/initializing").body["status"].get("initContainerStatuses")
+                or []
+            ),
+        )
+        # No kubelet here runs out of memory: a pod on a node without one gets the status a
+        # kubelet writes for a container the kernel killed, running first, then OOMKilled (made
+        # last: kube-controller-manager removes a pod of a node that does not exist after a while).
+        oom = sleeper("oom-killed", {"app": "oom"}, restartPolicy="Never", nodeName="fid-no-kubelet")
+        assert side.call("POST", pods, oom).code == 201, side.name
+        for phase, state in (("Running", {"running": {"startedAt": T0}}), ("Failed", OOM_KILLED)):
+            written = side.call(
+                "PATCH",
+                f"{pods}/oom-killed/status",
+                {"status": {"phase": phase, "containerStatuses": [container_status("main", state)]}},
+                content_type="application/strategic-merge-patch+json",
+            )
+            assert written.code == 200, (side.name, written.body)
+        assert side.call("DELETE", f"{pods}/deleting").code == 200, side.name
+        out["kubectl get pods"] = pod_columns(side, ns)
+        items = side.call("GET", pods).body["items"]
+        out["container states"] = {p["metadata"]["name"]: state_keys(p) for p in items}
+        side.call("DELETE", pods, {"gracePeriodSeconds": 0})
+        return out
+
+    compare(real, emulator, scenario)
+
+
 class Watch:
     """The events of a watch on ``path`` from ``rv``, collected by a thread while in the block."""
 

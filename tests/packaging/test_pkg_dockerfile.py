@@ -113,6 +113,17 @@ def test_slim_base_torch_pinned_first_then_the_package() -> None:
     assert package_step[-1] == "." and not any(w.startswith("torch") for w in package_step)
 
 
+def test_the_image_installs_kelastic_without_the_local_clusters_extra() -> None:
+    """The image is the operator's, the agent's and the store's: the local cluster's own
+    dependencies (the ``local`` extra) are for a developer's machine, not every cluster."""
+    _, package_step = pip_installs(STEPS)
+    assert package_step[-1] == ".", f"the image installs kelastic without extras: {package_step}"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    local = project["optional-dependencies"]["local"]
+    assert any(d.startswith("cryptography") for d in local), local
+    assert not any(d.startswith("cryptography") for d in project["dependencies"]), project["dependencies"]
+
+
 def test_copied_sources_exist_and_cover_the_packages() -> None:
     copied: set[str] = set()
     for step in STEPS:
@@ -235,6 +246,7 @@ def test_pip_steps_resolve_in_a_fresh_venv(tmp_path: Path) -> None:
     names = {m["name"].lower(): m["version"] for m in second}
     assert names.get("kelastic") == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert {"kopf", "kubernetes", "aiohttp", "pyyaml"} <= set(names), sorted(names)
+    assert "cryptography" not in names, "the local cluster's extra must stay out of the image"
     assert names.get("torch", versions["torch"]) == versions["torch"]
     extra_cuda = sorted(n for n in names if (n.startswith("nvidia") or "cuda" in n) and n not in cuda)
     assert not extra_cuda, f"the package step would pull CUDA packages the torch step did not: {extra_cuda}"

@@ -19,7 +19,9 @@ and ``LocalCluster``) composes them all. The package's own modules (its ``__init
 
 The imports are read from the source with ``ast`` (every ``import`` statement, also inside
 functions and ``TYPE_CHECKING`` blocks), so a breach fails here before anything runs.
-``make import-rules`` (part of ``make lint``) runs this module alone.
+``make import-rules`` (part of ``make lint``) runs this module alone, and with it the rules
+on size: no class of the three parts over :data:`MAX_CLASS_LINES` lines, no function over
+:data:`MAX_FUNCTION_LINES` (docstrings not counted; argument parsers excepted by name).
 """
 
 from __future__ import annotations
@@ -255,20 +257,107 @@ def test_the_rule_catches_planted_breaches(importer: str, source: str, expected:
         assert len(found) == 1 and expected in found[0], found
 
 
-#: The most lines a class of the agent or the operator may span: past it, a class holds
-#: more than one concern and wants splitting (the agent's rendezvous handler and monitor
-#: loop were split along these lines).
+#: The most lines a class of any of the three parts may span: past it, a class holds more
+#: than one concern and wants splitting (the agent's rendezvous handler and monitor loop,
+#: the local cluster's registry, kubelet and HTTP handlers were split along these lines).
 MAX_CLASS_LINES = 500
+#: The most lines a function may span, its docstring not counted (a contract a reader wants
+#: whole): past it, a function does several things, each of which wants a name.
+MAX_FUNCTION_LINES = 100
+#: Argument parsers: one ``add_argument`` after another, as long as the flags are many.
+ARGUMENT_PARSERS = frozenset(
+    {
+        "agent/cli.py:build_parser",
+        "agent/cli.py:config_from_args",
+        "operator/cli.py:build_parser",
+    }
+)
+#: Longer functions whose split is under way on other branches; each entry goes when its
+#: function is within the limit (the test below then says so).
+BEING_SPLIT = frozenset(
+    {
+        "agent/launch.py:_launch",
+        "operator/cli.py:main",
+        "operator/kueue.py:plan",
+    }
+)
 
 
-def test_no_class_of_the_agent_or_the_operator_is_over_the_limit() -> None:
-    too_long = [
-        f"{path.relative_to(ROOT)}: {node.name} spans {node.end_lineno - node.lineno + 1} lines"
-        for folder in ("agent", "operator")
+def _spans(node: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.AST]]:
+    """(qualified name, node) of every class and function under ``node``."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            name = f"{prefix}{child.name}"
+            yield name, child
+            yield from _spans(child, name + ".")
+        else:
+            yield from _spans(child, prefix)
+
+
+def _lines(node: ast.AST, without_docstring: bool = False) -> int:
+    assert node.end_lineno is not None
+    lines = node.end_lineno - node.lineno + 1
+    body = getattr(node, "body", [])
+    if without_docstring and body and isinstance(body[0], ast.Expr):
+        value = body[0].value
+        if (
+            isinstance(value, ast.Constant)
+            and isinstance(value.value, str)
+            and body[0].end_lineno is not None
+        ):
+            lines -= body[0].end_lineno - body[0].lineno + 1
+    return lines
+
+
+def measured(kind: type[ast.AST] | tuple[type[ast.AST], ...]) -> dict[str, ast.AST]:
+    """``path:qualified.name`` → node of every class or function of the three parts."""
+    return {
+        f"{path.relative_to(ROOT)}:{name}": node
+        for folder in PARTS
         for path in sorted((ROOT / folder).rglob("*.py"))
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.ClassDef)
-        and node.end_lineno is not None
-        and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES
+        for name, node in _spans(ast.parse(path.read_text()))
+        if isinstance(node, kind)
+    }
+
+
+def test_no_class_is_over_the_limit() -> None:
+    too_long = [
+        f"{where} spans {_lines(node)} lines"
+        for where, node in measured(ast.ClassDef).items()
+        if _lines(node) > MAX_CLASS_LINES
     ]
-    assert not too_long, f"classes over {MAX_CLASS_LINES} lines: {too_long}"
+    assert not too_long, f"classes over {MAX_CLASS_LINES} lines (split them along their seams): {too_long}"
+
+
+def test_no_function_is_over_the_limit() -> None:
+    functions = measured((ast.FunctionDef, ast.AsyncFunctionDef))
+    too_long = [
+        f"{where} spans {_lines(node, without_docstring=True)} lines"
+        for where, node in functions.items()
+        if _lines(node, without_docstring=True) > MAX_FUNCTION_LINES
+        and where not in ARGUMENT_PARSERS | BEING_SPLIT
+    ]
+    assert not too_long, (
+        f"functions over {MAX_FUNCTION_LINES} lines, docstrings not counted (give each of their steps a "
+        f"name; an argument parser goes into ARGUMENT_PARSERS): {too_long}"
+    )
+    stale = sorted(
+        where
+        for where in BEING_SPLIT
+        if where not in functions or _lines(functions[where], without_docstring=True) <= MAX_FUNCTION_LINES
+    )
+    assert not stale, f"within the limit or gone now: remove them from BEING_SPLIT: {stale}"
+    missing = sorted(ARGUMENT_PARSERS - functions.keys())
+    assert not missing, f"no such functions: remove them from ARGUMENT_PARSERS: {missing}"
+
+
+def test_the_size_rules_see_methods_and_nested_functions() -> None:
+    """Guards the measure itself: a method is named by its class, a docstring is not counted."""
+    source = 'class A:\n    def f(self):\n        """Doc\n        string."""\n        return 1\n'
+    spans = dict(_spans(ast.parse(source)))
+    assert set(spans) == {"A", "A.f"}
+    assert (_lines(spans["A"]), _lines(spans["A.f"]), _lines(spans["A.f"], without_docstring=True)) == (
+        5,
+        4,
+        2,
+    )

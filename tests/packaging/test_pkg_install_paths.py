@@ -58,7 +58,9 @@ def test_readme_installs_torch_first_pinned_on_both_kinds_of_machine() -> None:
     gpu, cpu = (pip_installs(b) for b in blocks)
     for commands in (gpu, cpu):
         assert torch_pins(commands[:1]) and torch_pins(commands) == torch_pins(gpu)[:1]
-        assert commands[-1][-2:] == ["-e", ".[dev]"]
+        assert commands[-1][-2:] == ["-e", ".[local,dev]"], (
+            "the README installs the local cluster (the local extra) and the tools"
+        )
     assert "--index-url" not in gpu[0], "the GPU path takes the CUDA build of the public index"
     assert cpu[0][cpu[0].index("--index-url") + 1] == CPU_INDEX
 
