@@ -1,6 +1,8 @@
 """The checkpoint service's framing: authenticated messages of a JSON header and a payload.
 
-A connection starts with :mod:`kelastic.agent.auth`'s handshake (service ``CHECKPOINT``);
+A connection is TLS 1.3 between two holders of the job's secret (:mod:`kelastic.agent.tls`),
+so every byte on it is encrypted and authenticated; it starts with :mod:`kelastic.agent.
+auth`'s handshake (service ``CHECKPOINT``, which binds it to the node the client meant);
 every message after it is::
 
     prefix   flags (1 byte) | 3 zero bytes | header length (4) | payload length (8), big-endian
@@ -14,15 +16,10 @@ read further: the connection is closed) and a sealed payload's tag before it han
 payload on. Requests carry ``{"op": …}``; replies ``{"ok": true, …}`` or ``{"ok": false,
 "error": "…"}``.
 
-**What is sealed.** Every header, and the payloads that steer the job: a commit's metadata
-and the ``metadata`` reply. The bulk bytes of parts (``put``, the ``get`` reply: hundreds of
-MiB, sent with ``sendfile``) are not MAC'd byte by byte: they travel only on a connection
-whose both ends proved the key and whose headers are MAC'd in order, so changing them
-takes taking over an established TCP connection, which only an attacker on the path of the
-pod network can do; such an attacker can change the job's gloo/NCCL traffic as well (which
-torch does not authenticate, and which carries DCP's own pickled plans). docs/security.md
-says what protects against that (an encrypted pod network). Authenticating every byte
-would cost a SHA-256 pass over each part on both ends (about 1 GiB/s a core).
+**What is sealed.** Everything, by TLS: headers, payloads and the bulk bytes of parts
+(``put``, the ``get`` reply). On top of TLS every header and the payloads that steer the
+job (a commit's metadata, the ``metadata`` reply) carry the MACs above, under the keys of
+the handshake that named the server, with sequence numbers.
 
 A payload is read as it arrives, in chunks: a peer that announces a large payload and
 sends nothing makes the receiver allocate nothing.
@@ -31,6 +28,7 @@ sends nothing makes the receiver allocate nothing.
 from __future__ import annotations
 
 import json
+import mmap
 import socket
 import struct
 from collections.abc import Callable
@@ -102,6 +100,20 @@ class Channel:
         self.sock.sendall(payload)
         if tail:
             self.sock.sendall(tail)
+
+    def send_file(self, f: BinaryIO, offset: int, length: int) -> None:
+        """Send ``length`` bytes of ``f`` from ``offset`` (after :meth:`send_header`), from a
+        read-only mapping of the file, in pieces (``sendfile`` cannot encrypt)."""
+        if not length:
+            return
+        self._wait(self._io_timeout)
+        with mmap.mmap(f.fileno(), offset + length, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                for at in range(offset, offset + length, _CHUNK):
+                    self.sock.sendall(view[at : min(at + _CHUNK, offset + length)])
+            finally:
+                view.release()
 
     def send_header(self, header: dict[str, Any], length: int) -> None:
         """Send a header announcing ``length`` unsealed bytes; the caller sends them next."""
@@ -209,9 +221,9 @@ class Channel:
         view = memoryview(buf)
         left = msg.length
         while left:
-            n = self.sock.recv_into(view, min(left, len(buf)))
-            if n == 0:
-                raise ProtocolError("connection closed in the middle of a payload")
+            # whole pieces (TLS hands out records of 16 KiB): one write per piece
+            n = min(left, len(buf))
+            self.recv_into(view[:n])
             if h is not None:
                 h.update(view[:n])
             if write is not None:

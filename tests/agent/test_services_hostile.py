@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from kelastic.agent import auth, health
-from kelastic.agent.checkpoint.client import ServiceClient
+from kelastic.agent.checkpoint.client import ServiceClient, open_channel
 from kelastic.agent.checkpoint.service import CheckpointService
 from kelastic.agent.checkpoint.settings import CheckpointSettings, ServiceLimits
 from kelastic.agent.health import HealthServer
@@ -62,10 +62,10 @@ def link(monkeypatch: pytest.MonkeyPatch) -> Iterator[PeerLink]:
 def test_a_peer_link_answers_strangers_with_nothing_and_keeps_none(link: PeerLink) -> None:
     before = auth.REFUSALS.snapshot()
     silent = socket.create_connection(("127.0.0.1", link.port), timeout=5)
-    assert silent.recv(auth.HELLO_SIZE)[:8] == auth.MAGIC
+    assert auth.recv_hello(silent)[:8] == auth.MAGIC
     assert closed_within(silent, 5), "a silent stranger was kept past the proof timeout"
     wrong = socket.create_connection(("127.0.0.1", link.port), timeout=5)
-    proof, _, _ = auth.prove(b"w" * 64, auth.Service.PEER_LINK, wrong.recv(auth.HELLO_SIZE))
+    proof, _, _ = auth.prove(b"w" * 64, auth.Service.PEER_LINK, auth.recv_hello(wrong), None)
     wrong.sendall(proof)
     assert wrong.recv(auth.ANSWER_SIZE) == auth.REFUSED and closed_within(wrong, 5)
     after = auth.REFUSALS.snapshot()
@@ -89,7 +89,7 @@ def test_a_flood_of_connections_is_bounded(link: PeerLink) -> None:
         s.settimeout(5)
         peers.append(s)
         try:
-            auth.client_handshake(s, KEY, auth.Service.PEER_LINK)
+            auth.client_handshake(s, KEY, auth.Service.PEER_LINK, link.identity)
             kept += 1
         except auth.AuthError:
             pass
@@ -125,7 +125,9 @@ def test_a_peer_that_dies_during_the_handshake_is_found_lost() -> None:
 
     def die() -> None:
         conn, _ = dying.accept()
-        conn.sendall(auth.hello(auth.Service.PEER_LINK, secrets.token_bytes(auth.NONCE_SIZE)))
+        conn.sendall(
+            auth.hello(auth.Service.PEER_LINK, secrets.token_bytes(auth.NONCE_SIZE), f"127.0.0.1:{port}")
+        )
         dying.close()  # the process is gone: its listener, then its connections
         conn.close()
 
@@ -207,10 +209,7 @@ def quick() -> Iterator[CheckpointService]:
 
 
 def test_half_a_frame_then_silence_is_cut_off_and_an_idle_client_reconnects(quick: CheckpointService) -> None:
-    host, port = quick.endpoint.rsplit(":", 1)
-    s = socket.create_connection((host, int(port)), timeout=5)
-    s.settimeout(5)
-    auth.client_handshake(s, KEY, auth.Service.CHECKPOINT)
+    s = open_channel(quick.endpoint, KEY, timeout=5).sock
     s.sendall(b"\0" * 7)
     assert closed_within(s, 3)
     s.close()
