@@ -182,17 +182,27 @@ class CheckpointService:
     def ring(self) -> tuple[str, ...]:
         return self._ring
 
+    def _preferred(self, conn: socket.socket) -> bool:
+        """Whether ``conn`` comes from this node's own address or a ring node's (its ranks
+        and ring neighbours go first when connections are short)."""
+        try:
+            source = str(conn.getpeername()[0])
+        except OSError:
+            return False
+        hosts = {parse_endpoint(e)[0] for e in (self.endpoint, *self._ring)}
+        return source in hosts
+
     # --- serving -------------------------------------------------------------------------------
     def _accept(self) -> None:
         while not self._stopped.is_set():
             try:
-                raw, _ = self._listener.accept()
+                raw, peer = self._listener.accept()
                 conn = self._tls.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
             except OSError:
                 if self._stopped.is_set():
                     return
                 continue
-            _shut(self.admission.arrive(conn))
+            _shut(self.admission.arrive(conn, str(peer[0])))
             threading.Thread(
                 target=self._serve, args=(conn,), name="kelastic-checkpoint-conn", daemon=True
             ).start()
@@ -211,13 +221,19 @@ class CheckpointService:
             except (auth.AuthError, ssl.SSLError):
                 reason = auth.Reason.UNAUTHENTICATED
                 return
-            admitted, evicted = self.admission.authenticated(conn, self.limits.io_timeout)
+            admitted, evicted = self.admission.authenticated(
+                conn, self.limits.io_timeout, preferred=self._preferred(conn)
+            )
             _shut(evicted)
             if not admitted:
                 reason = auth.Reason.OVER_CAPACITY
                 return
             channel = wire.Channel(
-                conn, session, io_timeout=self.limits.io_timeout, max_header=self.limits.max_header
+                conn,
+                session,
+                io_timeout=self.limits.io_timeout,
+                max_header=self.limits.max_header,
+                budget=self.keeper,
             )
             while not self._stopped.is_set():
                 msg = channel.recv_header(self.limits.idle_timeout)
@@ -231,6 +247,8 @@ class CheckpointService:
             pass
         except TimeoutError:
             reason = auth.Reason.TIMEOUT
+        except wire.OverBudget:
+            reason = auth.Reason.OVER_CAPACITY
         except wire.ProtocolError:
             reason = auth.Reason.BAD_FRAME
         except OSError:
@@ -270,7 +288,17 @@ class CheckpointService:
         if isinstance(req, rq.Put):
             self._receive_replica(channel, req, msg)
         elif isinstance(req, rq.Commit):
-            self._commit(req, channel.recv_payload(msg))
+            try:
+                k.reserve(msg.length, f"checkpoint {req.id}'s metadata")
+            except CheckpointError as e:
+                auth.REFUSALS.count(SERVICE, auth.Reason.OVER_CAPACITY)
+                channel.send({"ok": False, "error": str(e)})
+                raise _Close from None  # its payload is not worth reading
+            try:
+                metadata = channel.recv_payload(msg)
+            finally:
+                k.release(msg.length)  # the commit counts what it keeps
+            self._commit(req, metadata)
             channel.send({"ok": True})
         elif isinstance(req, rq.Begin):
             newest, refusal = k.begin(req.rank, req.nbytes, req.timeout, req.pid)
@@ -292,7 +320,7 @@ class CheckpointService:
         elif isinstance(req, rq.Get):
             self._send_range(channel, req)
         else:
-            first = k.restored(req.id, req.source.value, req.seconds, req.step)
+            first = k.restored(req.id, req.source.value, req.seconds, req.step, req.pid)
             channel.send({"ok": True})
             if first and self._on_restore is not None:
                 self._on_restore(k.status())

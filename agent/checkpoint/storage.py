@@ -594,6 +594,7 @@ class MemoryReader(StorageReader):
                 "source": choice.source.value,
                 "seconds": seconds,
                 "step": choice.step,
+                "pid": os.getpid(),
             }
         )
         fut: Future[None] = Future()
