@@ -10,8 +10,10 @@ request.
 
 from __future__ import annotations
 
+import random
 import socket
 import ssl
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +36,37 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
 _SECRET_MISMATCH = "the two do not hold the same job secret (--job-secret-file)"
 
 
+#: Tries of a handshake the service cut off (it drops the oldest handshakes under a flood),
+#: and the first pause between them (doubled each time, with jitter).
+HANDSHAKE_TRIES = 6
+HANDSHAKE_BACKOFF = 0.05
+
+
+class _CutOff(Exception):
+    """The handshake was cut off (closed or reset before it finished): worth another try."""
+
+
 def open_channel(endpoint: str, key: bytes, timeout: float = PEER_TIMEOUT) -> wire.Channel:
     """A sealed, authenticated connection to the service at ``endpoint`` (which must answer
-    as that endpoint); CheckpointError saying why not."""
+    as that endpoint); CheckpointError saying why not. A handshake the service cut off (as
+    it does to the oldest ones while it is flooded) is tried again, up to
+    :data:`HANDSHAKE_TRIES` times with growing pauses."""
+    pause = HANDSHAKE_BACKOFF
+    for attempt in range(HANDSHAKE_TRIES):
+        try:
+            return _open_once(endpoint, key, timeout)
+        except _CutOff as e:
+            if attempt == HANDSHAKE_TRIES - 1:
+                raise CheckpointError(
+                    f"checkpoint service at {endpoint}: the handshake was cut off {HANDSHAKE_TRIES} times "
+                    f"(the service is flooded with connections, or restarting): {e.__cause__}"
+                ) from None
+            time.sleep(pause * random.uniform(0.5, 1.5))
+            pause *= 2
+    raise AssertionError("unreachable")
+
+
+def _open_once(endpoint: str, key: bytes, timeout: float) -> wire.Channel:
     try:
         sock = socket.create_connection(parse_endpoint(endpoint), timeout=timeout)
     except OSError as e:
@@ -45,6 +75,10 @@ def open_channel(endpoint: str, key: bytes, timeout: float = PEER_TIMEOUT) -> wi
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock = tls.client_context(key).wrap_socket(sock)
         session = auth.client_handshake(sock, key, auth.Service.CHECKPOINT, endpoint)
+    except (auth.HandshakeClosed, ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionResetError,
+            BrokenPipeError) as e:  # fmt: skip
+        sock.close()
+        raise _CutOff() from e
     except auth.AuthError as e:
         sock.close()
         raise CheckpointError(f"checkpoint service at {endpoint}: {e}") from None
