@@ -311,7 +311,9 @@ def test_an_authenticated_peer_cannot_break_the_rules(job: Job) -> None:
     refused({"op": "commit", "id": cid, "required": {name: 1}, "step": 7}, blob, "outside the files")
     refused({"op": "commit", "id": cid, "required": files, "step": 7}, blob, "committed already")
     # a committed part is never replaced
-    refused({"op": "put", "id": cid, "name": name}, b"\xff" * 4096, "never replaced")
+    # (or, when the job committed a newer one meanwhile, is older than the newest: refused too)
+    reply = ask(node, job.key, {"op": "put", "id": cid, "name": name}, b"\xff" * 4096)
+    assert not reply["ok"] and ("never replaced" in reply["error"] or "older than" in reply["error"]), reply
     # nothing is dropped by a request; numbers out of range are refused before the keeper sees them
     refused({"op": "restored", "id": 0, "source": "memory", "seconds": 1, "step": None}, b"", "out of range")
     # a restore report and a reservation come only from the node's own ranks (attacks 6, 7)
