@@ -1,19 +1,25 @@
-"""How kelastic's own protocols authenticate: a mutual challenge-response per connection,
-then a MAC on every message.
+"""How kelastic's own protocols authenticate: a mutual challenge-response per connection
+that also names the node the client meant, then a MAC on every message.
 
 Both ends hold the job's key K (:mod:`kelastic.agent.secret`). A connection begins with
-a handshake in which the server speaks first::
+a handshake in which the server speaks first (on the checkpoint service inside TLS,
+:mod:`kelastic.agent.tls`)::
 
-    server -> client  HELLO   "KELASTIC" | version | service | Ns          (42 bytes)
-    client -> server  PROOF   Nc | HMAC(K, "client" | service | Ns | Nc)   (64 bytes)
-    server -> client  ANSWER  HMAC(K, "server" | service | Ns | Nc)        (32 bytes)
+    server -> client  HELLO   "KELASTIC" | version | service | Ns | n | I       (43 + n bytes)
+    client -> server  PROOF   Nc | HMAC(K, "client" | service | Ns | Nc | I)    (64 bytes)
+    server -> client  ANSWER  HMAC(K, "server" | service | Ns | Nc | I)         (32 bytes)
 
 ``Ns`` and ``Nc`` are 32 random bytes each (``secrets``), ``service`` names the protocol
-(a proof for one service is worthless for another), every HMAC is HMAC-SHA256 with its
-own label. The server checks the client's proof before it reads anything else; a wrong
-one gets :data:`REFUSED` instead of an answer and the connection is closed. The client
-checks the server's answer before it trusts a reply (an impostor service learns nothing:
-it never sees a proof it could reuse, since every proof covers its own ``Ns``).
+(a proof for one service is worthless for another), ``I`` is the server's identity (its
+endpoint ``HOST:PORT`` as the round's ring and join records name it; ``n`` its length, at
+most 255 bytes), every HMAC is HMAC-SHA256 with its own label. The client checks that
+``I`` is the node it meant before it proves anything (a relay that forwards the
+connection to another node of the job is found out here), and its proof covers the
+identity it meant. The server checks the client's proof (over its own identity) before it
+reads anything else; a wrong one gets :data:`REFUSED` instead of an answer and the
+connection is closed. The client checks the server's answer, which covers ``I``, before
+it trusts a reply (an impostor service learns nothing: it never sees a proof it could
+reuse, since every proof covers its own ``Ns``).
 
 Both ends then derive one key per direction from both nonces (:class:`Session`); every
 message carries ``HMAC(direction key, sequence number | message)``, the sequence number
@@ -36,11 +42,13 @@ import hmac
 import secrets
 import socket
 import threading
+from dataclasses import dataclass
 from enum import Enum, IntEnum
 
 __all__ = [
     "ANSWER_SIZE",
     "HELLO_SIZE",
+    "MAX_IDENTITY",
     "NONCE_SIZE",
     "PROOF_SIZE",
     "REFUSALS",
@@ -48,6 +56,7 @@ __all__ = [
     "TAG_SIZE",
     "AuthError",
     "HandshakeClosed",
+    "Hello",
     "Reason",
     "RefusalCounter",
     "Service",
@@ -57,15 +66,20 @@ __all__ = [
     "client_handshake",
     "hello",
     "prove",
+    "read_hello",
+    "recv_hello",
     "server_handshake",
     "verify_proof",
 ]
 
 MAGIC = b"KELASTIC"
-VERSION = 1
+VERSION = 2
 NONCE_SIZE = 32
 TAG_SIZE = 32
-HELLO_SIZE = len(MAGIC) + 2 + NONCE_SIZE
+#: The hello's fixed part; the server's identity (``n`` bytes, its last byte) follows it.
+HELLO_SIZE = len(MAGIC) + 2 + NONCE_SIZE + 1
+#: The longest identity a hello carries.
+MAX_IDENTITY = 255
 PROOF_SIZE = NONCE_SIZE + TAG_SIZE
 ANSWER_SIZE = TAG_SIZE
 #: Sent instead of an answer when the client's proof was wrong (then the server closes).
@@ -87,54 +101,90 @@ class HandshakeClosed(AuthError):
     """The other end closed the connection before the handshake was over (it may be gone)."""
 
 
-def _mac(key: bytes, label: bytes, service: Service, ns: bytes, nc: bytes) -> bytes:
-    return hmac.digest(key, b"kelastic-v1 " + label + bytes([service]) + ns + nc, "sha256")
+def _mac(key: bytes, label: bytes, service: Service, ns: bytes, nc: bytes, identity: bytes = b"") -> bytes:
+    msg = b"kelastic-v2 " + label + bytes([service]) + ns + nc + bytes([len(identity)]) + identity
+    return hmac.digest(key, msg, "sha256")
+
+
+def _identity(identity: str) -> bytes:
+    raw = identity.encode()
+    if len(raw) > MAX_IDENTITY:
+        raise ValueError(f"a service identity is at most {MAX_IDENTITY} bytes: {identity!r}")
+    return raw
 
 
 # --- the handshake's messages (pure; the socket helpers below and PeerLink's event loop use them)
-def hello(service: Service, ns: bytes) -> bytes:
-    """The server's first message."""
-    return MAGIC + bytes([VERSION, service]) + ns
+def hello(service: Service, ns: bytes, identity: str) -> bytes:
+    """The server's first message: it names the server as ``identity`` (its endpoint)."""
+    raw = _identity(identity)
+    return MAGIC + bytes([VERSION, service]) + ns + bytes([len(raw)]) + raw
 
 
-def prove(key: bytes, service: Service, hello_msg: bytes) -> tuple[bytes, bytes, bytes]:
-    """The client's answer to ``hello_msg``: (PROOF message, Ns, Nc). AuthError when the
-    hello is not one of ``service``'s."""
-    if len(hello_msg) != HELLO_SIZE or not hello_msg.startswith(MAGIC):
+@dataclass(frozen=True)
+class Hello:
+    """A server's hello as the client read it."""
+
+    ns: bytes
+    identity: str
+
+
+def read_hello(service: Service, hello_msg: bytes) -> Hello:
+    """The client's reading of a whole hello; AuthError when it is not one of ``service``'s."""
+    if len(hello_msg) < HELLO_SIZE or not hello_msg.startswith(MAGIC):
         raise AuthError("the other end is not a kelastic service (no kelastic hello)")
     version, got = hello_msg[len(MAGIC)], hello_msg[len(MAGIC) + 1]
     if version != VERSION:
         raise AuthError(f"the other end speaks kelastic protocol version {version}, this one {VERSION}")
     if got != service:
         raise AuthError(f"the other end is kelastic's {_name(got)}, not its {service.name.lower()}")
-    ns = hello_msg[-NONCE_SIZE:]
+    if len(hello_msg) != HELLO_SIZE + hello_msg[HELLO_SIZE - 1]:
+        raise AuthError("a kelastic hello of the wrong length")
+    ns = hello_msg[len(MAGIC) + 2 : len(MAGIC) + 2 + NONCE_SIZE]
+    return Hello(ns, hello_msg[HELLO_SIZE:].decode(errors="replace"))
+
+
+def prove(key: bytes, service: Service, hello_msg: bytes, expect: str | None) -> tuple[bytes, bytes, bytes]:
+    """The client's answer to ``hello_msg``: (PROOF message, Ns, Nc). AuthError when the
+    hello is not one of ``service``'s or names another node than ``expect`` (the endpoint
+    the client meant; None: whichever answers)."""
+    h = read_hello(service, hello_msg)
+    if expect is not None and h.identity != expect:
+        raise AuthError(
+            f"the {service.name.lower()} reached at {expect} answered as {h.identity!r}, another node: "
+            "something between them relays the connection; refused"
+        )
     nc = secrets.token_bytes(NONCE_SIZE)
-    return nc + _mac(key, b"client", service, ns, nc), ns, nc
+    return nc + _mac(key, b"client", service, h.ns, nc, _identity(h.identity)), h.ns, nc
 
 
-def verify_proof(key: bytes, service: Service, ns: bytes, proof_msg: bytes) -> tuple[bytes, Session]:
-    """The server's check of a PROOF: (ANSWER message, the session). AuthError when wrong."""
+def verify_proof(
+    key: bytes, service: Service, ns: bytes, proof_msg: bytes, identity: str
+) -> tuple[bytes, Session]:
+    """The server's check of a PROOF (made for this server, ``identity``): (ANSWER message,
+    the session). AuthError when wrong."""
     if len(proof_msg) != PROOF_SIZE:
         raise AuthError("short proof")
     nc, tag = proof_msg[:NONCE_SIZE], proof_msg[NONCE_SIZE:]
-    if not hmac.compare_digest(tag, _mac(key, b"client", service, ns, nc)):
-        raise AuthError("the client did not prove the job's secret")
-    return _mac(key, b"server", service, ns, nc), Session.derive(key, service, ns, nc, server=True)
+    if not hmac.compare_digest(tag, _mac(key, b"client", service, ns, nc, _identity(identity))):
+        raise AuthError("the client did not prove the job's secret (for this node)")
+    return answer(key, service, ns, nc, identity), Session.derive(key, service, ns, nc, server=True)
 
 
-def answer(key: bytes, service: Service, ns: bytes, nc: bytes) -> bytes:
-    return _mac(key, b"server", service, ns, nc)
+def answer(key: bytes, service: Service, ns: bytes, nc: bytes, identity: str) -> bytes:
+    return _mac(key, b"server", service, ns, nc, _identity(identity))
 
 
-def check_answer(key: bytes, service: Service, ns: bytes, nc: bytes, answer_msg: bytes) -> Session:
-    """The client's check of the server's ANSWER; AuthError (saying which side lacks the
-    key) when wrong."""
+def check_answer(
+    key: bytes, service: Service, ns: bytes, nc: bytes, answer_msg: bytes, identity: str
+) -> Session:
+    """The client's check of the server's ANSWER (for the server named ``identity`` in its
+    hello); AuthError (saying which side lacks the key) when wrong."""
     if answer_msg == REFUSED:
         raise AuthError(
             "the service refused this process's proof: the two do not hold the same job secret "
             "(--job-secret-file)"
         )
-    if not hmac.compare_digest(answer_msg, answer(key, service, ns, nc)):
+    if not hmac.compare_digest(answer_msg, answer(key, service, ns, nc, identity)):
         raise AuthError("the service did not prove the job's secret: it is not one of this job's agents")
     return Session.derive(key, service, ns, nc, server=False)
 
@@ -215,14 +265,14 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def server_handshake(sock: socket.socket, key: bytes, service: Service) -> Session:
-    """Authenticate the client on ``sock`` (the server's side). AuthError when it fails;
-    TimeoutError when the client is silent past the socket's timeout."""
+def server_handshake(sock: socket.socket, key: bytes, service: Service, identity: str) -> Session:
+    """Authenticate the client on ``sock`` (the server's side, named ``identity``). AuthError
+    when it fails; TimeoutError when the client is silent past the socket's timeout."""
     ns = secrets.token_bytes(NONCE_SIZE)
-    sock.sendall(hello(service, ns))
+    sock.sendall(hello(service, ns, identity))
     proof = _recv_exact(sock, PROOF_SIZE)
     try:
-        reply, session = verify_proof(key, service, ns, proof)
+        reply, session = verify_proof(key, service, ns, proof, identity)
     except AuthError:
         try:
             sock.sendall(REFUSED)
@@ -233,11 +283,22 @@ def server_handshake(sock: socket.socket, key: bytes, service: Service) -> Sessi
     return session
 
 
-def client_handshake(sock: socket.socket, key: bytes, service: Service) -> Session:
-    """Authenticate to the server on ``sock`` and check that it holds the key too."""
-    proof, ns, nc = prove(key, service, _recv_exact(sock, HELLO_SIZE))
+def recv_hello(sock: socket.socket) -> bytes:
+    """A whole hello from ``sock`` (its fixed part, then the identity it announces)."""
+    head = _recv_exact(sock, HELLO_SIZE)
+    if not head.startswith(MAGIC):
+        return head  # prove() says what it is not
+    return head + (_recv_exact(sock, head[-1]) if head[-1] else b"")
+
+
+def client_handshake(sock: socket.socket, key: bytes, service: Service, expect: str | None) -> Session:
+    """Authenticate to the server on ``sock``, check that it is ``expect`` (the endpoint
+    meant; None: any) and that it holds the key too."""
+    msg = recv_hello(sock)
+    proof, ns, nc = prove(key, service, msg, expect)
     sock.sendall(proof)
-    return check_answer(key, service, ns, nc, _recv_exact(sock, ANSWER_SIZE))
+    identity = read_hello(service, msg).identity
+    return check_answer(key, service, ns, nc, _recv_exact(sock, ANSWER_SIZE), identity)
 
 
 # --- what the services refused ------------------------------------------------------------------

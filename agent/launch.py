@@ -152,6 +152,11 @@ def start_checkpoint_service(
     return CheckpointService(settings, key, host=bind, advertise=advertise, on_restore=restored).start()
 
 
+def _worker_pids(agent: LocalElasticAgent) -> list[int]:
+    """The pids of the agent's current workers (none before they started)."""
+    return [w.id for w in agent.get_worker_group().workers if isinstance(w.id, int)]
+
+
 def launch_agent(config: LaunchConfig) -> RunResult:
     """Run this node's agent to completion; see the module docstring for teardown rules.
 
@@ -264,6 +269,8 @@ def _launch(config: LaunchConfig, key: secret.JobSecret | None) -> RunResult:
         telemetry.start_sampler(agent.rank_progress)
         if checkpoints is not None:
             telemetry.watch_checkpoint(checkpoints.keeper.status)
+            # Only the ranks this agent started (and their own processes) save and restore here.
+            checkpoints.keeper.local.set(lambda: _worker_pids(agent))
         _log.info(
             "agent for %s: nnodes=%d:%d nproc_per_node=%d backend=%s endpoint=%s run_id=%s logs=%s",
             config.entrypoint_name,

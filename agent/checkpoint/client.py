@@ -1,22 +1,28 @@
 """A connection to one checkpoint service: what workers, peers and the durable copy use.
 
-The connection authenticates both ways when it opens (:func:`kelastic.agent.auth.
-client_handshake`, with the job's key) and is kept between requests; a broken one is
-replaced once per request. A service that does not prove the key is never sent a request.
+The connection is sealed and authenticates both ways when it opens (TLS 1.3 with the job's
+certificate, :mod:`kelastic.agent.tls`; inside it :func:`kelastic.agent.auth.
+client_handshake`, which checks that the service that answers is the one at the endpoint
+meant) and is kept between requests; a broken one is replaced once per request. A service
+that does not prove the key, or is another node than the endpoint names, is never sent a
+request.
 """
 
 from __future__ import annotations
 
+import random
 import socket
+import ssl
+import time
 from pathlib import Path
 from typing import Any
 
-from kelastic.agent import auth
+from kelastic.agent import auth, tls
 from kelastic.agent.checkpoint import wire
 from kelastic.agent.checkpoint.errors import CheckpointError
 from kelastic.agent.checkpoint.settings import ServiceLimits
 
-__all__ = ["PEER_TIMEOUT", "ServiceClient", "parse_endpoint"]
+__all__ = ["PEER_TIMEOUT", "ServiceClient", "open_channel", "parse_endpoint"]
 
 #: Seconds a peer may take to answer one request (a frozen peer must not hold a save forever).
 PEER_TIMEOUT = 30.0
@@ -25,6 +31,70 @@ PEER_TIMEOUT = 30.0
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
     host, _, port = endpoint.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+_SECRET_MISMATCH = "the two do not hold the same job secret (--job-secret-file)"
+
+
+#: Tries of a handshake the service cut off (it drops the oldest handshakes under a flood),
+#: and the first pause between them (doubled each time, with jitter).
+HANDSHAKE_TRIES = 6
+HANDSHAKE_BACKOFF = 0.05
+
+
+class _CutOff(Exception):
+    """The handshake was cut off (closed or reset before it finished): worth another try."""
+
+
+def open_channel(endpoint: str, key: bytes, timeout: float = PEER_TIMEOUT) -> wire.Channel:
+    """A sealed, authenticated connection to the service at ``endpoint`` (which must answer
+    as that endpoint); CheckpointError saying why not. A handshake the service cut off (as
+    it does to the oldest ones while it is flooded) is tried again, up to
+    :data:`HANDSHAKE_TRIES` times with growing pauses."""
+    pause = HANDSHAKE_BACKOFF
+    for attempt in range(HANDSHAKE_TRIES):
+        try:
+            return _open_once(endpoint, key, timeout)
+        except _CutOff as e:
+            if attempt == HANDSHAKE_TRIES - 1:
+                raise CheckpointError(
+                    f"checkpoint service at {endpoint}: the handshake was cut off {HANDSHAKE_TRIES} times "
+                    f"(the service is flooded with connections, or restarting): {e.__cause__}"
+                ) from None
+            time.sleep(pause * random.uniform(0.5, 1.5))
+            pause *= 2
+    raise AssertionError("unreachable")
+
+
+def _open_once(endpoint: str, key: bytes, timeout: float) -> wire.Channel:
+    try:
+        sock = socket.create_connection(parse_endpoint(endpoint), timeout=timeout)
+    except OSError as e:
+        raise CheckpointError(f"cannot reach the checkpoint service at {endpoint}: {e}") from e
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = tls.client_context(key).wrap_socket(sock)
+        session = auth.client_handshake(sock, key, auth.Service.CHECKPOINT, endpoint)
+    except (auth.HandshakeClosed, ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionResetError,
+            BrokenPipeError) as e:  # fmt: skip
+        sock.close()
+        raise _CutOff() from e
+    except auth.AuthError as e:
+        sock.close()
+        raise CheckpointError(f"checkpoint service at {endpoint}: {e}") from None
+    except ssl.SSLCertVerificationError:
+        sock.close()
+        raise CheckpointError(
+            f"checkpoint service at {endpoint}: its TLS certificate is not this job's: {_SECRET_MISMATCH}"
+        ) from None
+    except ssl.SSLError as e:
+        sock.close()
+        why = _SECRET_MISMATCH if "alert" in str(e) else str(e)
+        raise CheckpointError(f"checkpoint service at {endpoint} refused this process: {why}") from None
+    except OSError as e:
+        sock.close()
+        raise CheckpointError(f"checkpoint service at {endpoint}: handshake failed: {e}") from e
+    return wire.Channel(sock, session, io_timeout=timeout, max_header=ServiceLimits().max_header)
 
 
 class ServiceClient:
@@ -42,22 +112,7 @@ class ServiceClient:
 
     def _connect(self) -> wire.Channel:
         if self._channel is None:
-            try:
-                sock = socket.create_connection(parse_endpoint(self.endpoint), timeout=self.timeout)
-            except OSError as e:
-                raise CheckpointError(f"cannot reach the checkpoint service at {self.endpoint}: {e}") from e
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                session = auth.client_handshake(sock, self._key, auth.Service.CHECKPOINT)
-            except auth.AuthError as e:
-                sock.close()
-                raise CheckpointError(f"checkpoint service at {self.endpoint}: {e}") from None
-            except OSError as e:
-                sock.close()
-                raise CheckpointError(f"checkpoint service at {self.endpoint}: handshake failed: {e}") from e
-            self._channel = wire.Channel(
-                sock, session, io_timeout=self.timeout, max_header=ServiceLimits().max_header
-            )
+            self._channel = open_channel(self.endpoint, self._key, self.timeout)
         return self._channel
 
     def close(self) -> None:
@@ -99,15 +154,12 @@ class ServiceClient:
         raise AssertionError("unreachable")
 
     def put_file(self, cid: int, name: str, path: Path, size: int) -> None:
-        """Send a whole file as a replica (zero-copy ``sendfile``, not sealed: see
-        :mod:`~kelastic.agent.checkpoint.wire`)."""
+        """Send a whole file as a replica (encrypted with the connection, like every byte)."""
         channel = self._connect()
         try:
             channel.send_header({"op": "put", "id": cid, "name": name}, size)
             with open(path, "rb") as f:
-                sent = channel.sock.sendfile(f, 0, size)
-            if sent != size:
-                raise wire.ProtocolError(f"sent {sent} of {size} bytes of {name}")
+                channel.send_file(f, 0, size)
             reply = channel.recv_header()
             if reply is None:
                 raise wire.ProtocolError("the peer closed the connection")

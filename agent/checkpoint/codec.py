@@ -11,11 +11,13 @@ global with :class:`UnsafeMetadata`, naming it. So metadata that crossed the net
 lies in a durable directory, cannot run code in the process that reads it.
 
 The items of a checkpoint that are not tensors (``BYTE_IO``: a step counter, a dict of
-hyperparameters, any object in the state) are a different matter: DCP's load planners
-read them with ``torch.load(..., weights_only=False)``, a full unpickling, in torch 2.13
-as before. Whoever can write a checkpoint's part bytes can therefore run code in a rank
-that restores it; kelastic lets only the job's authenticated agents and workers write
-them (docs/security.md).
+hyperparameters, any object in the state) are ``torch.save`` archives, which DCP's load
+planners read with ``torch.load(..., weights_only=False)``, a full unpickling. kelastic's
+readers hand a planner only an item that :func:`check_item` read first with torch's own
+``weights_only`` unpickler (tensors, plain containers, numbers, strings, what
+``torch.serialization.add_safe_globals`` allows, and ``io.BytesIO``, which DCP saves as
+such): an item that needs more is refused with :class:`UnsafeItem`, naming it and what it
+needs, and never reaches the full unpickler.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import io
 import pickle
 from typing import Any
 
-__all__ = ["UnsafeMetadata", "check_commit", "dumps", "loads"]
+__all__ = ["UnsafeItem", "UnsafeMetadata", "check_commit", "check_item", "dumps", "loads"]
 
 #: (module, name) globals a DCP metadata may name, beside torch's dtypes, layouts and
 #: memory formats (checked by type in :meth:`_Unpickler.find_class`).
@@ -74,6 +76,33 @@ class _Unpickler(pickle.Unpickler):
             f"checkpoint metadata names {module}.{name}, which a torch.distributed.checkpoint "
             "metadata never holds; refused without running it"
         )
+
+
+class UnsafeItem(pickle.UnpicklingError):
+    """A checkpoint item whose bytes name more than torch's weights_only unpickler allows
+    (refused, nothing run)."""
+
+
+def check_item(blob: bytes, name: str) -> None:
+    """Read the non-tensor item ``name`` (a ``torch.save`` archive) with torch's
+    ``weights_only`` unpickler, ``io.BytesIO`` allowed too; UnsafeItem naming it and what it
+    needs when it needs more (or is no such archive), so that it never reaches DCP's full
+    unpickling."""
+    import torch
+
+    try:
+        with torch.serialization.safe_globals([io.BytesIO]):
+            torch.load(io.BytesIO(blob), weights_only=True)
+    except Exception as e:  # refusals and malformed bytes fail in many ways; all mean "refused"
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        why = next(
+            (ln for ln in lines if "Unsupported" in ln or "global" in ln.lower()), lines[-1] if lines else ""
+        )
+        raise UnsafeItem(
+            f"checkpoint item {name!r} needs more than torch's weights_only unpickler allows ({why}); "
+            "refused without running it. Save plain values and tensors, or allow the classes it names "
+            "with torch.serialization.add_safe_globals in the restoring process"
+        ) from None
 
 
 def dumps(metadata: Any) -> bytes:

@@ -30,7 +30,14 @@ Rules it enforces (the contract ``MemoryWriter`` relies on), whoever asks:
   an error, never a SIGBUS in a worker; a replica's file grows as its bytes arrive, so a
   peer that announces one and sends nothing costs nothing.
 * **Numbers in range.** A checkpoint number may run at most :data:`MAX_ID_JUMP` past the
-  newest this node has seen; a reservation names a live process of this node.
+  newest this node has seen (:data:`MAX_FIRST_ID` while it has seen none).
+* **Only the node's own ranks save here.** Once the agent names the processes it started
+  (``keeper.local.set``, :mod:`.ranks`), ``begin`` and ``restored`` must come from one of them or
+  a process they started, a reservation goes when its process goes, and ``open`` needs the
+  rank's reservation. A commit is superseded only by a newer checkpoint this node's own
+  ranks opened, never by a peer's replica.
+* **What is buffered is counted.** Headers and a commit's metadata are reserved against the
+  limit (:meth:`CheckpointKeeper.reserve`) before they are read.
 
 Thread-safe; blocking waits are bounded by the caller's timeout.
 """
@@ -51,15 +58,19 @@ from kelastic.agent.checkpoint.durable import DurableStore
 from kelastic.agent.checkpoint.errors import CheckpointError
 from kelastic.agent.checkpoint.folder import MemoryFolder
 from kelastic.agent.checkpoint.plan import HeldCheckpoint, Inventory, memory_needed
+from kelastic.agent.checkpoint.ranks import LocalRanks
 from kelastic.agent.checkpoint.settings import CheckpointSettings, format_bytes
 
-__all__ = ["MAX_ID_JUMP", "CheckpointKeeper", "Refusal"]
+__all__ = ["MAX_FIRST_ID", "MAX_ID_JUMP", "CheckpointKeeper", "Refusal"]
 
 _log = logging.getLogger(__name__)
 
 #: How far past the newest checkpoint number this node has seen a request's number may run
-#: (a fresh node joins a group whose numbers are far ahead; no request exhausts them).
-MAX_ID_JUMP = 2**32
+#: (one save per step for a million steps while this node was away; no request exhausts them).
+MAX_ID_JUMP = 2**20
+#: The highest number a node that has seen none takes (a fresh node joins a group whose
+#: numbers are far ahead: 2^40 saves are 35,000 years of one a second).
+MAX_FIRST_ID = 2**40
 
 
 @dataclass
@@ -118,6 +129,10 @@ class CheckpointKeeper:
         self._commit_times: deque[float] = deque(maxlen=2)
         self._refused = 0
         self._restores: dict[str, int] = {}
+        #: bytes of headers and metadata being read: counted against the limit
+        self._buffered = 0
+        #: the processes the agent started (its ranks); ``local.set`` names them
+        self.local = LocalRanks(settings.node)
         self._load_existing()
 
     # --- paths -------------------------------------------------------------------------------
@@ -171,13 +186,32 @@ class CheckpointKeeper:
         return sum(self._ckpts[i].nbytes() for i in self._kept())
 
     def _used(self) -> int:
-        """Bytes held (files, metadata) and arriving (replicas), without the reuse pool."""
-        return sum(c.nbytes() for c in self._ckpts.values()) + sum(self._incoming.values())
+        """Bytes held (files, metadata), arriving (replicas) and being read (headers and
+        metadata), without the reuse pool."""
+        return sum(c.nbytes() for c in self._ckpts.values()) + sum(self._incoming.values()) + self._buffered
+
+    def reserve(self, nbytes: int, what: str) -> None:
+        """Count ``nbytes`` of ``what`` about to be read (until :meth:`release`); CheckpointError if over."""
+        with self._cond:
+            used = self._used()
+            if used + nbytes > self.settings.limit:
+                raise CheckpointError(
+                    f"node {self.settings.node} cannot read {format_bytes(nbytes)} of {what}: it holds "
+                    f"{format_bytes(used)} of a {format_bytes(self.settings.limit)} limit"
+                )
+            self._buffered += nbytes
+
+    def release(self, nbytes: int) -> None:
+        with self._cond:
+            self._buffered -= nbytes
+            self._cond.notify_all()
 
     def _check_id(self, cid: int) -> None:
-        if cid > self._newest + MAX_ID_JUMP:
+        bound = self._newest + MAX_ID_JUMP if self._newest else MAX_FIRST_ID
+        if cid > bound:
             raise CheckpointError(
-                f"checkpoint {cid} is more than {MAX_ID_JUMP} past the newest this node has seen ({self._newest})"
+                f"checkpoint {cid} is more than {bound - self._newest} past the newest this node has seen "
+                f"({self._newest})"
             )
 
     def _drop_abandoned(self) -> None:
@@ -193,7 +227,7 @@ class CheckpointKeeper:
     # --- a save ------------------------------------------------------------------------------
     def _prune_pending(self, rank: int, pid: int) -> None:
         for r, (owner, _) in list(self._pending.items()):
-            if (r == rank and owner != pid) or not _alive(owner):
+            if (r == rank and owner != pid) or not self.local.holds(owner):
                 del self._pending[r]
 
     def _busy(self, rank: int) -> str | None:
@@ -220,6 +254,7 @@ class CheckpointKeeper:
             raise CheckpointError(f"a save is reserved for a worker process of this node, not pid {pid}")
         deadline = time.monotonic() + timeout
         with self._cond:
+            self.local.check(pid, "a save's reservation")
             self._prune_pending(rank, pid)
             while (busy := self._busy(rank)) is not None:
                 left = deadline - time.monotonic()
@@ -267,6 +302,11 @@ class CheckpointKeeper:
         path = self.path_of(cid, name)
         with self._cond:
             self._check_id(cid)
+            self._prune_pending(-1, 0)
+            if self.local.named and rank not in self._pending:
+                raise CheckpointError(
+                    f"rank {rank} has no save begun on node {self.settings.node}: only its own ranks open parts"
+                )
             committed = [c.id for c in self._ckpts.values() if c.committed]
             if committed and cid <= max(committed):
                 raise CheckpointError(
@@ -320,7 +360,8 @@ class CheckpointKeeper:
                 raise CheckpointError(
                     f"checkpoint {cid} is committed already; a committed checkpoint is final"
                 )
-            newer = [c for c in self._ckpts if c > cid]
+            # only a newer save of this node's own ranks supersedes it, never a peer's replica
+            newer = [c.id for c in self._ckpts.values() if c.id > cid and c.own]
             if newer:
                 raise CheckpointError(f"checkpoint {cid} was superseded by checkpoint {max(newer)}")
             if self._used() + len(metadata) > self.settings.limit:
@@ -493,12 +534,14 @@ class CheckpointKeeper:
                 )
             return self.path_of(cid, name)
 
-    def restored(self, cid: int, source: str, seconds: float, step: int | None) -> bool:
-        """A rank of this node restored checkpoint ``cid``: recorded for the status and the
-        metrics. Drops nothing: when this node holds ``cid`` and it is older than the newest
-        committed here (which was incomplete), it is kept beside it (module docstring). True
-        the first time a rank of this node reports it (the agent logs it once)."""
+    def restored(self, cid: int, source: str, seconds: float, step: int | None, pid: int) -> bool:
+        """A rank of this node (process ``pid``, else CheckpointError) restored checkpoint
+        ``cid``: recorded for the status and the metrics. Drops nothing: when this node holds
+        ``cid`` and it is older than the newest committed here (which was incomplete), it is
+        kept beside it (module docstring). True the first time a rank reports it."""
         with self._cond:
+            self.local.check(pid, "a restore report")
+            self._check_id(cid)
             newest = self._newest_committed()
             held = self._ckpts.get(cid)
             if held is not None and held.committed and newest is not None and cid < newest.id:
@@ -556,18 +599,6 @@ class CheckpointKeeper:
             if remove:
                 self.folder.remove()
                 self._ckpts.clear()
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False  # no process of this node: no reservation
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _tmpfs_free(path: Path) -> int | None:

@@ -126,6 +126,7 @@ class Restored:
     source: Source
     seconds: float
     step: int | None
+    pid: int
 
 
 Request = Begin | Open | Done | Commit | Put | InventoryRequest | MetadataRequest | Get | Restored
@@ -139,7 +140,7 @@ _FIELDS: dict[str, frozenset[str]] = {
     "inventory": frozenset(),
     "metadata": frozenset({"id"}),
     "get": frozenset({"id", "name", "offset", "length"}),
-    "restored": frozenset({"id", "source", "seconds", "step"}),
+    "restored": frozenset({"id", "source", "seconds", "step", "pid"}),
 }
 
 
@@ -251,4 +252,5 @@ def parse(
         src,
         _seconds(header, "seconds", 10.0**9),
         _optional_int(header, "step", -_MAX_STEP, _MAX_STEP),
+        _int(header, "pid", 1, MAX_PID),
     )

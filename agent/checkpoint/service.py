@@ -3,9 +3,13 @@
 Every ``kelastic-agent`` runs one (``--checkpoint-*`` flags). Its clients are the node's own
 workers (``MemoryWriter``/``MemoryReader``, which find it through
 ``$KELASTIC_CHECKPOINT_ENDPOINT``) and the other nodes' services and workers (replicas,
-restores, commits). Every client proves the job's secret first (:mod:`kelastic.agent.auth`:
-a mutual handshake per connection, then a MAC on every message, :mod:`.wire`); a connection
-that does not is closed before anything it sent is parsed, and counted. Operations
+restores, commits). Every connection is sealed: TLS 1.3 whose both ends prove the job's
+secret (:mod:`kelastic.agent.tls`), so every byte after its handshake, parts included, is
+encrypted and authenticated; inside it :mod:`kelastic.agent.auth`'s handshake, in which
+this service names itself by its endpoint (a client that reached another node than it
+meant, through a relay, refuses), then a MAC on every message (:mod:`.wire`). A
+connection that does not prove the secret is closed before anything it sent is parsed,
+and counted. Operations
 (:mod:`.requests` checks every field):
 
 =============  ===========================================================================
@@ -21,8 +25,9 @@ that does not is closed before anything it sent is parsed, and counted. Operatio
 ``put``        a peer's part (payload), kept as a replica (never replacing a file held)
 ``inventory``  what this node holds (:class:`~kelastic.agent.checkpoint.plan.Inventory`)
 ``metadata``   a checkpoint's metadata (sealed payload)
-``get``        a byte range of a held file (payload, sent with ``sendfile``)
-``restored``   a rank restored checkpoint N from a source in S seconds (recorded; drops nothing)
+``get``        a byte range of a held file (payload)
+``restored``   a rank of this node restored checkpoint N from a source in S seconds (recorded;
+               drops nothing)
 =============  ===========================================================================
 
 Bad input gets an error reply, or a closed connection when the stream cannot be trusted
@@ -38,12 +43,13 @@ import logging
 import os
 import queue
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kelastic.agent import auth
+from kelastic.agent import auth, tls
 from kelastic.agent.checkpoint import codec, wire
 from kelastic.agent.checkpoint import requests as rq
 from kelastic.agent.checkpoint.admission import Admission
@@ -68,13 +74,19 @@ class _Close(Exception):
     """End this connection (after a refusal whose payload is not worth reading)."""
 
 
+def _shut_down(s: socket.socket) -> None:
+    """Shut ``s`` down from another thread: the TCP connection itself (an SSLSocket's own
+    ``shutdown`` would also drop its TLS state under the thread that reads it)."""
+    try:
+        socket.socket.shutdown(s, socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
 def _shut(socks: Sequence[socket.socket]) -> None:
     for s in socks:
         auth.REFUSALS.count(SERVICE, auth.Reason.OVER_CAPACITY)
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        _shut_down(s)
 
 
 class CheckpointService:
@@ -105,6 +117,7 @@ class CheckpointService:
         self.limits = limits
         self._own_secret = secret is None
         self._secret = ephemeral_secret() if secret is None else secret
+        self._tls = tls.server_context(self._secret.key)
         self._on_restore = on_restore
         self._on_replicated = on_replicated
         self._ring: tuple[str, ...] = ()
@@ -132,10 +145,7 @@ class CheckpointService:
             pass
         self._listener.close()
         for c in self.admission.sockets():
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _shut_down(c)
         for t in self._threads:
             t.join(timeout=5)
         self.keeper.close(remove=remove)
@@ -172,14 +182,27 @@ class CheckpointService:
     def ring(self) -> tuple[str, ...]:
         return self._ring
 
+    def _preferred(self, conn: socket.socket) -> bool:
+        """Whether ``conn`` comes from this node's own address or a ring node's (its ranks
+        and ring neighbours go first when connections are short)."""
+        try:
+            source = str(conn.getpeername()[0])
+        except OSError:
+            return False
+        hosts = {parse_endpoint(e)[0] for e in (self.endpoint, *self._ring)}
+        return source in hosts
+
     # --- serving -------------------------------------------------------------------------------
     def _accept(self) -> None:
         while not self._stopped.is_set():
             try:
-                conn, _ = self._listener.accept()
+                raw, peer = self._listener.accept()
+                conn = self._tls.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
             except OSError:
-                return
-            _shut(self.admission.arrive(conn))
+                if self._stopped.is_set():
+                    return
+                continue
+            _shut(self.admission.arrive(conn, str(peer[0])))
             threading.Thread(
                 target=self._serve, args=(conn,), name="kelastic-checkpoint-conn", daemon=True
             ).start()
@@ -190,17 +213,27 @@ class CheckpointService:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.settimeout(self.limits.handshake_timeout)
             try:
-                session = auth.server_handshake(conn, self._secret.key, auth.Service.CHECKPOINT)
-            except auth.AuthError:
+                assert isinstance(conn, ssl.SSLSocket)
+                conn.do_handshake()
+                session = auth.server_handshake(
+                    conn, self._secret.key, auth.Service.CHECKPOINT, self.endpoint
+                )
+            except (auth.AuthError, ssl.SSLError):
                 reason = auth.Reason.UNAUTHENTICATED
                 return
-            admitted, evicted = self.admission.authenticated(conn, self.limits.io_timeout)
+            admitted, evicted = self.admission.authenticated(
+                conn, self.limits.io_timeout, preferred=self._preferred(conn)
+            )
             _shut(evicted)
             if not admitted:
                 reason = auth.Reason.OVER_CAPACITY
                 return
             channel = wire.Channel(
-                conn, session, io_timeout=self.limits.io_timeout, max_header=self.limits.max_header
+                conn,
+                session,
+                io_timeout=self.limits.io_timeout,
+                max_header=self.limits.max_header,
+                budget=self.keeper,
             )
             while not self._stopped.is_set():
                 msg = channel.recv_header(self.limits.idle_timeout)
@@ -214,6 +247,8 @@ class CheckpointService:
             pass
         except TimeoutError:
             reason = auth.Reason.TIMEOUT
+        except wire.OverBudget:
+            reason = auth.Reason.OVER_CAPACITY
         except wire.ProtocolError:
             reason = auth.Reason.BAD_FRAME
         except OSError:
@@ -253,7 +288,17 @@ class CheckpointService:
         if isinstance(req, rq.Put):
             self._receive_replica(channel, req, msg)
         elif isinstance(req, rq.Commit):
-            self._commit(req, channel.recv_payload(msg))
+            try:
+                k.reserve(msg.length, f"checkpoint {req.id}'s metadata")
+            except CheckpointError as e:
+                auth.REFUSALS.count(SERVICE, auth.Reason.OVER_CAPACITY)
+                channel.send({"ok": False, "error": str(e)})
+                raise _Close from None  # its payload is not worth reading
+            try:
+                metadata = channel.recv_payload(msg)
+            finally:
+                k.release(msg.length)  # the commit counts what it keeps
+            self._commit(req, metadata)
             channel.send({"ok": True})
         elif isinstance(req, rq.Begin):
             newest, refusal = k.begin(req.rank, req.nbytes, req.timeout, req.pid)
@@ -275,7 +320,7 @@ class CheckpointService:
         elif isinstance(req, rq.Get):
             self._send_range(channel, req)
         else:
-            first = k.restored(req.id, req.source.value, req.seconds, req.step)
+            first = k.restored(req.id, req.source.value, req.seconds, req.step, req.pid)
             channel.send({"ok": True})
             if first and self._on_restore is not None:
                 self._on_restore(k.status())
@@ -304,9 +349,7 @@ class CheckpointService:
             raise CheckpointError(f"{req.name} of checkpoint {req.id} went away: {e.strerror}") from e
         with open(fd, "rb") as f:
             channel.send_header({"ok": True}, req.length)
-            sent = channel.sock.sendfile(f, req.offset, req.length) if req.length else 0
-        if sent != req.length:
-            raise wire.ProtocolError(f"sent {sent} of {req.length} bytes of {req.name}")
+            channel.send_file(f, req.offset, req.length)
 
     def _commit(self, req: rq.Commit, metadata: bytes) -> None:
         cid = req.id

@@ -208,6 +208,30 @@ def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+class _CheckedPlanner:
+    """A load planner whose ``load_bytes`` hands on only items :func:`codec.check_item`
+    read without running code (the planner's own ``torch.load`` is a full unpickling);
+    everything else goes to the planner itself."""
+
+    def __init__(self, planner: LoadPlanner) -> None:
+        self._planner = planner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._planner, name)
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        blob = value.getvalue()
+        try:
+            codec.check_item(blob, read_item.dest_index.fqn)
+        except codec.UnsafeItem as e:
+            raise CheckpointError(str(e)) from None
+        self._planner.load_bytes(read_item, io.BytesIO(blob))
+
+
+def _checked(planner: LoadPlanner) -> Any:
+    return planner if isinstance(planner, _CheckedPlanner) else _CheckedPlanner(planner)
+
+
 class _Mappings:
     """The shared mappings of this process's latest checkpoint files, kept between saves.
 
@@ -559,7 +583,7 @@ class MemoryReader(StorageReader):
         choice = self.choice
         assert choice is not None
         if self._fs is not None:
-            self._fs.read_data(plan, planner).wait()
+            self._fs.read_data(plan, _checked(planner)).wait()
         else:
             self._read(choice, plan.items, planner)
         seconds = time.monotonic() - (self._began or time.monotonic())
@@ -570,6 +594,7 @@ class MemoryReader(StorageReader):
                 "source": choice.source.value,
                 "seconds": seconds,
                 "step": choice.step,
+                "pid": os.getpid(),
             }
         )
         fut: Future[None] = Future()
@@ -651,9 +676,8 @@ class MemoryReader(StorageReader):
     @staticmethod
     def _apply(req: ReadItem, buf: Any, where: MemoryItem, planner: LoadPlanner) -> None:
         if req.type == LoadItemType.BYTE_IO:
-            planner.load_bytes(
-                req, io.BytesIO(bytes(memoryview(buf)[where.offset : where.offset + where.length]))
-            )
+            blob = bytes(memoryview(buf)[where.offset : where.offset + where.length])
+            _checked(planner).load_bytes(req, io.BytesIO(blob))
             return
         assert where.dtype is not None and where.size is not None
         dtype = _dtype(where.dtype)

@@ -1,6 +1,8 @@
 """The checkpoint service's framing: authenticated messages of a JSON header and a payload.
 
-A connection starts with :mod:`kelastic.agent.auth`'s handshake (service ``CHECKPOINT``);
+A connection is TLS 1.3 between two holders of the job's secret (:mod:`kelastic.agent.tls`),
+so every byte on it is encrypted and authenticated; it starts with :mod:`kelastic.agent.
+auth`'s handshake (service ``CHECKPOINT``, which binds it to the node the client meant);
 every message after it is::
 
     prefix   flags (1 byte) | 3 zero bytes | header length (4) | payload length (8), big-endian
@@ -14,32 +16,34 @@ read further: the connection is closed) and a sealed payload's tag before it han
 payload on. Requests carry ``{"op": …}``; replies ``{"ok": true, …}`` or ``{"ok": false,
 "error": "…"}``.
 
-**What is sealed.** Every header, and the payloads that steer the job: a commit's metadata
-and the ``metadata`` reply. The bulk bytes of parts (``put``, the ``get`` reply: hundreds of
-MiB, sent with ``sendfile``) are not MAC'd byte by byte: they travel only on a connection
-whose both ends proved the key and whose headers are MAC'd in order, so changing them
-takes taking over an established TCP connection, which only an attacker on the path of the
-pod network can do; such an attacker can change the job's gloo/NCCL traffic as well (which
-torch does not authenticate, and which carries DCP's own pickled plans). docs/security.md
-says what protects against that (an encrypted pod network). Authenticating every byte
-would cost a SHA-256 pass over each part on both ends (about 1 GiB/s a core).
+**What is sealed.** Everything, by TLS: headers, payloads and the bulk bytes of parts
+(``put``, the ``get`` reply). On top of TLS every header and the payloads that steer the
+job (a commit's metadata, the ``metadata`` reply) carry the MACs above, under the keys of
+the handshake that named the server, with sequence numbers.
 
 A payload is read as it arrives, in chunks: a peer that announces a large payload and
-sends nothing makes the receiver allocate nothing.
+sends nothing makes the receiver allocate nothing. A large header is counted against the
+receiver's budget (the node's checkpoint memory) before it is read. Every message has a
+pace besides the timeout of each read: its header (counted when over 64 KiB) must arrive
+within the I/O timeout of its first byte, and its payload, after a grace of the I/O
+timeout, at :data:`MIN_RATE` at least, so a peer that trickles a byte now and then cannot
+hold a connection.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import socket
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from kelastic.agent.auth import TAG_SIZE, AuthError, Session
 
-__all__ = ["SEALED", "Channel", "IdleTimeout", "Message", "ProtocolError"]
+__all__ = ["MIN_RATE", "SEALED", "Budget", "Channel", "IdleTimeout", "Message", "OverBudget", "ProtocolError"]
 
 PREFIX = struct.Struct(">BxxxIQ")
 #: The payload carries its own tag.
@@ -47,10 +51,26 @@ SEALED = 0x01
 _CHUNK = 4 * 2**20
 #: Below this, a message goes out in one ``sendall`` (one packet with TCP_NODELAY).
 _SMALL = 64 * 2**10
+#: Bytes a second a payload must arrive at, at least, after a grace of the I/O timeout.
+MIN_RATE = 2**20
 
 
 class ProtocolError(ConnectionError):
     """The peer closed the connection or sent something that is not a message."""
+
+
+class OverBudget(ProtocolError):
+    """A header the receiver's memory budget cannot take (the connection is closed)."""
+
+
+class Budget(Protocol):
+    """Where a header's bytes are counted while it is read (the node's checkpoint memory)."""
+
+    def reserve(self, nbytes: int, what: str) -> None:
+        """Count ``nbytes``; raise when they would not fit."""
+        ...
+
+    def release(self, nbytes: int) -> None: ...
 
 
 class IdleTimeout(TimeoutError):
@@ -75,12 +95,25 @@ class Channel:
     Not thread-safe: one request and its reply at a time.
     """
 
-    def __init__(self, sock: socket.socket, session: Session, *, io_timeout: float, max_header: int) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        session: Session,
+        *,
+        io_timeout: float,
+        max_header: int,
+        budget: Budget | None = None,
+    ) -> None:
         self.sock = sock
         self._session = session
         self._io_timeout = io_timeout
         self._max_header = max_header
+        self._budget = budget
         self._timeout: float | None = -1.0
+        #: the pace a message being read must keep: (began, bytes a second: 0 for "all
+        #: within the I/O timeout"), and the bytes of it that arrived
+        self._pace: tuple[float, float] | None = None
+        self._arrived = 0
 
     def _wait(self, seconds: float) -> None:
         """Set the socket's timeout (only when it changes: most messages keep one)."""
@@ -102,6 +135,20 @@ class Channel:
         self.sock.sendall(payload)
         if tail:
             self.sock.sendall(tail)
+
+    def send_file(self, f: BinaryIO, offset: int, length: int) -> None:
+        """Send ``length`` bytes of ``f`` from ``offset`` (after :meth:`send_header`), from a
+        read-only mapping of the file, in pieces (``sendfile`` cannot encrypt)."""
+        if not length:
+            return
+        self._wait(self._io_timeout)
+        with mmap.mmap(f.fileno(), offset + length, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                for at in range(offset, offset + length, _CHUNK):
+                    self.sock.sendall(view[at : min(at + _CHUNK, offset + length)])
+            finally:
+                view.release()
 
     def send_header(self, header: dict[str, Any], length: int) -> None:
         """Send a header announcing ``length`` unsealed bytes; the caller sends them next."""
@@ -139,13 +186,39 @@ class Channel:
         if first == 0:
             return None
         self._wait(self._io_timeout)
-        if first < len(prefix):
-            self.recv_into(memoryview(prefix)[first:])
-        flags, header_len, length = PREFIX.unpack(prefix)
-        if header_len > self._max_header or flags & ~SEALED:
-            raise ProtocolError(f"a header of {header_len} bytes (flags {flags:#x}): not a checkpoint peer")
-        rest = bytearray(TAG_SIZE + header_len)
-        self.recv_into(memoryview(rest))
+        self._keep_pace(0.0)
+        try:
+            if first < len(prefix):
+                self.recv_into(memoryview(prefix)[first:])
+            flags, header_len, length = PREFIX.unpack(prefix)
+            if header_len > self._max_header or flags & ~SEALED:
+                raise ProtocolError(
+                    f"a header of {header_len} bytes (flags {flags:#x}): not a checkpoint peer"
+                )
+            return self._read_header(prefix, header_len, length, bool(flags & SEALED))
+        finally:
+            self._pace = None
+
+    def _read_header(self, prefix: bytearray, header_len: int, length: int, sealed: bool) -> Message:
+        # A large header is counted before it is allocated; the small ones every request has
+        # are not (at most one per connection, a bounded number of connections).
+        counted = TAG_SIZE + header_len if self._budget is not None and header_len > _SMALL else 0
+        if counted:
+            assert self._budget is not None
+            try:
+                self._budget.reserve(counted, "a request's header")
+            except Exception as e:
+                raise OverBudget(str(e)) from None
+        try:
+            rest = bytearray(TAG_SIZE + header_len)
+            self.recv_into(memoryview(rest))
+            return self._check_header(prefix, rest, length, sealed)
+        finally:
+            if counted:
+                assert self._budget is not None
+                self._budget.release(counted)
+
+    def _check_header(self, prefix: bytearray, rest: bytearray, length: int, sealed: bool) -> Message:
         tag, body = bytes(rest[:TAG_SIZE]), memoryview(rest)[TAG_SIZE:]
         try:
             self._session.open(tag, prefix, body)
@@ -157,7 +230,7 @@ class Channel:
             raise ProtocolError(f"unreadable header: {e}") from e
         if not isinstance(header, dict):
             raise ProtocolError("a header must be a JSON object")
-        return Message(header, length, bool(flags & SEALED))
+        return Message(header, length, sealed)
 
     def recv_into(self, view: memoryview) -> None:
         """Fill ``view`` from the connection (no MAC: framing and bulk bytes)."""
@@ -167,6 +240,24 @@ class Channel:
             if n == 0:
                 raise ProtocolError("connection closed in the middle of a message")
             got += n
+            if self._pace is not None and got < len(view):
+                self._check_pace(n)
+
+    def _keep_pace(self, rate: float) -> None:
+        self._pace = (time.monotonic(), rate)
+        self._arrived = 0
+
+    def _check_pace(self, n: int) -> None:
+        """TimeoutError when the message being read fell behind its pace (a trickle)."""
+        assert self._pace is not None
+        self._arrived += n
+        began, rate = self._pace
+        late = time.monotonic() - began - self._io_timeout
+        if late > 0 and (rate == 0 or self._arrived < late * rate):
+            raise TimeoutError(
+                f"the message arrives too slowly ({self._arrived} bytes in {late + self._io_timeout:.0f} s): "
+                "cut off"
+            )
 
     def _check_tail(self, h: Any) -> None:
         tag = bytearray(TAG_SIZE)
@@ -188,10 +279,14 @@ class Channel:
         if len(view) != msg.length:
             raise ProtocolError(f"expected {len(view)} bytes, got {msg.length}")
         h = self._session.incoming() if msg.sealed else None
-        self.recv_into(view)
-        if h is not None:
-            h.update(view)
-            self._check_tail(h)
+        self._keep_pace(MIN_RATE)
+        try:
+            self.recv_into(view)
+            if h is not None:
+                h.update(view)
+                self._check_tail(h)
+        finally:
+            self._pace = None
 
     def recv_to_file(self, msg: Message, f: BinaryIO) -> None:
         """Stream the payload of ``msg`` into ``f`` at its current position."""
@@ -204,14 +299,21 @@ class Channel:
     def _stream(
         self, msg: Message, write: Callable[[memoryview], object] | None, chunk: int = _CHUNK
     ) -> None:
+        self._keep_pace(MIN_RATE)
+        try:
+            self._stream_within(msg, write, chunk)
+        finally:
+            self._pace = None
+
+    def _stream_within(self, msg: Message, write: Callable[[memoryview], object] | None, chunk: int) -> None:
         h = self._session.incoming() if msg.sealed else None
         buf = bytearray(min(msg.length, chunk) or 1)
         view = memoryview(buf)
         left = msg.length
         while left:
-            n = self.sock.recv_into(view, min(left, len(buf)))
-            if n == 0:
-                raise ProtocolError("connection closed in the middle of a payload")
+            # whole pieces (TLS hands out records of 16 KiB): one write per piece
+            n = min(left, len(buf))
+            self.recv_into(view[:n])
             if h is not None:
                 h.update(view[:n])
             if write is not None:

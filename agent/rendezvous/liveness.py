@@ -78,7 +78,10 @@ class PeerLink:
     machine) is left to the heartbeat timeout.
 
     Both ends prove the job's ``key`` when a connection opens (:mod:`kelastic.agent.auth`,
-    service ``PEER_LINK``), the listening side without ever blocking on a stranger: at
+    service ``PEER_LINK``; the hello names this node by the address and port of its join
+    record, and the watcher checks that it reached the node it meant, so a relay that
+    forwards the link to another node gives no verdict), the listening side without ever
+    blocking on a stranger: at
     most :data:`MAX_PROVING` connections may be proving it at once (a new one replaces the
     oldest), each for at most :data:`PROOF_TIMEOUT` seconds, and at most :data:`MAX_PEERS`
     authenticated ones are kept (the predecessor's, and a few of earlier rounds while it
@@ -94,6 +97,8 @@ class PeerLink:
         self._listener.listen(64)
         self._listener.setblocking(False)
         self.port: int = self._listener.getsockname()[1]
+        #: what this node's hello names it: the address and port its join record publishes
+        self.identity = f"{host}:{self.port}"
         self._key = key
         self._on_lost = on_lost
         self._wake_r, self._wake_w = socket.socketpair()
@@ -189,7 +194,9 @@ class PeerLink:
         conn.setblocking(False)
         ns = secrets.token_bytes(auth.NONCE_SIZE)
         try:
-            conn.send(auth.hello(auth.Service.PEER_LINK, ns))  # 42 bytes into an empty buffer
+            conn.send(
+                auth.hello(auth.Service.PEER_LINK, ns, self.identity)
+            )  # < 300 bytes into an empty buffer
         except OSError:
             conn.close()
             return
@@ -215,7 +222,9 @@ class PeerLink:
         if len(got) < auth.PROOF_SIZE:
             return
         try:
-            reply, _session = auth.verify_proof(self._key, auth.Service.PEER_LINK, ns, bytes(got))
+            reply, _session = auth.verify_proof(
+                self._key, auth.Service.PEER_LINK, ns, bytes(got), self.identity
+            )
         except auth.AuthError:
             try:
                 conn.send(auth.REFUSED)
@@ -283,7 +292,7 @@ class PeerLink:
                 return None, False
             try:
                 sock.settimeout(PROOF_TIMEOUT)
-                auth.client_handshake(sock, self._key, auth.Service.PEER_LINK)
+                auth.client_handshake(sock, self._key, auth.Service.PEER_LINK, f"{addr}:{port}")
             except (auth.HandshakeClosed, ConnectionResetError):
                 sock.close()
                 continue

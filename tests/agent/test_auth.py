@@ -15,8 +15,16 @@ from kelastic.agent import auth
 KEY = secrets.token_hex(32).encode()
 
 
+NODE = "10.0.0.1:4000"
+
+
 def both(
-    server_key: bytes, client_key: bytes, service: auth.Service = auth.Service.CHECKPOINT
+    server_key: bytes,
+    client_key: bytes,
+    service: auth.Service = auth.Service.CHECKPOINT,
+    *,
+    meant: str | None = NODE,
+    server_is: str = NODE,
 ) -> tuple[Any, Any]:
     """Run the two handshakes over a socket pair: each side's session or exception."""
     a, b = socket.socketpair()
@@ -30,12 +38,14 @@ def both(
         except Exception as e:
             out[name] = e
 
-    t = threading.Thread(target=run, args=("server", lambda: auth.server_handshake(a, server_key, service)))
+    t = threading.Thread(
+        target=run, args=("server", lambda: auth.server_handshake(a, server_key, service, server_is))
+    )
     t.start()
-    run("client", lambda: auth.client_handshake(b, client_key, service))
+    run("client", lambda: auth.client_handshake(b, client_key, service, meant))
+    b.close()  # a client that gave up hangs up
     t.join(5)
     a.close()
-    b.close()
     return out["server"], out["client"]
 
 
@@ -54,12 +64,46 @@ def test_a_wrong_key_is_refused_and_the_client_is_told_which_side_lacks_it() -> 
     assert isinstance(client, auth.AuthError) and "refused this process's proof" in str(client)
 
 
+def test_a_client_that_reached_another_node_than_it_meant_refuses_before_proving() -> None:
+    """A relay at one endpoint forwarding to the service of another node of the job: the
+    hello names the other node, the client refuses and never sends a proof."""
+    server, client = both(KEY, KEY, meant="10.0.0.66:4000", server_is=NODE)
+    assert isinstance(client, auth.AuthError) and "answered as '10.0.0.1:4000'" in str(client)
+    assert isinstance(server, auth.AuthError)  # closed without a proof
+
+
+def test_a_hello_whose_identity_was_rewritten_fails_the_answer() -> None:
+    """An on-path relay that rewrites the identity in the hello (to the one the client
+    meant) is caught by the answer's MAC, which covers the server's own identity."""
+    a, b = socket.socketpair()
+    a.settimeout(5)
+    b.settimeout(5)
+    out: list[Any] = []
+
+    def serve() -> None:
+        ns = secrets.token_bytes(auth.NONCE_SIZE)
+        a.sendall(auth.hello(auth.Service.CHECKPOINT, ns, "10.0.0.66:4000"))  # the relay's rewrite
+        proof = a.recv(auth.PROOF_SIZE)
+        try:
+            auth.verify_proof(KEY, auth.Service.CHECKPOINT, ns, proof, NODE)  # the real server
+        except auth.AuthError as e:
+            out.append(e)
+        a.sendall(auth.REFUSED)
+
+    t = threading.Thread(target=serve)
+    t.start()
+    with pytest.raises(auth.AuthError):
+        auth.client_handshake(b, KEY, auth.Service.CHECKPOINT, "10.0.0.66:4000")
+    t.join(5)
+    assert out and "for this node" in str(out[0])
+
+
 def test_a_proof_for_one_service_is_worthless_for_another() -> None:
     a, b = socket.socketpair()
-    a.sendall(auth.hello(auth.Service.PEER_LINK, secrets.token_bytes(auth.NONCE_SIZE)))
+    a.sendall(auth.hello(auth.Service.PEER_LINK, secrets.token_bytes(auth.NONCE_SIZE), NODE))
     b.settimeout(5)
     with pytest.raises(auth.AuthError, match="peer_link, not its checkpoint"):
-        auth.client_handshake(b, KEY, auth.Service.CHECKPOINT)
+        auth.client_handshake(b, KEY, auth.Service.CHECKPOINT, NODE)
     a.close()
     b.close()
 
@@ -69,7 +113,7 @@ def test_a_stranger_that_speaks_something_else_is_not_a_kelastic_service() -> No
     a.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" + b"\0" * 20)
     b.settimeout(5)
     with pytest.raises(auth.AuthError, match="not a kelastic service"):
-        auth.client_handshake(b, KEY, auth.Service.CHECKPOINT)
+        auth.client_handshake(b, KEY, auth.Service.CHECKPOINT, NODE)
 
 
 def test_a_captured_proof_does_not_open_another_connection() -> None:
@@ -77,10 +121,10 @@ def test_a_captured_proof_does_not_open_another_connection() -> None:
     a, b = socket.socketpair()
     a.settimeout(5)
     b.settimeout(5)
-    t = threading.Thread(target=lambda: auth.server_handshake(a, KEY, auth.Service.CHECKPOINT))
+    t = threading.Thread(target=lambda: auth.server_handshake(a, KEY, auth.Service.CHECKPOINT, NODE))
     t.start()
-    hello_msg = b.recv(auth.HELLO_SIZE)
-    proof, _, _ = auth.prove(KEY, auth.Service.CHECKPOINT, hello_msg)
+    hello_msg = auth.recv_hello(b)
+    proof, _, _ = auth.prove(KEY, auth.Service.CHECKPOINT, hello_msg, NODE)
     b.sendall(proof)
     b.recv(auth.ANSWER_SIZE)
     t.join(5)
@@ -92,13 +136,13 @@ def test_a_captured_proof_does_not_open_another_connection() -> None:
 
     def serve() -> None:
         try:
-            got.append(auth.server_handshake(c, KEY, auth.Service.CHECKPOINT))
+            got.append(auth.server_handshake(c, KEY, auth.Service.CHECKPOINT, NODE))
         except auth.AuthError as e:
             got.append(e)
 
     t2 = threading.Thread(target=serve)
     t2.start()
-    d.recv(auth.HELLO_SIZE)
+    auth.recv_hello(d)
     d.sendall(proof)
     assert d.recv(auth.ANSWER_SIZE) == auth.REFUSED
     t2.join(5)

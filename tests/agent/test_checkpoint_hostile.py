@@ -19,6 +19,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import time
 import urllib.request
@@ -31,9 +32,9 @@ from typing import Any
 
 import pytest
 
-from kelastic.agent import auth
+from kelastic.agent import auth, tls
 from kelastic.agent.checkpoint import wire
-from kelastic.agent.checkpoint.client import ServiceClient
+from kelastic.agent.checkpoint.client import ServiceClient, open_channel
 from kelastic.agent.checkpoint.errors import CheckpointError
 from kelastic.agent.checkpoint.settings import ServiceLimits
 from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
@@ -121,9 +122,12 @@ def connect(node: Node) -> socket.socket:
 
 
 def authenticated(node: Node, key: bytes) -> wire.Channel:
-    sock = connect(node)
-    session = auth.client_handshake(sock, key, auth.Service.CHECKPOINT)
-    return wire.Channel(sock, session, io_timeout=10, max_header=LIMITS.max_header)
+    return open_channel(node.endpoint, key, timeout=10)
+
+
+def sealed(node: Node, key: bytes) -> ssl.SSLSocket:
+    """A TLS connection to ``node`` with the job's certificate, before kelastic's handshake."""
+    return tls.client_context(key).wrap_socket(connect(node))
 
 
 def ask(node: Node, key: bytes, header: dict[str, Any], payload: bytes = b"") -> dict[str, Any]:
@@ -151,10 +155,10 @@ def closed_by_server(sock: socket.socket, timeout: float) -> bool:
         while True:
             if not sock.recv(65536):
                 return True
-    except (ConnectionResetError, BrokenPipeError):
-        return True
     except TimeoutError:
         return False
+    except (ConnectionResetError, BrokenPipeError, ssl.SSLError):
+        return True
 
 
 def metric(node: Node, service: str, reason: str) -> float:
@@ -214,14 +218,11 @@ ATTACKS: list[tuple[str, dict[str, Any], bytes]] = [
 
 
 def test_without_the_secret_every_request_is_refused_before_it_is_parsed(job: Job) -> None:
-    """The requests of the unauthenticated protocol: each gets the service's hello; its bytes
-    are taken for a proof, never parsed: REFUSED and a closed connection, or, for one shorter
-    than a proof, a closed connection once the handshake timed out."""
+    """The requests of the unauthenticated protocol: the service speaks TLS first and only
+    with the job's certificate, so their bytes fail as a TLS handshake, are never parsed,
+    and get nothing back but a TLS alert and a closed connection."""
     node = job.nodes[0]
-    unauthenticated, timeouts = (
-        metric(node, "checkpoint", "unauthenticated"),
-        metric(node, "checkpoint", "timeout"),
-    )
+    unauthenticated = metric(node, "checkpoint", "unauthenticated")
     sent: list[tuple[str, bytes, socket.socket]] = []
     for what, header, payload in ATTACKS:
         if what == "pickled-metadata commit":
@@ -230,26 +231,20 @@ def test_without_the_secret_every_request_is_refused_before_it_is_parsed(job: Jo
         frame = old_frame(header, payload)
         sock.sendall(frame)
         sent.append((what, frame, sock))
-    for what, frame, sock in sent:
-        got, reset = b"", False
+    for what, _, sock in sent:
+        got = b""
         sock.settimeout(LIMITS.handshake_timeout + 10)
         try:
             while chunk := sock.recv(4096):
                 got += chunk
         except ConnectionResetError:
-            reset = True  # closed with the rest of the request unread: the kernel resets
+            pass  # closed with the rest of the request unread: the kernel resets
         finally:
             sock.close()
-        answer = auth.REFUSED if len(frame) >= auth.PROOF_SIZE else b""
-        # nothing but the hello and the refusal ever came back (a reset may cut them short)
-        assert got[: len(auth.MAGIC)] == auth.MAGIC or reset, (what, got[:64])
-        assert got[auth.HELLO_SIZE :] == answer or (reset and answer.startswith(got[auth.HELLO_SIZE :])), (
-            what,
-            got[auth.HELLO_SIZE :],
-        )
-    short = sum(len(frame) < auth.PROOF_SIZE for _, frame, _ in sent)
-    assert metric(node, "checkpoint", "unauthenticated") >= unauthenticated + len(sent) - short
-    assert metric(node, "checkpoint", "timeout") >= timeouts + short
+        # nothing but a TLS alert record (content type 21) ever came back
+        assert got == b"" or got[:1] == b"\x15", (what, got[:64])
+        assert auth.MAGIC not in got, what
+    assert metric(node, "checkpoint", "unauthenticated") >= unauthenticated + len(sent)
     job.saves_go_on()
     assert not job.marker.exists()
 
@@ -259,7 +254,7 @@ def test_with_a_wrong_secret_every_request_is_refused(job: Job) -> None:
     node = job.nodes[1]
     for _, header, payload in ATTACKS:
         client = ServiceClient(node.endpoint, wrong, timeout=10)
-        with pytest.raises(CheckpointError, match="refused this process's proof"):
+        with pytest.raises(CheckpointError, match="do not hold the same job secret"):
             client.call(header, payload)
         client.close()
     # an impostor service: a worker of this job holding the right key does not talk to it
@@ -269,8 +264,8 @@ def test_with_a_wrong_secret_every_request_is_refused(job: Job) -> None:
     def serve_one() -> None:
         conn, _ = impostor.accept()
         try:
-            auth.server_handshake(conn, wrong, auth.Service.CHECKPOINT)
-        except auth.AuthError:
+            tls.server_context(wrong).wrap_socket(conn, server_side=True)
+        except ssl.SSLError:
             pass
         conn.close()
 
@@ -278,7 +273,7 @@ def test_with_a_wrong_secret_every_request_is_refused(job: Job) -> None:
 
     t = threading.Thread(target=serve_one)
     t.start()
-    with pytest.raises(CheckpointError, match="refused this process's proof"):
+    with pytest.raises(CheckpointError, match="not this job's"):
         ServiceClient(f"127.0.0.1:{port}", job.key, timeout=10).call({"op": "inventory"})
     t.join(10)
     impostor.close()
@@ -316,20 +311,31 @@ def test_an_authenticated_peer_cannot_break_the_rules(job: Job) -> None:
     refused({"op": "commit", "id": cid, "required": {name: 1}, "step": 7}, blob, "outside the files")
     refused({"op": "commit", "id": cid, "required": files, "step": 7}, blob, "committed already")
     # a committed part is never replaced
-    refused({"op": "put", "id": cid, "name": name}, b"\xff" * 4096, "never replaced")
+    # (or, when the job committed a newer one meanwhile, is older than the newest: refused too)
+    reply = ask(node, job.key, {"op": "put", "id": cid, "name": name}, b"\xff" * 4096)
+    assert not reply["ok"] and ("never replaced" in reply["error"] or "older than" in reply["error"]), reply
     # nothing is dropped by a request; numbers out of range are refused before the keeper sees them
     refused({"op": "restored", "id": 0, "source": "memory", "seconds": 1, "step": None}, b"", "out of range")
-    assert ask(node, job.key, {"op": "restored", "id": 1, "source": "memory", "seconds": 1, "step": None})[
-        "ok"
-    ]
+    # a restore report and a reservation come only from the node's own ranks (attacks 6, 7)
+    refused({"op": "restored", "id": 1, "source": "memory", "seconds": 1, "step": None, "pid": 1}, b"",
+            "no process its agent started")  # fmt: skip
+    refused({"op": "begin", "rank": 999, "bytes": 200 * MiB, "timeout": 1, "pid": 1}, b"",
+            "no process its agent started")  # fmt: skip
     assert newest_committed(node, job.key)[0] >= cid, "a restore report dropped the newest checkpoint"
+    # nor can a peer open a part, or run the numbers ahead (attack 8)
+    refused(
+        {"op": "open", "id": cid + 2**32, "name": "__9.mem", "size": 64, "rank": 9}, b"", "past the newest"
+    )
+    refused({"op": "open", "id": cid + 3, "name": "__9.mem", "size": 64, "rank": 9}, b"", "no save begun")
     refused({"op": "begin", "rank": 0, "bytes": 1, "timeout": 1, "pid": 2**70}, b"", "out of range")
     refused({"op": "begin", "rank": 0, "bytes": 1, "timeout": 1, "pid": 0}, b"", "out of range")
     refused({"op": "begin", "rank": True, "bytes": 1, "timeout": 1, "pid": 1}, b"", "must be an integer")
-    refused({"op": "open", "id": cid + 1, "name": "__0.mem", "size": 2**40, "rank": 0}, b"", "limit")
+    reply = ask(node, job.key, {"op": "open", "id": cid + 1, "name": "__0.mem", "size": 2**40, "rank": 0})
+    assert not reply["ok"] and ("limit" in reply["error"] or "no save begun" in reply["error"]), reply
     refused(
         {"op": "open", "id": cid + 2**40, "name": "__0.mem", "size": 64, "rank": 0}, b"", "past the newest"
     )
+    refused({"op": "put", "id": cid + 2**32, "name": "__9.mem"}, b"x" * 64, "past the newest")
     refused(
         {"op": "open", "id": cid + 1, "name": "../../etc/passwd", "size": 64, "rank": 0}, b"", "file name"
     )
@@ -353,15 +359,19 @@ def test_an_authenticated_peer_cannot_break_the_rules(job: Job) -> None:
 
 
 def test_a_captured_request_cannot_be_replayed(job: Job) -> None:
+    """Replayed as a peer holding the secret would (inside TLS; a capture of the wire is
+    ciphertext under keys of its own connection, worthless on any other)."""
     node = job.nodes[1]
-    sock = connect(node)
-    hello = sock.recv(auth.HELLO_SIZE)
-    proof, ns, nc = auth.prove(job.key, auth.Service.CHECKPOINT, hello)
+    sock = sealed(node, job.key)
+    hello = auth.recv_hello(sock)
+    proof, ns, nc = auth.prove(job.key, auth.Service.CHECKPOINT, hello, node.endpoint)
     sock.sendall(proof)
-    session = auth.check_answer(job.key, auth.Service.CHECKPOINT, ns, nc, sock.recv(auth.ANSWER_SIZE))
+    session = auth.check_answer(
+        job.key, auth.Service.CHECKPOINT, ns, nc, sock.recv(auth.ANSWER_SIZE), node.endpoint
+    )
     ch = wire.Channel(sock, session, io_timeout=10, max_header=LIMITS.max_header)
     # the bytes of an authenticated request, as a capture of the wire would hold them
-    frame = ch.head({"op": "restored", "id": 1, "source": "memory", "seconds": 0.5, "step": None}, 0, 0)
+    frame = ch.head({"op": "inventory"}, 0, 0)
     sock.sendall(frame)
     reply = ch.recv_header()
     assert reply is not None and reply.header["ok"]
@@ -371,8 +381,8 @@ def test_a_captured_request_cannot_be_replayed(job: Job) -> None:
     assert closed_by_server(sock, 10)
     sock.close()
     # the whole captured conversation on a new connection: the service's fresh nonce refuses it
-    again = connect(node)
-    again.recv(auth.HELLO_SIZE)
+    again = sealed(node, job.key)
+    auth.recv_hello(again)
     again.sendall(proof + frame)
     assert again.recv(auth.ANSWER_SIZE) == auth.REFUSED
     assert closed_by_server(again, 10)
@@ -390,9 +400,13 @@ def test_stalled_and_oversized_requests_cost_no_memory_and_are_cut_off(job: Job)
     held: list[tuple[str, socket.socket]] = []
     for _ in range(4):  # silent strangers (the handshake times out)
         held.append(("silent", connect(node)))
-    for _ in range(2):  # half a proof
+    for _ in range(2):  # half a TLS ClientHello
         s = connect(node)
-        s.recv(auth.HELLO_SIZE)
+        s.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\0" * 20)
+        held.append(("half a TLS hello", s))
+    for _ in range(2):  # TLS with the job's certificate, then half a proof
+        s = sealed(node, job.key)
+        auth.recv_hello(s)
         s.sendall(b"\0" * 20)
         held.append(("half a proof", s))
     for _ in range(2):  # half a frame's prefix, then silence
@@ -421,7 +435,9 @@ def test_stalled_and_oversized_requests_cost_no_memory_and_are_cut_off(job: Job)
         )
         s.close()
     assert not list(job.shm.rglob("*.part")), "a broken-off replica's file was left"
-    assert metric(node, "checkpoint", "timeout") >= len(held)
+    # cut off for silence, or sooner: past the handshakes one address may hold, or past the memory limit
+    cut = metric(node, "checkpoint", "timeout") + metric(node, "checkpoint", "over_capacity")
+    assert cut >= len(held), cut
     job.saves_go_on(2)
 
 

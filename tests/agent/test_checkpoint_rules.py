@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,9 +47,8 @@ def test_well_formed_requests_parse_into_their_types() -> None:
     assert parse({"op": "get", "id": 2, "name": "__1.mem", "offset": 0, "length": 8}) == rq.Get(
         2, "__1.mem", 0, 8
     )
-    assert parse({"op": "restored", "id": 2, "source": "replica", "seconds": 0.5, "step": 9}) == rq.Restored(
-        2, Source.REPLICA, 0.5, 9
-    )
+    restored = {"op": "restored", "id": 2, "source": "replica", "seconds": 0.5, "step": 9, "pid": 7}
+    assert parse(restored) == rq.Restored(2, Source.REPLICA, 0.5, 9, 7)
     assert parse({"op": "inventory"}) == rq.InventoryRequest()
 
 
@@ -92,9 +93,30 @@ def test_well_formed_requests_parse_into_their_types() -> None:
         ({"op": "open", "id": 1, "name": "a", "size": 2**51, "rank": 0}, 0, False, "size="),
         ({"op": "metadata", "id": 0}, 0, False, "id=0 is out of range"),
         ({"op": "get", "id": 1, "name": "a", "offset": -1, "length": 1}, 0, False, "offset=-1"),
-        ({"op": "restored", "id": 0, "source": "memory", "seconds": 1, "step": None}, 0, False, "id=0"),
-        ({"op": "restored", "id": 1, "source": "elsewhere", "seconds": 1, "step": None}, 0, False, "source"),
-        ({"op": "restored", "id": 1, "source": ["x"], "seconds": 1, "step": None}, 0, False, "source"),
+        (
+            {"op": "restored", "id": 0, "source": "memory", "seconds": 1, "step": None, "pid": 1},
+            0,
+            False,
+            "id=0",
+        ),
+        (
+            {"op": "restored", "id": 1, "source": "elsewhere", "seconds": 1, "step": None, "pid": 1},
+            0,
+            False,
+            "source",
+        ),
+        (
+            {"op": "restored", "id": 1, "source": ["x"], "seconds": 1, "step": None, "pid": 1},
+            0,
+            False,
+            "source",
+        ),
+        (
+            {"op": "restored", "id": 1, "source": "memory", "seconds": 1, "step": None},
+            0,
+            False,
+            "pid must be",
+        ),
         ({"op": "commit", "id": 1, "required": {}, "step": None, "ring": ["x:1"]}, 5, True, "takes no ring"),
         ({"op": "commit", "id": 1, "required": {}, "step": None}, 5, False, "must be sealed"),
         ({"op": "commit", "id": 1, "required": {}, "step": None}, 2048, True, "1..1024 bytes"),
@@ -205,7 +227,7 @@ def test_a_committed_checkpoint_is_final(keeper: CheckpointKeeper) -> None:
 def test_a_restore_report_drops_nothing(keeper: CheckpointKeeper) -> None:
     save(keeper, 1)
     save(keeper, 2)
-    keeper.restored(1, "memory", 0.1, None)
+    keeper.restored(1, "memory", 0.1, None, os.getpid())
     assert [h.id for h in keeper.inventory().held] == [1, 2]
     # the restored older one is kept beside the newest through the next save
     save(keeper, 3)
@@ -223,7 +245,8 @@ def test_reservations_name_a_live_process_of_the_node(keeper: CheckpointKeeper) 
     if gone == 0:
         os._exit(0)
     os.waitpid(gone, 0)
-    keeper.begin(0, 10, 1, gone)  # a process that is gone: its reservation does not count
+    with pytest.raises(CheckpointError, match="no process its agent started"):
+        keeper.begin(0, 10, 1, gone)  # a process that is gone reserves nothing
     _, refusal = keeper.begin(0, 10, 0.1, os.getpid())
     assert refusal is None
 
@@ -250,3 +273,72 @@ def test_numbers_may_not_run_away(keeper: CheckpointKeeper) -> None:
         keeper.replica_target(2 + MAX_ID_JUMP, "__0.mem", 10)
     with pytest.raises(CheckpointError, match="past its end"):
         keeper.readable(1, "__0.mem", 1000, 100)
+
+
+# --- a peer that holds the secret: only the node's own ranks save and restore here ---------------
+def test_only_the_node_s_own_ranks_begin_open_and_report_restores(keeper: CheckpointKeeper) -> None:
+    """With the agent's workers named (here: this process), a begin or a restore report of any
+    other process is refused, an open needs its rank's begin, and a reservation goes with
+    its process."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        keeper.local.set(lambda: [os.getpid()])
+        save(keeper, 1)
+        save(keeper, 2)
+        with pytest.raises(CheckpointError, match="no process its agent started"):
+            keeper.begin(5, 10, 1, 1)  # pid 1: alive, not ours
+        with pytest.raises(CheckpointError, match="no process its agent started"):
+            keeper.restored(1, "memory", 0.1, None, 1)
+        with pytest.raises(CheckpointError, match="no save begun"):
+            keeper.open(3, "__9.mem", 10, 9)
+        # a rank's helper process (a child of a worker) is one of the node's own
+        keeper.restored(1, "memory", 0.1, None, child.pid)
+        # a reservation goes when its process goes: every later save fits again
+        keeper.local.set(lambda: [os.getpid(), child.pid])
+        _, refusal = keeper.begin(7, keeper.settings.limit // 3, 1, child.pid)
+        assert refusal is None
+        child.kill()
+        child.wait()
+        _, refusal = keeper.begin(0, keeper.settings.limit // 3, 1, os.getpid())
+        assert refusal is None, refusal
+    finally:
+        child.kill()
+        keeper.local.set(None)
+
+
+def test_a_restore_report_of_an_older_checkpoint_then_a_begin_for_the_limit_drops_no_commit(
+    keeper: CheckpointKeeper,
+) -> None:
+    keeper.local.set(lambda: [os.getpid()])
+    save(keeper, 1)
+    save(keeper, 2)
+    with pytest.raises(CheckpointError):
+        keeper.restored(1, "memory", 0.1, None, 1)  # from a peer's process: refused
+    _, refusal = keeper.begin(0, keeper.settings.limit, 1, os.getpid())
+    assert refusal is not None
+    assert keeper.status()["latest"] == 2
+    keeper.local.set(None)
+
+
+def test_a_peer_s_replica_of_a_newer_checkpoint_does_not_supersede_a_save(keeper: CheckpointKeeper) -> None:
+    save(keeper, 1)
+    _, refusal = keeper.begin(0, 1024, 5, os.getpid())
+    assert refusal is None
+    keeper.open(2, "__0.mem", 1024, 0)
+    far = keeper.replica_target(2 + MAX_ID_JUMP - 10, "__1.mem", 8)  # within the bound, far ahead
+    far.write_bytes(b"\0" * 8)
+    keeper.replica_done(2 + MAX_ID_JUMP - 10, "__1.mem", far, 8)
+    keeper.done(0)
+    assert keeper.commit(2, b"m", {"__0.mem": 1024}, ["x:1"], 2)
+
+
+def test_headers_and_metadata_being_read_count_against_the_limit(keeper: CheckpointKeeper) -> None:
+    keeper.reserve(keeper.settings.limit - 100, "a header")
+    with pytest.raises(CheckpointError, match="cannot read"):
+        keeper.reserve(200, "a commit's metadata")
+    keeper.begin(0, 1024, 0.1, os.getpid())
+    with pytest.raises(CheckpointError, match="limit"):
+        keeper.open(1, "__0.mem", 1024, 0)
+    keeper.release(keeper.settings.limit - 100)
+    keeper.done(0)
+    save(keeper, 1)

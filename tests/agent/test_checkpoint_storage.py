@@ -517,3 +517,49 @@ def test_a_node_that_holds_nothing_reads_every_part_from_its_peers(
     assert same(target, state(8))
     assert reader.choice.holders and all(h == (a.endpoint,) for h in reader.choice.holders.values())
     assert not any((shm / "b").glob("ckpt-*/__*")), "b held no part: everything came over the network"
+
+
+class _Pwn:
+    """Unpickling this runs code: it creates the marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_part_whose_object_item_would_run_code_is_refused_naming_it(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A non-tensor item changed into a pickle that runs code (as whoever could write the
+    part's bytes would): the restore refuses it, naming the item and what it needs, and
+    the code never runs; plain values and BytesIO items still restore."""
+    import pickle
+
+    from kelastic.agent.checkpoint import codec
+
+    a = service(services, shm, "a")
+    worker_of(a, monkeypatch)
+    save({"w": torch.arange(4.0), "name": "kelastic" * 500})
+    cid = a.keeper.inventory().held[-1].id
+    fqn, where = next(
+        (i.fqn, w) for i, w in codec.loads(a.keeper.metadata(cid)).storage_data.items() if i.fqn == "name"
+    )
+    marker = tmp_path / "pwned"
+    for evil, names in ((pickle.dumps(_Pwn(marker)), ""), (_torch_saved(_Pwn(marker)), "system")):
+        assert len(evil) <= where.length
+        with open(a.keeper.path_of(cid, where.relative_path), "r+b") as f:
+            f.seek(where.offset)
+            f.write(evil.ljust(where.length, b"\0"))
+        with pytest.raises(CheckpointException) as e:
+            dcp.load({"w": torch.zeros(4), "name": ""}, storage_reader=MemoryReader(), no_dist=True)
+        message = str(original(e.value))
+        assert repr(fqn) in message and "weights_only" in message and names in message, message
+        assert not marker.exists(), "a checkpoint item ran code"
+
+
+def _torch_saved(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()

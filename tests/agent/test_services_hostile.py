@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from kelastic.agent import auth, health
-from kelastic.agent.checkpoint.client import ServiceClient
+from kelastic.agent.checkpoint.admission import State
+from kelastic.agent.checkpoint.client import ServiceClient, open_channel
 from kelastic.agent.checkpoint.service import CheckpointService
 from kelastic.agent.checkpoint.settings import CheckpointSettings, ServiceLimits
 from kelastic.agent.health import HealthServer
@@ -62,10 +63,10 @@ def link(monkeypatch: pytest.MonkeyPatch) -> Iterator[PeerLink]:
 def test_a_peer_link_answers_strangers_with_nothing_and_keeps_none(link: PeerLink) -> None:
     before = auth.REFUSALS.snapshot()
     silent = socket.create_connection(("127.0.0.1", link.port), timeout=5)
-    assert silent.recv(auth.HELLO_SIZE)[:8] == auth.MAGIC
+    assert auth.recv_hello(silent)[:8] == auth.MAGIC
     assert closed_within(silent, 5), "a silent stranger was kept past the proof timeout"
     wrong = socket.create_connection(("127.0.0.1", link.port), timeout=5)
-    proof, _, _ = auth.prove(b"w" * 64, auth.Service.PEER_LINK, wrong.recv(auth.HELLO_SIZE))
+    proof, _, _ = auth.prove(b"w" * 64, auth.Service.PEER_LINK, auth.recv_hello(wrong), None)
     wrong.sendall(proof)
     assert wrong.recv(auth.ANSWER_SIZE) == auth.REFUSED and closed_within(wrong, 5)
     after = auth.REFUSALS.snapshot()
@@ -89,7 +90,7 @@ def test_a_flood_of_connections_is_bounded(link: PeerLink) -> None:
         s.settimeout(5)
         peers.append(s)
         try:
-            auth.client_handshake(s, KEY, auth.Service.PEER_LINK)
+            auth.client_handshake(s, KEY, auth.Service.PEER_LINK, link.identity)
             kept += 1
         except auth.AuthError:
             pass
@@ -125,7 +126,9 @@ def test_a_peer_that_dies_during_the_handshake_is_found_lost() -> None:
 
     def die() -> None:
         conn, _ = dying.accept()
-        conn.sendall(auth.hello(auth.Service.PEER_LINK, secrets.token_bytes(auth.NONCE_SIZE)))
+        conn.sendall(
+            auth.hello(auth.Service.PEER_LINK, secrets.token_bytes(auth.NONCE_SIZE), f"127.0.0.1:{port}")
+        )
         dying.close()  # the process is gone: its listener, then its connections
         conn.close()
 
@@ -207,10 +210,7 @@ def quick() -> Iterator[CheckpointService]:
 
 
 def test_half_a_frame_then_silence_is_cut_off_and_an_idle_client_reconnects(quick: CheckpointService) -> None:
-    host, port = quick.endpoint.rsplit(":", 1)
-    s = socket.create_connection((host, int(port)), timeout=5)
-    s.settimeout(5)
-    auth.client_handshake(s, KEY, auth.Service.CHECKPOINT)
+    s = open_channel(quick.endpoint, KEY, timeout=5).sock
     s.sendall(b"\0" * 7)
     assert closed_within(s, 3)
     s.close()
@@ -245,3 +245,66 @@ def test_newly_authenticated_connections_replace_idle_ones_never_busy_ones(quick
     assert waiting and isinstance(waiting[0], dict) and "refused" in waiting[0], waiting
     for c in [*clients, busy]:
         c.close()
+
+
+# --- a flood of handshakes ------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_stranger_flooding_handshakes_does_not_stop_a_rank_that_saves_every_step() -> None:
+    """A stranger opens connections as fast as it can from eight addresses (each half a TLS
+    hello, then silence) while a rank saves every step, each save on a new connection: the
+    stranger holds at most a quarter of the handshakes per address, the rank's cut-off
+    handshakes are tried again, and every save is taken."""
+    root = Path("/dev/shm") / f"kelastic-flood-{uuid.uuid4().hex[:8]}"
+    s = CheckpointService(
+        CheckpointSettings(root=root, node="f", limit=64 * 2**20),
+        JobSecret(KEY, SecretSource.FILE),
+        host="127.0.0.1",
+        limits=ServiceLimits(handshakes=16, handshake_timeout=2.0, io_timeout=2.0),
+    ).start()
+    stop = threading.Event()
+    opened = [0]
+
+    def flood() -> None:
+        held: list[socket.socket] = []
+        host, port = s.endpoint.rsplit(":", 1)
+        while not stop.is_set():
+            try:
+                c = socket.socket()
+                c.bind((f"127.0.0.{2 + opened[0] % 8}", 0))
+                c.connect((host, int(port)))
+                c.sendall(b"\x16\x03\x01\x02\x00\x01")
+                held.append(c)
+                opened[0] += 1
+            except OSError:
+                pass
+            if len(held) > 400:
+                for old in held[:200]:
+                    old.close()
+                del held[:200]
+        for c in held:
+            c.close()
+
+    stranger = threading.Thread(target=flood, daemon=True)
+    stranger.start()
+    try:
+        time.sleep(0.3)
+        for step in range(1, 16):
+            client = ServiceClient(s.endpoint, KEY, timeout=10)
+            reply, _ = client.call(
+                {"op": "begin", "rank": 0, "bytes": 4096, "timeout": 5, "pid": os.getpid()}
+            )
+            assert "refused" not in reply, reply
+            path = client.call({"op": "open", "id": step, "name": "__0.mem", "size": 4096, "rank": 0})[0][
+                "path"
+            ]
+            Path(path).write_bytes(b"s" * 4096)
+            client.call({"op": "done", "rank": 0})
+            client.close()
+            assert s.keeper.commit(step, b"m", {"__0.mem": 4096}, [s.endpoint], step)
+            assert s.admission.states()[State.PROVING] <= s.limits.handshakes
+        assert opened[0] > 100, f"the stranger opened only {opened[0]} connections"
+    finally:
+        stop.set()
+        stranger.join(10)
+        s.stop()
+        shutil.rmtree(root, ignore_errors=True)
