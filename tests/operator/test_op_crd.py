@@ -33,7 +33,7 @@ ALLOWED = {
     "type", "description", "properties", "required", "items", "additionalProperties", "enum", "default",
     "minimum", "maximum", "pattern", "format", "nullable", "minItems", "maxItems", "minLength", "maxLength",
     "x-kubernetes-preserve-unknown-fields", "x-kubernetes-int-or-string", "x-kubernetes-list-type",
-    "x-kubernetes-list-map-keys", "x-kubernetes-map-type", "anyOf",
+    "x-kubernetes-list-map-keys", "x-kubernetes-map-type", "anyOf", "x-kubernetes-validations",
 }  # fmt: skip
 TYPES = {"object", "array", "string", "integer", "number", "boolean"}
 
