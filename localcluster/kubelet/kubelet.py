@@ -87,7 +87,7 @@ from .podstatus import (
     should_restart,
 )
 from .preemption import choose_victims, holders, preempt
-from .probes import ProbeResult, ProbeSpec, ProbeTracker, run_probe
+from .probes import ProbeResult, ProbeSpec, ProbeTracker, probe_once
 from .runtime import ContainerProcess, ExitStatus, spawn
 from .satokens import DEFAULT_EXPIRATION_S, IssuedToken, issued_token, refresh_due, write_atomically
 from .termination import ENV_TERMINATION_MESSAGE_PATH, message_file, read_termination_message
@@ -746,7 +746,7 @@ class PodWorker:
             if kind != "Startup" and c.startup is not None and not c.startup.ok:
                 await asyncio.sleep(min(spec.period, 0.5))
                 continue
-            result = await run_probe(
+            result, output = await probe_once(
                 spec,
                 pod_ip=self.pod_ip or "",
                 env=c.env,
@@ -754,10 +754,8 @@ class PodWorker:
                 container_ports=c.spec.get("ports") or [],
             )
             pod = self.pod
-            if result is ProbeResult.FAILURE and pod is not None:
-                self.kubelet.event(
-                    pod, "Unhealthy", f"{kind} probe failed for container {c.name}", warning=True
-                )
+            if result is ProbeResult.FAILURE and pod is not None:  # the real kubelet's words
+                self.kubelet.event(pod, "Unhealthy", f"{kind} probe failed: {output}", warning=True)
             changed = tracker.record(result)
             if kind == "Startup" and tracker.ok:
                 self.wake.set()
