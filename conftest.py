@@ -4,10 +4,12 @@ Tests that run kube-apiserver, etcd, kube-controller-manager and kube-scheduler
 (``kelastic local --control-plane``) take the ``control_plane_bin`` fixture. It
 looks in ``$KELASTIC_CONTROL_PLANE``, then ``$KUBEBUILDER_ASSETS``, then in what
 ``make control-plane`` built (the newest complete ``~/.cache/kelastic/k8s/*/bin``,
-or under ``$KELASTIC_K8S_CACHE``), then, in this repository's CI and test set-up,
-runs ``../shared/k8s/unpack.sh`` (relative to the repository root; idempotent, it
-prints the directory it filled). Without any of them the test is skipped with a
+or under ``$KELASTIC_K8S_CACHE``). Without any of them the test is skipped with a
 reason that says how to enable it.
+
+Tests that ask the same question of the emulator and of a real kube-apiserver with the
+real kubectl take ``kubectl_api``: a module-scoped fixture run once per server (the
+emulator alone, or the real control plane of ``control_plane_bin``).
 
 When the chosen directory holds a ``kubectl``, it goes first on the session's
 ``PATH``: every test (of either lane) then drives the cluster with the kubectl of
@@ -29,12 +31,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent
-UNPACK = REPO.parent / "shared" / "k8s" / "unpack.sh"
 ENABLE = (
     "no Kubernetes control-plane binaries. Build them with `make control-plane` (kube-apiserver, "
     "kube-controller-manager, kube-scheduler, kubectl v1.37.2 and etcd from the Go module proxy, with Go 1.26+: "
@@ -99,14 +101,6 @@ def find_control_plane_bin() -> tuple[Path | None, str]:
     built = built_control_plane()
     if built is not None:
         return built, ""
-    if UNPACK.is_file():
-        try:
-            done = subprocess.run(["bash", str(UNPACK)], capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return None, f"{UNPACK} failed: {exc}; {ENABLE}"
-        if done.returncode == 0 and done.stdout.strip():
-            return Path(done.stdout.strip().splitlines()[-1]), ""
-        return None, f"{UNPACK} exited {done.returncode}: {done.stderr.strip()[-300:]}; {ENABLE}"
     return None, ENABLE
 
 
@@ -117,6 +111,57 @@ def control_plane_bin() -> Path:
     if path is None:
         pytest.skip(why)
     return path
+
+
+class KubectlApi:
+    """An API server as kubectl users reach it (``kubectl --kubeconfig ...``)."""
+
+    def __init__(self, name: str, kubeconfig: Path) -> None:
+        self.name = name
+        self.kubeconfig = kubeconfig
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def ok(self, *args: str, stdin: str | None = None) -> str:
+        """kubectl's output; fails the test, quoting kubectl, when it fails."""
+        done = self.kubectl(*args, stdin=stdin)
+        assert done.returncode == 0, f"{self.name}: kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def said(self, *args: str, stdin: str | None = None) -> tuple[int, str]:
+        """kubectl's exit status and all it printed (stdout, then stderr), stripped."""
+        done = self.kubectl(*args, stdin=stdin)
+        return done.returncode, (done.stdout + done.stderr).strip()
+
+
+@pytest.fixture(scope="module", params=["emulator", "kube-apiserver"])
+def kubectl_api(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KubectlApi]:
+    """The emulator's API server, then a real control plane's (skipped without binaries)."""
+    root = tmp_path_factory.mktemp(request.param)
+    if request.param == "emulator":
+        from kelastic.localcluster.apiserver.apiserver import ApiServer
+
+        api = ApiServer(data_dir=root)
+        api.start()
+        try:
+            yield KubectlApi(request.param, Path(api.write_kubeconfig(root / "kubeconfig")))
+        finally:
+            api.stop()
+        return
+    directory = request.getfixturevalue("control_plane_bin")  # skips, saying how, without binaries
+    from kelastic.localcluster.controlplane.controlplane import ControlPlane, ControlPlaneBinaries
+
+    with ControlPlane(ControlPlaneBinaries.find(directory), root / "plane") as plane:
+        yield KubectlApi(request.param, plane.admin_kubeconfig)
 
 
 #: The GPUs the ``gpu`` lane needs: most scenarios run at least two agents, one GPU each;

@@ -49,6 +49,7 @@ from kelastic.operator.spec import (
 
 __all__ = [
     "DEFAULT_OPERATOR_IMAGE",
+    "READINESS_DELAY",
     "BuildConfig",
     "agent_command",
     "checkpoint_flags",
@@ -137,6 +138,11 @@ class BuildConfig:
     health_port: int | None = contract.DEFAULT_HEALTH_PORT
     #: Add a readiness probe on the agent's ``/readyz`` unless the template has one.
     readiness_probe: bool = True
+
+
+#: Seconds from a worker container's start to its first readiness probe: what an agent
+#: takes to start, import torch and join its group on a busy node (about 4 s on an idle one).
+READINESS_DELAY = 10
 
 
 def worker_pod_name(job_name: str, index: int) -> str:
@@ -329,8 +335,12 @@ def worker_pod(job: Job, index: int, *, endpoint: str, config: BuildConfig) -> d
     # the container's termination message, which the job's Failed condition quotes.
     main.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     if config.readiness_probe and config.health_port is not None and "readinessProbe" not in main:
+        # Ready once the agent's workers run. The first probe waits READINESS_DELAY: a new
+        # worker is simply not ready yet while it starts and joins, and every failed probe
+        # is a Warning event (Unhealthy) from the kubelet.
         main["readinessProbe"] = {
             "httpGet": {"path": "/readyz", "port": config.health_port},
+            "initialDelaySeconds": READINESS_DELAY,
             "periodSeconds": 2,
             "failureThreshold": 1,
         }

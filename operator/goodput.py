@@ -25,7 +25,8 @@ missing or malformed; :func:`goodput_status` folds the current members' reports 
 
 What must survive an operator restart is in the status itself: the counters, the last
 restart counted (``lastResume``: every member reports the same restart, and keeps
-reporting it) and each node's stall as last read (``nodes``), so a stall is counted once.
+reporting it) and each node's stall as last read (``nodes``: when its agent started, RFC 3339,
+and its stall), so a stall is counted once. Every time in the status is an RFC 3339 string.
 """
 
 from __future__ import annotations
@@ -116,6 +117,29 @@ def _epoch(text: Any) -> float | None:
     return when.timestamp() if when is not None else None
 
 
+def _node_mark(rep: GoodputReport) -> dict[str, Any]:
+    """What ``status.goodput.nodes`` keeps of a node: when its agent started and its stall."""
+    mark: dict[str, Any] = {"stall": rep.stall}
+    if rep.started is not None:
+        mark["started"] = time_mark(rep.started)
+    return mark
+
+
+def _as_rfc3339(mark: Any) -> Any:
+    """A node's mark with ``started`` as RFC 3339 (an earlier operator wrote epoch seconds)."""
+    started = mark.get("started") if isinstance(mark, Mapping) else None
+    if isinstance(started, int | float) and not isinstance(started, bool):
+        return {**mark, "started": time_mark(float(started))}
+    return mark
+
+
+def _same_start(marked: Any, started: float | None) -> bool:
+    """Whether the mark's ``started`` (RFC 3339, as :func:`time_mark` wrote it) is ``started``."""
+    if started is None:
+        return marked is None
+    return isinstance(marked, str) and marked == time_mark(started)
+
+
 def _new_resumes(reports: Sequence[GoodputReport], after: float) -> list[Resume]:
     """The restarts not counted yet, one per restart (the earliest report of each), oldest first."""
     fresh = sorted(
@@ -139,7 +163,7 @@ def goodput_status(
     out: dict[str, Any] = dict(prior or {})
     stepped = [r for r in reports if r.step is not None and r.step_time is not None]
     since = _epoch(out.get("since"))
-    nodes: dict[str, Any] = dict(out.get("nodes") or {})
+    nodes = {node: _as_rfc3339(mark) for node, mark in (out.get("nodes") or {}).items()}
     if since is None:
         if not stepped:
             return None
@@ -157,7 +181,7 @@ def goodput_status(
             lastResume=time_mark(since),
         )
         # What the nodes stalled before the accounting began is not the job's to count.
-        nodes = {r.node: {"started": r.started, "stall": r.stall} for r in reports}
+        nodes = {r.node: _node_mark(r) for r in reports}
     seconds = [r.step_seconds for r in reports if r.step_seconds is not None]
     if seconds:
         out["stepSeconds"] = round(statistics.median(seconds), 6)
@@ -176,11 +200,11 @@ def goodput_status(
     stall = float(out.get("saveStallSeconds", 0.0))
     for rep in reports:
         mark = nodes.get(rep.node)
-        if isinstance(mark, Mapping) and mark.get("started") == rep.started:
+        if isinstance(mark, Mapping) and _same_start(mark.get("started"), rep.started):
             stall += max(0.0, rep.stall - float(mark.get("stall") or 0.0))
         elif rep.started is not None and rep.started >= since:
             stall += rep.stall  # an agent that started since: all its stall is the job's
-        nodes[rep.node] = {"started": rep.started, "stall": rep.stall}
+        nodes[rep.node] = _node_mark(rep)
     out["saveStallSeconds"] = round(stall, 3)
     out["nodes"] = nodes
     # Up to when the figures hold: the slowest member's record, unless every record is stale.

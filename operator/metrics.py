@@ -139,7 +139,8 @@ class OperatorMetrics:
         )
         self.restarts = Gauge(
             "kelastic_job_restarts",
-            "Restarts the job's agents spent (the highest TORCHELASTIC_RESTART_COUNT reported).",
+            "Re-forms of the job's worker group, failures and membership changes alike "
+            "(status.restarts, the RE-FORMS column).",
             ["namespace", "job"],
             registry=r,
         )

@@ -396,7 +396,9 @@ class _Rendezvous:
 def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
     """Validate ``spec``. A ``started`` job (one that has run at full size) scaled out of
     ``[minReplicas, maxReplicas]`` keeps running at the nearest bound instead of failing:
-    a mistyped ``kubectl scale`` must not end a training run.
+    a mistyped ``kubectl scale`` must not end a training run. (The CRD's rules refuse such a
+    scale, and the other cross-field errors here, at the API server, in these words; these
+    checks stay for jobs written before the rules, and for clusters that lack them.)
 
     The parts are checked in a fixed order (name, replicas, container, processes,
     rendezvous, the rest), so a spec with several errors always reports the same one."""

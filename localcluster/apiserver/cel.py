@@ -4,7 +4,8 @@ Supported: literals (int, double, string, bool, null, lists, maps), ``self`` and
 ``oldSelf``, field selection and indexing, ``has()``, arithmetic, comparisons,
 ``in``, ``&&``/``||``/``!``, the conditional ``?:``, ``size``, string
 ``startsWith``/``endsWith``/``contains``/``matches``/``lowerAscii``/``upperAscii``,
-``int``/``double``/``string`` conversions and the ``all``/``exists``/
+``format`` (``%s``, ``%d``, ``%f`` and ``%%``), ``int``/``double``/``string`` conversions, an optional ``oldSelf``
+(:class:`Optional`: ``hasValue``/``value``/``orValue``) and the ``all``/``exists``/
 ``exists_one``/``map``/``filter`` macros. :func:`compile_rule` raises
 :class:`CelError` for anything else; callers then leave that rule unenforced
 rather than refuse objects for a rule the server cannot read.
@@ -17,11 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MISSING", "CelError", "compile_rule", "evaluate"]
+__all__ = ["MISSING", "CelError", "Optional", "compile_rule", "evaluate"]
 
 
 class CelError(Exception):
     """A rule that cannot be parsed or evaluated."""
+
+
+#: A value that is not there (a field the old object lacks, ``oldSelf`` on create).
+MISSING = object()
 
 
 _TOKEN = re.compile(
@@ -66,9 +71,23 @@ def _tokenize(src: str) -> list[tuple[str, Any]]:
     return out
 
 
+@dataclass(frozen=True)
+class Optional:
+    """A CEL optional: ``oldSelf`` of a rule with ``optionalOldSelf`` (empty on create)."""
+
+    held: Any
+
+    def has_value(self) -> bool:
+        return self.held is not MISSING
+
+    def value(self) -> Any:
+        if self.held is MISSING:
+            raise CelError("optional.none() dereference")
+        return self.held
+
+
 Env = dict[str, Any]
 Node = Callable[[Env], Any]
-MISSING = object()
 _MISSING = MISSING
 
 
@@ -209,6 +228,10 @@ class _Parser:
             "matches": lambda t, s: re.search(s, t) is not None,
             "lowerAscii": lambda t: t.lower(),
             "upperAscii": lambda t: t.upper(),
+            "format": _format,
+            "hasValue": lambda t: _optional(t).has_value(),
+            "value": lambda t: _optional(t).value(),
+            "orValue": lambda t, other: _optional(t).value() if _optional(t).has_value() else other,
         }
         if name not in fns:
             raise CelError(f"unsupported method {name}()")
@@ -271,6 +294,49 @@ class _Parser:
             raise CelError(f"unsupported function {name}()")
         fn = conv[name]
         return lambda env: fn(args[0](env))
+
+
+_VERB = re.compile(r"%(?:\.(\d+))?([a-z%])")
+
+
+def _format(template: Any, args: Any) -> str:
+    """CEL's ``"...".format([args])`` for ``%s``, ``%d``, ``%f`` (``%.Nf``) and ``%%``."""
+    if not isinstance(template, str) or not isinstance(args, list):
+        raise CelError("format() is called on a string with a list of arguments")
+    values = iter(args)
+
+    def one(m: re.Match[str]) -> str:
+        verb = m.group(2)
+        if verb == "%":
+            return "%"
+        try:
+            value = next(values)
+        except StopIteration:
+            raise CelError(f"index {m.start()} out of range") from None
+        if verb == "s":
+            return _cel_string(value)
+        if verb == "d" and isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if verb == "f" and isinstance(value, int | float) and not isinstance(value, bool):
+            return f"{float(value):.{int(m.group(1) or 6)}f}"
+        raise CelError(f"format: %{verb} does not take {type(value).__name__}")
+
+    return _VERB.sub(one, template)
+
+
+def _cel_string(value: Any) -> str:
+    """A value as CEL's ``string()`` (and ``%s``) writes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return str(value)
+
+
+def _optional(value: Any) -> Optional:
+    if not isinstance(value, Optional):
+        raise CelError(f"no such overload: {type(value).__name__} is not an optional")
+    return value
 
 
 def _binary(op: str, left: Node, right: Node) -> Node:

@@ -240,7 +240,10 @@ class Registry:
                 causes.append(schema.RULES_NOT_CHECKED)
             else:
                 before = _strip_meta(old) if old is not None else MISSING
-                causes += schema.validate_rules(_strip_meta(obj), rt.schema, before)
+                held: list[FieldCause] = []
+                causes += schema.validate_rules(_strip_meta(obj), rt.schema, before, held=held)
+                # What an update left as it was is not refused for a rule it breaks: warned of.
+                warnings += [f"{c.field}: {c.message}" for c in held]
         if causes:
             raise ApiError.invalid(rt.group, rt.kind, name, causes)
         return obj, warnings

@@ -121,12 +121,17 @@ class ScaleSubresource:
         spec_path, _, _ = self.paths(rt)
         if rt.crd and isinstance(replicas, int) and not isinstance(replicas, bool) and replicas < 0:
             # A custom resource is judged as the object the Scale makes of it: its schema's
-            # errors, then the scale's own rule on the replicas field.
+            # errors, then the scale's own rule on the replicas field, then its CEL rules
+            # (unless a schema error blocks them).
             new = clone(old)
             set_path(new, spec_path, replicas)
             causes = schema.validate(new, rt.schema) if rt.schema else []
             why = f"Invalid value: {replicas}: should be a non-negative integer"
             causes.append(FieldCause("FieldValueInvalid", why, spec_path))
+            if rt.schema and not any(c.reason in schema.BLOCKING_REASONS for c in causes):
+                body = {k: v for k, v in new.items() if k not in ("metadata", "apiVersion", "kind")}
+                before = {k: v for k, v in old.items() if k not in ("metadata", "apiVersion", "kind")}
+                causes += schema.validate_rules(body, rt.schema, before)
             raise ApiError.invalid(rt.group, rt.kind, old["metadata"]["name"], causes)
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise ApiError.invalid(

@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from .cel import MISSING, CelError, compile_rule
+from .cel import MISSING, CelError, Optional, compile_rule
 from .errors import FieldCause
 from .patch import clone
 
@@ -272,16 +272,27 @@ def _object_causes(v: Obj, s: Obj, path: str, where: str, causes: list[FieldCaus
             _validate(item, addl, _child(path, k), causes)
 
 
-def validate_rules(value: Any, schema: Obj | None, old: Any = MISSING, path: str = "") -> list[FieldCause]:
+def validate_rules(
+    value: Any,
+    schema: Obj | None,
+    old: Any = MISSING,
+    path: str = "",
+    *,
+    held: list[FieldCause] | None = None,
+) -> list[FieldCause]:
     """Causes for the ``x-kubernetes-validations`` rules ``value`` breaks.
 
     ``old`` is the value before an update (MISSING on create): rules that use
-    ``oldSelf`` (transition rules) only run when it exists. Rules this server
-    cannot parse are not enforced.
+    ``oldSelf`` (transition rules) only run when it exists, or with ``optionalOldSelf``
+    always (``oldSelf`` an optional). Rules this server cannot parse are not enforced.
+    An update ratchets, as the real server's does: a rule without ``oldSelf`` broken by
+    a value the update left as it was (:func:`unchanged`: the rule's node, or for a list
+    item its list) is not a cause; it is appended to ``held`` (the server answers it as
+    a warning) instead.
     """
     causes: list[FieldCause] = []
     if schema:
-        _rules(value, schema, old, path, causes)
+        _rules(value, schema, old, path, causes, held if held is not None else [], False)
     return causes
 
 
@@ -314,18 +325,58 @@ def _invalid_value(v: Any) -> str:
     return "Invalid value: " if isinstance(v, (dict, list)) else f"Invalid value: {json.dumps(v)}: "
 
 
-def _rules(v: Any, s: Obj, old: Any, path: str, causes: list[FieldCause]) -> None:
+def unchanged(v: Any, old: Any, s: Obj) -> bool:
+    """Whether the real server's ratcheting finds ``v`` equal to ``old`` under schema ``s``.
+
+    It compares what its schema describes: a map key no property (or additionalProperties)
+    names, as under ``x-kubernetes-preserve-unknown-fields``, makes a map unequal whatever
+    its value; items of a ``map`` list pair by their keys; other lists compare whole.
+    """
+    if isinstance(v, dict) and isinstance(old, dict):
+        props = s.get("properties") or {}
+        addl = s.get("additionalProperties")
+        if v.keys() != old.keys():
+            return False
+        for k, item in v.items():
+            sub = props.get(k) if k in props else (addl if isinstance(addl, dict) else None)
+            if sub is None or not unchanged(item, old[k], sub):
+                return False
+        return True
+    if isinstance(v, list) and isinstance(old, list) and s.get("x-kubernetes-list-type") == "map":
+        keys = s.get("x-kubernetes-list-map-keys") or []
+        items = s.get("items") or {}
+
+        def key(item: Any) -> Any:
+            return tuple(item.get(k) for k in keys) if isinstance(item, dict) else None
+
+        before = {key(i): i for i in old}
+        return len(v) == len(old) and all(key(i) in before and unchanged(i, before[key(i)], items) for i in v)
+    return bool(v == old)
+
+
+def _rules(
+    v: Any, s: Obj, old: Any, path: str, causes: list[FieldCause], held: list[FieldCause], kept: bool
+) -> None:
+    """The rules of ``s`` and of its descendants on ``v``. ``kept``: the nearest ancestor that
+    has an old value to compare with (a list, for its items) is unchanged."""
     if v is None:
         return
+    if old is not MISSING:
+        kept = bool(path) and unchanged(v, old, s)  # the root holds metadata: never unchanged
     for rule in s.get("x-kubernetes-validations") or ():
         text = rule.get("rule", "")
-        if "oldSelf" in text and old is MISSING:
+        optional = bool(rule.get("optionalOldSelf"))
+        if "oldSelf" in text and old is MISSING and not optional:
             continue
         try:
             node = compile_rule(text)
         except CelError:
             continue
-        env = {"self": v} if old is MISSING else {"self": v, "oldSelf": old}
+        env: dict[str, Any] = {"self": v}
+        if optional:
+            env["oldSelf"] = Optional(old)
+        elif old is not MISSING:
+            env["oldSelf"] = old
         try:
             ok = node(env) is True
             error = ""
@@ -335,18 +386,20 @@ def _rules(v: Any, s: Obj, old: Any, path: str, causes: list[FieldCause]) -> Non
             continue
         message = rule.get("message") or f"failed rule: {text}{error}"
         if rule.get("messageExpression"):
+            # As the real server: the message sees oldSelf as it is (never an optional), and
+            # one that fails to evaluate leaves the rule's message.
+            said = {"self": v} if old is MISSING else {"self": v, "oldSelf": old}
             try:
-                message = str(compile_rule(rule["messageExpression"])(env))
-            except (CelError, TypeError, ValueError, AttributeError):
+                message = str(compile_rule(rule["messageExpression"])(said))
+            except (CelError, TypeError, ValueError, AttributeError, KeyError):
                 pass
         field_path = path + (rule.get("fieldPath") or "")
-        causes.append(
-            FieldCause(
-                rule.get("reason") or "FieldValueInvalid",
-                f"{_invalid_value(v)}{message}",
-                field_path.lstrip("."),
-            )
+        cause = FieldCause(
+            rule.get("reason") or "FieldValueInvalid",
+            f"{_invalid_value(v)}{message}",
+            field_path.lstrip("."),
         )
+        (held if kept and "oldSelf" not in text else causes).append(cause)
     if isinstance(v, dict):
         props = s.get("properties") or {}
         addl = s.get("additionalProperties")
@@ -354,7 +407,8 @@ def _rules(v: Any, s: Obj, old: Any, path: str, causes: list[FieldCause]) -> Non
             sub = props.get(k) if k in props else (addl if isinstance(addl, dict) else None)
             if sub:
                 prev = old.get(k, MISSING) if isinstance(old, dict) else MISSING
-                _rules(item, sub, prev, _child(path, k), causes)
+                # A field the old value lacks has nothing to keep: its parent changed.
+                _rules(item, sub, prev, _child(path, k), causes, held, kept and prev is not MISSING)
     elif isinstance(v, list) and isinstance(s.get("items"), dict):
         for i, item in enumerate(v):
-            _rules(item, s["items"], MISSING, f"{path}[{i}]", causes)
+            _rules(item, s["items"], MISSING, f"{path}[{i}]", causes, held, kept)

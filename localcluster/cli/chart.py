@@ -37,6 +37,8 @@ from typing import Any
 
 import yaml
 
+from .helmlines import helm_lines
+
 __all__ = ["ChartError", "ChartRelease", "install_chart", "render_chart", "uninstall_chart"]
 
 #: The order in which rendered objects are created (what others refer to goes first).
@@ -147,11 +149,15 @@ def install_chart(
     try:
         for ns in dict.fromkeys((namespace, *watched)):
             api.ensure_namespace(ns)
-        objects = render_chart(chart_dir, release, namespace, final_values)
+        with helm_lines(progress):
+            objects = render_chart(chart_dir, release, namespace, final_values)
         helm.disable_logging()
         method = "helm"
         try:
-            with helm.Config(kubeconfig_path=str(kubeconfig), namespace=namespace) as cfg:
+            with (
+                helm_lines(progress),
+                helm.Config(kubeconfig_path=str(kubeconfig), namespace=namespace) as cfg,
+            ):
                 existing = {r.get("name") for r in cfg.list()}
                 if release in existing:
                     cfg.upgrade(str(chart_dir), release, final_values, namespace=namespace, timeout=60)

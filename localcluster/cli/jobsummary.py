@@ -178,7 +178,7 @@ def render(summary: JobSummary) -> list[str]:
     """Indented lines for the run's summary."""
     lines = [
         f"  job {summary.name}: {summary.phase or 'no phase'} after {summary.duration:.1f}s, "
-        f"{summary.restarts} restart(s)"
+        f"{summary.restarts} re-form(s)"
     ]
     if summary.causes:
         causes = ", ".join(f"{CAUSE_REASONS[r]} x{n}" for r, n in summary.causes)

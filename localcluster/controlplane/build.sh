@@ -21,7 +21,8 @@
 # projects import Kubernetes as a library. etcd's server module has replace lines too; a
 # second throwaway module requires it, and its requirements pin its sibling modules.
 #
-# Knobs: K8S_VERSION, ETCD_VERSION, KELASTIC_K8S_CACHE (the cache root), GO (the go command),
+# Knobs: K8S_VERSION, ETCD_VERSION, K8S_COMPONENTS (a subset, e.g. "kube-apiserver" for a
+# CRD-only check; etcd is always built), KELASTIC_K8S_CACHE (the cache root), GO (the go command),
 # GOFLAGS/GOPROXY/GOMODCACHE/GOCACHE as for any Go build. Needs Go at least as new as the
 # go line of k8s.io/kubernetes's go.mod (1.26 for v1.37); with an older Go, export
 # GOTOOLCHAIN=go1.27.3 (or whichever the error names) and the go command fetches it.
@@ -47,8 +48,16 @@ STAGING_VERSION="v0.$MINOR.${BASH_REMATCH[2]}"
 DEST=$CACHE_ROOT/$K8S_VERSION
 BIN=$DEST/bin
 MARKER=$BIN/.kelastic-complete
+ALL_COMPONENTS="kube-apiserver kube-controller-manager kube-scheduler kubectl"
+read -r -a COMPONENTS <<<"${K8S_COMPONENTS:-$ALL_COMPONENTS}"
+for component in "${COMPONENTS[@]}"; do
+    [[ " $ALL_COMPONENTS " == *" $component "* ]] \
+        || die "K8S_COMPONENTS names $component; it may name only: $ALL_COMPONENTS"
+done
+[[ " ${COMPONENTS[*]} " == *" kube-apiserver "* ]] || die "K8S_COMPONENTS must include kube-apiserver"
 WANT="kubernetes $K8S_VERSION etcd $ETCD_VERSION"
-COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+# A subset is its own build: a later build of every component does not take it as complete.
+[[ ${COMPONENTS[*]} == "$ALL_COMPONENTS" ]] || WANT+=" only ${COMPONENTS[*]}"
 
 complete() { [[ -f $MARKER && $(cat "$MARKER") == "$WANT" ]]; }
 

@@ -38,7 +38,7 @@ from .podstatus import (
     exit_reason,
     should_restart,
 )
-from .probes import ProbeResult, ProbeSpec, ProbeTracker, run_probe
+from .probes import ProbeResult, ProbeSpec, ProbeTracker, probe_once
 from .runtime import ContainerProcess, ExitStatus, spawn
 from .satokens import IssuedToken
 from .termination import ENV_TERMINATION_MESSAGE_PATH, message_file, read_termination_message
@@ -356,7 +356,7 @@ async def _probe_loop(w: PodView, c: Container, tracker: ProbeTracker, kind: str
         if kind != "Startup" and c.startup is not None and not c.startup.ok:
             await asyncio.sleep(min(spec.period, 0.5))
             continue
-        result = await run_probe(
+        result, output = await probe_once(
             spec,
             pod_ip=w.pod_ip or "",
             env=c.env,
@@ -364,8 +364,8 @@ async def _probe_loop(w: PodView, c: Container, tracker: ProbeTracker, kind: str
             container_ports=c.spec.get("ports") or [],
         )
         pod = w.pod
-        if result is ProbeResult.FAILURE and pod is not None:
-            w.kubelet.event(pod, "Unhealthy", f"{kind} probe failed for container {c.name}", warning=True)
+        if result is ProbeResult.FAILURE and pod is not None:  # the real kubelet's words
+            w.kubelet.event(pod, "Unhealthy", f"{kind} probe failed: {output}", warning=True)
         changed = tracker.record(result)
         if kind == "Startup" and tracker.ok:
             w.wake.set()

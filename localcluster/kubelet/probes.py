@@ -2,10 +2,13 @@
 
 :class:`ProbeSpec` is a parsed probe; :class:`ProbeTracker` is the pure state
 machine that turns a stream of probe results into "ready"/"healthy" with the
-Kubernetes thresholds; :func:`run_probe` performs one probe against a local
+Kubernetes thresholds; :func:`probe_once` performs one probe against a local
 process (exec runs the command in the container's environment and working
 directory, in its own process group, killed at the timeout; httpGet and
-tcpSocket connect to the pod IP unless ``host`` says otherwise).
+tcpSocket connect to the pod IP unless ``host`` says otherwise) and says what it
+saw in the real kubelet's words (``HTTP probe failed with statuscode: 503``, Go's
+``dial tcp ...: connect: connection refused``), which the kubelet's ``Unhealthy``
+event quotes; :func:`run_probe` is its result alone.
 """
 
 from __future__ import annotations
@@ -27,9 +30,13 @@ __all__ = [
     "ProbeResult",
     "ProbeSpec",
     "ProbeTracker",
+    "probe_once",
     "resolve_port",
     "run_probe",
 ]
+
+#: What the real kubelet keeps of an exec probe's output.
+_MAX_OUTPUT = 10 * 1024
 
 
 class ProbeKind(str, enum.Enum):
@@ -130,32 +137,52 @@ def resolve_port(port: Any, container_ports: Sequence[Mapping[str, Any]]) -> int
 
 async def _run_exec(
     command: Sequence[str], env: Mapping[str, str], cwd: str | None, timeout: float
-) -> ProbeResult:
+) -> tuple[ProbeResult, str]:
     proc = await asyncio.create_subprocess_exec(
         *command,
         env=dict(env),
         cwd=cwd,
         stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
     )
+    stdout = proc.stdout
+    assert stdout is not None
+
+    async def finish() -> tuple[bytes, int]:
+        kept = b""
+        while chunk := await stdout.read(65536):  # keep the first 10 KiB, drain the rest
+            kept += chunk[: max(0, _MAX_OUTPUT - len(kept))]
+        return kept, await proc.wait()
+
     try:
-        code = await asyncio.wait_for(proc.wait(), timeout)
+        output, code = await asyncio.wait_for(finish(), timeout)
     except asyncio.TimeoutError:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         await proc.wait()
-        return ProbeResult.FAILURE
+        return ProbeResult.FAILURE, "command timed out"
     finally:
         if proc.returncode is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    return ProbeResult.SUCCESS if code == 0 else ProbeResult.FAILURE
+    text = output.decode("utf-8", errors="replace")
+    return (ProbeResult.SUCCESS if code == 0 else ProbeResult.FAILURE), text
+
+
+def _dial_error(host: str, port: int, exc: BaseException) -> str:
+    """A failed connection as Go's net package words it (``dial tcp H:P: connect: connection refused``)."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"dial tcp {where}: i/o timeout"
+    errno = exc.errno if isinstance(exc, OSError) else None
+    reason = (os.strerror(errno) if errno else str(exc)).lower()
+    return f"dial tcp {where}: connect: {reason}"
 
 
 async def run_probe(
@@ -166,34 +193,68 @@ async def run_probe(
     cwd: str | None,
     container_ports: Sequence[Mapping[str, Any]] = (),
 ) -> ProbeResult:
-    """Perform one probe; every error (refused, timeout, bad exit) is a failure.
+    """Perform one probe; every error (refused, timeout, bad exit) is a failure."""
+    result, _ = await probe_once(spec, pod_ip=pod_ip, env=env, cwd=cwd, container_ports=container_ports)
+    return result
 
-    An exec probe's ``python``/``python3`` is this interpreter, as for containers.
+
+async def probe_once(
+    spec: ProbeSpec,
+    *,
+    pod_ip: str,
+    env: Mapping[str, str],
+    cwd: str | None,
+    container_ports: Sequence[Mapping[str, Any]] = (),
+) -> tuple[ProbeResult, str]:
+    """Perform one probe: its result and its output as the real kubelet words it.
+
+    Every error (refused, timeout, bad exit) is a failure. An exec probe's
+    ``python``/``python3`` is this interpreter, as for containers.
     """
     handler = spec.handler
-    try:
-        if spec.kind is ProbeKind.EXEC:
-            command = [str(a) for a in handler.get("command") or []]
-            if not command:
-                return ProbeResult.FAILURE
-            command[0] = python_or(command[0])
+    if spec.kind is ProbeKind.EXEC:
+        command = [str(a) for a in handler.get("command") or []]
+        if not command:
+            return ProbeResult.FAILURE, "no command"
+        command[0] = python_or(command[0])
+        try:
             return await _run_exec(command, env, cwd, spec.timeout)
-        host = handler.get("host") or pod_ip
+        except OSError as exc:
+            return ProbeResult.FAILURE, str(exc)
+    host = str(handler.get("host") or pod_ip)
+    try:
         port = resolve_port(handler.get("port"), container_ports)
-        if spec.kind is ProbeKind.TCP_SOCKET:
+    except ValueError as exc:
+        return ProbeResult.FAILURE, str(exc)
+    if spec.kind is ProbeKind.TCP_SOCKET:
+        try:
             _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), spec.timeout)
-            writer.close()
-            return ProbeResult.SUCCESS
-        scheme = str(handler.get("scheme", "HTTP")).lower()
-        path = handler.get("path", "/") or "/"
-        if not path.startswith("/"):
-            path = "/" + path
-        headers = {h["name"]: str(h.get("value", "")) for h in handler.get("httpHeaders") or []}
-        timeout = aiohttp.ClientTimeout(total=spec.timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            return ProbeResult.FAILURE, _dial_error(host, port, exc)
+        writer.close()
+        return ProbeResult.SUCCESS, ""
+    scheme = str(handler.get("scheme", "HTTP")).lower()
+    path = handler.get("path", "/") or "/"
+    if not path.startswith("/"):
+        path = "/" + path
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    url = f"{scheme}://{netloc}{path}"
+    headers = {h["name"]: str(h.get("value", "")) for h in handler.get("httpHeaders") or []}
+    timeout = aiohttp.ClientTimeout(total=spec.timeout)
+    try:
         async with (
             aiohttp.ClientSession(timeout=timeout) as session,
-            session.get(f"{scheme}://{host}:{port}{path}", headers=headers, ssl=False) as resp,
+            session.get(url, headers=headers, ssl=False) as resp,
         ):
-            return ProbeResult.SUCCESS if 200 <= resp.status < 400 else ProbeResult.FAILURE
-    except (OSError, asyncio.TimeoutError, aiohttp.ClientError, ValueError):
-        return ProbeResult.FAILURE
+            if 200 <= resp.status < 400:
+                return ProbeResult.SUCCESS, ""
+            return ProbeResult.FAILURE, f"HTTP probe failed with statuscode: {resp.status}"
+    except aiohttp.ClientConnectorError as exc:
+        return ProbeResult.FAILURE, f'Get "{url}": {_dial_error(host, port, exc.os_error)}'
+    except asyncio.TimeoutError:
+        return (
+            ProbeResult.FAILURE,
+            f'Get "{url}": context deadline exceeded (Client.Timeout exceeded while awaiting headers)',
+        )
+    except (OSError, aiohttp.ClientError, ValueError) as exc:
+        return ProbeResult.FAILURE, f'Get "{url}": {exc}'

@@ -47,7 +47,7 @@ def rendezvous_figures(p: Pass) -> None:
                 status.goodput = figures_now
     elif not running or status.world_size is None:
         status.world_size = 0
-    # RESTARTS counts restarts of the worker group whatever their cause (a failure, a scale, a
+    # RE-FORMS counts re-forms of the worker group whatever their cause (a failure, a scale, a
     # lost or added pod): every rendezvous round after the first. The agents' failure restarts
     # and the recreated pods are a floor for when the store's rounds are unknown (or it restarted).
     agent_restarts = rdzv.restarts if rdzv is not None else 0

@@ -46,7 +46,7 @@ def test_segments_rates_recoveries_and_causes() -> None:
     assert summary.recoveries == ((3, 2, 4.0),)
     assert summary.causes == (("RecreateWorker", 2), ("NoProgress", 1))
     text = "\n".join(render(summary))
-    assert "job train: Running after 13.0s, 1 restart(s)" in text
+    assert "job train: Running after 13.0s, 1 re-form(s)" in text
     assert "worker failed and was recreated x2" in text and "ranks hung (no progress) x1" in text
     assert "world size   3 from    1.0s to    6.0s: 10.00 steps/s" in text
     assert "recovery 3 -> 2: 4.0s from the last step to the next" in text
@@ -130,7 +130,7 @@ def test_run_prints_speed_per_world_size_and_the_recovery(tmp_path: Path) -> Non
     assert proc.returncode == 0, output[-4000:]
     summary = output[output.rindex("kelastic: summary") :]
     print(summary)
-    assert re.search(r"job summary-demo: Succeeded after \d+\.\ds, \d+ restart\(s\)", summary), summary
+    assert re.search(r"job summary-demo: Succeeded after \d+\.\ds, \d+ re-form\(s\)", summary), summary
     assert "causes: worker failed and was recreated x1" in summary, summary
     sizes = re.findall(r"world size +(\d) from [^:]*: (no progress reported|(\d+\.\d+) steps/s)", summary)
     assert [w for w, _, _ in sizes] == ["2", "1", "2"], summary

@@ -17,6 +17,7 @@ from kelastic.agent.rendezvous.settings import settings_from_params
 from kelastic.operator.builders import (
     IMAGE_AGENT_BOOTSTRAP,
     INJECT_MOUNT_PATH,
+    READINESS_DELAY,
     BuildConfig,
     agent_command,
     scrape_annotations,
@@ -198,6 +199,8 @@ def test_worker_pod(kit: SimpleNamespace) -> None:
     assert env[1]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env[2]["value"] == "$(POD_NAME)"
     assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8081}
+    # No Unhealthy event for a worker that is still starting and joining its group.
+    assert main["readinessProbe"]["initialDelaySeconds"] == READINESS_DELAY == 10
     # the job's template is not modified
     assert "env" in container and container["env"][1]["value"] == "spoofed"
     assert container["command"] == ["python", "train.py", "--lr", "0.1"]

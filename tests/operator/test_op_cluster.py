@@ -229,13 +229,21 @@ def event_reasons(env: Env, name: str) -> set[str]:
 
 
 def test_invalid_job_gets_condition_and_event(env: Env) -> None:
-    env.apply(job("gamma", min_r=3, max_r=2, replicas=2))
+    # What the CRD's rules cannot read (the pod template) the operator judges.
+    bad = job("gamma", min_r=1, max_r=2, replicas=2)
+    bad["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"] = [
+        "python",
+        "-c",
+        "1",
+    ]
+    env.apply(bad)
     ej = env.wait(
         "the Failed phase",
         lambda: (j := env.get("ej", "gamma")).get("status", {}).get("phase") == "Failed" and j,
     )
+    field = "spec.replicaSpecs.Worker.template.spec.containers[0].command"
     invalid = next(c for c in ej["status"]["conditions"] if c["type"] == "Invalid")
-    assert invalid["status"] == "True" and "spec.maxReplicas" in invalid["message"]
+    assert invalid["status"] == "True" and field in invalid["message"]
     events = env.wait(
         "an InvalidSpec Event",
         lambda: [
@@ -244,7 +252,7 @@ def test_invalid_job_gets_condition_and_event(env: Env) -> None:
             if e["involvedObject"].get("name") == "gamma" and e["reason"] == "InvalidSpec"
         ],
     )
-    assert events[0]["type"] == "Warning" and "spec.maxReplicas" in events[0]["message"]
+    assert events[0]["type"] == "Warning" and field in events[0]["message"]
     assert not env.pods("gamma")
     # fixing the spec starts the job
     fixed = job("gamma", min_r=1, max_r=2, replicas=1)

@@ -33,7 +33,7 @@ ALLOWED = {
     "type", "description", "properties", "required", "items", "additionalProperties", "enum", "default",
     "minimum", "maximum", "pattern", "format", "nullable", "minItems", "maxItems", "minLength", "maxLength",
     "x-kubernetes-preserve-unknown-fields", "x-kubernetes-int-or-string", "x-kubernetes-list-type",
-    "x-kubernetes-list-map-keys", "x-kubernetes-map-type", "anyOf",
+    "x-kubernetes-list-map-keys", "x-kubernetes-map-type", "anyOf", "x-kubernetes-validations",
 }  # fmt: skip
 TYPES = {"object", "array", "string", "integer", "number", "boolean"}
 
@@ -245,7 +245,7 @@ def test_printer_columns_and_scale_paths_exist(version: dict[str, Any]) -> None:
     root = version["schema"]["openAPIV3Schema"]
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns == [
-        "Phase", "Min", "Max", "Desired", "Ready", "Standby", "World", "Restarts", "Progress", "Checkpoint",
+        "Phase", "Min", "Max", "Desired", "Ready", "Standby", "World", "Re-forms", "Progress", "Checkpoint",
         "Queue", "Goodput", "Age",
     ]  # fmt: skip
     for col in version["additionalPrinterColumns"]:

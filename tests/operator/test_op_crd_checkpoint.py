@@ -1,7 +1,6 @@
 """crds/elasticjob.yaml's spec.checkpoint and status.checkpoint on both API servers, with the real kubectl.
 
-The emulator and the real kube-apiserver v1.20 (the oldest Kubernetes kelastic supports:
-no CEL rules, no server-side field validation) must both accept the CRD, default
+The emulator and the real kube-apiserver must both accept the CRD, default
 ``spec.checkpoint``, refuse values the schema forbids and, through kubectl, a mistyped
 field; and show ``status.checkpoint.latest`` in the Checkpoint column.
 """
@@ -9,11 +8,9 @@ field; and show ``status.checkpoint.latest`` in the Checkpoint column.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
@@ -22,43 +19,13 @@ REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "elasticjob.yaml"
 
 
-class Server:
-    def __init__(self, kubeconfig: Path) -> None:
-        self.kubeconfig = kubeconfig
-
-    def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-    def ok(self, *args: str, stdin: str | None = None) -> str:
-        done = self.kubectl(*args, stdin=stdin)
-        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-        return done.stdout
+if TYPE_CHECKING:
+    from conftest import KubectlApi as Server
 
 
-@pytest.fixture(scope="module", params=["emulator", "kube-apiserver-1.20"])
-def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp(request.param)
-    if request.param == "emulator":
-        from kelastic.localcluster.apiserver.apiserver import ApiServer
-
-        api = ApiServer(data_dir=root)
-        api.start()
-        try:
-            yield Server(Path(api.write_kubeconfig(root / "kubeconfig")))
-        finally:
-            api.stop()
-        return
-    directory = request.getfixturevalue("control_plane_bin")  # skips, saying how, without binaries
-    from kelastic.localcluster.controlplane.controlplane import ControlPlane, ControlPlaneBinaries
-
-    with ControlPlane(ControlPlaneBinaries.find(directory), root / "plane") as plane:
-        yield Server(plane.admin_kubeconfig)
+@pytest.fixture(scope="module")
+def server(kubectl_api: Server) -> Server:
+    return kubectl_api
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +98,8 @@ def test_a_checkpoint_spec_is_accepted_and_defaulted(crd: Server) -> None:
     ],
 )
 def test_the_schema_refuses_bad_values(crd: Server, checkpoint: dict[str, Any], says: str) -> None:
-    # --validate=false: the API server's own verdict (kubectl 1.32 also checks a 1.20 server's
-    # published schema on the client, and refuses these with its own words first).
+    # --validate=false: the API server's own verdict (kubectl may also check the published
+    # schema on the client, and refuse these with its own words first).
     bad = yaml.safe_dump(job("bad", checkpoint=checkpoint))
     done = crd.kubectl("apply", "--validate=false", "-f", "-", stdin=bad)
     assert done.returncode != 0 and says in done.stderr, done.stderr
@@ -141,8 +108,7 @@ def test_the_schema_refuses_bad_values(crd: Server, checkpoint: dict[str, Any], 
 
 @pytest.mark.slow
 def test_kubectl_refuses_a_mistyped_checkpoint_field(crd: Server) -> None:
-    """1.20 has no server-side field validation (it would prune the field silently); kubectl
-    validates against the CRD's published schema and refuses it by name on both servers."""
+    """kubectl asks for strict field validation: the unknown field is refused by name on both servers."""
     done = crd.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(job("typo", checkpoint={"replica": 2})))
     assert done.returncode != 0 and "replica" in done.stderr, done.stderr
     assert crd.kubectl("get", "ej", "typo").returncode != 0

@@ -90,6 +90,26 @@ def test_save_stalls_are_counted_once_per_node_and_agent() -> None:
     assert g is not None and g["saveStallSeconds"] == 1.0
 
 
+def test_every_time_in_the_goodput_status_is_rfc3339() -> None:
+    """kubectl describe shows the status as stored: times as RFC 3339, never epoch seconds."""
+    g = goodput_status(None, [rep("a", 10, 0.0, stall=1.0, started=T - 0.25), rep("b", started=None)], T)
+    assert g is not None
+    assert g["nodes"] == {"a": {"started": "2027-01-15T07:59:59.750Z", "stall": 1.0}, "b": {"stall": 0.0}}
+    assert (g["since"], g["lastResume"]) == ("2027-01-15T08:00:00.000Z", "2027-01-15T08:00:00.000Z")
+
+
+def test_a_status_an_earlier_operator_wrote_in_epoch_seconds_is_read_and_rewritten() -> None:
+    g = goodput_status(None, [rep("a", 10, 0.0, stall=1.0)], T)
+    assert g is not None
+    g["nodes"] = {"a": {"started": T - 60, "stall": 1.0}, "gone": {"started": T - 90, "stall": 2.0}}
+    g = goodput_status(g, [rep("a", 20, 10.0, stall=1.5)], T + 10)
+    assert g is not None and g["saveStallSeconds"] == 0.5  # the same agent: only its new stall
+    assert g["nodes"] == {
+        "a": {"started": "2027-01-15T07:59:00.000Z", "stall": 1.5},
+        "gone": {"started": "2027-01-15T07:58:30.000Z", "stall": 2.0},
+    }
+
+
 def test_the_status_as_written_is_all_a_new_operator_needs() -> None:
     import json
 

@@ -134,11 +134,12 @@ def test_default_render_is_namespaced_least_privilege() -> None:
     assert f"--namespace={NAMESPACE}" in operator_container(objects)["args"]
 
 
-def test_chart_installs_on_kubernetes_1_20() -> None:
-    """The oldest API server kelastic supports (and tests against) is v1.20."""
+def test_chart_requires_kubernetes_1_30() -> None:
+    """The oldest API server kelastic supports is v1.30, the first to enforce the CRD's rules
+    (``optionalOldSelf`` is the newest field they use)."""
     helm.disable_logging()
     with helm.Chart.load(CHART) as chart:
-        assert chart.metadata["kubeVersion"] == ">=1.20.0-0"
+        assert chart.metadata["kubeVersion"] == ">=1.30.0-0"
 
 
 def test_leader_election_may_touch_only_its_own_lease() -> None:
