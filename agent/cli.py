@@ -37,11 +37,11 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from kelastic.agent import contract, devices, secret, warm
 from kelastic.agent.events import Event, EventMetadataValue, EventSink, EventSource, default_sink, record
+from kelastic.agent.launch_config import CheckpointFlags, LaunchConfig, resolve_job_secret
 from kelastic.agent.multiprocessing import Std
 from kelastic.agent.process_exit import exit_process
 
@@ -59,57 +59,6 @@ __all__ = [
 _log = logging.getLogger("kelastic.agent")
 
 _BACKENDS_HINT = "kelastic (default), c10d or static"
-
-
-@dataclass
-class LaunchConfig:
-    """Everything the agent needs, resolved from flags and ``PET_*`` variables."""
-
-    min_nodes: int
-    max_nodes: int
-    nproc_per_node: int
-    run_id: str
-    role: str = "default"
-    rdzv_backend: str = "kelastic"
-    rdzv_endpoint: str = ""
-    rdzv_configs: dict[str, Any] = field(default_factory=dict)
-    standalone: bool = False
-    max_restarts: int = 0
-    monitor_interval: float = 0.1
-    start_method: str = "spawn"
-    log_dir: str | None = None
-    redirects: Std | dict[int, Std] = Std.NONE
-    tee: Std | dict[int, Std] = Std.NONE
-    local_ranks_filter: set[int] | None = None
-    local_addr: str | None = None
-    master_addr: str | None = None
-    master_port: int | None = None
-    health_port: int | None = None
-    #: Restart the workers when none of the local ranks reported progress this long (seconds).
-    hang_timeout: float | None = None
-    #: The memory checkpoint service (kelastic.checkpoint); None turns it off.
-    checkpoint: CheckpointFlags | None = None
-    #: The file holding the job's secret (``--job-secret-file``), and the explicit opt-out
-    #: that lets services without one listen beyond loopback (``--insecure-no-secret``).
-    job_secret_file: str | None = None
-    insecure_no_secret: bool = False
-    #: The key itself, once read (or made: :func:`resolve_job_secret`); never printed.
-    job_secret: secret.JobSecret | None = field(default=None, repr=False)
-    entrypoint: Callable[..., Any] | str = ""
-    args: tuple[Any, ...] = ()
-    entrypoint_name: str = ""
-
-
-@dataclass(frozen=True)
-class CheckpointFlags:
-    """The ``--checkpoint-*`` flags, checked (sizes in bytes; ``memory`` None means ``auto``)."""
-
-    folder: str
-    memory: int | None
-    replicas: int
-    persist_dir: str | None
-    persist_every: int
-    persist_interval: float
 
 
 def parse_checkpoint_flags(args: argparse.Namespace) -> CheckpointFlags | None:
@@ -398,22 +347,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("training_script", type=str, help="the script (or module, or program) each worker runs")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments of the script")
     return p
-
-
-def resolve_job_secret(config: LaunchConfig) -> secret.JobSecret | None:
-    """The key of this agent's services (:mod:`kelastic.agent.secret`): read from
-    ``--job-secret-file``, the public one of ``--insecure-no-secret``, one made for a
-    single-node run on loopback, or None when the agent serves no kelastic protocol.
-    SecretError (a ValueError naming the flag and the file) when it must not start."""
-    return secret.for_agent(
-        secret_file=config.job_secret_file,
-        insecure=config.insecure_no_secret,
-        serves=config.checkpoint is not None or config.rdzv_backend == "kelastic",
-        local_addr=config.local_addr,
-        rdzv_endpoint=config.rdzv_endpoint,
-        standalone=config.standalone,
-        max_nodes=config.max_nodes,
-    )
 
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:

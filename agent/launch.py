@@ -1,4 +1,4 @@
-"""Compose one agent run from a :class:`~kelastic.agent.cli.LaunchConfig`.
+"""Compose one agent run from a :class:`~kelastic.agent.launch_config.LaunchConfig`.
 
 :func:`launch_agent` builds the rendezvous handler (kelastic's, or torch's
 ``c10d``/``static`` unchanged), the worker spec and the local agent, serves the
@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING
 
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
@@ -55,14 +54,12 @@ from kelastic.agent.checkpoint.settings import (
 )
 from kelastic.agent.events import default_sink
 from kelastic.agent.health import HealthServer
+from kelastic.agent.launch_config import CheckpointFlags, LaunchConfig, resolve_job_secret
 from kelastic.agent.local_agent import LocalElasticAgent
 from kelastic.agent.multiprocessing import SignalException
 from kelastic.agent.rendezvous.server import RendezvousServer
 from kelastic.agent.summary import root_cause_line
 from kelastic.agent.telemetry import AgentTelemetry
-
-if TYPE_CHECKING:
-    from kelastic.agent.cli import CheckpointFlags, LaunchConfig
 
 __all__ = ["launch_agent", "node_name", "write_termination_message"]
 
@@ -159,8 +156,6 @@ def launch_agent(config: LaunchConfig) -> RunResult:
     signal, rendezvous errors (closed, timed out, unreachable) as they come, and
     :class:`~kelastic.agent.secret.SecretError` when the agent must not serve without a secret.
     """
-    from kelastic.agent.cli import resolve_job_secret
-
     key = config.job_secret if config.job_secret is not None else resolve_job_secret(config)
     if key is not None and key.source is secret.SecretSource.INSECURE:
         _log.warning(
