@@ -37,16 +37,17 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from kelastic.agent import contract, devices, secret, warm
+from kelastic.agent.checkpoint.settings import CheckpointSettings, parse_quantity
 from kelastic.agent.events import Event, EventMetadataValue, EventSink, EventSource, default_sink, record
-from kelastic.agent.launch_config import CheckpointFlags, LaunchConfig, resolve_job_secret
+from kelastic.agent.launch_config import LaunchConfig, resolve_job_secret
 from kelastic.agent.multiprocessing import Std
 from kelastic.agent.process_exit import exit_process
 
 __all__ = [
-    "CheckpointFlags",
     "LaunchConfig",
     "build_parser",
     "config_from_args",
@@ -61,31 +62,17 @@ _log = logging.getLogger("kelastic.agent")
 _BACKENDS_HINT = "kelastic (default), c10d or static"
 
 
-def parse_checkpoint_flags(args: argparse.Namespace) -> CheckpointFlags | None:
-    """The checkpoint flags, or None when ``--checkpoint-memory 0`` turns the service off.
-    ValueError names the bad flag."""
-    from kelastic.agent.checkpoint.settings import parse_quantity
-
+def parse_checkpoint_flags(args: argparse.Namespace) -> CheckpointSettings | None:
+    """The checkpoint service's settings for every node, or None when ``--checkpoint-memory 0``
+    turns it off. ValueError names the bad flag."""
     text = str(args.checkpoint_memory).strip()
     memory = None if text == "auto" else parse_quantity(text)
     if memory == 0:
         return None
-    if args.checkpoint_replicas < 0:
-        raise ValueError(
-            f"{contract.FLAG_CHECKPOINT_REPLICAS} must be 0 or more, got {args.checkpoint_replicas}"
-        )
-    if args.checkpoint_persist_every < 0:
-        raise ValueError(
-            f"{contract.FLAG_CHECKPOINT_PERSIST_EVERY} must be 0 or more, got {args.checkpoint_persist_every}"
-        )
-    if args.checkpoint_persist_interval < 0:
-        raise ValueError(
-            f"{contract.FLAG_CHECKPOINT_PERSIST_INTERVAL} must be 0 or more seconds, "
-            f"got {args.checkpoint_persist_interval}"
-        )
-    return CheckpointFlags(
-        folder=args.checkpoint_dir,
-        memory=memory,
+    return CheckpointSettings(
+        root=Path(args.checkpoint_dir),
+        limit=memory,
+        node="",
         replicas=args.checkpoint_replicas,
         persist_dir=args.checkpoint_persist_dir or None,
         persist_every=args.checkpoint_persist_every,

@@ -54,7 +54,7 @@ from kelastic.agent.checkpoint.settings import (
 )
 from kelastic.agent.events import default_sink
 from kelastic.agent.health import HealthServer
-from kelastic.agent.launch_config import CheckpointFlags, LaunchConfig, resolve_job_secret
+from kelastic.agent.launch_config import LaunchConfig, resolve_job_secret
 from kelastic.agent.local_agent import LocalElasticAgent
 from kelastic.agent.multiprocessing import SignalException
 from kelastic.agent.rendezvous.server import RendezvousServer
@@ -100,20 +100,15 @@ def write_termination_message(message: str) -> bool:
     return True
 
 
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
-
-
 def start_checkpoint_service(
-    flags: CheckpointFlags, run_id: str, node: str, advertise: str, bind: str, key: secret.JobSecret
+    flags: CheckpointSettings, run_id: str, node: str, advertise: str, bind: str, key: secret.JobSecret
 ) -> CheckpointService:
     """This node's checkpoint service, in ``<checkpoint dir>/<run id>/<node>``, answering
-    only clients that prove ``key``."""
-    from pathlib import Path
-
-    root = Path(flags.folder) / _safe(run_id) / _safe(node)
+    only clients that prove ``key``; ``flags`` are the settings the command line gave
+    every node, placed on this one here (its folder made, an ``auto`` limit derived)."""
+    root = flags.node_folder(run_id, node)
     root.mkdir(parents=True, exist_ok=True)
-    if flags.memory is None:
+    if flags.limit is None:
         try:
             st = os.statvfs(root)
             tmpfs_free: int | None = st.f_bavail * st.f_frsize
@@ -121,17 +116,8 @@ def start_checkpoint_service(
             tmpfs_free = None
         limit, reason = auto_limit(container_memory_limit(), machine_memory(), tmpfs_free)
     else:
-        limit, reason = flags.memory, "set by --checkpoint-memory"
-    settings = CheckpointSettings(
-        root=root,
-        limit=limit,
-        node=node,
-        replicas=flags.replicas,
-        persist_dir=flags.persist_dir or None,
-        persist_every=flags.persist_every,
-        persist_interval=flags.persist_interval,
-        limit_reason=reason,
-    )
+        limit, reason = flags.limit, flags.limit_reason
+    settings = flags.for_node(root, node, limit, reason)
 
     def restored(status: dict[str, object]) -> None:
         info = status.get("restored") or {}

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kelastic.agent import secret
+from kelastic.agent.checkpoint.settings import CheckpointSettings
 from kelastic.agent.multiprocessing import Std
 
-__all__ = ["CheckpointFlags", "LaunchConfig", "resolve_job_secret"]
+__all__ = ["LaunchConfig", "resolve_job_secret"]
 
 
 @dataclass
@@ -44,8 +45,9 @@ class LaunchConfig:
     health_port: int | None = None
     #: Restart the workers when none of the local ranks reported progress this long (seconds).
     hang_timeout: float | None = None
-    #: The memory checkpoint service (kelastic.checkpoint); None turns it off.
-    checkpoint: CheckpointFlags | None = None
+    #: The memory checkpoint service (kelastic.checkpoint) as the flags set it, for every
+    #: node (``CheckpointSettings.for_node`` places it on this one); None turns it off.
+    checkpoint: CheckpointSettings | None = None
     #: The file holding the job's secret (``--job-secret-file``), and the explicit opt-out
     #: that lets services without one listen beyond loopback (``--insecure-no-secret``).
     job_secret_file: str | None = None
@@ -55,18 +57,6 @@ class LaunchConfig:
     entrypoint: Callable[..., Any] | str = ""
     args: tuple[Any, ...] = ()
     entrypoint_name: str = ""
-
-
-@dataclass(frozen=True)
-class CheckpointFlags:
-    """The ``--checkpoint-*`` flags, checked (sizes in bytes; ``memory`` None means ``auto``)."""
-
-    folder: str
-    memory: int | None
-    replicas: int
-    persist_dir: str | None
-    persist_every: int
-    persist_interval: float
 
 
 def resolve_job_secret(config: LaunchConfig) -> secret.JobSecret | None:

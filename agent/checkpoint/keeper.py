@@ -93,7 +93,14 @@ class CheckpointKeeper:
     """The state of one node's checkpoint memory; see the module docstring for its rules."""
 
     def __init__(self, settings: CheckpointSettings, endpoint: str) -> None:
+        if settings.limit is None:
+            raise ValueError(
+                "the checkpoint memory limit is still 'auto': keep a node's own settings "
+                "(CheckpointSettings.for_node), which have it derived"
+            )
         self.settings = settings
+        #: The bytes this node may hold (``settings.limit``, known to be set).
+        self.limit: int = settings.limit
         self.endpoint = endpoint
         self.root = settings.root
         self.folder = MemoryFolder(settings.root)
@@ -229,17 +236,17 @@ class CheckpointKeeper:
                 self._prune_pending(rank, pid)
             new_part = sum(b for _, b in self._pending.values()) + nbytes
             need = memory_needed(self._kept_bytes(), new_part, self.settings.replicas)
-            if need > self.settings.limit:
+            if need > self.limit:
                 self._drop_abandoned()
             kept = self._kept_bytes()
             need = memory_needed(kept, new_part, self.settings.replicas)
-            if need > self.settings.limit:
+            if need > self.limit:
                 self._refused += 1
                 return self._newest, Refusal(
                     f"node {self.settings.node} needs {format_bytes(need)} of checkpoint memory for it "
                     f"({format_bytes(new_part)} of its ranks' parts, x{1 + self.settings.replicas} with "
                     f"{self.settings.replicas} replica(s), plus {format_bytes(kept)} of the previous "
-                    f"checkpoint kept meanwhile) but its limit is {format_bytes(self.settings.limit)} "
+                    f"checkpoint kept meanwhile) but its limit is {format_bytes(self.limit)} "
                     f"({self.settings.limit_reason})"
                 )
             free = _tmpfs_free(self.root)
@@ -277,10 +284,10 @@ class CheckpointKeeper:
             ck = self._ckpts.get(cid)
             held = ck.files.get(name, 0) if ck is not None else 0
             used = self._used() - held - sum(self._ckpts[c].nbytes() for c in superseded)
-            if used + size > self.settings.limit:
+            if used + size > self.limit:
                 raise CheckpointError(
                     f"node {self.settings.node} cannot open {format_bytes(size)} for {name} of checkpoint "
-                    f"{cid}: it holds {format_bytes(used)} of a {format_bytes(self.settings.limit)} limit"
+                    f"{cid}: it holds {format_bytes(used)} of a {format_bytes(self.limit)} limit"
                 )
             for old in superseded:
                 self._drop(old)
@@ -323,10 +330,10 @@ class CheckpointKeeper:
             newer = [c for c in self._ckpts if c > cid]
             if newer:
                 raise CheckpointError(f"checkpoint {cid} was superseded by checkpoint {max(newer)}")
-            if self._used() + len(metadata) > self.settings.limit:
+            if self._used() + len(metadata) > self.limit:
                 raise CheckpointError(
                     f"node {self.settings.node} cannot keep {format_bytes(len(metadata))} of metadata of checkpoint "
-                    f"{cid}: it holds {format_bytes(self._used())} of a {format_bytes(self.settings.limit)} limit"
+                    f"{cid}: it holds {format_bytes(self._used())} of a {format_bytes(self.limit)} limit"
                 )
             ck = self._ckpts.setdefault(cid, _Ckpt(cid))
             self.folder.write_commit(cid, metadata, {"required": required, "ring": ring, "step": step})
@@ -388,10 +395,10 @@ class CheckpointKeeper:
                     "never replaced"
                 )
             used = self._used()
-            if used + size > self.settings.limit:
+            if used + size > self.limit:
                 raise CheckpointError(
                     f"node {self.settings.node} cannot hold a {format_bytes(size)} replica: it holds "
-                    f"{format_bytes(used)} of a {format_bytes(self.settings.limit)} limit"
+                    f"{format_bytes(used)} of a {format_bytes(self.limit)} limit"
                 )
             self._incoming[(cid, name)] = size
             part = final.with_name(f".{name}.{uuid.uuid4().hex[:8]}.part")
@@ -526,7 +533,7 @@ class CheckpointKeeper:
                 "step": None if newest is None else newest.step,
                 "restored": None if self._restored is None else dict(self._restored),
                 "bytes": sum(c.nbytes() for c in self._ckpts.values()),
-                "limit": self.settings.limit,
+                "limit": self.limit,
                 "saves": self._saves,
                 "refused": self._refused,
                 "restores": dict(self._restores),
@@ -545,7 +552,7 @@ class CheckpointKeeper:
 
     def _trim_pool(self) -> None:
         """Free files kept for reuse that would take the tmpfs past the limit."""
-        over = self._used() + self.pool_bytes() - self.settings.limit
+        over = self._used() + self.pool_bytes() - self.limit
         if over > 0:
             self.folder.evict(over)
 
