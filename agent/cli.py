@@ -340,24 +340,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """Resolve parsed flags into a :class:`LaunchConfig`; ValueError names the bad flag."""
     min_nodes, max_nodes = parse_nnodes(args.nnodes)
     nproc = parse_nproc_per_node(args.nproc_per_node)
-    if args.max_restarts < 0:
-        raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
-    if not args.monitor_interval > 0:
-        raise ValueError(f"--monitor-interval must be > 0, got {args.monitor_interval}")
-    if args.module and args.no_python:
-        raise ValueError("-m/--module and --no-python are mutually exclusive")
-    if args.run_path and (args.module or args.no_python):
-        raise ValueError("--run-path cannot be combined with -m/--module or --no-python")
-    if args.no_python and shutil.which(args.training_script) is None:
-        raise ValueError(f"--no-python: program {args.training_script!r} was not found or is not executable")
-    if args.warm_start and args.no_python:
-        raise ValueError(
-            "--warm-start runs Python scripts and modules; it cannot be combined with --no-python"
-        )
-    if args.health_port is not None and not 0 <= args.health_port < 65536:
-        raise ValueError(f"--health-port must be in 0..65535, got {args.health_port}")
-    if args.hang_timeout is not None and args.hang_timeout <= 0:
-        raise ValueError(f"--hang-timeout must be > 0 seconds, got {args.hang_timeout}")
+    _check_flags(args)
     checkpoint = parse_checkpoint_flags(args)
     rdzv_conf: dict[str, Any] = parse_rdzv_conf(args.rdzv_conf)
     backend = args.rdzv_backend.strip()
@@ -401,20 +384,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         rdzv_conf["standby"] = "1"
 
     script = args.training_script
-    script_args = list(args.training_script_args)
-    entrypoint: Callable[..., Any] | str
-    start_method = args.start_method
-    if args.warm_start:
-        entrypoint = warm.run_module if args.module else warm.run_script
-        cmd_args, start_method = [script, *script_args], "forkserver"
-    elif args.no_python:
-        entrypoint, cmd_args = script, script_args
-    elif args.module:
-        entrypoint, cmd_args = sys.executable, ["-u", "-m", script, *script_args]
-    elif args.run_path:
-        entrypoint, cmd_args = warm.run_script, [script, *script_args]
-    else:
-        entrypoint, cmd_args = sys.executable, ["-u", script, *script_args]
+    entrypoint, cmd_args, start_method = _entrypoint(args)
 
     return LaunchConfig(
         min_nodes=min_nodes,
@@ -445,6 +415,49 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         args=tuple(cmd_args),
         entrypoint_name=os.path.basename(script),
     )
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """The checks of single flags and of flags that exclude each other; ValueError names them."""
+    if args.max_restarts < 0:
+        raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if not args.monitor_interval > 0:
+        raise ValueError(f"--monitor-interval must be > 0, got {args.monitor_interval}")
+    if args.module and args.no_python:
+        raise ValueError("-m/--module and --no-python are mutually exclusive")
+    if args.run_path and (args.module or args.no_python):
+        raise ValueError("--run-path cannot be combined with -m/--module or --no-python")
+    if args.no_python and shutil.which(args.training_script) is None:
+        raise ValueError(f"--no-python: program {args.training_script!r} was not found or is not executable")
+    if args.warm_start and args.no_python:
+        raise ValueError(
+            "--warm-start runs Python scripts and modules; it cannot be combined with --no-python"
+        )
+    if args.health_port is not None and not 0 <= args.health_port < 65536:
+        raise ValueError(f"--health-port must be in 0..65535, got {args.health_port}")
+    if args.hang_timeout is not None and args.hang_timeout <= 0:
+        raise ValueError(f"--hang-timeout must be > 0 seconds, got {args.hang_timeout}")
+
+
+def _entrypoint(args: argparse.Namespace) -> tuple[Callable[..., Any] | str, list[str], str]:
+    """What every worker runs (a binary or a function of the warm start), its arguments and
+    the start method it needs (pure)."""
+    script = args.training_script
+    script_args = list(args.training_script_args)
+    entrypoint: Callable[..., Any] | str
+    start_method = args.start_method
+    if args.warm_start:
+        entrypoint = warm.run_module if args.module else warm.run_script
+        cmd_args, start_method = [script, *script_args], "forkserver"
+    elif args.no_python:
+        entrypoint, cmd_args = script, script_args
+    elif args.module:
+        entrypoint, cmd_args = sys.executable, ["-u", "-m", script, *script_args]
+    elif args.run_path:
+        entrypoint, cmd_args = warm.run_script, [script, *script_args]
+    else:
+        entrypoint, cmd_args = sys.executable, ["-u", script, *script_args]
+    return entrypoint, cmd_args, start_method
 
 
 # --- running --------------------------------------------------------------------------------------

@@ -201,47 +201,8 @@ def _launch(config: LaunchConfig, key: secret.JobSecret | None) -> RunResult:
             **{**config.rdzv_configs, **_rdzv_secret(config, key)},
         )
         handler = get_rendezvous_handler(params)
-        if config.checkpoint is not None:
-            assert key is not None, "a checkpoint service always has a key (resolve_job_secret)"
-            node = handler.node_name if isinstance(handler, NamedNode) else node_name()
-            advertise = secret.advertised_address(config.local_addr, endpoint)
-            checkpoints = start_checkpoint_service(
-                config.checkpoint,
-                config.run_id,
-                node,
-                advertise,
-                secret.bind_address(config.local_addr, advertise),
-                key,
-            )
-        spec = WorkerSpec(
-            role=config.role,
-            local_world_size=config.nproc_per_node,
-            rdzv_handler=handler,
-            entrypoint=config.entrypoint,
-            args=config.args,
-            max_restarts=config.max_restarts,
-            monitor_interval=config.monitor_interval,
-            master_addr=config.master_addr,
-            master_port=config.master_port,
-            local_addr=config.local_addr,
-            redirects=config.redirects,
-            tee=config.tee,
-        )
-        agent = LocalElasticAgent(
-            spec,
-            start_method=config.start_method,
-            log_dir=config.log_dir,
-            local_ranks_filter=config.local_ranks_filter,
-            rdzv_endpoint=endpoint,
-            event_sink=telemetry,
-            metrics=telemetry.metrics,
-            recovery=telemetry.last_recovery,
-            hang_timeout=config.hang_timeout,
-            extra_env=checkpoints.worker_env() if checkpoints is not None else None,
-            checkpoint_status=checkpoints.keeper.status if checkpoints is not None else None,
-            checkpoint_commits=checkpoints.keeper if checkpoints is not None else None,
-            checkpoint_ring=checkpoints,
-        )
+        checkpoints = _node_checkpoint_service(config, handler, endpoint, key)
+        agent = _local_agent(config, handler, endpoint, telemetry, checkpoints)
         telemetry.start_sampler(agent.rank_progress)
         if checkpoints is not None:
             telemetry.watch_checkpoint(checkpoints.keeper.status)
@@ -280,3 +241,61 @@ def _launch(config: LaunchConfig, key: secret.JobSecret | None) -> RunResult:
             health.stop()
         if embedded is not None:
             embedded.stop()
+
+
+def _node_checkpoint_service(
+    config: LaunchConfig, handler: RendezvousHandler, endpoint: str, key: secret.JobSecret | None
+) -> CheckpointService | None:
+    """This node's checkpoint service, started, or None when ``--checkpoint-memory 0``."""
+    if config.checkpoint is None:
+        return None
+    assert key is not None, "a checkpoint service always has a key (resolve_job_secret)"
+    node = handler.node_name if isinstance(handler, NamedNode) else node_name()
+    advertise = secret.advertised_address(config.local_addr, endpoint)
+    return start_checkpoint_service(
+        config.checkpoint,
+        config.run_id,
+        node,
+        advertise,
+        secret.bind_address(config.local_addr, advertise),
+        key,
+    )
+
+
+def _local_agent(
+    config: LaunchConfig,
+    handler: RendezvousHandler,
+    endpoint: str,
+    telemetry: AgentTelemetry,
+    checkpoints: CheckpointService | None,
+) -> LocalElasticAgent:
+    """The agent of this node's workers, as ``config`` describes them (pure composition)."""
+    spec = WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        rdzv_handler=handler,
+        entrypoint=config.entrypoint,
+        args=config.args,
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        master_addr=config.master_addr,
+        master_port=config.master_port,
+        local_addr=config.local_addr,
+        redirects=config.redirects,
+        tee=config.tee,
+    )
+    return LocalElasticAgent(
+        spec,
+        start_method=config.start_method,
+        log_dir=config.log_dir,
+        local_ranks_filter=config.local_ranks_filter,
+        rdzv_endpoint=endpoint,
+        event_sink=telemetry,
+        metrics=telemetry.metrics,
+        recovery=telemetry.last_recovery,
+        hang_timeout=config.hang_timeout,
+        extra_env=checkpoints.worker_env() if checkpoints is not None else None,
+        checkpoint_status=checkpoints.keeper.status if checkpoints is not None else None,
+        checkpoint_commits=checkpoints.keeper if checkpoints is not None else None,
+        checkpoint_ring=checkpoints,
+    )
