@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kelastic.agent import contract, warm
+from kelastic.agent import contract, devices, warm
 from kelastic.agent.checkpoint.keeper import CheckpointKeeper
 from kelastic.agent.checkpoint.settings import CheckpointSettings
 from kelastic.agent.cli import (
@@ -109,7 +109,9 @@ def test_standby_is_a_rendezvous_setting_of_the_kelastic_backend() -> None:
         _config(c10d)
 
 
-def test_parsers() -> None:
+def test_parsers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parsing rules (the count of GPUs is given here: test_agent_devices.py counts the
+    real ones, in a subprocess that imports torch)."""
     assert parse_nnodes("3") == (3, 3)
     assert parse_nnodes("2:4") == (2, 4)
     for bad in ("0", "4:2", "a", "1:2:3", ""):
@@ -117,9 +119,12 @@ def test_parsers() -> None:
             parse_nnodes(bad)
     assert parse_nproc_per_node("2") == 2
     assert parse_nproc_per_node("cpu") >= 1
-    assert parse_nproc_per_node("auto") >= 1
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    assert parse_nproc_per_node("auto") == parse_nproc_per_node("cpu")
     with pytest.raises(ValueError, match="CUDA"):
         parse_nproc_per_node("gpu")
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 4)
+    assert parse_nproc_per_node("auto") == parse_nproc_per_node("gpu") == 4
     for bad in ("0", "-1", "many"):
         with pytest.raises(ValueError, match="--nproc-per-node"):
             parse_nproc_per_node(bad)
