@@ -37,6 +37,7 @@ def test_e_schema_rejects_invalid_manifests_naming_the_field(
     assert kel.job(f"e2e-e-{case}") is None
 
 
+@pytest.mark.lanes("emulator")
 def test_e_operator_marks_max_below_min_invalid_naming_the_field(kel: Any) -> None:
     manifest = kel.job_manifest("e2e-e-max", min_replicas=3, max_replicas=2, replicas=2)
     kel.apply_job(manifest)
