@@ -28,6 +28,7 @@ functions and ``TYPE_CHECKING`` blocks), so a breach fails here before anything 
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -85,6 +86,16 @@ def imports_of(rel: Path, source: str) -> Iterator[tuple[int, str]]:
     ``from x import y`` yields ``x.y``: y may be a module of package x, and a name defined in
     module x still falls under x by prefix.
     """
+    return iter(_imports(rel, source))
+
+
+@functools.cache
+def _imports(rel: Path, source: str) -> tuple[tuple[int, str], ...]:
+    """:func:`imports_of`, each file parsed once per session (every rule here reads them all)."""
+    return tuple(_read_imports(rel, source))
+
+
+def _read_imports(rel: Path, source: str) -> Iterator[tuple[int, str]]:
     own = module_name(rel)
     package = own if rel.name == "__init__.py" else own.rpartition(".")[0]
     for node in ast.walk(ast.parse(source, filename=str(rel))):
@@ -128,6 +139,7 @@ def breaches(sources: Iterable[tuple[Path, str]]) -> list[str]:
     return found
 
 
+@functools.cache
 def repository_sources() -> list[tuple[Path, str]]:
     return [
         (path.relative_to(ROOT), path.read_text())
