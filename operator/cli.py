@@ -517,7 +517,16 @@ def _exit_within(grace: float, code: int, log: logging.Logger) -> None:
     """
 
     def force() -> None:
-        log.warning("requests to the API server still unanswered after %g s: exiting without them", grace)
+        waiting = sorted(
+            t.name
+            for t in threading.enumerate()
+            if t not in (threading.current_thread(), threading.main_thread()) and not t.daemon
+        )
+        log.warning(
+            "requests to the API server still unanswered after %g s: exiting without them (threads %s)",
+            grace,
+            ", ".join(waiting) or "none",
+        )
         for handler in logging.getLogger().handlers:
             handler.flush()
         sys.stdout.flush()
