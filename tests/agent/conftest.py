@@ -30,13 +30,12 @@ def _job_secret(job_secret_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_JOB_SECRET_FILE, str(job_secret_file))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    """A real ``kelastic-rendezvous`` store process, one for the session.
+    """A real ``kelastic-rendezvous`` store process, one per test module.
 
     Starting one costs seconds of torch import, so tests share it and keep apart
-    by using their own rendezvous id (:func:`run_id`). A test that stops or restarts
-    a store starts one of its own.
+    by using their own rendezvous id (:func:`run_id`).
     """
     proc = start_server_process("127.0.0.1", 0, timeout=60)
     try:
@@ -54,6 +53,5 @@ def _shutdown_handlers() -> Iterator[None]:
 
 @pytest.fixture
 def run_id(request: pytest.FixtureRequest) -> str:
-    """A rendezvous id of the test's own (its module's name and its own: the store is shared
-    by every module)."""
-    return f"{request.node.path.stem}-{request.node.name}"
+    """A rendezvous id of the test's own."""
+    return request.node.name
