@@ -89,7 +89,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousGracefulExitError
 
 from kelastic.agent import restart_policy, warm
 from kelastic.agent.events import Event, EventSink, EventSource, default_sink, record
-from kelastic.agent.join_at_checkpoint import JoinAtCheckpoint
+from kelastic.agent.join_at_checkpoint import CheckpointCommits, JoinAtCheckpoint
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import ProcessFailure, SignalException, Std
 from kelastic.agent.restart_policy import Action, LossQuestion, Verdict, Watching
@@ -175,20 +175,6 @@ class LossWatcher(Protocol):
     @property
     def loss_notice(self) -> float:
         """Seconds a lost member may take to show after its process is gone."""
-        ...
-
-
-class CheckpointCommits(Protocol):
-    """The node's checkpoint memory as the restart loop sees it (kelastic's
-    :class:`~kelastic.agent.checkpoint.keeper.CheckpointKeeper`)."""
-
-    def cadence(self) -> tuple[int | None, float | None, float | None]:
-        """The newest committed checkpoint, seconds since its commit, seconds between the
-        two latest commits (None where unknown)."""
-        ...
-
-    def wait_committed(self, after: int, timeout: float) -> bool:
-        """Block up to ``timeout`` s until a checkpoint newer than ``after`` is committed."""
         ...
 
 

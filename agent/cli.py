@@ -37,16 +37,17 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 from kelastic.agent import contract, devices, secret, warm
+from kelastic.agent.checkpoint.settings import CheckpointSettings, parse_quantity
 from kelastic.agent.events import Event, EventMetadataValue, EventSink, EventSource, default_sink, record
+from kelastic.agent.launch_config import LaunchConfig, resolve_job_secret
 from kelastic.agent.multiprocessing import Std
 from kelastic.agent.process_exit import exit_process
 
 __all__ = [
-    "CheckpointFlags",
     "LaunchConfig",
     "build_parser",
     "config_from_args",
@@ -61,82 +62,17 @@ _log = logging.getLogger("kelastic.agent")
 _BACKENDS_HINT = "kelastic (default), c10d or static"
 
 
-@dataclass
-class LaunchConfig:
-    """Everything the agent needs, resolved from flags and ``PET_*`` variables."""
-
-    min_nodes: int
-    max_nodes: int
-    nproc_per_node: int
-    run_id: str
-    role: str = "default"
-    rdzv_backend: str = "kelastic"
-    rdzv_endpoint: str = ""
-    rdzv_configs: dict[str, Any] = field(default_factory=dict)
-    standalone: bool = False
-    max_restarts: int = 0
-    monitor_interval: float = 0.1
-    start_method: str = "spawn"
-    log_dir: str | None = None
-    redirects: Std | dict[int, Std] = Std.NONE
-    tee: Std | dict[int, Std] = Std.NONE
-    local_ranks_filter: set[int] | None = None
-    local_addr: str | None = None
-    master_addr: str | None = None
-    master_port: int | None = None
-    health_port: int | None = None
-    #: Restart the workers when none of the local ranks reported progress this long (seconds).
-    hang_timeout: float | None = None
-    #: The memory checkpoint service (kelastic.checkpoint); None turns it off.
-    checkpoint: CheckpointFlags | None = None
-    #: The file holding the job's secret (``--job-secret-file``), and the explicit opt-out
-    #: that lets services without one listen beyond loopback (``--insecure-no-secret``).
-    job_secret_file: str | None = None
-    insecure_no_secret: bool = False
-    #: The key itself, once read (or made: :func:`resolve_job_secret`); never printed.
-    job_secret: secret.JobSecret | None = field(default=None, repr=False)
-    entrypoint: Callable[..., Any] | str = ""
-    args: tuple[Any, ...] = ()
-    entrypoint_name: str = ""
-
-
-@dataclass(frozen=True)
-class CheckpointFlags:
-    """The ``--checkpoint-*`` flags, checked (sizes in bytes; ``memory`` None means ``auto``)."""
-
-    folder: str
-    memory: int | None
-    replicas: int
-    persist_dir: str | None
-    persist_every: int
-    persist_interval: float
-
-
-def parse_checkpoint_flags(args: argparse.Namespace) -> CheckpointFlags | None:
-    """The checkpoint flags, or None when ``--checkpoint-memory 0`` turns the service off.
-    ValueError names the bad flag."""
-    from kelastic.agent.checkpoint.settings import parse_quantity
-
+def parse_checkpoint_flags(args: argparse.Namespace) -> CheckpointSettings | None:
+    """The checkpoint service's settings for every node, or None when ``--checkpoint-memory 0``
+    turns it off. ValueError names the bad flag."""
     text = str(args.checkpoint_memory).strip()
     memory = None if text == "auto" else parse_quantity(text)
     if memory == 0:
         return None
-    if args.checkpoint_replicas < 0:
-        raise ValueError(
-            f"{contract.FLAG_CHECKPOINT_REPLICAS} must be 0 or more, got {args.checkpoint_replicas}"
-        )
-    if args.checkpoint_persist_every < 0:
-        raise ValueError(
-            f"{contract.FLAG_CHECKPOINT_PERSIST_EVERY} must be 0 or more, got {args.checkpoint_persist_every}"
-        )
-    if args.checkpoint_persist_interval < 0:
-        raise ValueError(
-            f"{contract.FLAG_CHECKPOINT_PERSIST_INTERVAL} must be 0 or more seconds, "
-            f"got {args.checkpoint_persist_interval}"
-        )
-    return CheckpointFlags(
-        folder=args.checkpoint_dir,
-        memory=memory,
+    return CheckpointSettings(
+        root=Path(args.checkpoint_dir),
+        limit=memory,
+        node="",
         replicas=args.checkpoint_replicas,
         persist_dir=args.checkpoint_persist_dir or None,
         persist_every=args.checkpoint_persist_every,
@@ -400,44 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve_job_secret(config: LaunchConfig) -> secret.JobSecret | None:
-    """The key of this agent's services (:mod:`kelastic.agent.secret`): read from
-    ``--job-secret-file``, the public one of ``--insecure-no-secret``, one made for a
-    single-node run on loopback, or None when the agent serves no kelastic protocol.
-    SecretError (a ValueError naming the flag and the file) when it must not start."""
-    return secret.for_agent(
-        secret_file=config.job_secret_file,
-        insecure=config.insecure_no_secret,
-        serves=config.checkpoint is not None or config.rdzv_backend == "kelastic",
-        local_addr=config.local_addr,
-        rdzv_endpoint=config.rdzv_endpoint,
-        standalone=config.standalone,
-        max_nodes=config.max_nodes,
-    )
-
-
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """Resolve parsed flags into a :class:`LaunchConfig`; ValueError names the bad flag."""
     min_nodes, max_nodes = parse_nnodes(args.nnodes)
     nproc = parse_nproc_per_node(args.nproc_per_node)
-    if args.max_restarts < 0:
-        raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
-    if not args.monitor_interval > 0:
-        raise ValueError(f"--monitor-interval must be > 0, got {args.monitor_interval}")
-    if args.module and args.no_python:
-        raise ValueError("-m/--module and --no-python are mutually exclusive")
-    if args.run_path and (args.module or args.no_python):
-        raise ValueError("--run-path cannot be combined with -m/--module or --no-python")
-    if args.no_python and shutil.which(args.training_script) is None:
-        raise ValueError(f"--no-python: program {args.training_script!r} was not found or is not executable")
-    if args.warm_start and args.no_python:
-        raise ValueError(
-            "--warm-start runs Python scripts and modules; it cannot be combined with --no-python"
-        )
-    if args.health_port is not None and not 0 <= args.health_port < 65536:
-        raise ValueError(f"--health-port must be in 0..65535, got {args.health_port}")
-    if args.hang_timeout is not None and args.hang_timeout <= 0:
-        raise ValueError(f"--hang-timeout must be > 0 seconds, got {args.hang_timeout}")
+    _check_flags(args)
     checkpoint = parse_checkpoint_flags(args)
     rdzv_conf: dict[str, Any] = parse_rdzv_conf(args.rdzv_conf)
     backend = args.rdzv_backend.strip()
@@ -481,20 +384,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         rdzv_conf["standby"] = "1"
 
     script = args.training_script
-    script_args = list(args.training_script_args)
-    entrypoint: Callable[..., Any] | str
-    start_method = args.start_method
-    if args.warm_start:
-        entrypoint = warm.run_module if args.module else warm.run_script
-        cmd_args, start_method = [script, *script_args], "forkserver"
-    elif args.no_python:
-        entrypoint, cmd_args = script, script_args
-    elif args.module:
-        entrypoint, cmd_args = sys.executable, ["-u", "-m", script, *script_args]
-    elif args.run_path:
-        entrypoint, cmd_args = warm.run_script, [script, *script_args]
-    else:
-        entrypoint, cmd_args = sys.executable, ["-u", script, *script_args]
+    entrypoint, cmd_args, start_method = _entrypoint(args)
 
     return LaunchConfig(
         min_nodes=min_nodes,
@@ -525,6 +415,49 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         args=tuple(cmd_args),
         entrypoint_name=os.path.basename(script),
     )
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """The checks of single flags and of flags that exclude each other; ValueError names them."""
+    if args.max_restarts < 0:
+        raise ValueError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if not args.monitor_interval > 0:
+        raise ValueError(f"--monitor-interval must be > 0, got {args.monitor_interval}")
+    if args.module and args.no_python:
+        raise ValueError("-m/--module and --no-python are mutually exclusive")
+    if args.run_path and (args.module or args.no_python):
+        raise ValueError("--run-path cannot be combined with -m/--module or --no-python")
+    if args.no_python and shutil.which(args.training_script) is None:
+        raise ValueError(f"--no-python: program {args.training_script!r} was not found or is not executable")
+    if args.warm_start and args.no_python:
+        raise ValueError(
+            "--warm-start runs Python scripts and modules; it cannot be combined with --no-python"
+        )
+    if args.health_port is not None and not 0 <= args.health_port < 65536:
+        raise ValueError(f"--health-port must be in 0..65535, got {args.health_port}")
+    if args.hang_timeout is not None and args.hang_timeout <= 0:
+        raise ValueError(f"--hang-timeout must be > 0 seconds, got {args.hang_timeout}")
+
+
+def _entrypoint(args: argparse.Namespace) -> tuple[Callable[..., Any] | str, list[str], str]:
+    """What every worker runs (a binary or a function of the warm start), its arguments and
+    the start method it needs (pure)."""
+    script = args.training_script
+    script_args = list(args.training_script_args)
+    entrypoint: Callable[..., Any] | str
+    start_method = args.start_method
+    if args.warm_start:
+        entrypoint = warm.run_module if args.module else warm.run_script
+        cmd_args, start_method = [script, *script_args], "forkserver"
+    elif args.no_python:
+        entrypoint, cmd_args = script, script_args
+    elif args.module:
+        entrypoint, cmd_args = sys.executable, ["-u", "-m", script, *script_args]
+    elif args.run_path:
+        entrypoint, cmd_args = warm.run_script, [script, *script_args]
+    else:
+        entrypoint, cmd_args = sys.executable, ["-u", script, *script_args]
+    return entrypoint, cmd_args, start_method
 
 
 # --- running --------------------------------------------------------------------------------------

@@ -11,17 +11,28 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kelastic.agent import restart_policy
 from kelastic.agent.restart_policy import Action, JoinDeferral, Verdict
 
-if TYPE_CHECKING:
-    from kelastic.agent.api import CheckpointCommits
-
-__all__ = ["JoinAtCheckpoint"]
+__all__ = ["CheckpointCommits", "JoinAtCheckpoint"]
 
 _log = logging.getLogger(__name__)
+
+
+class CheckpointCommits(Protocol):
+    """The node's checkpoint memory as the restart loop sees it (kelastic's
+    :class:`~kelastic.agent.checkpoint.keeper.CheckpointKeeper`)."""
+
+    def cadence(self) -> tuple[int | None, float | None, float | None]:
+        """The newest committed checkpoint, seconds since its commit, seconds between the
+        two latest commits (None where unknown)."""
+        ...
+
+    def wait_committed(self, after: int, timeout: float) -> bool:
+        """Block up to ``timeout`` s until a checkpoint newer than ``after`` is committed."""
+        ...
 
 
 class JoinAtCheckpoint:

@@ -1,4 +1,4 @@
-"""Compose one agent run from a :class:`~kelastic.agent.cli.LaunchConfig`.
+"""Compose one agent run from a :class:`~kelastic.agent.launch_config.LaunchConfig`.
 
 :func:`launch_agent` builds the rendezvous handler (kelastic's, or torch's
 ``c10d``/``static`` unchanged), the worker spec and the local agent, serves the
@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING
 
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
@@ -55,14 +54,12 @@ from kelastic.agent.checkpoint.settings import (
 )
 from kelastic.agent.events import default_sink
 from kelastic.agent.health import HealthServer
+from kelastic.agent.launch_config import LaunchConfig, resolve_job_secret
 from kelastic.agent.local_agent import LocalElasticAgent
 from kelastic.agent.multiprocessing import SignalException
 from kelastic.agent.rendezvous.server import RendezvousServer
 from kelastic.agent.summary import root_cause_line
 from kelastic.agent.telemetry import AgentTelemetry
-
-if TYPE_CHECKING:
-    from kelastic.agent.cli import CheckpointFlags, LaunchConfig
 
 __all__ = ["launch_agent", "node_name", "write_termination_message"]
 
@@ -103,20 +100,15 @@ def write_termination_message(message: str) -> bool:
     return True
 
 
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
-
-
 def start_checkpoint_service(
-    flags: CheckpointFlags, run_id: str, node: str, advertise: str, bind: str, key: secret.JobSecret
+    flags: CheckpointSettings, run_id: str, node: str, advertise: str, bind: str, key: secret.JobSecret
 ) -> CheckpointService:
     """This node's checkpoint service, in ``<checkpoint dir>/<run id>/<node>``, answering
-    only clients that prove ``key``."""
-    from pathlib import Path
-
-    root = Path(flags.folder) / _safe(run_id) / _safe(node)
+    only clients that prove ``key``; ``flags`` are the settings the command line gave
+    every node, placed on this one here (its folder made, an ``auto`` limit derived)."""
+    root = flags.node_folder(run_id, node)
     root.mkdir(parents=True, exist_ok=True)
-    if flags.memory is None:
+    if flags.limit is None:
         try:
             st = os.statvfs(root)
             tmpfs_free: int | None = st.f_bavail * st.f_frsize
@@ -124,17 +116,8 @@ def start_checkpoint_service(
             tmpfs_free = None
         limit, reason = auto_limit(container_memory_limit(), machine_memory(), tmpfs_free)
     else:
-        limit, reason = flags.memory, "set by --checkpoint-memory"
-    settings = CheckpointSettings(
-        root=root,
-        limit=limit,
-        node=node,
-        replicas=flags.replicas,
-        persist_dir=flags.persist_dir or None,
-        persist_every=flags.persist_every,
-        persist_interval=flags.persist_interval,
-        limit_reason=reason,
-    )
+        limit, reason = flags.limit, flags.limit_reason
+    settings = flags.for_node(root, node, limit, reason)
 
     def restored(status: dict[str, object]) -> None:
         info = status.get("restored") or {}
@@ -164,8 +147,6 @@ def launch_agent(config: LaunchConfig) -> RunResult:
     signal, rendezvous errors (closed, timed out, unreachable) as they come, and
     :class:`~kelastic.agent.secret.SecretError` when the agent must not serve without a secret.
     """
-    from kelastic.agent.cli import resolve_job_secret
-
     key = config.job_secret if config.job_secret is not None else resolve_job_secret(config)
     if key is not None and key.source is secret.SecretSource.INSECURE:
         _log.warning(
@@ -225,47 +206,8 @@ def _launch(config: LaunchConfig, key: secret.JobSecret | None) -> RunResult:
             **{**config.rdzv_configs, **_rdzv_secret(config, key)},
         )
         handler = get_rendezvous_handler(params)
-        if config.checkpoint is not None:
-            assert key is not None, "a checkpoint service always has a key (resolve_job_secret)"
-            node = handler.node_name if isinstance(handler, NamedNode) else node_name()
-            advertise = secret.advertised_address(config.local_addr, endpoint)
-            checkpoints = start_checkpoint_service(
-                config.checkpoint,
-                config.run_id,
-                node,
-                advertise,
-                secret.bind_address(config.local_addr, advertise),
-                key,
-            )
-        spec = WorkerSpec(
-            role=config.role,
-            local_world_size=config.nproc_per_node,
-            rdzv_handler=handler,
-            entrypoint=config.entrypoint,
-            args=config.args,
-            max_restarts=config.max_restarts,
-            monitor_interval=config.monitor_interval,
-            master_addr=config.master_addr,
-            master_port=config.master_port,
-            local_addr=config.local_addr,
-            redirects=config.redirects,
-            tee=config.tee,
-        )
-        agent = LocalElasticAgent(
-            spec,
-            start_method=config.start_method,
-            log_dir=config.log_dir,
-            local_ranks_filter=config.local_ranks_filter,
-            rdzv_endpoint=endpoint,
-            event_sink=telemetry,
-            metrics=telemetry.metrics,
-            recovery=telemetry.last_recovery,
-            hang_timeout=config.hang_timeout,
-            extra_env=checkpoints.worker_env() if checkpoints is not None else None,
-            checkpoint_status=checkpoints.keeper.status if checkpoints is not None else None,
-            checkpoint_commits=checkpoints.keeper if checkpoints is not None else None,
-            checkpoint_ring=checkpoints,
-        )
+        checkpoints = _node_checkpoint_service(config, handler, endpoint, key)
+        agent = _local_agent(config, handler, endpoint, telemetry, checkpoints)
         telemetry.start_sampler(agent.rank_progress)
         if checkpoints is not None:
             telemetry.watch_checkpoint(checkpoints.keeper.status)
@@ -306,3 +248,61 @@ def _launch(config: LaunchConfig, key: secret.JobSecret | None) -> RunResult:
             health.stop()
         if embedded is not None:
             embedded.stop()
+
+
+def _node_checkpoint_service(
+    config: LaunchConfig, handler: RendezvousHandler, endpoint: str, key: secret.JobSecret | None
+) -> CheckpointService | None:
+    """This node's checkpoint service, started, or None when ``--checkpoint-memory 0``."""
+    if config.checkpoint is None:
+        return None
+    assert key is not None, "a checkpoint service always has a key (resolve_job_secret)"
+    node = handler.node_name if isinstance(handler, NamedNode) else node_name()
+    advertise = secret.advertised_address(config.local_addr, endpoint)
+    return start_checkpoint_service(
+        config.checkpoint,
+        config.run_id,
+        node,
+        advertise,
+        secret.bind_address(config.local_addr, advertise),
+        key,
+    )
+
+
+def _local_agent(
+    config: LaunchConfig,
+    handler: RendezvousHandler,
+    endpoint: str,
+    telemetry: AgentTelemetry,
+    checkpoints: CheckpointService | None,
+) -> LocalElasticAgent:
+    """The agent of this node's workers, as ``config`` describes them (pure composition)."""
+    spec = WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        rdzv_handler=handler,
+        entrypoint=config.entrypoint,
+        args=config.args,
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        master_addr=config.master_addr,
+        master_port=config.master_port,
+        local_addr=config.local_addr,
+        redirects=config.redirects,
+        tee=config.tee,
+    )
+    return LocalElasticAgent(
+        spec,
+        start_method=config.start_method,
+        log_dir=config.log_dir,
+        local_ranks_filter=config.local_ranks_filter,
+        rdzv_endpoint=endpoint,
+        event_sink=telemetry,
+        metrics=telemetry.metrics,
+        recovery=telemetry.last_recovery,
+        hang_timeout=config.hang_timeout,
+        extra_env=checkpoints.worker_env() if checkpoints is not None else None,
+        checkpoint_status=checkpoints.keeper.status if checkpoints is not None else None,
+        checkpoint_commits=checkpoints.keeper if checkpoints is not None else None,
+        checkpoint_ring=checkpoints,
+    )

@@ -16,8 +16,14 @@ Two modes, same scenarios:
   fixture of the repository's root conftest, else skipped saying how to enable
   it). The chart is installed with Helm (:func:`install_chart`): the operator
   runs as the chart's Deployment under its ServiceAccount and namespaced RBAC,
-  so RBAC, admission and the real controllers are in the loop. Every scenario
-  runs on both lanes; each lane's cluster is made once per session.
+  so RBAC, admission and the real controllers are in the loop. Each lane's
+  cluster is made once per session. A scenario runs on the lane where it proves
+  something (``@pytest.mark.lanes(...)``, :func:`pytest_collection_modifyitems`): the
+  emulator for what kelastic itself does (recovery, checkpoints, the agent's and the
+  operator's decisions), as it is the faster lane; the real control plane for what
+  depends on the API server's semantics (RBAC, admission, the CRD's schema, the
+  scale subresource, garbage collection, a Deployment's restart). A scenario
+  without the marker runs on both.
 * **real**: ``KELASTIC_E2E_REAL=1`` and ``KUBECONFIG`` naming a cluster whose
   nodes have the image (``KELASTIC_E2E_IMAGE``, default ``kelastic:0.1.0``). The
   whole rendered chart is applied and the operator Deployment must roll out.
@@ -552,6 +558,47 @@ def _install_real() -> Iterator[Cluster]:
     finally:
         kubectl.run("delete", "pod", HISTORY_READER, "--ignore-not-found", "--wait=false", check=False)
         kubectl.run("delete", "-f", "-", stdin=rendered, check=False, timeout=120)
+
+
+#: The lanes of kelastic local; a real cluster (``KELASTIC_E2E_REAL``) is a lane of its own.
+LOCAL_LANES = ("emulator", "control-plane")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "lanes(*names): the kelastic local lanes a scenario runs on (emulator, control-plane); "
+        "without it, both. A real cluster runs every scenario.",
+    )
+
+
+def _lane_of(item: pytest.Item) -> str | None:
+    """The lane a collected scenario runs on (its ``cluster`` or ``lane`` parameter), if any."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    lane = params.get("cluster", params.get("lane"))
+    return lane if isinstance(lane, str) else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out a scenario's runs on the lanes its ``lanes`` marker does not name: it runs
+    on the others, so nothing goes untested (deselected, not skipped: the run is not owed)."""
+    keep: list[pytest.Item] = []
+    moved: list[pytest.Item] = []
+    for item in items:
+        marker = item.get_closest_marker("lanes")
+        lane = _lane_of(item)
+        if marker is not None:
+            unknown = set(marker.args) - set(LOCAL_LANES)
+            assert marker.args and not unknown, (
+                f"{item.nodeid}: lanes({marker.args}) names no lane of {LOCAL_LANES}"
+            )
+        if marker is None or lane not in LOCAL_LANES or lane in marker.args:
+            keep.append(item)
+        else:
+            moved.append(item)
+    if moved:
+        config.hook.pytest_deselected(items=moved)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session", params=["real"] if REAL else ["emulator", "control-plane"])

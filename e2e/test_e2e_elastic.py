@@ -50,6 +50,7 @@ def pod_uid(kel: Any, name: str) -> str | None:
     return result.stdout.strip() or None if result.returncode == 0 else None
 
 
+@pytest.mark.lanes("emulator")
 def test_b_force_deleted_worker_recovers_without_losing_checkpointed_steps(kel: Any) -> None:
     job = kel.apply_job(kel.job_manifest("e2e-b", steps=150, step_delay=0.1, checkpoint_every=10))
     uid = job["metadata"]["uid"]
@@ -67,6 +68,7 @@ def test_b_force_deleted_worker_recovers_without_losing_checkpointed_steps(kel: 
     assert history[-1] == {**history[-1], "event": "done", "step": 150}
 
 
+@pytest.mark.lanes("control-plane")
 def test_c_scale_up_then_down_world_follows_and_training_continues(kel: Any) -> None:
     job = kel.apply_job(
         kel.job_manifest("e2e-c", replicas=2, steps=5000, step_delay=0.05, checkpoint_every=10)
@@ -138,6 +140,7 @@ def stall(history: Events, fault: float) -> str:
     return f"longest gap between checkpoints {max(after, default=0.0):.2f}s (median {usual:.2f}s)"
 
 
+@pytest.mark.lanes("control-plane")
 def test_f_operator_killed_and_restarted_mid_run_adopts_the_job(kel: Any) -> None:
     job = kel.apply_job(kel.job_manifest("e2e-f", steps=150, step_delay=0.1, checkpoint_every=10))
     uid = job["metadata"]["uid"]
@@ -173,6 +176,7 @@ def test_f_operator_killed_and_restarted_mid_run_adopts_the_job(kel: Any) -> Non
     print(f"[{kel.lane}] operator killed: {stall(kel.history(uid), killed)}")
 
 
+@pytest.mark.lanes("emulator")
 def test_g_rendezvous_store_pod_killed_costs_no_restart(kel: Any) -> None:
     job = kel.apply_job(kel.job_manifest("e2e-g", steps=300, step_delay=0.05, checkpoint_every=5))
     uid = job["metadata"]["uid"]
@@ -196,6 +200,7 @@ def test_g_rendezvous_store_pod_killed_costs_no_restart(kel: Any) -> None:
     print(f"[{kel.lane}] store pod force-deleted: {stall(history, deleted)}")
 
 
+@pytest.mark.lanes("emulator")
 def test_j_operator_down_and_store_pod_deleted_costs_no_step(kel: Any) -> None:
     """Without the operator nobody recreates the store pod: the group trains on without any
     store, and re-establishes its round in the new store once the operator is back."""
@@ -232,6 +237,7 @@ def test_j_operator_down_and_store_pod_deleted_costs_no_step(kel: Any) -> None:
     print(f"[{kel.lane}] operator down and store pod deleted: {stall(history, deleted)}")
 
 
+@pytest.mark.lanes("emulator")
 def test_i_suspend_then_resume(kel: Any) -> None:
     job = kel.apply_job(kel.job_manifest("e2e-i", steps=150, step_delay=0.1, checkpoint_every=10))
     uid = job["metadata"]["uid"]

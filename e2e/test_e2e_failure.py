@@ -45,6 +45,7 @@ def failed_message(status: dict[str, Any]) -> str:
     return str(failed[0].get("message", ""))
 
 
+@pytest.mark.lanes("emulator")
 def test_d_always_crashing_worker_fails_the_job_with_an_event(crashed: tuple[Any, dict[str, Any]]) -> None:
     cluster, status = crashed
     assert status["phase"] == "Failed", status
@@ -57,6 +58,7 @@ def test_d_always_crashing_worker_fails_the_job_with_an_event(crashed: tuple[Any
     assert warnings, "a Warning Event should report the failure"
 
 
+@pytest.mark.lanes("emulator")
 def test_d_failed_reason_names_the_rank_and_its_exit_code(crashed: tuple[Any, dict[str, Any]]) -> None:
     cluster, status = crashed
     message = failed_message(status)

@@ -14,6 +14,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.lanes("emulator")
 def test_a_example_job_runs_to_succeeded(kel: Any) -> None:
     job = kel.apply_job(kel.job_manifest("e2e-a", steps=60, step_delay=0.05))
     uid = job["metadata"]["uid"]
@@ -47,6 +48,7 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
+@pytest.mark.lanes("control-plane")
 def test_h_deleting_the_job_removes_every_pod_service_and_process(kel: Any) -> None:
     job = kel.apply_job(kel.job_manifest("e2e-h", steps=2000, step_delay=0.05))
     uid = job["metadata"]["uid"]

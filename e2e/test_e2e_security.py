@@ -1,4 +1,6 @@
-"""End-to-end: what keeps a job's network to the job, on every lane (docs/security.md).
+"""End-to-end: what keeps a job's network to the job (docs/security.md), on the real control
+plane, whose admission mounts service-account tokens and labels namespaces as a cluster does
+(the emulator's answers are compared with it in tests/localcluster), and on a real cluster.
 
 One job runs through the chart-installed operator; while it trains:
 
@@ -53,6 +55,7 @@ def agent_processes(pod_uid: str) -> list[tuple[list[str], dict[str, str]]]:
     return found
 
 
+@pytest.mark.lanes("control-plane")
 def test_a_jobs_secret_policies_and_tokens(kel: Any) -> None:
     name = "e2e-sec"
     job = kel.apply_job(kel.job_manifest(name, replicas=2, min_replicas=2, max_replicas=2, steps=4000))
@@ -129,8 +132,6 @@ def test_a_jobs_secret_policies_and_tokens(kel: Any) -> None:
     ns_labels = kel.kubectl.json("get", "namespace", namespace)["metadata"].get("labels") or {}
     by_name = ns_labels.get("kubernetes.io/metadata.name") == namespace
     operator_ns = {"matchLabels": {"kubernetes.io/metadata.name": namespace}} if by_name else {}
-    if kel.lane == "emulator":
-        assert by_name  # the emulator labels namespaces as current Kubernetes does
     workers_policy, store_policy = policies[f"{name}-workers"], policies[f"{name}-rendezvous"]
     assert chosen(workers_policy) == worker_names and chosen(store_policy) == [f"{name}-rendezvous"]
     among, health = workers_policy["spec"]["ingress"]

@@ -33,6 +33,7 @@ def ready(pod: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+@pytest.mark.lanes("emulator")
 def test_standby_replaces_a_deleted_worker_in_one_reform_and_goodput_is_in_the_status(kel: Any) -> None:
     manifest = kel.job_manifest(
         NAME, replicas=2, min_replicas=2, max_replicas=3, steps=400, step_delay=0.1, checkpoint_every=10

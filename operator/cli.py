@@ -24,7 +24,9 @@ from kelastic.agent.contract import DEFAULT_HEALTH_PORT
 from kelastic.operator.builders import DEFAULT_OPERATOR_IMAGE
 
 if TYPE_CHECKING:
+    from kelastic.operator.controller import Controller, ControllerOptions
     from kelastic.operator.kube import Kube
+    from kelastic.operator.leader import LeaderElector
     from kelastic.operator.netpol import NetworkPolicyConfig
 
 __all__ = ["build_parser", "main"]
@@ -253,56 +255,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The process's entry point: once the operator has stopped, the process ends within seconds."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    _positive(parser, "--resync-interval", args.resync_interval)
-    _positive(parser, "--success-grace", args.success_grace)
-    if not 0 <= args.health_port < 65536:
-        parser.error(f"--health-port must be in 0..65535, got {args.health_port}")
-    if not 0 <= args.metrics_port < 65536:
-        parser.error(f"--metrics-port must be in 0..65535, got {args.metrics_port}")
-    from kelastic.operator.netpol import parse_labels, parse_peers
-
-    try:
-        operator_labels = parse_labels(args.operator_pod_labels)
-    except ValueError as exc:
-        parser.error(f"--operator-pod-labels: {exc}")
-    if operator_labels and not args.operator_namespace:
-        parser.error(
-            "--operator-pod-labels needs the operator's namespace: pass --operator-namespace NS or set "
-            "$POD_NAMESPACE (the NetworkPolicies admit the operator's pods from that namespace only)"
-        )
-    try:
-        metrics_from = parse_peers(args.network_policy_metrics_from)
-    except ValueError as exc:
-        parser.error(f"--network-policy-metrics-from: {exc}")
-    if args.min_replicas_timeout < 0:
-        parser.error(f"--min-replicas-timeout must be >= 0, got {args.min_replicas_timeout}")
+    operator_labels, metrics_from = _checked(parser, args)
 
     import kopf
 
-    from kelastic.operator.builders import BuildConfig
-    from kelastic.operator.controller import Controller, ControllerOptions
+    from kelastic.operator.controller import Controller
     from kelastic.operator.handlers import build_registry
     from kelastic.operator.kube import Kube, load_configuration
-    from kelastic.operator.leader import LeaderElector
-    from kelastic.operator.reconcile import ReconcileConfig
     from kelastic.operator.store_client import StoreClient
 
-    kopf.configure(
-        debug=args.log_level == "debug",
-        verbose=args.log_level in ("debug", "info"),
-        quiet=args.log_level == "error",
-        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
-    )
-    logging.getLogger().setLevel(args.log_level.upper())
-    logging.getLogger("kubernetes").setLevel(logging.WARNING)
-    logging.getLogger("urllib3").setLevel(logging.WARNING)
-    if args.log_level != "debug":
-        # kopf reports every handler run at INFO, its liveness endpoint every probe (aiohttp's
-        # access log); our own lines say what changed.
-        for name in ("kopf.objects", "kopf.activities", "aiohttp.access"):
-            logging.getLogger(name).setLevel(logging.WARNING)
-    log = logging.getLogger("kelastic.operator")
-
+    log = _configure_logging(args)
     source = args.kubeconfig or os.environ.get("KUBECONFIG") or "in-cluster credentials or ~/.kube/config"
     try:
         if args.kubeconfig and not os.path.isfile(args.kubeconfig):
@@ -312,32 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kelastic-operator: cannot load Kubernetes credentials from {source}: {exc}", file=sys.stderr)
         return 2
     kube = Kube(cfg)
-    options = ControllerOptions(
-        resync_interval=args.resync_interval,
-        kueue=args.kueue,
-        reconcile=ReconcileConfig(
-            min_replicas_timeout=args.min_replicas_timeout,
-            success_grace=args.success_grace,
-            allow_external_stores=args.allow_external_stores,
-            network_policy=_network_policy(kube, args, operator_labels, metrics_from, log),
-            build=BuildConfig(
-                agent_python=args.agent_python,
-                agent_image=args.agent_image,
-                store_image=args.store_image,
-                **({"store_resources": args.store_resources} if args.store_resources else {}),
-                **({"inject_resources": args.inject_resources} if args.inject_resources else {}),
-                health_port=args.health_port or None,
-                readiness_probe=not args.no_readiness_probe,
-                **(
-                    {"coscheduling_scheduler": args.coscheduling_scheduler_name}
-                    if args.coscheduling_scheduler_name
-                    else {}
-                ),
-                kubernetes_gang=args.kubernetes_gang and _kubernetes_gang(kube, log),
-            ),
-        ),
-    )
-    elector: LeaderElector | None = None
+    options = _controller_options(kube, args, operator_labels, metrics_from, log)
     controller = Controller(kube, StoreClient(), options)
     if args.metrics_port:
         try:
@@ -349,19 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 2
         log.info("serving Prometheus metrics on %s:%d/metrics", args.metrics_address, bound)
-    if not args.standalone:
-        lease_ns = (
-            args.lease_namespace or os.environ.get("POD_NAMESPACE") or (args.namespace or ["default"])[0]
-        )
-        identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
-        elector = LeaderElector(
-            kube,
-            namespace=lease_ns,
-            name=args.lease_name,
-            identity=identity,
-            on_change=controller.on_leadership,
-        )
-        controller.is_leader = lambda: elector.is_leader
+    elector = None if args.standalone else _elector(kube, args, controller)
     registry = build_registry(controller, elector, cluster_wide=args.all_namespaces)
 
     @kopf.on.login(registry=registry)
@@ -403,6 +328,114 @@ def main(argv: Sequence[str] | None = None) -> int:
     loop.close()  # lets idle executor threads end, without waiting for busy ones
     _exit_within(2.0, 0, log)
     return 0
+
+
+def _checked(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[dict[str, str], tuple[dict[str, Any], ...]]:
+    """The checks of the flags that argparse cannot make (a usage error, exit 2, names the flag);
+    returns the parsed ``--operator-pod-labels`` and ``--network-policy-metrics-from``."""
+    _positive(parser, "--resync-interval", args.resync_interval)
+    _positive(parser, "--success-grace", args.success_grace)
+    if not 0 <= args.health_port < 65536:
+        parser.error(f"--health-port must be in 0..65535, got {args.health_port}")
+    if not 0 <= args.metrics_port < 65536:
+        parser.error(f"--metrics-port must be in 0..65535, got {args.metrics_port}")
+    from kelastic.operator.netpol import parse_labels, parse_peers
+
+    try:
+        operator_labels = parse_labels(args.operator_pod_labels)
+    except ValueError as exc:
+        parser.error(f"--operator-pod-labels: {exc}")
+    if operator_labels and not args.operator_namespace:
+        parser.error(
+            "--operator-pod-labels needs the operator's namespace: pass --operator-namespace NS or set "
+            "$POD_NAMESPACE (the NetworkPolicies admit the operator's pods from that namespace only)"
+        )
+    try:
+        metrics_from = parse_peers(args.network_policy_metrics_from)
+    except ValueError as exc:
+        parser.error(f"--network-policy-metrics-from: {exc}")
+    if args.min_replicas_timeout < 0:
+        parser.error(f"--min-replicas-timeout must be >= 0, got {args.min_replicas_timeout}")
+    return operator_labels, metrics_from
+
+
+def _configure_logging(args: argparse.Namespace) -> logging.Logger:
+    """kopf's and the root logger's levels from ``--log-level``/``--log-format``; the operator's logger."""
+    import kopf
+
+    kopf.configure(
+        debug=args.log_level == "debug",
+        verbose=args.log_level in ("debug", "info"),
+        quiet=args.log_level == "error",
+        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
+    )
+    logging.getLogger().setLevel(args.log_level.upper())
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
+    if args.log_level != "debug":
+        # kopf reports every handler run at INFO, its liveness endpoint every probe (aiohttp's
+        # access log); our own lines say what changed.
+        for name in ("kopf.objects", "kopf.activities", "aiohttp.access"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    return logging.getLogger("kelastic.operator")
+
+
+def _controller_options(
+    kube: Kube,
+    args: argparse.Namespace,
+    operator_labels: dict[str, str],
+    metrics_from: Any,
+    log: logging.Logger,
+) -> ControllerOptions:
+    """What the controller reconciles with, from the flags (and the API server's discovery)."""
+    from kelastic.operator.builders import BuildConfig
+    from kelastic.operator.controller import ControllerOptions
+    from kelastic.operator.reconcile import ReconcileConfig
+
+    return ControllerOptions(
+        resync_interval=args.resync_interval,
+        kueue=args.kueue,
+        reconcile=ReconcileConfig(
+            min_replicas_timeout=args.min_replicas_timeout,
+            success_grace=args.success_grace,
+            allow_external_stores=args.allow_external_stores,
+            network_policy=_network_policy(kube, args, operator_labels, metrics_from, log),
+            build=BuildConfig(
+                agent_python=args.agent_python,
+                agent_image=args.agent_image,
+                store_image=args.store_image,
+                **({"store_resources": args.store_resources} if args.store_resources else {}),
+                **({"inject_resources": args.inject_resources} if args.inject_resources else {}),
+                health_port=args.health_port or None,
+                readiness_probe=not args.no_readiness_probe,
+                **(
+                    {"coscheduling_scheduler": args.coscheduling_scheduler_name}
+                    if args.coscheduling_scheduler_name
+                    else {}
+                ),
+                kubernetes_gang=args.kubernetes_gang and _kubernetes_gang(kube, log),
+            ),
+        ),
+    )
+
+
+def _elector(kube: Kube, args: argparse.Namespace, controller: Controller) -> LeaderElector:
+    """The leader election on the Lease the flags name; only the leader's controller acts."""
+    from kelastic.operator.leader import LeaderElector
+
+    lease_ns = args.lease_namespace or os.environ.get("POD_NAMESPACE") or (args.namespace or ["default"])[0]
+    identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
+    elector = LeaderElector(
+        kube,
+        namespace=lease_ns,
+        name=args.lease_name,
+        identity=identity,
+        on_change=controller.on_leadership,
+    )
+    controller.is_leader = lambda: elector.is_leader
+    return elector
 
 
 def _kubernetes_gang(kube: Kube, log: logging.Logger) -> bool:
@@ -484,7 +517,16 @@ def _exit_within(grace: float, code: int, log: logging.Logger) -> None:
     """
 
     def force() -> None:
-        log.warning("requests to the API server still unanswered after %g s: exiting without them", grace)
+        waiting = sorted(
+            t.name
+            for t in threading.enumerate()
+            if t not in (threading.current_thread(), threading.main_thread()) and not t.daemon
+        )
+        log.warning(
+            "requests to the API server still unanswered after %g s: exiting without them (threads %s)",
+            grace,
+            ", ".join(waiting) or "none",
+        )
         for handler in logging.getLogger().handlers:
             handler.flush()
         sys.stdout.flush()

@@ -478,11 +478,31 @@ class Inputs:
     flavors: Mapping[str, FlavorView] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Planning:
+    """What every step of :func:`plan` reads: the job, its queue, its own Workloads, the inputs."""
+
+    job: Job
+    spec: JobSpec
+    queue: str
+    #: The job's Workloads, finished ones included (their sequence numbers are taken).
+    own: Sequence[WorkloadView]
+    inputs: Inputs
+    now: datetime
+
+    def next_seq(self, default: int) -> int:
+        """The sequence number of a new Workload (``default`` + 1 when there is none yet)."""
+        return max((w.seq for w in self.own), default=default) + 1
+
+
 def plan(job: Job, workloads: Sequence[WorkloadView], inputs: Inputs, now: datetime) -> QueuePlan | None:
     """Decide the job's Workloads and its grant. None when Kueue does not manage the job.
 
     Pure and level-based: the same job, Workloads and pods give the same plan, and carrying
-    it out then planning again converges.
+    it out then planning again converges. One step per state of the job: ended
+    (:func:`_plan_finished`), suspended (:func:`_plan_suspended`), without a base Workload
+    (:func:`_plan_base`), base not admitted (:func:`_plan_not_granted`), admitted
+    (:func:`_plan_admitted`).
     """
     queue = queue_name(job)
     spec = job.spec
@@ -490,133 +510,135 @@ def plan(job: Job, workloads: Sequence[WorkloadView], inputs: Inputs, now: datet
         return None
     own = [w for w in workloads if w.owner_uid in (job.meta.uid, None)]
     live = [w for w in own if not w.finished]
-    changes: list[WorkloadChange] = []
-    grant_total = _granted(live)
-
     if inputs.finished:
-        for wl in live:
-            changes.append(
-                FinishWorkload(
-                    reason="WorkloadFinished",
-                    message=f"finishing Workload {wl.name}: the job ended, its quota is released",
-                    name=wl.name,
-                    resource_version=wl.resource_version,
-                    status=finish_status(wl, inputs.succeeded, inputs.finish_message, now),
-                )
-            )
-        return QueuePlan(Grant(queue, 0, 0), tuple(changes))
+        return _plan_finished(queue, live, inputs, now)
 
     base = next((w for w in sorted(live, key=lambda w: w.seq) if w.part is Part.BASE), None)
     growth = sorted((w for w in live if w.part is Part.GROWTH), key=lambda w: w.seq)
     base_granted = base is not None and base.granted > 0
     highest = max(inputs.worker_indices, default=-1)
-    if spec.suspend or not base_granted:
-        grant_total = 0
-    # Pods at or above the grant must be gone before an evicted Workload's quota is freed.
-    stopped = highest < grant_total
-
+    grant_total = _granted(live) if base_granted and not spec.suspend else 0
     if spec.suspend:
-        # A suspended job gives its quota back once its pods are gone, and asks again on resume.
-        if highest < 0:
-            changes += [_delete(w, "the job is suspended (spec.suspend)") for w in live]
-        return QueuePlan(
-            Grant(queue, 0, 0, reason="Suspended", message="spec.suspend is true"), tuple(changes)
-        )
+        return _plan_suspended(queue, live, highest)
 
-    # The evicted: release their quota once their workers are gone.
-    for wl in live:
-        if wl.evicted is not None and wl.reserved is not None and stopped:
-            changes.append(
-                ClearReservation(
-                    reason="WorkloadEvicted",
-                    message=(
-                        f"Workload {wl.name} was evicted ({wl.evicted[0]}: {wl.evicted[1]}); its "
-                        f"workers are stopped, releasing its quota"
-                    ),
-                    name=wl.name,
-                    resource_version=wl.resource_version,
-                    status=clear_reservation_status(wl, now),
-                )
-            )
-
+    # Pods at or above the grant must be gone before an evicted Workload's quota is freed.
+    changes: list[WorkloadChange] = _release_evicted(live, stopped=highest < grant_total, now=now)
+    ctx = _Planning(job, spec, queue, own, inputs, now)
     if base is None:
-        seq = max((w.seq for w in own), default=-1) + 1
-        changes.append(
-            CreateWorkload(
-                reason="WorkloadCreated",
-                message=(
-                    f"queued in LocalQueue {queue}: Workload for {spec.min_replicas}..{spec.replicas} workers"
-                ),
-                manifest=_manifest(
-                    job, spec, queue, Part.BASE, seq, spec.replicas, spec.min_replicas, inputs.priority
-                ),
-            )
-        )
-        return QueuePlan(
-            Grant(queue, 0, spec.replicas, reason="Creating", message="creating the job's Workload"),
-            tuple(changes),
-        )
-
+        return _plan_base(ctx, changes)
     if base.reserved is None and (
         base.count != spec.replicas or (base.min_count or base.count) != spec.min_replicas
     ):
         # Still pending with an old size: ask again for the new one (no quota is held).
         changes.append(_delete(base, f"the job now asks for {spec.min_replicas}..{spec.replicas} workers"))
-
     if not base_granted:
-        # No worker may run: growth Workloads go once no worker is left.
-        if highest < 0:
-            changes += [_delete(w, "the job's base Workload is not admitted") for w in growth]
-        pending = base.count
-        reason, message = base.pending or base.evicted or ("Pending", "waiting for Kueue")
-        return QueuePlan(
-            Grant(
-                queue,
-                0,
-                pending,
-                cluster_queue=base.cluster_queue,
-                reason=reason,
-                message=message,
-                evicted=base.evicted is not None,
-            ),
-            tuple(changes),
-        )
+        return _plan_not_granted(queue, base, growth, highest, changes)
+    return _plan_admitted(ctx, live, base, growth, grant_total, changes)
 
-    # Admitted: grow toward replicas through one pending growth Workload; give back surplus.
+
+def _plan_finished(queue: str, live: Sequence[WorkloadView], inputs: Inputs, now: datetime) -> QueuePlan:
+    """The job ended: every live Workload is finished, its quota released."""
+    changes: list[WorkloadChange] = [
+        FinishWorkload(
+            reason="WorkloadFinished",
+            message=f"finishing Workload {wl.name}: the job ended, its quota is released",
+            name=wl.name,
+            resource_version=wl.resource_version,
+            status=finish_status(wl, inputs.succeeded, inputs.finish_message, now),
+        )
+        for wl in live
+    ]
+    return QueuePlan(Grant(queue, 0, 0), tuple(changes))
+
+
+def _plan_suspended(queue: str, live: Sequence[WorkloadView], highest: int) -> QueuePlan:
+    """A suspended job gives its quota back once its pods are gone, and asks again on resume."""
+    changes: list[WorkloadChange] = []
+    if highest < 0:
+        changes += [_delete(w, "the job is suspended (spec.suspend)") for w in live]
+    return QueuePlan(Grant(queue, 0, 0, reason="Suspended", message="spec.suspend is true"), tuple(changes))
+
+
+def _release_evicted(live: Sequence[WorkloadView], *, stopped: bool, now: datetime) -> list[WorkloadChange]:
+    """The evicted Workloads' quota is released once their workers are gone (``stopped``)."""
+    return [
+        ClearReservation(
+            reason="WorkloadEvicted",
+            message=(
+                f"Workload {wl.name} was evicted ({wl.evicted[0]}: {wl.evicted[1]}); its "
+                f"workers are stopped, releasing its quota"
+            ),
+            name=wl.name,
+            resource_version=wl.resource_version,
+            status=clear_reservation_status(wl, now),
+        )
+        for wl in live
+        if wl.evicted is not None and wl.reserved is not None and stopped
+    ]
+
+
+def _plan_base(ctx: _Planning, changes: list[WorkloadChange]) -> QueuePlan:
+    """No base Workload: create the one that asks for the job's min..max workers."""
+    job, spec, queue, inputs = ctx.job, ctx.spec, ctx.queue, ctx.inputs
+    seq = ctx.next_seq(-1)
+    changes.append(
+        CreateWorkload(
+            reason="WorkloadCreated",
+            message=f"queued in LocalQueue {queue}: Workload for {spec.min_replicas}..{spec.replicas} workers",
+            manifest=_manifest(
+                job, spec, queue, Part.BASE, seq, spec.replicas, spec.min_replicas, inputs.priority
+            ),
+        )
+    )
+    return QueuePlan(
+        Grant(queue, 0, spec.replicas, reason="Creating", message="creating the job's Workload"),
+        tuple(changes),
+    )
+
+
+def _plan_not_granted(
+    queue: str,
+    base: WorkloadView,
+    growth: Sequence[WorkloadView],
+    highest: int,
+    changes: list[WorkloadChange],
+) -> QueuePlan:
+    """The base Workload is not admitted: no worker may run; growth Workloads go once no
+    worker is left."""
+    if highest < 0:
+        changes += [_delete(w, "the job's base Workload is not admitted") for w in growth]
+    reason, message = base.pending or base.evicted or ("Pending", "waiting for Kueue")
+    return QueuePlan(
+        Grant(
+            queue,
+            0,
+            base.count,
+            cluster_queue=base.cluster_queue,
+            reason=reason,
+            message=message,
+            evicted=base.evicted is not None,
+        ),
+        tuple(changes),
+    )
+
+
+def _plan_admitted(
+    ctx: _Planning,
+    live: Sequence[WorkloadView],
+    base: WorkloadView,
+    growth: Sequence[WorkloadView],
+    grant_total: int,
+    changes: list[WorkloadChange],
+) -> QueuePlan:
+    """Admitted: grow toward replicas through one pending growth Workload; give back surplus."""
+    spec, queue, inputs, now = ctx.spec, ctx.queue, ctx.inputs, ctx.now
     waiting = [w for w in growth if w.reserved is None]
     want = spec.replicas - grant_total
     if want > 0:
-        if not waiting:
-            seq = max((w.seq for w in own), default=0) + 1
-            changes.append(
-                CreateWorkload(
-                    reason="WorkloadCreated",
-                    message=f"asking LocalQueue {queue} for {want} more worker(s) (Workload for 1..{want})",
-                    manifest=_manifest(job, spec, queue, Part.GROWTH, seq, want, 1, inputs.priority),
-                )
-            )
-        for extra in waiting[1:]:
-            changes.append(_delete(extra, "one growth request at a time"))
-        if waiting and waiting[0].count != want:
-            changes.append(_delete(waiting[0], f"the job now lacks {want} worker(s), not {waiting[0].count}"))
+        changes += _ask_for_more(ctx, waiting, want)
     else:
         changes += [_delete(w, "the job has every worker it asks for") for w in waiting]
-        surplus = grant_total - spec.replicas
-        for wl in reversed([w for w in growth if w.granted > 0]):
-            if wl.granted <= surplus:
-                surplus -= wl.granted
-                changes.append(
-                    FinishWorkload(
-                        reason="WorkloadFinished",
-                        message=(
-                            f"finishing Workload {wl.name}: the job was scaled to {spec.replicas}, "
-                            f"its {wl.granted} worker(s) of quota are released"
-                        ),
-                        name=wl.name,
-                        resource_version=wl.resource_version,
-                        status=finish_status(wl, True, "the job was scaled down", now),
-                    )
-                )
+        changes += _give_back_surplus(spec, growth, grant_total - spec.replicas, now)
     pending_wl = waiting[0] if waiting else None
     evicted = [w for w in live if w.evicted is not None]
     said: tuple[str, str] | None = None
@@ -648,6 +670,50 @@ def plan(job: Job, workloads: Sequence[WorkloadView], inputs: Inputs, now: datet
         tuple(changes),
         pods_ready,
     )
+
+
+def _ask_for_more(ctx: _Planning, waiting: Sequence[WorkloadView], want: int) -> list[WorkloadChange]:
+    """One pending growth Workload for the ``want`` workers the grant lacks."""
+    changes: list[WorkloadChange] = []
+    if not waiting:
+        seq = ctx.next_seq(0)
+        changes.append(
+            CreateWorkload(
+                reason="WorkloadCreated",
+                message=f"asking LocalQueue {ctx.queue} for {want} more worker(s) (Workload for 1..{want})",
+                manifest=_manifest(
+                    ctx.job, ctx.spec, ctx.queue, Part.GROWTH, seq, want, 1, ctx.inputs.priority
+                ),
+            )
+        )
+    for extra in waiting[1:]:
+        changes.append(_delete(extra, "one growth request at a time"))
+    if waiting and waiting[0].count != want:
+        changes.append(_delete(waiting[0], f"the job now lacks {want} worker(s), not {waiting[0].count}"))
+    return changes
+
+
+def _give_back_surplus(
+    spec: JobSpec, growth: Sequence[WorkloadView], surplus: int, now: datetime
+) -> list[WorkloadChange]:
+    """Finish the newest granted growth Workloads that fit in the ``surplus`` past replicas."""
+    changes: list[WorkloadChange] = []
+    for wl in reversed([w for w in growth if w.granted > 0]):
+        if wl.granted <= surplus:
+            surplus -= wl.granted
+            changes.append(
+                FinishWorkload(
+                    reason="WorkloadFinished",
+                    message=(
+                        f"finishing Workload {wl.name}: the job was scaled to {spec.replicas}, "
+                        f"its {wl.granted} worker(s) of quota are released"
+                    ),
+                    name=wl.name,
+                    resource_version=wl.resource_version,
+                    status=finish_status(wl, True, "the job was scaled down", now),
+                )
+            )
+    return changes
 
 
 def _granted(workloads: Sequence[WorkloadView]) -> int:

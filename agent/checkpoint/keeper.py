@@ -100,11 +100,43 @@ class Refusal:
     reason: str
 
 
+@dataclass
+class RestoreLog:
+    """What this node's ranks restored: the newest restore (the status shows it) and how many
+    restores each source served."""
+
+    latest: dict[str, Any] | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def record(self, cid: int, source: str, seconds: float, step: int | None) -> bool:
+        """One rank's restore of ``cid``; True the first time a rank reports that checkpoint.
+        The newest restore keeps the longest time its ranks took."""
+        first = self.latest is None or self.latest.get("id") != cid
+        if first:
+            self.counts[source] = self.counts.get(source, 0) + 1
+        if first or seconds > float((self.latest or {}).get("seconds", 0)):
+            self.latest = {
+                "id": cid,
+                "source": source,
+                "seconds": round(seconds, 3),
+                "time": time.time(),
+                "step": step,
+            }
+        return first
+
+
 class CheckpointKeeper:
     """The state of one node's checkpoint memory; see the module docstring for its rules."""
 
     def __init__(self, settings: CheckpointSettings, endpoint: str) -> None:
+        if settings.limit is None:
+            raise ValueError(
+                "the checkpoint memory limit is still 'auto': keep a node's own settings "
+                "(CheckpointSettings.for_node), which have it derived"
+            )
         self.settings = settings
+        #: The bytes this node may hold (``settings.limit``, known to be set).
+        self.limit: int = settings.limit
         self.endpoint = endpoint
         self.root = settings.root
         self.folder = MemoryFolder(settings.root)
@@ -122,13 +154,12 @@ class CheckpointKeeper:
         #: newest committed here (which turned out incomplete): kept until a newer one is
         #: committed; the newer ones are dropped first when memory is short
         self._base: int | None = None
-        self._restored: dict[str, Any] | None = None
+        self._restores = RestoreLog()
         self._last_persist: float | None = None
         self._saves = 0
         #: time.monotonic() of the latest commits: the job's save cadence
         self._commit_times: deque[float] = deque(maxlen=2)
         self._refused = 0
-        self._restores: dict[str, int] = {}
         #: bytes of headers and metadata being read: counted against the limit
         self._buffered = 0
         #: the processes the agent started (its ranks); ``local.set`` names them
@@ -194,10 +225,10 @@ class CheckpointKeeper:
         """Count ``nbytes`` of ``what`` about to be read (until :meth:`release`); CheckpointError if over."""
         with self._cond:
             used = self._used()
-            if used + nbytes > self.settings.limit:
+            if used + nbytes > self.limit:
                 raise CheckpointError(
                     f"node {self.settings.node} cannot read {format_bytes(nbytes)} of {what}: it holds "
-                    f"{format_bytes(used)} of a {format_bytes(self.settings.limit)} limit"
+                    f"{format_bytes(used)} of a {format_bytes(self.limit)} limit"
                 )
             self._buffered += nbytes
 
@@ -264,17 +295,17 @@ class CheckpointKeeper:
                 self._prune_pending(rank, pid)
             new_part = sum(b for _, b in self._pending.values()) + nbytes
             need = memory_needed(self._kept_bytes(), new_part, self.settings.replicas)
-            if need > self.settings.limit:
+            if need > self.limit:
                 self._drop_abandoned()
             kept = self._kept_bytes()
             need = memory_needed(kept, new_part, self.settings.replicas)
-            if need > self.settings.limit:
+            if need > self.limit:
                 self._refused += 1
                 return self._newest, Refusal(
                     f"node {self.settings.node} needs {format_bytes(need)} of checkpoint memory for it "
                     f"({format_bytes(new_part)} of its ranks' parts, x{1 + self.settings.replicas} with "
                     f"{self.settings.replicas} replica(s), plus {format_bytes(kept)} of the previous "
-                    f"checkpoint kept meanwhile) but its limit is {format_bytes(self.settings.limit)} "
+                    f"checkpoint kept meanwhile) but its limit is {format_bytes(self.limit)} "
                     f"({self.settings.limit_reason})"
                 )
             free = _tmpfs_free(self.root)
@@ -317,10 +348,10 @@ class CheckpointKeeper:
             ck = self._ckpts.get(cid)
             held = ck.files.get(name, 0) if ck is not None else 0
             used = self._used() - held - sum(self._ckpts[c].nbytes() for c in superseded)
-            if used + size > self.settings.limit:
+            if used + size > self.limit:
                 raise CheckpointError(
                     f"node {self.settings.node} cannot open {format_bytes(size)} for {name} of checkpoint "
-                    f"{cid}: it holds {format_bytes(used)} of a {format_bytes(self.settings.limit)} limit"
+                    f"{cid}: it holds {format_bytes(used)} of a {format_bytes(self.limit)} limit"
                 )
             for old in superseded:
                 self._drop(old)
@@ -364,10 +395,10 @@ class CheckpointKeeper:
             newer = [c.id for c in self._ckpts.values() if c.id > cid and c.own]
             if newer:
                 raise CheckpointError(f"checkpoint {cid} was superseded by checkpoint {max(newer)}")
-            if self._used() + len(metadata) > self.settings.limit:
+            if self._used() + len(metadata) > self.limit:
                 raise CheckpointError(
                     f"node {self.settings.node} cannot keep {format_bytes(len(metadata))} of metadata of checkpoint "
-                    f"{cid}: it holds {format_bytes(self._used())} of a {format_bytes(self.settings.limit)} limit"
+                    f"{cid}: it holds {format_bytes(self._used())} of a {format_bytes(self.limit)} limit"
                 )
             ck = self._ckpts.setdefault(cid, _Ckpt(cid))
             self.folder.write_commit(cid, metadata, {"required": required, "ring": ring, "step": step})
@@ -429,10 +460,10 @@ class CheckpointKeeper:
                     "never replaced"
                 )
             used = self._used()
-            if used + size > self.settings.limit:
+            if used + size > self.limit:
                 raise CheckpointError(
                     f"node {self.settings.node} cannot hold a {format_bytes(size)} replica: it holds "
-                    f"{format_bytes(used)} of a {format_bytes(self.settings.limit)} limit"
+                    f"{format_bytes(used)} of a {format_bytes(self.limit)} limit"
                 )
             self._incoming[(cid, name)] = size
             part = final.with_name(f".{name}.{uuid.uuid4().hex[:8]}.part")
@@ -546,19 +577,8 @@ class CheckpointKeeper:
             held = self._ckpts.get(cid)
             if held is not None and held.committed and newest is not None and cid < newest.id:
                 self._base = cid
-            first = self._restored is None or self._restored.get("id") != cid
-            if first:
-                self._restores[source] = self._restores.get(source, 0) + 1
-            if first or seconds > float((self._restored or {}).get("seconds", 0)):
-                self._restored = {
-                    "id": cid,
-                    "source": source,
-                    "seconds": round(seconds, 3),
-                    "time": time.time(),
-                    "step": step,
-                }
             self._newest = max(self._newest, cid)
-            return first
+            return self._restores.record(cid, source, seconds, step)
 
     def status(self) -> dict[str, Any]:
         """What the agent publishes with its progress (the operator shows it)."""
@@ -567,12 +587,12 @@ class CheckpointKeeper:
             return {
                 "latest": None if newest is None else newest.id,
                 "step": None if newest is None else newest.step,
-                "restored": None if self._restored is None else dict(self._restored),
+                "restored": None if self._restores.latest is None else dict(self._restores.latest),
                 "bytes": sum(c.nbytes() for c in self._ckpts.values()),
-                "limit": self.settings.limit,
+                "limit": self.limit,
                 "saves": self._saves,
                 "refused": self._refused,
-                "restores": dict(self._restores),
+                "restores": dict(self._restores.counts),
             }
 
     # --- dropping ----------------------------------------------------------------------------
@@ -588,7 +608,7 @@ class CheckpointKeeper:
 
     def _trim_pool(self) -> None:
         """Free files kept for reuse that would take the tmpfs past the limit."""
-        over = self._used() + self.pool_bytes() - self.settings.limit
+        over = self._used() + self.pool_bytes() - self.limit
         if over > 0:
             self.folder.evict(over)
 

@@ -269,7 +269,7 @@ class CheckpointService:
                 msg.length,
                 msg.sealed,
                 max_metadata=self.limits.max_metadata,
-                max_part=self.settings.limit,
+                max_part=self.keeper.limit,
             )
         except rq.BadRequest as e:
             auth.REFUSALS.count(SERVICE, auth.Reason.BAD_REQUEST)

@@ -1,15 +1,22 @@
 """What the agent's checkpoint service is configured with, and how the memory limit is derived.
 
+One type, :class:`CheckpointSettings`, goes from the command line (``--checkpoint-*``) to the
+keeper: the command line fills in what the flags say, :meth:`CheckpointSettings.for_node`
+adds what only the node knows (its own folder, its name, the ``auto`` limit).
+
 Pure parsing and arithmetic; the only I/O is :func:`container_memory_limit`, which reads the
 cgroup the agent runs in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from kelastic.agent import contract
 
 __all__ = [
     "AUTO_FRACTION",
@@ -114,7 +121,7 @@ def machine_memory() -> int:
 
 @dataclass(frozen=True)
 class CheckpointSettings:
-    """One node's checkpoint service.
+    """One node's checkpoint service, from the ``--checkpoint-*`` flags to the keeper.
 
     ``root`` is this node's own folder (on a tmpfs); ``limit`` the bytes it may hold there
     (its own parts, its replicas of peers' parts and files kept for reuse, together);
@@ -123,27 +130,48 @@ class CheckpointSettings:
     checkpoint and/or when ``persist_interval`` seconds passed since the last durable copy
     (0 turns either rule off; with a directory and both 0, every checkpoint is persisted).
     ``limit_reason`` says where the limit came from, for the start-up line.
+
+    As the command line builds it, ``root`` is ``--checkpoint-dir`` (the folder of every
+    node's), ``node`` is empty and ``limit`` None stands for ``--checkpoint-memory auto``;
+    :meth:`for_node` gives the node's own settings, which the keeper and the service take.
+    ValueError, naming the flag, for values no flag may have.
     """
 
     root: Path
-    limit: int
+    limit: int | None
     node: str
     replicas: int = 1
     #: A directory or an fsspec URL (``s3://…``); see :mod:`kelastic.agent.checkpoint.durable`.
     persist_dir: str | os.PathLike[str] | None = None
     persist_every: int = 0
     persist_interval: float = 0.0
-    limit_reason: str = "set by --checkpoint-memory"
+    limit_reason: str = f"set by {contract.FLAG_CHECKPOINT_MEMORY}"
     #: Durable copies kept in ``persist_dir`` (older ones are removed after a new one lands).
     persist_keep: int = 2
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
-            raise ValueError(f"--checkpoint-replicas must be 0 or more, not {self.replicas}")
-        if self.limit <= 0:
+            raise ValueError(f"{contract.FLAG_CHECKPOINT_REPLICAS} must be 0 or more, got {self.replicas}")
+        if self.limit is not None and self.limit <= 0:
             raise ValueError(f"the checkpoint memory limit must be positive, not {self.limit}")
-        if self.persist_every < 0 or self.persist_interval < 0:
-            raise ValueError("--checkpoint-persist-every and --checkpoint-persist-interval must be 0 or more")
+        if self.persist_every < 0:
+            raise ValueError(
+                f"{contract.FLAG_CHECKPOINT_PERSIST_EVERY} must be 0 or more, got {self.persist_every}"
+            )
+        if self.persist_interval < 0:
+            raise ValueError(
+                f"{contract.FLAG_CHECKPOINT_PERSIST_INTERVAL} must be 0 or more seconds, got {self.persist_interval}"
+            )
+
+    def node_folder(self, run_id: str, node: str) -> Path:
+        """Where node ``node`` of run ``run_id`` keeps its memory: ``<root>/<run id>/<node>``
+        (pure; names made safe for a path)."""
+        return Path(self.root) / _safe(run_id) / _safe(node)
+
+    def for_node(self, root: Path, node: str, limit: int, limit_reason: str) -> CheckpointSettings:
+        """These settings as node ``node`` runs them: in its own folder ``root``
+        (:meth:`node_folder`), with ``limit`` bytes (``auto`` derived: :func:`auto_limit`)."""
+        return dataclasses.replace(self, root=root, node=node, limit=limit, limit_reason=limit_reason)
 
     def persist_due(self, checkpoint_id: int, since_last: float | None) -> bool:
         """Whether checkpoint ``checkpoint_id`` goes to the durable directory (pure).
@@ -168,10 +196,15 @@ class CheckpointSettings:
             if self.persist_interval > 0:
                 rules.append(f"every {self.persist_interval:g} s")
             durable = f"{self.persist_dir} ({' or '.join(rules) or 'every checkpoint'})"
+        limit = "auto" if self.limit is None else format_bytes(self.limit)
         return (
-            f"checkpoint memory: up to {format_bytes(self.limit)} in {self.root} ({self.limit_reason}); "
+            f"checkpoint memory: up to {limit} in {self.root} ({self.limit_reason}); "
             f"{self.replicas} replica(s) on the ring's next node(s); durable copy: {durable}"
         )
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ is said in :mod:`.api` (``start_processes``) and :mod:`.errors` (``ProcessFailur
 """
 
 from . import redirects
-from .api import EntrypointNotFoundError, PContext, RankMismatchError, start_processes
+from .api import start_processes
 from .errors import (
     ChildFailedError,
     ErrorHandler,
@@ -37,6 +37,7 @@ from .errors import (
 )
 from .logs_specs import DefaultLogsSpecs, LogDirIsAFileError, LogsDest, LogsSpecs
 from .multiprocess_context import MultiprocessContext
+from .pcontext import EntrypointNotFoundError, PContext, RankMismatchError
 from .progbar import new_progbar_events
 from .signals import SignalException, install_signal_handlers, restore_signal_handlers
 from .std import Std, to_map, to_std_map

@@ -11,11 +11,11 @@ from collections.abc import Callable, Mapping
 from threading import Event
 from typing import Any
 
-from .api import START_METHODS, PContext
 from .child import run_callable
 from .errors import RunProcsResult
 from .handshake import FinishHandshake
 from .logs_specs import LogsSpecs
+from .pcontext import START_METHODS, PContext
 from .spawner import run_on_forking_thread
 
 __all__ = ["MultiprocessContext"]

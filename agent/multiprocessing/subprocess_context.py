@@ -7,8 +7,8 @@ import subprocess
 import sys
 from typing import IO, Any
 
-from .api import PContext
 from .child import BINARY_TRAMPOLINE
+from .pcontext import PContext
 from .spawner import run_on_forking_thread
 
 __all__ = ["SubprocessContext"]

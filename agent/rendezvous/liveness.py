@@ -74,7 +74,7 @@ class PeerLink:
     record) and keeps what it accepted while it lives. A node keeps one connection to
     the peer it watches; when that peer's process dies the kernel closes its sockets,
     the connection reads EOF (or the connect is refused) and ``on_lost(round, name)``
-    runs on the link thread. A peer that vanishes without closing its sockets (a lost
+    runs on the link's watching thread. A peer that vanishes without closing its sockets (a lost
     machine) is left to the heartbeat timeout.
 
     Both ends prove the job's ``key`` when a connection opens (:mod:`kelastic.agent.auth`,
@@ -101,45 +101,76 @@ class PeerLink:
         self.identity = f"{host}:{self.port}"
         self._key = key
         self._on_lost = on_lost
-        self._wake_r, self._wake_w = socket.socketpair()
+        # One wake-up pipe per thread: the listening side's and the watching side's.
+        self._serve_wake = socket.socketpair()
+        self._watch_wake = socket.socketpair()
         self._lock = threading.Lock()
         self._wanted: tuple[int, str, str, int] | None = None
         self._stopping = False
         #: connections proving the key: socket -> (server nonce, proof so far, deadline)
         self._proving: dict[socket.socket, tuple[bytes, bytearray, float]] = {}
         self._peers: set[socket.socket] = set()
-        self._thread = threading.Thread(
-            target=self._run, name=f"kelastic-rdzv-link :{self.port}", daemon=True
-        )
-        self._thread.start()
+        # Two threads, so that the connecting side, which blocks in its handshake, never
+        # keeps the listening side from answering: peers that connect to each other at the
+        # same moment (every member of a new round connects to its successor at once, and
+        # the ring closes) would otherwise each wait for a hello the other cannot send, until
+        # the handshake's timeout left them without a link.
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"kelastic-rdzv-link :{self.port}", daemon=True),
+            threading.Thread(target=self._watch, name=f"kelastic-rdzv-link-watch :{self.port}", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def watch(self, target: tuple[int, str, str, int] | None) -> None:
         """Watch ``(round, name, addr, port)`` from now on (None: watch nobody)."""
         with self._lock:
             self._wanted = target
-        self._wake()
+        _wake(self._watch_wake[1])
 
     def close(self) -> None:
         with self._lock:
             self._stopping = True
-        self._wake()
-        self._thread.join(timeout=3.0)
+        _wake(self._serve_wake[1])
+        _wake(self._watch_wake[1])
+        deadline = time.monotonic() + 3.0
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def connections(self) -> tuple[int, int]:
         """(connections proving the key, authenticated ones) accepted now (for tests)."""
         with self._lock:
             return len(self._proving), len(self._peers)
 
-    def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-
-    def _run(self) -> None:
+    def _serve(self) -> None:
+        """The listening side's thread: accept, check proofs, keep the authenticated peers."""
         sel = selectors.DefaultSelector()
         sel.register(self._listener, selectors.EVENT_READ, "accept")
-        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        sel.register(self._serve_wake[0], selectors.EVENT_READ, "wake")
+        try:
+            while True:
+                with self._lock:
+                    if self._stopping:
+                        return
+                for key, _ in sel.select(self._expire(sel)):
+                    sock = key.fileobj
+                    assert isinstance(sock, socket.socket)
+                    if key.data == "accept":
+                        self._accept(sel, sock)
+                    elif key.data == "wake":
+                        sock.recv(4096)
+                    elif key.data == "proving":
+                        self._prove(sel, sock)
+                    elif not _alive(sock):
+                        self._forget(sel, sock)
+        finally:
+            _close_all(sel)
+            self._serve_wake[1].close()
+
+    def _watch(self) -> None:
+        """The connecting side's thread: one connection to the watched peer; its end is the verdict."""
+        sel = selectors.DefaultSelector()
+        sel.register(self._watch_wake[0], selectors.EVENT_READ, "wake")
         out: socket.socket | None = None
         current: tuple[int, str, str, int] | None = None
         try:
@@ -161,29 +192,21 @@ class PeerLink:
                             current = None
                         elif out is not None:
                             sel.register(out, selectors.EVENT_READ, "out")
-                for key, _ in sel.select(self._expire(sel)):
+                for key, _ in sel.select():
                     sock = key.fileobj
                     assert isinstance(sock, socket.socket)
-                    if key.data == "accept":
-                        self._accept(sel, sock)
-                    elif key.data == "wake":
+                    if key.data == "wake":
                         sock.recv(4096)
-                    elif key.data == "proving":
-                        self._prove(sel, sock)
                     elif not _alive(sock):
-                        self._forget(sel, sock)
-                        if key.data == "out" and current is not None:
+                        sel.unregister(sock)
+                        sock.close()
+                        if current is not None:
                             out = None
                             self._lost(current)
                             current = None
         finally:
-            for key in list(sel.get_map().values()):
-                # Every registered object but the wake-up pipe is a socket of ours.
-                if key.data != "wake" and isinstance(key.fileobj, socket.socket):
-                    key.fileobj.close()
-            sel.close()
-            self._wake_r.close()
-            self._wake_w.close()
+            _close_all(sel)
+            self._watch_wake[1].close()
 
     # --- the listening side: never blocks on a connection -------------------------------------
     def _accept(self, sel: selectors.BaseSelector, listener: socket.socket) -> None:
@@ -312,6 +335,21 @@ class PeerLink:
             if self._wanted == target:
                 self._wanted = None
         self._on_lost(target[0], target[1])
+
+
+def _wake(pipe: socket.socket) -> None:
+    try:
+        pipe.send(b"x")
+    except OSError:
+        pass
+
+
+def _close_all(sel: selectors.BaseSelector) -> None:
+    """Close every socket registered with ``sel`` (a thread's own wake-up pipe included), then ``sel``."""
+    for key in list(sel.get_map().values()):
+        if isinstance(key.fileobj, socket.socket):
+            key.fileobj.close()
+    sel.close()
 
 
 def _alive(sock: socket.socket) -> bool:

@@ -9,16 +9,12 @@ and ``kube-public`` cannot be deleted.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .errors import ApiError
 from .patch import clone
 from .registry_types import DeleteOptions, FieldValidation, Obj, now_rfc3339
+from .registry_view import RegistryView
 from .resources import ResourceType
 from .storage import EventType
-
-if TYPE_CHECKING:
-    from .registry import Registry
 
 __all__ = ["PROTECTED", "Namespaces"]
 
@@ -29,7 +25,7 @@ PROTECTED = frozenset({"default", "kube-system", "kube-public"})
 class Namespaces:
     """The namespace lifecycle of one registry."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: RegistryView) -> None:
         self._registry = registry
 
     def check_open(self, rt: ResourceType, ns: str) -> None:

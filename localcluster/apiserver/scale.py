@@ -10,7 +10,7 @@ registry's update path, so preconditions, validation and watch events are the ob
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import schema
 from .errors import ApiError, FieldCause
@@ -24,11 +24,9 @@ from .registry_types import (
     get_path,
     set_path,
 )
+from .registry_view import RegistryView
 from .resources import ResourceType
 from .selectors import selector_string
-
-if TYPE_CHECKING:
-    from .registry import Registry
 
 __all__ = ["ScaleSubresource"]
 
@@ -36,7 +34,7 @@ __all__ = ["ScaleSubresource"]
 class ScaleSubresource:
     """``.../scale`` of one registry's objects."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: RegistryView) -> None:
         self._registry = registry
 
     def paths(self, rt: ResourceType) -> tuple[str, str, str | None]:

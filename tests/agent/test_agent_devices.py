@@ -66,6 +66,7 @@ def _python(code: str, env: dict[str, str] | None = None) -> subprocess.Complete
     )
 
 
+@pytest.mark.slow
 def test_counting_devices_for_nproc_per_node_leaves_cuda_uninitialised() -> None:
     done = _python(
         "import json, torch; from kelastic.agent import devices;"
@@ -80,6 +81,7 @@ def test_counting_devices_for_nproc_per_node_leaves_cuda_uninitialised() -> None
     assert nproc == (gpus if gpus > 0 else os.cpu_count())
 
 
+@pytest.mark.slow
 def test_nproc_per_node_gpu_without_cuda_says_so() -> None:
     if devices.cuda_device_count() > 0:
         pytest.skip("this machine has CUDA devices")

@@ -155,6 +155,7 @@ def test_health_server_serves_metrics_with_the_text_content_type() -> None:
         server.stop()
 
 
+@pytest.mark.slow
 def test_the_agent_stays_importable_without_prometheus_client() -> None:
     code = (
         "import sys; sys.modules['prometheus_client'] = None\n"

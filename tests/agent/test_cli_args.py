@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from kelastic.agent import contract, warm
+from kelastic.agent import contract, devices, warm
+from kelastic.agent.checkpoint.keeper import CheckpointKeeper
+from kelastic.agent.checkpoint.settings import CheckpointSettings
 from kelastic.agent.cli import (
     build_parser,
     config_from_args,
@@ -106,7 +109,9 @@ def test_standby_is_a_rendezvous_setting_of_the_kelastic_backend() -> None:
         _config(c10d)
 
 
-def test_parsers() -> None:
+def test_parsers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parsing rules (the count of GPUs is given here: test_agent_devices.py counts the
+    real ones, in a subprocess that imports torch)."""
     assert parse_nnodes("3") == (3, 3)
     assert parse_nnodes("2:4") == (2, 4)
     for bad in ("0", "4:2", "a", "1:2:3", ""):
@@ -114,9 +119,12 @@ def test_parsers() -> None:
             parse_nnodes(bad)
     assert parse_nproc_per_node("2") == 2
     assert parse_nproc_per_node("cpu") >= 1
-    assert parse_nproc_per_node("auto") >= 1
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    assert parse_nproc_per_node("auto") == parse_nproc_per_node("cpu")
     with pytest.raises(ValueError, match="CUDA"):
         parse_nproc_per_node("gpu")
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 4)
+    assert parse_nproc_per_node("auto") == parse_nproc_per_node("gpu") == 4
     for bad in ("0", "-1", "many"):
         with pytest.raises(ValueError, match="--nproc-per-node"):
             parse_nproc_per_node(bad)
@@ -151,3 +159,40 @@ def test_bad_flags_are_usage_errors(argv: list[str], needle: str) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "usage: kelastic-agent" in proc.stderr
     assert needle in proc.stderr
+
+
+def test_the_checkpoint_flags_are_the_settings_the_keeper_takes(tmp_path: Path) -> None:
+    """One type from the command line to the keeper: the flags give every node's settings,
+    ``for_node`` places them on one node, and a keeper takes only placed ones."""
+    c = _config(
+        [*OPERATOR_ARGS[:-3], "--checkpoint-dir", str(tmp_path), "--checkpoint-memory", "64Mi",
+         "--checkpoint-replicas", "2", "--checkpoint-persist-dir", "/ckpt", "--checkpoint-persist-every", "3",
+         "train.py"]
+    )  # fmt: skip
+    assert isinstance(c.checkpoint, CheckpointSettings)
+    assert (c.checkpoint.root, c.checkpoint.limit, c.checkpoint.replicas) == (tmp_path, 64 * 2**20, 2)
+    assert (c.checkpoint.persist_dir, c.checkpoint.persist_every) == ("/ckpt", 3)
+    root = c.checkpoint.node_folder("uid/1", "pod a")
+    assert root == tmp_path / "uid_1" / "pod_a"
+    placed = c.checkpoint.for_node(root, "pod a", 2**20, "test")
+    assert (placed.root, placed.node, placed.limit, placed.replicas) == (root, "pod a", 2**20, 2)
+    assert CheckpointKeeper(placed, "127.0.0.1:1").limit == 2**20
+
+    auto = _config([*OPERATOR_ARGS[:-3], "--checkpoint-memory", "auto", "train.py"]).checkpoint
+    assert auto is not None and auto.limit is None and "auto" in auto.describe()
+    with pytest.raises(ValueError, match="for_node"):
+        CheckpointKeeper(auto, "127.0.0.1:1")
+    assert _config([*OPERATOR_ARGS[:-3], "--checkpoint-memory", "0", "train.py"]).checkpoint is None
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        (contract.FLAG_CHECKPOINT_REPLICAS, "-1"),
+        (contract.FLAG_CHECKPOINT_PERSIST_EVERY, "-1"),
+        (contract.FLAG_CHECKPOINT_PERSIST_INTERVAL, "-5"),
+    ],
+)
+def test_a_bad_checkpoint_flag_is_named(flag: str, value: str) -> None:
+    with pytest.raises(ValueError, match=flag):
+        _config([*OPERATOR_ARGS[:-3], flag, value, "train.py"])

@@ -18,6 +18,7 @@ def run_probe(mode: str, delay: float) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay", [0.03, 0.1])
 def test_a_torch_call_returning_while_the_agent_exits_does_not_abort_it(delay: float) -> None:
     """The call returns while the process ends (it aborts the interpreter's own exit on this

@@ -143,6 +143,50 @@ def test_a_peer_that_dies_during_the_handshake_is_found_lost() -> None:
         t.join(5)
 
 
+def test_a_link_answers_its_own_watcher_while_it_waits_on_a_silent_peer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The connecting side never keeps the listening side from answering: a node whose own
+    connect waits on a peer that does not answer (frozen, or itself busy connecting) still
+    proves the key to the node that watches it, so that node gets its link now, not when
+    the other handshake gives up."""
+    monkeypatch.setattr(liveness, "PROOF_TIMEOUT", 120.0)  # the silent peer would hold it that long
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel does), never says hello
+    busy = PeerLink("127.0.0.1", lambda r, n: None, KEY)
+    lost: list[tuple[int, str]] = []
+    watcher = PeerLink("127.0.0.1", lambda r, n: lost.append((r, n)), KEY)
+    try:
+        busy.watch((1, "silent", "127.0.0.1", silent.getsockname()[1]))
+        time.sleep(0.2)  # let busy's connect begin its wait on the silent peer
+        watcher.watch((1, "busy", "127.0.0.1", busy.port))
+        assert wait_until(lambda: busy.connections() == (0, 1), 30), busy.connections()
+        silent.close()  # ends busy's wait: its process goes without waiting for it
+        busy.close()
+        assert wait_until(lambda: lost == [(1, "busy")], 30), lost
+    finally:
+        for pl in (watcher, busy):
+            pl.close()
+        silent.close()
+
+
+def test_a_ring_whose_members_connect_at_once_is_linked_all_round() -> None:
+    """Every member of a new round connects to its successor at the same moment, and the
+    ring closes on itself: each link is made, and a member that dies is found at once."""
+    lost: list[tuple[int, str]] = []
+    ring = [PeerLink("127.0.0.1", lambda r, n: lost.append((r, n)), KEY) for _ in range(3)]
+    try:
+        for i, pl in enumerate(ring):
+            pl.watch((1, f"n{(i + 1) % 3}", "127.0.0.1", ring[(i + 1) % 3].port))
+        assert wait_until(lambda: all(pl.connections() == (0, 1) for pl in ring), 30), [
+            pl.connections() for pl in ring
+        ]
+        ring[1].close()
+        assert wait_until(lambda: lost == [(1, "n1")], 30), lost
+    finally:
+        for pl in ring:
+            pl.close()
+
+
 # --- the health server --------------------------------------------------------------------------
 @pytest.fixture
 def probes(monkeypatch: pytest.MonkeyPatch) -> Iterator[HealthServer]:

@@ -195,7 +195,9 @@ def test_job_creates_store_service_and_workers(env: Env) -> None:
         assert cmd[cmd.index("--rdzv-endpoint") + 1] == f"{ip}:29400"
         assert cmd[cmd.index("--rdzv-id") + 1] == uid
     ej = env.wait(
-        "a Running phase", lambda: (j := env.get("ej", "alpha"))["status"].get("phase") == "Running" and j
+        # The pods may be there before the operator's first status write: no status yet is no phase.
+        "a Running phase",
+        lambda: ((j := env.get("ej", "alpha")).get("status") or {}).get("phase") == "Running" and j,
     )
     assert ej["status"]["selector"] == "kelastic.dev/job-name=alpha,kelastic.dev/role=worker"
     table = env.kubectl("get", "ej", "alpha")
