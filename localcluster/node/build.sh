@@ -228,30 +228,28 @@ run_step "compiling pause (build/pause/linux/pause.c, static)" "$WORK" \
     gcc -Os -Wall -Werror -static -DVERSION="$K8S_VERSION" -o "$PARTIAL/pause" "$PAUSE_C"
 
 # --- containerd, runc, the CNI plugins, kube-router: go install PACKAGE@VERSION --------------
-install_into() {  # DIR GO-INSTALL-ARGS...
-    local dir=$1
-    shift
-    env GOBIN="$dir" "$GO" install -trimpath "$@"
+install_into() {  # DIR CGO_ENABLED GO-INSTALL-ARGS...
+    local dir=$1 cgo=$2
+    shift 2
+    env GOBIN="$dir" CGO_ENABLED="$cgo" "$GO" install -trimpath "$@"
 }
 CNI=github.com/containernetworking/plugins
 run_step "compiling the CNI plugins $CNI_PLUGINS_VERSION (bridge, host-local, loopback, portmap)" "$WORK" \
-    env CGO_ENABLED=0 bash -c "$(declare -f install_into); install_into '$PARTIAL/cni' \
-    -ldflags '-s -w -X $CNI/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION' \
-    $CNI/plugins/main/bridge@$CNI_PLUGINS_VERSION $CNI/plugins/ipam/host-local@$CNI_PLUGINS_VERSION \
-    $CNI/plugins/main/loopback@$CNI_PLUGINS_VERSION $CNI/plugins/meta/portmap@$CNI_PLUGINS_VERSION"
+    install_into "$PARTIAL/cni" 0 -ldflags "-s -w -X $CNI/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION" \
+    "$CNI/plugins/main/bridge@$CNI_PLUGINS_VERSION" "$CNI/plugins/ipam/host-local@$CNI_PLUGINS_VERSION" \
+    "$CNI/plugins/main/loopback@$CNI_PLUGINS_VERSION" "$CNI/plugins/meta/portmap@$CNI_PLUGINS_VERSION"
 run_step "compiling runc $RUNC_VERSION (seccomp, cgo)" "$WORK" \
-    env CGO_ENABLED=1 bash -c "$(declare -f install_into); install_into '$PARTIAL' -tags seccomp \
-    -ldflags '-s -w -X main.version=${RUNC_VERSION#v}' github.com/opencontainers/runc@$RUNC_VERSION"
+    install_into "$PARTIAL" 1 -tags seccomp -ldflags "-s -w -X main.version=${RUNC_VERSION#v}" \
+    "github.com/opencontainers/runc@$RUNC_VERSION"
 CTRD=github.com/containerd/containerd/v2
 run_step "compiling containerd $CONTAINERD_VERSION (containerd, containerd-shim-runc-v2, ctr)" "$WORK" \
-    env CGO_ENABLED=0 bash -c "$(declare -f install_into); install_into '$PARTIAL' -tags no_btrfs \
-    -ldflags '-s -w -X $CTRD/version.Version=$CONTAINERD_VERSION' \
-    $CTRD/cmd/containerd@$CONTAINERD_VERSION $CTRD/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION \
-    $CTRD/cmd/ctr@$CONTAINERD_VERSION"
+    install_into "$PARTIAL" 0 -tags no_btrfs -ldflags "-s -w -X $CTRD/version.Version=$CONTAINERD_VERSION" \
+    "$CTRD/cmd/containerd@$CONTAINERD_VERSION" "$CTRD/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
+    "$CTRD/cmd/ctr@$CONTAINERD_VERSION"
 KR=github.com/cloudnativelabs/kube-router/v2
 run_step "compiling kube-router $KUBE_ROUTER_VERSION" "$WORK" \
-    env CGO_ENABLED=0 bash -c "$(declare -f install_into); install_into '$PARTIAL' \
-    -ldflags '-s -w -X $KR/pkg/version.Version=$KUBE_ROUTER_VERSION' $KR/cmd/kube-router@$KUBE_ROUTER_VERSION"
+    install_into "$PARTIAL" 0 -ldflags "-s -w -X $KR/pkg/version.Version=$KUBE_ROUTER_VERSION" \
+    "$KR/cmd/kube-router@$KUBE_ROUTER_VERSION"
 
 for binary in "${BINARIES[@]}"; do
     [[ -x $PARTIAL/$binary ]] || die "the build left no $binary in $PARTIAL"
