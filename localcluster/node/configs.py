@@ -4,7 +4,8 @@
   overlayfs; the locally built pause image pinned as the sandbox image (nothing is pulled);
   ``restrict_oom_score_adj`` (root here may lack CAP_SYS_RESOURCE, and every container
   would otherwise fail on ``oom_score_adj``); AppArmor off; runc with cgroupfs; the pods'
-  network namespaces kept under its state directory, so that removing the node finds them.
+  network namespaces and its shims' sockets kept under the node's directory, so that removing
+  the node finds them.
 - the kubelet (``KubeletConfiguration``): cgroup v1 allowed (``failCgroupV1: false``: the
   machines this runs on have v1 only), the cgroupfs driver under the node's own cgroup, its
   server on the node's address with a serving certificate of the cluster CA and the API
@@ -48,6 +49,9 @@ def containerd_config(node: NodePlan, *, runc: Path, cni_bin: Path) -> str:
             "[debug]",
             "  level = 'info'",
             "[plugins]",
+            # The shims' sockets beside the node's state, not in /run/containerd/s.
+            "  [plugins.'io.containerd.shim.v1.manager']",
+            f"    socket_dir = {_toml_str(node.root / 's')}",
             "  [plugins.'io.containerd.cri.v1.images']",
             "    snapshotter = 'overlayfs'",
             "    [plugins.'io.containerd.cri.v1.images'.pinned_images]",
@@ -60,6 +64,7 @@ def containerd_config(node: NodePlan, *, runc: Path, cni_bin: Path) -> str:
             "      runtime_type = 'io.containerd.runc.v2'",
             "      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]",
             f"        BinaryName = {_toml_str(runc)}",
+            f"        Root = {_toml_str(node.root / 'runc')}",
             "        SystemdCgroup = false",
             "    [plugins.'io.containerd.cri.v1.runtime'.cni]",
             f"      bin_dirs = [{_toml_str(cni_bin)}]",

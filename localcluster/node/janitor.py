@@ -11,7 +11,8 @@ closes it when the lane dies, SIGKILL included. It then removes, in this order:
    network namespaces) and the nodes' ``/run/netns`` entries;
 3. the nodes' network namespaces (their iptables, nftables and ipsets go with them), the
    veths, the host bridge (its routes go with it) and the host's guard table;
-4. the lane's cgroups in every hierarchy, and its directory;
+4. the lane's cgroups in every hierarchy, the kubelets' links in ``/var/log/containers``, and
+   the lane's directory;
 5. the host's kernel settings the kubelets changed, once no other lane is running.
 
 :func:`clean` is the same work as a function (idempotent); it returns what it could not
@@ -32,6 +33,9 @@ from .plan import SLOTS, LanePlan
 
 __all__ = ["clean", "main"]
 
+#: Where every kubelet links its containers' logs, whatever its root directory.
+CONTAINER_LOG_LINKS = Path("/var/log/containers")
+
 
 def clean(lane: LanePlan) -> list[str]:
     """Remove everything of ``lane`` (see the module docstring); what is left, one line each."""
@@ -45,11 +49,24 @@ def clean(lane: LanePlan) -> list[str]:
     left += network.tear_down(lane)
     left += [f"mount {p}" for p in hostops.mounts_under(netns_paths)]
     left += [f"cgroup {p}" for p in hostops.remove_cgroup(lane.cgroup)]
+    left += [f"link {p}" for p in _remove_log_links(lane.root)]
     shutil.rmtree(lane.root, ignore_errors=True)
     if lane.root.exists():
         left.append(f"directory {lane.root}")
     if not hostops.other_slots_held(SLOTS, lane.slot):
         hostops.restore_sysctls()
+    return left
+
+
+def _remove_log_links(root: Path) -> list[Path]:
+    """The kubelets' links in /var/log/containers (a fixed path) into the lane; those left."""
+    left = []
+    for link in CONTAINER_LOG_LINKS.glob("*.log"):
+        try:
+            if link.is_symlink() and os.readlink(link).startswith(f"{root}/"):
+                link.unlink()
+        except OSError:
+            left.append(link)
     return left
 
 

@@ -206,6 +206,7 @@ class RealNodeLane:
     def _image_layouts(self) -> list[Path]:
         assert self.plan is not None
         pause = self.plan.root / "images" / "pause"
+        pause.mkdir(parents=True, exist_ok=True)
         layer = images.pause_layer(self.binaries["pause"], self.plan.root / "images" / "pause.tar")
         images.write_layout(pause, configs.PAUSE_IMAGE, [layer], entrypoint=["/pause"])
         debian = images.cache_dir() / "debian-layout"
