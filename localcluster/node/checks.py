@@ -27,10 +27,12 @@ def missing(node_dir: Path) -> str | None:
     """Why a lane cannot start here (one sentence per gap, each saying how to close it), or None."""
     gaps = []
     if os.geteuid() != 0:
-        gaps.append("root (network namespaces, bridges, nftables, cgroups): run the lane as root")
+        gaps.append(
+            "not root (it makes network namespaces, a bridge, nftables rules, cgroups): run it as root"
+        )
     absent = sorted({package for tool, package in TOOLS.items() if shutil.which(tool) is None})
     if absent:
-        gaps.append(f"the netfilter and network tools: apt-get install -y {' '.join(absent)}")
+        gaps.append(f"the netfilter and network tools are missing: apt-get install -y {' '.join(absent)}")
     if not hostops.hierarchies():
         gaps.append(
             "cgroup v1 hierarchies under /sys/fs/cgroup (the pinned kubelet, containerd and runc use them)"
@@ -41,7 +43,7 @@ def missing(node_dir: Path) -> str | None:
         gaps.append(str(exc))
     layer = images.cache_dir() / f"debian-{images.DEBIAN_SUITE}-python3.tar"
     if not layer.is_file() and shutil.which("debootstrap") is None:
-        gaps.append("debootstrap, to make the Debian image once: apt-get install -y debootstrap")
+        gaps.append("no debootstrap to make the Debian image once: apt-get install -y debootstrap")
     if not gaps:
         return None
-    return "the real-node lane needs " + "; ".join(gaps)
+    return "the real-node lane cannot run here: " + "; ".join(gaps)

@@ -105,6 +105,11 @@ def test_oci_layout_names_the_image_and_its_layers(tmp_path: Path) -> None:
     assert len(body["layers"]) == 1 and body["layers"][0]["size"] == 1024
 
 
-def test_missing_names_what_to_build(tmp_path: Path) -> None:
+def test_missing_names_what_to_build_and_run_as(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     why = missing(tmp_path)
     assert why is not None and "make node" in why and "kubelet" in why
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    why = missing(tmp_path)
+    assert why is not None and "run it as root" in why
+    assert "apt-get install -y conntrack iproute2 ipset iptables mount nftables tar" in why
