@@ -2,7 +2,8 @@
 containerd, runc, the CNI bridge, kube-router's firewall, kube-proxy in nftables mode).
 
 - pods on both nodes reach each other and a ClusterIP, ``kubectl logs`` and ``exec`` work
-  through the kubelets' serving certificates, and nothing beyond the lane is routable;
+  through the kubelets' serving certificates, a pod that asks a kubelet's API anonymously is
+  refused, and nothing beyond the lane is routable;
 - the NetworkPolicies the operator builds for a job, applied as it builds them, are enforced
   by kube-router against an attacker: a pod of another namespace wearing the job's labels and
   a pod of another job are refused on every port class of docs/security.md, the job's own pods
@@ -43,6 +44,15 @@ WORKER_PORTS = {
     "gloo": 41236,
 }
 STORE_PORT = contract.DEFAULT_RDZV_PORT
+#: An anonymous request to a kubelet's API (port 10250) from a pod; prints the status line.
+KUBELET_PROBE = """
+import socket, ssl, sys
+ctx = ssl.create_default_context()
+ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+with ctx.wrap_socket(socket.create_connection((sys.argv[1], 10250), timeout=5)) as s:
+    s.sendall(b"GET /pods HTTP/1.1\\r\\nHost: kubelet\\r\\nConnection: close\\r\\n\\r\\n")
+    print(s.recv(256).split(b"\\r\\n")[0].decode())
+"""
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +95,11 @@ def test_pods_reach_each_other_across_nodes_and_nothing_beyond(lane: Lane) -> No
     assert not any(line.split()[1] == "00000000" for line in routes.splitlines()[1:]), (
         f"a default route:\n{routes}"
     )
+    # A stranger (any pod) at a kubelet's API: no credentials, no answer but 401.
+    assert lane.nodes.plan is not None
+    kubelet = str(lane.nodes.plan.nodes[0].address)
+    status = lane.kubectl("exec", "-n", "net", "client", "--", "python3", "-c", KUBELET_PROBE, kubelet)
+    assert status.strip() == "HTTP/1.1 401 Unauthorized", status
     logs = lane.kubectl("logs", "-n", "net", "server")
     assert logs == "", "the listener prints nothing; kubectl logs went through the kubelet's TLS server"
 
