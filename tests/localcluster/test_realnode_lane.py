@@ -4,6 +4,8 @@ containerd, runc, the CNI bridge, kube-router's firewall, kube-proxy in nftables
 - pods on both nodes reach each other and a ClusterIP, ``kubectl logs`` and ``exec`` work
   through the kubelets' serving certificates, a pod that asks a kubelet's API anonymously is
   refused, and nothing beyond the lane is routable;
+- a Guaranteed pod runs under the runtime's default seccomp profile and is OOM-killed past its
+  memory limit;
 - the NetworkPolicies the operator builds for a job, applied as it builds them, are enforced
   by kube-router against an attacker: a pod of another namespace wearing the job's labels and
   a pod of another job are refused on every port class of docs/security.md, the job's own pods
@@ -102,6 +104,33 @@ def test_pods_reach_each_other_across_nodes_and_nothing_beyond(lane: Lane) -> No
     assert status.strip() == "HTTP/1.1 401 Unauthorized", status
     logs = lane.kubectl("logs", "-n", "net", "server")
     assert logs == "", "the listener prints nothing; kubectl logs went through the kubelet's TLS server"
+
+
+def test_the_runtime_enforces_seccomp_and_the_memory_limit(lane: Lane) -> None:
+    n1, _ = lane.node_names()
+    program = (
+        "import sys\n"
+        "print([l for l in open('/proc/self/status') if l.startswith('Seccomp:')][0].strip(), flush=True)\n"
+        "hog = b'x' * (256 << 20)\n"
+        "print('survived', len(hog), flush=True)\n"
+    )
+    pod = debian_pod("hog", "default", n1, {"app": "hog"}, program)
+    limits = {"cpu": "200m", "memory": "64Mi"}
+    pod["spec"]["restartPolicy"] = "Never"
+    pod["spec"]["securityContext"] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    pod["spec"]["containers"][0]["resources"] = {"requests": limits, "limits": limits}
+    lane.apply(pod)
+    deadline = time.monotonic() + 120
+    reason = ""
+    while not reason and time.monotonic() < deadline:
+        time.sleep(1)
+        reason = lane.kubectl(
+            "get", "pod", "hog", "-o", "jsonpath={.status.containerStatuses[0].state.terminated.reason}"
+        )
+    logs = lane.kubectl("logs", "hog")
+    assert reason == "OOMKilled", f"the container ended as {reason!r}; its log: {logs}"
+    assert "Seccomp:\t2" in logs and "survived" not in logs, logs
+    assert lane.kubectl("get", "pod", "hog", "-o", "jsonpath={.status.qosClass}") == "Guaranteed"
 
 
 def _job(lane: Lane) -> Any:
