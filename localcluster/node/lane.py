@@ -130,6 +130,7 @@ class RealNodeLane:
     _janitor: subprocess.Popen[bytes] | None = None
     _processes: list[_Process] = field(default_factory=list)
     _control_plane: ControlPlane | None = None
+    _killed: set[str] = field(default_factory=set)
 
     # -- prepare: the host side ---------------------------------------------------------------
     def prepare(self) -> LanePlan:
@@ -327,9 +328,19 @@ class RealNodeLane:
             time.sleep(0.2)
 
     def failed(self) -> list[str]:
-        """One line per node component that exited, with its log tail."""
+        """One line per node component that exited (not of a node :meth:`kill_node` killed)."""
         return [f"{p.name} exited with code {p.process.returncode}:\n{p.tail()}"
-                for p in self._processes if p.process.poll() is not None]  # fmt: skip
+                for p in self._processes
+                if p.process.poll() is not None and p.name.split("/")[0] not in self._killed]  # fmt: skip
+
+    def kill_node(self, name: str) -> set[int]:
+        """A node's sudden death: SIGKILL to its containerd, shims, kubelet, kube-router,
+        kube-proxy and containers at once. Its namespace, mounts and state stay, as a
+        crashed machine's would, until :meth:`stop`. Returns the processes killed."""
+        assert self.plan is not None, "prepare() first"
+        node = self.plan.node(name)
+        self._killed.add(name)
+        return hostops.kill_cgroup(node.cgroup)
 
     # -- stop ---------------------------------------------------------------------------------
     def stop(self, grace: float = 10.0) -> list[str]:
