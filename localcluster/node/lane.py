@@ -37,7 +37,7 @@ from typing import Any
 
 from ..controlplane.controlplane import ControlPlane, die_with_parent, write_kubeconfig
 from ..controlplane.pki import ensure_ca, ensure_leaf
-from . import configs, hostops, images, network
+from . import configs, hostops, images, janitor, network
 from .plan import SLOTS, LanePlan, NodePlan
 
 __all__ = ["LaneFailed", "NodeBinaries", "RealNodeLane", "default_node_dir"]
@@ -144,9 +144,7 @@ class RealNodeLane:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self._start_janitor(plan)
         # A lane killed before its janitor ran leaves state the janitor of the same slot removes.
-        from .janitor import clean
-
-        leftovers = clean(plan)
+        leftovers = janitor.clean(plan)
         if leftovers:
             raise LaneFailed(
                 f"slot {slot} holds what an earlier lane left and cannot be removed: {leftovers}"
@@ -355,11 +353,11 @@ class RealNodeLane:
         for entry in self._processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 entry.process.wait(max(0.0, deadline - time.monotonic()))
-        janitor, self._janitor = self._janitor, None
+        watcher, self._janitor = self._janitor, None
         left: list[str] = []
-        if janitor is not None and janitor.stdin is not None:
-            janitor.stdin.close()
-            janitor.wait(120)
+        if watcher is not None and watcher.stdin is not None:
+            watcher.stdin.close()
+            watcher.wait(120)
             for p in self._processes:  # reaped: the janitor killed what SIGTERM left
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.process.wait(1)
