@@ -178,46 +178,83 @@ DEFAULT_PATHS = (
 
 
 def host_snapshot(node_dir: Path) -> dict[str, Any]:
-    """What a lane could leave on the host, narrowed to what carries its names (others run
-    beside it on a shared machine): links, namespaces, nftables tables, ipsets, iptables rules,
-    mounts, cgroups, kernel settings and the processes of ``make node``'s binaries."""
+    """What a lane could leave on the host: links, namespaces, nftables tables, ipsets, iptables
+    rules, mounts, cgroups, kernel settings, the processes of ``make node``'s binaries, the
+    components' default paths. :func:`narrow` keeps what one lane's slot names (other lanes
+    may run beside it on a shared machine)."""
     from kelastic.localcluster.node import hostops
+    from kelastic.localcluster.node.plan import SLOTS
 
     def out(*argv: str) -> list[str]:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         return done.stdout.splitlines()
 
-    ours = ("kelastic", "kel0", "kel1", "kel2", "kel3", "kel4", "kel5", "kel6", "kel7", "kel8", "kel9")
-    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     processes = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 exe = os.readlink(f"/proc/{pid}/exe")
+                cgroup = Path(f"/proc/{pid}/cgroup").read_text().replace("\n", " ")
             except OSError:
                 continue
             if exe.startswith(str(node_dir)):
-                processes.append(f"{pid} {exe}")
-    cgroups = [str(p) for h in hostops.hierarchies() for p in h.rglob("kelastic-[0-9]")]
+                processes.append(f"{pid} {exe} {cgroup}")
+    links = os.listdir(LOG_LINKS) if os.path.isdir(LOG_LINKS) else []
     return {
-        "links": sorted(
-            line.split(":")[1].strip() for line in out("ip", "-o", "link") if any(o in line for o in ours)
-        ),
-        "netns": sorted(line for line in out("ip", "netns", "list") if "kelastic" in line),
-        "nft tables": sorted(
-            line for line in out("nft", "list", "tables") if "kelastic" in line or "kube" in line
-        ),
+        "links": sorted(line.split(":")[1].strip().split("@")[0] for line in out("ip", "-o", "link")),
+        "netns": sorted(line.split()[0] for line in out("ip", "netns", "list") if line.strip()),
+        "nft tables": sorted(out("nft", "list", "tables")),
         "ipsets": sorted(line for line in out("ipset", "list", "-n") if "kube" in line.lower()),
         "iptables": sorted(line for line in out("iptables-save") if "KUBE-" in line or "kelastic" in line),
-        "mounts": sorted(m for m in mounts if "kelastic-node" in m or "/run/netns/kelastic" in m),
-        "cgroups": sorted(cgroups),
+        "mounts": sorted(line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()),
+        "cgroups": sorted(str(p) for h in hostops.hierarchies() for p in h.rglob("kelastic-[0-9]")),
         "sysctls": {name: hostops.sysctl(name) for name in hostops.SYSCTLS},
         "processes": sorted(processes),
         # The fixed paths a kubelet, containerd, the CNI plugins and kube-router use by default.
         "paths": {path: sorted(os.listdir(path)) if os.path.isdir(path) else None for path in DEFAULT_PATHS},
-        "log links": sorted(
-            name
-            for name in (os.listdir(LOG_LINKS) if os.path.isdir(LOG_LINKS) else [])
-            if "kelastic-node" in os.path.realpath(os.path.join(LOG_LINKS, name))
-        ),
+        "log links": sorted(os.path.realpath(os.path.join(LOG_LINKS, name)) for name in links),
+        "held slots": [slot for slot in range(SLOTS) if _held(slot)],
     }
+
+
+def _held(slot: int) -> bool:
+    import fcntl
+
+    from kelastic.localcluster.node.hostops import STATE_DIR
+
+    path = STATE_DIR / f"slot-{slot}.lock"
+    if not path.exists():
+        return False
+    with open(path) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False
+
+
+def narrow(snapshot: dict[str, Any], slot: int) -> dict[str, Any]:
+    """What of ``snapshot`` lane ``slot`` could have made (and the host-wide leaks any lane could)."""
+    from kelastic.localcluster.node.lane import ROOT_BASE
+    from kelastic.localcluster.node.plan import LanePlan
+
+    plan = LanePlan.make(slot, 9, root_base=ROOT_BASE, cgroup_parent="/")
+    names = {plan.bridge, *(n.host_veth for n in plan.nodes), *(n.netns for n in plan.nodes)}
+    root = f"{plan.root}/"
+    mine = dict(snapshot)
+    mine["links"] = [n for n in snapshot["links"] if n in names or n.startswith(f"kel{slot}n")]
+    mine["netns"] = [n for n in snapshot["netns"] if n.startswith(f"kelastic-{slot}-")]
+    mine["nft tables"] = [
+        t for t in snapshot["nft tables"] if t.endswith(f" {plan.nft_table}") or "kube" in t
+    ]
+    mine["mounts"] = [
+        m for m in snapshot["mounts"] if m.startswith(root) or f"/run/netns/kelastic-{slot}-" in m
+    ]
+    mine["cgroups"] = [c for c in snapshot["cgroups"] if c.endswith(f"/kelastic-{slot}")]
+    mine["processes"] = [p for p in snapshot["processes"] if f"/kelastic-{slot}/" in p]
+    mine["log links"] = [t for t in snapshot["log links"] if t.startswith(root)]
+    others = [s for s in snapshot.get("held slots", []) if s != slot]
+    mine.pop("held slots", None)
+    if others:  # another lane's kubelets may hold the host's settings changed: not ours to judge
+        mine.pop("sysctls")
+    return mine

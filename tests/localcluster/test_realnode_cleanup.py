@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .realnode_harness import LISTENER, debian_pod, host_snapshot, node_dir_or_skip
+from .realnode_harness import LISTENER, debian_pod, host_snapshot, narrow, node_dir_or_skip
 
 pytestmark = pytest.mark.slow
 
@@ -47,12 +48,14 @@ def test_sigkill_of_the_lane_leaves_nothing_behind(control_plane_bin: Path, tmp_
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        lines, kubeconfig = _lines(proc), ""
+        lines, kubeconfig, slot = _lines(proc), "", -1
         while True:
             try:
                 line = lines.get(timeout=max(1.0, 400 - (time.monotonic() - started)))
             except queue.Empty:
                 pytest.fail("the lane did not print `ready` within 400 s")
+            if found := re.match(r"kelastic: lane (\d+): ", line):
+                slot = int(found.group(1))
             if "export KUBECONFIG=" in line:
                 kubeconfig = line.split("=", 1)[1]
             if line == "ready":
@@ -66,7 +69,7 @@ def test_sigkill_of_the_lane_leaves_nothing_behind(control_plane_bin: Path, tmp_
                        check=True, text=True, capture_output=True)  # fmt: skip
         subprocess.run([*kubectl, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=180s"],
                        check=True, capture_output=True, timeout=240)  # fmt: skip
-        during = host_snapshot(node_dir)
+        during = narrow(host_snapshot(node_dir), slot)
         # The snapshot sees the lane: otherwise "nothing left" below would prove nothing.
         assert during["netns"] and during["links"] and during["mounts"] and during["processes"], during
         assert during["cgroups"], during
@@ -78,7 +81,7 @@ def test_sigkill_of_the_lane_leaves_nothing_behind(control_plane_bin: Path, tmp_
     while "cleaned" not in (janitor_log.read_text() if janitor_log.exists() else ""):
         assert time.monotonic() < deadline, f"the janitor did not finish within 180 s: {janitor_log}"
         time.sleep(0.5)
-    after = host_snapshot(node_dir)
+    before, after = narrow(before, slot), narrow(host_snapshot(node_dir), slot)
     print(f"SIGKILL to clean host: janitor log:\n{janitor_log.read_text()}")
     assert "left behind" not in janitor_log.read_text()
     assert after == before, json.dumps(

@@ -19,6 +19,7 @@ from .realnode_harness import (
     PROBE,
     debian_pod,
     host_snapshot,
+    narrow,
     node_dir_or_skip,
     pod_ip,
     running_lane,
@@ -35,6 +36,8 @@ def test_a_killed_node_goes_not_ready_and_is_removed_with_the_lane(
     before = host_snapshot(node_dir)
     with running_lane(control_plane_bin, tmp_path) as lane:
         n1, n2 = lane.node_names()
+        assert lane.nodes.plan is not None
+        slot = lane.nodes.plan.slot
         lane.apply(
             debian_pod("a", "default", n1, {"app": "a"}, LISTENER, ["8080"]),
             debian_pod("b", "default", n1, {"app": "b"}, LISTENER),
@@ -57,7 +60,7 @@ def test_a_killed_node_goes_not_ready_and_is_removed_with_the_lane(
         assert ready == "Unknown", f"the kubelet is dead but node {n2} still reads Ready={ready}"
         out = lane.kubectl("exec", "b", "--", "python3", "-c", PROBE, json.dumps([[a, 8080], [c, 8080]]))
         assert json.loads(out.strip().splitlines()[-1]) == [True, False], out
-    after = host_snapshot(node_dir)
+    before, after = narrow(before, slot), narrow(host_snapshot(node_dir), slot)
     assert after == before, json.dumps(
         {k: (before[k], after[k]) for k in before if before[k] != after[k]}, indent=1
     )
