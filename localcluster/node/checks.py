@@ -41,8 +41,7 @@ def missing(node_dir: Path) -> str | None:
         NodeBinaries.find(node_dir)
     except FileNotFoundError as exc:
         gaps.append(str(exc))
-    layer = images.cache_dir() / f"debian-{images.DEBIAN_SUITE}-python3.tar"
-    if not layer.is_file() and shutil.which("debootstrap") is None:
+    if not images.debian_layer_path().is_file() and shutil.which("debootstrap") is None:
         gaps.append("no debootstrap to make the Debian image once: apt-get install -y debootstrap")
     if not gaps:
         return None

@@ -30,6 +30,7 @@ __all__ = [
     "DEBIAN_IMAGE",
     "ImageFailed",
     "debian_layer",
+    "debian_layer_path",
     "import_layout",
     "pause_layer",
     "write_layout",
@@ -64,10 +65,15 @@ def pause_layer(pause_binary: Path, out: Path) -> Path:
     return out
 
 
+def debian_layer_path() -> Path:
+    """Where the Debian layer tar is cached (it may not be built yet)."""
+    return cache_dir() / f"debian-{DEBIAN_SUITE}-python3.tar"
+
+
 def debian_layer(progress: Callable[[str], None]) -> Path:
     """The cached Debian layer tar (built on first use with debootstrap; needs root)."""
     cache = cache_dir()
-    layer = cache / f"debian-{DEBIAN_SUITE}-python3.tar"
+    layer = debian_layer_path()
     if layer.is_file():
         return layer
     cache.mkdir(parents=True, exist_ok=True)

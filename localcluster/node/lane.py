@@ -126,6 +126,8 @@ class RealNodeLane:
     plan: LanePlan | None = None
     #: Seconds each setup phase took (printed by the lane's tests).
     timings: dict[str, float] = field(default_factory=dict)
+    #: Whether this start built the Debian image (the first lane on a machine: a cold start).
+    cold: bool = False
     _slot_fd: int | None = None
     _janitor: subprocess.Popen[bytes] | None = None
     _processes: list[_Process] = field(default_factory=list)
@@ -214,6 +216,7 @@ class RealNodeLane:
         layer = images.pause_layer(self.binaries["pause"], self.plan.root / "images" / "pause.tar")
         images.write_layout(pause, configs.PAUSE_IMAGE, [layer], entrypoint=["/pause"])
         debian = images.cache_dir() / "debian-layout"
+        self.cold = not images.debian_layer_path().is_file()
         if not (debian / "index.json").is_file():
             images.write_layout(debian, images.DEBIAN_IMAGE, [images.debian_layer(self.progress)])
         return [pause, debian]

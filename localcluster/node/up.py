@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         cp.start()
         lane.start(cp)
         say(
-            f"setup {time.monotonic() - started:.1f} s: "
+            f"setup ({'cold' if lane.cold else 'warm'}) {time.monotonic() - started:.1f} s: "
             + ", ".join(f"{k} {v:.1f} s" for k, v in lane.timings.items())
         )
         print(f"  export KUBECONFIG={cp.admin_kubeconfig}", flush=True)

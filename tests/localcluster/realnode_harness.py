@@ -78,7 +78,9 @@ def running_lane(control_plane_bin: Path, state: Path, nodes: int = 2) -> Iterat
         cp.start()
         lane.start(cp)
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in lane.timings.items())
-        print(f"real-node lane setup: {time.monotonic() - started:.1f} s ({phases})")
+        print(
+            f"real-node lane setup ({'cold' if lane.cold else 'warm'}): {time.monotonic() - started:.1f} s ({phases})"
+        )
         yield Lane(cp, lane, control_plane_bin / "kubectl")
     finally:
         left = lane.stop()
