@@ -147,12 +147,15 @@ def restore_sysctls() -> list[str]:
 
 
 # -- cgroups (v1) --------------------------------------------------------------------------
-def hierarchies() -> list[Path]:
-    """The mount points of the cgroup v1 hierarchies (``/sys/fs/cgroup/memory`` ...)."""
+def hierarchies(*, unified: bool = False) -> list[Path]:
+    """The mount points of the cgroup v1 hierarchies (``/sys/fs/cgroup/memory`` ...), and with
+    ``unified`` the v2 one of a hybrid layout too (``/sys/fs/cgroup/unified``), where runc
+    mirrors the cgroups it makes: the lane makes its own in v1 only but removes them in both."""
+    kinds = {"cgroup", "cgroup2"} if unified else {"cgroup"}
     found = []
     for line in Path("/proc/self/mounts").read_text().splitlines():
         fields = line.split()
-        if len(fields) > 2 and fields[2] == "cgroup":
+        if len(fields) > 2 and fields[2] in kinds:
             found.append(Path(fields[1]))
     return found
 
@@ -191,8 +194,8 @@ def join_cgroup(relative: str, pid: int) -> None:
 
 
 def _walk(relative: str) -> Iterator[Path]:
-    """Every directory of ``relative`` in every hierarchy, deepest first."""
-    for hierarchy in hierarchies():
+    """Every directory of ``relative`` in every hierarchy (v2 included), deepest first."""
+    for hierarchy in hierarchies(unified=True):
         top = hierarchy / relative.lstrip("/")
         if not top.is_dir():
             continue

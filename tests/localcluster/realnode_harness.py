@@ -209,7 +209,9 @@ def host_snapshot(node_dir: Path) -> dict[str, Any]:
         "ipsets": sorted(line for line in out("ipset", "list", "-n") if "kube" in line.lower()),
         "iptables": sorted(line for line in out("iptables-save") if "KUBE-" in line or "kelastic" in line),
         "mounts": sorted(line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()),
-        "cgroups": sorted(str(p) for h in hostops.hierarchies() for p in h.rglob("kelastic-[0-9]")),
+        "cgroups": sorted(
+            str(p) for h in hostops.hierarchies(unified=True) for p in h.rglob("kelastic-[0-9]")
+        ),
         "sysctls": {name: hostops.sysctl(name) for name in hostops.SYSCTLS},
         "processes": sorted(processes),
         # The fixed paths a kubelet, containerd, the CNI plugins and kube-router use by default.
