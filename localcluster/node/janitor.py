@@ -11,8 +11,8 @@ closes it when the lane dies, SIGKILL included. It then removes, in this order:
    network namespaces) and the nodes' ``/run/netns`` entries;
 3. the nodes' network namespaces (their iptables, nftables and ipsets go with them), the
    veths, the host bridge (its routes go with it) and the host's guard table;
-4. the lane's cgroups in every hierarchy (v1, and the v2 one of a hybrid layout), the kubelets' links in ``/var/log/containers``, and
-   the lane's directory;
+4. the lane's cgroups in every hierarchy (v1, and the v2 one of a hybrid layout), the
+   kubelets' links in ``/var/log/containers``, and the lane's directory;
 5. the host's kernel settings the kubelets changed, once no other lane is running.
 
 :func:`clean` is the same work as a function (idempotent); it returns what it could not
