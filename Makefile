@@ -5,11 +5,16 @@ PYTHON ?= python3
 #   make install TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_PIP_ARGS ?=
 
-.PHONY: install test test-fast test-gpu lint typecheck import-rules docs-rules format bench control-plane kueue
+.PHONY: install test test-fast test-gpu lint typecheck import-rules docs-rules format bench control-plane kueue node
 
 # The control plane `make control-plane` builds from the Go module proxy (docs/kelastic-local.md).
 K8S_VERSION ?= v1.37.2
 ETCD_VERSION ?= v3.7.3
+# The real nodes' components `make node` builds from the Go module proxy (docs/real-nodes.md).
+CONTAINERD_VERSION ?= v2.4.2
+RUNC_VERSION ?= v1.5.3
+CNI_PLUGINS_VERSION ?= v1.10.0
+KUBE_ROUTER_VERSION ?= v2.1.0
 # The Kueue manager `make kueue` builds from the Go module proxy (docs/kueue.md).
 KUEUE_VERSION ?= v0.17.0
 
@@ -28,6 +33,11 @@ test-gpu:  ## the gpu lane: NCCL scenarios, needs CUDA and 2+ GPUs (docs/gpus.md
 
 control-plane:  ## build (or reuse) kube-apiserver, -controller-manager, -scheduler, kubectl, etcd; prints their directory last
 	@K8S_VERSION=$(K8S_VERSION) ETCD_VERSION=$(ETCD_VERSION) nice -n 10 bash localcluster/controlplane/build.sh
+
+node:  ## build (or reuse) kubelet, kube-proxy, containerd, runc, the CNI plugins, kube-router, pause; prints their directory last
+	@K8S_VERSION=$(K8S_VERSION) CONTAINERD_VERSION=$(CONTAINERD_VERSION) RUNC_VERSION=$(RUNC_VERSION) \
+		CNI_PLUGINS_VERSION=$(CNI_PLUGINS_VERSION) KUBE_ROUTER_VERSION=$(KUBE_ROUTER_VERSION) \
+		nice -n 10 bash localcluster/node/build.sh
 
 kueue:  ## build (or reuse) the Kueue manager and its CRDs; prints their directory last
 	@KUEUE_VERSION=$(KUEUE_VERSION) nice -n 10 bash localcluster/kueue/build.sh

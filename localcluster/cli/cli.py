@@ -444,7 +444,25 @@ def _stop_all(cluster: LocalCluster, operator: _Operator | None) -> None:
 
 
 # -- up -------------------------------------------------------------------------------
+def _up_real_nodes(args: argparse.Namespace) -> int:
+    """``--real-nodes N``: the real control plane beside N real nodes (docs/real-nodes.md)."""
+    from ..node.up import main as real_nodes
+
+    directory = control_plane_dir(args.control_plane)
+    if directory is None:
+        print(
+            "kelastic: --real-nodes needs --control-plane DIR (make control-plane prints it)", file=sys.stderr
+        )
+        return 2
+    argv = [f"--control-plane={directory}", f"--nodes={args.real_nodes}"]
+    argv += [f"--node-dir={args.node_dir}"] if args.node_dir else []
+    argv += [f"--state-dir={args.state_dir}"] if args.state_dir else []
+    return real_nodes(argv)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
+    if args.real_nodes:
+        return _up_real_nodes(args)
     out = sys.stdout
     state_dir = Path(args.state_dir).resolve() if args.state_dir else None
     temp_dir: str | None = None
@@ -921,6 +939,17 @@ def build_parser() -> argparse.ArgumentParser:
     _control_plane_flag(up)
     _image_flag(up)
     _node_flags(up)
+    up.add_argument(
+        "--real-nodes",
+        type=int,
+        metavar="N",
+        help="run N real nodes (the upstream kubelet, containerd, kube-router, kube-proxy; built by `make node`) "
+        "beside the real control plane instead of the process kubelet; needs --control-plane and root "
+        "(docs/real-nodes.md)",
+    )
+    up.add_argument(
+        "--node-dir", type=Path, metavar="DIR", help="what `make node` printed (default: its cache)"
+    )
     up.set_defaults(func=cmd_up)
 
     run = commands.add_parser("run", help="run a manifest to completion on a private local cluster")

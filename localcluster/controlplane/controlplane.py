@@ -292,6 +292,12 @@ class ControlPlane:
     beta_gates: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(BETA_GATES))
     #: The feature gates turned on, as the API server's ``--help`` offered them.
     gates_on: tuple[str, ...] = ()
+    #: Where kube-apiserver binds and what it advertises (also in its certificate): loopback,
+    #: or a bridge address that real nodes and their pods reach (``kelastic.localcluster.node``).
+    address: str = HOST
+    #: Real nodes: the Endpoints and EndpointSlice controllers on, and the ``kubernetes``
+    #: Service's endpoints kept by the API server (pods reach it through its ClusterIP).
+    endpoint_controllers: bool = False
     _components: list[_Component] = field(default_factory=list)
 
     # -- paths ----------------------------------------------------------------
@@ -381,8 +387,9 @@ class ControlPlane:
     def _start(self, started: float, member: str) -> None:
         version = _binary_version(self.binaries.apiserver)
         self._make_pki()
-        etcd_port, peer_port, api_port = free_port(), free_port(), self.api_port or free_port()
-        self.url = f"https://{HOST}:{api_port}"
+        etcd_port, peer_port = free_port(), free_port()
+        api_port = self.api_port or free_port(self.address)
+        self.url = f"https://{self.address}:{api_port}"
         etcd = self._spawn("etcd", self._etcd_argv(etcd_port, peer_port, member))
         # Ours, not another cluster's etcd that won the race for a free port: its member name.
         self._wait(etcd, "etcd /health", lambda: _etcd_member(f"http://{HOST}:{etcd_port}") == member)
@@ -448,6 +455,7 @@ class ControlPlane:
             server=True,
             hosts=(
                 HOST,
+                *((self.address,) if self.address != HOST else ()),
                 "localhost",
                 first_service_ip,
                 "kubernetes",
@@ -493,11 +501,12 @@ class ControlPlane:
         return [
             str(self.binaries.apiserver),
             f"--etcd-servers=http://{HOST}:{etcd_port}",
-            f"--bind-address={HOST}",
+            f"--bind-address={self.address}",
             f"--secure-port={port}",
-            f"--advertise-address={HOST}",
-            # Endpoints may not hold 127.0.0.1: no endpoints for the kubernetes Service.
-            "--endpoint-reconciler-type=none",
+            f"--advertise-address={self.address}",
+            # Endpoints may not hold 127.0.0.1: no endpoints for the kubernetes Service
+            # unless it is advertised on an address pods reach (real nodes).
+            f"--endpoint-reconciler-type={'lease' if self.endpoint_controllers else 'none'}",
             f"--cert-dir={self.state_dir / 'certdir'}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}",
@@ -539,7 +548,11 @@ class ControlPlane:
             "--v=1",
         ]
         argv += component_flags(
-            name, ComponentHelp.of(binary), loopback_slices=self.loopback_slices, gates=self.beta_gates
+            name,
+            ComponentHelp.of(binary),
+            loopback_slices=self.loopback_slices,
+            gates=self.beta_gates,
+            endpoints=self.endpoint_controllers,
         )
         if name == "kube-controller-manager":
             pki = self.pki_dir
@@ -716,6 +729,7 @@ def component_flags(
     *,
     loopback_slices: bool,
     gates: Mapping[str, tuple[str, ...]] = BETA_GATES,
+    endpoints: bool = False,
 ) -> list[str]:
     """The flags of ``component`` (kube-apiserver, kube-controller-manager, kube-scheduler) that
     depend on what its binary offers and its API server accepts.
@@ -728,7 +742,8 @@ def component_flags(
     - the controller-manager runs every default controller but those that would only fail
       and warn for every Service: the Endpoints one (Endpoints may not hold our loopback pod
       addresses), and the EndpointSlice one where the API server refuses them in slices
-      too (``loopback_slices`` False). The service proxy finds the pods itself.
+      too (``loopback_slices`` False). The service proxy finds the pods itself. With
+      ``endpoints`` (real nodes: pods have routable addresses) both stay on.
     """
     on = [g for g in gates if offered.gates.get(g) == BETA]
     flags = ["--feature-gates=" + ",".join(f"{g}=true" for g in on)] if on else []
@@ -737,8 +752,8 @@ def component_flags(
         return flags + (["--runtime-config=" + ",".join(f"{api}=true" for api in apis)] if apis else [])
     flags += ["--port=0"] if "port" in offered.flags else []
     if component == "kube-controller-manager":
-        off = [offered.controller(*ENDPOINTS_CONTROLLER)]
-        if not loopback_slices:
+        off = [] if endpoints else [offered.controller(*ENDPOINTS_CONTROLLER)]
+        if not loopback_slices and not endpoints:
             off.append(offered.controller(*ENDPOINTSLICE_CONTROLLER))
         flags.append("--controllers=" + ",".join(["*", *(f"-{name}" for name in off if name)]))
     return flags

@@ -50,6 +50,7 @@ LOCALCLUSTER: dict[str, tuple[str, ...]] = {
     f"{LC}.controllers": (f"{LC}.common",),
     f"{LC}.controlplane": (f"{LC}.common",),
     f"{LC}.kueue": (f"{LC}.common", f"{LC}.controlplane"),
+    f"{LC}.node": (f"{LC}.common", f"{LC}.controlplane"),
     f"{LC}.cli": (
         f"{LC}.common",
         f"{LC}.apiserver",
@@ -57,6 +58,7 @@ LOCALCLUSTER: dict[str, tuple[str, ...]] = {
         f"{LC}.controllers",
         f"{LC}.controlplane",
         f"{LC}.kueue",
+        f"{LC}.node",
     ),
 }
 # The modules that stand in localcluster/ itself, outside the parts: the package's public face.

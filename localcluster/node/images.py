@@ -1,0 +1,209 @@
+"""The real nodes' images, made here: no registry is reached.
+
+- the sandbox (pause) image: ``make node``'s static ``pause`` binary in a one-layer image,
+  named :data:`~kelastic.localcluster.node.configs.PAUSE_IMAGE` (containerd pins it);
+- :data:`DEBIAN_IMAGE`: a Debian root filesystem from ``debootstrap --variant=minbase``
+  with ``python3``, enough for pods that run small Python programs. The layer is built once
+  per machine into ``~/.cache/kelastic/node/images`` (``$KELASTIC_NODE_CACHE``), which takes
+  about a minute and needs root and the Debian mirror.
+
+An image is written as an OCI image layout (:func:`write_layout`) and imported into a node's
+containerd with ``ctr -n k8s.io images import``; the names are fully qualified, as the CRI
+looks them up.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+__all__ = [
+    "DEBIAN_IMAGE",
+    "ImageFailed",
+    "debian_layer",
+    "debian_layer_path",
+    "import_layout",
+    "pause_layer",
+    "write_layout",
+]
+
+#: The Debian image with python3 that the lane's pods run.
+DEBIAN_IMAGE = "docker.io/kelastic/debian-python:bookworm"
+DEBIAN_SUITE = "bookworm"
+DEBIAN_MIRROR = os.environ.get("KELASTIC_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class ImageFailed(RuntimeError):
+    """An image could not be made or imported; the message says what to do."""
+
+
+def cache_dir() -> Path:
+    root = (
+        os.environ.get("KELASTIC_NODE_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kelastic" / "node"
+    )
+    return Path(root) / "images"
+
+
+def pause_layer(pause_binary: Path, out: Path) -> Path:
+    """A layer tar holding ``/pause`` (mode 0755, root's)."""
+    data = pause_binary.read_bytes()
+    with tarfile.open(out, "w") as tar:
+        info = tarfile.TarInfo("pause")
+        info.size, info.mode, info.mtime = len(data), 0o755, 0
+        tar.addfile(info, io.BytesIO(data))
+    return out
+
+
+def debian_layer_path() -> Path:
+    """Where the Debian layer tar is cached (it may not be built yet)."""
+    return cache_dir() / f"debian-{DEBIAN_SUITE}-python3.tar"
+
+
+def debian_layer(progress: Callable[[str], None]) -> Path:
+    """The cached Debian layer tar (built on first use with debootstrap; needs root)."""
+    cache = cache_dir()
+    layer = debian_layer_path()
+    if layer.is_file():
+        return layer
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if layer.is_file():
+            return layer
+        if shutil.which("debootstrap") is None:
+            raise ImageFailed("no debootstrap to make the Debian image: apt-get install -y debootstrap")
+        rootfs = cache / f"rootfs.partial.{os.getpid()}"
+        shutil.rmtree(rootfs, ignore_errors=True)
+        started = time.monotonic()
+        progress(
+            f"building the Debian {DEBIAN_SUITE} image with debootstrap (once per machine, about a minute)"
+        )
+        argv = [
+            "debootstrap",
+            "--variant=minbase",
+            "--include=python3",
+            DEBIAN_SUITE,
+            str(rootfs),
+            DEBIAN_MIRROR,
+        ]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            shutil.rmtree(rootfs, ignore_errors=True)
+            raise ImageFailed(
+                f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+            )
+        for cached in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for entry in (rootfs / cached).glob("*.deb"):
+                entry.unlink()
+        partial = layer.with_suffix(f".partial.{os.getpid()}")
+        subprocess.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(partial), "."], check=True)
+        shutil.rmtree(rootfs, ignore_errors=True)
+        partial.replace(layer)
+        progress(
+            f"Debian image layer {layer.stat().st_size / 1e6:.0f} MB in {time.monotonic() - started:.0f} s"
+        )
+    return layer
+
+
+def _put(blobs: Path, data: bytes) -> str:
+    digest = hashlib.sha256(data).hexdigest()
+    (blobs / digest).write_bytes(data)
+    return f"sha256:{digest}"
+
+
+def _put_file(blobs: Path, path: Path) -> tuple[str, int]:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+    target = blobs / sha.hexdigest()
+    if not target.exists():
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copyfile(path, target)
+    return f"sha256:{sha.hexdigest()}", path.stat().st_size
+
+
+def write_layout(out: Path, name: str, layers: Sequence[Path], *, entrypoint: Sequence[str] = ()) -> Path:
+    """An OCI image layout in ``out`` of uncompressed ``layers``, named ``name`` (fully qualified)."""
+    blobs = out / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+    descriptors = []
+    for layer in layers:
+        digest, size = _put_file(blobs, layer)
+        descriptors.append(
+            {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": digest, "size": size}
+        )
+    config_body: dict[str, object] = {"Env": [PATH_ENV]}
+    if entrypoint:
+        config_body["Entrypoint"] = list(entrypoint)
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": config_body,
+            "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in descriptors]},
+        },
+        sort_keys=True,
+    ).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": _put(blobs, config),
+                "size": len(config),
+            },
+            "layers": descriptors,
+        },
+        sort_keys=True,
+    ).encode()
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            {
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": _put(blobs, manifest),
+                "size": len(manifest),
+                "annotations": {
+                    "io.containerd.image.name": name,
+                    "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1],
+                },
+            }
+        ],
+    }
+    (out / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    (out / "index.json").write_text(json.dumps(index))
+    return out
+
+
+def import_layout(ctr: Path, socket: Path, layout: Path) -> None:
+    """``tar -C layout . | ctr -a socket -n k8s.io images import -``; ImageFailed with its output."""
+    tar = subprocess.Popen(["tar", "-C", str(layout), "-cf", "-", "."], stdout=subprocess.PIPE)
+    done = subprocess.run(
+        [str(ctr), "-a", str(socket), "-n", "k8s.io", "images", "import", "-"],
+        stdin=tar.stdout,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if tar.stdout is not None:
+        tar.stdout.close()
+    tar.wait()
+    if done.returncode != 0:
+        raise ImageFailed(
+            f"ctr images import of {layout} failed ({done.returncode}): {done.stderr.strip()[-1500:]}"
+        )
