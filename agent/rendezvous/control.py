@@ -98,7 +98,8 @@ __all__ = [
     "read_status",
 ]
 
-#: The claimer recorded on fates the controller decides.
+#: The claimer recorded on fates the controller decides (its value is
+#: ``protocol.CONTROLLER_DROPPED``, unsigned: the controller holds no job secret).
 CONTROLLER = "controller"
 
 

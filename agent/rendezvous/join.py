@@ -43,6 +43,7 @@ from .protocol import (
     RoundView,
     RunKeys,
     TimerKind,
+    job_closed,
     open_round,
     push_event,
     read_bounds,
@@ -166,7 +167,7 @@ class Joiner:
             # (unless the epoch changes), the job's and the round's close included.
             epoch = self._events.epoch()
             if epoch is None or epoch != self._closed_checked:
-                if store.check([k.closed]):
+                if job_closed(store, k):
                     self._raise_closed()
                 self._closed_checked = epoch
             if self._events.job_closed.is_set():

@@ -65,12 +65,15 @@ import enum
 import json
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
+from .records import RecordSigner
+
 __all__ = [
+    "CONTROLLER_DROPPED",
     "JOB_CLOSED_EVENT",
     "RECONNECT_TIMEOUT",
     "CloseAction",
@@ -85,9 +88,13 @@ __all__ = [
     "claim_fate",
     "close_event",
     "connect_store",
+    "count_fates",
     "decide_close",
+    "fate_claimed",
+    "fate_value",
     "first_line",
     "get_or_none",
+    "job_closed",
     "new_token",
     "open_round",
     "parse_close_event",
@@ -96,11 +103,14 @@ __all__ = [
     "read_bounds",
     "read_close",
     "read_counter",
+    "read_fate",
+    "read_fates",
     "read_membership",
     "read_optional",
     "read_size",
     "reconnect_backoff",
     "restore_round",
+    "set_job_closed",
 ]
 
 KEY_ROOT = "kelastic"
@@ -117,13 +127,29 @@ class Fate(str, enum.Enum):
 
 @dataclass(frozen=True)
 class RunKeys:
-    """Names of every key of one rendezvous run (``kelastic/<run_id>/...``)."""
+    """Names of every key of one rendezvous run (``kelastic/<run_id>/...``), and the signer of
+    its records (:mod:`.records`; without a job secret, one that signs nothing)."""
 
     run_id: str
+    signer: RecordSigner = field(default_factory=lambda: RecordSigner(None), compare=False, repr=False)
+    #: A controlled run (rdzv-conf ``controlled=1``): the controller's ``dropped`` fates are
+    #: taken unsigned (the operator writes them without the job's secret).
+    controlled: bool = field(default=False, compare=False)
 
     @property
     def prefix(self) -> str:
         return f"{KEY_ROOT}/{self.run_id}/"
+
+    def name(self, key: str) -> str:
+        """A key's name under the run's prefix: what a record's MAC covers (with the run in the key)."""
+        return f"{self.run_id}:{key[len(self.prefix) :] if key.startswith(self.prefix) else key}"
+
+    def sign(self, key: str, value: str) -> str:
+        return self.signer.sign(self.name(key), value)
+
+    def verify(self, key: str, stored: bytes | str | None) -> bytes | None:
+        """The value of a record read from ``key``, None when absent or not signed by the job."""
+        return self.signer.open(self.name(key), stored)
 
     def _k(self, rest: str) -> str:
         return self.prefix + rest
@@ -420,10 +446,76 @@ def read_size(store: dist.Store, keys: RunKeys, r: int) -> int:
 
 
 def push_event(store: dist.Store, keys: RunKeys, kind: str) -> int:
-    """Wake every watcher of the run: take the next event number and set its key."""
+    """Wake every watcher of the run: take the next event number and set its key (signed)."""
     n = int(store.add(keys.events, 1))
-    store.set(keys.event(n), kind)
+    store.set(keys.event(n), keys.sign(keys.event(n), kind))
     return n
+
+
+def set_job_closed(store: dist.Store, keys: RunKeys) -> None:
+    """Mark the job finished (the ``closed`` key, signed) and tell every watcher."""
+    store.set(keys.closed, keys.sign(keys.closed, "1"))
+    push_event(store, keys, JOB_CLOSED_EVENT)
+
+
+def job_closed(store: dist.Store, keys: RunKeys) -> bool:
+    """Whether the job is finished: a ``closed`` mark signed by the job (a stranger's is ignored)."""
+    if not keys.signer.signing:
+        return bool(store.check([keys.closed]))
+    return keys.verify(keys.closed, get_or_none(store, keys.closed)) is not None
+
+
+#: The value of a fate the controller claims (``control.publish_membership``), unsigned.
+CONTROLLER_DROPPED = b"dropped|controller"
+
+
+def fate_value(store: dist.Store, keys: RunKeys, key: str, stored: bytes | str | None) -> bytes | None:
+    """The value of a fate read from ``key`` when the job claimed it (or, in a controlled run,
+    the controller dropped the member: the node runs ``controlled=1`` or the controller
+    published its bounds); None when absent or a stranger's."""
+    if (
+        stored is not None
+        and _bytes(stored) == CONTROLLER_DROPPED
+        and (keys.controlled or get_or_none(store, keys.bounds) is not None)
+    ):
+        return CONTROLLER_DROPPED
+    return keys.verify(key, stored)
+
+
+def read_fate(store: dist.Store, keys: RunKeys, r: int, name: str) -> Fate | None:
+    """The fate of member ``name`` of round r as claimed by the job (one not signed: None)."""
+    value = fate_value(store, keys, keys.fate(r, name), get_or_none(store, keys.fate(r, name)))
+    if value is None:
+        return None
+    try:
+        return Fate(value.decode().split("|", 1)[0])
+    except ValueError:
+        return None
+
+
+def read_fates(store: dist.Store, keys: RunKeys, r: int, size: int, *, first: bool = False) -> list[Fate]:
+    """The signed fates of round r's members (the names from their join records); O(size) reads.
+    ``first``: stop at the first one found.
+
+    What the counters ``accounted`` and ``gone`` claim, checked: anyone may add to a counter.
+    """
+    node_keys = [keys.node(r, i) for i in range(size)]
+    if size < 1 or not store.check(node_keys):
+        return []
+    names: list[str] = []
+    for raw in store.multi_get(node_keys):
+        try:
+            names.append(str(json.loads(raw)["name"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # not a join record: the member's fate cannot be looked up
+    fates: list[Fate] = []
+    for name in names:
+        fate = read_fate(store, keys, r, name)
+        if fate is not None:
+            fates.append(fate)
+            if first:
+                break
+    return fates
 
 
 def claim_fate(store: dist.Store, keys: RunKeys, r: int, name: str, fate: Fate, claimer: str) -> bool:
@@ -434,9 +526,14 @@ def claim_fate(store: dist.Store, keys: RunKeys, r: int, name: str, fate: Fate, 
     round, which tells the round's members it is no longer current).
     Returns whether this call won.
     """
-    mine = f"{fate.value}|{claimer}"
-    got = store.compare_set(keys.fate(r, name), "", mine)
-    if (got.decode() if isinstance(got, bytes) else got) != mine:
+    key = keys.fate(r, name)
+    mine = keys.sign(key, f"{fate.value}|{claimer}")
+    got = _bytes(store.compare_set(key, "", mine))
+    if got != mine.encode() and (
+        # A value the job did not sign (a stranger's, any bytes) counts as absent: take its place.
+        fate_value(store, keys, key, got) is not None
+        or _bytes(store.compare_set(key, got, mine)) != mine.encode()  # type: ignore[arg-type]
+    ):
         return False
     # A loss is counted in ``gone`` before ``accounted``, so that whoever reads
     # ``accounted`` and then ``gone`` sees every loss the first count includes.
@@ -448,12 +545,40 @@ def claim_fate(store: dist.Store, keys: RunKeys, r: int, name: str, fate: Fate, 
     return True
 
 
+def count_fates(store: dist.Store, keys: RunKeys, r: int, size: int) -> tuple[int, bool]:
+    """Round r's (``size`` members) members accounted for, and whether one was lost (or is leaving).
+
+    The counters first (``claim_fate`` counts a loss in ``gone`` before ``accounted``: read
+    in this order, a loss ``accounted`` includes is always seen in ``gone``); with a job
+    secret, what they claim is checked against the signed fates (anyone may add to a counter).
+    """
+    accounted = read_counter(store, keys.accounted(r))
+    gone = read_counter(store, keys.gone(r))
+    leaving = read_counter(store, keys.leaving(r))
+    if (accounted > 0 or gone > 0) and keys.signer.signing:
+        fates = read_fates(store, keys, r, size)
+        accounted, gone = len(fates), sum(1 for f in fates if f is not Fate.REJOIN)
+    return accounted, gone > 0 or leaving > 0
+
+
+def fate_claimed(store: dist.Store, keys: RunKeys, r: int, size: int, *, seen: bool) -> bool:
+    """Whether a fate was claimed in round r (``size`` members): its counter says so and, with a
+    job secret, a signed fate does (``seen``: a signed fate event told it, no read needed)."""
+    if read_counter(store, keys.accounted(r)) == 0:
+        return False
+    return not keys.signer.signing or seen or bool(read_fates(store, keys, r, size, first=True))
+
+
 #: The value of ``r/<R>/joined`` in a re-established round: far past any round's size.
 SEALED = 1 << 40
 
 
 def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _bytes(raw: bytes | str) -> bytes:
+    return raw if isinstance(raw, bytes) else raw.encode()
 
 
 def restore_round(
@@ -643,7 +768,7 @@ def listed_all_joined(
     for name in nodes:
         if name in here:
             continue
-        fate = get_or_none(store, keys.fate(r - 1, name)) if r > 1 else None
-        if fate is None or fate.decode().split("|", 1)[0] == Fate.REJOIN.value:
+        fate = read_fate(store, keys, r - 1, name) if r > 1 else None
+        if fate is None or fate is Fate.REJOIN:
             return False
     return True

@@ -30,6 +30,7 @@ from kelastic.agent.rendezvous import (
 from kelastic.agent.rendezvous.protocol import RunKeys, read_counter
 from kelastic.agent.rendezvous.testing import (
     in_thread,
+    job_keys,
     kelastic_handler,
     rendezvous_concurrently,
     shutdown_handlers,
@@ -222,7 +223,7 @@ def test_a_node_found_dead_while_it_ran_reconnects_before_it_rejoins(
         rendezvous_concurrently(hs)
         # What a's heartbeat watch claims for a partitioned b.
         assert protocol.claim_fate(
-            control.connect(server.endpoint), RunKeys("cut"), 1, "b", protocol.Fate.DEAD, "a"
+            control.connect(server.endpoint), job_keys("cut"), 1, "b", protocol.Fate.DEAD, "a"
         )
         assert all(h.wait_membership_change(5.0) for h in hs)
         with caplog.at_level(logging.WARNING, logger="kelastic.agent.rendezvous.handler"):

@@ -24,7 +24,8 @@ from kelastic.agent.rendezvous import (
     get_rendezvous_handler,
 )
 from kelastic.agent.rendezvous.protocol import RoundClose, RunKeys, close_event, parse_close_event, push_event
-from kelastic.agent.rendezvous.testing import in_thread, kelastic_handler, rendezvous_concurrently
+from kelastic.agent.rendezvous.records import MARK
+from kelastic.agent.rendezvous.testing import in_thread, job_keys, kelastic_handler, rendezvous_concurrently
 from kelastic.localcluster.testing import wait_for
 
 
@@ -205,7 +206,8 @@ def test_close_event_carries_the_size_and_the_worker_store(
     infos = rendezvous_concurrently(handlers)
     store, keys = _raw_store(server.endpoint), RunKeys(run_id)
     events = [store.get(keys.event(n)) for n in range(1, int(store.add(keys.events, 0)) + 1)]
-    closes = [c for c in map(parse_close_event, events) if c is not None]
+    # Each event is signed: its text, then the MAC (kelastic.agent.rendezvous.records).
+    closes = [c for c in (parse_close_event(e.split(MARK)[0]) for e in events) if c is not None]
     assert len(closes) == 1, events
     r, close = closes[0]
     boot = infos[0].bootstrap_store_info
@@ -221,7 +223,7 @@ def test_a_waiter_learns_the_round_from_the_close_event_alone(
     The event is pushed by hand without setting the size key, so a waiter that
     re-read the store when woken would never see the round closed (it would time out).
     """
-    store, keys = _raw_store(server.endpoint), RunKeys(run_id)
+    store, keys = _raw_store(server.endpoint), job_keys(run_id)
     # Three nodes hold slots 0-2 (the deciders) and wrote their records.
     store.add(keys.joined(1), 3)
     for slot in range(3):
