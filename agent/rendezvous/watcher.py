@@ -114,11 +114,13 @@ class EventWatcher:
     def on_event(self, stored: bytes, n: int) -> bool:
         """Record what event ``n`` tells and wake the waiters; False once the job is closed.
 
-        An event the job did not sign (a stranger's) only wakes the waiters,
-        who read what they wait for: it tells nothing, neither a close nor the job's end.
+        An event the job did not sign (a stranger's) tells nothing, neither a close nor the
+        job's end; it may hide the job's own event of that number (written after it, never
+        read), so it starts a new epoch: the waiters read what they wait for from the store.
         """
         kind = self._keys.verify(self._keys.event(n), stored)
         if kind is None:
+            self.set_watching(True)
             self.bump()
             return True
         if kind == JOB_CLOSED_EVENT.encode():

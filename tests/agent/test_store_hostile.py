@@ -208,3 +208,42 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def test_keys_a_stranger_deletes_or_overwrites_cost_no_step(job: Job) -> None:
+    """Every third of a second the stranger deletes or overwrites what the agents keep in the
+    store while they train: the heartbeats (deleted, text), the round's rank assignments and
+    role infos, its fates, the latest events and the closed mark. The agents notice nothing
+    worth a re-form, keep saving every step, and the store's bounds hold its garbage."""
+    store, keys = job.stranger(), RunKeys(job.run_id)
+    restores, first = job.restores(), max(job.saved()) + 1
+    stop, rounds = threading.Event(), [0]
+
+    def attack() -> None:
+        while not stop.is_set():
+            r = current_round(store, keys)
+            store.delete_key(keys.heartbeat(NODES[0]))
+            store.set(keys.heartbeat(NODES[1]), "not a number")
+            for rank in range(2):
+                for what in ("role_info", "assigned_ranks"):
+                    store.delete_key(f"{keys.agent_prefix(r)}/kelastic/{what}/{rank}")
+            for name in NODES:
+                store.set(keys.fate(r, name), "dead|stranger")
+            latest = protocol.read_counter(store, keys.events)
+            store.delete_key(keys.event(latest))
+            store.set(keys.event(latest + 1), "garbage \xff")
+            store.delete_key(keys.closed)
+            rounds[0] += 1
+            stop.wait(0.3)
+
+    thread = threading.Thread(target=attack, daemon=True)
+    thread.start()
+    try:
+        job.saves_go_on(15)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert rounds[0] >= 5, rounds
+    assert job.restores() == restores, "the stranger's deletes made the group re-form"
+    assert every_step_saved(job.saved(), first, max(job.saved()))
+    assert all(a.proc.poll() is None for a in job.cluster.agents)
