@@ -5,7 +5,8 @@ any key. So the records that steer the job (a member's fate, an event that says 
 closed or the job finished, the job's ``closed`` mark, the round's rank assignments and
 checkpoint ring) carry a MAC under a key derived from the job's secret, and a reader
 takes a record only when its MAC holds; one that fails is ignored as if it were absent,
-counted, and logged at most once per :data:`LOG_INTERVAL` seconds. A stranger with store
+counted (``kelastic_agent_refused_total{service="store_record",reason="unauthenticated"}``
+on the agent's ``/metrics``), and logged at most once per :data:`LOG_INTERVAL` seconds. A stranger with store
 access can then delete records or write garbage (which stalls, at worst, what waits for
 the record), never put words in a member's mouth.
 
@@ -31,7 +32,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["LOG_INTERVAL", "MARK", "RecordSigner", "record_key"]
+from kelastic.agent.auth import REFUSALS, Reason
+
+__all__ = ["LOG_INTERVAL", "MARK", "SERVICE", "RecordSigner", "record_key"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,8 @@ _LABEL = b"kelastic store record v1\x00"
 _TAG_BYTES = 16
 #: A refused record is logged at most once per this many seconds (each is counted).
 LOG_INTERVAL = 30.0
+#: The ``service`` label of refused records in ``kelastic_agent_refused_total``.
+SERVICE = "store_record"
 
 
 def record_key(job_key: bytes) -> bytes:
@@ -128,6 +133,7 @@ class RecordSigner:
         return self.open(name, stored) is not None
 
     def _refuse(self, name: str, why: str) -> None:
+        REFUSALS.count(SERVICE, Reason.UNAUTHENTICATED)
         r = self._refusals
         now = time.monotonic()
         with r.lock:

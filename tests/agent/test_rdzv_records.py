@@ -54,12 +54,20 @@ def test_a_record_moved_to_another_key_round_or_job_fails() -> None:
     assert signer.refused == 4  # scoped signers share the count
 
 
-def test_refusals_are_logged_at_most_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+def test_refusals_are_logged_at_most_once_per_interval_and_counted_in_the_metrics(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from kelastic.agent.auth import REFUSALS, Reason
+    from kelastic.agent.telemetry import refusals
+
+    before = REFUSALS.total("store_record", Reason.UNAUTHENTICATED)
     signer = RecordSigner.for_job(KEY)
     with caplog.at_level(logging.WARNING):
         for _ in range(50):
             signer.open("run:ev/1", "closed-job")
     assert signer.refused == 50 and caplog.text.count("ignored a store record") == 1
+    assert REFUSALS.total("store_record", Reason.UNAUTHENTICATED) == before + 50
+    assert refusals()[(("service", "store_record"), ("reason", "unauthenticated"))] == before + 50
 
 
 def test_without_a_secret_records_are_written_and_read_as_they_are() -> None:
