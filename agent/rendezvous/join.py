@@ -203,7 +203,8 @@ class Joiner:
                 # now, so that the closed round needs no second broadcast.
                 record["wstore"] = self._serve_worker_store(addr)
             # torch implements Store.multi_set; its stubs do not declare it.
-            store.multi_set([k.node(r, slot), k.slot(r, name)], [json.dumps(record), str(slot)])  # type: ignore[attr-defined]
+            signed = k.sign(k.node(r, slot), json.dumps(record))
+            store.multi_set([k.node(r, slot), k.slot(r, name)], [signed, str(slot)])  # type: ignore[attr-defined]
             store.add(k.heartbeat(name), 1)
             self._unpark(store, r if claimed else None)
             with self._lock:

@@ -96,6 +96,7 @@ __all__ = [
     "get_or_none",
     "job_closed",
     "new_token",
+    "node_record",
     "open_round",
     "parse_close_event",
     "parse_endpoint",
@@ -110,6 +111,7 @@ __all__ = [
     "read_size",
     "reconnect_backoff",
     "restore_round",
+    "round_close",
     "set_job_closed",
 ]
 
@@ -435,8 +437,7 @@ def read_close(store: dist.Store, keys: RunKeys, r: int) -> RoundClose | None:
     """How round r closed, in one round trip; None while it is open (or r < 1)."""
     if r < 1:
         return None
-    raw = get_or_none(store, keys.size(r))
-    return None if raw is None else RoundClose.from_value(raw)
+    return round_close(keys, r, get_or_none(store, keys.size(r)))
 
 
 def read_size(store: dist.Store, keys: RunKeys, r: int) -> int:
@@ -463,6 +464,30 @@ def job_closed(store: dist.Store, keys: RunKeys) -> bool:
     if not keys.signer.signing:
         return bool(store.check([keys.closed]))
     return keys.verify(keys.closed, get_or_none(store, keys.closed)) is not None
+
+
+def node_record(keys: RunKeys, r: int, slot: int, stored: bytes | str | None) -> dict[str, object] | None:
+    """The join record of ``slot`` in round r as the job's member wrote it; None when absent, not
+    signed by the job (a stranger's) or not a record."""
+    value = keys.verify(keys.node(r, slot), stored)
+    if value is None:
+        return None
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and "name" in data else None
+
+
+def round_close(keys: RunKeys, r: int, stored: bytes | str | None) -> RoundClose | None:
+    """How round r closed, from ``r/<R>/size`` as the job's closer wrote it (else None: open)."""
+    value = keys.verify(keys.size(r), stored)
+    if value is None:
+        return None
+    try:
+        return RoundClose.from_value(value)
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 #: The value of a fate the controller claims (``control.publish_membership``), unsigned.
@@ -502,12 +527,9 @@ def read_fates(store: dist.Store, keys: RunKeys, r: int, size: int, *, first: bo
     node_keys = [keys.node(r, i) for i in range(size)]
     if size < 1 or not store.check(node_keys):
         return []
-    names: list[str] = []
-    for raw in store.multi_get(node_keys):
-        try:
-            names.append(str(json.loads(raw)["name"]))
-        except (ValueError, KeyError, TypeError):
-            continue  # not a join record: the member's fate cannot be looked up
+    records = [node_record(keys, r, i, raw) for i, raw in enumerate(store.multi_get(node_keys))]
+    # A record that is not the member's own (a stranger's): that member's fate cannot be looked up.
+    names = [str(rec["name"]) for rec in records if rec is not None]
     fates: list[Fate] = []
     for name in names:
         fate = read_fate(store, keys, r, name)
@@ -614,12 +636,18 @@ def restore_round(
         _text(store.compare_set(keys.joined(r), "0", sealed)) != sealed
     ):
         return False  # a node joined r in this store: r is a new round here
-    value = close.to_value()
-    if _text(store.compare_set(keys.size(r), "", value)) != value:
+    value = keys.sign(keys.size(r), close.to_value())
+    held = _bytes(store.compare_set(keys.size(r), "", value))
+    if held != value.encode() and (
+        # A close the job did not sign (a stranger's) counts as absent: take its place.
+        round_close(keys, r, held) is not None
+        or _bytes(store.compare_set(keys.size(r), held, value)) != value.encode()  # type: ignore[arg-type]
+    ):
         return False
     name = json.loads(record)["name"]
+    signed = keys.sign(keys.node(r, rank), record)
     # torch implements Store.multi_set; its stubs do not declare it.
-    store.multi_set([keys.node(r, rank), keys.slot(r, name)], [record, str(rank)])  # type: ignore[attr-defined]
+    store.multi_set([keys.node(r, rank), keys.slot(r, name)], [signed, str(rank)])  # type: ignore[attr-defined]
     store.add(keys.heartbeat(name), 1)
     count = int(store.add(keys.restored(r), 1))
     if names is not None:
@@ -627,9 +655,9 @@ def restore_round(
     elif count == close.size:
         node_keys = [keys.node(r, i) for i in range(close.size)]
         if store.check(node_keys):
-            store.set(
-                keys.members(r), json.dumps([json.loads(v)["name"] for v in store.multi_get(node_keys)])
-            )
+            records = [node_record(keys, r, i, v) for i, v in enumerate(store.multi_get(node_keys))]
+            if all(rec is not None for rec in records):
+                store.set(keys.members(r), json.dumps([rec["name"] for rec in records if rec is not None]))
     push_event(store, keys, f"restored {r} {name}")
     return True
 
@@ -764,7 +792,12 @@ def listed_all_joined(
             store.wait(node_keys, datetime.timedelta(seconds=wait))
         except dist.DistStoreError:
             return False
-    here = {json.loads(raw)["name"] for raw in store.multi_get(node_keys)} if node_keys else set()
+    records = (
+        [node_record(keys, r, i, raw) for i, raw in enumerate(store.multi_get(node_keys))]
+        if node_keys
+        else []
+    )
+    here = {rec["name"] for rec in records if rec is not None}
     for name in nodes:
         if name in here:
             continue

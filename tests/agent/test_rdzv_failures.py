@@ -266,7 +266,7 @@ def test_store_restart_keeps_the_round_and_its_members() -> None:
         assert [ranks[m] for m in status.members] == [0, 1, 2]
         assert not any(h.membership_changed() for h in hs)
         # The worker store rank 0 hosts is named in the re-established close.
-        close = protocol.read_close(client, RunKeys("restart"), 1)
+        close = protocol.read_close(client, job_keys("restart"), 1)  # as the agents sign it
         assert close is not None and close.master_port == infos[0].bootstrap_store_info.master_port
         newcomer = node(server.endpoint, "restart", "d", 3, 4)
         got: list[Any] = []

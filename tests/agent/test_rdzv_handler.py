@@ -212,7 +212,7 @@ def test_close_event_carries_the_size_and_the_worker_store(
     r, close = closes[0]
     boot = infos[0].bootstrap_store_info
     assert (r, close.size, close.master_addr, close.master_port) == (1, 3, boot.master_addr, boot.master_port)
-    assert RoundClose.from_value(store.get(keys.size(1))) == close
+    assert RoundClose.from_value(store.get(keys.size(1)).split(MARK)[0]) == close  # signed too
 
 
 def test_a_waiter_learns_the_round_from_the_close_event_alone(
@@ -227,7 +227,8 @@ def test_a_waiter_learns_the_round_from_the_close_event_alone(
     # Three nodes hold slots 0-2 (the deciders) and wrote their records.
     store.add(keys.joined(1), 3)
     for slot in range(3):
-        store.set(keys.node(1, slot), json.dumps({"name": f"d{slot}", "addr": "127.0.0.1", "link": None}))
+        record = json.dumps({"name": f"d{slot}", "addr": "127.0.0.1", "link": None})
+        store.set(keys.node(1, slot), keys.sign(keys.node(1, slot), record))
     waiter = make_handler(server.endpoint, "w", 5, 5, run_id=run_id, join_timeout=30)
     handlers.append(waiter)
     thread, out = in_thread(waiter.next_rendezvous)

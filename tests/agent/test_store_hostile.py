@@ -149,7 +149,8 @@ def test_fate_claims_and_closed_events_every_half_second_do_not_stall_the_job(jo
 
 def test_a_strangers_ring_and_ranks_are_ignored_and_a_real_loss_still_re_forms(job: Job) -> None:
     """The ring attack: before the next round, the stranger writes every agent's role info and
-    rank assignment there with its own endpoint on the ring. A worker then dies: the agents
+    rank assignment there with its own endpoint on the ring, and the round's close and rank 0's
+    join record naming its own worker store. A worker then dies: the agents
     still see the loss (after the closed-job events above), re-form, take only their own
     records, restore from memory and save on; nothing ever connects to the stranger."""
     store, keys = job.stranger(), RunKeys(job.run_id)
@@ -157,7 +158,11 @@ def test_a_strangers_ring_and_ranks_are_ignored_and_a_real_loss_still_re_forms(j
     listener.settimeout(0.2)
     evil = f"127.0.0.1:{listener.getsockname()[1]}"
     r = current_round(store, keys)
+    evil_port = int(evil.rsplit(":", 1)[1])
     for later in range(r + 1, r + 6):
+        # the round closed before it did, and rank 0's record, both naming its own worker store
+        store.set(keys.size(later), RoundClose(2, "x", "t", "127.0.0.1", evil_port).to_value())
+        store.set(keys.node(later, 0), json.dumps({"name": "x", "addr": "127.0.0.1", "wstore": evil_port}))
         prefix = keys.agent_prefix(later) + "/kelastic/"
         for rank in range(2):
             store.set(f"{prefix}role_info/{rank}", RoleInstanceInfo("default", rank, 1, 0, evil).to_json())
