@@ -204,16 +204,15 @@ from .protocol import (
     RunKeys,
     claim_fate,
     count_fates,
-    fate_claimed,
     first_line,
     job_closed,
     new_token,
-    open_round,
     push_event,
     read_bounds,
     read_counter,
     read_fate,
     restore_round,
+    round_moved_on,
     set_job_closed,
 )
 from .records import RecordSigner
@@ -613,9 +612,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
     # -- membership --------------------------------------------------------
 
     def _evaluate_changed(self, store: dist.TCPStore, member: Member) -> bool:
-        k, r, seen = self._keys, member.round, self._events.fate_claimed(member.round)
-        # A newer round closed, or a fate was claimed in this one (signed: anyone may add to its count).
-        if open_round(store, k) > r + 1 or fate_claimed(store, k, r, member.size, seen=seen):
+        k, r = self._keys, member.round
+        if round_moved_on(store, k, r, member.size, seen=self._events.fate_claimed(r)):
             return True
         limits = self._s.bounds(read_bounds(store, k))
         if limits is None:

@@ -112,6 +112,7 @@ __all__ = [
     "reconnect_backoff",
     "restore_round",
     "round_close",
+    "round_moved_on",
     "set_job_closed",
 ]
 
@@ -589,6 +590,17 @@ def fate_claimed(store: dist.Store, keys: RunKeys, r: int, size: int, *, seen: b
     if read_counter(store, keys.accounted(r)) == 0:
         return False
     return not keys.signer.signing or seen or bool(read_fates(store, keys, r, size, first=True))
+
+
+def round_moved_on(store: dist.Store, keys: RunKeys, r: int, size: int, *, seen: bool) -> bool:
+    """Whether round r (``size`` members) is no longer current by the store: a newer round
+    closed, or a fate was claimed in r (``seen``: see :func:`fate_claimed`). With a job secret
+    only signed records count: anyone may add to ``open`` and the fates' counters."""
+    if open_round(store, keys) > r + 1 and (
+        not keys.signer.signing or read_close(store, keys, r + 1) is not None
+    ):
+        return True
+    return fate_claimed(store, keys, r, size, seen=seen)
 
 
 #: The value of ``r/<R>/joined`` in a re-established round: far past any round's size.

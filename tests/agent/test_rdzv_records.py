@@ -121,3 +121,22 @@ def test_rank_exchange_without_a_secret_is_torchs() -> None:
     store = dist.HashStore()
     one = exchange_rank_assignments(store, 0, 1, "default", 2, timeout=5, endpoint="h:1")
     assert one.ring == ("h:1",) and store.get("kelastic/role_info/0") == b'["default", 0, 2, 0, "h:1"]'
+
+
+def test_a_round_moves_on_only_by_signed_records_not_by_counters_anyone_may_bump() -> None:
+    import torch.distributed as dist
+
+    from kelastic.agent.rendezvous.protocol import Fate, RoundClose, RunKeys, claim_fate, round_moved_on
+
+    store = dist.HashStore()
+    keys = RunKeys("run", RecordSigner.for_job(KEY))
+    stranger = RunKeys("run")
+    store.add(keys.open, 1)  # round 1 closed
+    assert not round_moved_on(store, keys, 1, 2, seen=False)
+    store.add(keys.open, 1)  # a stranger's: no close of round 2 behind it
+    store.set(keys.size(2), RoundClose(2, "x", "t", "10.6.6.6", 1).to_value())
+    claim_fate(store, stranger, 1, "a", Fate.DEAD, "stranger")
+    assert not round_moved_on(store, keys, 1, 2, seen=False)
+    assert round_moved_on(store, RunKeys("run"), 1, 2, seen=False)  # without a secret: as before
+    store.set(keys.size(2), keys.sign(keys.size(2), RoundClose(2, "b", "t", "h", 1).to_value()))
+    assert round_moved_on(store, keys, 1, 2, seen=False)
