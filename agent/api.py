@@ -105,8 +105,10 @@ __all__ = [
     "MembershipWatcher",
     "NamedNode",
     "RankAssignment",
+    "RecordSigning",
     "RoleInstanceInfo",
     "RunResult",
+    "SignedRecords",
     "SimpleElasticAgent",
     "Worker",
     "WorkerGroup",
@@ -203,6 +205,28 @@ class NamedNode(Protocol):
 
     @property
     def node_name(self) -> str: ...
+
+
+class RecordSigning(Protocol):
+    """Signs and checks store records (:class:`kelastic.agent.rendezvous.records.RecordSigner`)."""
+
+    def sign(self, name: str, value: str) -> str: ...
+
+    def open(self, name: str, stored: bytes | str | None) -> bytes | None: ...
+
+
+@runtime_checkable
+class SignedRecords(Protocol):
+    """A rendezvous handler whose job has a secret under which the round's records are signed
+    (kelastic's, given a job secret).
+
+    The agent signs what it exchanges in the round's store (its role info, with its checkpoint
+    service's endpoint; group rank 0's rank assignments, with the checkpoint ring) and takes
+    only what holds its MAC: a stranger with access to the store cannot put itself on the
+    ring or hand out ranks. ``round_signer()`` is None without a secret (records unsigned).
+    """
+
+    def round_signer(self) -> RecordSigning | None: ...
 
 
 @dataclass
@@ -499,6 +523,41 @@ def _wait_keys(
             raise MembershipChangedError(f"the rendezvous membership changed while waiting for {what}")
 
 
+#: How often a reader re-reads a record that was there but not signed by the job.
+_UNSIGNED_RETRY = 0.1
+
+
+def _read_signed(
+    store: Store,
+    keys: list[str],
+    signer: RecordSigning | None,
+    timeout: float,
+    what: str,
+    abort: Callable[[], bool] | None,
+) -> list[bytes]:
+    """The values of ``keys`` once every one is there and signed by the job (see ``SignedRecords``).
+
+    A record that fails its MAC (a stranger's) is ignored as if absent: the reader waits
+    for the job's own, within ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        _wait_keys(store, keys, max(deadline - time.monotonic(), 0.001), what, abort)
+        raw = list(store.multi_get(keys))
+        if signer is None:
+            return raw
+        values = [signer.open(k, v) for k, v in zip(keys, raw, strict=True)]
+        if all(v is not None for v in values):
+            return [v for v in values if v is not None]
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"timed out after {timeout:.0f}s waiting for {what}: records not signed by the job"
+            )
+        if abort is not None and abort():
+            raise MembershipChangedError(f"the rendezvous membership changed while waiting for {what}")
+        time.sleep(_UNSIGNED_RETRY)
+
+
 def exchange_rank_assignments(
     store: Store,
     group_rank: int,
@@ -509,6 +568,7 @@ def exchange_rank_assignments(
     abort: Callable[[], bool] | None = None,
     restarts: int = 0,
     endpoint: str = "",
+    signer: RecordSigning | None = None,
 ) -> RankAssignment:
     """Publish this agent's role info, let group rank 0 assign all ranks, return this agent's share.
 
@@ -522,23 +582,33 @@ def exchange_rank_assignments(
     waited for when peers do not show up within ``timeout`` seconds, and
     :class:`MembershipChangedError` as soon as ``abort()`` (checked every half
     second while waiting) returns True.
+
+    ``signer`` (the round's, see :class:`SignedRecords`): every record is written with
+    its MAC and read only with a valid one; None writes and reads them unsigned.
     """
+
+    def sign(key: str, value: str) -> str:
+        return value if signer is None else signer.sign(key, value)
+
     me = RoleInstanceInfo(role, group_rank, local_world_size, restarts, endpoint)
-    store.set(f"{_ROLE_INFO_PREFIX}{group_rank}", me.to_json())
+    mine = f"{_ROLE_INFO_PREFIX}{group_rank}"
+    store.set(mine, sign(mine, me.to_json()))
     if group_rank == 0:
         keys = [f"{_ROLE_INFO_PREFIX}{i}" for i in range(group_world_size)]
-        _wait_keys(store, keys, timeout, f"role info of all {group_world_size} agents", abort)
-        infos = [RoleInstanceInfo.from_json(v) for v in store.multi_get(keys)]
+        what = f"role info of all {group_world_size} agents"
+        infos = [
+            RoleInstanceInfo.from_json(v) for v in _read_signed(store, keys, signer, timeout, what, abort)
+        ]
         assignments = assign_ranks(infos)
+        names = [f"{_ASSIGNED_PREFIX}{r}" for r in range(group_world_size)]
         # torch implements Store.multi_set but its stubs do not declare it.
         store.multi_set(  # type: ignore[attr-defined]
-            [f"{_ASSIGNED_PREFIX}{r}" for r in range(group_world_size)],
-            [assignments[r].to_json() for r in range(group_world_size)],
+            names, [sign(n, assignments[r].to_json()) for r, n in enumerate(names)]
         )
         return assignments[0]
     key = f"{_ASSIGNED_PREFIX}{group_rank}"
-    _wait_keys(store, [key], timeout, "rank assignment from group rank 0", abort)
-    return RankAssignment.from_json(store.get(key))
+    (value,) = _read_signed(store, [key], signer, timeout, "rank assignment from group rank 0", abort)
+    return RankAssignment.from_json(value)
 
 
 def workers_for(assignment: RankAssignment, local_world_size: int) -> list[Worker]:
@@ -772,10 +842,11 @@ class SimpleElasticAgent(ElasticAgent):
     # the algorithm --------------------------------------------------------------------
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         spec = worker_group.spec
+        handler = spec.rdzv_handler
         with self.metrics.timer("agent", "rendezvous"):
-            info = spec.rdzv_handler.next_rendezvous()
+            info = handler.next_rendezvous()
         # Before the restarts this agent spent are exchanged with its peers.
-        self._settle_spent_restart(spec.rdzv_handler)
+        self._settle_spent_restart(handler)
         store, group_rank, group_world_size = info.store, info.rank, info.world_size
         boot = info.bootstrap_store_info
         master_addr = spec.master_addr or (boot.master_addr if boot is not None else None)
@@ -796,6 +867,7 @@ class SimpleElasticAgent(ElasticAgent):
                 abort=self._membership_changed_now if self._watches_membership() else None,
                 restarts=self.restarts_spent,
                 endpoint=self._checkpoint_ring.endpoint if self._checkpoint_ring is not None else "",
+                signer=handler.round_signer() if isinstance(handler, SignedRecords) else None,
             )
         if self._checkpoint_ring is not None:
             # The ring a commit replicates on: this round's, learnt here, never from a request.

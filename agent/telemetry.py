@@ -28,7 +28,8 @@ its limit), ``checkpoint_saves_total``, ``checkpoint_refused_total`` (saves that
 fit), ``checkpoint_restores_total{source}`` (memory, replica or durable) and
 ``checkpoint_restore_seconds`` (the latest restore); and what kelastic's services turned
 away (:data:`kelastic.agent.auth.REFUSALS`): ``refused_total{service,reason}`` (service
-``checkpoint``, ``peer_link`` or ``health``; reason ``unauthenticated``, ``bad_frame``,
+``checkpoint``, ``peer_link``, ``health`` or ``store_record``: a rendezvous store record that
+failed its MAC; reason ``unauthenticated``, ``bad_frame``,
 ``bad_request``, ``timeout`` or ``over_capacity``).
 """
 
@@ -255,7 +256,7 @@ class AgentTelemetry:
             counter(
                 f"{_PREFIX}refused_total",
                 "Connections and requests kelastic's services turned away, by service (checkpoint, "
-                "peer_link, health) and reason (unauthenticated, bad_frame, bad_request, timeout, "
+                "peer_link, health, store_record) and reason (unauthenticated, bad_frame, bad_request, timeout, "
                 "over_capacity).",
                 refusals(),
             ),

@@ -6,7 +6,7 @@ carries its actions out, in the order that keeps a job whole:
 1. Services, the job's Secret (``CreateSecret``: its value is made here, and a
    failure holds back the worker pods of the pass), and the objects made to exist
    (``EnsureObject``: the NetworkPolicies, the PodGroup, whose failure also holds back
-   the worker pods: they would name a group that does not exist), in order;
+   the worker pods: they would run unguarded, or name a group that does not exist), in order;
 2. the membership, handed to the store publisher (survivors of a scale-down
    re-form before their peer is stopped);
 3. pod creates and deletes, concurrently;

@@ -83,6 +83,7 @@ from .protocol import (
     read_membership,
     read_optional,
 )
+from .records import MARK
 
 __all__ = [
     "AgentReport",
@@ -98,7 +99,8 @@ __all__ = [
     "read_status",
 ]
 
-#: The claimer recorded on fates the controller decides.
+#: The claimer recorded on fates the controller decides (its value is
+#: ``protocol.CONTROLLER_DROPPED``, unsigned: the controller holds no job secret).
 CONTROLLER = "controller"
 
 
@@ -345,4 +347,10 @@ def _local_world_sizes(store: dist.Store, keys: RunKeys, r: int, size: int) -> l
     node_keys = [keys.node(r, i) for i in range(size)]
     if not node_keys or not store.check(node_keys):
         return [None] * size
-    return [json.loads(raw).get("local_world_size") for raw in store.multi_get(node_keys)]
+    sizes: list[int | None] = []
+    for raw in store.multi_get(node_keys):
+        try:  # the record's own text, before its MAC (which the controller, without the job's key, cannot check)
+            sizes.append(json.loads(raw.split(MARK)[0]).get("local_world_size"))
+        except (ValueError, AttributeError):
+            sizes.append(None)
+    return sizes

@@ -200,19 +200,22 @@ from .join import Joiner, LinkTarget, RendezvousTimings
 from .keepalive import KeepAlive
 from .liveness import PeerLink
 from .protocol import (
-    JOB_CLOSED_EVENT,
     Fate,
     RunKeys,
     claim_fate,
+    count_fates,
     first_line,
-    get_or_none,
+    job_closed,
     new_token,
-    open_round,
     push_event,
     read_bounds,
     read_counter,
+    read_fate,
     restore_round,
+    round_moved_on,
+    set_job_closed,
 )
+from .records import RecordSigner
 from .rounds import Joining, Member
 from .settings import RendezvousSettings, settings_from_params
 from .watcher import EventWatcher
@@ -236,7 +239,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
     def __init__(self, settings: RendezvousSettings) -> None:
         self._s = settings
-        self._keys = RunKeys(settings.run_id)
+        self._keys = RunKeys(settings.run_id, RecordSigner.for_job(settings.job_key), settings.controlled)
         self._token = new_token()
         self._lock = threading.RLock()
         self._member: Member | None = None
@@ -300,6 +303,14 @@ class KelasticRendezvousHandler(RendezvousHandler):
     def node_name(self) -> str:
         return self._s.node_name
 
+    def round_signer(self) -> RecordSigner | None:
+        """The signer of this node's round's private store (``RendezvousInfo.store``), scoped to the
+        run and the round; None without a job secret (records unsigned) or a round."""
+        member = self._member
+        if member is None or not self._keys.signer.signing:
+            return None
+        return self._keys.signer.scoped(f"{self._s.run_id} round {member.round}")
+
     @property
     def last_timings(self) -> RendezvousTimings | None:
         """Phases of the latest ``next_rendezvous`` call (None before the first)."""
@@ -348,14 +359,13 @@ class KelasticRendezvousHandler(RendezvousHandler):
     def is_closed(self) -> bool:
         store = self._conn.get(time.monotonic() + min(self._s.join_timeout, 30.0))
         with self._lock:
-            return bool(store.check([self._keys.closed]))
+            return job_closed(store, self._keys)
 
     def set_closed(self) -> None:
         """Mark the job finished: every later or pending join raises RendezvousClosedError."""
         store = self._conn.get(time.monotonic() + min(self._s.join_timeout, 30.0))
         with self._lock:
-            store.set(self._keys.closed, "1")
-            push_event(store, self._keys, JOB_CLOSED_EVENT)
+            set_job_closed(store, self._keys)
 
     def num_nodes_waiting(self) -> int:
         """>0 when this node's round is no longer current (nodes wait, or a member changed)."""
@@ -383,7 +393,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 self._joiner.unpark_quietly(store)
             if member is not None and store is not None:
                 try:
-                    if not store.check([self._keys.closed]):
+                    if not job_closed(store, self._keys):
                         claim_fate(
                             store, self._keys, member.round, self._s.node_name, Fate.LEFT, self._s.node_name
                         )
@@ -509,7 +519,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
             if store is None:
                 return None
             try:
-                accounted, lost = self._fates(store, before.round)
+                accounted, lost = count_fates(store, self._keys, before.round, before.size)
             except dist.DistNetworkError:
                 return None
         if lost or accounted == 0:
@@ -534,17 +544,8 @@ class KelasticRendezvousHandler(RendezvousHandler):
         """True: a member was lost; False: a peer re-joined without a loss, or not a member; None: neither yet."""
         return self._ask_own_round(self._loss_verdict)
 
-    def _fates(self, store: dist.TCPStore, r: int) -> tuple[int, bool]:
-        """Round r's members accounted for, and whether one of them was lost (or is leaving)."""
-        # ``claim_fate`` counts a loss in ``gone`` before ``accounted``: reading
-        # ``accounted`` first, a loss it includes is always seen in ``gone``.
-        accounted = read_counter(store, self._keys.accounted(r))
-        gone = read_counter(store, self._keys.gone(r))
-        leaving = read_counter(store, self._keys.leaving(r))
-        return accounted, gone > 0 or leaving > 0
-
     def _loss_verdict(self, store: dist.TCPStore, member: Member) -> bool | None:
-        accounted, lost = self._fates(store, member.round)
+        accounted, lost = count_fates(store, self._keys, member.round, member.size)
         if lost:
             return True
         return False if accounted > 0 else None
@@ -576,7 +577,9 @@ class KelasticRendezvousHandler(RendezvousHandler):
         store that restarts during the barrier loses nothing (:mod:`.finish`): while it
         is away the barrier waits.
         """
-        mark = FinishMark(self._keys, lambda store, r: self._fates(store, r)[1])
+        mark = FinishMark(
+            self._keys, lambda store, r: count_fates(store, self._keys, r, self._round_size(r))[1]
+        )
         return self._wait_verdict(lambda: self._ask_own_round(mark.all_finished, lambda: None), timeout)
 
     @property
@@ -610,7 +613,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
     def _evaluate_changed(self, store: dist.TCPStore, member: Member) -> bool:
         k, r = self._keys, member.round
-        if open_round(store, k) > r + 1 or read_counter(store, k.accounted(r)) > 0:
+        if round_moved_on(store, k, r, member.size, seen=self._events.fate_claimed(r)):
             return True
         limits = self._s.bounds(read_bounds(store, k))
         if limits is None:
@@ -690,10 +693,10 @@ class KelasticRendezvousHandler(RendezvousHandler):
         if last is None or store is None:
             return
         try:
-            fate = get_or_none(store, self._keys.fate(last.round, self._s.node_name))
+            fate = read_fate(store, self._keys, last.round, self._s.node_name)
         except dist.DistError:
             return  # the join reconnects anyway
-        if fate is None or fate.decode().split("|", 1)[0] != Fate.DEAD.value:
+        if fate is not Fate.DEAD:
             return
         log.warning(
             "kelastic rendezvous: %s was found dead in round %d while it ran (cut off from the store "
@@ -715,6 +718,10 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 self._detached_change = True
         self._keep.poke.set()
         self._events.bump()
+
+    def _round_size(self, r: int) -> int:
+        """The size of round r if this node was a member of it (0: unknown)."""
+        return next((m.size for m in (self._member, self._last_member) if m is not None and m.round == r), 0)
 
     def _rounds(self) -> tuple[Member | None, Joining | None, Member | None]:
         """For the keep-alive (under the lock): this node's round, the round it waits in, its latest."""

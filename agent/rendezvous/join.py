@@ -43,6 +43,7 @@ from .protocol import (
     RoundView,
     RunKeys,
     TimerKind,
+    job_closed,
     open_round,
     push_event,
     read_bounds,
@@ -166,7 +167,7 @@ class Joiner:
             # (unless the epoch changes), the job's and the round's close included.
             epoch = self._events.epoch()
             if epoch is None or epoch != self._closed_checked:
-                if store.check([k.closed]):
+                if job_closed(store, k):
                     self._raise_closed()
                 self._closed_checked = epoch
             if self._events.job_closed.is_set():
@@ -202,7 +203,8 @@ class Joiner:
                 # now, so that the closed round needs no second broadcast.
                 record["wstore"] = self._serve_worker_store(addr)
             # torch implements Store.multi_set; its stubs do not declare it.
-            store.multi_set([k.node(r, slot), k.slot(r, name)], [json.dumps(record), str(slot)])  # type: ignore[attr-defined]
+            signed = k.sign(k.node(r, slot), json.dumps(record))
+            store.multi_set([k.node(r, slot), k.slot(r, name)], [signed, str(slot)])  # type: ignore[attr-defined]
             store.add(k.heartbeat(name), 1)
             self._unpark(store, r if claimed else None)
             with self._lock:

@@ -168,7 +168,7 @@ class KeepAlive:
             return
         now = time.monotonic()
         for (r, name), value in zip(targets, values, strict=True):
-            if tracker.observe(name, int(value), now):
+            if tracker.observe(name, _count(value), now):
                 tracker.forget(name)
                 if claim_fate(store, k, r, name, Fate.DEAD, me):
                     log.warning(
@@ -177,3 +177,11 @@ class KeepAlive:
                         r,
                         self._s.node_timeout,
                     )
+
+
+def _count(value: bytes) -> int:
+    """A heartbeat's value; one a stranger overwrote with text reads as -2 (a value of its own)."""
+    try:
+        return int(value)
+    except ValueError:
+        return -2

@@ -65,12 +65,15 @@ import enum
 import json
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
+from .records import RecordSigner
+
 __all__ = [
+    "CONTROLLER_DROPPED",
     "JOB_CLOSED_EVENT",
     "RECONNECT_TIMEOUT",
     "CloseAction",
@@ -85,10 +88,15 @@ __all__ = [
     "claim_fate",
     "close_event",
     "connect_store",
+    "count_fates",
     "decide_close",
+    "fate_claimed",
+    "fate_value",
     "first_line",
     "get_or_none",
+    "job_closed",
     "new_token",
+    "node_record",
     "open_round",
     "parse_close_event",
     "parse_endpoint",
@@ -96,11 +104,16 @@ __all__ = [
     "read_bounds",
     "read_close",
     "read_counter",
+    "read_fate",
+    "read_fates",
     "read_membership",
     "read_optional",
     "read_size",
     "reconnect_backoff",
     "restore_round",
+    "round_close",
+    "round_moved_on",
+    "set_job_closed",
 ]
 
 KEY_ROOT = "kelastic"
@@ -117,13 +130,29 @@ class Fate(str, enum.Enum):
 
 @dataclass(frozen=True)
 class RunKeys:
-    """Names of every key of one rendezvous run (``kelastic/<run_id>/...``)."""
+    """Names of every key of one rendezvous run (``kelastic/<run_id>/...``), and the signer of
+    its records (:mod:`.records`; without a job secret, one that signs nothing)."""
 
     run_id: str
+    signer: RecordSigner = field(default_factory=lambda: RecordSigner(None), compare=False, repr=False)
+    #: A controlled run (rdzv-conf ``controlled=1``): the controller's ``dropped`` fates are
+    #: taken unsigned (the operator writes them without the job's secret).
+    controlled: bool = field(default=False, compare=False)
 
     @property
     def prefix(self) -> str:
         return f"{KEY_ROOT}/{self.run_id}/"
+
+    def name(self, key: str) -> str:
+        """A key's name under the run's prefix: what a record's MAC covers (with the run in the key)."""
+        return f"{self.run_id}:{key[len(self.prefix) :] if key.startswith(self.prefix) else key}"
+
+    def sign(self, key: str, value: str) -> str:
+        return self.signer.sign(self.name(key), value)
+
+    def verify(self, key: str, stored: bytes | str | None) -> bytes | None:
+        """The value of a record read from ``key``, None when absent or not signed by the job."""
+        return self.signer.open(self.name(key), stored)
 
     def _k(self, rest: str) -> str:
         return self.prefix + rest
@@ -409,8 +438,7 @@ def read_close(store: dist.Store, keys: RunKeys, r: int) -> RoundClose | None:
     """How round r closed, in one round trip; None while it is open (or r < 1)."""
     if r < 1:
         return None
-    raw = get_or_none(store, keys.size(r))
-    return None if raw is None else RoundClose.from_value(raw)
+    return round_close(keys, r, get_or_none(store, keys.size(r)))
 
 
 def read_size(store: dist.Store, keys: RunKeys, r: int) -> int:
@@ -420,10 +448,97 @@ def read_size(store: dist.Store, keys: RunKeys, r: int) -> int:
 
 
 def push_event(store: dist.Store, keys: RunKeys, kind: str) -> int:
-    """Wake every watcher of the run: take the next event number and set its key."""
+    """Wake every watcher of the run: take the next event number and set its key (signed)."""
     n = int(store.add(keys.events, 1))
-    store.set(keys.event(n), kind)
+    store.set(keys.event(n), keys.sign(keys.event(n), kind))
     return n
+
+
+def set_job_closed(store: dist.Store, keys: RunKeys) -> None:
+    """Mark the job finished (the ``closed`` key, signed) and tell every watcher."""
+    store.set(keys.closed, keys.sign(keys.closed, "1"))
+    push_event(store, keys, JOB_CLOSED_EVENT)
+
+
+def job_closed(store: dist.Store, keys: RunKeys) -> bool:
+    """Whether the job is finished: a ``closed`` mark signed by the job (a stranger's is ignored)."""
+    if not keys.signer.signing:
+        return bool(store.check([keys.closed]))
+    return keys.verify(keys.closed, get_or_none(store, keys.closed)) is not None
+
+
+def node_record(keys: RunKeys, r: int, slot: int, stored: bytes | str | None) -> dict[str, object] | None:
+    """The join record of ``slot`` in round r as the job's member wrote it; None when absent, not
+    signed by the job (a stranger's) or not a record."""
+    value = keys.verify(keys.node(r, slot), stored)
+    if value is None:
+        return None
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and "name" in data else None
+
+
+def round_close(keys: RunKeys, r: int, stored: bytes | str | None) -> RoundClose | None:
+    """How round r closed, from ``r/<R>/size`` as the job's closer wrote it (else None: open)."""
+    value = keys.verify(keys.size(r), stored)
+    if value is None:
+        return None
+    try:
+        return RoundClose.from_value(value)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+#: The value of a fate the controller claims (``control.publish_membership``), unsigned.
+CONTROLLER_DROPPED = b"dropped|controller"
+
+
+def fate_value(store: dist.Store, keys: RunKeys, key: str, stored: bytes | str | None) -> bytes | None:
+    """The value of a fate read from ``key`` when the job claimed it (or, in a controlled run,
+    the controller dropped the member: the node runs ``controlled=1`` or the controller
+    published its bounds); None when absent or a stranger's."""
+    if (
+        stored is not None
+        and _bytes(stored) == CONTROLLER_DROPPED
+        and (keys.controlled or get_or_none(store, keys.bounds) is not None)
+    ):
+        return CONTROLLER_DROPPED
+    return keys.verify(key, stored)
+
+
+def read_fate(store: dist.Store, keys: RunKeys, r: int, name: str) -> Fate | None:
+    """The fate of member ``name`` of round r as claimed by the job (one not signed: None)."""
+    value = fate_value(store, keys, keys.fate(r, name), get_or_none(store, keys.fate(r, name)))
+    if value is None:
+        return None
+    try:
+        return Fate(value.decode().split("|", 1)[0])
+    except ValueError:
+        return None
+
+
+def read_fates(store: dist.Store, keys: RunKeys, r: int, size: int, *, first: bool = False) -> list[Fate]:
+    """The signed fates of round r's members (the names from their join records); O(size) reads.
+    ``first``: stop at the first one found.
+
+    What the counters ``accounted`` and ``gone`` claim, checked: anyone may add to a counter.
+    """
+    node_keys = [keys.node(r, i) for i in range(size)]
+    if size < 1 or not store.check(node_keys):
+        return []
+    records = [node_record(keys, r, i, raw) for i, raw in enumerate(store.multi_get(node_keys))]
+    # A record that is not the member's own (a stranger's): that member's fate cannot be looked up.
+    names = [str(rec["name"]) for rec in records if rec is not None]
+    fates: list[Fate] = []
+    for name in names:
+        fate = read_fate(store, keys, r, name)
+        if fate is not None:
+            fates.append(fate)
+            if first:
+                break
+    return fates
 
 
 def claim_fate(store: dist.Store, keys: RunKeys, r: int, name: str, fate: Fate, claimer: str) -> bool:
@@ -434,9 +549,14 @@ def claim_fate(store: dist.Store, keys: RunKeys, r: int, name: str, fate: Fate, 
     round, which tells the round's members it is no longer current).
     Returns whether this call won.
     """
-    mine = f"{fate.value}|{claimer}"
-    got = store.compare_set(keys.fate(r, name), "", mine)
-    if (got.decode() if isinstance(got, bytes) else got) != mine:
+    key = keys.fate(r, name)
+    mine = keys.sign(key, f"{fate.value}|{claimer}")
+    got = _bytes(store.compare_set(key, "", mine))
+    if got != mine.encode() and (
+        # A value the job did not sign (a stranger's, any bytes) counts as absent: take its place.
+        fate_value(store, keys, key, got) is not None
+        or _bytes(store.compare_set(key, got, mine)) != mine.encode()  # type: ignore[arg-type]
+    ):
         return False
     # A loss is counted in ``gone`` before ``accounted``, so that whoever reads
     # ``accounted`` and then ``gone`` sees every loss the first count includes.
@@ -448,12 +568,51 @@ def claim_fate(store: dist.Store, keys: RunKeys, r: int, name: str, fate: Fate, 
     return True
 
 
+def count_fates(store: dist.Store, keys: RunKeys, r: int, size: int) -> tuple[int, bool]:
+    """Round r's (``size`` members) members accounted for, and whether one was lost (or is leaving).
+
+    The counters first (``claim_fate`` counts a loss in ``gone`` before ``accounted``: read
+    in this order, a loss ``accounted`` includes is always seen in ``gone``); with a job
+    secret, what they claim is checked against the signed fates (anyone may add to a counter).
+    """
+    accounted = read_counter(store, keys.accounted(r))
+    gone = read_counter(store, keys.gone(r))
+    leaving = read_counter(store, keys.leaving(r))
+    if (accounted > 0 or gone > 0) and keys.signer.signing:
+        fates = read_fates(store, keys, r, size)
+        accounted, gone = len(fates), sum(1 for f in fates if f is not Fate.REJOIN)
+    return accounted, gone > 0 or leaving > 0
+
+
+def fate_claimed(store: dist.Store, keys: RunKeys, r: int, size: int, *, seen: bool) -> bool:
+    """Whether a fate was claimed in round r (``size`` members): its counter says so and, with a
+    job secret, a signed fate does (``seen``: a signed fate event told it, no read needed)."""
+    if read_counter(store, keys.accounted(r)) == 0:
+        return False
+    return not keys.signer.signing or seen or bool(read_fates(store, keys, r, size, first=True))
+
+
+def round_moved_on(store: dist.Store, keys: RunKeys, r: int, size: int, *, seen: bool) -> bool:
+    """Whether round r (``size`` members) is no longer current by the store: a newer round
+    closed, or a fate was claimed in r (``seen``: see :func:`fate_claimed`). With a job secret
+    only signed records count: anyone may add to ``open`` and the fates' counters."""
+    if open_round(store, keys) > r + 1 and (
+        not keys.signer.signing or read_close(store, keys, r + 1) is not None
+    ):
+        return True
+    return fate_claimed(store, keys, r, size, seen=seen)
+
+
 #: The value of ``r/<R>/joined`` in a re-established round: far past any round's size.
 SEALED = 1 << 40
 
 
 def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _bytes(raw: bytes | str) -> bytes:
+    return raw if isinstance(raw, bytes) else raw.encode()
 
 
 def restore_round(
@@ -489,12 +648,18 @@ def restore_round(
         _text(store.compare_set(keys.joined(r), "0", sealed)) != sealed
     ):
         return False  # a node joined r in this store: r is a new round here
-    value = close.to_value()
-    if _text(store.compare_set(keys.size(r), "", value)) != value:
+    value = keys.sign(keys.size(r), close.to_value())
+    held = _bytes(store.compare_set(keys.size(r), "", value))
+    if held != value.encode() and (
+        # A close the job did not sign (a stranger's) counts as absent: take its place.
+        round_close(keys, r, held) is not None
+        or _bytes(store.compare_set(keys.size(r), held, value)) != value.encode()  # type: ignore[arg-type]
+    ):
         return False
     name = json.loads(record)["name"]
+    signed = keys.sign(keys.node(r, rank), record)
     # torch implements Store.multi_set; its stubs do not declare it.
-    store.multi_set([keys.node(r, rank), keys.slot(r, name)], [record, str(rank)])  # type: ignore[attr-defined]
+    store.multi_set([keys.node(r, rank), keys.slot(r, name)], [signed, str(rank)])  # type: ignore[attr-defined]
     store.add(keys.heartbeat(name), 1)
     count = int(store.add(keys.restored(r), 1))
     if names is not None:
@@ -502,9 +667,9 @@ def restore_round(
     elif count == close.size:
         node_keys = [keys.node(r, i) for i in range(close.size)]
         if store.check(node_keys):
-            store.set(
-                keys.members(r), json.dumps([json.loads(v)["name"] for v in store.multi_get(node_keys)])
-            )
+            records = [node_record(keys, r, i, v) for i, v in enumerate(store.multi_get(node_keys))]
+            if all(rec is not None for rec in records):
+                store.set(keys.members(r), json.dumps([rec["name"] for rec in records if rec is not None]))
     push_event(store, keys, f"restored {r} {name}")
     return True
 
@@ -639,11 +804,16 @@ def listed_all_joined(
             store.wait(node_keys, datetime.timedelta(seconds=wait))
         except dist.DistStoreError:
             return False
-    here = {json.loads(raw)["name"] for raw in store.multi_get(node_keys)} if node_keys else set()
+    records = (
+        [node_record(keys, r, i, raw) for i, raw in enumerate(store.multi_get(node_keys))]
+        if node_keys
+        else []
+    )
+    here = {rec["name"] for rec in records if rec is not None}
     for name in nodes:
         if name in here:
             continue
-        fate = get_or_none(store, keys.fate(r - 1, name)) if r > 1 else None
-        if fate is None or fate.decode().split("|", 1)[0] == Fate.REJOIN.value:
+        fate = read_fate(store, keys, r - 1, name) if r > 1 else None
+        if fate is None or fate is Fate.REJOIN:
             return False
     return True

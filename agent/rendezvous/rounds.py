@@ -31,11 +31,13 @@ from .protocol import (
     close_event,
     get_or_none,
     listed_all_joined,
+    node_record,
     push_event,
     read_bounds,
     read_counter,
     read_membership,
     read_size,
+    round_close,
 )
 from .settings import RendezvousSettings
 
@@ -184,8 +186,13 @@ def try_close(
     k = keys
     master_addr, master_port = read_worker_store(store, k, r)
     mine = RoundClose(size, name, token, master_addr, master_port)
-    got = store.compare_set(k.size(r), "", mine.to_value())
-    if (got.decode() if isinstance(got, bytes) else got) != mine.to_value():
+    value = k.sign(k.size(r), mine.to_value())
+    got = store.compare_set(k.size(r), "", value)
+    raw = got if isinstance(got, bytes) else got.encode()
+    if raw != value.encode() and (
+        # A close the job did not sign (a stranger's) counts as absent: take its place.
+        round_close(k, r, raw) is not None or store.compare_set(k.size(r), raw, value) != value.encode()  # type: ignore[arg-type]
+    ):
         return None
     store.add(k.open, 1)
     push_event(store, k, close_event(r, mine))
@@ -195,7 +202,13 @@ def try_close(
     except dist.DistStoreError:
         log.warning("kelastic rendezvous: a member of round %d never wrote its record", r)
         return None
-    names = tuple(json.loads(raw)["name"] for raw in store.multi_get(node_keys))
+    records = [node_record(k, r, i, raw) for i, raw in enumerate(store.multi_get(node_keys))]
+    if any(rec is None for rec in records):
+        log.warning(
+            "kelastic rendezvous: a record of round %d is not a member's own (not signed by the job)", r
+        )
+        return None
+    names = tuple(str(rec["name"]) for rec in records if rec is not None)
     store.set(k.members(r), json.dumps(list(names)))
     ctl = read_membership(store, k)
     if ctl is not None:
@@ -217,7 +230,9 @@ def read_worker_store(store: dist.TCPStore, keys: RunKeys, r: int) -> tuple[str,
             store.wait([key], datetime.timedelta(seconds=PEER_KEY_WAIT))
         except dist.DistStoreError:
             return "", 0
-    record = json.loads(store.get(key))
+    record = node_record(keys, r, 0, store.get(key))
+    if record is None:  # a stranger's: the members read rank 0's own record later
+        return "", 0
     return str(record["addr"]), int(str(record.get("wstore") or 0))
 
 
@@ -228,15 +243,26 @@ def read_records(
     if not slots:
         return {}
     node_keys = [keys.node(r, i) for i in slots]
-    # Not ``get_or_none`` (one round trip less): on the libuv store a compare-and-set
-    # of a missing key wakes every client waiting for it, whose read then finds nothing.
-    if not store.check(node_keys):
-        wait_for = datetime.timedelta(seconds=max(0.1, min(PEER_KEY_WAIT, deadline - time.monotonic())))
-        try:
-            store.wait(node_keys, wait_for)
-        except dist.DistStoreError as exc:
+    until = min(deadline, time.monotonic() + PEER_KEY_WAIT)
+    while True:
+        # Not ``get_or_none`` (one round trip less): on the libuv store a compare-and-set
+        # of a missing key wakes every client waiting for it, whose read then finds nothing.
+        if not store.check(node_keys):
+            wait_for = datetime.timedelta(seconds=max(0.1, until - time.monotonic()))
+            try:
+                store.wait(node_keys, wait_for)
+            except dist.DistStoreError as exc:
+                raise RendezvousTimeoutError(
+                    f"rendezvous {run_id}: ranks {slots} of round {r} did not write their "
+                    f"records within {wait_for.total_seconds():.0f}s"
+                ) from exc
+        raws = store.multi_get(node_keys)
+        records = {i: node_record(keys, r, i, raw) for i, raw in zip(slots, raws, strict=True)}
+        if all(rec is not None for rec in records.values()):
+            return {i: rec for i, rec in records.items() if rec is not None}
+        # A record a stranger wrote over (or before) the member's own: wait for the member's.
+        if time.monotonic() >= until:
             raise RendezvousTimeoutError(
-                f"rendezvous {run_id}: ranks {slots} of round {r} did not write their "
-                f"records within {wait_for.total_seconds():.0f}s"
-            ) from exc
-    return {i: json.loads(raw) for i, raw in zip(slots, store.multi_get(node_keys), strict=True)}
+                f"rendezvous {run_id}: the records of ranks {slots} of round {r} are not signed by the job"
+            )
+        time.sleep(0.1)

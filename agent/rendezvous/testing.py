@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo, RendezvousParameters
 
-from .handler import KelasticRendezvousHandler, create_handler
+from kelastic.agent.contract import ENV_JOB_SECRET_FILE
+from kelastic.agent.secret import read_secret_file
 
-__all__ = ["in_thread", "kelastic_handler", "rendezvous_concurrently", "shutdown_handlers"]
+from .handler import KelasticRendezvousHandler, create_handler
+from .protocol import RunKeys
+from .records import RecordSigner
+
+__all__ = ["in_thread", "job_keys", "kelastic_handler", "rendezvous_concurrently", "shutdown_handlers"]
 
 # Every handler kelastic_handler made and shutdown_handlers has not shut down yet.
 _live: list[KelasticRendezvousHandler] = []
@@ -95,3 +101,11 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, out
+
+
+def job_keys(run_id: str, *, controlled: bool = False) -> RunKeys:
+    """The keys of run ``run_id`` signing as the job's agents do, with the secret of
+    ``$KELASTIC_JOB_SECRET_FILE`` (unsigned without one): for a test that writes records by hand."""
+    path = os.environ.get(ENV_JOB_SECRET_FILE)
+    key = read_secret_file(path, flag=ENV_JOB_SECRET_FILE) if path else None
+    return RunKeys(run_id, RecordSigner.for_job(key), controlled)

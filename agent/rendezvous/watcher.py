@@ -27,6 +27,7 @@ from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 from .protocol import (
     JOB_CLOSED_EVENT,
     RECONNECT_TIMEOUT,
+    Fate,
     RoundClose,
     RunKeys,
     connect_store,
@@ -60,6 +61,8 @@ class EventWatcher:
         self._epoch = 0
         # Closes of recent rounds, as their events told.
         self._closes: dict[int, RoundClose] = {}
+        # Rounds in which a fate was claimed, as the job's (signed) events told.
+        self._fated: set[int] = set()
         self.job_closed = threading.Event()  # set once the job's closed event arrived
         # Wakes the watcher from its reconnect back-off: the store answered another thread.
         self.retry_now = threading.Event()
@@ -98,19 +101,38 @@ class EventWatcher:
         with self._wake:
             return self._closes.get(r)
 
+    def fate_claimed(self, r: int) -> bool:
+        """Whether an event signed by the job told of a fate claimed in round ``r``."""
+        with self._wake:
+            return r in self._fated
+
     def forget_closes(self) -> None:
         """The store restarted: the closes it told are of rounds of the old store."""
         with self._wake:
             self._closes.clear()
 
-    def on_event(self, kind: bytes) -> bool:
-        """Record what the event tells and wake the waiters; False once the job is closed."""
+    def on_event(self, stored: bytes, n: int) -> bool:
+        """Record what event ``n`` tells and wake the waiters; False once the job is closed.
+
+        An event the job did not sign (a stranger's) tells nothing, neither a close nor the
+        job's end; it may hide the job's own event of that number (written after it, never
+        read), so it starts a new epoch: the waiters read what they wait for from the store.
+        """
+        kind = self._keys.verify(self._keys.event(n), stored)
+        if kind is None:
+            self.set_watching(True)
+            self.bump()
+            return True
         if kind == JOB_CLOSED_EVENT.encode():
             self.job_closed.set()
             self.bump()
             return False
         closed = parse_close_event(kind)
+        fated = _fate_round(kind)
         with self._wake:
+            if fated is not None:
+                self._fated.add(fated)
+                self._fated.difference_update([n for n in self._fated if n < fated - 2])
             if closed is not None:
                 r, close = closed
                 self._closes[r] = close
@@ -168,7 +190,7 @@ class EventWatcher:
                 seq += 1
                 if not current():
                     return
-                if not self.on_event(kind):
+                if not self.on_event(kind, seq):
                     return  # the job is finished: nothing left to watch
             except (dist.DistError, RendezvousConnectionError, RuntimeError) as exc:
                 if not current():
@@ -181,3 +203,14 @@ class EventWatcher:
                 failures += 1
                 self.retry_now.wait(reconnect_backoff(failures))
                 self.retry_now.clear()
+
+
+def _fate_round(kind: bytes) -> int | None:
+    """The round of a fate event (``<fate> <R> <name>``, see ``protocol.claim_fate``), else None."""
+    parts = kind.split(b" ")
+    if len(parts) != 3 or parts[0].decode(errors="replace") not in {f.value for f in Fate}:
+        return None
+    try:
+        return int(parts[1])
+    except ValueError:
+        return None

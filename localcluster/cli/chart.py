@@ -45,6 +45,7 @@ __all__ = ["ChartError", "ChartRelease", "install_chart", "render_chart", "unins
 KIND_ORDER = (
     "CustomResourceDefinition",
     "Namespace",
+    "NetworkPolicy",  # before the pod it guards
     "ServiceAccount",
     "ClusterRole",
     "Role",

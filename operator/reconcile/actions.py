@@ -82,7 +82,8 @@ class EnsureObject(Action):
     path: str = ""
     manifest: Mapping[str, Any] = field(default_factory=dict)
     key: str = ""
-    #: The worker pods name this object (a PodGroup): while it cannot be made, none is created.
+    #: The worker pods need this object (a PodGroup they name, a NetworkPolicy that guards
+    #: them): while it cannot be made, none is created.
     workers_wait: bool = False
 
 

@@ -12,7 +12,9 @@ from kelastic.operator.reconcile.context import ActiveJob, Next, Pass
 
 def step(p: Pass, job: ActiveJob) -> Next:
     """Ensure the workers' NetworkPolicy, and the store's where the operator runs the store,
-    before the first pod is created."""
+    before the first pod is created. Fail closed: while a policy cannot be made (no
+    permission, a quota, an API the cluster does not serve) no worker pod is created, and
+    the Event says why; a policy made once (by this run or an earlier one) keeps them coming."""
     config = p.config.network_policy
     if not config.enabled:
         return Next.CONTINUE
@@ -32,5 +34,6 @@ def _ensure(p: Pass, manifest: Mapping[str, Any], what: str) -> None:
             path=netpol.network_policy_path(p.job.meta.namespace),
             manifest=manifest,
             key=f"{p.job.meta.uid}/networkpolicy-{what}",
+            workers_wait=True,
         )
     )

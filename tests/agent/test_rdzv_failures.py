@@ -30,6 +30,7 @@ from kelastic.agent.rendezvous import (
 from kelastic.agent.rendezvous.protocol import RunKeys, read_counter
 from kelastic.agent.rendezvous.testing import (
     in_thread,
+    job_keys,
     kelastic_handler,
     rendezvous_concurrently,
     shutdown_handlers,
@@ -223,7 +224,7 @@ def test_a_node_found_dead_while_it_ran_reconnects_before_it_rejoins(
         rendezvous_concurrently(hs)
         # What a's heartbeat watch claims for a partitioned b.
         assert protocol.claim_fate(
-            control.connect(server.endpoint), RunKeys("cut"), 1, "b", protocol.Fate.DEAD, "a"
+            control.connect(server.endpoint), job_keys("cut"), 1, "b", protocol.Fate.DEAD, "a"
         )
         assert all(h.wait_membership_change(5.0) for h in hs)
         with caplog.at_level(logging.WARNING, logger="kelastic.agent.rendezvous.handler"):
@@ -266,7 +267,7 @@ def test_store_restart_keeps_the_round_and_its_members() -> None:
         assert [ranks[m] for m in status.members] == [0, 1, 2]
         assert not any(h.membership_changed() for h in hs)
         # The worker store rank 0 hosts is named in the re-established close.
-        close = protocol.read_close(client, RunKeys("restart"), 1)
+        close = protocol.read_close(client, job_keys("restart"), 1)  # as the agents sign it
         assert close is not None and close.master_port == infos[0].bootstrap_store_info.master_port
         newcomer = node(server.endpoint, "restart", "d", 3, 4)
         got: list[Any] = []

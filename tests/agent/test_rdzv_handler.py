@@ -24,7 +24,8 @@ from kelastic.agent.rendezvous import (
     get_rendezvous_handler,
 )
 from kelastic.agent.rendezvous.protocol import RoundClose, RunKeys, close_event, parse_close_event, push_event
-from kelastic.agent.rendezvous.testing import in_thread, kelastic_handler, rendezvous_concurrently
+from kelastic.agent.rendezvous.records import MARK
+from kelastic.agent.rendezvous.testing import in_thread, job_keys, kelastic_handler, rendezvous_concurrently
 from kelastic.localcluster.testing import wait_for
 
 
@@ -205,12 +206,13 @@ def test_close_event_carries_the_size_and_the_worker_store(
     infos = rendezvous_concurrently(handlers)
     store, keys = _raw_store(server.endpoint), RunKeys(run_id)
     events = [store.get(keys.event(n)) for n in range(1, int(store.add(keys.events, 0)) + 1)]
-    closes = [c for c in map(parse_close_event, events) if c is not None]
+    # Each event is signed: its text, then the MAC (kelastic.agent.rendezvous.records).
+    closes = [c for c in (parse_close_event(e.split(MARK)[0]) for e in events) if c is not None]
     assert len(closes) == 1, events
     r, close = closes[0]
     boot = infos[0].bootstrap_store_info
     assert (r, close.size, close.master_addr, close.master_port) == (1, 3, boot.master_addr, boot.master_port)
-    assert RoundClose.from_value(store.get(keys.size(1))) == close
+    assert RoundClose.from_value(store.get(keys.size(1)).split(MARK)[0]) == close  # signed too
 
 
 def test_a_waiter_learns_the_round_from_the_close_event_alone(
@@ -221,11 +223,12 @@ def test_a_waiter_learns_the_round_from_the_close_event_alone(
     The event is pushed by hand without setting the size key, so a waiter that
     re-read the store when woken would never see the round closed (it would time out).
     """
-    store, keys = _raw_store(server.endpoint), RunKeys(run_id)
+    store, keys = _raw_store(server.endpoint), job_keys(run_id)
     # Three nodes hold slots 0-2 (the deciders) and wrote their records.
     store.add(keys.joined(1), 3)
     for slot in range(3):
-        store.set(keys.node(1, slot), json.dumps({"name": f"d{slot}", "addr": "127.0.0.1", "link": None}))
+        record = json.dumps({"name": f"d{slot}", "addr": "127.0.0.1", "link": None})
+        store.set(keys.node(1, slot), keys.sign(keys.node(1, slot), record))
     waiter = make_handler(server.endpoint, "w", 5, 5, run_id=run_id, join_timeout=30)
     handlers.append(waiter)
     thread, out = in_thread(waiter.next_rendezvous)
@@ -241,26 +244,26 @@ def test_a_waiter_learns_the_round_from_the_close_event_alone(
     assert not store.check([keys.size(1)])
 
 
-def test_store_fact_a_compare_and_set_of_a_missing_key_wakes_its_waiters(
+def test_store_fact_a_compare_and_set_that_writes_nothing_wakes_no_waiter(
     server: ServerProcess, run_id: str
 ) -> None:
-    """Why ``get_or_none`` is never used on a key somebody may wait for (join records, events).
+    """``get_or_none`` (a compare-and-set that writes nothing) leaves a key's waiters waiting.
 
-    torch's libuv store wakes the waiters of a key on every compare-and-set, even one
-    that wrote nothing; the woken client's read then finds no value. Should a torch
-    release change this, this test says so.
+    torch's own libuv store wakes them on every compare-and-set, even one that wrote nothing
+    (the woken client's read then finds no value), so kelastic never uses ``get_or_none`` on a
+    key somebody may wait for; ``kelastic-rendezvous`` wakes a waiter only when its keys exist.
     """
     from kelastic.agent.rendezvous.protocol import get_or_none
 
     store, other = _raw_store(server.endpoint), _raw_store(server.endpoint)
     key = RunKeys(run_id).node(1, 0)
-    thread, out = in_thread(lambda: other.wait([key], datetime.timedelta(seconds=20)))
-    # Repeated: the waiter's request may reach the server after a first probe.
-    wait_for(
-        lambda: get_or_none(store, key) is None and not thread.is_alive(), timeout=15, what="a woken waiter"
-    )
-    assert out == [None], out
-    assert not store.check([key])
+    thread, out = in_thread(lambda: other.wait([key], datetime.timedelta(seconds=60)))
+    for _ in range(20):
+        assert get_or_none(store, key) is None
+    assert thread.is_alive() and not store.check([key])
+    store.set(key, "x")
+    thread.join(30)
+    assert not thread.is_alive() and out == [None], out
 
 
 def test_the_completing_joiner_waits_for_records_still_on_the_way(server: ServerProcess, run_id: str) -> None:

@@ -69,6 +69,10 @@ def test_install_upgrade_to_cluster_wide_and_uninstall(api: tuple[Path, Kube]) -
         "spec"
     ]["containers"][0]["args"]
     assert "--namespace=team-a" in args
+    # The operator pod's own NetworkPolicy (networkPolicy.enabled, the default).
+    assert names(kube, "/apis/networking.k8s.io/v1/namespaces/ops/networkpolicies") == [
+        "kel-kelastic-operator"
+    ]
     assert names(kube, "/api/v1/namespaces/ops/secrets") == ["sh.helm.release.v1.kel.v1"]
 
     # The same release again, cluster-wide: an upgrade (revision 2), the Role replaced by a ClusterRole.

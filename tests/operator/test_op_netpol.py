@@ -279,3 +279,54 @@ def test_the_emulator_serves_network_policies_as_the_api_does(kube: Kube, kit: S
         assert created["metadata"]["uid"] and contract.LABEL_JOB_NAME in created["metadata"]["labels"]
         with pytest.raises(Exception, match="already exists"):
             kube.request("POST", network_policy_path("ns"), manifest)
+
+
+class RefusingKube(OrderKube):
+    """Refuses NetworkPolicies with ``status`` (None: makes them)."""
+
+    def __init__(self, status: int | None) -> None:
+        super().__init__()
+        self.status = status
+
+    def request(self, method: str, path: str, body: Any = None, **kw: Any) -> dict[str, Any]:
+        from kelastic.operator.kube import ApiError
+
+        if self.status is not None and "networkpolicies" in path:
+            raise ApiError(self.status, "Forbidden", "networkpolicies is forbidden")
+        return super().request(method, path, body, **kw)
+
+
+def _apply(kit: SimpleNamespace, kube: OrderKube, executor: Any = None) -> tuple[Any, list[tuple[str, str]]]:
+    job = parse_job(kit.job_body())
+    decision = reconcile(job, kit.observed(kit.store()), ReconcileConfig(network_policy=ON))
+    posted: list[tuple[str, str]] = []
+
+    class Events:
+        def emit(self, body: Any, reason: str, message: str, *, warning: bool = False) -> None:
+            posted.append((reason, message))
+
+    async def io(fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    if executor is None:
+        executor = ActionExecutor(kube, io, Events(), OperatorMetrics(), JobCache(), lambda key, action: None)  # type: ignore[arg-type]
+    executor.events = Events()
+    asyncio.run(executor.apply(job, kit.job_body(), decision, [], []))
+    return executor, posted
+
+
+def test_workers_wait_for_network_policies_that_cannot_be_made(kit: SimpleNamespace) -> None:
+    """Fail closed: a worker without its policy would take connections from any pod."""
+    refused = RefusingKube(403)
+    executor, posted = _apply(kit, refused)
+    assert executor.failed and not [c for c in refused.created if c.startswith("pods ")]
+    failures = [m for r, m in posted if r == "FailedCreate"]
+    assert failures and all("worker pods wait for it" in m for m in failures), failures
+    assert "NetworkPolicy demo-workers" in failures[0] and "forbidden" in failures[0]
+    # Once the policies can be made, the next pass creates them and then the workers.
+    refused.status = None
+    executor._ensure_retry.clear()
+    executor.failed.clear()
+    executor, posted = _apply(kit, refused, executor)
+    assert not executor.failed
+    assert [c for c in refused.created if c.startswith("pods ")], refused.created

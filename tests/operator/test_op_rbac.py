@@ -235,6 +235,13 @@ def run_under_chart_rbac(
         assert status and status.get("phase"), "the operator could not write the job's status"
         events = json.loads(real.kubectl("get", "events", "-n", job_namespace, "-o", "json"))["items"]
         assert any(e["source"].get("component") == "kelastic-operator" for e in events)
+        # The chart's NetworkPolicy of the operator pod, applied by the real API server.
+        policy = json.loads(
+            real.kubectl(
+                "get", "networkpolicy", "-n", chart.namespace, f"{release}-kelastic-operator", "-o", "json"
+            )
+        )
+        assert policy["spec"]["ingress"][0]["ports"][0]["port"] == 8080, policy
         lease_name = next(a.split("=", 1)[1] for a in argv if a.startswith("--lease-name="))
         lease = json.loads(real.kubectl("get", "lease", "-n", chart.namespace, lease_name, "-o", "json"))
         assert lease["spec"]["holderIdentity"], "the operator never held its Lease"

@@ -111,9 +111,11 @@ def test_default_render_is_namespaced_least_privilege() -> None:
     objects = render()
     kinds = sorted(o["kind"] for o in objects)
     # the Service exposes the operator's /metrics (metrics.enabled, default true); a Role and its
-    # binding let the operator read its own Namespace (networkPolicy.enabled, default true)
+    # binding let the operator read its own Namespace and a NetworkPolicy guards its pod
+    # (networkPolicy.enabled, default true)
     assert kinds == [
         "Deployment",
+        "NetworkPolicy",
         *["Role"] * 3,
         *["RoleBinding"] * 3,
         "Service",

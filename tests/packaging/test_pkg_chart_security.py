@@ -115,3 +115,51 @@ def test_lint_is_clean_with_the_security_values(values: dict[str, Any]) -> None:
     report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE)
     problems = [m for m in report["messages"] if m["severity"] >= 2]
     assert report["errors"] == [] and problems == [], (values, report)
+
+
+def operator_policy(objects: list[dict[str, Any]]) -> dict[str, Any] | None:
+    policies = by_kind(objects, "NetworkPolicy")
+    assert len(policies) <= 1, policies
+    return policies[0] if policies else None
+
+
+def admitted(policy: dict[str, Any], port: int, source_ns_labels: dict[str, str]) -> bool:
+    """Whether ``policy`` admits a pod (no labels) of a namespace with ``source_ns_labels`` on ``port``."""
+    for rule in policy["spec"]["ingress"]:
+        if not any(p["port"] == port and p["protocol"] == "TCP" for p in rule.get("ports", [])):
+            continue
+        if "from" not in rule:
+            return True
+        for peer in rule["from"]:
+            want = peer.get("namespaceSelector", {}).get("matchLabels")
+            if want is not None and want.items() <= source_ns_labels.items() and "podSelector" not in peer:
+                return True
+    return False
+
+
+def test_the_operator_pod_has_a_policy_health_from_anywhere_metrics_only_from_metrics_from() -> None:
+    objects = render()
+    policy = operator_policy(objects)
+    assert policy is not None and policy["metadata"]["namespace"] == NAMESPACE
+    (deployment,) = by_kind(objects, "Deployment")
+    assert policy["spec"]["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    monitoring = {"kubernetes.io/metadata.name": "monitoring"}
+    anyone = {"kubernetes.io/metadata.name": "team-a"}
+    assert admitted(policy, 8080, anyone) and admitted(policy, 8080, monitoring)
+    assert not admitted(policy, 9090, monitoring) and not admitted(policy, 9090, anyone)
+    scraped = operator_policy(render({"metrics": {"from": PROMETHEUS}}))
+    assert scraped is not None
+    assert admitted(scraped, 9090, monitoring) and not admitted(scraped, 9090, anyone)
+    assert admitted(scraped, 8080, anyone)
+    moved = operator_policy(
+        render({"operator": {"healthPort": 8181}, "metrics": {"port": 9191, "from": PROMETHEUS}})
+    )
+    assert moved is not None and admitted(moved, 8181, anyone) and admitted(moved, 9191, monitoring)
+    assert operator_policy(render({"networkPolicy": {"enabled": False}})) is None
+
+
+def test_lint_is_clean_with_metrics_scrapers_of_the_operator() -> None:
+    report = helm.lint(CHART, {"metrics": {"from": PROMETHEUS}}, strict=True, namespace=NAMESPACE)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["errors"] == [] and problems == [], report

@@ -1,0 +1,153 @@
+"""Signed store records: what an agent reads from a rendezvous store and acts on carries a MAC.
+
+The store (torch's ``TCPStore``) authenticates no client: whoever reaches it may write
+any key. So the records that steer the job (a member's fate, an event that says a round
+closed or the job finished, the job's ``closed`` mark, the round's rank assignments and
+checkpoint ring) carry a MAC under a key derived from the job's secret, and a reader
+takes a record only when its MAC holds; one that fails is ignored as if it were absent,
+counted (``kelastic_agent_refused_total{service="store_record",reason="unauthenticated"}``
+on the agent's ``/metrics``), and logged at most once per :data:`LOG_INTERVAL` seconds. A stranger with store
+access can then delete records or write garbage (which stalls, at worst, what waits for
+the record), never put words in a member's mouth.
+
+A signed value is ``value + MARK + tag``: ``tag`` is the first 16 bytes (hex) of
+``HMAC-SHA256(K, label | name | scope | value)``, where ``K = HMAC-SHA256(job secret,
+"kelastic store records v1")`` (a key of its own, never the secret or the peer link's),
+``name`` is the key's name under the run's prefix (``r/4/fate/node-a``, ``ev/17``) and
+``scope`` what else the record belongs to (the round of a round-private store), so a
+record copied to another key, round or job fails. The value keeps its own text before
+the mark, so that a reader that does not check (the operator's status) reads it as before.
+
+Without a job secret (a torchrun-style run by hand with neither ``--job-secret-file`` nor
+``--insecure-no-secret``) there is no key: records are written and read unsigned, as torch
+does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from kelastic.agent.auth import REFUSALS, Reason
+
+__all__ = ["LOG_INTERVAL", "MARK", "SERVICE", "RecordSigner", "record_key"]
+
+log = logging.getLogger(__name__)
+
+#: Separates a value from its tag (a byte no record's text holds).
+MARK = b"\x1fkmac1:"
+_LABEL = b"kelastic store record v1\x00"
+_TAG_BYTES = 16
+#: A refused record is logged at most once per this many seconds (each is counted).
+LOG_INTERVAL = 30.0
+#: The ``service`` label of refused records in ``kelastic_agent_refused_total``.
+SERVICE = "store_record"
+
+
+def record_key(job_key: bytes) -> bytes:
+    """The records' key, derived from the job's secret (domain-separated from its other uses)."""
+    return hmac.new(job_key, b"kelastic store records v1", hashlib.sha256).digest()
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
+
+
+@dataclass
+class _Refusals:
+    """How many records failed their MAC, and when that was last logged (shared, thread-safe)."""
+
+    count: int = 0
+    logged: float = float("-inf")
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(frozen=True)
+class RecordSigner:
+    """Signs and checks the records of one run (``key`` None: no secret, records unsigned).
+
+    ``scope`` is mixed into every MAC: :meth:`scoped` gives the signer of a round-private
+    store. Signers made from one another share one count of refused records.
+    """
+
+    key: bytes | None
+    scope: str = ""
+    _refusals: _Refusals = field(default_factory=_Refusals, compare=False, repr=False)
+
+    @staticmethod
+    def for_job(job_key: bytes | None) -> RecordSigner:
+        return RecordSigner(None if job_key is None else record_key(job_key))
+
+    @property
+    def signing(self) -> bool:
+        return self.key is not None
+
+    @property
+    def refused(self) -> int:
+        """Records that failed their MAC so far (each ignored as if absent)."""
+        return self._refusals.count
+
+    def scoped(self, scope: str) -> RecordSigner:
+        return RecordSigner(self.key, scope, self._refusals)
+
+    def _tag(self, name: str, value: bytes) -> bytes:
+        assert self.key is not None
+        msg = b"".join(
+            (
+                _LABEL,
+                len(name).to_bytes(4, "big"),
+                name.encode(),
+                b"\x00",
+                self.scope.encode(),
+                b"\x00",
+                value,
+            )
+        )
+        return hmac.new(self.key, msg, hashlib.sha256).digest()[:_TAG_BYTES].hex().encode()
+
+    def sign(self, name: str, value: str) -> str:
+        """``value`` (text) as stored under ``name``: with its tag, or as is without a key."""
+        if self.key is None:
+            return value
+        return (_bytes(value) + MARK + self._tag(name, _bytes(value))).decode()
+
+    def open(self, name: str, stored: bytes | str | None) -> bytes | None:
+        """The value of a record read from ``name``; None when absent or when its MAC fails
+        (counted and logged, see the module doc). Without a key: the stored bytes as they are."""
+        if stored is None:
+            return None
+        raw = _bytes(stored)
+        if self.key is None:
+            return raw
+        value, mark, tag = raw.rpartition(MARK)
+        if mark and hmac.compare_digest(tag, self._tag(name, value)):
+            return value
+        self._refuse(name, "no MAC" if not mark else "a wrong MAC")
+        return None
+
+    def valid(self, name: str, stored: bytes | str | None) -> bool:
+        return self.open(name, stored) is not None
+
+    def _refuse(self, name: str, why: str) -> None:
+        REFUSALS.count(SERVICE, Reason.UNAUTHENTICATED)
+        r = self._refusals
+        now = time.monotonic()
+        with r.lock:
+            r.count += 1
+            due = now - r.logged >= LOG_INTERVAL
+            if due:
+                r.logged = now
+            count = r.count
+        if due:
+            log.warning(
+                "kelastic rendezvous: ignored a store record %s with %s (not written by a holder of "
+                "the job's secret; %d ignored so far, logged at most every %gs)",
+                name,
+                why,
+                count,
+                LOG_INTERVAL,
+            )

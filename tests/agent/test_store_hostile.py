@@ -1,0 +1,254 @@
+"""A stranger with access to the rendezvous store, against two real agents that save every step.
+
+A real ``kelastic-rendezvous``, two real ``kelastic-agent`` processes on loopback sharing a
+job secret (scripts/ckpt_worker.py saving every step to the memory checkpoint), and the
+test as the stranger: a torch ``TCPStore`` client that knows the run id (the job's uid, which
+anyone who can list the job reads) and writes whatever keys it likes. The records the
+agents act on are signed with the job's key (docs/security.md): the stranger's claims of
+fates, its closed-job events, its rank assignments and its ring are ignored; the job keeps
+saving every step, re-forms only for a real loss, and never talks to the stranger.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import runpy
+import shutil
+import signal
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from kelastic.agent.api import RankAssignment, RoleInstanceInfo
+from kelastic.agent.rendezvous import protocol
+from kelastic.agent.rendezvous.protocol import JOB_CLOSED_EVENT, Fate, RoundClose, RunKeys
+from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
+
+harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
+SCRIPT = Path(__file__).parent / "scripts" / "ckpt_worker.py"
+NODES = ("node-a", "node-b")
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Job:
+    cluster: Any
+    store: ServerProcess
+    run_id: str
+    shm: Path
+
+    def events(self) -> list[dict[str, Any]]:
+        path = self.cluster.out / "events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def saved(self) -> list[int]:
+        return [e["step"] for e in self.events() if e["event"] == "saved"]
+
+    def restores(self) -> int:
+        return sum(e["event"] == "restored" for e in self.events())
+
+    def saves_go_on(self, more: int, timeout: float = 180) -> None:
+        start = max(self.saved(), default=0)
+        self.cluster.wait_for(
+            f"{more} more saves after step {start}",
+            lambda: max(self.saved(), default=0) >= start + more,
+            timeout,
+        )
+
+    def stranger(self) -> dist.TCPStore:
+        """A client of the job's store, as anyone who can reach it makes one."""
+        host, _, port = self.store.endpoint.rpartition(":")
+        return dist.TCPStore(host, int(port), None, False, datetime.timedelta(seconds=10))
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    tmp = tmp_path_factory.mktemp("store-hostile")
+    shm = Path("/dev/shm") / f"kelastic-store-hostile-{uuid.uuid4().hex[:8]}"
+    store = start_server_process(harness.loopback_host(), 29400, timeout=60)
+    run_id = f"store-hostile-{uuid.uuid4().hex[:6]}"
+    c = harness.Cluster(tmp, store.endpoint, run_id=run_id)
+    try:
+        for name in NODES:
+            c.start(
+                name,
+                ["--nnodes", "2:2", "--nproc-per-node", "1", "--max-restarts", "3",
+                 "--checkpoint-dir", str(shm), "--checkpoint-memory", "128Mi"],
+                ["--mib", "2", "--step-time", "0.2", "--steps", "100000"],
+                script=SCRIPT,
+            )  # fmt: skip
+        j = Job(c, store, run_id, shm)
+        c.wait_for("3 saves", lambda: len(j.saved()) >= 3, 180)
+        yield j
+    finally:
+        c.close()
+        store.stop()
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def current_round(store: dist.TCPStore, keys: RunKeys) -> int:
+    return protocol.read_counter(store, keys.open)
+
+
+def every_step_saved(steps: list[int], first: int, last: int) -> bool:
+    return set(range(first, last + 1)) <= set(steps)
+
+
+def test_fate_claims_and_closed_events_every_half_second_do_not_stall_the_job(job: Job) -> None:
+    """The stall attack: every half second the stranger claims a fate for each member (each
+    kind, the controller's too), pushes a closed-job event and a round's close naming its own
+    worker store, and marks the job closed. The job keeps saving every step, never re-forms."""
+    store, keys = job.stranger(), RunKeys(job.run_id)
+    restores, first = job.restores(), max(job.saved()) + 1
+    stop, attacks = threading.Event(), [0]
+
+    def attack() -> None:
+        kinds = [Fate.REJOIN, Fate.DEAD, Fate.LEFT, Fate.DROPPED]
+        while not stop.is_set():
+            r = current_round(store, keys)
+            for name in NODES:
+                kind = kinds[attacks[0] % len(kinds)]
+                claimer = "controller" if kind is Fate.DROPPED else "stranger"
+                store.delete_key(keys.fate(r, name))  # a fresh claim each time
+                protocol.claim_fate(store, keys, r, name, kind, claimer)
+            protocol.push_event(store, keys, JOB_CLOSED_EVENT)
+            protocol.push_event(
+                store, keys, protocol.close_event(r + 1, RoundClose(2, "x", "t", "10.6.6.6", 1))
+            )
+            store.set(keys.closed, "1")
+            attacks[0] += 1
+            stop.wait(0.5)
+
+    thread = threading.Thread(target=attack, daemon=True)
+    thread.start()
+    try:
+        job.saves_go_on(20)
+    finally:
+        stop.set()
+        thread.join(10)
+    last = max(job.saved())
+    assert attacks[0] >= 5, attacks
+    assert job.restores() == restores, "the stranger's claims made the group re-form"
+    assert every_step_saved(job.saved(), first, last), (first, last, sorted(set(job.saved()))[-30:])
+    assert all(a.proc.poll() is None for a in job.cluster.agents), "an agent took the job for closed"
+    for a in job.cluster.agents:
+        assert "ignored a store record" in a.output(), a.output()[-2000:]
+    store.delete_key(keys.closed)
+
+
+def test_a_strangers_ring_and_ranks_are_ignored_and_a_real_loss_still_re_forms(job: Job) -> None:
+    """The ring attack: before the next round, the stranger writes every agent's role info and
+    rank assignment there with its own endpoint on the ring, and the round's close and rank 0's
+    join record naming its own worker store. A worker then dies: the agents
+    still see the loss (after the closed-job events above), re-form, take only their own
+    records, restore from memory and save on; nothing ever connects to the stranger."""
+    store, keys = job.stranger(), RunKeys(job.run_id)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    evil = f"127.0.0.1:{listener.getsockname()[1]}"
+    r = current_round(store, keys)
+    evil_port = int(evil.rsplit(":", 1)[1])
+    for later in range(r + 1, r + 6):
+        # the round closed before it did, and rank 0's record, both naming its own worker store
+        store.set(keys.size(later), RoundClose(2, "x", "t", "127.0.0.1", evil_port).to_value())
+        store.set(keys.node(later, 0), json.dumps({"name": "x", "addr": "127.0.0.1", "wstore": evil_port}))
+        prefix = keys.agent_prefix(later) + "/kelastic/"
+        for rank in range(2):
+            store.set(f"{prefix}role_info/{rank}", RoleInstanceInfo("default", rank, 1, 0, evil).to_json())
+            store.set(f"{prefix}assigned_ranks/{rank}", RankAssignment(0, 1, 0, 1, 0, (evil, evil)).to_json())
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    restores = job.restores()
+    victim = job.cluster.agents[1]
+    workers = [p for p in _children(victim.proc.pid) if b"ckpt_worker.py" in _cmdline(p)]
+    assert workers, "no worker of node-b found"
+    try:
+        os.kill(workers[0], signal.SIGKILL)
+        job.cluster.wait_for("a restore", lambda: job.restores() > restores, 180)
+        job.saves_go_on(5)
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+    assert accepted == [], "an agent connected to the stranger's endpoint"
+    restored = [e for e in job.events() if e["event"] == "restored"][-1]
+    assert restored["source"] == "memory" and restored["world"] == 2, restored
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if int((p / "stat").read_text().rpartition(")")[2].split()[1]) == pid:
+                    out.append(int(p.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_keys_a_stranger_deletes_or_overwrites_cost_no_step(job: Job) -> None:
+    """Every third of a second the stranger deletes or overwrites what the agents keep in the
+    store while they train: the heartbeats (deleted, text), the round's rank assignments and
+    role infos, its fates, the latest events and the closed mark. The agents notice nothing
+    worth a re-form, keep saving every step, and the store's bounds hold its garbage."""
+    store, keys = job.stranger(), RunKeys(job.run_id)
+    restores, first = job.restores(), max(job.saved()) + 1
+    stop, rounds = threading.Event(), [0]
+
+    def attack() -> None:
+        while not stop.is_set():
+            r = current_round(store, keys)
+            store.delete_key(keys.heartbeat(NODES[0]))
+            store.set(keys.heartbeat(NODES[1]), "not a number")
+            for rank in range(2):
+                for what in ("role_info", "assigned_ranks"):
+                    store.delete_key(f"{keys.agent_prefix(r)}/kelastic/{what}/{rank}")
+            for name in NODES:
+                store.set(keys.fate(r, name), "dead|stranger")
+            latest = protocol.read_counter(store, keys.events)
+            store.delete_key(keys.event(latest))
+            store.set(keys.event(latest + 1), "garbage \xff")
+            store.delete_key(keys.closed)
+            rounds[0] += 1
+            stop.wait(0.3)
+
+    thread = threading.Thread(target=attack, daemon=True)
+    thread.start()
+    try:
+        job.saves_go_on(15)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert rounds[0] >= 5, rounds
+    assert job.restores() == restores, "the stranger's deletes made the group re-form"
+    assert every_step_saved(job.saved(), first, max(job.saved()))
+    assert all(a.proc.poll() is None for a in job.cluster.agents)
