@@ -31,10 +31,12 @@
 # shares the control plane's module and build caches.
 #
 # Needs Go (1.26 or newer), gcc, and the Debian package libseccomp-dev (runc's seccomp, cgo);
-# running the nodes also needs iptables, ipset, conntrack and nftables, and the image of the
-# real-node lane needs debootstrap:
-#   apt-get install -y iptables ipset conntrack nftables debootstrap libseccomp-dev
-# (KELASTIC_NODE_APT=1 makes this script run that command when something is missing.)
+# running the nodes also needs iproute2, iptables, ipset, conntrack and nftables, and the image
+# of the real-node lane needs debootstrap:
+#   apt-get install -y iproute2 iptables ipset conntrack nftables debootstrap libseccomp-dev
+# KELASTIC_NODE_APT=1 makes this script run that command (after apt-get update) when something
+# is missing, also before it reuses a complete directory: a machine may have the build in its
+# cache but not the packages (CI runs it so).
 #
 # Knobs: K8S_VERSION, CONTAINERD_VERSION, RUNC_VERSION, CNI_PLUGINS_VERSION,
 # KUBE_ROUTER_VERSION, KELASTIC_NODE_CACHE (the cache root), GO (the go command),
@@ -49,7 +51,7 @@ KUBE_ROUTER_VERSION=${KUBE_ROUTER_VERSION:-v2.1.0}
 GO=${GO:-go}
 CACHE_ROOT=${KELASTIC_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kelastic/node}
 HEARTBEAT=${KELASTIC_BUILD_HEARTBEAT:-30}
-APT_PACKAGES=(iptables ipset conntrack nftables debootstrap libseccomp-dev)
+APT_PACKAGES=(iproute2 iptables ipset conntrack nftables debootstrap libseccomp-dev)
 
 # shellcheck source=../gobuild.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh"
@@ -68,22 +70,31 @@ BINARIES=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr runc kube-ro
 
 complete() { gobuild_complete "$BIN" "$WANT"; }
 
+missing_packages() {  # sets missing: the APT_PACKAGES not installed
+    missing=()
+    for package in "${APT_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+    done
+}
+
+if [[ ${KELASTIC_NODE_APT:-0} == 1 ]]; then
+    missing_packages
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        say "installing Debian packages ${missing[*]}"
+        { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"; } >&2 \
+            || die "apt-get install ${missing[*]} failed"
+    fi
+fi
+
 if complete; then
     echo "$BIN"
     exit 0
 fi
 
 # Debian packages: runc's seccomp needs libseccomp's headers and library at build time.
-missing=()
-for package in "${APT_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
-done
+missing_packages
 if [[ ${#missing[@]} -gt 0 ]]; then
-    if [[ ${KELASTIC_NODE_APT:-0} == 1 ]]; then
-        say "installing Debian packages ${missing[*]}"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >&2 \
-            || die "apt-get install ${missing[*]} failed"
-    elif [[ " ${missing[*]} " == *" libseccomp-dev "* ]]; then
+    if [[ " ${missing[*]} " == *" libseccomp-dev "* ]]; then
         die "runc's seccomp needs libseccomp-dev; run: apt-get install -y ${missing[*]} (or KELASTIC_NODE_APT=1 make node)"
     else
         say "note: running the nodes needs ${missing[*]}: apt-get install -y ${missing[*]}"

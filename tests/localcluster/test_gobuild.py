@@ -8,6 +8,7 @@ as the script asks. The builds themselves run in CI's control-plane, Kueue and r
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -308,3 +309,45 @@ def test_the_control_plane_and_kueue_builds_publish_whole(building: dict[str, st
     assert (dest / "crds" / "workloads.yaml").is_file() and os.access(dest / "bin" / "kueue", os.X_OK)
     again = build(KUEUE, {**building, "GO": "/nonexistent/go"})
     assert again.returncode == 0 and again.stdout.strip() == str(dest) and again.stderr == ""
+
+
+def node_apt_packages() -> set[str]:
+    match = re.search(r"^APT_PACKAGES=\(([^)]*)\)$", NODE.read_text(), re.M)
+    assert match, "node/build.sh names its Debian packages in APT_PACKAGES=(...)"
+    return set(match.group(1).split())
+
+
+def test_the_node_build_installs_what_the_lane_checks_for() -> None:
+    """What ``KELASTIC_NODE_APT=1 make node`` installs covers the tools the lane looks for
+    (tar and mount are Essential in Debian: always there)."""
+    from kelastic.localcluster.node.checks import TOOLS
+
+    assert set(TOOLS.values()) - {"tar", "mount"} <= node_apt_packages()
+
+
+def test_kelastic_node_apt_installs_the_missing_packages_also_before_a_reuse(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """CI's machine may hold the build in its cache but lack the packages; without the knob a
+    reuse asks dpkg nothing."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name, body in {
+        # every package but nftables is installed
+        "dpkg-query": 'if [[ ${!#} == nftables ]]; then exit 1; fi; echo "install ok installed"',
+        "apt-get": 'echo "apt-get $*" >>"$APT_CALLS"',
+    }.items():
+        (tools / name).write_text(f'#!/usr/bin/env bash\necho {name} >>"$APT_CALLS"\n{body}\n')
+        (tools / name).chmod(0o755)
+    node = complete_node(Path(env["KELASTIC_NODE_CACHE"]))
+    env.update(PATH=f"{tools}:{env['PATH']}", APT_CALLS=str(tmp_path / "apt-calls"), GO="/nonexistent/go")
+
+    done = build(NODE, env)
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, str(node), "")
+    assert not (tmp_path / "apt-calls").exists()
+
+    done = build(NODE, {**env, "KELASTIC_NODE_APT": "1"})
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == str(node), done.stderr
+    assert "node build: installing Debian packages nftables" in done.stderr
+    apt = [line for line in (tmp_path / "apt-calls").read_text().splitlines() if line.startswith("apt-get ")]
+    assert apt == ["apt-get update -q", "apt-get install -y -q nftables"]
