@@ -38,16 +38,12 @@ HEARTBEAT=${KELASTIC_BUILD_HEARTBEAT:-30}
 source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh"
 gobuild_name "control-plane build"
 
-[[ $K8S_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] \
-    || die "K8S_VERSION=$K8S_VERSION is not a Kubernetes release (v1.MINOR.PATCH, e.g. v1.37.2)"
-MINOR=${BASH_REMATCH[1]}
-STAGING_VERSION="v0.$MINOR.${BASH_REMATCH[2]}"
+gobuild_kubernetes_release
 [[ $ETCD_VERSION =~ ^v3\.[0-9]+\.[0-9]+$ ]] \
     || die "ETCD_VERSION=$ETCD_VERSION is not an etcd release (v3.MINOR.PATCH, e.g. v3.7.3)"
 
 DEST=$CACHE_ROOT/$K8S_VERSION
 BIN=$DEST/bin
-MARKER=$BIN/.kelastic-complete
 ALL_COMPONENTS="kube-apiserver kube-controller-manager kube-scheduler kubectl"
 read -r -a COMPONENTS <<<"${K8S_COMPONENTS:-$ALL_COMPONENTS}"
 for component in "${COMPONENTS[@]}"; do
@@ -59,7 +55,7 @@ WANT="kubernetes $K8S_VERSION etcd $ETCD_VERSION"
 # A subset is its own build: a later build of every component does not take it as complete.
 [[ ${COMPONENTS[*]} == "$ALL_COMPONENTS" ]] || WANT+=" only ${COMPONENTS[*]}"
 
-complete() { [[ -f $MARKER && $(cat "$MARKER") == "$WANT" ]]; }
+complete() { gobuild_complete "$BIN" "$WANT"; }
 
 if complete; then
     echo "$BIN"
@@ -75,22 +71,7 @@ if complete; then
     exit 0
 fi
 
-WORK=$(mktemp -d "$DEST/work.XXXXXX")
-PARTIAL=$DEST/bin.partial.$$
-LOG=$WORK/build.log
-cleanup() {
-    stop_heartbeat
-    rm -rf "$WORK" "$PARTIAL"
-}
-trap cleanup EXIT
-on_build_failure() {  # the work directory stays for whoever looks into the failure
-    trap - EXIT
-    rm -rf "$PARTIAL"
-    say "the work directory stays for inspection: $WORK"
-}
-rm -rf "$DEST"/bin.partial.* "$DEST"/work.*
-mkdir -p "$PARTIAL"
-START=$SECONDS
+gobuild_workspace "$DEST"
 
 export GOFLAGS="${GOFLAGS:-} -mod=mod"
 export CGO_ENABLED=0
@@ -99,44 +80,7 @@ say "a cold build takes tens of minutes on two cores; the module and build cache
 
 # --- Kubernetes ----------------------------------------------------------------------------
 K8S_MOD=$WORK/kubernetes
-mkdir -p "$K8S_MOD"
-cat >"$K8S_MOD/go.mod" <<EOF
-module kelastic.local/build/kubernetes
-
-go 1.26.0
-
-require k8s.io/kubernetes $K8S_VERSION
-EOF
-run_go "fetching k8s.io/kubernetes@$K8S_VERSION's go.mod" "$K8S_MOD" mod download -json "k8s.io/kubernetes@$K8S_VERSION"
-UPSTREAM_MOD=$(sed -n 's/^\s*"GoMod": "\(.*\)",$/\1/p' "$LOG" | tail -1)
-[[ -f $UPSTREAM_MOD ]] || { echo "no GoMod in the go command's answer" >>"$LOG"; explain_failure "reading k8s.io/kubernetes's go.mod"; }
-UPSTREAM_GO=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$UPSTREAM_MOD")
-# The staging modules are the ones k8s.io/kubernetes replaces with its own folders.
-mapfile -t STAGING < <(sed -n 's#^\s*\(k8s\.io/[A-Za-z0-9._-]*\) => \./staging/.*#\1#p' "$UPSTREAM_MOD")
-[[ ${#STAGING[@]} -gt 0 ]] || die "k8s.io/kubernetes@$K8S_VERSION's go.mod names no staging modules; is it a release?"
-{
-    echo "module kelastic.local/build/kubernetes"
-    echo
-    echo "go ${UPSTREAM_GO:-1.26.0}"
-    echo
-    echo "require k8s.io/kubernetes $K8S_VERSION"
-    echo
-    echo "replace ("
-    for module in "${STAGING[@]}"; do echo "	$module => $module $STAGING_VERSION"; done
-    echo ")"
-} >"$K8S_MOD/go.mod"
-say "${#STAGING[@]} staging modules pinned to $STAGING_VERSION"
-
-# The version the binaries report (/version, kubectl version, the API server's emulation
-# version): the same -X flags as Kubernetes's own release build (hack/lib/version.sh).
-UPSTREAM_INFO=$(sed -n 's/^\s*"Info": "\(.*\)",$/\1/p' "$LOG" | tail -1)
-BUILD_DATE=$(sed -n 's/.*"Time": *"\([^"]*\)".*/\1/p' "$UPSTREAM_INFO" 2>/dev/null || true)
-MAJOR=1
-LDFLAGS="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    LDFLAGS+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=$MAJOR -X $pkg.gitMinor=$MINOR"
-    LDFLAGS+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=${BUILD_DATE:-1970-01-01T00:00:00Z}"
-done
+gobuild_kubernetes_module "$K8S_MOD"
 PACKAGES=()
 for component in "${COMPONENTS[@]}"; do PACKAGES+=("k8s.io/kubernetes/cmd/$component"); done
 # etcd's throwaway module: its requirements pin etcd's sibling modules (api, client, pkg).
@@ -158,8 +102,7 @@ run_go "fetching the modules that Kubernetes $K8S_VERSION's commands import" "$K
 run_go "fetching the modules that etcd $ETCD_VERSION imports" "$ETCD_MOD" \
     list -deps -f "$ONLY_ERRORS" go.etcd.io/etcd/server/v3
 run_go "compiling ${COMPONENTS[*]} (the long step)" "$K8S_MOD" \
-    build -trimpath -ldflags "$LDFLAGS" -o "$PARTIAL/" "${PACKAGES[@]}"
-say "Kubernetes done at $((SECONDS - START)) s"
+    build -trimpath -ldflags "$K8S_LDFLAGS" -o "$PARTIAL/" "${PACKAGES[@]}"
 run_go "compiling etcd $ETCD_VERSION" "$ETCD_MOD" \
     build -trimpath -ldflags "-s -w" -o "$PARTIAL/etcd" go.etcd.io/etcd/server/v3
 
@@ -168,11 +111,6 @@ for binary in "${COMPONENTS[@]}" etcd; do
 done
 "$PARTIAL/kube-apiserver" --version >>"$LOG" 2>&1 || explain_failure "running the new kube-apiserver --version"
 
-# Swap the finished directory in whole, then mark it complete: a reader never sees a mix.
-rm -rf "$BIN.old"
-[[ -d $BIN ]] && mv "$BIN" "$BIN.old"
-mv "$PARTIAL" "$BIN"
-rm -rf "$BIN.old"
-echo "$WANT" >"$MARKER"
+gobuild_publish "$PARTIAL" "$BIN" "$WANT"
 say "done in $((SECONDS - START)) s: $(cd "$BIN" && "./kube-apiserver" --version), etcd $ETCD_VERSION"
 echo "$BIN"

@@ -36,10 +36,9 @@ gobuild_name "kueue build"
     || die "KUEUE_VERSION=$KUEUE_VERSION is not a Kueue release (v0.MINOR.PATCH, e.g. v0.17.0)"
 
 DEST=$CACHE_ROOT/$KUEUE_VERSION
-MARKER=$DEST/.kelastic-complete
 WANT="kueue $KUEUE_VERSION"
 
-complete() { [[ -f $MARKER && $(cat "$MARKER") == "$WANT" && -x $DEST/bin/kueue ]]; }
+complete() { gobuild_complete "$DEST" "$WANT" && [[ -x $DEST/bin/kueue ]]; }
 
 if complete; then
     echo "$DEST"
@@ -85,11 +84,7 @@ cp "$SRC"/config/components/webhook/manifests.yaml "$PARTIAL/webhook/"
 chmod -R u+w "$PARTIAL"
 "$PARTIAL/bin/kueue" --help >>"$LOG" 2>&1 || explain_failure "running the new kueue --help"
 
-# Swap the finished directory in whole, then mark it complete: a reader never sees a mix.
-rm -rf "$DEST.old"
-[[ -d $DEST ]] && mv "$DEST" "$DEST.old"
-mv "$PARTIAL" "$DEST"
-rm -rf "$DEST.old" "$LOG"
-echo "$WANT" >"$MARKER"
+gobuild_publish "$PARTIAL" "$DEST" "$WANT"
+rm -f "$LOG"
 say "done in $((SECONDS - START)) s: $DEST/bin/kueue, $(ls "$DEST/crds" | wc -l) CRDs"
 echo "$DEST"
