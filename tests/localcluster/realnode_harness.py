@@ -60,6 +60,21 @@ class Lane:
         return [n.name for n in self.nodes.plan.nodes]
 
 
+#: A file each lane appends its timings to (CI sets it, and prints it after the suite: pytest
+#: keeps a passing test's output to itself).
+REPORT_VARIABLE = "KELASTIC_LANE_REPORT"
+
+
+def report(line: str) -> None:
+    """Append one line on the lane's cost to ``$KELASTIC_LANE_REPORT``, where set."""
+    path = os.environ.get(REPORT_VARIABLE)
+    if path:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(
+                f"real-node lane ({os.environ.get('PYTEST_CURRENT_TEST', '?').split('::')[0]}): {line}\n"
+            )
+
+
 @contextmanager
 def running_lane(control_plane_bin: Path, state: Path, nodes: int = 2) -> Iterator[Lane]:
     """Start the control plane and ``nodes`` real nodes; stop and check the host is clean after."""
@@ -67,6 +82,7 @@ def running_lane(control_plane_bin: Path, state: Path, nodes: int = 2) -> Iterat
     started = time.monotonic()
     lane = RealNodeLane(NodeBinaries.find(node_dir), nodes=nodes, logs_dir=state / "logs", progress=print)
     cp: ControlPlane | None = None
+    setup, ready = "", started
     try:
         lane.prepare()
         cp = ControlPlane(
@@ -78,14 +94,17 @@ def running_lane(control_plane_bin: Path, state: Path, nodes: int = 2) -> Iterat
         cp.start()
         lane.start(cp)
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in lane.timings.items())
-        print(
-            f"real-node lane setup ({'cold' if lane.cold else 'warm'}): {time.monotonic() - started:.1f} s ({phases})"
-        )
+        setup = f"setup ({'cold' if lane.cold else 'warm'}) {time.monotonic() - started:.1f} s ({phases})"
+        print(f"real-node lane {setup}")
+        ready = time.monotonic()
         yield Lane(cp, lane, control_plane_bin / "kubectl")
     finally:
+        used = time.monotonic()
         left = lane.stop()
         if cp is not None:
             cp.stop()
+        if setup:
+            report(f"{setup}, tests {used - ready:.1f} s, stop {time.monotonic() - used:.1f} s")
     assert not left, f"the lane left behind: {left} (janitor log: {state / 'logs' / 'janitor.log'})"
 
 
