@@ -164,6 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the operator's pods from it alone",
     )
     p.add_argument(
+        "--key-secret",
+        default="kelastic-operator-key",
+        metavar="NAME",
+        help="the Secret holding the operator's master key, from which every job's secret is derived, in "
+        "--operator-namespace (else --lease-namespace, else the first --namespace, else default); created "
+        "at start-up when absent",
+    )
+    p.add_argument(
         "--network-policy-metrics-from",
         default="",
         metavar="JSON",
@@ -274,8 +282,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kelastic-operator: cannot load Kubernetes credentials from {source}: {exc}", file=sys.stderr)
         return 2
     kube = Kube(cfg)
+    master_key = _master_key(kube, args, log)
+    if master_key is None:
+        return 2
     options = _controller_options(kube, args, operator_labels, metrics_from, log)
-    controller = Controller(kube, StoreClient(), options)
+    controller = Controller(kube, StoreClient(master_key=master_key), options)
     if args.metrics_port:
         try:
             bound = controller.metrics.serve(args.metrics_port, args.metrics_address)
@@ -419,6 +430,21 @@ def _controller_options(
             ),
         ),
     )
+
+
+def _master_key(kube: Kube, args: argparse.Namespace, log: logging.Logger) -> bytes | None:
+    """The operator's master key (:mod:`kelastic.operator.masterkey`); None, said on stderr, when it
+    can be neither read nor created."""
+    from kelastic.operator import masterkey
+
+    namespace = args.operator_namespace or args.lease_namespace or (args.namespace or ["default"])[0]
+    try:
+        key = masterkey.load_or_create(kube, namespace, args.key_secret)
+    except Exception as exc:  # no key, no operator: the message says what it needs
+        print(f"kelastic-operator: {exc}", file=sys.stderr)
+        return None
+    log.info("every job's secret is derived from the master key in Secret %s/%s", namespace, args.key_secret)
+    return key
 
 
 def _elector(kube: Kube, args: argparse.Namespace, controller: Controller) -> LeaderElector:

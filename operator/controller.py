@@ -143,7 +143,7 @@ class Controller:
             self._spawn,
         )
         self.executor = ActionExecutor(
-            self.kube, self._io, self.events, self.metrics, self.cache, self.stores.publish
+            self.kube, self._io, self.events, self.metrics, self.cache, self.stores.publish, store.job_secret
         )
         #: Queued jobs' Workloads (only with ``options.kueue``).
         self.queues = QueueSync(self.kube, self._io, self.events) if self.options.kueue else None

@@ -88,13 +88,16 @@ class ActionExecutor:
         metrics: OperatorMetrics,
         cache: JobCache,
         publish: Callable[[JobKey, PublishMembership], None],
+        job_secret: Callable[[str], str],
     ) -> None:
+        """``job_secret(uid)``: the value of a job's Secret (derived from the operator's master key)."""
         self.kube = kube
         self._io = io
         self.events = events
         self.metrics = metrics
         self.cache = cache
         self._publish = publish
+        self._job_secret = job_secret
         #: Jobs whose last :meth:`apply` had a create or delete fail (cleared by the controller).
         self.failed: set[JobKey] = set()
         self._ensured: dict[str, str] = {}  # EnsureObject key -> the manifest last made true (JSON)
@@ -181,12 +184,12 @@ class ActionExecutor:
         return Applied(created_service, len(created), deleted)
 
     async def _create_secret(self, body: Mapping[str, Any], ns: str, action: CreateSecret) -> bool:
-        """Create the job's Secret with a fresh value; True when it exists now (made, or found: 409).
+        """Create the job's Secret with its derived value; True when it exists now (made, or found: 409).
 
         A failure is a ``FailedCreate`` Event saying that the worker pods wait, and a retry.
         """
         failures: list[str] = []
-        manifest = jobsecret.with_value(action.manifest, jobsecret.new_value())
+        manifest = jobsecret.with_value(action.manifest, self._job_secret(str(body["metadata"]["uid"])))
         await self._change(body, action, self.kube.create, ns, "secrets", manifest, failures=failures)
         if failures:
             self.events.emit(

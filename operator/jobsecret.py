@@ -3,7 +3,9 @@
 The secret is what proves to an agent's services (its checkpoint service, its peer links)
 that a request comes from the same job (docs/security.md). The operator creates it as
 ``<job>-secret-<the first 8 characters of the job's uid>``: key ``contract.JOB_SECRET_KEY``,
-64 lowercase hex digits (256 random bits, :func:`new_value`), ``immutable``, labelled with
+64 lowercase hex digits derived from the operator's master key and the job's uid
+(:func:`derived_value`, so that the operator can sign the job's store records without ever
+reading the Secret; the master key: :mod:`.masterkey`), ``immutable``, labelled with
 the job's name and owned by the job (``controller``), so the garbage collector removes it
 with the job. The uid in the name keeps a new job from meeting the Secret of an earlier
 job of the same name that the garbage collector has not removed yet.
@@ -16,7 +18,7 @@ start, a resume, a restart of every pod, pods made before the job had a Secret):
 that finds it (409) keeps the value already there, one that does not makes a new one. A
 Secret deleted while pods that hold it run is not replaced: those pods keep their copy,
 new pods wait for the Secret (the kubelet reports ``FailedMount``) until none is left. The operator needs only
-``create`` on Secrets: it never reads one.
+``create`` on the jobs' Secrets: it never reads one (it derives the value again).
 
 Worker pods get it through a projected volume (:func:`secret_volume`), mounted read-only
 at ``contract.JOB_SECRET_MOUNT_DIR`` of the worker container only, never as an environment
@@ -28,6 +30,8 @@ reconcile decision: the executor adds it to the manifest just before the create
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import re
 import secrets
 from collections.abc import Mapping
@@ -39,6 +43,7 @@ from kelastic.operator.spec import JOB_SECRET_VOLUME, Job
 __all__ = [
     "JOB_SECRET_VOLUME",
     "VALUE_BYTES",
+    "derived_value",
     "new_value",
     "secret_file_mode",
     "secret_manifest",
@@ -61,6 +66,19 @@ def secret_name(job: Job) -> str:
 def new_value() -> str:
     """A fresh secret: 64 lowercase hex digits, 256 bits from the operating system's CSPRNG."""
     return secrets.token_hex(VALUE_BYTES)
+
+
+#: What a job's secret is derived from, before the job's uid (a use of the master key of its own).
+DERIVATION_LABEL = b"kelastic job secret"
+
+
+def derived_value(master_key: bytes, uid: str) -> str:
+    """The secret of the job ``uid``: ``HMAC-SHA256(master key, "kelastic job secret" || uid)``
+    as 64 lowercase hex digits. Only a holder of the master key computes it; one job's secret
+    tells nothing of another's (the uid is unique per job, never reused)."""
+    if not uid:
+        raise ValueError("a job's secret is derived from its uid, and this job has none")
+    return hmac.new(master_key, DERIVATION_LABEL + uid.encode(), hashlib.sha256).hexdigest()
 
 
 def secret_manifest(job: Job, owner: Mapping[str, Any]) -> dict[str, Any]:

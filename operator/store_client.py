@@ -14,6 +14,14 @@ which print a multi-line stack trace per failed connect, are silenced. Any other
 error is logged each time it happens (at most once per ``retry_after``). A membership is
 republished when it changes, when the store was restarted (``store_id``), and at
 least every ``refresh`` seconds.
+
+Every record published carries the MAC of the job's secret, which the client derives from the
+operator's master key (:func:`kelastic.operator.jobsecret.derived_value`): agents that run
+``controlled=1`` with the secret take no other. A job whose agents hold a secret the master key
+does not derive (its Secret was made with a random value, before the operator derived them)
+is found by its agents' own signed round close: its records are then published unsigned, as
+before, and the operator says so once per job; what its agents do is in docs/security.md.
+Which of the two a job is, once known, does not change while the operator runs.
 """
 
 from __future__ import annotations
@@ -22,13 +30,14 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from kelastic.operator import checkpoint, goodput
+from kelastic.operator import checkpoint, goodput, jobsecret
 from kelastic.operator.observed import RendezvousView
 from kelastic.operator.reconcile import PublishMembership
 
@@ -59,7 +68,10 @@ class StoreClient:
         refresh: float = 5.0,
         max_workers: int = 4,
         report_every: float = 60.0,
+        master_key: bytes | None = None,
     ) -> None:
+        """``master_key``: the operator's (:mod:`kelastic.operator.masterkey`); without one, a key
+        of this client's own (for tests: no Secret made by another process derives from it)."""
         # torch's C++ side logs each failed connect with a stack trace (ERROR level), before
         # raising the error we report ourselves. Read once, when torch is first imported.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
@@ -73,6 +85,13 @@ class StoreClient:
         self._conns: dict[str, _Conn] = {}
         self._published: dict[str, tuple[tuple[Any, ...], float]] = {}
         self._guard = threading.Lock()
+        self._master_key = master_key if master_key is not None else secrets.token_bytes(32)
+        #: Per run id: whether its agents hold the derived secret (False: records go unsigned).
+        self._derived: dict[str, bool] = {}
+
+    def job_secret(self, uid: str) -> str:
+        """The secret of the job ``uid`` (what its Secret holds): derived from the master key."""
+        return jobsecret.derived_value(self._master_key, uid)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -85,6 +104,7 @@ class StoreClient:
     def forget(self, run_id: str) -> None:
         """Drop what is remembered about a job (it was deleted)."""
         self._published.pop(run_id, None)
+        self._derived.pop(run_id, None)
 
     async def publish(self, action: PublishMembership) -> bool:
         """Publish ``action``'s membership unless the store already has it. True if published now."""
@@ -92,7 +112,7 @@ class StoreClient:
         last = self._published.get(action.run_id)
         if last is not None and last[0] == key and time.monotonic() - last[1] < self.refresh:
             return False
-        ok = await self._call(action.endpoint, _publish, action)
+        ok = await self._call(action.endpoint, self._publish, action)
         if ok:
             self._published[action.run_id] = (key, time.monotonic())
         return bool(ok)
@@ -138,6 +158,36 @@ class StoreClient:
                 log.info("rendezvous store %s reachable again", endpoint)
             conn.reported, conn.down_since, conn.next_report = False, None, 0.0
             return result
+
+    def _publish(self, store: Any, action: PublishMembership) -> bool:
+        """Publish ``action`` signed with the job's secret, or unsigned for a job whose agents
+        hold a secret the master key does not derive (said once per job)."""
+        from kelastic.agent.rendezvous import control
+
+        key = self.job_secret(action.run_id).encode()
+        derived = self._derived.get(action.run_id)
+        if derived is None:
+            held = control.agents_hold(store, action.run_id, key)
+            if held is False:
+                log.warning(
+                    "job with uid %s: its agents hold a job secret that the operator's master key does not "
+                    "derive (its Secret was made before the operator derived them): its membership and "
+                    "bounds stay unsigned in its rendezvous store. Agents started with controlled=1 and "
+                    "the secret refuse unsigned records; recreate the job to have them signed "
+                    "(docs/security.md)",
+                    action.run_id,
+                )
+            if held is not None:
+                self._derived[action.run_id] = derived = held
+        control.publish_membership(
+            store,
+            action.run_id,
+            nodes=list(action.nodes),
+            min_nodes=action.min_nodes,
+            max_nodes=action.max_nodes,
+            job_key=None if derived is False else key,
+        )
+        return True
 
     def _report(self, endpoint: str, conn: _Conn, exc: Exception) -> None:
         """One readable line: rate-limited for "not reachable", every time for anything else."""
@@ -192,15 +242,6 @@ def _import_control() -> None:
         from kelastic.agent.rendezvous import control  # noqa: F401
     except Exception as exc:  # reported when a store is first used
         log.debug("rendezvous control unavailable: %s", exc)
-
-
-def _publish(store: Any, action: PublishMembership) -> bool:
-    from kelastic.agent.rendezvous import control
-
-    control.publish_membership(
-        store, action.run_id, nodes=list(action.nodes), min_nodes=action.min_nodes, max_nodes=action.max_nodes
-    )
-    return True
 
 
 def _read(store: Any, run_id: str) -> RendezvousView:

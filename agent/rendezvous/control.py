@@ -79,11 +79,12 @@ from .protocol import (
     open_round,
     parse_endpoint,
     push_event,
+    read_bounds,
     read_counter,
     read_membership,
     read_optional,
 )
-from .records import MARK
+from .records import MARK, RecordSigner
 
 __all__ = [
     "AgentReport",
@@ -91,6 +92,7 @@ __all__ = [
     "JobProgress",
     "Recovery",
     "RendezvousStatus",
+    "agents_hold",
     "connect",
     "job_progress",
     "publish_membership",
@@ -100,7 +102,7 @@ __all__ = [
 ]
 
 #: The claimer recorded on fates the controller decides (its value is
-#: ``protocol.CONTROLLER_DROPPED``, unsigned: the controller holds no job secret).
+#: ``protocol.CONTROLLER_DROPPED``, signed with the job's key when the controller has it).
 CONTROLLER = "controller"
 
 
@@ -183,9 +185,21 @@ def connect(endpoint: str, timeout: float = 5.0) -> dist.Store:
 
 
 def publish_membership(
-    store: dist.Store, run_id: str, *, nodes: Sequence[str], min_nodes: int, max_nodes: int
+    store: dist.Store,
+    run_id: str,
+    *,
+    nodes: Sequence[str],
+    min_nodes: int,
+    max_nodes: int,
+    job_key: bytes | None = None,
 ) -> None:
-    """Publish the nodes the controller considers alive and the size bounds (see module doc)."""
+    """Publish the nodes the controller considers alive and the size bounds (see module doc).
+
+    ``job_key``: the job's secret (as its agents read it from ``--job-secret-file``): every
+    record written (``ctl/...``, the ``dropped`` fates, the event) then carries its MAC
+    (:mod:`.records`), which agents that run ``controlled=1`` with the secret require. Without
+    it the records are unsigned, for agents without a secret (or not ``controlled``).
+    """
     names = tuple(nodes)
     if isinstance(nodes, str) or not all(isinstance(n, str) and n for n in names):
         raise ValueError(f"nodes must be a sequence of non-empty node names, got {nodes!r}")
@@ -195,10 +209,12 @@ def publish_membership(
         raise ValueError(
             f"need 1 <= min_nodes <= max_nodes, got min_nodes={min_nodes}, max_nodes={max_nodes}"
         )
-    keys = RunKeys(run_id)
+    # controlled: read back only what carries the job's MAC (a stranger's record is redone).
+    keys = RunKeys(run_id, RecordSigner.for_job(job_key), controlled=job_key is not None)
     wanted = ControllerMembership(names, min_nodes, max_nodes)
+    bounds = ControllerBounds(min_nodes, max_nodes, len(names))
     previous = read_membership(store, keys)
-    if previous != wanted:
+    if previous != wanted or read_bounds(store, keys) != bounds:
         # Agents read only their own ``ctl/listed/<name>`` and the small bounds (O(1)
         # per node); the full list is for the few that decide a close. Only the
         # difference is written, and the full list last, so that a publication cut
@@ -206,11 +222,11 @@ def publish_membership(
         before = set(previous.nodes) if previous is not None else set()
         for name in names:
             if name not in before:
-                store.set(keys.listed(name), "1")
+                store.set(keys.listed(name), keys.sign(keys.listed(name), "1"))
         for name in before - set(names):
             store.delete_key(keys.listed(name))
-        store.set(keys.bounds, ControllerBounds(min_nodes, max_nodes, len(names)).to_json())
-        store.set(keys.membership, wanted.to_json())
+        store.set(keys.bounds, keys.sign(keys.bounds, bounds.to_json()))
+        store.set(keys.membership, keys.sign(keys.membership, wanted.to_json()))
         push_event(store, keys, "membership")
     # Checked on every call, not only on a change: the current round may have closed
     # after the previous publication with a member that is no longer listed.
@@ -219,6 +235,16 @@ def publish_membership(
     for member in _members(store, keys, current):
         if member not in listed:
             claim_fate(store, keys, current, member, Fate.DROPPED, CONTROLLER)
+
+
+def agents_hold(store: dist.Store, run_id: str, job_key: bytes) -> bool | None:
+    """Whether the job's agents sign with ``job_key``: the MAC of the latest round's close (its
+    ``size``, written by an agent) holds under it; None before a round closed. Counts and logs
+    nothing (a close without that MAC is what agents with another secret write)."""
+    keys = RunKeys(run_id, RecordSigner.for_job(job_key))
+    r = open_round(store, keys) - 1
+    stored = get_or_none(store, keys.size(r)) if r >= 1 else None
+    return None if stored is None else keys.signer.holds(keys.name(keys.size(r)), stored)
 
 
 def publish_progress(

@@ -44,6 +44,7 @@ from .protocol import (
     RunKeys,
     TimerKind,
     job_closed,
+    listed,
     open_round,
     push_event,
     read_bounds,
@@ -174,7 +175,7 @@ class Joiner:
                 self._raise_closed()
             bounds = read_bounds(store, k)
             limits = s.bounds(bounds)
-            if limits is None or (bounds is not None and not store.check([k.listed(name)])):
+            if limits is None or (bounds is not None and not listed(store, k, name)):
                 # The controller has not admitted this node (yet), or has published nothing
                 # in this store yet and the node is controlled: wait for a publication.
                 self._await_controller(store, bounds, deadline)

@@ -64,13 +64,16 @@ import datetime
 import enum
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
-from .records import RecordSigner
+from .records import MARK, RecordSigner
+
+_T = TypeVar("_T")
 
 __all__ = [
     "CONTROLLER_DROPPED",
@@ -88,6 +91,7 @@ __all__ = [
     "claim_fate",
     "close_event",
     "connect_store",
+    "controller_value",
     "count_fates",
     "decide_close",
     "fate_claimed",
@@ -95,6 +99,7 @@ __all__ = [
     "first_line",
     "get_or_none",
     "job_closed",
+    "listed",
     "new_token",
     "node_record",
     "open_round",
@@ -135,9 +140,14 @@ class RunKeys:
 
     run_id: str
     signer: RecordSigner = field(default_factory=lambda: RecordSigner(None), compare=False, repr=False)
-    #: A controlled run (rdzv-conf ``controlled=1``): the controller's ``dropped`` fates are
-    #: taken unsigned (the operator writes them without the job's secret).
+    #: A controlled run (rdzv-conf ``controlled=1``): with a job secret, the controller's
+    #: records (``ctl/...`` and its ``dropped`` fates) are taken only when signed by the job.
     controlled: bool = field(default=False, compare=False)
+
+    @property
+    def controller_signed(self) -> bool:
+        """Whether the controller's records must carry the job's MAC (controlled, with a secret)."""
+        return self.controlled and self.signer.signing
 
     @property
     def prefix(self) -> str:
@@ -491,17 +501,19 @@ def round_close(keys: RunKeys, r: int, stored: bytes | str | None) -> RoundClose
         return None
 
 
-#: The value of a fate the controller claims (``control.publish_membership``), unsigned.
+#: The value of a fate the controller claims (``control.publish_membership``), before its MAC.
 CONTROLLER_DROPPED = b"dropped|controller"
 
 
 def fate_value(store: dist.Store, keys: RunKeys, key: str, stored: bytes | str | None) -> bytes | None:
-    """The value of a fate read from ``key`` when the job claimed it (or, in a controlled run,
-    the controller dropped the member: the node runs ``controlled=1`` or the controller
-    published its bounds); None when absent or a stranger's."""
+    """The value of a fate read from ``key`` when the job claimed it; None when absent or a
+    stranger's. A node that does not require the controller's records signed
+    (:attr:`RunKeys.controller_signed`) also takes the controller's unsigned ``dropped`` when a
+    controller published its bounds (a controller without the job's secret)."""
     if (
         stored is not None
         and _bytes(stored) == CONTROLLER_DROPPED
+        and not keys.controller_signed
         and (keys.controlled or get_or_none(store, keys.bounds) is not None)
     ):
         return CONTROLLER_DROPPED
@@ -674,16 +686,46 @@ def restore_round(
     return True
 
 
+def controller_value(keys: RunKeys, key: str, stored: bytes | str | None) -> bytes | None:
+    """The value of the controller's record read from ``key``: with
+    :attr:`RunKeys.controller_signed`, only when the job's key signed it (else None, counted as
+    a refused record); otherwise its text, without a MAC if it carries one."""
+    if stored is None:
+        return None
+    if keys.controller_signed:
+        return keys.verify(key, stored)
+    value, mark, _ = _bytes(stored).rpartition(MARK)
+    return value if mark else _bytes(stored)
+
+
 def read_membership(store: dist.Store, keys: RunKeys) -> ControllerMembership | None:
-    """The controller's full membership (O(N) bytes: for the few nodes that decide)."""
-    raw = read_optional(store, keys.membership)
-    return None if raw is None else ControllerMembership.from_json(raw)
+    """The controller's full membership (O(N) bytes: for the few nodes that decide); None when
+    absent or not the controller's (:func:`controller_value`)."""
+    raw = controller_value(keys, keys.membership, read_optional(store, keys.membership))
+    return None if raw is None else _parsed(ControllerMembership.from_json, raw)
 
 
 def read_bounds(store: dist.Store, keys: RunKeys) -> ControllerBounds | None:
-    """The controller's bounds and node count in one round trip (None: no controller)."""
-    raw = get_or_none(store, keys.bounds)
-    return None if raw is None else ControllerBounds.from_json(raw)
+    """The controller's bounds and node count in one round trip (None: no controller, or
+    bounds that are not the controller's)."""
+    raw = controller_value(keys, keys.bounds, get_or_none(store, keys.bounds))
+    return None if raw is None else _parsed(ControllerBounds.from_json, raw)
+
+
+def listed(store: dist.Store, keys: RunKeys, name: str) -> bool:
+    """Whether the controller lists ``name`` (its ``ctl/listed/<name>``, signed where required)."""
+    key = keys.listed(name)
+    if not keys.controller_signed:
+        return bool(store.check([key]))
+    return controller_value(keys, key, get_or_none(store, key)) is not None
+
+
+def _parsed(parse: Callable[[bytes], _T], raw: bytes) -> _T | None:
+    """``parse(raw)``, None for a value that is no such record (garbage a stranger wrote)."""
+    try:
+        return parse(raw)
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 # ---------------------------------------------------------------------------

@@ -129,6 +129,14 @@ class RecordSigner:
         self._refuse(name, "no MAC" if not mark else "a wrong MAC")
         return None
 
+    def holds(self, name: str, stored: bytes | str) -> bool:
+        """Whether ``stored`` carries this signer's MAC for ``name`` (nothing counted or logged:
+        for a reader that asks which key signed a record, not whether to take it)."""
+        if self.key is None:
+            return False
+        value, mark, tag = _bytes(stored).rpartition(MARK)
+        return bool(mark) and hmac.compare_digest(tag, self._tag(name, value))
+
     def valid(self, name: str, stored: bytes | str | None) -> bool:
         return self.open(name, stored) is not None
 

@@ -16,7 +16,14 @@ from .handler import KelasticRendezvousHandler, create_handler
 from .protocol import RunKeys
 from .records import RecordSigner
 
-__all__ = ["in_thread", "job_keys", "kelastic_handler", "rendezvous_concurrently", "shutdown_handlers"]
+__all__ = [
+    "in_thread",
+    "job_key",
+    "job_keys",
+    "kelastic_handler",
+    "rendezvous_concurrently",
+    "shutdown_handlers",
+]
 
 # Every handler kelastic_handler made and shutdown_handlers has not shut down yet.
 _live: list[KelasticRendezvousHandler] = []
@@ -103,9 +110,13 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
     return thread, out
 
 
+def job_key() -> bytes | None:
+    """The job's secret as its agents read it from ``$KELASTIC_JOB_SECRET_FILE`` (None without one)."""
+    path = os.environ.get(ENV_JOB_SECRET_FILE)
+    return read_secret_file(path, flag=ENV_JOB_SECRET_FILE) if path else None
+
+
 def job_keys(run_id: str, *, controlled: bool = False) -> RunKeys:
     """The keys of run ``run_id`` signing as the job's agents do, with the secret of
     ``$KELASTIC_JOB_SECRET_FILE`` (unsigned without one): for a test that writes records by hand."""
-    path = os.environ.get(ENV_JOB_SECRET_FILE)
-    key = read_secret_file(path, flag=ENV_JOB_SECRET_FILE) if path else None
-    return RunKeys(run_id, RecordSigner.for_job(key), controlled)
+    return RunKeys(run_id, RecordSigner.for_job(job_key()), controlled)

@@ -20,7 +20,7 @@ from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError, Re
 from kelastic.agent.rendezvous import KelasticRendezvousHandler, ServerProcess, control, standby
 from kelastic.agent.rendezvous.protocol import RunKeys, read_counter
 from kelastic.agent.rendezvous.standby import GroupView, Move
-from kelastic.agent.rendezvous.testing import in_thread, kelastic_handler, rendezvous_concurrently
+from kelastic.agent.rendezvous.testing import in_thread, job_key, kelastic_handler, rendezvous_concurrently
 
 # -- the decision (pure) -----------------------------------------------------------------
 
@@ -272,7 +272,8 @@ def test_controlled_nodes_that_arrive_before_the_bounds_form_no_group_above_them
     assert counter(server, run_id, lambda k: k.joined(1)) == 0
     assert counter(server, run_id, lambda k: k.open) == 0
     store = control.connect(server.endpoint)
-    control.publish_membership(store, run_id, nodes=names, min_nodes=2, max_nodes=2)
+    # Signed with the job's secret, as the operator publishes: controlled nodes take no other.
+    control.publish_membership(store, run_id, nodes=names, min_nodes=2, max_nodes=2, job_key=job_key())
     wait_until("two members", lambda: sum(bool(out) for _, out in runs) >= 2)
     spare = [n for n, (_, out) in zip(names, runs, strict=True) if not out]
     assert len(spare) == 1, [out for _, out in runs]

@@ -27,6 +27,23 @@ CFG = BuildConfig()
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
+MASTER = b"m" * 64
+
+
+def test_a_jobs_secret_is_derived_from_the_master_key_and_its_uid_alone() -> None:
+    import hashlib
+    import hmac
+
+    value = jobsecret.derived_value(MASTER, "uid-1")
+    assert HEX64.match(value)
+    assert value == hmac.new(MASTER, b"kelastic job secret" + b"uid-1", hashlib.sha256).hexdigest()
+    assert jobsecret.derived_value(MASTER, "uid-1") == value  # the operator recomputes it at any time
+    assert jobsecret.derived_value(MASTER, "uid-2") != value
+    assert jobsecret.derived_value(b"n" * 64, "uid-1") != value
+    with pytest.raises(ValueError, match="uid"):
+        jobsecret.derived_value(MASTER, "")
+
+
 def job_of(kit: SimpleNamespace, **kw: Any) -> Job:
     job = parse_job(kit.job_body(**kw))
     assert job.spec is not None, job.error
@@ -286,7 +303,15 @@ def apply_first_pass(kit: SimpleNamespace, kube: SecretKube) -> tuple[ActionExec
     async def io(fn: Any, *args: Any) -> Any:
         return fn(*args)
 
-    executor = ActionExecutor(kube, io, events, OperatorMetrics(), JobCache(), lambda key, action: None)  # type: ignore[arg-type]
+    executor = ActionExecutor(
+        kube,  # type: ignore[arg-type]
+        io,
+        events,  # type: ignore[arg-type]
+        OperatorMetrics(),
+        JobCache(),
+        lambda key, action: None,
+        lambda uid: jobsecret.derived_value(MASTER, uid),
+    )
     body = kit.job_body()
     asyncio.run(executor.apply(job, body, decision, [], []))
     return executor, events
@@ -300,6 +325,7 @@ def test_the_executor_makes_the_value_and_creates_the_secret_before_the_workers(
     secret = kube.created[0][1]
     value = base64.b64decode(secret["data"][contract.JOB_SECRET_KEY]).decode()
     assert HEX64.match(value)
+    assert value == jobsecret.derived_value(MASTER, kit.job_body()["metadata"]["uid"])
     assert all(value not in message for _, message in events.posted)
     assert (
         "CreateJobSecret",

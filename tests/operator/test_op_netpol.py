@@ -256,7 +256,9 @@ def test_the_first_pass_makes_the_policies_before_any_pod(kit: SimpleNamespace) 
         def emit(self, *args: Any, **kw: Any) -> None:
             pass
 
-    executor = ActionExecutor(kube, io, Events(), OperatorMetrics(), JobCache(), lambda key, action: None)  # type: ignore[arg-type]
+    executor = ActionExecutor(
+        kube, io, Events(), OperatorMetrics(), JobCache(), lambda key, action: None, lambda uid: "0" * 64
+    )  # type: ignore[arg-type]
     asyncio.run(executor.apply(job, kit.job_body(), decision, [], []))
     first_pod = next(i for i, c in enumerate(kube.created) if c.startswith("pods "))
     policies = [c for c in kube.created[:first_pod] if c.startswith("networkpolicies ")]
@@ -309,7 +311,9 @@ def _apply(kit: SimpleNamespace, kube: OrderKube, executor: Any = None) -> tuple
         return fn(*args)
 
     if executor is None:
-        executor = ActionExecutor(kube, io, Events(), OperatorMetrics(), JobCache(), lambda key, action: None)  # type: ignore[arg-type]
+        executor = ActionExecutor(
+            kube, io, Events(), OperatorMetrics(), JobCache(), lambda key, action: None, lambda uid: "0" * 64
+        )  # type: ignore[arg-type]
     executor.events = Events()
     asyncio.run(executor.apply(job, kit.job_body(), decision, [], []))
     return executor, posted

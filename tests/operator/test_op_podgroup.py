@@ -227,7 +227,9 @@ def apply_pass(
         return fn(*args)
 
     if executor is None:
-        executor = ActionExecutor(kube, io, Events(), OperatorMetrics(), JobCache(), lambda key, action: None)  # type: ignore[arg-type]
+        executor = ActionExecutor(
+            kube, io, Events(), OperatorMetrics(), JobCache(), lambda key, action: None, lambda uid: "0" * 64
+        )  # type: ignore[arg-type]
     else:
         executor.events = Events()
     asyncio.run(executor.apply(job, kit.job_body(replicas=3), decision, [], []))

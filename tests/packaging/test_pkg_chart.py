@@ -54,7 +54,7 @@ def test_lint_is_clean_for_default_and_cluster_wide_values() -> None:
 
 
 #: The Roles of the release namespace that serve the operator itself, not the jobs it manages.
-OWN_ROLE_SUFFIXES = ("-leader-election", "-namespace")
+OWN_ROLE_SUFFIXES = ("-leader-election", "-namespace", "-key")
 
 
 def operator_roles(objects: list[dict[str, Any]], kind: str = "Role") -> list[dict[str, Any]]:
@@ -112,12 +112,12 @@ def test_default_render_is_namespaced_least_privilege() -> None:
     kinds = sorted(o["kind"] for o in objects)
     # the Service exposes the operator's /metrics (metrics.enabled, default true); a Role and its
     # binding let the operator read its own Namespace and a NetworkPolicy guards its pod
-    # (networkPolicy.enabled, default true)
+    # (networkPolicy.enabled, default true); another, its master key
     assert kinds == [
         "Deployment",
         "NetworkPolicy",
-        *["Role"] * 3,
-        *["RoleBinding"] * 3,
+        *["Role"] * 4,
+        *["RoleBinding"] * 4,
         "Service",
         "ServiceAccount",
     ]

@@ -81,6 +81,39 @@ def test_the_operator_may_create_policies_and_secrets_and_read_only_its_own_name
         ]
 
 
+def test_the_operator_reads_one_secret_its_master_key_in_its_own_namespace() -> None:
+    for values in (
+        {},
+        {"watchNamespaces": ["team-a"]},
+        {"clusterWide": True},
+        {"networkPolicy": {"enabled": False}},
+    ):
+        objects = render(values)
+        args = operator_args(objects)
+        (key,) = [o for o in by_kind(objects, "Role") if o["metadata"]["name"].endswith("-key")]
+        assert key["metadata"]["namespace"] == NAMESPACE and args.lease_namespace == NAMESPACE
+        assert key["rules"] == [
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+            {
+                "apiGroups": [""],
+                "resources": ["secrets"],
+                "resourceNames": [args.key_secret],
+                "verbs": ["get"],
+            },
+        ]
+        (binding,) = [
+            b for b in by_kind(objects, "RoleBinding") if b["metadata"]["name"] == key["metadata"]["name"]
+        ]
+        (sa,) = by_kind(objects, "ServiceAccount")
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+        ]
+        # Nothing else may read a Secret: every other rule on secrets is a create.
+        for role in [*by_kind(objects, "Role"), *by_kind(objects, "ClusterRole")]:
+            if role is not key:
+                assert {r for r in granted(role["rules"]) if r[1] == "secrets"} <= {("", "secrets", "create")}
+
+
 def test_network_policies_can_be_turned_off_with_their_permissions() -> None:
     objects = render({"networkPolicy": {"enabled": False}})
     args = operator_args(objects)

@@ -129,3 +129,8 @@ namespaced Role and the cluster-wide ClusterRole so both grant the same verbs.
   verbs: ["patch"]
 {{- end }}
 {{- end }}
+
+{{- /* The Secret holding the operator's master key (every job's secret derives from it). */}}
+{{- define "kelastic.keySecretName" -}}
+{{- printf "%s-key" (include "kelastic.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end }}
