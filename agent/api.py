@@ -749,7 +749,8 @@ class SimpleElasticAgent(ElasticAgent):
             _log.info("rendezvous exited gracefully: %s", e)
             return RunResult(state=WorkerState.SUCCEEDED)
         except SignalException as e:
-            _log.warning("agent received %s, stopping workers with it", e.sigval)
+            if WorkerState.is_running(self._worker_group.state):  # else the agent says what it waited for
+                _log.warning("agent received %s, stopping workers with it", signal.Signals(e.sigval).name)
             self._announce_leaving()
             self._event("kelastic.agent.signal", signal=signal.Signals(e.sigval).name)
             self._shutdown(e.sigval)

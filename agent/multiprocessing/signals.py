@@ -3,7 +3,9 @@
 The launcher (the agent) must not just die on SIGTERM: it has to stop its ranks with
 the same signal first. ``install_signal_handlers`` makes SIGTERM, SIGINT, SIGHUP and
 SIGQUIT raise :class:`SignalException` in the main thread, where the caller catches it
-and calls ``PContext.close(death_sig=e.sigval)``.
+and calls ``PContext.close(death_sig=e.sigval)``. Only the first signal raises: one that
+comes while the process handles it is told on stderr and ignored, so that the clean-up
+the first one started is not torn in the middle (until the handlers are installed again).
 
 ``TORCHELASTIC_SIGNALS_TO_HANDLE`` (torch's variable: comma-separated names such as
 ``SIGTERM,SIGINT,SIGUSR1``) replaces that set; a name that is not a signal, or a signal
@@ -68,8 +70,20 @@ def signals_to_handle(value: str | None) -> tuple[tuple[signal.Signals, ...], li
     return tuple(found), unknown
 
 
+# The signal whose SignalException the process is handling (None: none yet). A second signal
+# must not raise into the clean-up the first one started (a rank half stopped, a log record half
+# written: "--- Logging error ---"); it is told and ignored. Reset by install_signal_handlers.
+_stopping: signal.Signals | None = None
+
+
 def _raise_signal_exception(signum: int, frame: FrameType | None) -> None:
+    global _stopping
     sigval = signal.Signals(signum)
+    if _stopping is not None:
+        # Not logging: the handler may have interrupted a log call of this very thread.
+        os.write(2, f"already stopping on {_stopping.name}; ignoring {sigval.name}\n".encode())
+        return
+    _stopping = sigval
     raise SignalException(f"process received signal {sigval.name}", sigval=sigval)
 
 
@@ -80,8 +94,10 @@ def install_signal_handlers() -> dict[signal.Signals, Any] | None:
     nothing and returns ``None``. Pass the returned mapping to
     :func:`restore_signal_handlers` to undo.
     """
+    global _stopping
     if threading.current_thread() is not threading.main_thread():
         return None
+    _stopping = None
     wanted, unknown = signals_to_handle(os.environ.get(SIGNALS_ENV))
     for name in unknown:
         logger.warning("%s names %r, which is not a signal; ignoring it", SIGNALS_ENV, name)
