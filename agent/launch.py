@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
@@ -64,7 +65,7 @@ from kelastic.agent.telemetry import AgentTelemetry
 if TYPE_CHECKING:
     from kelastic.agent.cli import CheckpointFlags, LaunchConfig
 
-__all__ = ["launch_agent", "node_name", "write_termination_message"]
+__all__ = ["launch_agent", "node_name", "remove_empty_folders", "write_termination_message"]
 
 _log = logging.getLogger(__name__)
 
@@ -107,15 +108,37 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
 
 
+def remove_empty_folders(root: Path) -> None:
+    """After the node's checkpoint memory ``<dir>/<run id>/<node>`` was freed: remove the run's
+    folder, and the default tmpfs folder, if nothing else is left in them (another agent of the
+    machine may still use them: a folder that is not empty stays)."""
+    from kelastic.agent.checkpoint.settings import DEFAULT_DIR
+
+    folders = [root, root.parent]
+    if root.parent.parent == Path(DEFAULT_DIR):
+        folders.append(root.parent.parent)
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:  # not empty (or not ours to remove): it stays, and so do those above
+            return
+
+
 def start_checkpoint_service(
     flags: CheckpointFlags, run_id: str, node: str, advertise: str, bind: str, key: secret.JobSecret
 ) -> CheckpointService:
     """This node's checkpoint service, in ``<checkpoint dir>/<run id>/<node>``, answering
     only clients that prove ``key``."""
-    from pathlib import Path
-
     root = Path(flags.folder) / _safe(run_id) / _safe(node)
-    root.mkdir(parents=True, exist_ok=True)
+    for attempt in range(3):
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            break
+        except FileNotFoundError:  # another agent removed an empty parent meanwhile
+            if attempt == 2:
+                raise
     if flags.memory is None:
         try:
             st = os.statvfs(root)
@@ -265,16 +288,14 @@ def _launch(config: LaunchConfig, key: secret.JobSecret | None) -> RunResult:
         if checkpoints is not None:
             telemetry.watch_checkpoint(checkpoints.keeper.status)
         _log.info(
-            "agent for %s: nnodes=%d:%d nproc_per_node=%d backend=%s endpoint=%s run_id=%s logs=%s",
+            "agent for %s: nnodes=%d:%d nproc_per_node=%d endpoint=%s",
             config.entrypoint_name,
             config.min_nodes,
             config.max_nodes,
             config.nproc_per_node,
-            config.rdzv_backend,
             endpoint,
-            config.run_id,
-            agent.run_log_dir,
         )
+        _log.debug("backend=%s run_id=%s logs=%s", config.rdzv_backend, config.run_id, agent.run_log_dir)
         result = agent.run()
         finished = True
         if result.is_failed():
@@ -295,6 +316,7 @@ def _launch(config: LaunchConfig, key: secret.JobSecret | None) -> RunResult:
         telemetry.stop()
         if checkpoints is not None:
             checkpoints.stop(remove=True)
+            remove_empty_folders(checkpoints.settings.root)
         if health is not None:
             health.stop()
         if embedded is not None:

@@ -520,15 +520,8 @@ class Joiner:
         # The agent's keys share this node's store connection (opening one per round
         # would add a connect to every recovery); TCPStore clients serialize their ops.
         agent_store = dist.PrefixStore(k.agent_prefix(r), store)
-        log.info(
-            "kelastic rendezvous: %s is rank %d of %d in round %d (worker store %s:%d)",
-            self._s.node_name,
-            rank,
-            size,
-            r,
-            master_addr,
-            master_port,
-        )
+        # The worker store is in the agent's own line (``master``).
+        log.info("kelastic rendezvous: %s is rank %d of %d in round %d", self._s.node_name, rank, size, r)
         if timings is not None:
             timings.returned = time.time()
         return RendezvousInfo(agent_store, rank, size, RendezvousStoreInfo(master_addr, master_port))
