@@ -6,17 +6,26 @@ Real ``python -m kelastic.agent`` processes of a two-node job, a real store, rea
 
 from __future__ import annotations
 
+import datetime
+import logging
 import re
 import runpy
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from kelastic.agent.checkpoint.settings import DEFAULT_DIR
 from kelastic.agent.launch import remove_empty_folders
+from kelastic.agent.rendezvous.keepalive import KeepAlive
+from kelastic.agent.rendezvous.protocol import RunKeys
+from kelastic.agent.rendezvous.rounds import Member
 from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
+from kelastic.agent.rendezvous.settings import settings_from_params
 
 harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
 
@@ -66,3 +75,22 @@ def test_empty_checkpoint_folders_go_and_the_rest_stays(tmp_path: Path) -> None:
     theirs.rmdir()
     remove_empty_folders(theirs)  # already gone: its empty run folder goes, the user's folder stays
     assert not (base / "run").exists() and base.exists()
+
+
+@pytest.mark.parametrize(("closed", "level"), [(False, logging.WARNING), (True, logging.DEBUG)])
+def test_a_peer_gone_after_the_job_finished_is_no_warning(
+    closed: bool, level: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its link closes when its agent exits at the end of the job: marked dead, said quietly."""
+    caplog.set_level(logging.DEBUG, logger="kelastic.agent.rendezvous.keepalive")
+    settings = settings_from_params(RendezvousParameters("kelastic", "127.0.0.1:1", "quiet", 1, 2))
+    keys = RunKeys("quiet")
+    store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=10))
+    if closed:
+        store.set(keys.closed, "1")
+    me = Member(round=1, rank=0, size=2, successor="peer")
+    keep = KeepAlive(settings, keys, threading.RLock(), lambda: (me, None, me), threading.Event())
+    keep.suspect(1, "peer")
+    keep.claim_suspects(store)
+    said = [r for r in caplog.records if "closed its link" in r.getMessage()]
+    assert [r.levelno for r in said] == [level], [r.getMessage() for r in said]
