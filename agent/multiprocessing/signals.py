@@ -3,9 +3,10 @@
 The launcher (the agent) must not just die on SIGTERM: it has to stop its ranks with
 the same signal first. ``install_signal_handlers`` makes SIGTERM, SIGINT, SIGHUP and
 SIGQUIT raise :class:`SignalException` in the main thread, where the caller catches it
-and calls ``PContext.close(death_sig=e.sigval)``. Only the first signal raises: one that
-comes while the process handles it is told on stderr and ignored, so that the clean-up
-the first one started is not torn in the middle (until the handlers are installed again).
+and calls ``PContext.close(death_sig=e.sigval)``. A signal that comes within two seconds
+of the last one that raised is told on stderr and ignored, so that the clean-up the first
+one started is not torn in the middle; one that interrupts a log call is sent again a
+moment later (raised inside ``logging``, its exception would be swallowed).
 
 ``TORCHELASTIC_SIGNALS_TO_HANDLE`` (torch's variable: comma-separated names such as
 ``SIGTERM,SIGINT,SIGUSR1``) replaces that set; a name that is not a signal, or a signal
@@ -18,6 +19,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -70,20 +72,37 @@ def signals_to_handle(value: str | None) -> tuple[tuple[signal.Signals, ...], li
     return tuple(found), unknown
 
 
-# The signal whose SignalException the process is handling (None: none yet). A second signal
-# must not raise into the clean-up the first one started (a rank half stopped, a log record half
-# written: "--- Logging error ---"); it is told and ignored. Reset by install_signal_handlers.
-_stopping: signal.Signals | None = None
+# The signal whose SignalException the process is handling, and when it was raised (None:
+# none yet). A second signal soon after must not raise into the clean-up the first one started
+# (a rank half stopped); it is told and ignored. Later it raises again: the first one may have
+# been swallowed by an ``except Exception`` it interrupted. Reset by install_signal_handlers.
+_stopping: tuple[signal.Signals, float] | None = None
+#: Seconds after a SignalException in which another termination signal is ignored.
+_IGNORE_AGAIN_FOR = 2.0
+#: A signal that interrupts a log call is sent again this much later (seconds): raised inside
+#: ``logging``, the exception would be swallowed ("--- Logging error ---") and the signal lost.
+_RESEND_AFTER = 0.05
+
+
+def _in_logging(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith("logging"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _raise_signal_exception(signum: int, frame: FrameType | None) -> None:
     global _stopping
     sigval = signal.Signals(signum)
-    if _stopping is not None:
-        # Not logging: the handler may have interrupted a log call of this very thread.
-        os.write(2, f"already stopping on {_stopping.name}; ignoring {sigval.name}\n".encode())
+    if _in_logging(frame):
+        threading.Timer(_RESEND_AFTER, os.kill, (os.getpid(), signum)).start()
         return
-    _stopping = sigval
+    if _stopping is not None and time.monotonic() - _stopping[1] < _IGNORE_AGAIN_FOR:
+        # Not logging: the handler may have interrupted a log call of this very thread.
+        os.write(2, f"already stopping on {_stopping[0].name}; ignoring {sigval.name}\n".encode())
+        return
+    _stopping = (sigval, time.monotonic())
     raise SignalException(f"process received signal {sigval.name}", sigval=sigval)
 
 

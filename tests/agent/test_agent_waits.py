@@ -10,9 +10,11 @@ for a store it could not reach, the command that starts one).
 from __future__ import annotations
 
 import logging
+import os
 import runpy
 import signal
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +23,7 @@ from typing import Any
 import pytest
 
 from kelastic.agent import waiting
+from kelastic.agent.multiprocessing import SignalException, install_signal_handlers, restore_signal_handlers
 from kelastic.agent.rendezvous.dial import Reach, probe
 from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
 
@@ -181,3 +184,28 @@ def test_the_exception_that_ended_a_wait_names_the_innermost_wait() -> None:
     with waiting.Wait("done", log):
         pass
     assert waiting.ended_by(error) == "inner, updated"
+
+
+def test_a_signal_that_interrupts_a_log_call_is_not_swallowed() -> None:
+    """Raised inside ``logging`` the exception would be printed as a logging error and lost:
+    the signal is sent again a moment later, and raises then."""
+    previous = install_signal_handlers()
+    log = logging.getLogger("kelastic-test-signal-in-log")
+
+    class Kill(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)  # the handler runs here, inside the log call
+
+    handler = Kill()
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        with pytest.raises(SignalException):
+            log.warning("stop")
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+    finally:
+        log.removeHandler(handler)
+        restore_signal_handlers(previous)
