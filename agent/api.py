@@ -805,7 +805,8 @@ class SimpleElasticAgent(ElasticAgent):
             _log.info("rendezvous exited gracefully: %s", e)
             return RunResult(state=WorkerState.SUCCEEDED)
         except SignalException as e:
-            _log.warning("agent received %s, stopping workers with it", e.sigval)
+            if WorkerState.is_running(self._worker_group.state):  # else the agent says what it waited for
+                _log.warning("agent received %s, stopping workers with it", signal.Signals(e.sigval).name)
             self._announce_leaving()
             self._event("kelastic.agent.signal", signal=signal.Signals(e.sigval).name)
             self._shutdown(e.sigval)
@@ -889,12 +890,13 @@ class SimpleElasticAgent(ElasticAgent):
             master_port=int(master_port),
             restart_count=self.restart_count,
         )
+        ranks = [w.global_rank for w in worker_group.workers]
         _log.info(
-            "[%s] rendezvous complete: group_rank=%d/%d global_ranks=%s world_size=%d master=%s:%s restart_count=%d",
+            "[%s] node %d/%d: ranks %s of %d, master %s:%s, restarts %d",
             spec.role,
             group_rank,
             group_world_size,
-            [w.global_rank for w in worker_group.workers],
+            f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else ranks[0] if ranks else "none",
             assignment.global_world_size,
             master_addr,
             master_port,

@@ -59,6 +59,7 @@ __all__ = [
     "Hello",
     "Reason",
     "RefusalCounter",
+    "SecretMismatch",
     "Service",
     "Session",
     "answer",
@@ -95,6 +96,11 @@ class Service(IntEnum):
 
 class AuthError(ConnectionError):
     """The other end did not prove the job's key (or is not a kelastic service at all)."""
+
+
+class SecretMismatch(AuthError):
+    """Both ends speak kelastic's protocol, but they do not hold the same key: the other end
+    refused this end's proof, or could not prove this end's key."""
 
 
 class HandshakeClosed(AuthError):
@@ -180,12 +186,12 @@ def check_answer(
     """The client's check of the server's ANSWER (for the server named ``identity`` in its
     hello); AuthError (saying which side lacks the key) when wrong."""
     if answer_msg == REFUSED:
-        raise AuthError(
+        raise SecretMismatch(
             "the service refused this process's proof: the two do not hold the same job secret "
             "(--job-secret-file)"
         )
     if not hmac.compare_digest(answer_msg, answer(key, service, ns, nc, identity)):
-        raise AuthError("the service did not prove the job's secret: it is not one of this job's agents")
+        raise SecretMismatch("the service did not prove the job's secret: it is not one of this job's agents")
     return Session.derive(key, service, ns, nc, server=False)
 
 

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from kelastic.agent import contract, devices, secret, warm
+from kelastic.agent import contract, devices, secret, waiting, warm
 from kelastic.agent.checkpoint.settings import CheckpointSettings, parse_quantity
 from kelastic.agent.events import Event, EventMetadataValue, EventSink, EventSource, default_sink, record
 from kelastic.agent.launch_config import LaunchConfig, resolve_job_secret
@@ -525,7 +525,10 @@ def run(config: LaunchConfig) -> int:
     try:
         result = launch_agent(config)
     except SignalException as e:
-        _log.warning("stopped by %s", signal.Signals(e.sigval).name)
+        what = waiting.ended_by(e)
+        _log.warning(
+            "stopped by %s%s", signal.Signals(e.sigval).name, f" while waiting for {what}" if what else ""
+        )
         return 128 + int(e.sigval)
     except (RendezvousError, TimeoutError, ConnectionError, OSError, RuntimeError, ValueError) as e:
         print(f"kelastic-agent: {config.entrypoint_name} could not run: {e}", file=sys.stderr, flush=True)

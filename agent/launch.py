@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from pathlib import Path
 
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
@@ -61,7 +62,7 @@ from kelastic.agent.rendezvous.server import RendezvousServer
 from kelastic.agent.summary import root_cause_line
 from kelastic.agent.telemetry import AgentTelemetry
 
-__all__ = ["launch_agent", "node_name", "write_termination_message"]
+__all__ = ["launch_agent", "node_name", "remove_empty_folders", "write_termination_message"]
 
 _log = logging.getLogger(__name__)
 
@@ -100,6 +101,24 @@ def write_termination_message(message: str) -> bool:
     return True
 
 
+def remove_empty_folders(root: Path) -> None:
+    """After the node's checkpoint memory ``<dir>/<run id>/<node>`` was freed: remove the run's
+    folder, and the default tmpfs folder, if nothing else is left in them (another agent of the
+    machine may still use them: a folder that is not empty stays)."""
+    from kelastic.agent.checkpoint.settings import DEFAULT_DIR
+
+    folders = [root, root.parent]
+    if root.parent.parent == Path(DEFAULT_DIR):
+        folders.append(root.parent.parent)
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:  # not empty (or not ours to remove): it stays, and so do those above
+            return
+
+
 def start_checkpoint_service(
     flags: CheckpointSettings, run_id: str, node: str, advertise: str, bind: str, key: secret.JobSecret
 ) -> CheckpointService:
@@ -107,7 +126,13 @@ def start_checkpoint_service(
     only clients that prove ``key``; ``flags`` are the settings the command line gave
     every node, placed on this one here (its folder made, an ``auto`` limit derived)."""
     root = flags.node_folder(run_id, node)
-    root.mkdir(parents=True, exist_ok=True)
+    for attempt in range(3):
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            break
+        except FileNotFoundError:  # another agent removed an empty parent meanwhile
+            if attempt == 2:
+                raise
     if flags.limit is None:
         try:
             st = os.statvfs(root)
@@ -214,16 +239,14 @@ def _launch(config: LaunchConfig, key: secret.JobSecret | None) -> RunResult:
             # Only the ranks this agent started (and their own processes) save and restore here.
             checkpoints.keeper.local.set(lambda: _worker_pids(agent))
         _log.info(
-            "agent for %s: nnodes=%d:%d nproc_per_node=%d backend=%s endpoint=%s run_id=%s logs=%s",
+            "agent for %s: nnodes=%d:%d nproc_per_node=%d endpoint=%s",
             config.entrypoint_name,
             config.min_nodes,
             config.max_nodes,
             config.nproc_per_node,
-            config.rdzv_backend,
             endpoint,
-            config.run_id,
-            agent.run_log_dir,
         )
+        _log.debug("backend=%s run_id=%s logs=%s", config.rdzv_backend, config.run_id, agent.run_log_dir)
         result = agent.run()
         finished = True
         if result.is_failed():
@@ -244,6 +267,7 @@ def _launch(config: LaunchConfig, key: secret.JobSecret | None) -> RunResult:
         telemetry.stop()
         if checkpoints is not None:
             checkpoints.stop(remove=True)
+            remove_empty_folders(checkpoints.settings.root)
         if health is not None:
             health.stop()
         if embedded is not None:

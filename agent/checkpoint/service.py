@@ -131,8 +131,10 @@ class CheckpointService:
             t = threading.Thread(target=target, name=f"kelastic-checkpoint-{name}", daemon=True)
             t.start()
             self._threads.append(t)
-        _log.info("%s; service at %s, authenticated with %s", self.settings.describe(), self.endpoint,
-                  self._secret.describe())  # fmt: skip
+        # One short line; the paths (the tmpfs folder, the secret's file) are details.
+        _log.info("%s", self.settings.summary())
+        _log.debug("%s; service at %s, authenticated with %s", self.settings.describe(), self.endpoint,
+                   self._secret.describe())  # fmt: skip
         return self
 
     def stop(self, *, remove: bool = True) -> None:

@@ -186,8 +186,14 @@ class CheckpointSettings:
             return True
         return self.persist_interval > 0 and (since_last is None or since_last >= self.persist_interval)
 
+    def summary(self) -> str:
+        """A short line for the agent's start-up log (:meth:`describe` has the details)."""
+        durable = ", a durable copy" if self.persist_dir is not None else ""
+        limit = "auto" if self.limit is None else format_bytes(self.limit)
+        return f"checkpoint memory: up to {limit}, {self.replicas} replica(s){durable}"
+
     def describe(self) -> str:
-        """One line for the agent's start-up log."""
+        """Every detail, for the agent's debug log."""
         durable = "off"
         if self.persist_dir is not None:
             rules = []

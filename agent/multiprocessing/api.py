@@ -28,17 +28,22 @@ logs_specs, ...)`` and ``SubprocessContext(name, entrypoint, args, envs, logs_sp
 ...)`` followed by ``start()``. As torch's, a callable rank that returned stays alive
 until every local rank has returned (:mod:`.handshake` says why), and ranks that fail
 at the same moment are each reported with their own exit code and error file
-(:data:`FAILURE_GRACE`). What kelastic deliberately does differently from torch's
-``start_processes``:
+(:data:`FAILURE_GRACE`). ``RunProcsResult.failures`` holds the ranks that failed, as
+torch's does. The ranks the launcher stopped because another one failed are reported as
+torch reports them: binaries with the signal that stopped them as their exit code
+(``-15``; seen after the failure that caused it, so never the root cause), callables
+not at all: they did not fail, and a callable rank that returned and waited for its
+local peers is never a failure when the launcher stops it. (A process that dies on its
+own is a failure, as in torch, also one killed from outside after its function returned.)
+What kelastic deliberately does differently from torch's ``start_processes``:
 
 - a plain ``log_dir`` that is not empty is refused: it is the directory of one attempt,
   and logs and error files of two attempts must never mix (torch's own docstring
   expects the directory to be empty; its ``DefaultLogsSpecs`` makes a new sub-directory
   instead, and so does kelastic's);
-- when a rank fails, every other rank that failed and every rank the launcher then
-  stopped are reported too, for callables as for binaries (torch reports one failed
-  callable only): each failed rank's error is in no other place, nor which ranks were
-  stopped and with which signal;
+- when a rank fails, every other rank that failed on its own within
+  :data:`FAILURE_GRACE` is reported too, for callables as for binaries (torch reports one
+  failed callable only): each failed rank's error is in no other place;
 - a rank whose error file cannot be read (not JSON, no ``message``: a handler of the
   user's own, or a file cut short when the rank was killed while writing it) is
   reported as failed with its exit code, its message naming the file and the error,

@@ -150,6 +150,9 @@ class MultiprocessContext(PContext):
         if not self._hold and len(self._returned) == self.nprocs:
             self._handshake.release()
 
+    #: As torch's: a callable the launcher stopped because another rank failed did not fail.
+    REPORTS_STOPPED = False
+
     def _waiting_ranks(self) -> set[int]:
         if self._handshake.released:
             return set()

@@ -47,8 +47,9 @@ START_METHODS = ("spawn", "fork", "forkserver")
 #: before it stops them. Ranks that fail at the same moment (a bad batch every rank
 #: read, an out-of-memory on every rank) are then each reported with their own exit
 #: code and error file, not with the SIGTERM the launcher would have sent them while
-#: they were already on their way out; ranks still running after it are stopped and
-#: reported as stopped. The wait ends as soon as no rank that could end is left.
+#: they were already on their way out; ranks still running after it are stopped (and
+#: reported as stopped if they are binaries, as torch does). The wait ends as soon as no
+#: rank that could end is left.
 FAILURE_GRACE = 1.0
 
 
@@ -159,7 +160,7 @@ class PContext(abc.ABC):
     and known descendants; when a rank fails, ``wait`` gives the others
     :data:`FAILURE_GRACE` seconds to end on their own, so that ranks failing at the same
     moment each report their own exit code and error file, then stops the rest
-    (SIGTERM) and reports them all.
+    (SIGTERM), reporting the binaries it stopped (as torch does; see the module docstring).
     """
 
     def __init__(
@@ -269,6 +270,9 @@ class PContext(abc.ABC):
         """Ranks that returned and wait for their release (they will not end on their own)."""
         return set()
 
+    #: Whether ranks the launcher stopped because another failed are reported (torch: binaries).
+    REPORTS_STOPPED = True
+
     def returned(self) -> RunProcsResult | None:
         """With ``hold``: once every rank returned its value (and none failed), the result
         of the run, its ranks still alive until :meth:`release`; else None (always None
@@ -326,8 +330,11 @@ class PContext(abc.ABC):
 
     def _add_stopped_ranks(self, result: RunProcsResult) -> None:
         """After a failure and ``close()``: report the ranks the launcher stopped too (their
-        exit codes are the signal that stopped them, e.g. -15), as torch does. They are
-        seen after the failure that caused them, so they are never the root cause."""
+        exit codes are the signal that stopped them, e.g. -15), as torch does for binaries
+        (:attr:`REPORTS_STOPPED`). They are seen after the failure that caused them, so they
+        are never the root cause."""
+        if not self.REPORTS_STOPPED:
+            return
         self._note_failures()
         for rank, failure in self._failures.items():
             result.failures.setdefault(rank, failure)
@@ -339,7 +346,8 @@ class PContext(abc.ABC):
         Returns None if still running. When a rank fails, the others get up to
         :data:`FAILURE_GRACE` s to end on their own (ranks that failed at the same moment
         report their own exit code and error file), then the rest are stopped
-        (``close()``); the result lists the ranks that failed and those it stopped. Wakes
+        (``close()``); the result lists the ranks that failed (and the binaries it stopped,
+        see the module docstring); a rank that returned is never among them. Wakes
         as soon as a rank exits or returns; ``period`` only bounds how long one sleep may be.
         """
         if not self._started:

@@ -3,7 +3,10 @@
 The launcher (the agent) must not just die on SIGTERM: it has to stop its ranks with
 the same signal first. ``install_signal_handlers`` makes SIGTERM, SIGINT, SIGHUP and
 SIGQUIT raise :class:`SignalException` in the main thread, where the caller catches it
-and calls ``PContext.close(death_sig=e.sigval)``.
+and calls ``PContext.close(death_sig=e.sigval)``. A signal that comes within two seconds
+of the last one that raised is told on stderr and ignored, so that the clean-up the first
+one started is not torn in the middle; one that interrupts a log call is sent again a
+moment later (raised inside ``logging``, its exception would be swallowed).
 
 ``TORCHELASTIC_SIGNALS_TO_HANDLE`` (torch's variable: comma-separated names such as
 ``SIGTERM,SIGINT,SIGUSR1``) replaces that set; a name that is not a signal, or a signal
@@ -16,6 +19,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -68,8 +72,37 @@ def signals_to_handle(value: str | None) -> tuple[tuple[signal.Signals, ...], li
     return tuple(found), unknown
 
 
+# The signal whose SignalException the process is handling, and when it was raised (None:
+# none yet). A second signal soon after must not raise into the clean-up the first one started
+# (a rank half stopped); it is told and ignored. Later it raises again: the first one may have
+# been swallowed by an ``except Exception`` it interrupted. Reset by install_signal_handlers.
+_stopping: tuple[signal.Signals, float] | None = None
+#: Seconds after a SignalException in which another termination signal is ignored.
+_IGNORE_AGAIN_FOR = 2.0
+#: A signal that interrupts a log call is sent again this much later (seconds): raised inside
+#: ``logging``, the exception would be swallowed ("--- Logging error ---") and the signal lost.
+_RESEND_AFTER = 0.05
+
+
+def _in_logging(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith("logging"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _raise_signal_exception(signum: int, frame: FrameType | None) -> None:
+    global _stopping
     sigval = signal.Signals(signum)
+    if _in_logging(frame):
+        threading.Timer(_RESEND_AFTER, os.kill, (os.getpid(), signum)).start()
+        return
+    if _stopping is not None and time.monotonic() - _stopping[1] < _IGNORE_AGAIN_FOR:
+        # Not logging: the handler may have interrupted a log call of this very thread.
+        os.write(2, f"already stopping on {_stopping[0].name}; ignoring {sigval.name}\n".encode())
+        return
+    _stopping = (sigval, time.monotonic())
     raise SignalException(f"process received signal {sigval.name}", sigval=sigval)
 
 
@@ -80,8 +113,10 @@ def install_signal_handlers() -> dict[signal.Signals, Any] | None:
     nothing and returns ``None``. Pass the returned mapping to
     :func:`restore_signal_handlers` to undo.
     """
+    global _stopping
     if threading.current_thread() is not threading.main_thread():
         return None
+    _stopping = None
     wanted, unknown = signals_to_handle(os.environ.get(SIGNALS_ENV))
     for name in unknown:
         logger.warning("%s names %r, which is not a signal; ignoring it", SIGNALS_ENV, name)

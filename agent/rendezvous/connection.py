@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
+from .dial import dial
 from .keepalive import KeepAlive
 from .protocol import RECONNECT_TIMEOUT, RunKeys, connect_store, new_token, push_event, read_counter
 from .settings import RendezvousSettings
@@ -73,10 +74,13 @@ class StoreConnection:
             if self.store is not None:
                 return self.store
         # Connected outside the lock: reaching a store that is down takes up to the whole
-        # timeout, and the peer link and keep-alive threads take the lock meanwhile.
+        # timeout, and the peer link and keep-alive threads take the lock meanwhile. Dialled
+        # so that a signal stops the wait and the wait says what it waits for.
         remaining = deadline - time.monotonic()
         try:
-            store = connect_store(self._s.host, self._s.port, max(remaining, 0.5))
+            store = dial(
+                self._s.host, self._s.port, max(deadline, time.monotonic() + 0.5), max(remaining, 0.5)
+            )
         except RendezvousConnectionError as exc:
             raise RendezvousConnectionError(
                 f"rendezvous {self._s.run_id}: {exc} (gave up after join_timeout={self._s.join_timeout:g}s)"

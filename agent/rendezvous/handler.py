@@ -188,6 +188,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
+    RendezvousError,
     RendezvousHandler,
     RendezvousInfo,
     RendezvousParameters,
@@ -220,7 +221,13 @@ from .rounds import Joining, Member
 from .settings import RendezvousSettings, settings_from_params
 from .watcher import EventWatcher
 
-__all__ = ["BACKEND", "KelasticRendezvousHandler", "RendezvousTimings", "create_handler"]
+__all__ = [
+    "BACKEND",
+    "KelasticRendezvousHandler",
+    "RendezvousTimings",
+    "SecretMismatchError",
+    "create_handler",
+]
 
 log = logging.getLogger(__name__)
 
@@ -531,6 +538,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         """Re-evaluate ``verdict`` on every store event until it is not None; False after ``timeout`` s."""
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
+            _check_secret(self._link, self._s)
             generation = self._events.generation
             answer = verdict()
             if answer is not None:
@@ -727,7 +735,18 @@ class KelasticRendezvousHandler(RendezvousHandler):
         """For the keep-alive (under the lock): this node's round, the round it waits in, its latest."""
         return self._member, self._joiner.joining, self._last_member
 
-    # -- helpers -------------------------------------------------------------
+
+class SecretMismatchError(RendezvousError):
+    """This node does not hold the job's secret: a peer refused its proof, or it refused theirs."""
+
+
+def _check_secret(link: PeerLink | None, s: RendezvousSettings) -> None:
+    """Raise :class:`SecretMismatchError` once the peer link met a peer with another secret."""
+    if link is not None and link.mismatch is not None:
+        raise SecretMismatchError(
+            f"node {s.node_name} does not hold the job secret of rendezvous {s.run_id}'s other nodes "
+            f"({link.mismatch}); give every agent of the job the same --job-secret-file"
+        )
 
 
 def _advertised_addr(s: RendezvousSettings) -> str:

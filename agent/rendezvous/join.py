@@ -35,6 +35,8 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
+from kelastic.agent.waiting import Wait
+
 from . import closewait, standby
 from .liveness import PeerLink
 from .protocol import (
@@ -160,6 +162,11 @@ class Joiner:
         ``timings``: filled in as the phases are reached (None: not recorded).
         """
         self._timings = timings
+        with Wait(f"rendezvous {self._s.run_id} at {self._s.endpoint}", log) as wait:
+            return self._join(store, deadline, wait)
+
+    def _join(self, store: dist.TCPStore, deadline: float, wait: Wait) -> RendezvousInfo:
+        """:meth:`join`'s loop; ``wait`` says what it waits for."""
         k, s, name = self._keys, self._s, self._s.node_name
         next_round = 0
         while True:
@@ -178,13 +185,16 @@ class Joiner:
             if limits is None or (bounds is not None and not listed(store, k, name)):
                 # The controller has not admitted this node (yet), or has published nothing
                 # in this store yet and the node is controlled: wait for a publication.
-                self._await_controller(store, bounds, deadline)
-                self._events.wait_event(generation, deadline - time.monotonic())
+                wait.update(self._await_controller(store, bounds, deadline))
+                # Woken by the next notice at the latest: the wait says what it waits for.
+                until = min(deadline, self._awaiting_said + AWAITING_LOG_EVERY)
+                self._events.wait_event(generation, until - time.monotonic())
                 continue
             self._awaiting_since = None
             r = max(open_round(store, k), next_round)
             claimed = self._place(store, r, limits[1])
             if claimed is None:  # parked: no place for this node in round r yet
+                wait.update(f"a place in round {r} of rendezvous {s.run_id} (a standby, without a rank)")
                 self.park_deadline = time.monotonic() + s.join_timeout
                 deadline = max(deadline, self.park_deadline)
                 self._events.wait_event(generation, PARKED_RECHECK)
@@ -216,7 +226,7 @@ class Joiner:
                 push_event(store, k, f"join {r}")  # running members learn that nodes wait
             account_previous_round(store, k, name, r)
             try:
-                close = self._wait_closed(store, r, slot, deadline, epoch, bounds)
+                close = self._wait_closed(store, r, slot, deadline, epoch, bounds, wait)
             finally:
                 with self._lock:
                     self.joining = None
@@ -241,8 +251,9 @@ class Joiner:
 
     def _await_controller(
         self, store: dist.TCPStore, bounds: ControllerBounds | None, deadline: float
-    ) -> None:
-        """The controller has not admitted this node: say so now and then; past ``deadline``, raise."""
+    ) -> str:
+        """The controller has not admitted this node: say so now and then; past ``deadline``, raise.
+        Returns what the node waits for."""
         s, name, now = self._s, self._s.node_name, time.monotonic()
         if bounds is None:
             what = (
@@ -274,6 +285,7 @@ class Joiner:
                 what,
                 now - self._awaiting_since,
             )
+        return what
 
     def _place(self, store: dist.TCPStore, r: int, max_nodes: int) -> bool | None:
         """Whether this node takes a slot in round r: False (a member, or the first round),
@@ -366,6 +378,7 @@ class Joiner:
         deadline: float,
         epoch: int | None,
         bounds: ControllerBounds | None,
+        wait: Wait,
     ) -> RoundClose:
         """Block until round r is closed (closing it if this node sees the condition); how it closed.
 
@@ -382,7 +395,7 @@ class Joiner:
         ``epoch``: the watcher's epoch when this node read the open round (None: the
         watcher was not connected); while it holds, the close event cannot have been
         missed and the size key is not read. ``bounds``: the controller's bounds
-        read then, for the first evaluation.
+        read then, for the first evaluation. ``wait`` says how many peers joined, now and then.
         """
         k, s = self._keys, self._s
         state = closewait.start(r, slot, deadline, epoch, {kind: s.timer(kind) for kind in TimerKind})
@@ -420,7 +433,7 @@ class Joiner:
                 # Not blocked in ``store.wait`` on the size key: every expired wait raises
                 # through torch (with a C++ backtrace), and the close would wake each node
                 # twice (store and event).
-                self._events.wait_event(action.generation, action.until - time.monotonic())
+                self._wait_telling(store, r, action, bounds, wait)
             elif isinstance(action, closewait.Return):
                 return action.close
             elif action.reason is closewait.FailReason.JOB_CLOSED:
@@ -432,6 +445,32 @@ class Joiner:
                     f"join_timeout={s.join_timeout:g}s ({joined} joined, min {s.min_nodes}, max "
                     f"{s.max_nodes} unless the controller set other bounds)"
                 )
+
+    def _wait_telling(
+        self,
+        store: dist.TCPStore,
+        r: int,
+        action: closewait.Wait,
+        bounds: ControllerBounds | None,
+        wait: Wait,
+    ) -> None:
+        """Apply a ``Wait`` action, saying meanwhile how many peers joined round r (one read per notice)."""
+        while True:
+            now = time.monotonic()
+            if now >= action.until:
+                return
+            if self._events.wait_event(action.generation, min(action.until, wait.next_at()) - now):
+                return
+            wait.tell(lambda: self._peers_joined(store, r, bounds))
+
+    def _peers_joined(self, store: dist.TCPStore, r: int, bounds: ControllerBounds | None) -> str:
+        """ "peers: 1 of at least 2 joined …", for the wait's notice."""
+        s = self._s
+        lo, hi = s.bounds(bounds) or (s.min_nodes, s.max_nodes)
+        return (
+            f"peers: {read_counter(store, self._keys.joined(r))} of at least {lo} joined "
+            f"(max {hi}; rendezvous {s.run_id} at {s.endpoint}, round {r})"
+        )
 
     def _become_member(
         self,
@@ -484,15 +523,8 @@ class Joiner:
         # The agent's keys share this node's store connection (opening one per round
         # would add a connect to every recovery); TCPStore clients serialize their ops.
         agent_store = dist.PrefixStore(k.agent_prefix(r), store)
-        log.info(
-            "kelastic rendezvous: %s is rank %d of %d in round %d (worker store %s:%d)",
-            self._s.node_name,
-            rank,
-            size,
-            r,
-            master_addr,
-            master_port,
-        )
+        # The worker store is in the agent's own line (``master``).
+        log.info("kelastic rendezvous: %s is rank %d of %d in round %d", self._s.node_name, rank, size, r)
         if timings is not None:
             timings.returned = time.time()
         return RendezvousInfo(agent_store, rank, size, RendezvousStoreInfo(master_addr, master_port))

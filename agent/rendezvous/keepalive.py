@@ -130,10 +130,14 @@ class KeepAlive:
                     self._suspects[:0] = suspects[i:]
                 raise
             if claimed:
-                log.warning(
-                    "kelastic rendezvous: %s (round %d) closed its link: its process is gone; marked dead",
+                # After the job finished, a peer whose process ended is no news: it is done.
+                finished = bool(store.check([self._keys.closed]))
+                log.log(
+                    logging.DEBUG if finished else logging.WARNING,
+                    "kelastic rendezvous: %s (round %d) closed its link: its process is gone; marked dead%s",
                     name,
                     r,
+                    " (the job finished)" if finished else "",
                 )
 
     def _watch_peers(

@@ -10,6 +10,7 @@ means the peer is dead. Clocks of different machines are never compared.
 from __future__ import annotations
 
 import logging
+import random
 import secrets
 import selectors
 import socket
@@ -31,6 +32,8 @@ MAX_PROVING = 16
 PROOF_TIMEOUT = 5.0
 #: Authenticated connections a node keeps (its predecessor's, and a few while rounds change).
 MAX_PEERS = 32
+#: Seconds (about; jittered) before a connect that gave no verdict is tried again.
+RETRY_AFTER = 1.0
 
 
 class HeartbeatTracker:
@@ -87,7 +90,10 @@ class PeerLink:
     authenticated ones are kept (the predecessor's, and a few of earlier rounds while it
     moves on); anything else is closed and counted in :data:`kelastic.agent.auth.REFUSALS`
     (service ``peer_link``). A peer that does not prove the key when this node connects
-    gives no verdict (the heartbeat still applies).
+    gives no verdict on its life (the heartbeat still applies); one that holds another
+    key (:class:`~kelastic.agent.auth.SecretMismatch`) is remembered in :attr:`mismatch`,
+    for the handler to fail this node: a job whose agents do not share one secret must
+    not train with its checkpoint replicas silently missing.
     """
 
     def __init__(self, host: str, on_lost: Callable[[int, str], None], key: bytes) -> None:
@@ -107,6 +113,8 @@ class PeerLink:
         self._lock = threading.Lock()
         self._wanted: tuple[int, str, str, int] | None = None
         self._stopping = False
+        #: Why a peer holds another job secret than this node (None: none seen so far).
+        self.mismatch: str | None = None
         #: connections proving the key: socket -> (server nonce, proof so far, deadline)
         self._proving: dict[socket.socket, tuple[bytes, bytearray, float]] = {}
         self._peers: set[socket.socket] = set()
@@ -173,18 +181,20 @@ class PeerLink:
         sel.register(self._watch_wake[0], selectors.EVENT_READ, "wake")
         out: socket.socket | None = None
         current: tuple[int, str, str, int] | None = None
+        retry_at: float | None = None  # when to connect again after a try that gave no verdict
         try:
             while True:
                 with self._lock:
                     wanted, stopping = self._wanted, self._stopping
                 if stopping:
                     return
-                if wanted != current:
+                due = retry_at is not None and time.monotonic() >= retry_at
+                if wanted != current or due:
                     if out is not None:
                         sel.unregister(out)
                         out.close()
                         out = None
-                    current = wanted
+                    current, retry_at = wanted, None
                     if current is not None:
                         out, refused = self._connect(current)
                         if refused:
@@ -192,7 +202,12 @@ class PeerLink:
                             current = None
                         elif out is not None:
                             sel.register(out, selectors.EVENT_READ, "out")
-                for key, _ in sel.select():
+                        elif self.mismatch is None:
+                            # No verdict (slow or unreachable): try again, at a moment two
+                            # such peers are unlikely to share.
+                            retry_at = time.monotonic() + RETRY_AFTER * (0.5 + random.random())
+                timeout = None if retry_at is None else max(0.0, retry_at - time.monotonic())
+                for key, _ in sel.select(timeout):
                     sock = key.fileobj
                     assert isinstance(sock, socket.socket)
                     if key.data == "wake":
@@ -319,6 +334,10 @@ class PeerLink:
             except (auth.HandshakeClosed, ConnectionResetError):
                 sock.close()
                 continue
+            except auth.SecretMismatch as e:
+                sock.close()
+                self.mismatch = f"its peer link to {name} at {addr}:{port}: {e}"
+                return None, False
             except auth.AuthError as e:
                 sock.close()
                 log.warning("peer link to %s at %s:%d: %s; watching its heartbeat only", name, addr, port, e)

@@ -78,12 +78,13 @@ class EventWatcher:
             self._generation += 1
             self._wake.notify_all()
 
-    def wait_event(self, generation: int, timeout: float) -> None:
-        """Block until the generation differs from ``generation``, stop, or ``timeout`` s."""
-        if timeout <= 0:
-            return
+    def wait_event(self, generation: int, timeout: float) -> bool:
+        """Block until the generation differs from ``generation``, stop, or ``timeout`` s;
+        False on the timeout."""
         with self._wake:
-            self._wake.wait_for(lambda: self._generation != generation or self._stop.is_set(), timeout)
+            return self._wake.wait_for(
+                lambda: self._generation != generation or self._stop.is_set(), max(timeout, 0.0)
+            )
 
     def set_watching(self, connected: bool) -> None:
         """A new epoch: events of the old one may have been missed."""

@@ -167,11 +167,8 @@ def test_a_rank_killed_while_it_waits_fails_the_run_and_blocks_nobody(
     wait_until((tmp_path / "returned0").exists, 60, "rank 0 to return")
     os.kill(ctx.pids()[0], signal.SIGKILL)
     result = ctx.wait(timeout=60, period=0.05)
-    # as torch: a rank that returned and then died failed; the waiting peer is stopped
-    assert result is not None and {r: f.exitcode for r, f in result.failures.items()} == {
-        0: -signal.SIGKILL,
-        1: -signal.SIGTERM,
-    }
+    # as torch: a rank that returned and then died failed; the peer the launcher stopped did not
+    assert result is not None and {r: f.exitcode for r, f in result.failures.items()} == {0: -signal.SIGKILL}
 
 
 LAUNCHER = textwrap.dedent(

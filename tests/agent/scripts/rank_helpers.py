@@ -69,3 +69,24 @@ def gloo_return_noting_destroy(marker: str, init_file: str) -> int:
 
     dist.destroy_process_group = noting  # type: ignore[assignment]
     return 7
+
+
+def echo_or_exit(msg: str, exitcode: int = 0) -> str:
+    """torch's ``echo1`` of its launcher tests: print to both streams and return ``{msg}_{RANK}``,
+    or say so on stderr and ``sys.exit(exitcode)`` when ``exitcode`` is not 0."""
+    import sys
+
+    rank = int(os.environ["RANK"])
+    if exitcode != 0:
+        print(f"exit {exitcode} from {rank}", file=sys.stderr)
+        sys.exit(exitcode)
+    print(f"{msg} stdout from {rank}")
+    print(f"{msg} stderr from {rank}", file=sys.stderr)
+    return f"{msg}_{rank}"
+
+
+def echo_or_raise(msg: str, fail: bool = False) -> str:
+    """torch's ``echo2`` of its launcher tests: return ``msg``, or raise RuntimeError(msg) when ``fail``."""
+    if fail:
+        raise RuntimeError(msg)
+    return msg

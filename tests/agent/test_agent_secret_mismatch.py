@@ -1,0 +1,90 @@
+"""A secret that differs is an error: agents that do not share the job's secret never train
+with their checkpoint replicas silently missing, nor end with 0 as if they had succeeded.
+
+Real ``python -m kelastic.agent`` processes of one job, given different ``--job-secret-file``
+contents; and the peer link, in process, that tells such a peer from a lost one.
+"""
+
+from __future__ import annotations
+
+import runpy
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kelastic.agent.rendezvous.liveness import PeerLink
+from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
+
+harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
+
+
+@pytest.fixture
+def store() -> Iterator[ServerProcess]:
+    server = start_server_process(harness.loopback_host(), 0, timeout=60)
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+def test_two_agents_with_different_secrets_fail_and_say_so(tmp_path: Path, store: ServerProcess) -> None:
+    """Each cluster makes its own secret file: the two agents of one job hold different keys.
+    Neither trains on as if nothing happened, nor exits 0: the first to prove its key to the
+    other exits 1 saying that its secret is not the other's; the other, left alone, exits 1
+    once its rendezvous times out (it waits, saying for what, for a peer that will not come)."""
+    run_id = f"mismatch-{tmp_path.name}"
+    clusters = [harness.Cluster(tmp_path / n, store.endpoint, run_id=run_id) for n in ("a", "b")]
+    assert clusters[0].secret.read_text() != clusters[1].secret.read_text()
+    args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-conf", "join_timeout=20"]
+    try:
+        agents = [
+            c.start(n, args, ["--steps", "200", "--step-time", "0.05"])
+            for c, n in zip(clusters, ("a", "b"), strict=True)
+        ]
+        codes = [a.wait(240) for a in agents]
+        outputs = {a.name: a.output() for a in agents}
+        everything = "\n".join(o[-3000:] for o in outputs.values())
+        assert codes == [1, 1], everything
+        said = [
+            name
+            for name, out in outputs.items()
+            if f"node {name} does not hold the job secret of rendezvous {run_id}" in out
+        ]
+        assert said, everything
+        for name in said:
+            other = "b" if name == "a" else "a"
+            assert f"peer link to {other}" in outputs[name] and "--job-secret-file" in outputs[name]
+        assert "watching its heartbeat only" not in everything, everything
+    finally:
+        for c in clusters:
+            c.close()
+
+
+def _wait_until(cond: object, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_peer_with_another_secret_is_a_mismatch_not_a_loss() -> None:
+    lost: list[tuple[int, str]] = []
+    mine = PeerLink("127.0.0.1", lambda r, n: lost.append((r, n)), b"k" * 64)
+    theirs = PeerLink("127.0.0.1", lambda r, n: None, b"o" * 64)
+    same = PeerLink("127.0.0.1", lambda r, n: None, b"k" * 64)
+    try:
+        mine.watch((1, "same", "127.0.0.1", same.port))
+        assert _wait_until(lambda: same.connections() == (0, 1), 10), same.connections()
+        assert mine.mismatch is None
+        mine.watch((2, "theirs", "127.0.0.1", theirs.port))
+        assert _wait_until(lambda: mine.mismatch is not None, 10)
+        assert f"peer link to theirs at 127.0.0.1:{theirs.port}" in str(mine.mismatch)
+        assert "do not hold the same job secret" in str(mine.mismatch)
+        assert lost == [], "a peer with another secret is alive: no verdict on its life"
+    finally:
+        for link in (mine, theirs, same):
+            link.close()
