@@ -263,6 +263,8 @@ def read_records(
         # A record a stranger wrote over (or before) the member's own: wait for the member's.
         if time.monotonic() >= until:
             raise RendezvousTimeoutError(
-                f"rendezvous {run_id}: the records of ranks {slots} of round {r} are not signed by the job"
+                f"rendezvous {run_id}: the records of ranks {slots} of round {r} are not signed with this "
+                "node's job secret: its --job-secret-file is not the one the other agents of the job hold "
+                "(give every agent of the job the same file), or a stranger wrote them"
             )
         time.sleep(0.1)

@@ -47,15 +47,20 @@ def test_two_agents_with_different_secrets_fail_and_say_so(tmp_path: Path, store
         outputs = {a.name: a.output() for a in agents}
         everything = "\n".join(o[-3000:] for o in outputs.values())
         assert codes == [1, 1], everything
-        said = [
-            name
-            for name, out in outputs.items()
-            if f"node {name} does not hold the job secret of rendezvous {run_id}" in out
+        # Whichever sees it first says so: the peer link (a proof the other refused), or the
+        # join records of the round (signed with the other's key, which this node cannot check).
+        by_link = [
+            n
+            for n, out in outputs.items()
+            if f"node {n} does not hold the job secret of rendezvous {run_id}" in out
         ]
-        assert said, everything
-        for name in said:
+        by_records = [n for n, out in outputs.items() if "are not signed with this node's job secret" in out]
+        assert by_link or by_records, everything
+        for name in by_link:
             other = "b" if name == "a" else "a"
             assert f"peer link to {other}" in outputs[name] and "--job-secret-file" in outputs[name]
+        for name in by_records:
+            assert "--job-secret-file is not the one the other agents of the job hold" in outputs[name]
         assert "watching its heartbeat only" not in everything, everything
     finally:
         for c in clusters:
