@@ -62,9 +62,18 @@ def test_standby_replaces_a_deleted_worker_in_one_reform_and_goodput_is_in_the_s
     assert len(live_workers(kel)) == 3
     assert len(starts(kel.history(uid))) == 1
 
-    # The standby holds no rank, runs no workers: it is the pod that is not ready.
-    members = [p for p in live_workers(kel) if ready(p)]
-    assert len(members) == 2, [(p["metadata"]["name"], ready(p)) for p in live_workers(kel)]
+    # The standby holds no rank, runs no workers: it is the pod that is not ready. The members'
+    # readiness probe starts after its initial delay, which may not have passed yet.
+    def two_members_ready() -> list[dict[str, Any]]:
+        pods = live_workers(kel)
+        members = [p for p in pods if ready(p)]
+        if len(members) != 2:
+            raise kel.LastSeen([(p["metadata"]["name"], ready(p)) for p in pods])
+        return members
+
+    members = kel.wait_for(
+        f"two members of elasticjob/{NAME} to be ready beside its standby", two_members_ready, 60
+    )
     victim = members[-1]["metadata"]["name"]
     deleted = time.time()
     kel.kubectl.run("delete", "pod", victim, "--grace-period=0", "--force")

@@ -332,7 +332,6 @@ def test_the_control_plane_lanes_skip_message_says_where_to_get_the_binaries(
     spec.loader.exec_module(root)
     for variable in root.VARIABLES:
         monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setattr(root, "UNPACK", tmp_path / "no-unpack.sh")
     monkeypatch.setattr(root, "BUILT", tmp_path / "cache")
     path, why = root.find_control_plane_bin()
     assert path is None
