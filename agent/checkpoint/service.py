@@ -132,9 +132,8 @@ class CheckpointService:
             t.start()
             self._threads.append(t)
         # One short line; the paths (the tmpfs folder, the secret's file) are details.
-        _log.info("%s", self.settings.summary())
-        _log.debug("%s; service at %s, authenticated with %s", self.settings.describe(), self.endpoint,
-                   self._secret.describe())  # fmt: skip
+        _log.info("%s; service at %s", self.settings.summary(), self.endpoint)
+        _log.debug("%s; authenticated with %s", self.settings.describe(), self._secret.describe())
         return self
 
     def stop(self, *, remove: bool = True) -> None:

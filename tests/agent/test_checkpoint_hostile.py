@@ -103,7 +103,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
         c.wait_for("3 saves", lambda: len(job.saved()) >= 3, 180)
         for a in c.agents:
             out = a.output()
-            endpoint = re.search(r"service at (\S+), authenticated", out)
+            endpoint = re.search(r"service at (\S+)$", out, re.MULTILINE)
             health = re.search(r"/metrics on port (\d+)", out)
             assert endpoint and health, out[-3000:]
             job.nodes.append(Node(a.name, a.proc.pid, endpoint.group(1), int(health.group(1))))

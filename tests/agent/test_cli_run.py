@@ -168,7 +168,8 @@ def test_an_agent_without_log_dir_leaves_no_directory_behind(tmp_path: Path) -> 
     script.write_text("from kelastic.agent import progress\nprogress.update(1, 1)\nprogress.flush()\n")
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    env = {**os.environ, "TMPDIR": str(scratch)}
+    # LOGLEVEL=DEBUG: the agent names its log folder at DEBUG (a path is a detail at INFO).
+    env = {**os.environ, "TMPDIR": str(scratch), "LOGLEVEL": "DEBUG"}
     cmd = [sys.executable, "-m", "kelastic.agent", "--standalone", "--nproc-per-node", "2", str(script)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
