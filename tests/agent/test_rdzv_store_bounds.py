@@ -118,6 +118,7 @@ def test_the_keys_and_the_total_are_capped_and_freed_by_deletes(small: ServerPro
     assert job.add("k/0", 1) == 2
 
 
+@pytest.mark.slow  # waits out the store's request timeout (3 s)
 def test_a_stranger_that_speaks_no_tcpstore_or_half_a_request_is_cut_off(server: ServerProcess) -> None:
     host, port = server.host, server.port
     http = socket.create_connection((host, port), timeout=10)
