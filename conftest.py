@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:  # imported where used: the test session starts without the local cluster
+    from kelastic.localcluster.testing import KubectlApi
 
 REPO = Path(__file__).resolve().parent
 ENABLE = (
@@ -113,39 +116,13 @@ def control_plane_bin() -> Path:
     return path
 
 
-class KubectlApi:
-    """An API server as kubectl users reach it (``kubectl --kubeconfig ...``)."""
-
-    def __init__(self, name: str, kubeconfig: Path) -> None:
-        self.name = name
-        self.kubeconfig = kubeconfig
-
-    def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-    def ok(self, *args: str, stdin: str | None = None) -> str:
-        """kubectl's output; fails the test, quoting kubectl, when it fails."""
-        done = self.kubectl(*args, stdin=stdin)
-        assert done.returncode == 0, f"{self.name}: kubectl {' '.join(args)}: {done.stderr}"
-        return done.stdout
-
-    def said(self, *args: str, stdin: str | None = None) -> tuple[int, str]:
-        """kubectl's exit status and all it printed (stdout, then stderr), stripped."""
-        done = self.kubectl(*args, stdin=stdin)
-        return done.returncode, (done.stdout + done.stderr).strip()
-
-
 @pytest.fixture(scope="module", params=["emulator", "kube-apiserver"])
 def kubectl_api(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KubectlApi]:
     """The emulator's API server, then a real control plane's (skipped without binaries)."""
+    from kelastic.localcluster.testing import KubectlApi
+
     root = tmp_path_factory.mktemp(request.param)
     if request.param == "emulator":
         from kelastic.localcluster.apiserver.apiserver import ApiServer

@@ -24,7 +24,15 @@ import pytest
 from kelastic.localcluster.cli.cluster import LocalCluster
 from kelastic.localcluster.common import processes
 
-__all__ = ["Kubectl", "cluster_fixture", "kubectl_fixture", "process_alive", "stop_process", "wait_for"]
+__all__ = [
+    "Kubectl",
+    "KubectlApi",
+    "cluster_fixture",
+    "kubectl_fixture",
+    "process_alive",
+    "stop_process",
+    "wait_for",
+]
 
 T = TypeVar("T")
 
@@ -39,16 +47,22 @@ class Kubectl:
         self.exe = exe
         self.kubeconfig = kubeconfig
 
-    def __call__(
-        self, *args: str, timeout: float = 30.0, check: bool = True, input: str | None = None
-    ) -> str:
-        proc = subprocess.run(
+    def run(
+        self, *args: str, timeout: float = 30.0, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """kubectl's whole answer (exit status, stdout, stderr), whatever it was."""
+        return subprocess.run(
             [self.exe, "--kubeconfig", str(self.kubeconfig), *args],
             capture_output=True,
             text=True,
             timeout=timeout,
             input=input,
         )
+
+    def __call__(
+        self, *args: str, timeout: float = 30.0, check: bool = True, input: str | None = None
+    ) -> str:
+        proc = self.run(*args, timeout=timeout, input=input)
         if check and proc.returncode != 0:
             raise AssertionError(
                 f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr}{proc.stdout}"
@@ -65,6 +79,29 @@ class Kubectl:
     def apply_object(self, obj: dict[str, Any]) -> str:
         """``kubectl apply`` of one object given as a dict (sent as JSON: no YAML quoting pitfalls)."""
         return self.apply(json.dumps(obj))
+
+
+class KubectlApi(Kubectl):
+    """An API server as kubectl users reach it (``kubectl --kubeconfig ...``), named for the
+    messages of tests that compare two servers (the emulator and a real one)."""
+
+    def __init__(self, name: str, kubeconfig: Path) -> None:
+        super().__init__(kubeconfig)
+        self.name = name
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return self.run(*args, timeout=60, input=stdin)
+
+    def ok(self, *args: str, stdin: str | None = None) -> str:
+        """kubectl's output; fails the test, quoting kubectl, when it fails."""
+        done = self.kubectl(*args, stdin=stdin)
+        assert done.returncode == 0, f"{self.name}: kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def said(self, *args: str, stdin: str | None = None) -> tuple[int, str]:
+        """kubectl's exit status and all it printed (stdout, then stderr), stripped."""
+        done = self.kubectl(*args, stdin=stdin)
+        return done.returncode, (done.stdout + done.stderr).strip()
 
 
 def process_alive(pid: int) -> bool:

@@ -69,7 +69,7 @@ CRD: dict[str, Any] = {
 
 
 if TYPE_CHECKING:
-    from conftest import KubectlApi as Server
+    from kelastic.localcluster.testing import KubectlApi as Server
 
 
 @pytest.fixture(scope="module")

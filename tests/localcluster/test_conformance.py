@@ -29,7 +29,7 @@ import pytest
 
 from kelastic.localcluster.apiserver.apiserver import ApiServer
 from kelastic.localcluster.controlplane.controlplane import ControlPlane, ControlPlaneBinaries
-from kelastic.localcluster.testing import wait_for
+from kelastic.localcluster.testing import Kubectl, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -113,13 +113,7 @@ class Server:
             return exc.code, _decode(exc.read())
 
     def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return Kubectl(self.kubeconfig).run(*args, timeout=60, input=stdin)
 
 
 def _decode(raw: bytes) -> Any:

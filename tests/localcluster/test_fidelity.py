@@ -39,6 +39,7 @@ import pytest
 import yaml
 
 from kelastic.localcluster.cli.cluster import LocalCluster
+from kelastic.localcluster.testing import Kubectl
 
 pytestmark = pytest.mark.slow
 
@@ -96,13 +97,7 @@ class Side:
             return Answer(exc.code, _decode(exc.read()), _warnings(exc.headers))
 
     def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return Kubectl(self.kubeconfig).run(*args, timeout=60, input=stdin)
 
     def namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
         """Create namespace ``name`` (fresh for each test) and wait until it can hold pods."""

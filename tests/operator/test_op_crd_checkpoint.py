@@ -20,7 +20,7 @@ CRD = REPO / "crds" / "elasticjob.yaml"
 
 
 if TYPE_CHECKING:
-    from conftest import KubectlApi as Server
+    from kelastic.localcluster.testing import KubectlApi as Server
 
 
 @pytest.fixture(scope="module")

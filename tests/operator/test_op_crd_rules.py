@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 
 
 if TYPE_CHECKING:
-    from conftest import KubectlApi as Server
+    from kelastic.localcluster.testing import KubectlApi as Server
 
 
 @pytest.fixture(scope="module")
