@@ -1,11 +1,16 @@
-"""Helpers of the reconcile table tests (test_op_reconcile*.py), loaded with runpy: conftest
-modules cannot be imported by name.
+"""Helpers of the reconcile tests (test_op_reconcile*.py, and the executor's gates in
+test_op_netpol.py and test_op_podgroup.py), loaded with runpy: conftest modules cannot be
+imported by name.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from kelastic.operator.executor import ActionExecutor
+from kelastic.operator.jobcache import JobCache
+from kelastic.operator.metrics import OperatorMetrics
 from kelastic.operator.reconcile import CreatePod, Decision, DeletePod, ReconcileConfig, reconcile
 from kelastic.operator.spec import parse_job
 
@@ -53,3 +58,27 @@ def cond(decision: Decision, kind: str) -> dict[str, Any] | None:
         if c["type"] == kind:
             return c
     return None
+
+
+def apply_decision(
+    kube: Any, job: Any, body: dict[str, Any], decision: Decision, executor: Any = None
+) -> tuple[Any, list[tuple[str, str]]]:
+    """One pass of a real ActionExecutor over ``decision`` against ``kube`` (a new executor, or
+    ``executor`` again for a later pass); the executor and the (reason, message) of each Event
+    it posted in this pass."""
+    posted: list[tuple[str, str]] = []
+
+    class Events:
+        def emit(self, body: Any, reason: str, message: str, *, warning: bool = False) -> None:
+            posted.append((reason, message))
+
+    async def io(fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    if executor is None:
+        executor = ActionExecutor(
+            kube, io, Events(), OperatorMetrics(), JobCache(), lambda key, action: None, lambda uid: "0" * 64
+        )
+    executor.events = Events()
+    asyncio.run(executor.apply(job, body, decision, [], []))
+    return executor, posted

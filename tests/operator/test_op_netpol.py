@@ -4,7 +4,9 @@ reconcile asks for them, the operator's namespace check, and how the API server 
 from __future__ import annotations
 
 import asyncio
+import runpy
 from collections.abc import Mapping
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,6 +31,8 @@ from kelastic.operator.netpol import (
 )
 from kelastic.operator.reconcile import EnsureObject, ReconcileConfig, reconcile
 from kelastic.operator.spec import Job, parse_job
+
+harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("reconcile_harness.py"))))
 
 OPERATOR = {"app.kubernetes.io/name": "kelastic", "app.kubernetes.io/component": "operator"}
 OPERATOR_NS = "kelastic-system"
@@ -301,22 +305,7 @@ class RefusingKube(OrderKube):
 def _apply(kit: SimpleNamespace, kube: OrderKube, executor: Any = None) -> tuple[Any, list[tuple[str, str]]]:
     job = parse_job(kit.job_body())
     decision = reconcile(job, kit.observed(kit.store()), ReconcileConfig(network_policy=ON))
-    posted: list[tuple[str, str]] = []
-
-    class Events:
-        def emit(self, body: Any, reason: str, message: str, *, warning: bool = False) -> None:
-            posted.append((reason, message))
-
-    async def io(fn: Any, *args: Any) -> Any:
-        return fn(*args)
-
-    if executor is None:
-        executor = ActionExecutor(
-            kube, io, Events(), OperatorMetrics(), JobCache(), lambda key, action: None, lambda uid: "0" * 64
-        )  # type: ignore[arg-type]
-    executor.events = Events()
-    asyncio.run(executor.apply(job, kit.job_body(), decision, [], []))
-    return executor, posted
+    return harness.apply_decision(kube, job, kit.job_body(), decision, executor)
 
 
 def test_workers_wait_for_network_policies_that_cannot_be_made(kit: SimpleNamespace) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import runpy
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,6 +13,8 @@ from kelastic.operator.builders import BuildConfig, owner_reference, store_pod, 
 from kelastic.operator.podgroup import GangScheduler, gang_scheduler, min_member, pod_group, pod_group_path
 from kelastic.operator.reconcile import EnsureObject, reconcile
 from kelastic.operator.spec import parse_job
+
+harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("reconcile_harness.py"))))
 
 
 def job_with(kit: SimpleNamespace, scheduler: str | None, **spec: Any) -> Any:
@@ -206,34 +210,13 @@ class GroupKube:
 def apply_pass(
     kit: SimpleNamespace, kube: GroupKube, executor: Any = None
 ) -> tuple[Any, list[tuple[str, str]]]:
-    import asyncio
-
-    from kelastic.operator.executor import ActionExecutor
-    from kelastic.operator.jobcache import JobCache
-    from kelastic.operator.metrics import OperatorMetrics
     from kelastic.operator.reconcile import ReconcileConfig
 
     job = job_with(kit, None, replicas=3)
     decision = reconcile(
         job, kit.observed(kit.store()), ReconcileConfig(build=BuildConfig(kubernetes_gang=True))
     )
-    posted: list[tuple[str, str]] = []
-
-    class Events:
-        def emit(self, body: Any, reason: str, message: str, *, warning: bool = False) -> None:
-            posted.append((reason, message))
-
-    async def io(fn: Any, *args: Any) -> Any:
-        return fn(*args)
-
-    if executor is None:
-        executor = ActionExecutor(
-            kube, io, Events(), OperatorMetrics(), JobCache(), lambda key, action: None, lambda uid: "0" * 64
-        )  # type: ignore[arg-type]
-    else:
-        executor.events = Events()
-    asyncio.run(executor.apply(job, kit.job_body(replicas=3), decision, [], []))
-    return executor, posted
+    return harness.apply_decision(kube, job, kit.job_body(replicas=3), decision, executor)
 
 
 def test_workers_wait_for_a_podgroup_that_cannot_be_made(kit: SimpleNamespace) -> None:
