@@ -332,8 +332,14 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal(signum: int) -> None:
+            # Said, so that a pod's log shows whether a slow stop began with the signal or after it.
+            print(f"kelastic-rendezvous: {signal.Signals(signum).name}: stopping", flush=True)
+            stop.set()
+
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
+            loop.add_signal_handler(signum, on_signal, signum)
         return await _serve(args, stop)
 
     code = asyncio.run(run())

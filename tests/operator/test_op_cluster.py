@@ -81,6 +81,26 @@ class Env:
         raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
+def store_diagnosis(env: Env, job: str) -> str:
+    """Why a store pod is still there: its metadata and status, its log, the operator's lines."""
+    pod = env.pods(job).get(f"{job}-rendezvous") or {}
+    meta = {
+        k: pod.get("metadata", {}).get(k) for k in ("deletionTimestamp", "deletionGracePeriodSeconds", "uid")
+    }
+    logs = sorted(env.workdir.parent.glob(f"data/pods/*_{job}-rendezvous_*/*/*.log"))
+    tail = logs[-1].read_text(errors="replace").splitlines()[-10:] if logs else ["(no store log)"]
+    ops = [ln for ln in env.log.read_text(errors="replace").splitlines() if f"/{job}" in ln][-15:]
+    return "\n".join(
+        [
+            f"store pod: {json.dumps(meta)} status {json.dumps(pod.get('status', {}))[:1500]}",
+            "store log:",
+            *tail,
+            "operator log:",
+            *ops,
+        ]
+    )
+
+
 def start_operator(env: Env, log: Path, *extra: str) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable, "-m", "kelastic.operator",
@@ -375,7 +395,15 @@ def test_world_size_and_progress_reach_status_then_success(env: Env) -> None:
     done.write_text("")
     st = env.wait("Succeeded", lambda: (s := status()).get("phase") == "Succeeded" and s, 60)
     assert st["replicaStatuses"]["Worker"]["succeeded"] == 2 and st["completionTime"]
-    env.wait("the store pod and Service to go", lambda: "zeta-rendezvous" not in env.pods("zeta"))
+    try:
+        # Seconds as a rule; the bound covers a store that only goes at the end of its grace period.
+        env.wait("the store pod to go", lambda: "zeta-rendezvous" not in env.pods("zeta"), 60)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{store_diagnosis(env, 'zeta')}") from None
+    env.wait(
+        "the store Service to go",
+        lambda: not env.get("services", "-l", f"{contract.LABEL_JOB_NAME}=zeta")["items"],
+    )
 
 
 @pytest.mark.slow

@@ -148,9 +148,31 @@ def worker_pods(kubectl: Kubectl, job: str) -> list[dict[str, Any]]:
     return [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
 
 
+def diagnosis(cluster: LocalCluster, kubectl: Kubectl, jobs: tuple[str, ...]) -> str:
+    """What a failed wait needs to be understood: the Workloads Kueue decided on, the jobs'
+    pods and status, and the operator's log lines of those jobs."""
+    lines = ["Workloads:"]
+    for w in kubectl.json("workloads.kueue.x-k8s.io")["items"]:
+        st = w.get("status") or {}
+        conds = [f"{c['type']}={c['status']}({c.get('reason')})" for c in st.get("conditions", [])]
+        counts = [a.get("count") for a in (st.get("admission") or {}).get("podSetAssignments", [])]
+        lines.append(
+            f"  {w['metadata']['name']} created {w['metadata']['creationTimestamp']} admitted {counts} {conds}"
+        )
+    for job in jobs:
+        pods = kubectl.json("pods", "-l", f"kelastic.dev/job-name={job}")["items"]
+        lines.append(f"{job}: status {json.dumps(status(kubectl, job))}")
+        lines += [f"  pod {p['metadata']['name']}: {(p.get('status') or {}).get('phase')}" for p in pods]
+    log = cluster.data_dir.parent / "operator.log"
+    if log.is_file():
+        mine = [ln for ln in log.read_text(errors="replace").splitlines() if any(f"/{j}" in ln for j in jobs)]
+        lines += ["operator log (these jobs, last 40 lines):", *mine[-40:]]
+    return "\n".join(lines)
+
+
 def test_a_queued_job_waits_for_quota_and_grows_when_it_frees(lane: tuple[LocalCluster, Kubectl]) -> None:
     """First waits for second; partial admission at minReplicas; growth when quota frees."""
-    _, kubectl = lane
+    cluster, kubectl = lane
     kubectl.apply_object(elastic_job("first", 2, 2, steps=40))
     wait_for(lambda: status(kubectl, "first").get("phase") == "Running" or None, 240, "first to run")
     # second asks for 2..2: 500m are left of 1500m, so Kueue admits nothing yet.
@@ -184,9 +206,12 @@ def test_a_queued_job_waits_for_quota_and_grows_when_it_frees(lane: tuple[LocalC
     # first ends: its quota is released at once, and second (queued first) starts.
     wait_for(lambda: status(kubectl, "first").get("phase") == "Succeeded" or None, 300, "first to succeed")
     freed = time.monotonic()
-    wait_for(
-        lambda: step_of(status(kubectl, "second")) >= 1 or None, 240, "second's first step", interval=0.2
-    )
+    try:
+        wait_for(
+            lambda: step_of(status(kubectl, "second")) >= 1 or None, 240, "second's first step", interval=0.2
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{diagnosis(cluster, kubectl, ('second', 'third'))}") from None
     FIGURES["quota freed -> waiting job's first step (s)"] = time.monotonic() - freed
     # second ends: third grows to 3 through its growth Workload.
     wait_for(lambda: status(kubectl, "second").get("phase") == "Succeeded" or None, 300, "second to succeed")
