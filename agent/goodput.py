@@ -43,7 +43,7 @@ __all__ = ["GoodputLedger", "Point", "Resume"]
 SAMPLES = 64
 #: Step intervals the work per step is the median of: few, so a member that slows down
 #: shows within a few intervals.
-WORK_SAMPLES = 5
+WORK_SAMPLES = 3
 #: Restarts kept in the record: the operator reads it every few seconds and dedupes, so a
 #: few restarts in a row between two reads are all seen.
 RESUMES = 8

@@ -66,3 +66,30 @@ def test_parse_rule_and_its_errors() -> None:
     for bad in ("policy=Kill", "ratio=1", "ratio=x", "window=-1", "speed=2", "ratio"):
         with pytest.raises(ValueError, match="straggler"):
             parse_rule(bad)
+
+
+def test_work_figures_take_fresh_records_only() -> None:
+    from kelastic.agent.straggler_watch import STALE_RECORD, work_figures
+
+    records = {
+        "a": {"work_seconds": 1.0, "time": 100.0},
+        "b": {"work_seconds": 3.0, "time": 100.0 - STALE_RECORD - 1},  # its agent stopped publishing
+        "c": {"work_seconds": None, "time": 100.0},  # no interval yet
+        "d": {"time": 100.0},
+    }
+    assert work_figures(records, 100.0) == {"a": 1.0}
+
+
+def test_the_agent_metrics_show_the_verdict_for_this_node() -> None:
+    from kelastic.agent.events import Event, EventSource
+    from kelastic.agent.telemetry import AgentTelemetry
+
+    verdict: dict[str, object] = {"node": "b", "ratio": 2.5, "action": "replace"}
+    telemetry = AgentTelemetry()
+    telemetry.watch_straggler(lambda: verdict, node="b")
+    text = telemetry.render()
+    assert "kelastic_agent_straggler 1" in text and "kelastic_agent_straggler_ratio 2.5" in text
+    telemetry.record(Event("kelastic.agent.straggler", EventSource.AGENT, metadata={}))
+    verdict["action"] = "replaced"
+    text = telemetry.render()
+    assert "kelastic_agent_straggler 0" in text and "kelastic_agent_straggler_steps_aside_total 1" in text
