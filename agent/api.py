@@ -759,6 +759,11 @@ class SimpleElasticAgent(ElasticAgent):
     def _on_monitor_tick(self, worker_group: WorkerGroup) -> None:
         """Called on every turn of the monitor loop while workers run."""
 
+    def _step_aside(self, worker_group: WorkerGroup) -> str | None:
+        """Called on healthy ticks: the reason this node just left its round to make room
+        (a straggler replaced by a standby), or None to go on. Default: never."""
+        return None
+
     def _after_exit_barrier(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
         """Called once the workers succeeded and the exit barrier is over; returns the run's
         final result. Workers still held alive (they returned but have not exited) are
@@ -1093,12 +1098,15 @@ class SimpleElasticAgent(ElasticAgent):
                     self._settle_by = grace_ends
             elif state == WorkerState.HEALTHY:
                 self._on_monitor_tick(self._worker_group)
+                aside = self._step_aside(self._worker_group)
                 # only a handler that watches nothing is asked (torch's c10d and static)
                 waiting = handler.num_nodes_waiting() if watching is Watching.NOTHING else 0
                 verdict = restart_policy.decide_while_healthy(
                     restart_policy.Healthy(watching=watching, changed=changed, nodes_waiting=waiting)
                 )
-                if verdict.action is Action.RESTART_FREE and watching is Watching.LOSSES:
+                if aside is not None:  # this node left its round: re-join (as a standby)
+                    verdict = Verdict(Action.RESTART_FREE, aside)
+                elif verdict.action is Action.RESTART_FREE and watching is Watching.LOSSES:
                     verdict = self._at_a_checkpoint(verdict, spec.monitor_interval)
             else:
                 raise RuntimeError(f"[{spec.role}] worker group in unexpected state {state.value}")

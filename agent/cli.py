@@ -46,6 +46,7 @@ from kelastic.agent.events import Event, EventMetadataValue, EventSink, EventSou
 from kelastic.agent.launch_config import LaunchConfig, resolve_job_secret
 from kelastic.agent.multiprocessing import Std
 from kelastic.agent.process_exit import exit_process
+from kelastic.agent.straggler import parse_rule
 
 __all__ = [
     "LaunchConfig",
@@ -278,6 +279,14 @@ def build_parser() -> argparse.ArgumentParser:
         "progress (kelastic.agent.progress.update) did so for this many seconds",
     )
     opt(
+        contract.FLAG_STRAGGLERS,
+        default="",
+        type=str,
+        help="the straggler rule (kelastic backend): policy=Report|Replace,ratio=R,window=SECONDS; a member "
+        "whose own work per step stays R times the others' median for the window is reported, and with "
+        "Replace swapped for a standby at the next checkpoint (default policy=Report,ratio=1.5,window=10)",
+    )
+    opt(
         contract.FLAG_CHECKPOINT_MEMORY,
         default="auto",
         type=str,
@@ -408,6 +417,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         master_port=master_port,
         health_port=args.health_port,
         hang_timeout=args.hang_timeout,
+        stragglers=parse_rule(args.stragglers),
         checkpoint=checkpoint,
         job_secret_file=args.job_secret_file or None,
         insecure_no_secret=bool(args.insecure_no_secret),
@@ -437,6 +447,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"--health-port must be in 0..65535, got {args.health_port}")
     if args.hang_timeout is not None and args.hang_timeout <= 0:
         raise ValueError(f"--hang-timeout must be > 0 seconds, got {args.hang_timeout}")
+    parse_rule(args.stragglers)  # ValueError names the setting
 
 
 def _entrypoint(args: argparse.Namespace) -> tuple[Callable[..., Any] | str, list[str], str]:

@@ -39,6 +39,7 @@ __all__ = [
     "FLAG_RDZV_ENDPOINT",
     "FLAG_RDZV_ID",
     "FLAG_STANDBY",
+    "FLAG_STRAGGLERS",
     "FLAG_WARM_START",
     "INJECT_LAUNCHER",
     "INJECT_LIB",
@@ -105,6 +106,8 @@ FLAG_LOCAL_ADDR = "--local-addr"
 FLAG_HEALTH_PORT = "--health-port"
 #: Restart the workers when none of a node's ranks reported progress for this many seconds.
 FLAG_HANG_TIMEOUT = "--hang-timeout"
+#: The straggler rule (``policy=Report|Replace,ratio=R,window=SECONDS``, :mod:`kelastic.agent.straggler`).
+FLAG_STRAGGLERS = "--stragglers"
 FLAG_NO_PYTHON = "--no-python"
 FLAG_WARM_START = "--warm-start"
 #: Start this node as a standby: it waits in the rendezvous without a rank and only

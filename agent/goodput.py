@@ -9,6 +9,12 @@ it when it restarts its workers. The ledger keeps:
 * ``step_seconds``: the node's fault-free step time, the median over recent intervals
   between two reports of one attempt of ``(time - save stall) / steps`` (a save or a
   restart inside an interval does not lengthen it);
+* ``work_seconds``: the node's own work per step, the median over its last few intervals
+  of the current attempt of ``(time - save stall - waits on peers) / steps``, where the
+  waits are what its ranks reported with ``progress.waited``/``progress.waiting`` (the
+  least of its ranks'): in a synchronous group every member's step takes as long as the
+  slowest member's, so this is what tells a straggler (:mod:`kelastic.agent.straggler`);
+  without reported waits it equals the step time;
 * ``stall``: the seconds its workers waited on saves, summed over its attempts (each
   attempt's figure is its slowest rank's);
 * ``resumes``: for each restart of its workers, where the group stopped (the last step
@@ -35,6 +41,9 @@ __all__ = ["GoodputLedger", "Point", "Resume"]
 
 #: Step intervals the step time is the median of.
 SAMPLES = 64
+#: Step intervals the work per step is the median of: few, so a member that slows down
+#: shows within a few intervals.
+WORK_SAMPLES = 3
 #: Restarts kept in the record: the operator reads it every few seconds and dedupes, so a
 #: few restarts in a row between two reads are all seen.
 RESUMES = 8
@@ -42,11 +51,13 @@ RESUMES = 8
 
 @dataclass(frozen=True)
 class Point:
-    """A step the node's slowest rank reached, when (epoch seconds), and its attempt's stall so far."""
+    """A step the node's slowest rank reached, when (epoch seconds), its attempt's stall so
+    far, and the least any of its ranks waited on peers so far."""
 
     step: int
     time: float
     stall: float
+    wait: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,7 @@ def node_point(reports: Mapping[int, ProgressReport]) -> Point | None:
         return None
     step = min(r.step for r in reports.values())
     reached = max(r.time for r in reports.values() if r.step == step)
-    return Point(step, reached, max(r.stall for r in reports.values()))
+    return Point(step, reached, max(r.stall for r in reports.values()), min(r.wait for r in reports.values()))
 
 
 def node_first(reports: Mapping[int, ProgressReport]) -> tuple[int, float] | None:
@@ -87,6 +98,7 @@ class GoodputLedger:
         self.started = time.time() if started is None else started
         self._current: Point | None = None
         self._samples: deque[float] = deque(maxlen=SAMPLES)
+        self._work: deque[float] = deque(maxlen=WORK_SAMPLES)  # the current attempt's
         self._stall_before = 0.0  # the finished attempts' stall
         self._stop: Point | None = None  # where the group stopped, until the next attempt reports
         self._resumes: deque[Resume] = deque(maxlen=RESUMES)
@@ -101,6 +113,8 @@ class GoodputLedger:
             busy = (point.time - last.time) - max(0.0, point.stall - last.stall)
             if busy > 0:
                 self._samples.append(busy / (point.step - last.step))
+                work = busy - max(0.0, point.wait - last.wait)
+                self._work.append(max(0.0, work) / (point.step - last.step))
         self._current = point
         if self._stop is not None:
             first = node_first(reports)
@@ -116,10 +130,15 @@ class GoodputLedger:
             self._stall_before += self._current.stall
             self._stop = Point(self._current.step, self._current.time, 0.0)
         self._current = None
+        self._work.clear()  # another group, maybe other peers to wait for
 
     @property
     def step_seconds(self) -> float | None:
         return statistics.median(self._samples) if self._samples else None
+
+    @property
+    def work_seconds(self) -> float | None:
+        return statistics.median(self._work) if self._work else None
 
     @property
     def stall(self) -> float:
@@ -135,6 +154,7 @@ class GoodputLedger:
             "step": current.step if current is not None else None,
             "step_time": round(current.time, 3) if current is not None else None,
             "step_seconds": round(seconds, 6) if seconds is not None else None,
+            "work_seconds": round(self.work_seconds, 6) if self.work_seconds is not None else None,
             "stall": round(self.stall, 6),
             "resumes": [r.to_json() for r in self._resumes],
         }

@@ -234,6 +234,7 @@ def _launch(config: LaunchConfig, key: secret.JobSecret | None) -> RunResult:
         checkpoints = _node_checkpoint_service(config, handler, endpoint, key)
         agent = _local_agent(config, handler, endpoint, telemetry, checkpoints)
         telemetry.start_sampler(agent.rank_progress)
+        telemetry.watch_straggler(agent.straggler_verdict, node=getattr(handler, "node_name", ""))
         if checkpoints is not None:
             telemetry.watch_checkpoint(checkpoints.keeper.status)
             # Only the ranks this agent started (and their own processes) save and restore here.
@@ -329,4 +330,5 @@ def _local_agent(
         checkpoint_status=checkpoints.keeper.status if checkpoints is not None else None,
         checkpoint_commits=checkpoints.keeper if checkpoints is not None else None,
         checkpoint_ring=checkpoints,
+        stragglers=config.stragglers,
     )

@@ -15,6 +15,7 @@ from typing import Any
 from kelastic.agent import secret
 from kelastic.agent.checkpoint.settings import CheckpointSettings
 from kelastic.agent.multiprocessing import Std
+from kelastic.agent.straggler import StragglerRule
 
 __all__ = ["LaunchConfig", "resolve_job_secret"]
 
@@ -45,6 +46,8 @@ class LaunchConfig:
     health_port: int | None = None
     #: Restart the workers when none of the local ranks reported progress this long (seconds).
     hang_timeout: float | None = None
+    #: The straggler rule (``--stragglers``; kelastic backend): Report by default.
+    stragglers: StragglerRule | None = field(default_factory=StragglerRule)
     #: The memory checkpoint service (kelastic.checkpoint) as the flags set it, for every
     #: node (``CheckpointSettings.for_node`` places it on this one); None turns it off.
     checkpoint: CheckpointSettings | None = None

@@ -83,6 +83,8 @@ from kelastic.agent.progress import (
     read_report,
 )
 from kelastic.agent.progress_publisher import ProgressPublisher
+from kelastic.agent.straggler import StragglerRule
+from kelastic.agent.straggler_watch import StragglerWatch
 from kelastic.agent.warm import prewarm_forkserver
 
 __all__ = [
@@ -182,7 +184,9 @@ class LocalElasticAgent(SimpleElasticAgent):
     ``checkpoint_status`` (optional) gives the node's checkpoint state published with its
     progress; ``checkpoint_commits`` (optional) lets a restart for joining nodes wait for
     the group's next checkpoint (see :func:`kelastic.agent.restart_policy.defer_join`);
-    ``checkpoint_ring`` (optional) is told each round's ring of checkpoint services.
+    ``checkpoint_ring`` (optional) is told each round's ring of checkpoint services;
+    ``stragglers`` (optional, with the kelastic backend) is the straggler rule the node
+    applies (:mod:`kelastic.agent.straggler_watch`).
     """
 
     def __init__(
@@ -206,6 +210,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         checkpoint_status: Callable[[], dict[str, Any]] | None = None,
         checkpoint_commits: CheckpointCommits | None = None,
         checkpoint_ring: CheckpointRing | None = None,
+        stragglers: StragglerRule | None = None,
     ) -> None:
         super().__init__(
             spec,
@@ -254,6 +259,18 @@ class LocalElasticAgent(SimpleElasticAgent):
             else None
         )
         self._goodput = GoodputLedger()
+        #: The straggler rule's watch (:mod:`kelastic.agent.straggler_watch`), with the publisher.
+        self._stragglers = (
+            StragglerWatch(
+                self._publisher.endpoint,
+                self._publisher.run_id,
+                self._publisher.node,
+                stragglers,
+                commits=checkpoint_commits,
+            )
+            if self._publisher is not None and stragglers is not None
+            else None
+        )
 
     @property
     def run_log_dir(self) -> Path:
@@ -507,6 +524,29 @@ class LocalElasticAgent(SimpleElasticAgent):
     def _on_monitor_tick(self, worker_group: WorkerGroup) -> None:
         if self._publisher is not None and self._publisher.due():
             self._publish_progress()
+
+    def _step_aside(self, worker_group: WorkerGroup) -> str | None:
+        """A straggler named for replacement leaves its round at the checkpoint (see
+        :mod:`kelastic.agent.straggler_watch`); the restart then parks it as a standby."""
+        watch = self._stragglers
+        if watch is None:
+            return None
+        from kelastic.agent.rendezvous import handler as kelastic_rdzv  # only with the kelastic backend
+
+        handler = worker_group.spec.rdzv_handler
+        if not isinstance(handler, kelastic_rdzv.KelasticRendezvousHandler):
+            return None
+        round_ = kelastic_rdzv.current_round(handler)
+        reason = watch.tick(leader=worker_group.group_rank == 0, round_=round_)
+        if reason is None or not kelastic_rdzv.step_aside(handler):
+            return None
+        watch.replaced(round_)
+        self._event("kelastic.agent.straggler", node=watch.node, round=round_, action="replaced")
+        return f"{reason} (a membership change: it re-joins as a standby)"
+
+    def straggler_verdict(self) -> Mapping[str, Any] | None:
+        """The group's latest straggler verdict this agent read (None: none, or not watched)."""
+        return None if self._stragglers is None else self._stragglers.verdict
 
     # progress ---------------------------------------------------------------------------------
     def _ensure_display(self) -> ProgressDisplay | None:

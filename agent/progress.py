@@ -44,12 +44,13 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import json
 import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -78,6 +79,8 @@ __all__ = [
     "render_plain",
     "stalled",
     "update",
+    "waited",
+    "waiting",
 ]
 
 # ---------------------------------------------------------------------------------------
@@ -100,6 +103,8 @@ class ProgressReport:
     stall: float = 0.0
     #: The first step this rank's process reported, and when (None: not recorded).
     first: tuple[int, float] | None = None
+    #: Seconds this rank's process waited on its peers so far (:func:`waited`, :func:`waiting`).
+    wait: float = 0.0
 
 
 class _Reporter:
@@ -111,6 +116,7 @@ class _Reporter:
         self.written_at = float("-inf")
         self.exit_hook = False
         self.stall = 0.0
+        self.wait = 0.0
         self.first: tuple[int, float] | None = None
 
     def offer(self, path: str, step: int, total: int | None, metrics: dict[str, float], final: bool) -> None:
@@ -144,6 +150,7 @@ class _Reporter:
                 "metrics": {k: float(v) for k, v in metrics.items()},
                 "time": stamp,
                 "stall": round(self.stall, 6),
+                "wait": round(self.wait, 6),
                 "first": list(self.first) if self.first is not None else None,
             }
         )
@@ -195,6 +202,33 @@ def stalled(seconds: float) -> None:
             _reporter.stall += float(seconds)
 
 
+def waited(seconds: float) -> None:
+    """Record that this rank waited ``seconds`` on its peers (sent with the next report).
+
+    In a synchronous group every member's step takes as long as the slowest member's: the
+    others wait for it in the collectives. What a rank spent on its own work, the step minus
+    these waits, is what tells a slow member (a straggler, :mod:`kelastic.agent.straggler`)
+    from the ones that wait for it. Never raises.
+    """
+    if seconds > 0:
+        with _reporter.lock:
+            _reporter.wait += float(seconds)
+
+
+@contextlib.contextmanager
+def waiting() -> Iterator[None]:
+    """Count the time inside the ``with`` block as waiting on peers (:func:`waited`)::
+
+    with progress.waiting():
+        dist.all_reduce(grads)
+    """
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        waited(time.monotonic() - started)
+
+
 # ---------------------------------------------------------------------------------------
 # Agent side: reading and aggregating
 # ---------------------------------------------------------------------------------------
@@ -217,6 +251,7 @@ def read_report(path: str | os.PathLike[str]) -> ProgressReport | None:
             metrics={str(k): float(v) for k, v in (data.get("metrics") or {}).items()},
             time=float(data.get("time", 0.0)),
             stall=float(data.get("stall") or 0.0),
+            wait=float(data.get("wait") or 0.0),
             first=(int(first[0]), float(first[1])) if first else None,
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

@@ -26,7 +26,10 @@ checkpoint (``kelastic.checkpoint``): ``checkpoint_latest`` (the newest complete
 checkpoint), ``checkpoint_bytes`` and ``checkpoint_limit_bytes`` (held on this node, and
 its limit), ``checkpoint_saves_total``, ``checkpoint_refused_total`` (saves that did not
 fit), ``checkpoint_restores_total{source}`` (memory, replica or durable) and
-``checkpoint_restore_seconds`` (the latest restore); and what kelastic's services turned
+``checkpoint_restore_seconds`` (the latest restore); with the straggler rule
+(:mod:`kelastic.agent.straggler_watch`): ``straggler`` (1 while the group's verdict names
+this node, else 0), ``straggler_ratio`` (its work per step over the others' median then)
+and ``straggler_steps_aside_total`` (times it left its round for a standby); and what kelastic's services turned
 away (:data:`kelastic.agent.auth.REFUSALS`): ``refused_total{service,reason}`` (service
 ``checkpoint``, ``peer_link``, ``health`` or ``store_record``: a rendezvous store record that
 failed its MAC; reason ``unauthenticated``, ``bad_frame``,
@@ -117,6 +120,9 @@ class AgentTelemetry:
         self._last_report: float | None = None
         self._progress: Callable[[], Mapping[int, ProgressReport]] | None = None
         self._checkpoint: Callable[[], Mapping[str, Any]] | None = None
+        self._straggler: Callable[[], Mapping[str, Any] | None] | None = None
+        self._straggler_node = ""
+        self._steps_aside = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -124,7 +130,9 @@ class AgentTelemetry:
     def record(self, event: Event) -> None:
         now = self._clock()
         with self._lock:
-            if event.name == "kelastic.agent.restart":
+            if event.name == "kelastic.agent.straggler":
+                self._steps_aside += 1
+            elif event.name == "kelastic.agent.restart":
                 if self._recovering_since is None:
                     self._recovering_since = (now, _restart_cause(str(event.metadata.get("reason", ""))))
             elif event.name == "kelastic.agent.rendezvous":
@@ -304,7 +312,37 @@ class AgentTelemetry:
             ),
         ]
 
+    def watch_straggler(self, verdict: Callable[[], Mapping[str, Any] | None], *, node: str) -> None:
+        """Report the group's straggler verdict as it concerns ``node`` (this one) in ``/metrics``."""
+        self._straggler, self._straggler_node = verdict, node
+
+    def _straggler_families(self) -> list[Family]:
+        if self._straggler is None:
+            return []
+        v = self._straggler() or {}
+        named = v.get("node") == self._straggler_node and v.get("action") in ("report", "replace")
+        ratio = v.get("ratio") if named and isinstance(v.get("ratio"), int | float) else None
+        with self._lock:
+            steps_aside = self._steps_aside
+        return [
+            gauge(
+                f"{_PREFIX}straggler",
+                "1 while the group's straggler verdict names this node (its steps are consistently slower).",
+                1 if named else 0,
+            ),
+            gauge(
+                f"{_PREFIX}straggler_ratio",
+                "This node's work per step over the median of the other members', while it is the straggler.",
+                ratio,
+            ),
+            counter(
+                f"{_PREFIX}straggler_steps_aside_total",
+                "Times this node left its round as a straggler so that a standby took its place.",
+                steps_aside,
+            ),
+        ]
+
     def render(self) -> str:
         """The ``/metrics`` body (samples progress first, so a scrape sees the latest step)."""
         self._sample_now()
-        return render([*self.families(), *self._checkpoint_families()])
+        return render([*self.families(), *self._checkpoint_families(), *self._straggler_families()])

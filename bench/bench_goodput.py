@@ -22,6 +22,15 @@ One job, run in one invocation under three configurations:
     replacement then waits as the next standby). Faults strike members only.
 (e) (d) and (s) together: overlapping saves every step and one hot standby, where a fault
     should cost less than a step.
+(t) a straggler: (e) (overlapping saves every step, one hot standby) with steps of CPU work
+    (the rank spins for ``--step-time`` seconds of its own CPU time, so a process stopped part
+    of the time takes longer; three ranks then need three cores' worth, so on fewer cores the
+    fault-free step is longer) and ``--stragglers policy=Replace,ratio=1.5,window=5``. No fault: after a fault-free stretch
+    (``--straggler-before`` seconds) one member's worker processes are stopped and continued
+    in a duty cycle (SIGSTOP 2/3, SIGCONT 1/3 of every 0.3 s: a third of the speed) until the
+    group has replaced it with the standby, then the job runs ``--straggler-after`` seconds
+    more. It prints the time from the slowdown to the replacement, and the step time before,
+    while slowed and after, beside the fault-free one.
 
 The job (this file with ``--worker``): N nodes of one rank each (``--nodes``, default 3,
 ``--nnodes N-1:N``), gloo, a state of ``--state-mib`` MiB (default 512) shaped like four
@@ -78,6 +87,8 @@ never asserted.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import math
 import os
@@ -361,9 +372,14 @@ def worker(a: argparse.Namespace) -> None:
         if crash.exists():
             crash.unlink(missing_ok=True)
             os._exit(1)  # a failing rank: the others block in the all-reduce until it is gone
-        dist.all_reduce(x)
+        # (t): what a rank waits on its peers is not its own work (how a straggler shows)
+        with progress.waiting() if a.busy else contextlib.nullcontext():
+            dist.all_reduce(x)
         s += 1
-        time.sleep(max(0.0, a.step_time - (time.monotonic() - t0)))  # forward and backward
+        if a.busy:  # forward and backward as CPU work: slower when the process is stopped at times
+            spin(a.step_time)
+        else:
+            time.sleep(max(0.0, a.step_time - (time.monotonic() - t0)))  # forward and backward
         if saver is not None and inflight is not None:
             t1 = time.monotonic()
             saver.wait_staged()  # the update changes the state next
@@ -382,6 +398,13 @@ def worker(a: argparse.Namespace) -> None:
             save(s)
             emit("saved", step=s, seconds=time.monotonic() - t1)
     dist.destroy_process_group()
+
+
+def spin(cpu_seconds: float) -> None:
+    """Work until this thread has used ``cpu_seconds`` of CPU time (a step's compute)."""
+    end = time.thread_time() + cpu_seconds
+    while time.thread_time() < end:
+        sum(range(1000))
 
 
 def calibrate(
@@ -469,6 +492,9 @@ class Config:
     launcher: Launcher
     mode: str  # disk | memory | overlap | none
     standbys: int = 0  # kelastic-agent --standby nodes beside --nodes
+    #: ``kelastic-agent --stragglers`` (empty: the agent's default); a step of CPU work (``busy``)
+    stragglers: str = ""
+    busy: bool = False
 
     @property
     def in_memory(self) -> bool:
@@ -483,6 +509,14 @@ CONFIGS = (
     Config("(d) kelastic + overlapping", Launcher.KELASTIC, "overlap"),
     Config("(s) (c) + 1 standby", Launcher.KELASTIC, "memory", standbys=1),
     Config("(e) (d) + 1 standby", Launcher.KELASTIC, "overlap", standbys=1),
+    Config(
+        "(t) a straggler: (e) with steps of CPU work, one node at 1/3 speed",
+        Launcher.KELASTIC,
+        "overlap",
+        standbys=1,
+        stragglers="policy=Replace,ratio=1.5,window=5",
+        busy=True,
+    ),
 )
 BASELINE = Config("fault-free, no checkpoint", Launcher.KELASTIC, "none")
 
@@ -530,7 +564,7 @@ class Job:
             __file__, "--worker", "--out", str(self.out), "--mode", self.cfg.mode,
             "--state-mib", str(a.state_mib), "--step-time", str(self.step_time),
             "--disk-dir", str(self.disk), "--mtbf", str(a.fault_every), "--calibrate", str(a.calibrate),
-            "--duration", str(a.window * 4 + 600),
+            "--duration", str(a.window * 4 + 600), *(["--busy"] if self.cfg.busy else []),
         ]  # fmt: skip
         restarts = str(4 * max(1, int(a.window / a.fault_every)) + 10)
         if self.cfg.launcher is Launcher.TORCHRUN:
@@ -557,7 +591,8 @@ class Job:
             "--max-restarts", restarts, "--local-addr", "127.0.0.1", "--warm-start",
             "--job-secret-file", str(self.secret),
             "--log-dir", str(self.dir / "agent-logs" / f"{name}.{self.incarnations}"), *ckpt,
-            *(["--standby"] if standby else []), *worker,
+            *(["--standby"] if standby else []),
+            *(["--stragglers", self.cfg.stragglers] if self.cfg.stragglers else []), *worker,
         ]  # fmt: skip
 
     def start(self, name: str, standby: bool = False) -> Node:
@@ -785,6 +820,155 @@ def run_config(cfg: Config, a: argparse.Namespace, step_time: float, root: Path,
         job.close()
 
 
+@dataclass
+class StragglerFigures:
+    """The straggler configuration's result (times in seconds)."""
+
+    label: str
+    victim: str = ""
+    failed: str | None = None
+    #: median step time before the slowdown (the job's fault-free one), while slowed, and after
+    before: float | None = None
+    slowed: float | None = None
+    after: float | None = None
+    #: from the slowdown to the standby a member, and to the re-formed group's first step
+    replaced: float | None = None
+    first_step: float | None = None
+    restored: str = ""
+    verdict: dict[str, Any] | None = None
+
+    def text(self, step_time: float) -> str:
+        ratio = None if self.after is None or not self.before else self.after / self.before
+        lines = [
+            f"  {self.label}: {self.failed or 'done'}; {self.victim} slowed to a third",
+            f"    step time: fault-free (before) {_s(self.before)}, slowed {_s(self.slowed)}, after the "
+            f"replacement {_s(self.after)} ({_s(None if ratio is None else 100 * (ratio - 1), '%', 1)} "
+            f"vs fault-free; target within 10%)",
+            f"    slowdown -> standby in its place {_s(self.replaced, ' s', 1)} (target <= 30 s); first step "
+            f"of the re-formed group {_s(self.first_step, ' s', 1)} after the slowdown; {self.restored or '-'}",
+            f"    verdict in the store: {json.dumps(self.verdict) if self.verdict else '-'}",
+        ]
+        return "\n".join(lines)
+
+
+class Throttle:
+    """Stops and continues the processes ``pids()`` names in a duty cycle (a third of the speed)."""
+
+    def __init__(self, pids: Callable[[], list[int]], stopped: float = 0.2, running: float = 0.1) -> None:
+        import threading
+
+        self._pids, self._stopped, self._running = pids, stopped, running
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _signal(self, pids: list[int], sig: int) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def _run(self) -> None:
+        while not self._halt.is_set():
+            pids = self._pids()
+            self._signal(pids, signal.SIGSTOP)
+            time.sleep(self._stopped)
+            self._signal(pids, signal.SIGCONT)
+            self._halt.wait(self._running)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._thread.join(timeout=5)
+        self._signal(self._pids(), signal.SIGCONT)
+
+
+def step_seconds(steps: Sequence[tuple[float, int, float]], t0: float, t1: float) -> float | None:
+    """Median seconds per step between rank 0's consecutive steps of one incarnation in [t0, t1] (pure)."""
+    inside = sorted((t, s, b) for t, s, b in steps if t0 <= t <= t1)
+    per = [
+        (t2 - t1_) / (s2 - s1)
+        for (t1_, s1, b1), (t2, s2, b2) in itertools.pairwise(inside)
+        if b1 == b2 and s2 > s1
+    ]
+    return statistics.median(per) if per else None
+
+
+def _await_window(job: Job, a: argparse.Namespace) -> float | None:
+    """The first step after calibration (None: the job did not start in time)."""
+    deadline = time.time() + a.start_cap
+    while time.time() < deadline and job.alive():
+        time.sleep(0.2)
+        if job.calibration() is not None:
+            first = next((e["t"] for e in job.events() if e["e"] == "step"), None)
+            if first is not None:
+                return first
+    return None
+
+
+def run_straggler(cfg: Config, a: argparse.Namespace, step_time: float, root: Path) -> StragglerFigures:
+    """Run the job fault-free, throttle one member until the standby replaces it, run on; measure."""
+    fig = StragglerFigures(cfg.label)
+    job = Job(cfg, a, step_time, root)
+    throttle: Throttle | None = None
+    try:
+        job.start_all(time.time() + a.start_cap)
+        w0 = _await_window(job, a)
+        if w0 is None:
+            fig.failed = f"did not start within {a.start_cap:.0f} s"
+            return fig
+        time.sleep(a.straggler_before)
+        members = job.members() or []
+        fig.victim = next((n for n in members if n != "node0"), "node1")
+        agent = job.nodes[fig.victim].proc.pid  # its agent keeps running: only its workers are slowed
+        throttle = Throttle(lambda: [p for p in _tagged(str(job.dir), fig.victim) if p != agent])
+        slowed = time.time()
+        throttle.start()
+        replaced = None
+        while replaced is None and time.time() < slowed + a.straggler_cap and job.alive():
+            now_members = job.members()
+            if now_members and fig.victim not in now_members and len(now_members) == a.nodes:
+                replaced = time.time()
+            time.sleep(0.2)
+        throttle.stop()
+        if replaced is None:
+            fig.failed = f"{fig.victim} was not replaced within {a.straggler_cap:.0f} s of the slowdown"
+            replaced = time.time()
+        else:
+            fig.replaced = replaced - slowed
+        time.sleep(a.straggler_after)
+        events = job.events()
+        steps = [(e["t"], e["step"], e["began"]) for e in events if e["e"] == "step"]
+        fig.before = step_seconds(steps, w0, slowed)
+        fig.slowed = step_seconds(steps, slowed + 5 * step_time, replaced)
+        later = [t for t, _, b in steps if b > slowed]
+        if later:
+            fig.first_step = min(later) - slowed
+            fig.after = step_seconds(steps, min(later), time.time())
+        done = max((s for t, s, _ in steps if t < min(later, default=time.time())), default=0)
+        restores = [e for e in events if e["e"] == "restored" and e["t"] > slowed]
+        if restores:
+            r = restores[0]
+            fig.restored = (
+                f"restored step {r['step']} from {r['source']} in {r['seconds']:.2f} s, "
+                f"{max(0, done - r['step'])} step(s) redone"
+            )
+        try:
+            from kelastic.agent.rendezvous import control
+
+            verdict = control.read_straggler(job._store(), job.run_id)
+            fig.verdict = dict(verdict) if verdict is not None else None
+        except Exception:
+            fig.verdict = None
+        return fig
+    finally:
+        if throttle is not None:
+            throttle.stop()
+        job.close()
+
+
 def baseline_rate(a: argparse.Namespace, step_time: float, root: Path) -> float | None:
     """Steps per second of the job with no checkpoint and no fault over ``--baseline-window``."""
     job = Job(BASELINE, a, step_time, root)
@@ -938,6 +1122,7 @@ def main() -> None:
     p.add_argument("--disk-dir", default="", help=argparse.SUPPRESS)
     p.add_argument("--mtbf", type=float, default=120.0, help=argparse.SUPPRESS)
     p.add_argument("--duration", type=float, default=3600.0, help=argparse.SUPPRESS)
+    p.add_argument("--busy", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--state-mib", type=int, default=512, help="model + optimizer state, MiB (default 512)")
     p.add_argument("--nodes", type=int, default=3, help="nodes of one rank each (default 3)")
     p.add_argument("--step-time", type=float, action="append",
@@ -948,8 +1133,14 @@ def main() -> None:
                    help="seconds of the fault-free run without checkpoints (default: min(window, 30))")  # fmt: skip
     p.add_argument("--calibrate", type=int, default=6, help="saves timed before the window (default 6)")
     p.add_argument(
-        "--configs", default="abcdse", help="which configurations, of a, b, c, d, s, e (default abcdse)"
+        "--configs", default="abcdset", help="which configurations, of a, b, c, d, s, e, t (default abcdset)"
     )
+    p.add_argument("--straggler-before", type=float, default=30.0,
+                   help="(t): fault-free seconds before the slowdown (30)")  # fmt: skip
+    p.add_argument("--straggler-after", type=float, default=30.0,
+                   help="(t): seconds measured after the replacement (30)")  # fmt: skip
+    p.add_argument("--straggler-cap", type=float, default=180.0,
+                   help="(t): the most seconds waited for the replacement (180)")  # fmt: skip
     p.add_argument("--status-every", type=float, default=2.0,
                    help="seconds between reads of the store for the job-status goodput (the operator's 2)")  # fmt: skip
     p.add_argument("--checkpoint-memory", default="",
@@ -992,6 +1183,9 @@ def main() -> None:
         )
         figs = []
         for cfg in configs:
+            if cfg.busy:
+                print(run_straggler(cfg, a, step_time, root).text(step_time), flush=True)
+                continue
             fig = run_config(cfg, a, step_time, root, rate)
             figs.append(fig)
             print(
@@ -1000,7 +1194,8 @@ def main() -> None:
                 f"(load average {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
-        report(figs, a, step_time, rate)
+        if figs:
+            report(figs, a, step_time, rate)
     print(f"\n(total {time.monotonic() - started:.0f} s)")
 
 

@@ -112,6 +112,8 @@ class RendezvousView:
     standbys: tuple[str, ...] = ()
     #: The current members' goodput records (members without one left out).
     goodputs: tuple[GoodputReport, ...] = ()
+    #: The agents' straggler verdict as published (``kelastic.operator.straggler``), None without one.
+    straggler: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True)

@@ -196,6 +196,26 @@ CHECKPOINT_DEFAULTS: dict[str, Any] = {
 }
 
 
+class StragglerPolicy(enum.Enum):
+    """``spec.stragglers.policy``: report a straggler, or also swap it for a standby."""
+
+    REPORT = "Report"
+    REPLACE = "Replace"
+
+
+@dataclass(frozen=True)
+class StragglerSpec:
+    """``spec.stragglers``: the rule of ``kelastic-agent --stragglers`` (docs/operations.md)."""
+
+    policy: StragglerPolicy = StragglerPolicy.REPORT
+    ratio: float = 1.5
+    window_seconds: float = 10.0
+
+    def flag(self) -> str:
+        """The value of ``--stragglers``."""
+        return f"policy={self.policy.value},ratio={self.ratio:g},window={self.window_seconds:g}"
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A validated ElasticJob spec with every default applied."""
@@ -232,6 +252,8 @@ class JobSpec:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     #: Hot standby pods beside the ``replicas`` workers (``spec.standbyReplicas``).
     standby_replicas: int = 0
+    #: The straggler rule the agents apply (``spec.stragglers``); None: the agent's default (Report).
+    stragglers: StragglerSpec | None = None
 
     @property
     def pods(self) -> int:
@@ -450,6 +472,7 @@ def _parse_spec(meta: JobMeta, spec: Any, *, started: bool = False) -> JobSpec:
         agent=_enum(spec, "agent", "spec.agent", AgentMode, DEFAULTS["agent"]),
         checkpoint=_parse_checkpoint(spec, container.template),
         standby_replicas=_parse_standby(spec, rdzv.backend),
+        stragglers=_parse_stragglers(spec, rdzv.backend),
     )
 
 
@@ -616,6 +639,42 @@ def _parse_standby(spec: Mapping[str, Any], backend: RdzvBackend) -> int:
             "without a rank; set standbyReplicas to 0 or use the kelastic backend",
         )
     return standbys
+
+
+def _number(spec: Mapping[str, Any], key: str, path: str, default: float) -> float:
+    value = spec.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(path, f"must be a number, got {value!r}")
+    return float(value)
+
+
+def _parse_stragglers(spec: Mapping[str, Any], backend: RdzvBackend) -> StragglerSpec | None:
+    """``spec.stragglers``: the straggler rule, applied by the agents of kelastic's rendezvous."""
+    rule = spec.get("stragglers")
+    if rule is None:
+        return None
+    path = "spec.stragglers"
+    if not isinstance(rule, Mapping):
+        raise SpecError(path, f"must be an object with policy, ratio and windowSeconds, got {rule!r}")
+    base = StragglerSpec()
+    parsed = StragglerSpec(
+        policy=_enum(rule, "policy", f"{path}.policy", StragglerPolicy, base.policy),
+        ratio=_number(rule, "ratio", f"{path}.ratio", base.ratio),
+        window_seconds=_number(rule, "windowSeconds", f"{path}.windowSeconds", base.window_seconds),
+    )
+    if not parsed.ratio > 1.0:
+        raise SpecError(
+            f"{path}.ratio", f"must be above 1 (a member this many times slower), got {parsed.ratio:g}"
+        )
+    if parsed.window_seconds < 0:
+        raise SpecError(f"{path}.windowSeconds", f"must be at least 0, got {parsed.window_seconds:g}")
+    if backend is not RdzvBackend.KELASTIC:
+        raise SpecError(
+            path,
+            f"needs spec.rdzvBackend kelastic (got {backend.value}): the agents judge stragglers through "
+            "kelastic's rendezvous store; remove spec.stragglers or use the kelastic backend",
+        )
+    return parsed
 
 
 def _parse_replicas(spec: Mapping[str, Any], *, started: bool) -> _Replicas:

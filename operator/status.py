@@ -89,6 +89,8 @@ class JobStatus:
     queue: dict[str, Any] | None = None
     #: The job's goodput and where the rest of its time went (``kelastic.operator.goodput``).
     goodput: dict[str, Any] | None = None
+    #: The agents' straggler verdict (``kelastic.operator.straggler``).
+    straggler: dict[str, Any] | None = None
     start_time: str | None = None
     completion_time: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -261,4 +261,5 @@ def _read(store: Any, run_id: str) -> RendezvousView:
         round=int(status.round or 0),
         standbys=tuple(status.standbys),
         goodputs=tuple(goodput.report(node, record) for node, record in status.goodputs),
+        straggler=status.straggler,
     )

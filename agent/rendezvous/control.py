@@ -53,6 +53,14 @@ The controller (kelastic's operator) is a client of the same store as the agents
     ``resumes`` (its latest restarts: ``[stopped step, stopped time, first step, first
     time]`` each); ``read_status`` lists the current members' records as written.
 
+``publish_straggler(store, run_id, record)`` / ``read_straggler(store, run_id)``
+    The group's straggler verdict (:mod:`kelastic.agent.straggler_watch`), written by the
+    agent of group rank 0: a JSON object with ``node`` (the straggler, or null once
+    there is none), ``round``, ``ratio`` (its work per step over the others' median),
+    ``since`` (when it became slowest), ``declared``, ``policy`` (``Report`` or
+    ``Replace``) and ``action`` (``report``, ``replace``: it steps aside at the next
+    checkpoint, ``replaced``: it did). ``read_status`` returns it as ``straggler``.
+
 ``connect(endpoint, timeout)`` opens a client of the store and raises an error
 naming the endpoint if it is unreachable.
 """
@@ -97,8 +105,10 @@ __all__ = [
     "job_progress",
     "publish_membership",
     "publish_progress",
+    "publish_straggler",
     "read_progress",
     "read_status",
+    "read_straggler",
 ]
 
 #: The claimer recorded on fates the controller decides (its value is
@@ -172,6 +182,10 @@ class RendezvousStatus:
     standbys: tuple[str, ...] = ()
     #: The current members' goodput records, (node, record).
     goodputs: tuple[tuple[str, Mapping[str, object]], ...] = ()
+    #: The group's straggler verdict as published (``publish_straggler``), None without one.
+    straggler: Mapping[str, object] | None = None
+    #: Nodes parked for the open round (standbys), listed or not (``r/<open>/parked``).
+    parked: int = 0
 
 
 def connect(endpoint: str, timeout: float = 5.0) -> dist.Store:
@@ -349,7 +363,26 @@ def read_status(store: dist.Store, run_id: str) -> RendezvousStatus:
         checkpoints=tuple((r.node, r.checkpoint) for r in reports if r.checkpoint is not None),
         standbys=_standbys(store, keys, members),
         goodputs=tuple((r.node, r.goodput) for r in reports if r.goodput is not None),
+        straggler=read_straggler(store, run_id),
+        parked=read_counter(store, keys.parked(opened)),
     )
+
+
+def publish_straggler(store: dist.Store, run_id: str, record: Mapping[str, object]) -> None:
+    """Record the group's straggler verdict (overwrites the previous one; see the module doc)."""
+    store.set(RunKeys(run_id).straggler(), json.dumps(dict(record)))
+
+
+def read_straggler(store: dist.Store, run_id: str) -> Mapping[str, object] | None:
+    """The group's straggler verdict, or None without one (or an unreadable one)."""
+    raw = read_optional(store, RunKeys(run_id).straggler())
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _standbys(store: dist.Store, keys: RunKeys, members: Sequence[str]) -> tuple[str, ...]:

@@ -227,6 +227,8 @@ __all__ = [
     "RendezvousTimings",
     "SecretMismatchError",
     "create_handler",
+    "current_round",
+    "step_aside",
 ]
 
 log = logging.getLogger(__name__)
@@ -780,3 +782,30 @@ def _stop_live_handlers() -> None:
 
 
 rendezvous_handler_registry.register(BACKEND, create_handler)
+
+
+def current_round(handler: KelasticRendezvousHandler) -> int | None:
+    """The round ``handler``'s node is a member of (None while it is in none)."""
+    member = handler._member
+    return None if member is None else member.round
+
+
+def step_aside(handler: KelasticRendezvousHandler) -> bool:
+    """Leave the round as a straggler replaced by a standby does, and become a standby.
+
+    Claims the node's fate ``left`` in its round (its peers re-form at once, a parked
+    standby takes its place) and keeps the handler running: the next ``next_rendezvous``
+    parks the node as a standby (``Joiner.step_aside``). Returns False (and changes
+    nothing) when the node is in no round or the store cannot be told.
+    """
+    with handler._lock:
+        member, store = handler._member, handler._conn.store
+        if member is None or store is None:
+            return False
+        try:
+            handler._joiner.step_aside(store, member.round)
+        except dist.DistError as exc:
+            log.warning("kelastic rendezvous: could not step aside: %s", first_line(exc))
+            return False
+        handler._last_member = None
+        return True

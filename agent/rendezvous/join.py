@@ -41,10 +41,12 @@ from . import closewait, standby
 from .liveness import PeerLink
 from .protocol import (
     ControllerBounds,
+    Fate,
     RoundClose,
     RoundView,
     RunKeys,
     TimerKind,
+    claim_fate,
     job_closed,
     listed,
     open_round,
@@ -136,6 +138,11 @@ class Joiner:
         self.joining: Joining | None = None
         self.parked: int | None = None
         self.park_deadline = float("-inf")
+        #: Replaces lost members only (``--standby``, or a straggler that stepped aside).
+        self.standby = settings.standby
+        #: The round this node stepped aside from (a straggler): it takes no place in the
+        #: round that replaces it, which is its standby's.
+        self.aside_from: int | None = None
         self._parked_said = float("-inf")  # when the standby last said that it waits
         # Since when (and when it last said so) this node waits for the controller to admit it.
         self._awaiting_since: float | None = None
@@ -294,7 +301,7 @@ class Joiner:
         k, s = self._keys, self._s
         current = r - 1
         member = current >= 1 and self._last_round() == current
-        if member or (current < 1 and not s.standby):
+        if member or (current < 1 and not self.standby):
             return False  # the common case reads nothing more
         size = read_size(store, k, current)
         view = standby.GroupView(
@@ -304,9 +311,9 @@ class Joiner:
             max_nodes=max_nodes,
             claimed=read_counter(store, k.claimed(r)) if current >= 1 else 0,
             member=member,
-            standby=s.standby,
+            standby=self.standby,
         )
-        move = standby.decide(view)
+        move = standby.Move.PARK if self.aside_from == current else standby.decide(view)
         if move is standby.Move.JOIN:
             return False
         if move is standby.Move.CLAIM:
@@ -338,10 +345,19 @@ class Joiner:
                     view.size,
                     view.gone,
                     view.max_nodes,
-                    "; it only replaces lost members" if s.standby else "",
+                    "; it only replaces lost members" if self.standby else "",
                 )
             self.parked = r
         return None
+
+    def step_aside(self, store: dist.TCPStore, r: int) -> None:
+        """This member of round r leaves it to make room (a straggler): fate ``left`` now, and
+        from its next join on it replaces lost members only, never in the round that replaces
+        it (that place is its standby's). Raises ``DistError`` when the store cannot be told."""
+        name = self._s.node_name
+        claim_fate(store, self._keys, r, name, Fate.LEFT, name)
+        self.standby, self.aside_from = True, r
+        log.info("kelastic rendezvous: %s steps aside from round %d and waits as a standby", name, r)
 
     def _unpark(self, store: dist.TCPStore, claimed_round: int | None) -> None:
         """This node took a slot: it is no standby any more (a claimer tells the deciders it arrived)."""

@@ -251,6 +251,9 @@ class RunKeys:
     def progress(self, name: str) -> str:
         return self._k(f"progress/{name}")
 
+    def straggler(self) -> str:
+        return self._k("straggler")
+
     def agent_prefix(self, r: int) -> str:
         return self._k(f"agent/{r}/")
 

@@ -1,13 +1,13 @@
 """The figures the status shows every pass: the replica counts, and what the rendezvous
 store reports (world size, standbys, progress, restarts, the memory checkpoints and their
-restores, the goodput).
+restores, the goodput, the straggler).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kelastic.operator import checkpoint, goodput
+from kelastic.operator import checkpoint, goodput, straggler
 from kelastic.operator.observed import PodPhase, PodView
 from kelastic.operator.reconcile.actions import Emit
 from kelastic.operator.reconcile.context import Pass
@@ -45,6 +45,13 @@ def rendezvous_figures(p: Pass) -> None:
             figures_now = goodput.goodput_status(status.goodput, rdzv.goodputs, p.now.timestamp())
             if figures_now is not None:
                 status.goodput = figures_now
+            shown, event = straggler.straggler_status(status.straggler, rdzv.straggler)
+            if shown is not None:
+                status.straggler = shown
+            if event is not None:
+                p.actions.append(
+                    Emit(reason=event[0], message=event[1], warning=event[0] == straggler.EVENT_STRAGGLER)
+                )
     elif not running or status.world_size is None:
         status.world_size = 0
     # RE-FORMS counts re-forms of the worker group whatever their cause (a failure, a scale, a

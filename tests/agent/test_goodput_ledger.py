@@ -87,3 +87,31 @@ def test_update_records_the_first_step_and_stalled_adds_to_the_report(
     got = progress.read_report(path)
     assert got is not None and got.step == 8 and got.stall == pytest.approx(0.25)
     assert got.first is not None and got.first[0] == 7
+
+
+def test_the_work_per_step_leaves_the_waits_on_peers_out_and_restarts_clear_it() -> None:
+    ledger = GoodputLedger(started=T)
+    assert ledger.work_seconds is None and ledger.record()["work_seconds"] is None
+    # 1 s steps of which 0.7 s waiting on a slower peer (the least waiting of the two ranks counts)
+    for step in range(1, 6):
+        ledger.observe(
+            {
+                0: ProgressReport(step=step, total=None, time=T + step, wait=0.7 * step),
+                1: ProgressReport(step=step, total=None, time=T + step, wait=0.8 * step),
+            }
+        )
+    assert ledger.work_seconds == pytest.approx(0.3) and ledger.step_seconds == pytest.approx(1.0)
+    ledger.restarted({})
+    assert ledger.work_seconds is None
+
+
+def test_waiting_adds_to_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "progress.json"
+    monkeypatch.setenv(contract.ENV_PROGRESS_FILE, str(path))
+    before = progress._reporter.wait
+    with progress.waiting():
+        pass
+    progress.waited(0.25)
+    progress.update(7, 7)
+    report = progress.read_report(path)
+    assert report is not None and report.wait >= before + 0.25

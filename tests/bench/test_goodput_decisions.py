@@ -86,3 +86,18 @@ def test_a_failed_job_keeps_only_its_last_checkpoint() -> None:
     assert fig.kept == 4
     assert fig.redone == 6  # steps 5..10 are lost for good
     assert fig.restores == [None]
+
+
+def test_the_straggler_step_time_is_the_median_within_one_incarnation() -> None:
+    # rank 0's steps: (time, step, when its incarnation began); a restart starts a new one
+    steps = [
+        (10.0, 1, 0.0),
+        (11.0, 2, 0.0),
+        (12.5, 3, 0.0),
+        (13.0, 3, 12.8),
+        (13.2, 4, 12.8),
+        (13.4, 5, 12.8),
+    ]
+    assert bench.step_seconds(steps, 0.0, 12.6) == 1.25
+    assert abs(bench.step_seconds(steps, 12.9, 20.0) - 0.2) < 1e-9
+    assert bench.step_seconds(steps, 20.0, 30.0) is None
