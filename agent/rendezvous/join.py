@@ -329,8 +329,9 @@ class Joiner:
             store.set(k.standby(s.node_name), json.dumps({"round": r, "since": time.time()}))
             if self.parked is None or time.monotonic() - self._parked_said >= PARKED_LOG_EVERY:
                 self._parked_said = time.monotonic()
-                log.info(
-                    "kelastic rendezvous: %s is a standby: it waits without a rank for a place in round %d "
+                log.info("kelastic rendezvous: %s is a standby, waiting for round %d", s.node_name, r)
+                log.debug(
+                    "kelastic rendezvous: %s waits without a rank for a place in round %d "
                     "(round %d: %d members, %d lost, max %d%s)",
                     s.node_name,
                     r,
