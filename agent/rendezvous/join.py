@@ -234,9 +234,7 @@ class Joiner:
                 return self._become_member(store, r, slot, close, addr, json.dumps(record), deadline)
             if slot == 0:
                 self.close_worker_store()
-            log.info(
-                "kelastic rendezvous: %s came too late for round %d; waiting for round %d", name, r, r + 1
-            )
+            log.info("kelastic rendezvous: %s is late for round %d; waits for round %d", name, r, r + 1)
             next_round = r + 1
 
     def _raise_closed(self) -> NoReturn:
@@ -311,7 +309,8 @@ class Joiner:
             return False
         if move is standby.Move.CLAIM:
             if standby.claim_won(view, int(store.add(k.claimed(r), 1))):
-                log.info(
+                log.info("kelastic rendezvous: %s takes a place in round %d", s.node_name, r)
+                log.debug(
                     "kelastic rendezvous: %s takes one of the %d places of round %d (round %d: %d members, "
                     "%d lost, max %d)",
                     s.node_name,
