@@ -1033,7 +1033,7 @@ class SimpleElasticAgent(ElasticAgent):
             self.metrics.incr("agent", "restarts", -1)
             self.metrics.incr("agent", "membership_restarts")
             _log.info(
-                "[%s] a member of the previous round was lost: the restart is given back (%d/%d left)",
+                "[%s] a member of the last round was lost: restart given back (%d/%d left)",
                 self._worker_group.spec.role,
                 self._remaining_restarts,
                 self._worker_group.spec.max_restarts,

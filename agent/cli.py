@@ -557,6 +557,15 @@ def run(config: LaunchConfig) -> int:
     return 0
 
 
+def log_format(level: str) -> str:
+    """The agent's log line format for ``LOGLEVEL`` ``level``: torchrun's short prefix
+    (``[I 18:58:29] message``, the level's first letter and the time), so an INFO line fits
+    one line of a terminal; at DEBUG the logger's name follows the time (who said it)."""
+    if level == "DEBUG":
+        return "[%(levelname).1s %(asctime)s %(name)s] %(message)s"
+    return "[%(levelname).1s %(asctime)s] %(message)s"
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Console-script entry point; exits with the status documented in the module docstring.
 
@@ -574,11 +583,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         sys.exit(2)
     except ValueError as e:
         parser.error(str(e))
-    logging.basicConfig(
-        level=os.environ.get("LOGLEVEL", "INFO").upper(),
-        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    level = os.environ.get("LOGLEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format=log_format(level), datefmt="%H:%M:%S", stream=sys.stderr)
     try:
         status = run(config)
     finally:

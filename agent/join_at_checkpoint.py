@@ -69,10 +69,11 @@ class JoinAtCheckpoint:
             if deferral is None:
                 return verdict
             self._deferral = (deferral, time.monotonic() + deferral.within)
+            # The reason is in the "restarting workers" line that follows.
+            _log.debug("[%s] deferred restart: %s", role, verdict.reason)
             _log.info(
-                "[%s] %s: restarting after the next checkpoint (the newest is %d; within %.1fs)",
+                "[%s] restarting after the next checkpoint (newest %d, within %.1fs)",
                 role,
-                verdict.reason,
                 deferral.after,
                 deferral.within,
             )

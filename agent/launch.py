@@ -45,7 +45,7 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 import kelastic.agent.rendezvous  # noqa: F401  (registers the "kelastic" backend with torch)
 from kelastic.agent import contract, secret
-from kelastic.agent.api import LossWatcher, NamedNode, RunResult, WorkerSpec, WorkerState
+from kelastic.agent.api import LossWatcher, NamedNode, RunResult, WorkerSpec
 from kelastic.agent.checkpoint.service import CheckpointService
 from kelastic.agent.checkpoint.settings import (
     CheckpointSettings,
@@ -207,8 +207,14 @@ def _launch(config: LaunchConfig, key: secret.JobSecret | None) -> RunResult:
     # Every event still reaches the default sink; the telemetry keeps what /metrics shows.
     telemetry = AgentTelemetry(default_sink())
 
+    failed = False  # the agent's run ended in a failure of the job
+
     def ready() -> bool:
-        return agent is not None and WorkerState.is_running(agent.get_worker_group().state)
+        """``/readyz``: the agent is in the job, from its start (rendezvous handler and agent
+        built) until it exits: waiting for peers or as a standby, training, re-forming, or
+        finished and waiting to exit. A re-form is the job's normal life, and the kubelet
+        makes every failed probe a Warning event, so only a failed run is not ready."""
+        return agent is not None and not failed
 
     if config.health_port is not None:
         # On the pod's own address when known: pods of a single-node cluster share one
@@ -250,6 +256,7 @@ def _launch(config: LaunchConfig, key: secret.JobSecret | None) -> RunResult:
         _log.debug("backend=%s run_id=%s logs=%s", config.rdzv_backend, config.run_id, agent.run_log_dir)
         result = agent.run()
         finished = True
+        failed = result.is_failed()
         if result.is_failed():
             if result.failures:
                 write_termination_message(root_cause_line(result.failures, node_name()))
@@ -259,6 +266,7 @@ def _launch(config: LaunchConfig, key: secret.JobSecret | None) -> RunResult:
     except SignalException:
         raise  # stopped from outside (the pod is being deleted): not a failure of the job
     except Exception as e:
+        failed = True
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         write_termination_message(f"node {node_name()}: {config.entrypoint_name} could not run: {first}")
         raise
@@ -269,8 +277,11 @@ def _launch(config: LaunchConfig, key: secret.JobSecret | None) -> RunResult:
         if checkpoints is not None:
             checkpoints.stop(remove=True)
             remove_empty_folders(checkpoints.settings.root)
-        if health is not None:
+        if health is not None and not (finished and not failed):
             health.stop()
+        # After a success the health server answers ready until the process ends (a daemon
+        # thread, its socket closed by the exit): the kubelet probes a finished worker until
+        # its container ended, and a refused connection would be an Unhealthy Warning event.
         if embedded is not None:
             embedded.stop()
 

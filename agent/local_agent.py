@@ -315,9 +315,9 @@ class LocalElasticAgent(SimpleElasticAgent):
             return  # no server of ours to wait for, or waited already
         while ready is False and time.monotonic() - began < WARM_WAIT:
             _log.info(
-                "[%s] the fork server is still importing %s (%.0fs); joining the rendezvous when it is done",
+                "[%s] the fork server is still importing %s (%.0fs); joining after it",
                 role,
-                ", ".join(warm.PRELOAD[len(warm.AGENT_IMPORTS) :]),
+                warm.PRELOAD[len(warm.AGENT_IMPORTS)],
                 time.monotonic() - began,
             )
             ready = warm.wait_ready(WARM_PROGRESS_EVERY)

@@ -33,6 +33,16 @@ def ready(pod: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def is_standby(kel: Any, pod: dict[str, Any]) -> bool:
+    """Whether the pod's agent waits as a standby (it says so when it parks)."""
+    logs = kel.kubectl.run("logs", pod["metadata"]["name"], check=False).stdout
+    return STANDBY_SAYS in logs and " is rank " not in logs
+
+
+#: What an agent that parks as a standby prints (kelastic.agent.rendezvous.join).
+STANDBY_SAYS = "is a standby"
+
+
 @pytest.mark.lanes("emulator")
 def test_standby_replaces_a_deleted_worker_in_one_reform_and_goodput_is_in_the_status(kel: Any) -> None:
     manifest = kel.job_manifest(
@@ -62,17 +72,17 @@ def test_standby_replaces_a_deleted_worker_in_one_reform_and_goodput_is_in_the_s
     assert len(live_workers(kel)) == 3
     assert len(starts(kel.history(uid))) == 1
 
-    # The standby holds no rank, runs no workers: it is the pod that is not ready. The members'
-    # readiness probe starts after its initial delay, which may not have passed yet.
-    def two_members_ready() -> list[dict[str, Any]]:
+    # The standby holds no rank and runs no workers; its agent said so. Every pod is ready (a
+    # standby is in the job too).
+    def two_ready_members() -> list[dict[str, Any]]:
         pods = live_workers(kel)
-        members = [p for p in pods if ready(p)]
-        if len(members) != 2:
-            raise kel.LastSeen([(p["metadata"]["name"], ready(p)) for p in pods])
+        members = [p for p in pods if ready(p) and not is_standby(kel, p)]
+        if len(members) != 2 or not all(map(ready, pods)):
+            raise kel.LastSeen([(p["metadata"]["name"], ready(p), is_standby(kel, p)) for p in pods])
         return members
 
     members = kel.wait_for(
-        f"two members of elasticjob/{NAME} to be ready beside its standby", two_members_ready, 60
+        f"two members of elasticjob/{NAME} and its standby to be ready", two_ready_members, 60
     )
     victim = members[-1]["metadata"]["name"]
     deleted = time.time()
@@ -106,3 +116,39 @@ def test_standby_replaces_a_deleted_worker_in_one_reform_and_goodput_is_in_the_s
         f"goodput {goodput['percent']} ({goodput['restarts']} restart(s), {goodput['restartSeconds']}s, "
         f"{goodput['redoneSteps']} steps redone)"
     )
+
+
+@pytest.mark.lanes("emulator")
+def test_a_job_with_a_standby_that_succeeds_has_no_warning_event(kel: Any) -> None:
+    """Readiness as a user reads it: the members and the standby are ready, the pods all
+    succeed, and nothing about the job is a Warning (``kubectl get events --field-selector
+    type=Warning``): no probe fails while an agent starts, waits as a standby or finishes."""
+    name = "e2e-standby-quiet"
+    manifest = kel.job_manifest(
+        name, replicas=2, min_replicas=2, max_replicas=3, steps=200, step_delay=0.1, checkpoint_every=50
+    )
+    manifest["spec"]["standbyReplicas"] = 1
+    kel.apply_job(manifest)
+
+    def all_ready_with_a_standby() -> bool:
+        pods = [p for p in kel.pods(name, role="worker") if not p["metadata"].get("deletionTimestamp")]
+        standbys = kel.status(name).get("standbys")
+        if len(pods) != 3 or standbys != 1 or not all(map(ready, pods)):
+            raise kel.LastSeen(
+                {"standbys": standbys, "ready": [(p["metadata"]["name"], ready(p)) for p in pods]}
+            )
+        return True
+
+    kel.wait_for(
+        f"elasticjob/{name}'s two members and its standby to be ready", all_ready_with_a_standby, 120
+    )
+    status = kel.wait_phase(name, {"Succeeded", "Failed"}, timeout=300)
+    assert status["phase"] == "Succeeded", status
+    phases = {p["metadata"]["name"]: p["status"].get("phase") for p in kel.pods(name, role="worker")}
+    assert set(phases.values()) == {"Succeeded"}, phases
+    warnings = [
+        f"{(e.get('involvedObject') or {}).get('name')}: {e.get('reason')} {e.get('message')}"
+        for e in kel.kubectl.json("get", "events", "--field-selector", "type=Warning")["items"]
+        if (e.get("involvedObject") or {}).get("name", "").startswith(name)
+    ]
+    assert not warnings, warnings

@@ -136,12 +136,15 @@ class BuildConfig:
     kubernetes_gang: bool = False
     #: ``kelastic-agent --health-port``; None runs the agent without health endpoints (and probe).
     health_port: int | None = contract.DEFAULT_HEALTH_PORT
-    #: Add a readiness probe on the agent's ``/readyz`` unless the template has one.
-    readiness_probe: bool = True
+    #: Add a readiness probe on the agent's ``/readyz`` unless the template has one. Off by
+    #: default: the agent is ready from its start until it exits (a standby, a finished worker
+    #: too), which a running container already says, and every probe that finds the agent
+    #: still starting (a busy node) would be an Unhealthy Warning event.
+    readiness_probe: bool = False
 
 
 #: Seconds from a worker container's start to its first readiness probe: what an agent
-#: takes to start, import torch and join its group on a busy node (about 4 s on an idle one).
+#: takes to start and import torch on a busy node (about 4 s on an idle one).
 READINESS_DELAY = 10
 
 
@@ -337,9 +340,8 @@ def worker_pod(job: Job, index: int, *, endpoint: str, config: BuildConfig) -> d
     # the container's termination message, which the job's Failed condition quotes.
     main.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     if config.readiness_probe and config.health_port is not None and "readinessProbe" not in main:
-        # Ready once the agent's workers run. The first probe waits READINESS_DELAY: a new
-        # worker is simply not ready yet while it starts and joins, and every failed probe
-        # is a Warning event (Unhealthy) from the kubelet.
+        # Asked for (--readiness-probe): ready while the agent is in the job, only a failed
+        # agent answers 503. The first probe waits READINESS_DELAY, the agent's start.
         main["readinessProbe"] = {
             "httpGet": {"path": "/readyz", "port": config.health_port},
             "initialDelaySeconds": READINESS_DELAY,

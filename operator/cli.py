@@ -118,10 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_HEALTH_PORT,
         help=f"kelastic-agent --health-port of workers (default {DEFAULT_HEALTH_PORT}); 0 disables health "
-        "endpoints and the readiness probe",
+        "endpoints (and the readiness probe)",
     )
     p.add_argument(
-        "--no-readiness-probe", action="store_true", help="do not add the agent readiness probe to workers"
+        "--readiness-probe",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="add a readiness probe on the agent's /readyz to workers (default: none, a worker is ready "
+        "while its container runs; every probe that finds the agent still starting is a Warning event)",
     )
     p.add_argument(
         "--coscheduling-scheduler-name",
@@ -420,7 +424,7 @@ def _controller_options(
                 **({"store_resources": args.store_resources} if args.store_resources else {}),
                 **({"inject_resources": args.inject_resources} if args.inject_resources else {}),
                 health_port=args.health_port or None,
-                readiness_probe=not args.no_readiness_probe,
+                readiness_probe=args.readiness_probe,
                 **(
                     {"coscheduling_scheduler": args.coscheduling_scheduler_name}
                     if args.coscheduling_scheduler_name

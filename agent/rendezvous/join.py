@@ -241,9 +241,7 @@ class Joiner:
                 return self._become_member(store, r, slot, close, addr, json.dumps(record), deadline)
             if slot == 0:
                 self.close_worker_store()
-            log.info(
-                "kelastic rendezvous: %s came too late for round %d; waiting for round %d", name, r, r + 1
-            )
+            log.info("kelastic rendezvous: %s is late for round %d; waits for round %d", name, r, r + 1)
             next_round = r + 1
 
     def _raise_closed(self) -> NoReturn:
@@ -318,7 +316,8 @@ class Joiner:
             return False
         if move is standby.Move.CLAIM:
             if standby.claim_won(view, int(store.add(k.claimed(r), 1))):
-                log.info(
+                log.info("kelastic rendezvous: %s takes a place in round %d", s.node_name, r)
+                log.debug(
                     "kelastic rendezvous: %s takes one of the %d places of round %d (round %d: %d members, "
                     "%d lost, max %d)",
                     s.node_name,
@@ -336,8 +335,9 @@ class Joiner:
             store.set(k.standby(s.node_name), json.dumps({"round": r, "since": time.time()}))
             if self.parked is None or time.monotonic() - self._parked_said >= PARKED_LOG_EVERY:
                 self._parked_said = time.monotonic()
-                log.info(
-                    "kelastic rendezvous: %s is a standby: it waits without a rank for a place in round %d "
+                log.info("kelastic rendezvous: %s is a standby, waiting for round %d", s.node_name, r)
+                log.debug(
+                    "kelastic rendezvous: %s waits without a rank for a place in round %d "
                     "(round %d: %d members, %d lost, max %d%s)",
                     s.node_name,
                     r,

@@ -29,9 +29,9 @@ from kelastic.agent.rendezvous.settings import settings_from_params
 
 harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
 
-#: An agent's INFO message (after ``[time] INFO logger: ``) fits this many characters.
-MAX_INFO_MESSAGE = 100
-_INFO = re.compile(r"^\[[^\]]+\] INFO (\S+): (.*)$")
+#: An agent's INFO line, its ``[I 18:58:29] `` prefix included, fits a terminal this wide.
+MAX_INFO_LINE = 100
+_INFO = re.compile(r"^\[I \d\d:\d\d:\d\d\] (.*)$")
 
 
 @pytest.fixture
@@ -53,10 +53,10 @@ def test_a_successful_two_node_run_reads_cleanly_and_leaves_no_tmpfs_folder(
         assert cluster.wait_all(180) == [0, 0], "\n".join(a.output()[-3000:] for a in cluster.agents)
         for agent in cluster.agents:
             lines = agent.output().splitlines()
-            assert not [line for line in lines if " WARNING " in line], agent.output()[-3000:]
+            assert not [line for line in lines if line.startswith("[W ")], agent.output()[-3000:]
             infos = [m for m in map(_INFO.match, lines) if m]
             assert infos, agent.output()[-3000:]
-            long = [m.group(0) for m in infos if len(m.group(2)) > MAX_INFO_MESSAGE]
+            long = [m.group(0) for m in infos if len(m.group(0)) > MAX_INFO_LINE]
             assert not long, long
             assert not any(DEFAULT_DIR in line for line in lines), "tmpfs paths are DEBUG"
         # The node folders are freed, and the run's folder, empty, is gone with them.

@@ -121,6 +121,12 @@ def test_a_joining_node_waits_for_the_next_checkpoint_and_the_grown_group_redoes
         assert "restarting after the next checkpoint" in said and "at the checkpoint after" in said, said[
             -3000:
         ]
+        # A re-form's INFO lines fit a terminal of 100 columns, like a plain run's.
+        for agent in c.agents:
+            long = [
+                line for line in agent.output().splitlines() if line.startswith("[I ") and len(line) > 100
+            ]
+            assert not long, long
     finally:
         c.close()
 

@@ -198,9 +198,8 @@ def test_worker_pod(kit: SimpleNamespace) -> None:
     assert env[0]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert env[1]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env[2]["value"] == "$(POD_NAME)"
-    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8081}
-    # No Unhealthy event for a worker that is still starting and joining its group.
-    assert main["readinessProbe"]["initialDelaySeconds"] == READINESS_DELAY == 10
+    # Ready while the container runs: no probe, so no Unhealthy event for an agent still starting.
+    assert "readinessProbe" not in main
     # the job's template is not modified
     assert "env" in container and container["env"][1]["value"] == "spoofed"
     assert container["command"] == ["python", "train.py", "--lr", "0.1"]
@@ -236,6 +235,10 @@ def test_store_pod_and_service(kit: SimpleNamespace) -> None:
 def test_readiness_probe_is_optional(kit: SimpleNamespace, probe: bool) -> None:
     pod = worker_pod(job_of(kit), 0, endpoint="h:1", config=BuildConfig(readiness_probe=probe))
     assert ("readinessProbe" in pod["spec"]["containers"][0]) is probe
+    if probe:
+        asked = pod["spec"]["containers"][0]["readinessProbe"]
+        assert asked["httpGet"] == {"path": "/readyz", "port": 8081}
+        assert asked["initialDelaySeconds"] == READINESS_DELAY == 10
 
 
 def test_health_port_can_be_disabled(kit: SimpleNamespace) -> None:
