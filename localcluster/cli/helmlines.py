@@ -6,10 +6,14 @@ link in path. ...``), past Python and past the SDK's log hook. :func:`helm_lines
 those writes while Helm runs: it points descriptor 2 at a pipe, and a thread hands each line
 in Go's log format to ``say`` as ``helm: INFO found symbolic link ...`` (without Go's
 timestamp); any other line (another thread's) goes on to the real stderr as it was.
+
+Helm's notice that a chart file is a symbolic link (the chart ships its CRD as a link to the
+repository's) says nothing a user can act on: it goes to this module's DEBUG log instead.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -23,6 +27,9 @@ __all__ = ["go_log_line", "helm_lines"]
 _GO_LOG = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d(?:\.\d+)? (.*)$")
 #: One redirection at a time: descriptor 2 is the whole process's.
 _LOCK = threading.Lock()
+#: Helm's lines that tell a user nothing to act on (kept at DEBUG).
+_QUIET = ("INFO found symbolic link in path",)
+log = logging.getLogger(__name__)
 
 
 def go_log_line(line: str) -> str | None:
@@ -57,6 +64,9 @@ def _relay(read_end: int, stderr: int, say: Callable[[str], None]) -> None:
             text = go_log_line(line.rstrip("\n"))
             if text is None:
                 os.write(stderr, line.encode())
+                continue
+            if text.startswith(_QUIET):
+                log.debug("helm: %s", text)
                 continue
             try:
                 say(f"helm: {text}")
