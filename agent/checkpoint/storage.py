@@ -492,6 +492,10 @@ class MemoryReader(StorageReader):
         self._began: float | None = None
         self._storage: dict[MetadataIndex, Any] = {}
         self._fs: Any = None
+        #: Bytes of the checkpoint this rank read from its own node's memory, and fetched from
+        #: other nodes (their memory or replicas), so far.
+        self.local_bytes = 0
+        self.fetched_bytes = 0
 
     # choosing ---------------------------------------------------------------------------------
     def exists(self) -> bool:
@@ -595,6 +599,8 @@ class MemoryReader(StorageReader):
                 "seconds": seconds,
                 "step": choice.step,
                 "pid": os.getpid(),
+                "local": self.local_bytes,
+                "fetched": self.fetched_bytes,
             }
         )
         fut: Future[None] = Future()
@@ -616,6 +622,7 @@ class MemoryReader(StorageReader):
                 try:
                     for req in reqs:
                         self._apply(req, mm, self._storage[req.storage_index], planner)
+                        self.local_bytes += self._storage[req.storage_index].length
                 finally:
                     mm.close()
             else:
@@ -637,6 +644,7 @@ class MemoryReader(StorageReader):
                     {"op": "get", "id": cid, "name": name, "offset": where.offset, "length": where.length},
                     into=into,
                 )
+                self.fetched_bytes += where.length
                 return
             except CheckpointError as e:
                 last = e
