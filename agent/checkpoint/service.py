@@ -384,8 +384,8 @@ class CheckpointService:
         files = self.keeper.own_files(cid)
         if targets and files:
             self.keeper.outgoing(+1)
-            self._jobs.put(lambda: self._replicate(cid, files, targets))
-        if self._feed is not None and files:
+            self._jobs.put(lambda: self._replicate(cid, files, targets, ring))
+        elif self._feed is not None and files:
             self._feed.offer(cid, files, ring)
         if ring[0] == self.endpoint and self.keeper.persist_due(cid):
             self.keeper.pin(cid)
@@ -402,7 +402,9 @@ class CheckpointService:
             except Exception:
                 _log.exception("checkpoint background work failed")
 
-    def _replicate(self, cid: int, files: list[tuple[str, int]], targets: list[str]) -> None:
+    def _replicate(self, cid: int, files: list[tuple[str, int]], targets: list[str], ring: list[str]) -> None:
+        """Send this node's ``files`` of ``cid`` to its ring ``targets``; then, once the next
+        save may begin, hand them to the standbys' feed (the ring's replica goes first)."""
         began = time.monotonic()
         total = 0
         try:
@@ -424,6 +426,8 @@ class CheckpointService:
                     client.close()
         finally:
             self.keeper.outgoing(-1)
+            if self._feed is not None:
+                self._feed.offer(cid, files, ring)
         seconds = time.monotonic() - began
         _log.debug("checkpoint %d: %s replicated to %s in %.3f s", cid, format_bytes(total), targets, seconds)
         if self._on_replicated is not None:

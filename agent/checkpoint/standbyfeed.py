@@ -1,14 +1,15 @@
 """Sending this node's newest checkpoint part to the hot standbys, in the background.
 
-After each commit the checkpoint service hands :class:`StandbyFeed` this node's files of
-that checkpoint and the round's ring; the feed asks which standbys are announced
+After each commit, once its ring replica is in place, the checkpoint service hands
+:class:`StandbyFeed` this node's files of that checkpoint and the round's ring; the feed asks which standbys are announced
 (``standbys()``, :mod:`.standbys`), takes those :class:`~.plan.ReplicaPlan` assigns this
 node's part to, and sends them the files (``put``, as the ring's replicas). So a standby
 that replaces any member holds the state already and restores it from its own memory.
 
 * **Never in a save's way.** A save waits for the ring's replica of the previous checkpoint,
-  never for the standbys' copy: the feed runs on a thread of its own, and a standby that is
-  slow or gone costs only its own copy.
+  never for the standbys' copy: the feed begins once the ring's replica is in place,
+  runs on a thread of its own, and a standby that is slow or
+  gone costs only its own copy.
 * **The newest only.** While one checkpoint is being sent, a newer commit replaces the one
   waiting: a standby needs the newest, not each one.
 * **Whole or nothing.** A file is sent only while this node still holds it as that
