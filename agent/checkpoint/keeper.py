@@ -36,11 +36,11 @@ Rules it enforces (the contract ``MemoryWriter`` relies on), whoever asks:
   a process they started, a reservation goes when its process goes, and ``open`` needs the
   rank's reservation. A commit is superseded only by a newer checkpoint this node's own
   ranks opened, never by a peer's replica.
-* **A standby keeps the newest copy of each part.** A node that holds copies of parts of a
-  checkpoint it neither wrote nor was sent the commit of (a hot standby, which the group's
-  nodes send their parts to) keeps, of each part, the copy of the newest checkpoint only:
-  once a newer copy of a part is whole, the older one goes, and when memory is short the
-  older one goes before the newer one arrives.
+* **A standby keeps the newest whole set of copies.** A node that holds copies of parts of
+  a checkpoint it neither wrote nor was sent the commit of (a hot standby, which the group's
+  nodes send their parts to) keeps an older such checkpoint until it holds a copy of every
+  one of its parts from a newer one, then drops it; when memory is short, the older copy of
+  a part goes just before the newer one arrives.
 * **What is buffered is counted.** Headers and a commit's metadata are reserved against the
   limit (:meth:`CheckpointKeeper.reserve`) before they are read.
 
@@ -489,7 +489,9 @@ class CheckpointKeeper:
             if name not in ck.own:
                 ck.replicas.add(name)
             for old in _standby_copies(self._ckpts.values(), self._pinned, cid, name):
-                self._drop_file(old, name)
+                if set(self._ckpts[old].files) <= set(ck.files):  # the newer one is as whole now
+                    for held in list(self._ckpts[old].files):
+                        self._drop_file(old, held)
             self._cond.notify_all()
 
     def _drop_file(self, cid: int, name: str) -> None:

@@ -61,7 +61,7 @@ from kelastic.agent.checkpoint.errors import CheckpointError
 from kelastic.agent.checkpoint.keeper import CheckpointKeeper
 from kelastic.agent.checkpoint.plan import ReplicaPlan, StandbyHolder
 from kelastic.agent.checkpoint.settings import CheckpointSettings, ServiceLimits, format_bytes
-from kelastic.agent.checkpoint.standbyfeed import StandbyFeed
+from kelastic.agent.checkpoint.standbyfeed import STANDBY_TIMEOUT, StandbyFeed
 from kelastic.agent.contract import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_ENDPOINT, format_endpoint
 from kelastic.agent.secret import JobSecret, ephemeral_secret
 
@@ -134,7 +134,13 @@ class CheckpointService:
         self._feed = (
             None
             if standbys is None
-            else StandbyFeed(self.endpoint, self.keeper, self.client, standbys, settings.replicas)
+            else StandbyFeed(
+                self.endpoint,
+                self.keeper,
+                lambda e: ServiceClient(e, self._secret.key, STANDBY_TIMEOUT),
+                standbys,
+                settings.replicas,
+            )
         )
 
     def start(self) -> CheckpointService:

@@ -1,4 +1,4 @@
-"""A hot standby's copies: the keeper keeps the newest copy of each part, a node's service
+"""A hot standby's copies: the keeper keeps the newest whole set of copies, a node's service
 sends its parts to its standbys after each commit, and a part dropped while it is sent
 leaves the standby nothing (real services on loopback, real tmpfs folders)."""
 
@@ -57,12 +57,13 @@ def test_a_standby_keeps_the_newest_copy_of_each_part(folders: Callable[[str], P
     try:
         arrive(k, 1, "__0.mem")
         arrive(k, 1, "__1.mem")
-        arrive(k, 2, "__0.mem")  # the newer copy of __0 is whole: the older goes, __1's stays
-        assert held(k) == {1: {"__1.mem"}, 2: {"__0.mem"}}
+        arrive(k, 2, "__0.mem")  # checkpoint 1 stays whole until 2 is as whole
+        assert held(k) == {1: {"__0.mem", "__1.mem"}, 2: {"__0.mem"}}
         arrive(k, 2, "__1.mem")
         assert held(k) == {2: {"__0.mem", "__1.mem"}}
-        # short of memory (4 parts of 256 KiB fill 1 MiB): the older copy goes before the newer arrives
-        arrive(k, 3, "__0.mem", 512 * KiB)
+        # short of memory (1 MiB holds 512 KiB of 2 and 768 KiB only without 2's __0): the
+        # older copy of the part goes before the newer one arrives
+        arrive(k, 3, "__0.mem", 768 * KiB)
         assert held(k) == {2: {"__1.mem"}, 3: {"__0.mem"}}
         assert k.held_bytes() <= MiB
     finally:
