@@ -27,7 +27,10 @@ What a caller may rely on:
   parts, its replicas, the durable directory), picks the newest complete checkpoint
   (:func:`~kelastic.agent.checkpoint.plan.choose_restore`) and reads each part from wherever
   it is (this node's memory, a peer's, or the durable directory); DCP's planners reshard.
-  The agent logs and publishes which checkpoint it restored and from where.
+  The agent logs and publishes which checkpoint it restored and from where, and the bytes
+  read from its memory and fetched from other nodes (``MemoryReader.local_bytes``,
+  ``MemoryReader.fetched_bytes``). A hot standby that took a lost member's place holds
+  every member's part already, and fetches nothing.
 * **Too large.** A save that does not fit in a node's checkpoint memory writes nothing and
   leaves the previous checkpoint standing; it prints one error naming the sizes and training
   goes on. ``MemoryWriter(strict=True)`` raises :class:`CheckpointTooLarge` instead.
