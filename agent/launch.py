@@ -23,7 +23,10 @@ the rendezvous peer link; an agent that would serve them beyond loopback without
 without ``--insecure-no-secret``) does not start (``SecretError``). The checkpoint service
 listens on ``--local-addr``, or on loopback when it is reached there, else on every
 interface; the agents tell each other their services with their role infos, and each
-tells its own service the round's ring (:meth:`CheckpointService.set_ring`).
+tells its own service the round's ring (:meth:`CheckpointService.set_ring`). With kelastic's
+rendezvous every node also announces its service in the store, and every node's service
+sends its parts to the announced nodes that are not on the ring: the standbys
+(:mod:`kelastic.agent.checkpoint.standbys`).
 
 When the run fails (workers failed with no restarts left, or the agent itself
 could not run them) the agent writes one line naming the root cause to its
@@ -46,18 +49,22 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 import kelastic.agent.rendezvous  # noqa: F401  (registers the "kelastic" backend with torch)
 from kelastic.agent import contract, secret
 from kelastic.agent.api import LossWatcher, NamedNode, RunResult, WorkerSpec
+from kelastic.agent.checkpoint.plan import StandbyHolder
 from kelastic.agent.checkpoint.service import CheckpointService
 from kelastic.agent.checkpoint.settings import (
     CheckpointSettings,
     auto_limit,
     container_memory_limit,
+    format_bytes,
     machine_memory,
 )
+from kelastic.agent.checkpoint.standbys import StandbyBoard
 from kelastic.agent.events import default_sink
 from kelastic.agent.health import HealthServer
 from kelastic.agent.launch_config import LaunchConfig, resolve_job_secret
 from kelastic.agent.local_agent import LocalElasticAgent
 from kelastic.agent.multiprocessing import SignalException
+from kelastic.agent.rendezvous.handler import KelasticRendezvousHandler
 from kelastic.agent.rendezvous.server import RendezvousServer
 from kelastic.agent.summary import root_cause_line
 from kelastic.agent.telemetry import AgentTelemetry
@@ -120,11 +127,18 @@ def remove_empty_folders(root: Path) -> None:
 
 
 def start_checkpoint_service(
-    flags: CheckpointSettings, run_id: str, node: str, advertise: str, bind: str, key: secret.JobSecret
+    flags: CheckpointSettings,
+    run_id: str,
+    node: str,
+    advertise: str,
+    bind: str,
+    key: secret.JobSecret,
+    standbys: StandbyBoard | None = None,
 ) -> CheckpointService:
     """This node's checkpoint service, in ``<checkpoint dir>/<run id>/<node>``, answering
     only clients that prove ``key``; ``flags`` are the settings the command line gave
-    every node, placed on this one here (its folder made, an ``auto`` limit derived)."""
+    every node, placed on this one here (its folder made, an ``auto`` limit derived).
+    ``standbys``: the job's standby announcements, whose standbys get copies of its parts."""
     root = flags.node_folder(run_id, node)
     for attempt in range(3):
         try:
@@ -148,16 +162,25 @@ def start_checkpoint_service(
         info = status.get("restored") or {}
         assert isinstance(info, dict)
         _log.info(
-            "restored checkpoint %s%s from %s in %.2f s",
+            "restored checkpoint %s%s from %s in %.2f s (%s read from this node's memory, %s fetched from others)",
             info.get("id"),
             f" (step {info['step']})" if info.get("step") is not None else "",
             {"memory": "memory", "replica": "a peer's replica", "durable": "the durable directory"}.get(
                 str(info.get("source")), info.get("source")
             ),
             float(info.get("seconds") or 0.0),
+            format_bytes(int(info.get("local") or 0)),
+            format_bytes(int(info.get("fetched") or 0)),
         )
 
-    return CheckpointService(settings, key, host=bind, advertise=advertise, on_restore=restored).start()
+    return CheckpointService(
+        settings,
+        key,
+        host=bind,
+        advertise=advertise,
+        on_restore=restored,
+        standbys=None if standbys is None else standbys.holders,
+    ).start()
 
 
 def _worker_pids(agent: LocalElasticAgent) -> list[int]:
@@ -295,14 +318,35 @@ def _node_checkpoint_service(
     assert key is not None, "a checkpoint service always has a key (resolve_job_secret)"
     node = handler.node_name if isinstance(handler, NamedNode) else node_name()
     advertise = secret.advertised_address(config.local_addr, endpoint)
-    return start_checkpoint_service(
+    board = None
+    if isinstance(handler, KelasticRendezvousHandler):
+        board = StandbyBoard(endpoint, config.run_id, handler.settings.job_key)
+    service = start_checkpoint_service(
         config.checkpoint,
         config.run_id,
         node,
         advertise,
         secret.bind_address(config.local_addr, advertise),
         key,
+        board,
     )
+    if board is not None and isinstance(handler, KelasticRendezvousHandler):
+        # Every node announces: while it waits without a slot (a standby, or a node that found
+        # the group full) the group's nodes send it their parts; on the ring it gets none.
+        holder = StandbyHolder(service.endpoint, service.keeper.limit)
+        try:
+            board.announce(node, holder)
+        except Exception as e:  # the group's nodes keep their replicas on the ring only
+            _log.warning(
+                "could not announce the checkpoint service (%s): as a standby it holds no copy of the state",
+                e,
+            )
+        else:
+            if handler.settings.standby:
+                _log.info(
+                    "standby: the group's nodes send its checkpoint service %s their parts", holder.endpoint
+                )
+    return service
 
 
 def _local_agent(

@@ -201,6 +201,8 @@ class Figures:
     failed: str | None = None
     checks: tuple[int, int] = (0, 0)
     sources: dict[str, int] = field(default_factory=dict)
+    #: bytes every node's ranks fetched from other nodes, at each restore in the window
+    fetched: list[int] = field(default_factory=list)
 
 
 def analyse(
@@ -232,11 +234,16 @@ def analyse(
             redone = max(0, done_before - e["step"])
             fig.redone += redone
             cause = next((f for f in reversed(fig.faults) if f.time <= e["t"]), None)
+            copied = e.get("copied") or []
             if cause is not None:
+                fetched = ", ".join(f"{n} {_mib(f)}" for n, _, f in copied)
                 cause.restarts.append(
                     f"+{e['t'] - cause.time:.1f} s: step {e['step']} from {e['source']} in "
                     f"{e['seconds']:.2f} s at world {e['world']}, {redone} redone"
+                    + (f"; fetched over the network: {fetched}" if copied else "")
                 )
+            if copied:
+                fig.fetched.append(sum(int(f) for _, _, f in copied))
             fig.sources[e["source"]] = fig.sources.get(e["source"], 0) + 1
             ok, n = fig.checks
             fig.checks = (ok + bool(e["check"]), n + 1)
@@ -336,6 +343,10 @@ def worker(a: argparse.Namespace) -> None:
                 return None
             dcp.load(state, storage_reader=reader)
             assert reader.choice is not None
+            # what each node read from its own memory and fetched from others
+            gathered: list[Any] = [None] * world
+            dist.all_gather_object(gathered, [node, reader.local_bytes, reader.fetched_bytes])
+            copied.extend(gathered)
             return str(reader.choice.source.value)
         if a.mode == "disk":
             assert disk is not None
@@ -347,10 +358,11 @@ def worker(a: argparse.Namespace) -> None:
         return None
 
     t = time.monotonic()
+    copied: list[Any] = []  # per node: [name, bytes read from its memory, bytes fetched]
     source = restore()
     if source is not None:
         emit("restored", step=int(state["step"]), seconds=time.monotonic() - t, source=source,
-             check=consistent())  # fmt: skip
+             check=consistent(), copied=copied)  # fmt: skip
 
     calibration = out / "calibration.json"
     if a.mode == "none":
@@ -1024,6 +1036,10 @@ def _status_parts(status: dict[str, Any] | None) -> str:
     return f"{status['restarts']} / {status['restartSeconds']:.1f} / {status['redoneSteps']}"
 
 
+def _mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.1f} MiB"
+
+
 def report(figs: list[Figures], a: argparse.Namespace, step_time: float, rate: float) -> None:
     rows: list[tuple[str, Callable[[Figures], str]]] = [
         ("checkpoint every K steps", lambda f: str(f.interval.steps) if f.interval else "-"),
@@ -1031,6 +1047,7 @@ def report(figs: list[Figures], a: argparse.Namespace, step_time: float, rate: f
         ("save stall / checkpoint (median)", lambda f: _s(_median(f.stalls), digits=4)),
         ("restore time (median)", lambda f: _s(_median(f.restores))
          + (f" ({sum(r is None for r in f.restores)} never)" if any(r is None for r in f.restores) else "")),
+        ("bytes fetched per restore (all)", lambda f: _mib(_median(f.fetched)) if f.fetched else "-"),
         ("steps lost per fault", lambda f: f"{f.redone / len(f.faults):.1f}" if f.faults else "-"),
         ("lost seconds per fault", lambda f: _s(f.lost_per_fault, digits=1)),
         ("steps kept in the window", lambda f: str(f.kept)),

@@ -14,6 +14,7 @@ import random
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -153,13 +154,22 @@ class ServiceClient:
             return reply.header, data
         raise AssertionError("unreachable")
 
-    def put_file(self, cid: int, name: str, path: Path, size: int) -> None:
-        """Send a whole file as a replica (encrypted with the connection, like every byte)."""
+    def put_file(
+        self, cid: int, name: str, path: Path, size: int, guard: Callable[[], bool] | None = None
+    ) -> None:
+        """Send a whole file as a replica (encrypted with the connection, like every byte).
+
+        ``guard`` (see :meth:`wire.Channel.send_file`): when it says the file no longer held
+        the checkpoint's bytes once they were read, the connection is closed before the
+        message is complete (the peer keeps nothing) and CheckpointError says so."""
         channel = self._connect()
         try:
             channel.send_header({"op": "put", "id": cid, "name": name}, size)
             with open(path, "rb") as f:
-                channel.send_file(f, 0, size)
+                whole = channel.send_file(f, 0, size, guard)
+            if not whole:
+                self.close()
+                raise CheckpointError(f"{name} of checkpoint {cid} was dropped while it was sent; not sent")
             reply = channel.recv_header()
             if reply is None:
                 raise wire.ProtocolError("the peer closed the connection")

@@ -136,6 +136,12 @@ class MemoryFolder:
                 os.replace(src, self.pool / uuid.uuid4().hex)
         shutil.rmtree(d, ignore_errors=True)
 
+    def release_file(self, cid: int, name: str) -> None:
+        """Drop one file of checkpoint ``cid`` into the pool (its folder stays)."""
+        src = self.dir_of(cid) / name
+        if src.exists():
+            os.replace(src, self.pool / uuid.uuid4().hex)
+
     def evict(self, nbytes: int) -> None:
         """Free at least ``nbytes`` of the pool (all of it when it holds less)."""
         for p in self.pool_files():

@@ -36,6 +36,11 @@ Rules it enforces (the contract ``MemoryWriter`` relies on), whoever asks:
   a process they started, a reservation goes when its process goes, and ``open`` needs the
   rank's reservation. A commit is superseded only by a newer checkpoint this node's own
   ranks opened, never by a peer's replica.
+* **A standby keeps the newest whole set of copies.** A node that holds copies of parts of
+  a checkpoint it neither wrote nor was sent the commit of (a hot standby, which the group's
+  nodes send their parts to) keeps an older such checkpoint until it holds a copy of every
+  one of its parts from a newer one, then drops it; when memory is short, the older copy of
+  a part goes just before the newer one arrives.
 * **What is buffered is counted.** Headers and a commit's metadata are reserved against the
   limit (:meth:`CheckpointKeeper.reserve`) before they are read.
 
@@ -50,6 +55,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,20 +114,29 @@ class RestoreLog:
     latest: dict[str, Any] | None = None
     counts: dict[str, int] = field(default_factory=dict)
 
-    def record(self, cid: int, source: str, seconds: float, step: int | None) -> bool:
-        """One rank's restore of ``cid``; True the first time a rank reports that checkpoint.
-        The newest restore keeps the longest time its ranks took."""
+    def record(
+        self, cid: int, source: str, seconds: float, step: int | None, local: int = 0, fetched: int = 0
+    ) -> bool:
+        """One rank's restore of ``cid``, which read ``local`` bytes from this node's memory and
+        fetched ``fetched`` from others; True the first time a rank reports that checkpoint.
+        The newest restore keeps the longest time its ranks took and the bytes of them all."""
         first = self.latest is None or self.latest.get("id") != cid
         if first:
             self.counts[source] = self.counts.get(source, 0) + 1
-        if first or seconds > float((self.latest or {}).get("seconds", 0)):
             self.latest = {
                 "id": cid,
                 "source": source,
-                "seconds": round(seconds, 3),
-                "time": time.time(),
+                "seconds": 0.0,
                 "step": step,
+                "local": 0,
+                "fetched": 0,
             }
+        latest = self.latest
+        assert latest is not None
+        latest["local"] += local
+        latest["fetched"] += fetched
+        if first or seconds > float(latest["seconds"]):
+            latest.update(seconds=round(seconds, 3), time=time.time())
         return first
 
 
@@ -141,8 +156,6 @@ class CheckpointKeeper:
         self.root = settings.root
         self.folder = MemoryFolder(settings.root)
         self._cond = threading.Condition()
-        self._ckpts: dict[int, _Ckpt] = {}
-        self._newest = 0
         #: rank -> (worker pid, bytes) reserved by a save that rank began and has not finished
         #: writing; an entry whose process is gone (its group failed) no longer counts
         self._pending: dict[int, tuple[int, int]] = {}
@@ -164,7 +177,10 @@ class CheckpointKeeper:
         self._buffered = 0
         #: the processes the agent started (its ranks); ``local.set`` names them
         self.local = LocalRanks(settings.node)
-        self._load_existing()
+        self._ckpts: dict[int, _Ckpt] = _found(self.folder)
+        self._newest = max(self._ckpts, default=0)
+        if self._ckpts:
+            _log.info("checkpoint memory: found %s from an earlier agent of this node", sorted(self._ckpts))
 
     # --- paths -------------------------------------------------------------------------------
     dir_name = staticmethod(MemoryFolder.dir_name)
@@ -174,20 +190,6 @@ class CheckpointKeeper:
 
     def path_of(self, cid: int, name: str) -> Path:
         return self.folder.path_of(cid, name)
-
-    def _load_existing(self) -> None:
-        """Take over what a previous agent of this node left (a restarted container)."""
-        for found in self.folder.load():
-            info = found.manifest
-            ck = _Ckpt(
-                found.id, required=dict(info["required"]), ring=list(info["ring"]), step=info.get("step")
-            )
-            ck.meta_size = len(found.metadata)
-            ck.files, ck.own = dict(found.files), set(found.files)
-            self._ckpts[found.id] = ck
-            self._newest = max(self._newest, found.id)
-        if self._ckpts:
-            _log.info("checkpoint memory: found %s from an earlier agent of this node", sorted(self._ckpts))
 
     # --- accounting --------------------------------------------------------------------------
     def pool_bytes(self) -> int:
@@ -238,12 +240,7 @@ class CheckpointKeeper:
             self._cond.notify_all()
 
     def _check_id(self, cid: int) -> None:
-        bound = self._newest + MAX_ID_JUMP if self._newest else MAX_FIRST_ID
-        if cid > bound:
-            raise CheckpointError(
-                f"checkpoint {cid} is more than {bound - self._newest} past the newest this node has seen "
-                f"({self._newest})"
-            )
+        _check_id(self._newest, cid)
 
     def _drop_abandoned(self) -> None:
         """Memory is short after a restore: drop the committed checkpoints newer than the one
@@ -308,18 +305,13 @@ class CheckpointKeeper:
                     f"checkpoint kept meanwhile) but its limit is {format_bytes(self.limit)} "
                     f"({self.settings.limit_reason})"
                 )
-            free = _tmpfs_free(self.root)
             newest = self._newest_committed()
             reusable = self.pool_bytes() + sum(
                 c.nbytes() for c in self._ckpts.values() if c.id not in self._pinned and c is not newest
             )
-            if free is not None and free + reusable < nbytes:
+            if (short := _tmpfs_short(self.root, reusable, rank, nbytes)) is not None:
                 self._refused += 1
-                return self._newest, Refusal(
-                    f"the tmpfs holding {self.root} has {format_bytes(free)} free (and "
-                    f"{format_bytes(reusable)} reusable) but rank {rank} needs {format_bytes(nbytes)}: "
-                    "give /dev/shm a larger sizeLimit or lower --checkpoint-memory"
-                )
+                return self._newest, short
             self._pending[rank] = (pid, nbytes)
             return self._newest, None
 
@@ -461,6 +453,12 @@ class CheckpointKeeper:
                 )
             used = self._used()
             if used + size > self.limit:
+                for old in _standby_copies(
+                    self._ckpts.values(), self._pinned, cid, name
+                ):  # short of memory: the older copy goes first
+                    self._drop_file(old, name)
+                used = self._used()
+            if used + size > self.limit:
                 raise CheckpointError(
                     f"node {self.settings.node} cannot hold a {format_bytes(size)} replica: it holds "
                     f"{format_bytes(used)} of a {format_bytes(self.limit)} limit"
@@ -490,7 +488,19 @@ class CheckpointKeeper:
             ck.files[name] = size
             if name not in ck.own:
                 ck.replicas.add(name)
+            for old in _standby_copies(self._ckpts.values(), self._pinned, cid, name):
+                if set(self._ckpts[old].files) <= set(ck.files):  # the newer one is as whole now
+                    for held in list(self._ckpts[old].files):
+                        self._drop_file(old, held)
             self._cond.notify_all()
+
+    def _drop_file(self, cid: int, name: str) -> None:
+        ck = self._ckpts[cid]
+        ck.files.pop(name, None)
+        ck.replicas.discard(name)
+        self.folder.release_file(cid, name)
+        if not ck.files:
+            self._drop(cid)
 
     def replica_failed(self, cid: int, name: str, part: Path) -> None:
         """An incoming replica broke off: its file and its share of the limit are freed."""
@@ -565,7 +575,16 @@ class CheckpointKeeper:
                 )
             return self.path_of(cid, name)
 
-    def restored(self, cid: int, source: str, seconds: float, step: int | None, pid: int) -> bool:
+    def restored(
+        self,
+        cid: int,
+        source: str,
+        seconds: float,
+        step: int | None,
+        pid: int,
+        local: int = 0,
+        fetched: int = 0,
+    ) -> bool:
         """A rank of this node (process ``pid``, else CheckpointError) restored checkpoint
         ``cid``: recorded for the status and the metrics. Drops nothing: when this node holds
         ``cid`` and it is older than the newest committed here (which was incomplete), it is
@@ -578,7 +597,7 @@ class CheckpointKeeper:
             if held is not None and held.committed and newest is not None and cid < newest.id:
                 self._base = cid
             self._newest = max(self._newest, cid)
-            return self._restores.record(cid, source, seconds, step)
+            return self._restores.record(cid, source, seconds, step, local, fetched)
 
     def status(self) -> dict[str, Any]:
         """What the agent publishes with its progress (the operator shows it)."""
@@ -619,6 +638,50 @@ class CheckpointKeeper:
             if remove:
                 self.folder.remove()
                 self._ckpts.clear()
+
+
+def _found(folder: MemoryFolder) -> dict[int, _Ckpt]:
+    """What a previous agent of this node left in ``folder`` (a restarted container)."""
+    found: dict[int, _Ckpt] = {}
+    for f in folder.load():
+        info = f.manifest
+        ck = _Ckpt(f.id, required=dict(info["required"]), ring=list(info["ring"]), step=info.get("step"))
+        ck.meta_size = len(f.metadata)
+        ck.files, ck.own = dict(f.files), set(f.files)
+        found[f.id] = ck
+    return found
+
+
+def _check_id(newest: int, cid: int) -> None:
+    """CheckpointError when ``cid`` runs too far past ``newest``, the newest number seen."""
+    bound = newest + MAX_ID_JUMP if newest else MAX_FIRST_ID
+    if cid > bound:
+        raise CheckpointError(
+            f"checkpoint {cid} is more than {bound - newest} past the newest this node has seen ({newest})"
+        )
+
+
+def _standby_copies(ckpts: Iterable[_Ckpt], pinned: Container[int], cid: int, name: str) -> list[int]:
+    """The checkpoints older than ``cid`` with a copy of ``name`` that a node keeps outside any
+    commit and wrote nothing of (a standby's copies): a newer copy of ``name`` supersedes them."""
+    return [
+        c.id
+        for c in ckpts
+        if c.id < cid and not c.committed and not c.own and name in c.files and c.id not in pinned
+    ]
+
+
+def _tmpfs_short(root: Path, reusable: int, rank: int, nbytes: int) -> Refusal | None:
+    """Why rank ``rank``'s ``nbytes`` do not fit in the tmpfs holding ``root`` (with
+    ``reusable`` bytes this node can free), or None when they do."""
+    free = _tmpfs_free(root)
+    if free is None or free + reusable >= nbytes:
+        return None
+    return Refusal(
+        f"the tmpfs holding {root} has {format_bytes(free)} free (and {format_bytes(reusable)} reusable) "
+        f"but rank {rank} needs {format_bytes(nbytes)}: give /dev/shm a larger sizeLimit or lower "
+        "--checkpoint-memory"
+    )
 
 
 def _tmpfs_free(path: Path) -> int | None:

@@ -1,8 +1,9 @@
 """The checkpoint service's decisions, as pure functions over what the nodes hold.
 
 Which checkpoint a restarted group restores (:func:`choose_restore`), which nodes hold a
-node's replicas (:func:`successors`), the next checkpoint's number (:func:`next_id`) and
-whether a save fits in a node's memory (:func:`memory_needed`). No I/O: the service and the
+node's replicas (:func:`successors` on the ring, :func:`standby_holders` on the hot
+standbys, both together :meth:`ReplicaPlan.holders`), the next checkpoint's number
+(:func:`next_id`) and whether a save fits in a node's memory (:func:`memory_needed`). No I/O: the service and the
 storage classes gather the facts and apply the answers.
 """
 
@@ -16,11 +17,14 @@ from typing import Any
 __all__ = [
     "HeldCheckpoint",
     "Inventory",
+    "ReplicaPlan",
     "RestoreChoice",
     "Source",
+    "StandbyHolder",
     "choose_restore",
     "memory_needed",
     "next_id",
+    "standby_holders",
     "successors",
 ]
 
@@ -190,6 +194,89 @@ def successors(ring: Sequence[str], me: str, replicas: int) -> list[str]:
     i = ring.index(me)
     after = [ring[(i + k) % len(ring)] for k in range(1, len(ring))]
     return after[:replicas]
+
+
+@dataclass(frozen=True)
+class StandbyHolder:
+    """A hot standby's checkpoint service, as it announced itself: ``endpoint`` (``HOST:PORT``)
+    and ``limit``, the bytes of checkpoint memory it may hold (its ``--checkpoint-memory``)."""
+
+    endpoint: str
+    limit: int
+
+
+def standby_holders(
+    ring: Sequence[str],
+    standbys: Sequence[StandbyHolder],
+    part_bytes: int,
+    likeliest: Sequence[str] = (),
+) -> dict[str, tuple[str, ...]]:
+    """Which standbys hold a copy of each ring node's part (pure): ring node -> standby endpoints.
+
+    Every standby holds every node's part when its memory allows it. A standby holds at most
+    ``limit // part_bytes`` parts (parts are assumed to be about equal across nodes, as
+    :func:`memory_needed` assumes; every sender computes the same answer from its own size
+    when they are). With less room, the nodes come in ``likeliest`` order (the ones a standby
+    is likeliest to replace first; nodes it does not name follow in ring order), and the
+    standbys share them out before any holds a second copy: pass ``d`` gives node ``i`` to
+    standby ``(i + d) mod S`` when it has room (else the next standby with room that does not
+    hold it yet), so the standbys together cover as many nodes as they can. A standby that is
+    on the ring (it replaced a member) is none any more, and holds nothing here.
+    Deterministic: every node computing it from the same facts gets the same answer.
+    """
+    members = list(dict.fromkeys(ring))
+    order = [m for m in dict.fromkeys(likeliest) if m in members]
+    order += [m for m in members if m not in order]
+    spare: list[StandbyHolder] = []
+    for s in standbys:  # one entry per endpoint (its first), none on the ring
+        if s.endpoint not in members and all(s.endpoint != t.endpoint for t in spare):
+            spare.append(s)
+    held: dict[str, list[str]] = {m: [] for m in members}
+    if not spare or not order:
+        return {m: () for m in members}
+    room = {s.endpoint: (s.limit // part_bytes if part_bytes > 0 else len(order)) for s in spare}
+    for depth in range(len(spare)):
+        for i, m in enumerate(order):
+            for k in range(len(spare)):
+                target = spare[(i + depth + k) % len(spare)].endpoint
+                if room[target] > 0 and target not in held[m]:
+                    held[m].append(target)
+                    room[target] -= 1
+                    break
+    return {m: tuple(s.endpoint for s in spare if s.endpoint in held[m]) for m in members}
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """Where the parts of one round's checkpoints go: ``replicas`` copies of each node's part on
+    the next nodes of ``ring`` (:func:`successors`) and one on each standby that
+    :func:`standby_holders` gives it. The one answer both ends use: a sender sends its part
+    to :meth:`holders` of itself, and a receiver can refuse a part whose sender did not
+    assign it there. A receiver that does not know the sender's part size checks with
+    ``part_bytes=0``: every standby then counts as assigned, a superset of what any sender
+    with a size assigns (a standby short of memory is given fewer parts, never others)."""
+
+    ring: tuple[str, ...]
+    replicas: int
+    standbys: tuple[StandbyHolder, ...] = ()
+    #: the bytes of the sender's part (0: unknown, every standby takes every part); a receiver
+    #: checking a part it is sent passes that part's size, as its sender did
+    part_bytes: int = 0
+    likeliest: tuple[str, ...] = ()
+
+    def peers(self, sender: str) -> list[str]:
+        """The ring nodes that hold ``sender``'s part, in the order it sends to them."""
+        return successors(self.ring, sender, self.replicas)
+
+    def standbys_of(self, sender: str) -> list[str]:
+        """The standbys that hold ``sender``'s part (none for a sender off the ring)."""
+        return list(
+            standby_holders(self.ring, self.standbys, self.part_bytes, self.likeliest).get(sender, ())
+        )
+
+    def holders(self, sender: str) -> frozenset[str]:
+        """Every node assigned a copy of ``sender``'s part: its ring successors and its standbys."""
+        return frozenset(self.peers(sender)) | frozenset(self.standbys_of(sender))
 
 
 def next_id(newest: Sequence[int]) -> int:

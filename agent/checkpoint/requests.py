@@ -127,6 +127,9 @@ class Restored:
     seconds: float
     step: int | None
     pid: int
+    #: bytes the rank read from its own node's memory, and fetched from other nodes
+    local: int = 0
+    fetched: int = 0
 
 
 Request = Begin | Open | Done | Commit | Put | InventoryRequest | MetadataRequest | Get | Restored
@@ -140,7 +143,7 @@ _FIELDS: dict[str, frozenset[str]] = {
     "inventory": frozenset(),
     "metadata": frozenset({"id"}),
     "get": frozenset({"id", "name", "offset", "length"}),
-    "restored": frozenset({"id", "source", "seconds", "step", "pid"}),
+    "restored": frozenset({"id", "source", "seconds", "step", "pid", "local", "fetched"}),
 }
 
 
@@ -253,4 +256,6 @@ def parse(
         _seconds(header, "seconds", 10.0**9),
         _optional_int(header, "step", -_MAX_STEP, _MAX_STEP),
         _int(header, "pid", 1, MAX_PID),
+        _optional_int(header, "local", 0, 2**62) or 0,
+        _optional_int(header, "fetched", 0, 2**62) or 0,
     )

@@ -21,7 +21,9 @@ and counted. Operations
                items lie in the manifest's files, read without running code) and manifest; starts
                the replication of this node's parts to its successors on the *ring of the
                current rendezvous round* (:meth:`CheckpointService.set_ring`, never a list
-               the request names) and, on the ring's first node when due, the durable copy
+               the request names), their copy to the hot standbys the round's
+               :class:`~kelastic.agent.checkpoint.plan.ReplicaPlan` assigns them
+               (:mod:`.standbyfeed`), and, on the ring's first node when due, the durable copy
 ``put``        a peer's part (payload), kept as a replica (never replacing a file held)
 ``inventory``  what this node holds (:class:`~kelastic.agent.checkpoint.plan.Inventory`)
 ``metadata``   a checkpoint's metadata (sealed payload)
@@ -57,8 +59,9 @@ from kelastic.agent.checkpoint.client import ServiceClient, parse_endpoint
 from kelastic.agent.checkpoint.durable import DurableStore
 from kelastic.agent.checkpoint.errors import CheckpointError
 from kelastic.agent.checkpoint.keeper import CheckpointKeeper
-from kelastic.agent.checkpoint.plan import successors
+from kelastic.agent.checkpoint.plan import ReplicaPlan, StandbyHolder
 from kelastic.agent.checkpoint.settings import CheckpointSettings, ServiceLimits, format_bytes
+from kelastic.agent.checkpoint.standbyfeed import STANDBY_TIMEOUT, StandbyFeed
 from kelastic.agent.contract import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_ENDPOINT, format_endpoint
 from kelastic.agent.secret import JobSecret, ephemeral_secret
 
@@ -96,7 +99,9 @@ class CheckpointService:
     when it stops; enough where no other node talks to it); ``host`` is the address to listen
     on, ``advertise`` the one peers and workers use. ``on_restore(status)`` is called (on a service thread) the first
     time a restore is reported, ``on_replicated(id, seconds, bytes)`` after each
-    replication; both optional.
+    replication; both optional. ``standbys()`` names the job's hot standbys (what they
+    announced, :mod:`.standbys`): with it, this node's parts also go to those the round's
+    :class:`~kelastic.agent.checkpoint.plan.ReplicaPlan` assigns them (:mod:`.standbyfeed`).
     """
 
     def __init__(
@@ -109,6 +114,7 @@ class CheckpointService:
         on_restore: Callable[[dict[str, Any]], None] | None = None,
         on_replicated: Callable[[int, float, int], None] | None = None,
         limits: ServiceLimits = ServiceLimits(),
+        standbys: Callable[[], Sequence[StandbyHolder]] | None = None,
     ) -> None:
         self._listener = socket.create_server((host, 0), backlog=128, reuse_port=False)
         self.endpoint = format_endpoint(advertise, self._listener.getsockname()[1])
@@ -125,12 +131,25 @@ class CheckpointService:
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
         self.admission = Admission(limits.connections, limits.handshakes)
+        self._feed = (
+            None
+            if standbys is None
+            else StandbyFeed(
+                self.endpoint,
+                self.keeper,
+                lambda e: ServiceClient(e, self._secret.key, STANDBY_TIMEOUT),
+                standbys,
+                settings.replicas,
+            )
+        )
 
     def start(self) -> CheckpointService:
         for target, name in ((self._accept, "accept"), (self._background, "replicate")):
             t = threading.Thread(target=target, name=f"kelastic-checkpoint-{name}", daemon=True)
             t.start()
             self._threads.append(t)
+        if self._feed is not None:
+            self._feed.start()
         # One short line; the paths (the tmpfs folder, the secret's file) are details.
         _log.info("%s; service at %s", self.settings.summary(), self.endpoint)
         _log.debug("%s; authenticated with %s", self.settings.describe(), self._secret.describe())
@@ -149,6 +168,8 @@ class CheckpointService:
             _shut_down(c)
         for t in self._threads:
             t.join(timeout=5)
+        if self._feed is not None:
+            self._feed.stop()
         self.keeper.close(remove=remove)
         if self._own_secret:
             self._secret.discard()
@@ -321,7 +342,9 @@ class CheckpointService:
         elif isinstance(req, rq.Get):
             self._send_range(channel, req)
         else:
-            first = k.restored(req.id, req.source.value, req.seconds, req.step, req.pid)
+            first = k.restored(
+                req.id, req.source.value, req.seconds, req.step, req.pid, req.local, req.fetched
+            )
             channel.send({"ok": True})
             if first and self._on_restore is not None:
                 self._on_restore(k.status())
@@ -363,11 +386,13 @@ class CheckpointService:
         ring = list(self._ring) or [self.endpoint]
         if not self.keeper.commit(cid, metadata, req.required, ring, req.step):
             return  # the same commit again (a retry): done already
-        targets = successors(ring, self.endpoint, self.settings.replicas)
+        targets = ReplicaPlan(tuple(ring), self.settings.replicas).peers(self.endpoint)
         files = self.keeper.own_files(cid)
         if targets and files:
             self.keeper.outgoing(+1)
-            self._jobs.put(lambda: self._replicate(cid, files, targets))
+            self._jobs.put(lambda: self._replicate(cid, files, targets, ring))
+        elif self._feed is not None and files:
+            self._feed.offer(cid, files, ring)
         if ring[0] == self.endpoint and self.keeper.persist_due(cid):
             self.keeper.pin(cid)
             self._jobs.put(lambda: self._persist(cid, ring))
@@ -383,7 +408,9 @@ class CheckpointService:
             except Exception:
                 _log.exception("checkpoint background work failed")
 
-    def _replicate(self, cid: int, files: list[tuple[str, int]], targets: list[str]) -> None:
+    def _replicate(self, cid: int, files: list[tuple[str, int]], targets: list[str], ring: list[str]) -> None:
+        """Send this node's ``files`` of ``cid`` to its ring ``targets``; then, once the next
+        save may begin, hand them to the standbys' feed (the ring's replica goes first)."""
         began = time.monotonic()
         total = 0
         try:
@@ -405,6 +432,8 @@ class CheckpointService:
                     client.close()
         finally:
             self.keeper.outgoing(-1)
+            if self._feed is not None:
+                self._feed.offer(cid, files, ring)
         seconds = time.monotonic() - began
         _log.debug("checkpoint %d: %s replicated to %s in %.3f s", cid, format_bytes(total), targets, seconds)
         if self._on_replicated is not None:

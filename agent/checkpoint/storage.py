@@ -27,7 +27,10 @@ What a caller may rely on:
   parts, its replicas, the durable directory), picks the newest complete checkpoint
   (:func:`~kelastic.agent.checkpoint.plan.choose_restore`) and reads each part from wherever
   it is (this node's memory, a peer's, or the durable directory); DCP's planners reshard.
-  The agent logs and publishes which checkpoint it restored and from where.
+  The agent logs and publishes which checkpoint it restored and from where, and the bytes
+  read from its memory and fetched from other nodes (``MemoryReader.local_bytes``,
+  ``MemoryReader.fetched_bytes``). A hot standby that took a lost member's place holds
+  every member's part already, and fetches nothing.
 * **Too large.** A save that does not fit in a node's checkpoint memory writes nothing and
   leaves the previous checkpoint standing; it prints one error naming the sizes and training
   goes on. ``MemoryWriter(strict=True)`` raises :class:`CheckpointTooLarge` instead.
@@ -492,6 +495,10 @@ class MemoryReader(StorageReader):
         self._began: float | None = None
         self._storage: dict[MetadataIndex, Any] = {}
         self._fs: Any = None
+        #: Bytes of the checkpoint this rank read from its own node's memory, and fetched from
+        #: other nodes (their memory or replicas), so far.
+        self.local_bytes = 0
+        self.fetched_bytes = 0
 
     # choosing ---------------------------------------------------------------------------------
     def exists(self) -> bool:
@@ -595,6 +602,8 @@ class MemoryReader(StorageReader):
                 "seconds": seconds,
                 "step": choice.step,
                 "pid": os.getpid(),
+                "local": self.local_bytes,
+                "fetched": self.fetched_bytes,
             }
         )
         fut: Future[None] = Future()
@@ -616,6 +625,7 @@ class MemoryReader(StorageReader):
                 try:
                     for req in reqs:
                         self._apply(req, mm, self._storage[req.storage_index], planner)
+                        self.local_bytes += self._storage[req.storage_index].length
                 finally:
                     mm.close()
             else:
@@ -637,6 +647,7 @@ class MemoryReader(StorageReader):
                     {"op": "get", "id": cid, "name": name, "offset": where.offset, "length": where.length},
                     into=into,
                 )
+                self.fetched_bytes += where.length
                 return
             except CheckpointError as e:
                 last = e

@@ -136,19 +136,33 @@ class Channel:
         if tail:
             self.sock.sendall(tail)
 
-    def send_file(self, f: BinaryIO, offset: int, length: int) -> None:
+    def send_file(
+        self, f: BinaryIO, offset: int, length: int, guard: Callable[[], bool] | None = None
+    ) -> bool:
         """Send ``length`` bytes of ``f`` from ``offset`` (after :meth:`send_header`), from a
-        read-only mapping of the file, in pieces (``sendfile`` cannot encrypt)."""
+        read-only mapping of the file, in pieces (``sendfile`` cannot encrypt).
+
+        ``guard`` (for a file whose owner may reuse it meanwhile): its last piece is copied,
+        then ``guard()`` is asked whether the file still held what was meant when every byte
+        had been read; False sends nothing more and returns False (the message is left
+        short: the caller closes the connection, and the receiver drops what it got)."""
         if not length:
-            return
+            return guard is None or guard()
         self._wait(self._io_timeout)
-        with mmap.mmap(f.fileno(), offset + length, access=mmap.ACCESS_READ) as mm:
+        end = offset + length
+        last = end if guard is None else max(offset, end - _CHUNK)
+        with mmap.mmap(f.fileno(), end, access=mmap.ACCESS_READ) as mm:
             view = memoryview(mm)
             try:
-                for at in range(offset, offset + length, _CHUNK):
-                    self.sock.sendall(view[at : min(at + _CHUNK, offset + length)])
+                for at in range(offset, last, _CHUNK):
+                    self.sock.sendall(view[at : min(at + _CHUNK, last)])
+                tail = bytes(view[last:end])
             finally:
                 view.release()
+        if guard is not None and not guard():
+            return False
+        self.sock.sendall(tail)
+        return True
 
     def send_header(self, header: dict[str, Any], length: int) -> None:
         """Send a header announcing ``length`` unsealed bytes; the caller sends them next."""
