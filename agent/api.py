@@ -92,6 +92,7 @@ from kelastic.agent.events import Event, EventSink, EventSource, default_sink, r
 from kelastic.agent.join_at_checkpoint import CheckpointCommits, JoinAtCheckpoint
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import ProcessFailure, SignalException, Std
+from kelastic.agent.reform import OverlappedStop
 from kelastic.agent.restart_policy import Action, LossQuestion, Verdict, Watching
 
 __all__ = [
@@ -659,6 +660,19 @@ def exit_barrier(store: Store, world_size: int, timeout: float) -> bool:
 # --- agents ----------------------------------------------------------------------------
 
 
+def _timings_metadata(handler: RendezvousHandler) -> dict[str, float | None]:
+    """The phases of the handler's latest rendezvous (``rdzv_started``, ``rdzv_joined``,
+    ``rdzv_closed``, ``rdzv_returned``: wall-clock seconds), for the rendezvous
+    event; empty for a handler that does not time them (torch's own)."""
+    timings = getattr(handler, "last_timings", None)
+    if timings is None:
+        return {}
+    return {
+        f"rdzv_{phase}": getattr(timings, phase, None)
+        for phase in ("started", "joined", "closed", "returned")
+    }
+
+
 def _default_grace(handler: RendezvousHandler, *, final: bool = False) -> float:
     """How long a failure may precede the membership change that explains it.
 
@@ -739,6 +753,7 @@ class SimpleElasticAgent(ElasticAgent):
         self.metrics = metrics if metrics is not None else Metrics()
         self._total_execution_time = 0.0
         self._attempt = -1  # bumped on every start, restarts of either kind included
+        self._stopping = OverlappedStop(lambda: None, lambda *_: None, overlap=False)  # a restart's stop
 
     # subclass interface -----------------------------------------------------------
     @abc.abstractmethod
@@ -846,6 +861,7 @@ class SimpleElasticAgent(ElasticAgent):
         handler = spec.rdzv_handler
         with self.metrics.timer("agent", "rendezvous"):
             info = handler.next_rendezvous()
+        self._stopping.wait()  # the old workers are gone before the new ranks are told anyone
         # Before the restarts this agent spent are exchanged with its peers.
         self._settle_spent_restart(handler)
         store, group_rank, group_world_size = info.store, info.rank, info.world_size
@@ -882,6 +898,7 @@ class SimpleElasticAgent(ElasticAgent):
         worker_group.master_port = int(master_port)
         self._event(
             "kelastic.agent.rendezvous",
+            **_timings_metadata(handler),
             group_rank=group_rank,
             group_world_size=group_world_size,
             world_size=assignment.global_world_size,
@@ -929,10 +946,17 @@ class SimpleElasticAgent(ElasticAgent):
     def _restart_workers(self, worker_group: WorkerGroup, reason: str) -> None:
         _log.info("[%s] restarting workers: %s", worker_group.spec.role, reason)
         self._event("kelastic.agent.restart", reason=reason, restart_count=self.restart_count)
-        with self.metrics.timer("agent", "stop_workers"):
-            self._stop_workers(worker_group)
+        # The old workers stop while this node joins the next round (kelastic.agent.reform).
+        self._stopping = OverlappedStop(lambda: self._stop_workers(worker_group), self._workers_stopped)
         worker_group.state = WorkerState.STOPPED
-        self._initialize_workers(worker_group)
+        try:
+            self._initialize_workers(worker_group)
+        finally:
+            self._stopping.wait()
+
+    def _workers_stopped(self, seconds: float, ended: float) -> None:
+        self.metrics.observe("agent", "stop_workers", seconds)
+        self._event("kelastic.agent.workers_stopped", seconds=round(seconds, 3), stopped_at=ended)
 
     def _announce_leaving(self) -> None:
         """Before stopping on a signal: let peers judge what their workers see next a loss."""
@@ -1072,6 +1096,7 @@ class SimpleElasticAgent(ElasticAgent):
                 self._exit_barrier()
                 return self._after_exit_barrier(self._worker_group, result)
             if state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+                self._event("kelastic.agent.fault_noticed", cause="workers_" + state.value.lower())
                 # Failed while waiting for a checkpoint to let nodes join: a peer that
                 # re-formed first stopped them (or they failed on their own in that
                 # window; either way the group is re-forming).
@@ -1102,6 +1127,8 @@ class SimpleElasticAgent(ElasticAgent):
                     verdict = self._at_a_checkpoint(verdict, spec.monitor_interval)
             else:
                 raise RuntimeError(f"[{spec.role}] worker group in unexpected state {state.value}")
+            if state == WorkerState.HEALTHY and verdict.action is not Action.CONTINUE:
+                self._event("kelastic.agent.fault_noticed", cause="membership")
             if self._apply(verdict):
                 return result
 
