@@ -861,7 +861,6 @@ class SimpleElasticAgent(ElasticAgent):
         handler = spec.rdzv_handler
         with self.metrics.timer("agent", "rendezvous"):
             info = handler.next_rendezvous()
-        self._stopping.wait()  # the old workers are gone before the new ranks are told anyone
         # Before the restarts this agent spent are exchanged with its peers.
         self._settle_spent_restart(handler)
         store, group_rank, group_world_size = info.store, info.rank, info.world_size
@@ -886,6 +885,9 @@ class SimpleElasticAgent(ElasticAgent):
                 endpoint=self._checkpoint_ring.endpoint if self._checkpoint_ring is not None else "",
                 signer=handler.round_signer() if isinstance(handler, SignedRecords) else None,
             )
+        # The ranks were exchanged while the old workers stopped; they are gone before the
+        # checkpoint ring changes and the new workers start (kelastic.agent.reform).
+        self._stopping.wait()
         if self._checkpoint_ring is not None:
             # The ring a commit replicates on: this round's, learnt here, never from a request.
             self._checkpoint_ring.set_ring(assignment.ring)

@@ -4,10 +4,11 @@ A restart stops the node's workers (SIGTERM, then waiting for them to exit: hund
 milliseconds for a worker inside a collective, running its exit handlers or finishing a save)
 and joins the next rendezvous round. The round closes when its last member joined, so when
 every node stopped its workers first, the slowest stop of the group was on every node's path.
-:class:`OverlappedStop` runs the stop in a thread while the agent joins; the agent waits for it
-(:meth:`OverlappedStop.wait`) once the round closed, before it exchanges ranks, tells the
-checkpoint ring the new members or starts the new workers. So the old and the new workers
-never run side by side, and the old workers' last commits replicate on the old ring.
+:class:`OverlappedStop` runs the stop in a thread while the agent joins the round and
+exchanges the ranks with its peers; the agent waits for it (:meth:`OverlappedStop.wait`)
+before it tells the checkpoint ring the new members and starts the new workers. So the old
+and the new workers never run side by side, and the old workers' last commits replicate on
+the old ring.
 
 ``KELASTIC_STOP_BEFORE_JOIN=1`` (:data:`STOP_BEFORE_JOIN_ENV`) stops the workers before the
 join, as kelastic did before (:func:`overlap_enabled`).
