@@ -108,6 +108,7 @@ __all__ = [
     "RankAssignment",
     "RecordSigning",
     "RoleInstanceInfo",
+    "RoundWatcher",
     "RunResult",
     "SignedRecords",
     "SimpleElasticAgent",
@@ -178,6 +179,16 @@ class LossWatcher(Protocol):
     @property
     def loss_notice(self) -> float:
         """Seconds a lost member may take to show after its process is gone."""
+        ...
+
+
+@runtime_checkable
+class RoundWatcher(Protocol):
+    """A handler that tells when its node's round is over for the group (kelastic's): a member
+    re-joined the next round or was lost, so the group makes no progress whatever nodes wait."""
+
+    def round_over(self) -> bool:
+        """Non-blocking; False when this node is no member of a round."""
         ...
 
 
@@ -1037,7 +1048,9 @@ class SimpleElasticAgent(ElasticAgent):
         joining, watcher = self._join_at_checkpoint, self._worker_group.spec.rdzv_handler
         if joining is None or not isinstance(watcher, LossWatcher):
             return verdict
-        if watcher.wait_member_lost(0.0):
+        # A member lost, or one that re-joined the next round (its workers failed): the round
+        # commits no checkpoint any more, so waiting for one would wait for nothing.
+        if watcher.wait_member_lost(0.0) or (isinstance(watcher, RoundWatcher) and watcher.round_over()):
             joining.cancel()
             return verdict
         spec = self._worker_group.spec
