@@ -92,6 +92,7 @@ from kelastic.agent.events import Event, EventSink, EventSource, default_sink, r
 from kelastic.agent.join_at_checkpoint import CheckpointCommits, JoinAtCheckpoint
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import ProcessFailure, SignalException, Std
+from kelastic.agent.reform import OverlappedStop
 from kelastic.agent.restart_policy import Action, LossQuestion, Verdict, Watching
 
 __all__ = [
@@ -107,6 +108,7 @@ __all__ = [
     "RankAssignment",
     "RecordSigning",
     "RoleInstanceInfo",
+    "RoundWatcher",
     "RunResult",
     "SignedRecords",
     "SimpleElasticAgent",
@@ -177,6 +179,16 @@ class LossWatcher(Protocol):
     @property
     def loss_notice(self) -> float:
         """Seconds a lost member may take to show after its process is gone."""
+        ...
+
+
+@runtime_checkable
+class RoundWatcher(Protocol):
+    """A handler that tells when its node's round is over for the group (kelastic's): a member
+    re-joined the next round or was lost, so the group makes no progress whatever nodes wait."""
+
+    def round_over(self) -> bool:
+        """Non-blocking; False when this node is no member of a round."""
         ...
 
 
@@ -659,6 +671,19 @@ def exit_barrier(store: Store, world_size: int, timeout: float) -> bool:
 # --- agents ----------------------------------------------------------------------------
 
 
+def _timings_metadata(handler: RendezvousHandler) -> dict[str, float | None]:
+    """The phases of the handler's latest rendezvous (``rdzv_started``, ``rdzv_joined``,
+    ``rdzv_closed``, ``rdzv_returned``: wall-clock seconds), for the rendezvous
+    event; empty for a handler that does not time them (torch's own)."""
+    timings = getattr(handler, "last_timings", None)
+    if timings is None:
+        return {}
+    return {
+        f"rdzv_{phase}": getattr(timings, phase, None)
+        for phase in ("started", "joined", "closed", "returned")
+    }
+
+
 def _default_grace(handler: RendezvousHandler, *, final: bool = False) -> float:
     """How long a failure may precede the membership change that explains it.
 
@@ -739,6 +764,7 @@ class SimpleElasticAgent(ElasticAgent):
         self.metrics = metrics if metrics is not None else Metrics()
         self._total_execution_time = 0.0
         self._attempt = -1  # bumped on every start, restarts of either kind included
+        self._stopping = OverlappedStop(lambda: None, lambda *_: None, overlap=False)  # a restart's stop
 
     # subclass interface -----------------------------------------------------------
     @abc.abstractmethod
@@ -875,6 +901,9 @@ class SimpleElasticAgent(ElasticAgent):
                 endpoint=self._checkpoint_ring.endpoint if self._checkpoint_ring is not None else "",
                 signer=handler.round_signer() if isinstance(handler, SignedRecords) else None,
             )
+        # The ranks were exchanged while the old workers stopped; they are gone before the
+        # checkpoint ring changes and the new workers start (kelastic.agent.reform).
+        self._stopping.wait()
         if self._checkpoint_ring is not None:
             # The ring a commit replicates on: this round's, learnt here, never from a request.
             self._checkpoint_ring.set_ring(assignment.ring)
@@ -887,6 +916,7 @@ class SimpleElasticAgent(ElasticAgent):
         worker_group.master_port = int(master_port)
         self._event(
             "kelastic.agent.rendezvous",
+            **_timings_metadata(handler),
             group_rank=group_rank,
             group_world_size=group_world_size,
             world_size=assignment.global_world_size,
@@ -934,10 +964,17 @@ class SimpleElasticAgent(ElasticAgent):
     def _restart_workers(self, worker_group: WorkerGroup, reason: str) -> None:
         _log.info("[%s] restarting workers: %s", worker_group.spec.role, reason)
         self._event("kelastic.agent.restart", reason=reason, restart_count=self.restart_count)
-        with self.metrics.timer("agent", "stop_workers"):
-            self._stop_workers(worker_group)
+        # The old workers stop while this node joins the next round (kelastic.agent.reform).
+        self._stopping = OverlappedStop(lambda: self._stop_workers(worker_group), self._workers_stopped)
         worker_group.state = WorkerState.STOPPED
-        self._initialize_workers(worker_group)
+        try:
+            self._initialize_workers(worker_group)
+        finally:
+            self._stopping.wait()
+
+    def _workers_stopped(self, seconds: float, ended: float) -> None:
+        self.metrics.observe("agent", "stop_workers", seconds)
+        self._event("kelastic.agent.workers_stopped", seconds=round(seconds, 3), stopped_at=ended)
 
     def _announce_leaving(self) -> None:
         """Before stopping on a signal: let peers judge what their workers see next a loss."""
@@ -1016,7 +1053,9 @@ class SimpleElasticAgent(ElasticAgent):
         joining, watcher = self._join_at_checkpoint, self._worker_group.spec.rdzv_handler
         if joining is None or not isinstance(watcher, LossWatcher):
             return verdict
-        if watcher.wait_member_lost(0.0):
+        # A member lost, or one that re-joined the next round (its workers failed): the round
+        # commits no checkpoint any more, so waiting for one would wait for nothing.
+        if watcher.wait_member_lost(0.0) or (isinstance(watcher, RoundWatcher) and watcher.round_over()):
             joining.cancel()
             return verdict
         spec = self._worker_group.spec
@@ -1077,6 +1116,7 @@ class SimpleElasticAgent(ElasticAgent):
                 self._exit_barrier()
                 return self._after_exit_barrier(self._worker_group, result)
             if state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+                self._event("kelastic.agent.fault_noticed", cause="workers_" + state.value.lower())
                 # Failed while waiting for a checkpoint to let nodes join: a peer that
                 # re-formed first stopped them (or they failed on their own in that
                 # window; either way the group is re-forming).
@@ -1110,6 +1150,8 @@ class SimpleElasticAgent(ElasticAgent):
                     verdict = self._at_a_checkpoint(verdict, spec.monitor_interval)
             else:
                 raise RuntimeError(f"[{spec.role}] worker group in unexpected state {state.value}")
+            if state == WorkerState.HEALTHY and verdict.action is not Action.CONTINUE:
+                self._event("kelastic.agent.fault_noticed", cause="membership")
             if self._apply(verdict):
                 return result
 

@@ -51,7 +51,8 @@ step's work). The window opens
 at its first step after calibration. Faults fall every ``--fault-every`` seconds (at
 0.5, 1.5, 2.5 ... intervals into ``--window``), cycling through:
 
-* **crash**: the victim node's rank calls ``os._exit(1)`` (the bench touches a file it polls);
+* **crash**: the victim node's rank calls ``os._exit(1)`` (the bench touches a file a thread of
+  the rank polls every 10 ms, so that the crash falls where the fault's time says, mid-step);
 * **pod delete**, emulated without Kubernetes: SIGTERM to the victim node's agent, as the
   kubelet sends it, SIGKILL after a 30 s grace; its tmpfs folder removed (the pod's
   ``/dev/shm`` goes with it); then a replacement agent with the same node name started at
@@ -99,6 +100,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -203,6 +205,8 @@ class Figures:
     sources: dict[str, int] = field(default_factory=dict)
     #: bytes every node's ranks fetched from other nodes, at each restore in the window
     fetched: list[int] = field(default_factory=list)
+    #: per fault, ms after it per phase (goodput_phases.breakdown)
+    phases: list[dict[str, float | None]] = field(default_factory=list)
 
 
 def analyse(
@@ -270,7 +274,16 @@ def worker(a: argparse.Namespace) -> None:
     began = time.time()
     node = os.environ.get("BENCH_NODE", "?")
     out: Path = a.out
+    phases = out / "phases.jsonl"
+
+    def phase(name: str) -> None:
+        """Every rank's phases of its start, for the breakdown (bench/goodput_phases.py)."""
+        with open(phases, "a") as f:
+            f.write(json.dumps({"e": name, "t": time.time(), "node": node, "pid": os.getpid()}) + "\n")
+
+    phase("began")
     dist.init_process_group("gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    phase("pg")
     rank, world = dist.get_rank(), dist.get_world_size()
 
     def emit(event: str, **fields: object) -> None:
@@ -360,6 +373,7 @@ def worker(a: argparse.Namespace) -> None:
     t = time.monotonic()
     copied: list[Any] = []  # per node: [name, bytes read from its memory, bytes fetched]
     source = restore()
+    phase("restored")
     if source is not None:
         emit("restored", step=int(state["step"]), seconds=time.monotonic() - t, source=source,
              check=consistent(), copied=copied)  # fmt: skip
@@ -376,14 +390,21 @@ def worker(a: argparse.Namespace) -> None:
             saver.wait()  # the calibration's last save is over before the state changes
     x = torch.ones(1)
     crash = out / f"crash_{node}"
+
+    def crash_when_told() -> None:
+        while True:
+            if crash.exists():
+                crash.unlink(missing_ok=True)
+                os._exit(1)  # a failing rank: the others block in the all-reduce until it is gone
+            time.sleep(0.01)
+
+    threading.Thread(target=crash_when_told, daemon=True).start()
     s = int(state["step"])
     end = time.monotonic() + a.duration
     inflight: tuple[int, float] | None = None  # (d): the save in flight and its stall so far
+    first_step = True
     while time.monotonic() < end:
         t0 = time.monotonic()
-        if crash.exists():
-            crash.unlink(missing_ok=True)
-            os._exit(1)  # a failing rank: the others block in the all-reduce until it is gone
         # (t): what a rank waits on its peers is not its own work (how a straggler shows)
         with progress.waiting() if a.busy else contextlib.nullcontext():
             dist.all_reduce(x)
@@ -398,6 +419,9 @@ def worker(a: argparse.Namespace) -> None:
             inflight = (inflight[0], inflight[1] + time.monotonic() - t1)
         update(s)
         emit("step", step=s)
+        if first_step:
+            first_step = False
+            phase("step")
         progress.update(s)  # what the agent's goodput record (and so the job's status) is made of
         if every and s % every == 0 and saver is not None:
             t1 = time.monotonic()
@@ -616,6 +640,8 @@ class Job:
             "BENCH_NODE": name,
             "KELASTIC_NODE_NAME": name,
             "PYTHONUNBUFFERED": "1",
+            # the agent's events, for the per-fault breakdown (bench/goodput_phases.py)
+            "KELASTIC_EVENTS_FILE": str(self.dir / "agent-events" / f"{name}.{self.incarnations}.jsonl"),
         }
         env.pop("OMP_NUM_THREADS", None)
         with (self.dir / f"{name}.log").open("ab") as f:
@@ -751,6 +777,26 @@ class Job:
                 pass  # a line cut by a kill
         return rows
 
+    def phase_records(self) -> list[dict[str, Any]]:
+        """The agents' events and every rank's phases, as goodput_phases.breakdown reads them."""
+        rows = []
+        files = [*(self.dir / "agent-events").glob("*.jsonl"), self.out / "phases.jsonl"]
+        for path in files:
+            if not path.exists():
+                continue
+            node = path.name.split(".")[0]
+            for line in path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by a kill
+                if "name" in rec:  # an agent's event
+                    md = rec.get("metadata", {})
+                    rec = {**md, "e": rec["name"].removeprefix("kelastic.agent."), "t": rec["timestamp"],
+                           "node": node}  # fmt: skip
+                rows.append(rec)
+        return rows
+
     def calibration(self) -> dict[str, Any] | None:
         path = self.out / "calibration.json"
         return json.loads(path.read_text()) if path.exists() else None
@@ -827,6 +873,9 @@ def run_config(cfg: Config, a: argparse.Namespace, step_time: float, root: Path,
             if (_last_step_time(job) or 0) < w1:
                 fig.failed = f"job failed after fault {len(fig.faults)} (no step after the window, {a.stall_cap:.0f} s)"
         fig.status = status
+        import goodput_phases  # this folder is the script's: on sys.path
+
+        fig.phases = goodput_phases.breakdown(job.phase_records(), [f.time for f in fig.faults], time.time())
         return analyse(fig, job.events(), w0, w1, rate)
     finally:
         job.close()
@@ -1071,6 +1120,12 @@ def report(figs: list[Figures], a: argparse.Namespace, step_time: float, rate: f
                   + (f"; {fault.note}" if fault.note else ""))  # fmt: skip
             for line in fault.restarts:
                 print(f"      restored {line}")
+        if f.phases:
+            import goodput_phases
+
+            print("    ms after each fault (first node: noticed, re-form, step; last node: the others):")
+            for line in goodput_phases.table([fault.kind for fault in f.faults], f.phases):
+                print(f"      {line}")
         if f.sources:
             print(f"    restored from: {', '.join(f'{k} x{v}' for k, v in sorted(f.sources.items()))}")
         st = f.status or {}

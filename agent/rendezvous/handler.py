@@ -195,6 +195,7 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
+from . import fastpath
 from .connection import StoreConnection
 from .finish import FinishMark
 from .join import Joiner, LinkTarget, RendezvousTimings
@@ -531,10 +532,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
                 accounted, lost = count_fates(store, self._keys, before.round, before.size)
             except dist.DistNetworkError:
                 return None
-        if lost or accounted == 0:
-            # accounted == 0: not even this node's own rejoin is recorded there.
-            return True
-        return False if accounted >= before.size else None
+        return fastpath.previous_loss_verdict(accounted, lost, before.size)
 
     def _wait_verdict(self, verdict: Callable[[], bool | None], timeout: float) -> bool:
         """Re-evaluate ``verdict`` on every store event until it is not None; False after ``timeout`` s."""
@@ -552,13 +550,16 @@ class KelasticRendezvousHandler(RendezvousHandler):
 
     def _member_lost_now(self) -> bool | None:
         """True: a member was lost; False: a peer re-joined without a loss, or not a member; None: neither yet."""
-        return self._ask_own_round(self._loss_verdict)
+        return self._ask_own_round(lambda st, m: fastpath.loss_verdict(*self._fates(st, m)))
 
-    def _loss_verdict(self, store: dist.TCPStore, member: Member) -> bool | None:
-        accounted, lost = count_fates(store, self._keys, member.round, member.size)
-        if lost:
-            return True
-        return False if accounted > 0 else None
+    def _fates(self, store: dist.TCPStore, member: Member) -> tuple[int, bool]:
+        return count_fates(store, self._keys, member.round, member.size)
+
+    def round_over(self) -> bool:
+        """A member of this node's round re-joined the next round or was lost (``fastpath.round_over``)."""
+        return bool(
+            self._ask_own_round(lambda st, m: fastpath.round_over(self._fates(st, m)[0]), lambda: None)
+        )
 
     def announce_leaving(self) -> None:
         """Tell the round's members that this node is stopping its workers to leave.

@@ -482,6 +482,31 @@ def test_a_member_lost_while_joiners_wait_for_a_checkpoint_restarts_at_once() ->
     assert _restart_reasons(agent) == ["rendezvous membership changed"]
 
 
+class RejoinHandler(PeerHandler):
+    """The peer re-joins the next round (its workers failed) on the second look: the round is over."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.looks = 0
+
+    def round_over(self) -> bool:
+        self.looks += 1
+        return self.looks >= 2 and self.rounds == 1
+
+
+def test_a_member_that_rejoined_while_joiners_wait_for_a_checkpoint_restarts_at_once() -> None:
+    """A crashed rank's agent re-joins at once: its round commits no checkpoint any more, so
+    the others re-form without waiting for one (or for their workers to fail)."""
+    H, S = WorkerState.HEALTHY, WorkerState.SUCCEEDED
+    handler = RejoinHandler(losses=[False, False], changes=[True, True, False])
+    commits = Commits(cadence=(5, 0.5, 2.0), lands=[False])
+    agent = ScriptedAgent(_spec(handler, monitor_interval=0.05), [H, H, S], checkpoint_commits=commits)
+    assert isinstance(handler, api.RoundWatcher)
+    assert agent.run().state == S
+    assert handler.rounds == 2 and len(commits.waits) == 1
+    assert _restart_reasons(agent) == ["rendezvous membership changed"]
+
+
 def test_joiners_wait_no_longer_than_the_deferral_when_no_checkpoint_comes() -> None:
     H, S = WorkerState.HEALTHY, WorkerState.SUCCEEDED
     handler = PeerHandler(losses=[False] * 20, changes=[True] * 20)

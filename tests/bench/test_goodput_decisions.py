@@ -7,6 +7,7 @@ import importlib.util
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 _spec = importlib.util.spec_from_file_location(
     "bench_goodput", Path(__file__).parents[2] / "bench" / "bench_goodput.py"
@@ -101,3 +102,49 @@ def test_the_straggler_step_time_is_the_median_within_one_incarnation() -> None:
     assert bench.step_seconds(steps, 0.0, 12.6) == 1.25
     assert abs(bench.step_seconds(steps, 12.9, 20.0) - 0.2) < 1e-9
     assert bench.step_seconds(steps, 20.0, 30.0) is None
+
+
+def _phases() -> object:
+    spec = importlib.util.spec_from_file_location(
+        "goodput_phases", Path(__file__).parents[2] / "bench" / "goodput_phases.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_breakdown_takes_the_first_node_to_notice_and_the_last_to_be_ready() -> None:
+    phases: Any = _phases()
+    records = [
+        {"e": "fault_noticed", "t": 100.2, "node": "node1"},
+        {"e": "fault_noticed", "t": 100.1, "node": "node2"},
+        {"e": "restart", "t": 100.3, "node": "node2"},
+        {"e": "workers_stopped", "t": 100.7, "node": "node2", "stopped_at": 100.65},
+        {"e": "rendezvous", "t": 100.6, "node": "node2", "rdzv_joined": 100.4, "rdzv_closed": 100.5},
+        {"e": "rendezvous", "t": 100.7, "node": "standby0", "rdzv_joined": 100.45, "rdzv_closed": 100.55},
+        {"e": "workers_started", "t": 100.8, "node": "node2"},
+        {"e": "pg", "t": 101.0, "node": "node2"},
+        {"e": "pg", "t": 101.1, "node": "standby0"},
+        {"e": "restored", "t": 101.3, "node": "standby0"},
+        {"e": "step", "t": 102.0, "node": "node2"},
+        {"e": "step", "t": 102.1, "node": "standby0"},
+        # before the fault, and after the next one: neither counts for the first
+        {"e": "pg", "t": 99.0, "node": "node0"},
+        {"e": "pg", "t": 130.5, "node": "node0"},
+    ]
+    rows = phases.breakdown(records, [100.0, 130.0], 200.0)
+    first = rows[0]
+    assert first["noticed"] == 100 and first["re-form"] == 300
+    assert (
+        first["stopped"] == 650
+        and first["joined"] == 450
+        and first["decided"] == 550
+        and first["ranks"] == 700
+    )
+    assert first["pg ready"] == 1100 and first["restored"] == 1300 and first["step"] == 2000
+    assert first["main"] is None  # not recorded: shown as '-'
+    assert rows[1]["pg ready"] == 500 and rows[1]["noticed"] is None
+    lines = phases.table(["crash", "node kill"], rows)
+    assert len(lines) == 3 and "1 crash" in lines[1] and "-" in lines[2]
