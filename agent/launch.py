@@ -58,7 +58,7 @@ from kelastic.agent.checkpoint.settings import (
     format_bytes,
     machine_memory,
 )
-from kelastic.agent.checkpoint.standbys import StandbyBoard
+from kelastic.agent.checkpoint.standbys import StandbyBoard, announce_when_reachable
 from kelastic.agent.events import default_sink
 from kelastic.agent.health import HealthServer
 from kelastic.agent.launch_config import LaunchConfig, resolve_job_secret
@@ -334,18 +334,15 @@ def _node_checkpoint_service(
         # Every node announces: while it waits without a slot (a standby, or a node that found
         # the group full) the group's nodes send it their parts; on the ring it gets none.
         holder = StandbyHolder(service.endpoint, service.keeper.limit)
-        try:
-            board.announce(node, holder)
-        except Exception as e:  # the group's nodes keep their replicas on the ring only
-            _log.warning(
-                "could not announce the checkpoint service (%s): as a standby it holds no copy of the state",
-                e,
-            )
-        else:
-            if handler.settings.standby:
+        standby = handler.settings.standby
+
+        def announced(slot: int) -> None:
+            if standby:
                 _log.info(
                     "standby: the group's nodes send its checkpoint service %s their parts", holder.endpoint
                 )
+
+        announce_when_reachable(board, node, holder, announced)
     return service
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from kelastic.agent.checkpoint.plan import StandbyHolder
 
-__all__ = ["CACHE_S", "MAX_SLOTS", "StandbyBoard"]
+__all__ = ["CACHE_S", "MAX_SLOTS", "StandbyBoard", "announce_when_reachable"]
 
 _log = logging.getLogger(__name__)
 
@@ -146,3 +146,41 @@ class StandbyBoard:
             return str(d["node"]), StandbyHolder(str(d["endpoint"]), int(d["limit"]))
         except (ValueError, KeyError, TypeError):
             return None
+
+
+def announce_when_reachable(
+    board: StandbyBoard,
+    node: str,
+    holder: StandbyHolder,
+    on_announced: Callable[[int], None],
+    *,
+    retry_s: float = 2.0,
+) -> threading.Thread:
+    """Announce ``holder`` from a daemon thread as soon as the store accepts connections.
+
+    The node's start never waits for this: the store may not be up yet, and the rendezvous
+    already says what it waits for. Until the store answers, the thread only probes it with a
+    plain socket (torch's client would print a stack trace per failed connect), every
+    ``retry_s`` seconds; a failed announcement is retried the same way. ``on_announced`` gets
+    the slot, once. The thread ends with the process.
+    """
+    from kelastic.agent.rendezvous.dial import Reach, probe
+
+    host, _, port = board.endpoint.rpartition(":")
+    host = host.strip("[]")
+
+    def run() -> None:
+        while True:
+            if probe(host, int(port), retry_s)[0] is Reach.ACCEPTS:
+                try:
+                    slot = board.announce(node, holder)
+                except Exception as exc:  # the store went away again, or refused: try later
+                    _log.debug("could not announce the checkpoint service yet: %s", exc)
+                else:
+                    on_announced(slot)
+                    return
+            time.sleep(retry_s)
+
+    thread = threading.Thread(target=run, name="kelastic-standby-announce", daemon=True)
+    thread.start()
+    return thread
