@@ -13,7 +13,6 @@ except where its docstring says O(N).
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
 
+from .memberrecords import members_value, read_slot
 from .protocol import (
     ControllerBounds,
     Fate,
@@ -29,8 +29,8 @@ from .protocol import (
     RunKeys,
     claim_fate,
     close_event,
-    get_or_none,
     listed_all_joined,
+    mark_closed,
     node_record,
     push_event,
     read_bounds,
@@ -95,8 +95,8 @@ def account_previous_round(store: dist.TCPStore, keys: RunKeys, name: str, r: in
     previous = r - 1
     if previous < 1:
         return
-    raw = get_or_none(store, keys.slot(previous, name))
-    if raw is not None and int(raw) < read_size(store, keys, previous):
+    slot = read_slot(store, keys, previous, name)
+    if slot is not None and slot < read_size(store, keys, previous):
         claim_fate(store, keys, previous, name, Fate.REJOIN, name)
 
 
@@ -194,7 +194,7 @@ def try_close(
         round_close(k, r, raw) is not None or store.compare_set(k.size(r), raw, value) != value.encode()  # type: ignore[arg-type]
     ):
         return None
-    store.add(k.open, 1)
+    mark_closed(store, k, r)
     push_event(store, k, close_event(r, mine))
     node_keys = [k.node(r, i) for i in range(size)]
     try:
@@ -209,7 +209,7 @@ def try_close(
         )
         return None
     names = tuple(str(rec["name"]) for rec in records if rec is not None)
-    store.set(k.members(r), json.dumps(list(names)))
+    store.set(k.members(r), members_value(k, r, names))
     ctl = read_membership(store, k)
     if ctl is not None:
         listed = set(ctl.nodes)
