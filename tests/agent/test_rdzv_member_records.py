@@ -12,6 +12,7 @@ import time
 import pytest
 import torch.distributed as dist
 
+from kelastic.agent.rendezvous import ServerProcess
 from kelastic.agent.rendezvous import memberrecords as mr
 from kelastic.agent.rendezvous.protocol import (
     RoundClose,
@@ -19,6 +20,7 @@ from kelastic.agent.rendezvous.protocol import (
     connect_store,
     mark_closed,
     open_round,
+    read_close,
     restore_round,
 )
 from kelastic.agent.rendezvous.records import RecordSigner
@@ -29,6 +31,19 @@ KEY = secrets.token_hex(32).encode()
 
 def job_keys(run: str = "run") -> RunKeys:
     return RunKeys(run, RecordSigner.for_job(KEY))
+
+
+def job_keys_of(run_id: str) -> RunKeys:
+    """The keys of ``run_id`` as the job's agents sign them (the secret of the test's agents)."""
+    from kelastic.agent.rendezvous.testing import job_keys as agents_keys
+
+    return agents_keys(run_id)
+
+
+def read_close_of(store: dist.Store, keys: RunKeys, r: int) -> RoundClose:
+    close = read_close(store, keys, r)
+    assert close is not None, f"round {r} did not close"
+    return close
 
 
 def close_round(store: dist.Store, keys: RunKeys, r: int) -> None:
@@ -199,3 +214,26 @@ def test_a_dead_successor_is_found_while_a_stranger_keeps_its_heartbeat_moving()
         stop.set()
         keep.poke.set()
         server.stop()
+
+
+@pytest.mark.slow  # waits out the wait for a missing join record (10 s)
+def test_a_count_of_joiners_a_stranger_added_to_costs_one_round_not_the_rendezvous(
+    server: ServerProcess, run_id: str
+) -> None:
+    """Attack: a stranger adds 1 to the open round's count of joiners before the nodes join.
+    The nodes take slots 1 and 2; slot 0 is nobody's. The round closes empty once its record
+    is found missing, and the two form the next round (before, the round closed with slot 0
+    as a member that never came: the rendezvous hung)."""
+    from kelastic.agent.rendezvous.testing import kelastic_handler, rendezvous_concurrently
+
+    keys = job_keys_of(run_id)
+    stranger = connect_store(server.host, server.port, 5)
+    stranger.add(keys.joined(1), 1)
+    handlers = [
+        kelastic_handler(server.endpoint, run_id, f"n{i}", 2, 2, last_call_timeout=0.3, join_timeout=60)
+        for i in range(2)
+    ]
+    infos = rendezvous_concurrently(handlers, timeout=90)
+    assert sorted(i.rank for i in infos) == [0, 1] and {i.world_size for i in infos} == {2}
+    assert read_close_of(stranger, keys, 1).size == 0  # the round the stranger's count spoiled
+    assert read_close_of(stranger, keys, 2).size == 2
