@@ -153,11 +153,16 @@ class ServiceClient:
             return reply.header, data
         raise AssertionError("unreachable")
 
-    def put_file(self, cid: int, name: str, path: Path, size: int) -> None:
-        """Send a whole file as a replica (encrypted with the connection, like every byte)."""
+    def put_file(self, cid: int, name: str, path: Path, size: int, sender: str | None = None) -> None:
+        """Send a whole file as a replica (encrypted with the connection, like every byte);
+        ``sender``: this node's endpoint as on the round's ring (the receiver takes replicas
+        only from the nodes the ring assigns to it)."""
         channel = self._connect()
+        header: dict[str, object] = {"op": "put", "id": cid, "name": name}
+        if sender is not None:
+            header["from"] = sender
         try:
-            channel.send_header({"op": "put", "id": cid, "name": name}, size)
+            channel.send_header(header, size)
             with open(path, "rb") as f:
                 channel.send_file(f, 0, size)
             reply = channel.recv_header()
