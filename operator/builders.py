@@ -102,7 +102,8 @@ IMAGE_AGENT_BOOTSTRAP = (
 
 
 def _default_store_resources() -> dict[str, dict[str, str]]:
-    # kelastic-rendezvous imports torch for its TCPStore: about 230 MiB resident, little CPU.
+    # kelastic-rendezvous holds no torch: about 25 MiB at rest, at most about 330 MiB with every
+    # bound of its defaults filled (docs/security.md, tests/agent/test_store_memory_hostile.py).
     return {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
 
 

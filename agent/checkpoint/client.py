@@ -155,16 +155,27 @@ class ServiceClient:
         raise AssertionError("unreachable")
 
     def put_file(
-        self, cid: int, name: str, path: Path, size: int, guard: Callable[[], bool] | None = None
+        self,
+        cid: int,
+        name: str,
+        path: Path,
+        size: int,
+        guard: Callable[[], bool] | None = None,
+        sender: str | None = None,
     ) -> None:
         """Send a whole file as a replica (encrypted with the connection, like every byte).
 
         ``guard`` (see :meth:`wire.Channel.send_file`): when it says the file no longer held
         the checkpoint's bytes once they were read, the connection is closed before the
-        message is complete (the peer keeps nothing) and CheckpointError says so."""
+        message is complete (the peer keeps nothing) and CheckpointError says so.
+        ``sender``: this node's endpoint as on the round's ring (the receiver takes replicas
+        only from the nodes the ring assigns to it)."""
         channel = self._connect()
+        header: dict[str, object] = {"op": "put", "id": cid, "name": name}
+        if sender is not None:
+            header["from"] = sender
         try:
-            channel.send_header({"op": "put", "id": cid, "name": name}, size)
+            channel.send_header(header, size)
             with open(path, "rb") as f:
                 whole = channel.send_file(f, 0, size, guard)
             if not whole:

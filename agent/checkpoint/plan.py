@@ -24,6 +24,7 @@ __all__ = [
     "choose_restore",
     "memory_needed",
     "next_id",
+    "replica_refusal",
     "standby_holders",
     "successors",
 ]
@@ -295,3 +296,38 @@ def memory_needed(kept: int, new_part: int, replicas: int) -> int:
     across nodes, so each of ``replicas`` incoming copies counts as one more ``new_part``.
     """
     return kept + new_part * (1 + replicas)
+
+
+def replica_refusal(
+    ring: Sequence[str], me: str, sender: str | None, sender_host: str | None, source: str, replicas: int
+) -> str | None:
+    """Why this node (``me``) refuses a replica that names ``sender`` (the endpoint of the node
+    that sends it, as on the ring; ``sender_host`` its host) and comes from address
+    ``source``; None when it takes it (pure).
+
+    A node takes replicas only from the nodes whose parts the round's ring assigns to it
+    (those it is among the ``replicas`` successors of), and only over a connection from that
+    node's address: a peer that holds the job's secret cannot put a part it was not assigned,
+    one from a previous round's ring, or one in another node's name. An empty ring (a service
+    that no agent told a round's ring) takes every replica. A node off the ring it knows (a
+    hot standby, or a node that stepped aside or found the group full: every member sends it
+    its parts, see :func:`standby_holders`, and the ring it knows may be an older round's) takes
+    a replica from any node of the job that names itself and sends from its own address.
+    """
+    if not ring:
+        return None
+    if sender is None:
+        return "a replica must name the node that sends it ('from'), a node of this round's ring"
+    if me not in ring:
+        return (
+            None
+            if sender_host == source
+            else f"the replica in {sender}'s name comes from {source}, another address"
+        )
+    if sender not in ring:
+        return f"{sender} is no node of this round's checkpoint ring"
+    if me not in successors(ring, sender, replicas):
+        return f"this round's ring gives {sender}'s parts to other nodes, not to {me}"
+    if sender_host != source:
+        return f"the replica in {sender}'s name comes from {source}, another address"
+    return None

@@ -100,6 +100,8 @@ class Put:
     id: int
     name: str
     size: int
+    #: The endpoint of the node that sends it, as on the round's ring (``from``).
+    sender: str | None = None
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,7 @@ _FIELDS: dict[str, frozenset[str]] = {
     "open": frozenset({"id", "name", "size", "rank"}),
     "done": frozenset({"rank"}),
     "commit": frozenset({"id", "required", "step"}),
-    "put": frozenset({"id", "name"}),
+    "put": frozenset({"id", "name", "from"}),
     "inventory": frozenset(),
     "metadata": frozenset({"id"}),
     "get": frozenset({"id", "name", "offset", "length"}),
@@ -167,6 +169,15 @@ def _seconds(h: Mapping[str, Any], key: str, hi: float) -> float:
     if not math.isfinite(value) or not 0 <= value <= hi:
         raise BadRequest(f"{key}={value!r} is out of range 0..{hi:g} seconds")
     return float(value)
+
+
+def _sender(value: object) -> str | None:
+    """A replica's ``from``: absent, or an endpoint ``HOST:PORT`` of at most 300 characters."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > 300 or ":" not in value:
+        raise BadRequest(f"from must be the sender's endpoint HOST:PORT, got {value!r:.80}")
+    return value
 
 
 def check_name(name: object) -> str:
@@ -215,7 +226,9 @@ def parse(
     if op == "put":
         if length > max_part:
             raise BadRequest(f"a part of {length} bytes is more than this node holds ({max_part})")
-        return Put(_int(header, "id", 1, MAX_ID), check_name(header.get("name")), length)
+        return Put(
+            _int(header, "id", 1, MAX_ID), check_name(header.get("name")), length, _sender(header.get("from"))
+        )
     if length:
         raise BadRequest(f"{op} takes no payload, got {length} bytes")
     if op == "begin":

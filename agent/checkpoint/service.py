@@ -59,7 +59,7 @@ from kelastic.agent.checkpoint.client import ServiceClient, parse_endpoint
 from kelastic.agent.checkpoint.durable import DurableStore
 from kelastic.agent.checkpoint.errors import CheckpointError
 from kelastic.agent.checkpoint.keeper import CheckpointKeeper
-from kelastic.agent.checkpoint.plan import ReplicaPlan, StandbyHolder
+from kelastic.agent.checkpoint.plan import ReplicaPlan, StandbyHolder, replica_refusal
 from kelastic.agent.checkpoint.settings import CheckpointSettings, ServiceLimits, format_bytes
 from kelastic.agent.checkpoint.standbyfeed import STANDBY_TIMEOUT, StandbyFeed
 from kelastic.agent.contract import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_ENDPOINT, format_endpoint
@@ -350,6 +350,14 @@ class CheckpointService:
                 self._on_restore(k.status())
 
     def _receive_replica(self, channel: wire.Channel, req: rq.Put, msg: wire.Message) -> None:
+        refusal = self._replica_refusal(channel, req)
+        if refusal is not None:
+            auth.REFUSALS.count(SERVICE, auth.Reason.BAD_REQUEST)
+            _log.warning(
+                "checkpoint service: refused a replica of %s (checkpoint %d): %s", req.name, req.id, refusal
+            )
+            channel.send({"ok": False, "error": f"replica refused: {refusal}"})
+            raise _Close from None  # its payload is not worth reading
         try:
             part = self.keeper.replica_target(req.id, req.name, req.size)
         except CheckpointError as e:
@@ -397,6 +405,15 @@ class CheckpointService:
             self.keeper.pin(cid)
             self._jobs.put(lambda: self._persist(cid, ring))
 
+    def _replica_refusal(self, channel: wire.Channel, req: rq.Put) -> str | None:
+        """Why the replica ``req`` is refused (not assigned to its sender by this round's ring)."""
+        try:
+            source = str(channel.sock.getpeername()[0])
+            host = parse_endpoint(req.sender)[0] if req.sender is not None else None
+        except (OSError, ValueError):
+            return "its sender's address cannot be read"
+        return replica_refusal(self._ring, self.endpoint, req.sender, host, source, self.settings.replicas)
+
     # --- background work ---------------------------------------------------------------------
     def _background(self) -> None:
         while True:
@@ -418,7 +435,7 @@ class CheckpointService:
                 client = self.client(target)
                 try:
                     for name, size in files:
-                        client.put_file(cid, name, self.keeper.path_of(cid, name), size)
+                        client.put_file(cid, name, self.keeper.path_of(cid, name), size, sender=self.endpoint)
                         total += size
                 except CheckpointError as e:
                     _log.warning(

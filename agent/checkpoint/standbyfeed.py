@@ -143,6 +143,7 @@ class StandbyFeed:
                         self._keeper.path_of(job.cid, name),
                         size,
                         guard=lambda held=(name, size): self._held(job.cid, held),  # type: ignore[misc]
+                        sender=self.endpoint,
                     )
                     sent += size
                 self._unreachable.pop(target, None)

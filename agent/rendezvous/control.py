@@ -76,6 +76,7 @@ import torch.distributed as dist
 
 from kelastic.agent.contract import DEFAULT_RDZV_PORT
 
+from .memberrecords import read_members, read_standby
 from .protocol import (
     ControllerBounds,
     ControllerMembership,
@@ -256,7 +257,7 @@ def agents_hold(store: dist.Store, run_id: str, job_key: bytes) -> bool | None:
     ``size``, written by an agent) holds under it; None before a round closed. Counts and logs
     nothing (a close without that MAC is what agents with another secret write)."""
     keys = RunKeys(run_id, RecordSigner.for_job(job_key))
-    r = open_round(store, keys) - 1
+    r = read_counter(store, keys.open)  # the count as is: which key signed its round's close
     stored = get_or_none(store, keys.size(r)) if r >= 1 else None
     return None if stored is None else keys.signer.holds(keys.name(keys.size(r)), stored)
 
@@ -391,14 +392,13 @@ def _standbys(store: dist.Store, keys: RunKeys, members: Sequence[str]) -> tuple
     if membership is None:
         return ()
     others = sorted(set(membership.nodes) - set(members))
-    return tuple(name for name in others if get_or_none(store, keys.standby(name)) is not None)
+    return tuple(name for name in others if read_standby(store, keys, name) is not None)
 
 
 def _members(store: dist.Store, keys: RunKeys, r: int) -> list[str]:
     if r < 1:
         return []
-    raw = read_optional(store, keys.members(r))
-    return [] if raw is None else list(json.loads(raw))
+    return read_members(store, keys, r) or []
 
 
 def _local_world_sizes(store: dist.Store, keys: RunKeys, r: int, size: int) -> list[int | None]:

@@ -39,6 +39,7 @@ from kelastic.agent.waiting import Wait
 
 from . import closewait, standby
 from .liveness import PeerLink
+from .memberrecords import beat, slot_value, standby_value
 from .protocol import (
     ControllerBounds,
     Fate,
@@ -222,8 +223,8 @@ class Joiner:
                 record["wstore"] = self._serve_worker_store(addr)
             # torch implements Store.multi_set; its stubs do not declare it.
             signed = k.sign(k.node(r, slot), json.dumps(record))
-            store.multi_set([k.node(r, slot), k.slot(r, name)], [signed, str(slot)])  # type: ignore[attr-defined]
-            store.add(k.heartbeat(name), 1)
+            store.multi_set([k.node(r, slot), k.slot(r, name)], [signed, slot_value(k, r, name, slot)])  # type: ignore[attr-defined]
+            beat(store, k, name)
             self._unpark(store, r if claimed else None)
             with self._lock:
                 self.joining = Joining(r, slot)
@@ -332,7 +333,7 @@ class Joiner:
             store.add(k.claimed(r), -1)  # another node took the last place first
         if self.parked != r:
             store.add(k.parked(r), 1)
-            store.set(k.standby(s.node_name), json.dumps({"round": r, "since": time.time()}))
+            store.set(k.standby(s.node_name), standby_value(k, s.node_name, r))
             if self.parked is None or time.monotonic() - self._parked_said >= PARKED_LOG_EVERY:
                 self._parked_said = time.monotonic()
                 log.info("kelastic rendezvous: %s is a standby, waiting for round %d", s.node_name, r)
@@ -432,7 +433,7 @@ class Joiner:
             if isinstance(action, closewait.ReadClose):
                 stored = read_close(store, k, r)
             elif isinstance(action, closewait.ReadOpen):
-                opened = read_counter(store, k.open)
+                opened = open_round(store, k) - 1
             elif isinstance(action, closewait.Observe):
                 # The first evaluation reuses the bounds read right before joining.
                 first_bounds = bounds if action.own_count is not None else UNREAD

@@ -1,7 +1,7 @@
 """The keep-alive of a rendezvous handler: its heartbeat, and its watch over the peers it must judge.
 
-A thread (:meth:`KeepAlive.run`, on a store connection of its own) increments
-``hb/<name>`` every ``keep_alive_interval`` and then:
+A thread (:meth:`KeepAlive.run`, on a store connection of its own) writes its next signed
+heartbeat to ``hb/<name>`` every ``keep_alive_interval`` (:mod:`.memberrecords`) and then:
 
 - claims ``dead`` for the peers whose peer link closed (:meth:`KeepAlive.suspect`,
   called by the handler's ``PeerLink``; kept until the store takes the claim, so a
@@ -19,7 +19,6 @@ handler's current state.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -30,6 +29,7 @@ from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
 from .closewait import DECIDERS
 from .liveness import HeartbeatTracker
+from .memberrecords import Beats, beat, read_members
 from .protocol import (
     RECONNECT_TIMEOUT,
     Fate,
@@ -38,7 +38,6 @@ from .protocol import (
     connect_store,
     first_line,
     get_or_none,
-    read_optional,
     reconnect_backoff,
 )
 from .rounds import Joining, Member
@@ -86,6 +85,7 @@ class KeepAlive:
         ``current()`` False: this thread was replaced by one on a fresh connection.
         """
         tracker = HeartbeatTracker(self._s.node_timeout, min_readings=_MIN_READINGS)
+        beats = Beats()
         members_cache: dict[int, list[str]] = {}
         store: dist.TCPStore | None = first
         failures = 0
@@ -98,9 +98,10 @@ class KeepAlive:
                     # from 1 again, and a value read there equal to one read before the
                     # restart is no proof that the heartbeat stood still all along.
                     tracker.retain(set())
-                store.add(self._keys.heartbeat(self._s.node_name), 1)
+                    beats.retain(set())
+                beat(store, self._keys, self._s.node_name)
                 self.claim_suspects(store)
-                self._watch_peers(store, tracker, members_cache)
+                self._watch_peers(store, tracker, beats, members_cache)
                 failures = 0
             except (dist.DistError, RendezvousConnectionError, RuntimeError) as exc:
                 if store is not None:
@@ -141,7 +142,11 @@ class KeepAlive:
                 )
 
     def _watch_peers(
-        self, store: dist.TCPStore, tracker: HeartbeatTracker, members_cache: dict[int, list[str]]
+        self,
+        store: dist.TCPStore,
+        tracker: HeartbeatTracker,
+        beats: Beats,
+        members_cache: dict[int, list[str]],
     ) -> None:
         k, me = self._keys, self._s.node_name
         with self._lock:
@@ -152,27 +157,28 @@ class KeepAlive:
         if joining is not None and joining.slot < DECIDERS and joining.round > 1:
             previous = joining.round - 1
             if previous not in members_cache:
-                raw = read_optional(store, k.members(previous))
-                if raw is not None:
+                names = read_members(store, k, previous)
+                if names is not None:
                     members_cache.clear()
-                    members_cache[previous] = json.loads(raw)
+                    members_cache[previous] = names
             targets.extend((previous, n) for n in members_cache.get(previous, []) if n != me)
         tracker.retain({name for _, name in targets})
+        beats.retain({name for _, name in targets})
         if not targets:
             return
         hb_keys = [k.heartbeat(name) for _, name in targets]
         if len(hb_keys) == 1:  # the usual case, a member watching its successor: one round trip
             # Absent only on a restarted store the successor never reached: a value that
             # never moves, so a successor lost while the store was away is found in time.
-            one = get_or_none(store, hb_keys[0])
-            values: list[bytes] = [one if one is not None else b"-1"]
+            values: list[bytes | None] = [get_or_none(store, hb_keys[0])]
         elif store.check(hb_keys):
-            values = store.multi_get(hb_keys)
+            values = list(store.multi_get(hb_keys))
         else:
             return
         now = time.monotonic()
         for (r, name), value in zip(targets, values, strict=True):
-            if tracker.observe(name, _count(value), now):
+            # The highest signed beat read: a stranger's value (or none) is no beat.
+            if tracker.observe(name, beats.reading(k, name, value), now):
                 tracker.forget(name)
                 if claim_fate(store, k, r, name, Fate.DEAD, me):
                     log.warning(
@@ -181,11 +187,3 @@ class KeepAlive:
                         r,
                         self._s.node_timeout,
                     )
-
-
-def _count(value: bytes) -> int:
-    """A heartbeat's value; one a stranger overwrote with text reads as -2 (a value of its own)."""
-    try:
-        return int(value)
-    except ValueError:
-        return -2

@@ -11,7 +11,9 @@ Key layout (all under ``kelastic/<run_id>/``)::
     closed                   present once the job is finished (``set_closed``)
     ev                       event counter; ``ev/<n>`` is set for event n (wakes every watcher);
                              its value says what happened, e.g. ``closed <R> <value of r/R/size>``
-    open                     counter; the round open for joining is ``open + 1``
+    open                     counter; the round open for joining is ``open + 1`` (with a job
+                             secret, only when the round ``open`` names has a signed close)
+    latest                   the latest round closed, signed (read when ``open`` was moved)
     r/<R>/joined             counter; ``add`` returns the joiner's slot + 1 (slot = group rank);
                              ``SEALED`` in a round re-established on a restarted store (every
                              later joiner of R gets a slot past its size: it came too late)
@@ -71,6 +73,7 @@ from typing import TypeVar
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
+from .memberrecords import beat, members_value, slot_value
 from .records import MARK, RecordSigner
 
 _T = TypeVar("_T")
@@ -100,6 +103,7 @@ __all__ = [
     "get_or_none",
     "job_closed",
     "listed",
+    "mark_closed",
     "new_token",
     "node_record",
     "open_round",
@@ -185,6 +189,10 @@ class RunKeys:
     @property
     def open(self) -> str:
         return self._k("open")
+
+    @property
+    def latest(self) -> str:
+        return self._k("latest")
 
     def joined(self, r: int) -> str:
         return self._k(f"r/{r}/joined")
@@ -393,8 +401,39 @@ def get_or_none(store: dist.Store, key: str) -> bytes | None:
 
 
 def open_round(store: dist.Store, keys: RunKeys) -> int:
-    """The round currently open for joining (rounds are numbered from 1)."""
-    return read_counter(store, keys.open) + 1
+    """The round currently open for joining (rounds are numbered from 1): the one after the
+    latest closed round.
+
+    Without a job secret, ``open`` + 1. With one, only signed closes count, since anyone may
+    add to ``open``: its count is taken when the job signed that round's close, else (a
+    count a stranger moved) the latest round the job marked closed (``latest``, signed); from
+    either, rounds whose signed close is there already are passed over (a close whose count
+    is not in yet, or a stale mark), so a moved counter costs reads, never a wrong round.
+    """
+    count = read_counter(store, keys.open)
+    if not keys.signer.signing:
+        return count + 1
+    r = count if count > 0 and read_close(store, keys, count) is not None else _latest_closed(store, keys)
+    while read_close(store, keys, r + 1) is not None:
+        r += 1
+    return r + 1
+
+
+def _latest_closed(store: dist.Store, keys: RunKeys) -> int:
+    """The latest round the job marked closed (``latest``), 0 when there is no signed mark."""
+    value = keys.verify(keys.latest, read_optional(store, keys.latest))
+    try:
+        return max(0, int(value)) if value is not None else 0
+    except ValueError:
+        return 0
+
+
+def mark_closed(store: dist.Store, keys: RunKeys, r: int) -> None:
+    """Count round r closed: ``open`` (for every reader) and the signed ``latest`` mark (for
+    readers that find ``open`` moved by someone else; see :func:`open_round`)."""
+    store.add(keys.open, 1)
+    if keys.signer.signing:
+        store.set(keys.latest, keys.sign(keys.latest, str(r)))
 
 
 @dataclass(frozen=True)
@@ -657,6 +696,8 @@ def restore_round(
     while cur < r:  # raise, never lower: a later round may be re-established already
         got = _text(store.compare_set(keys.open, str(cur), str(r)))
         cur = int(got) if got != str(r) else r
+    if keys.signer.signing and _latest_closed(store, keys) < r:
+        store.set(keys.latest, keys.sign(keys.latest, str(r)))
     # Absent, or 0 where a reader of the counter (the operator's status) created it.
     sealed = str(SEALED)
     if _text(store.compare_set(keys.joined(r), "", sealed)) != sealed and (
@@ -674,17 +715,18 @@ def restore_round(
     name = json.loads(record)["name"]
     signed = keys.sign(keys.node(r, rank), record)
     # torch implements Store.multi_set; its stubs do not declare it.
-    store.multi_set([keys.node(r, rank), keys.slot(r, name)], [signed, str(rank)])  # type: ignore[attr-defined]
-    store.add(keys.heartbeat(name), 1)
+    store.multi_set([keys.node(r, rank), keys.slot(r, name)], [signed, slot_value(keys, r, name, rank)])  # type: ignore[attr-defined]
+    beat(store, keys, name)
     count = int(store.add(keys.restored(r), 1))
     if names is not None:
-        store.set(keys.members(r), json.dumps(list(names)))
+        store.set(keys.members(r), members_value(keys, r, names))
     elif count == close.size:
         node_keys = [keys.node(r, i) for i in range(close.size)]
         if store.check(node_keys):
             records = [node_record(keys, r, i, v) for i, v in enumerate(store.multi_get(node_keys))]
             if all(rec is not None for rec in records):
-                store.set(keys.members(r), json.dumps([rec["name"] for rec in records if rec is not None]))
+                members = [str(rec["name"]) for rec in records if rec is not None]
+                store.set(keys.members(r), members_value(keys, r, members))
     push_event(store, keys, f"restored {r} {name}")
     return True
 

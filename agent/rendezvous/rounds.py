@@ -13,7 +13,6 @@ except where its docstring says O(N).
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
 
+from .memberrecords import members_value, read_slot
 from .protocol import (
     ControllerBounds,
     Fate,
@@ -29,14 +29,14 @@ from .protocol import (
     RunKeys,
     claim_fate,
     close_event,
-    get_or_none,
     listed_all_joined,
+    mark_closed,
     node_record,
     push_event,
     read_bounds,
+    read_close,
     read_counter,
     read_membership,
-    read_size,
     round_close,
 )
 from .settings import RendezvousSettings
@@ -90,13 +90,26 @@ class Joining:
     slot: int
 
 
+def previous_round(store: dist.TCPStore, keys: RunKeys, r: int) -> tuple[int, int]:
+    """The round before r that formed a group, and its size: r-1, or before it when r-1 closed
+    empty (:func:`try_close`); (r-1, 0) while r-1 is open, (0, 0) when none formed."""
+    p = r - 1
+    while p >= 1:
+        close = read_close(store, keys, p)
+        if close is None or close.size > 0:
+            return p, 0 if close is None else close.size
+        p -= 1
+    return 0, 0
+
+
 def account_previous_round(store: dist.TCPStore, keys: RunKeys, name: str, r: int) -> None:
-    """If node ``name`` was a member of round r-1, claim its fate there: it re-joined."""
-    previous = r - 1
+    """If node ``name`` was a member of the round before r (:func:`previous_round`), claim its
+    fate there: it re-joined."""
+    previous, size = previous_round(store, keys, r)
     if previous < 1:
         return
-    raw = get_or_none(store, keys.slot(previous, name))
-    if raw is not None and int(raw) < read_size(store, keys, previous):
+    slot = read_slot(store, keys, previous, name)
+    if slot is not None and slot < size:
         claim_fate(store, keys, previous, name, Fate.REJOIN, name)
 
 
@@ -124,8 +137,8 @@ def observe_round(
     joined = read_counter(store, k.joined(r))
     if isinstance(bounds, Unread):
         bounds = read_bounds(store, k)
-    prev_size = read_size(store, k, r - 1)
-    prev_accounted = read_counter(store, k.accounted(r - 1)) if prev_size else 0
+    prev, prev_size = previous_round(store, k, r)
+    prev_accounted = read_counter(store, k.accounted(prev)) if prev_size else 0
     limits = s.bounds(bounds)
     if limits is None:
         return RoundView(
@@ -141,7 +154,7 @@ def observe_round(
     min_nodes, max_nodes = limits
     listed = False
     if bounds is not None and joined >= min_nodes and (deep or own_count is not None):
-        gone = read_counter(store, k.gone(r - 1)) if prev_size else 0
+        gone = read_counter(store, k.gone(prev)) if prev_size else 0
         if (joined if own_count is None else own_count) + gone >= bounds.count:
             membership = read_membership(store, k)
             wait = PEER_KEY_WAIT if own_count is not None else 0.0
@@ -152,7 +165,7 @@ def observe_round(
     # parked for it (``RoundView.standbys_on_their_way``): O(1) reads, only then.
     prev_gone = parked = claimed = arrived = 0
     if bounds is None and prev_size and prev_accounted and min_nodes <= joined < max_nodes:
-        prev_gone = read_counter(store, k.gone(r - 1))
+        prev_gone = read_counter(store, k.gone(prev))
         if prev_gone:
             parked = read_counter(store, k.parked(r))
             claimed = read_counter(store, k.claimed(r))
@@ -181,10 +194,28 @@ def try_close(
     record), so that members learn everything from the close event alone. The
     winner reads the members' names (O(N)), lists them for the controller and
     claims ``dropped`` for those the controller no longer lists. Returns those
-    names; None if another node closed the round, or a member never wrote its record.
+    names; None if another node closed the round, or a record is not a member's own.
+
+    A slot below ``size`` whose record is still missing after :data:`PEER_KEY_WAIT` (the
+    count of joiners is ``add``-ed: a stranger's add leaves a slot nobody holds) closes the
+    round with no member (size 0): its joiners come too late and go to the next round.
     """
     k = keys
-    master_addr, master_port = read_worker_store(store, k, r)
+    records = _member_records(store, k, r, size)
+    if records is None:
+        # A slot below the size holds no record: the count of joiners is not theirs
+        # alone (anyone may add to it) or a joiner vanished between its slot and its record.
+        # The round closes with no member, so that its joiners go on to the next round at
+        # once (one round more) rather than form a group with a member that is not there.
+        log.warning(
+            "kelastic rendezvous: round %d counts %d joiners but not every slot below holds a member's "
+            "record (a count not theirs alone, or a joiner gone): closing it empty, its joiners go to round %d",
+            r,
+            size,
+            r + 1,
+        )
+        size, records = 0, []
+    master_addr, master_port = read_worker_store(store, k, r) if size else ("", 0)
     mine = RoundClose(size, name, token, master_addr, master_port)
     value = k.sign(k.size(r), mine.to_value())
     got = store.compare_set(k.size(r), "", value)
@@ -194,22 +225,15 @@ def try_close(
         round_close(k, r, raw) is not None or store.compare_set(k.size(r), raw, value) != value.encode()  # type: ignore[arg-type]
     ):
         return None
-    store.add(k.open, 1)
+    mark_closed(store, k, r)
     push_event(store, k, close_event(r, mine))
-    node_keys = [k.node(r, i) for i in range(size)]
-    try:
-        store.wait(node_keys, datetime.timedelta(seconds=PEER_KEY_WAIT))
-    except dist.DistStoreError:
-        log.warning("kelastic rendezvous: a member of round %d never wrote its record", r)
-        return None
-    records = [node_record(k, r, i, raw) for i, raw in enumerate(store.multi_get(node_keys))]
     if any(rec is None for rec in records):
         log.warning(
             "kelastic rendezvous: a record of round %d is not a member's own (not signed by the job)", r
         )
         return None
     names = tuple(str(rec["name"]) for rec in records if rec is not None)
-    store.set(k.members(r), json.dumps(list(names)))
+    store.set(k.members(r), members_value(k, r, names))
     ctl = read_membership(store, k)
     if ctl is not None:
         listed = set(ctl.nodes)
@@ -218,6 +242,21 @@ def try_close(
                 claim_fate(store, k, r, member, Fate.DROPPED, name)
     log.info("kelastic rendezvous: closed round %d with %d nodes", r, size)
     return names
+
+
+def _member_records(
+    store: dist.TCPStore, keys: RunKeys, r: int, size: int
+) -> list[dict[str, object] | None] | None:
+    """The join records of slots 0..size-1 of round r (None for one that is not a member's own,
+    not signed by the job), waiting (bounded) for ones on the way; None when one is still
+    missing then."""
+    node_keys = [keys.node(r, i) for i in range(size)]
+    if not store.check(node_keys):
+        try:
+            store.wait(node_keys, datetime.timedelta(seconds=PEER_KEY_WAIT))
+        except dist.DistStoreError:
+            return None
+    return [node_record(keys, r, i, raw) for i, raw in enumerate(store.multi_get(node_keys))]
 
 
 def read_worker_store(store: dist.TCPStore, keys: RunKeys, r: int) -> tuple[str, int]:

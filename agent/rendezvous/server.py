@@ -1,11 +1,11 @@
-"""The rendezvous store process: ``kelastic-rendezvous --host H --port P``.
+"""The rendezvous store's servers: ``kelastic-rendezvous`` as a child process, and torch's stores.
 
-It serves torch's ``TCPStore`` protocol and nothing else; agents and the
-operator keep all protocol state in it (see ``handler`` and ``protocol``). It runs
-in its own pod, never in a worker, so a worker failure cannot take it down. It holds
-what clients write within bounds (``--max-value-bytes``, ``--max-keys``,
-``--max-total-bytes``, ``--max-connections``; :mod:`.boundedstore`), refusing with a log
-line what exceeds them, so a stranger who reaches it cannot grow it without bound.
+``kelastic-rendezvous --host H --port P`` (:mod:`kelastic.agent.storeserver`, which imports
+no torch) serves torch's ``TCPStore`` protocol and nothing else; agents and the operator
+keep all protocol state in it (see ``handler`` and ``protocol``). It runs in its own pod,
+never in a worker, so a worker failure cannot take it down. It holds what clients write
+within bounds (:mod:`kelastic.agent.boundedstore`), refusing with a log line what exceeds
+them, so a stranger who reaches it cannot grow it without bound.
 
 The listening socket is bound by us (exactly ``H:P``, ``SO_REUSEADDR``) and handed
 to the store with ``master_listen_fd``: several stores can listen on the same port
@@ -24,26 +24,19 @@ API for the agent's ``--standalone`` mode and for tests:
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import datetime
-import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from kelastic.agent.checkpoint.settings import parse_quantity
-
-from .boundedstore import KEY_OVERHEAD as KEY_COST
-from .boundedstore import BoundedStore, StoreLimits
+from kelastic.agent.storeserver import READY_PREFIX, main
 
 __all__ = [
     "READY_PREFIX",
@@ -54,8 +47,6 @@ __all__ = [
     "serve_store",
     "start_server_process",
 ]
-
-READY_PREFIX = "kelastic-rendezvous: serving on "
 
 #: Server-side timeout of the store; it bounds nothing a client waits for.
 _STORE_TIMEOUT = datetime.timedelta(hours=1)
@@ -200,7 +191,7 @@ def start_server_process(
     Raises RuntimeError with the process output if it exits or is not ready in time.
     """
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kelastic.agent.rendezvous", "--host", host, "--port", str(port), *args],
+        [sys.executable, "-m", "kelastic.agent.storeserver", "--host", host, "--port", str(port), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -230,123 +221,3 @@ def start_server_process(
             f"(exit code {proc.returncode}); output:\n{output}"
         )
     return ServerProcess(proc=proc, host=host, port=bound[0], output=lines)
-
-
-def _quantity(text: str) -> int:
-    try:
-        value = parse_quantity(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    defaults = StoreLimits()
-    parser = argparse.ArgumentParser(
-        prog="kelastic-rendezvous",
-        description="Serve the kelastic rendezvous store (torch's TCPStore protocol, within bounds) "
-        "in the foreground.",
-    )
-    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default: 0.0.0.0)")
-    parser.add_argument("--port", type=int, default=29400, help="port to bind (default: 29400; 0 = any free)")
-    parser.add_argument(
-        "--max-value-bytes",
-        type=_quantity,
-        default=defaults.value_bytes,
-        help="largest value a client may write (default: 1Mi; a job's largest, the controller's "
-        "membership, is about 40 bytes per node)",
-    )
-    parser.add_argument(
-        "--max-keys",
-        type=_quantity,
-        default=defaults.keys,
-        help="keys the store holds at most (default: 1000000)",
-    )
-    parser.add_argument(
-        "--max-total-bytes",
-        type=_quantity,
-        default=defaults.total_bytes,
-        help=f"bytes of all keys and values at most, {KEY_COST} more per key (default: 128Mi)",
-    )
-    parser.add_argument(
-        "--max-connections",
-        type=_quantity,
-        default=defaults.connections,
-        help="client connections at once (default: 4096)",
-    )
-    parser.add_argument(
-        "--request-timeout",
-        type=float,
-        default=defaults.request_timeout,
-        help="seconds a client has to send the rest of a request it began (default: 30); an idle "
-        "client, one that sent no part of a request, is never cut off",
-    )
-    args = parser.parse_args(argv)
-    if not args.request_timeout > 0:
-        parser.error(f"--request-timeout {args.request_timeout} must be > 0")
-    if not 0 <= args.port < 65536:
-        parser.error(f"--port {args.port} is outside 0..65535")
-    return args
-
-
-async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
-    limits = StoreLimits(
-        value_bytes=args.max_value_bytes,
-        keys=args.max_keys,
-        total_bytes=args.max_total_bytes,
-        connections=args.max_connections,
-        request_timeout=args.request_timeout,
-    )
-    store = BoundedStore(limits)
-    try:
-        server = await asyncio.start_server(
-            store.serve, args.host, args.port, reuse_address=True, backlog=1024
-        )
-    except OSError as exc:
-        print(
-            f"kelastic-rendezvous: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
-            file=sys.stderr,
-        )
-        return 1
-    port = server.sockets[0].getsockname()[1]
-    endpoint = f"[{args.host}]:{port}" if ":" in args.host else f"{args.host}:{port}"
-    print(f"{READY_PREFIX}{endpoint}", flush=True)
-    print(
-        f"kelastic-rendezvous: bounds: values up to {limits.value_bytes} bytes, {limits.keys} keys, "
-        f"{limits.total_bytes} bytes in all, {limits.connections} connections",
-        flush=True,
-    )
-    async with server:
-        await stop.wait()
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Serve until SIGTERM or SIGINT; exit 0 on a clean stop, 1 if the address cannot be bound."""
-    args = _parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    started = time.monotonic()
-
-    async def run() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-
-        def on_signal(signum: int) -> None:
-            # Said, so that a pod's log shows whether a slow stop began with the signal or after it.
-            print(f"kelastic-rendezvous: {signal.Signals(signum).name}: stopping", flush=True)
-            stop.set()
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, on_signal, signum)
-        return await _serve(args, stop)
-
-    code = asyncio.run(run())
-    if code == 0:
-        print(f"kelastic-rendezvous: stopped after {time.monotonic() - started:.1f}s", flush=True)
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -312,7 +312,8 @@ def test_an_authenticated_peer_cannot_break_the_rules(job: Job) -> None:
     refused({"op": "commit", "id": cid, "required": files, "step": 7}, blob, "committed already")
     # a committed part is never replaced
     # (or, when the job committed a newer one meanwhile, is older than the newest: refused too)
-    reply = ask(node, job.key, {"op": "put", "id": cid, "name": name}, b"\xff" * 4096)
+    peer = job.nodes[1].endpoint  # the node whose parts the ring gives to this one
+    reply = ask(node, job.key, {"op": "put", "id": cid, "name": name, "from": peer}, b"\xff" * 4096)
     assert not reply["ok"] and ("never replaced" in reply["error"] or "older than" in reply["error"]), reply
     # nothing is dropped by a request; numbers out of range are refused before the keeper sees them
     refused({"op": "restored", "id": 0, "source": "memory", "seconds": 1, "step": None}, b"", "out of range")
@@ -335,7 +336,13 @@ def test_an_authenticated_peer_cannot_break_the_rules(job: Job) -> None:
     refused(
         {"op": "open", "id": cid + 2**40, "name": "__0.mem", "size": 64, "rank": 0}, b"", "past the newest"
     )
-    refused({"op": "put", "id": cid + 2**32, "name": "__9.mem"}, b"x" * 64, "past the newest")
+    refused({"op": "put", "id": cid + 2**32, "name": "__9.mem", "from": peer}, b"x" * 64, "past the newest")
+    # a replica the ring does not assign to its sender (attack: a peer puts what it likes)
+    refused({"op": "put", "id": cid + 1, "name": "__9.mem"}, b"x" * 64, "must name the node that sends it")
+    refused({"op": "put", "id": cid + 1, "name": "__9.mem", "from": node.endpoint}, b"x" * 64,
+            "not to")  # fmt: skip
+    refused({"op": "put", "id": cid + 1, "name": "__9.mem", "from": foreign_endpoint}, b"x" * 64,
+            "no node of this round's checkpoint ring")  # fmt: skip
     refused(
         {"op": "open", "id": cid + 1, "name": "../../etc/passwd", "size": 64, "rank": 0}, b"", "file name"
     )
@@ -421,7 +428,8 @@ def test_stalled_and_oversized_requests_cost_no_memory_and_are_cut_off(job: Job)
         held.append(("64 MiB commit", ch.sock))
     for i in range(2):  # a replica announcing 64 MiB, 1 MiB sent
         ch = authenticated(node, job.key)
-        ch.send_header({"op": "put", "id": cid + 100, "name": f"__9{i}.mem"}, 64 * MiB)
+        put = {"op": "put", "id": cid + 100, "name": f"__9{i}.mem", "from": job.nodes[1].endpoint}
+        ch.send_header(put, 64 * MiB)
         ch.sock.sendall(b"\0" * MiB)
         held.append(("64 MiB replica", ch.sock))
     began = time.monotonic()

@@ -30,6 +30,8 @@ from kelastic.agent.checkpoint.settings import CheckpointSettings, ServiceLimits
 from kelastic.agent.secret import JobSecret, SecretSource
 
 KEY = os.urandom(32).hex().encode()
+#: A node of the ring on the test's own address (its port never listens).
+PREDECESSOR = "127.0.0.1:1"
 MiB = 2**20
 LIMIT = 16 * MiB
 
@@ -144,8 +146,10 @@ def test_ids_may_not_run_ahead_and_a_peer_cannot_supersede_a_save(node: Checkpoi
     assert "no save begun" in reply.header["error"] or "past the newest" in reply.header["error"]
     peer.sock.close()
     far = 1 + MAX_ID_JUMP  # as far as a replica may run: taken, and it supersedes nothing
-    assert ask(node, {"op": "put", "id": far, "name": "__9.mem"}, b"x" * 64)["ok"]
-    reply = ask(node, {"op": "put", "id": far + MAX_ID_JUMP + 1, "name": "__9.mem"}, b"x" * 64)
+    node.set_ring([node.endpoint, PREDECESSOR])  # a node at this address sends its replicas here
+    put = {"op": "put", "name": "__9.mem", "from": PREDECESSOR}
+    assert ask(node, {**put, "id": far}, b"x" * 64)["ok"]
+    reply = ask(node, {**put, "id": far + MAX_ID_JUMP + 1}, b"x" * 64)
     assert not reply["ok"] and "past the newest" in reply["error"], reply
     Path(path).write_bytes(b"w" * MiB)
     client.call({"op": "done", "rank": 0})
@@ -191,6 +195,7 @@ def test_slow_peers_cannot_hold_the_slots_of_the_node_s_own_ranks(node: Checkpoi
     eighth of the connections is a stranger address's, and the node's own ranks get in."""
     held: list[socket.socket] = []
     kept = 0
+    node.set_ring([])  # no ring told: replicas are taken from anyone, so the trickles are read
     for i in range(node.limits.connections):
         try:
             ch = from_stranger_address(node)
@@ -223,3 +228,43 @@ def test_slow_peers_cannot_hold_the_slots_of_the_node_s_own_ranks(node: Checkpoi
         except OSError:
             pass
         s.close()
+
+
+def test_a_peer_puts_only_the_replicas_the_rounds_ring_assigns_it(node: CheckpointService) -> None:
+    """Attack: a peer with the secret puts a part it was not assigned: with no name, in the name
+    of a node that is not on the ring, in the name of a node whose parts go elsewhere, in
+    another node's name from its own address, or as a node of a previous round's ring. Each is
+    refused before a byte of it is read; the assigned sender's replica is taken."""
+    other = "127.0.0.2:1"  # a ring node on another address
+    node.set_ring([PREDECESSOR, node.endpoint, other])  # PREDECESSOR's parts come here
+
+    def put(sender: str | None, name: str, peer: bool = False) -> dict[str, Any]:
+        header: dict[str, Any] = {"op": "put", "id": 5, "name": name}
+        if sender is not None:
+            header["from"] = sender
+        if not peer:
+            return ask(node, header, b"x" * 64)
+        ch = from_stranger_address(node)  # from 127.0.0.2
+        try:
+            ch.send(header, b"x" * 64)
+            reply = ch.recv_header()
+            assert reply is not None
+            return reply.header
+        finally:
+            ch.sock.close()
+
+    def refused(reply: dict[str, Any], needle: str) -> None:
+        assert reply["ok"] is False and needle in reply["error"], reply
+
+    refused(put(None, "__1.mem"), "must name the node that sends it")
+    refused(put("127.0.0.9:1", "__1.mem"), "no node of this round's checkpoint ring")
+    refused(put(other, "__1.mem", peer=True), "not to")  # other's parts go to PREDECESSOR
+    refused(put(PREDECESSOR, "__1.mem", peer=True), "another address")  # from 127.0.0.2
+    assert put(PREDECESSOR, "__1.mem")["ok"]
+    node.set_ring([node.endpoint, other])  # the next round: PREDECESSOR is gone
+    refused(put(PREDECESSOR, "__2.mem"), "no node of this round's checkpoint ring")
+    assert put(other, "__2.mem", peer=True)["ok"]
+    held = (
+        {h["id"]: h for h in node.keeper.status().get("held", [])} if "held" in node.keeper.status() else {}
+    )
+    assert not node.keeper.path_of(5, "__9.mem").exists() and held is not None

@@ -13,6 +13,7 @@ from kelastic.agent.checkpoint.plan import (
     choose_restore,
     memory_needed,
     next_id,
+    replica_refusal,
     successors,
 )
 from kelastic.agent.checkpoint.settings import CheckpointSettings, auto_limit, format_bytes, parse_quantity
@@ -182,3 +183,25 @@ def test_format_bytes() -> None:
         "512 MiB",
         "3.0 GiB",
     ]
+
+
+def test_a_replica_is_taken_only_from_the_node_the_ring_assigns_it_and_from_its_address() -> None:
+    ring = ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"]
+    me = "10.0.0.2:1"
+    assert replica_refusal(ring, me, "10.0.0.1:1", "10.0.0.1", "10.0.0.1", 1) is None
+    assert "other nodes" in str(replica_refusal(ring, me, "10.0.0.3:1", "10.0.0.3", "10.0.0.3", 1))
+    assert "another address" in str(replica_refusal(ring, me, "10.0.0.1:1", "10.0.0.1", "10.0.0.9", 1))
+    assert "no node of this round" in str(replica_refusal(ring, me, "10.0.0.9:1", "10.0.0.9", "10.0.0.9", 1))
+    assert "must name" in str(replica_refusal(ring, me, None, None, "10.0.0.1", 1))
+    assert replica_refusal([], me, None, None, "10.0.0.9", 1) is None  # told no ring: takes every replica
+
+
+def test_a_node_off_the_ring_it_knows_takes_every_members_part_in_its_own_name_only() -> None:
+    # A hot standby (or a node that stepped aside: the ring it knows is an older round's)
+    # gets every member's part, the new round's members included.
+    ring = ["10.0.0.1:1", "10.0.0.2:1"]
+    standby = "10.0.0.5:1"
+    assert replica_refusal(ring, standby, "10.0.0.1:1", "10.0.0.1", "10.0.0.1", 1) is None
+    assert replica_refusal(ring, standby, "10.0.0.7:1", "10.0.0.7", "10.0.0.7", 1) is None
+    assert "another address" in str(replica_refusal(ring, standby, "10.0.0.1:1", "10.0.0.1", "10.0.0.7", 1))
+    assert "must name" in str(replica_refusal(ring, standby, None, None, "10.0.0.1", 1))

@@ -401,7 +401,11 @@ def test_a_heartbeat_read_before_a_store_restart_does_not_count_against_its_node
         client = connect_store("127.0.0.1", port, 5)
         client.add(keys.heartbeat("b"), 1)  # b re-established its round there: 1 again
         deadline = time.monotonic() + 20
-        while read_counter(client, keys.heartbeat("a")) < 5:  # a read b's heartbeat 4 times since
+        while not client.check([keys.heartbeat("a")]):  # a came back to the new store
+            assert time.monotonic() < deadline, "the keep-alive did not come back to the new store"
+            time.sleep(0.05)
+        back = int(client.get(keys.heartbeat("a")))  # a's heartbeats are numbers of its own
+        while int(client.get(keys.heartbeat("a"))) < back + 4:  # a read b's heartbeat 4 times since
             assert time.monotonic() < deadline, "the keep-alive did not come back to the new store"
             time.sleep(0.05)
         assert not client.check([keys.fate(1, "b")]), "b was marked dead on a reading from before the restart"

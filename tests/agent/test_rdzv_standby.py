@@ -8,7 +8,6 @@ test_rdzv_failures.py, real agents in test_agent_e2e.py.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ import pytest
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError, RendezvousInfo
 
 from kelastic.agent.rendezvous import KelasticRendezvousHandler, ServerProcess, control, standby
+from kelastic.agent.rendezvous.memberrecords import read_standby
 from kelastic.agent.rendezvous.protocol import RunKeys, read_counter
 from kelastic.agent.rendezvous.standby import GroupView, Move
 from kelastic.agent.rendezvous.testing import in_thread, job_key, kelastic_handler, rendezvous_concurrently
@@ -90,8 +90,7 @@ def counter(server: ServerProcess, run_id: str, key: Callable[[RunKeys], str]) -
 
 def standby_record(server: ServerProcess, run_id: str, name: str) -> dict[str, Any] | None:
     store = control.connect(server.endpoint)
-    key = RunKeys(run_id).standby(name)
-    return json.loads(store.get(key)) if store.check([key]) else None
+    return read_standby(store, RunKeys(run_id), name)  # its text (the test holds no key)
 
 
 def wait_until(what: str, cond: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -252,3 +252,49 @@ def test_keys_a_stranger_deletes_or_overwrites_cost_no_step(job: Job) -> None:
     assert job.restores() == restores, "the stranger's deletes made the group re-form"
     assert every_step_saved(job.saved(), first, max(job.saved()))
     assert all(a.proc.poll() is None for a in job.cluster.agents)
+
+
+def test_counters_and_member_records_a_stranger_moves_steer_no_re_form(job: Job) -> None:
+    """Every third of a second the stranger adds to ``open`` and writes the rounds' member
+    lists, the members' slots and standby records; once, it adds to the count of joiners of
+    the coming round. The job keeps saving every step without a re-form; then a worker dies:
+    the agents re-form (one round more for the count), restore from memory with both nodes,
+    and save on. (Heartbeats overwritten this often hide the node's own beats, as deleting
+    them would: docs/security.md; the unit tests show that no value of theirs keeps a dead
+    node alive.)"""
+    store, keys = job.stranger(), RunKeys(job.run_id)
+    restores, first = job.restores(), max(job.saved()) + 1
+    stop, rounds = threading.Event(), [0]
+    r = current_round(store, keys)
+    store.delete_key(keys.node(r + 1, 0))  # an earlier test's record for that round
+    store.add(keys.joined(r + 1), 1)  # a slot of the coming round that nobody holds
+
+    def attack() -> None:
+        while not stop.is_set():
+            store.add(keys.open, 1)
+            for i, name in enumerate(NODES):
+                store.set(keys.slot(r + i, name), "0")
+                store.set(keys.standby(name), json.dumps({"round": r + 1, "since": 0}))
+            store.set(keys.members(r), json.dumps(["stranger-1", "stranger-2"]))
+            rounds[0] += 1
+            stop.wait(0.3)
+
+    thread = threading.Thread(target=attack, daemon=True)
+    thread.start()
+    try:
+        job.saves_go_on(10)
+        assert job.restores() == restores, "the stranger's counters made the group re-form"
+        assert every_step_saved(job.saved(), first, max(job.saved()))
+        victim = job.cluster.agents[1]
+        workers = [p for p in _children(victim.proc.pid) if b"ckpt_worker.py" in _cmdline(p)]
+        assert workers, "no worker of node-b found"
+        os.kill(workers[0], signal.SIGKILL)
+        job.cluster.wait_for("a restore", lambda: job.restores() > restores, 180)
+        job.saves_go_on(5)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert rounds[0] >= 5, rounds
+    restored = [e for e in job.events() if e["event"] == "restored"][-1]
+    assert restored["source"] == "memory" and restored["world"] == 2, restored
+    assert all(a.proc.poll() is None for a in job.cluster.agents)

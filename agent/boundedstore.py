@@ -70,6 +70,9 @@ class StoreLimits:
     batch_keys: int = 128 * 1024
     connections: int = 4096
     request_timeout: float = 30.0
+    #: Bytes held for requests in flight: keys and values being read, replies being sent,
+    #: the keys of waits (``--max-buffer-bytes``).
+    buffer_bytes: int = 64 * MiB
 
 
 class Refused(Exception):
@@ -81,10 +84,26 @@ class Refused(Exception):
         self.kind = kind
 
 
+#: What a key costs in the buffer while a request holds it, beyond its bytes.
+KEY_BUFFER_OVERHEAD = 64
+#: Bytes the server reads from a connection at a time, buffers of it at most (about three
+#: times this) before it stops reading, and of its answers before it waits for the client:
+#: what one connection costs beside its request.
+READ_CHUNK = 4 * 1024
+
+
+@dataclass
+class _Held:
+    """Bytes of the buffer one request (or one wait) holds."""
+
+    bytes: int = 0
+
+
 @dataclass
 class _Waiter:
     missing: set[str]
     writer: asyncio.StreamWriter
+    held: _Held = field(default_factory=_Held)
 
 
 @dataclass
@@ -100,6 +119,23 @@ class BoundedStore:
     _waiters: dict[str, list[_Waiter]] = field(default_factory=dict)
     _waiting: dict[asyncio.StreamWriter, _Waiter] = field(default_factory=dict)
     connections: int = 0
+    #: Bytes of the buffer held by requests in flight and waits (``limits.buffer_bytes``).
+    buffered: int = 0
+
+    def _hold(self, held: _Held, n: int, what: str) -> None:
+        """Count ``n`` bytes of ``what`` against the buffer before they are read or built."""
+        if self.buffered + n > self.limits.buffer_bytes:
+            raise Refused(
+                f"{what} of {n} bytes: {self.buffered} bytes of requests are being read, answered or "
+                f"waited on (--max-buffer-bytes {self.limits.buffer_bytes})",
+                "buffer",
+            )
+        self.buffered += n
+        held.bytes += n
+
+    def _release(self, held: _Held) -> None:
+        self.buffered -= held.bytes
+        held.bytes = 0
 
     # -- the data, within the limits --------------------------------------------------------
     def _put(self, key: str, value: bytes) -> None:
@@ -136,12 +172,14 @@ class BoundedStore:
             waiter.missing.discard(key)
             if not waiter.missing and self._waiting.get(waiter.writer) is waiter:
                 del self._waiting[waiter.writer]
+                self._release(waiter.held)
                 waiter.writer.write(b"\x00")  # STOP_WAITING
 
     def _cancel(self, writer: asyncio.StreamWriter) -> None:
         waiter = self._waiting.pop(writer, None)
         if waiter is None:
             return
+        self._release(waiter.held)
         for key in waiter.missing:
             rest = [w for w in self._waiters.get(key, []) if w is not waiter]
             if rest:
@@ -175,6 +213,12 @@ class BoundedStore:
             writer.close()
             return
         self.connections += 1
+        held = _Held()
+        # Read at most READ_CHUNK at a time (asyncio reads 256 KiB): with the reader's limit,
+        # a connection buffers some 3 READ_CHUNKs beside what its request holds.
+        writer.transport.max_size = READ_CHUNK  # type: ignore[attr-defined]
+        # And its answers wait for the client (``drain``) past READ_CHUNK, not asyncio's 64 KiB.
+        writer.transport.set_write_buffer_limits(high=READ_CHUNK)
         try:
             if await self._within(reader, self._validation) != _MAGIC:
                 raise Refused("a connection that did not begin with torch's TCPStore validation", "protocol")
@@ -182,8 +226,16 @@ class BoundedStore:
                 kind = await reader.read(1)
                 if not kind:
                     return
-                await self._within(reader, self._request, kind[0], writer)
-                await writer.drain()
+                await self._within(reader, self._request, kind[0], writer, held)
+                # A client that does not read its answers is cut off like one that does not
+                # send its request: the answer holds the buffer until it went out.
+                try:
+                    await asyncio.wait_for(writer.drain(), self.limits.request_timeout)
+                except TimeoutError:
+                    raise Refused(
+                        f"an answer not read within {self.limits.request_timeout:g}s", "timeout"
+                    ) from None
+                self._release(held)
         except Refused as exc:
             self._refuse(peer, str(exc), exc.kind)
         except TimeoutError:
@@ -194,6 +246,7 @@ class BoundedStore:
             pass  # the server stops: nothing more to serve this client
         finally:
             self.connections -= 1
+            self._release(held)
             self._cancel(writer)
             writer.close()
 
@@ -211,50 +264,59 @@ class BoundedStore:
     async def _u64(reader: asyncio.StreamReader) -> int:
         return int(struct.unpack("<Q", await reader.readexactly(8))[0])
 
-    async def _key(self, reader: asyncio.StreamReader) -> str:
+    async def _key(self, reader: asyncio.StreamReader, held: _Held) -> str:
         n = await self._u64(reader)
         if n > self.limits.key_bytes:
             raise Refused(f"a key of {n} bytes (at most {self.limits.key_bytes})", "request")
+        self._hold(held, n + KEY_BUFFER_OVERHEAD, "a key")
         return (await reader.readexactly(n)).decode("utf-8", "surrogateescape")
 
-    async def _value(self, reader: asyncio.StreamReader) -> bytes:
+    async def _value(self, reader: asyncio.StreamReader, held: _Held) -> bytes:
         n = await self._u64(reader)
         if n > self.limits.value_bytes:
             raise Refused(
                 f"a value of {n} bytes (--max-value-bytes {self.limits.value_bytes}), unread", "value"
             )
+        self._hold(held, n, "a value")
         return await reader.readexactly(n)
 
-    async def _keys(self, reader: asyncio.StreamReader) -> list[str]:
+    async def _keys(self, reader: asyncio.StreamReader, held: _Held) -> list[str]:
         n = await self._u64(reader)
         if n > self.limits.batch_keys:
             raise Refused(f"a request for {n} keys (at most {self.limits.batch_keys})", "request")
-        return [await self._key(reader) for _ in range(n)]
+        return [await self._key(reader, held) for _ in range(n)]
 
-    async def _request(self, reader: asyncio.StreamReader, kind: int, w: asyncio.StreamWriter) -> None:
+    def _reply(self, w: asyncio.StreamWriter, held: _Held, values: list[bytes]) -> None:
+        """Write the byte vectors ``values``, counted against the buffer before they are built."""
+        self._hold(held, sum(len(v) + 8 for v in values), "an answer")
+        w.write(b"".join(_vector(v) for v in values))
+
+    async def _request(
+        self, reader: asyncio.StreamReader, kind: int, w: asyncio.StreamWriter, held: _Held
+    ) -> None:
         try:
             query = Query(kind)
         except ValueError:
             raise Refused(f"query type {kind}, which kelastic's store does not serve", "protocol") from None
         if query is Query.SET:
-            key = await self._key(reader)
-            self._put(key, await self._value(reader))
+            key = await self._key(reader, held)
+            self._put(key, await self._value(reader, held))
         elif query is Query.COMPARE_SET:
-            key = await self._key(reader)
-            expected, desired = await self._value(reader), await self._value(reader)
+            key = await self._key(reader, held)
+            expected, desired = await self._value(reader, held), await self._value(reader, held)
             current = self.data.get(key)
             if current is None:
                 if expected:
-                    w.write(_vector(expected))  # torch's answer for a missing key
+                    self._reply(w, held, [expected])  # torch's answer for a missing key
                     return
                 self._put(key, desired)
             elif current == expected:
                 self._put(key, desired)
-            w.write(_vector(self.data[key]))
+            self._reply(w, held, [self.data[key]])
         elif query is Query.GET:
-            w.write(_vector(self.data.get(await self._key(reader), b"")))
+            self._reply(w, held, [self.data.get(await self._key(reader, held), b"")])
         elif query is Query.ADD:
-            key, delta = await self._key(reader), struct.unpack("<q", await reader.readexactly(8))[0]
+            key, delta = await self._key(reader, held), struct.unpack("<q", await reader.readexactly(8))[0]
             try:
                 value = int(self.data.get(key, b"0")) + delta
             except ValueError:
@@ -264,26 +326,26 @@ class BoundedStore:
             self._put(key, str(value).encode())
             w.write(struct.pack("<q", value))
         elif query is Query.CHECK:
-            keys = await self._keys(reader)
+            keys = await self._keys(reader, held)
             w.write(b"\x00" if all(k in self.data for k in keys) else b"\x01")
         elif query is Query.WAIT:
-            self._wait(await self._keys(reader), w)
+            self._wait(await self._keys(reader, held), w, held)
         elif query is Query.GETNUMKEYS:
             w.write(struct.pack("<q", len(self.data)))
         elif query is Query.DELETE_KEY:
-            w.write(struct.pack("<q", self._delete(await self._key(reader))))
+            w.write(struct.pack("<q", self._delete(await self._key(reader, held))))
         elif query is Query.APPEND:
-            key, more = await self._key(reader), await self._value(reader)
+            key, more = await self._key(reader, held), await self._value(reader, held)
             self._put(key, self.data.get(key, b"") + more)
         elif query is Query.MULTI_GET:
-            w.write(b"".join(_vector(self.data.get(k, b"")) for k in await self._keys(reader)))
+            self._reply(w, held, [self.data.get(k, b"") for k in await self._keys(reader, held)])
         elif query is Query.MULTI_SET:
             n = await self._u64(reader)
             if n > self.limits.batch_keys:
                 raise Refused(f"a request for {n} keys (at most {self.limits.batch_keys})", "request")
             for _ in range(n):
-                key = await self._key(reader)
-                self._put(key, await self._value(reader))
+                key = await self._key(reader, held)
+                self._put(key, await self._value(reader, held))
         elif query is Query.CANCEL_WAIT:
             self._cancel(w)
             w.write(b"\x01")  # WAIT_CANCELED
@@ -292,13 +354,15 @@ class BoundedStore:
         else:
             raise Refused(f"a second validation ({query.name})", "protocol")
 
-    def _wait(self, keys: list[str], w: asyncio.StreamWriter) -> None:
+    def _wait(self, keys: list[str], w: asyncio.StreamWriter, held: _Held) -> None:
         missing = {k for k in keys if k not in self.data}
         if not missing:
             w.write(b"\x00")
             return
         self._cancel(w)
-        waiter = _Waiter(missing, w)
+        # The keys waited for stay in the buffer until the wait ends (woken or cancelled).
+        waiter = _Waiter(missing, w, _Held(held.bytes))
+        held.bytes = 0
         self._waiting[w] = waiter
         for key in missing:
             self._waiters.setdefault(key, []).append(waiter)
