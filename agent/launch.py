@@ -162,10 +162,10 @@ def start_checkpoint_service(
         info = status.get("restored") or {}
         assert isinstance(info, dict)
         _log.info(
-            "restored checkpoint %s%s from %s in %.2f s (%s read from this node's memory, %s fetched from others)",
+            "restored checkpoint %s%s from %s in %.2f s (%s local, %s fetched)",
             info.get("id"),
             f" (step {info['step']})" if info.get("step") is not None else "",
-            {"memory": "memory", "replica": "a peer's replica", "durable": "the durable directory"}.get(
+            {"memory": "memory", "replica": "a replica", "durable": "disk"}.get(
                 str(info.get("source")), info.get("source")
             ),
             float(info.get("seconds") or 0.0),

@@ -28,6 +28,9 @@ Key layout (all under ``kelastic/<run_id>/``)::
     r/<R>/members            JSON list of member names by rank (written by the closer)
     r/<R>/fate/<name>        first claim wins: rejoin | dead | left | dropped (+ "|claimer")
     r/<R>/accounted          counter of members of R with a claimed fate
+    r/<R>/fated/<i>          signed names of the members whose fate was claimed (how the
+                             fates are found in a round re-established without a member's
+                             join record)
     r/<R>/gone               counter of members of R with a fate other than rejoin
     r/<R>/leaving            counter of members of R that announced they are stopping their
                              workers to leave (before their fate ``left``)
@@ -217,6 +220,9 @@ class RunKeys:
 
     def accounted(self, r: int) -> str:
         return self._k(f"r/{r}/accounted")
+
+    def fated(self, r: int, i: int) -> str:
+        return self._k(f"r/{r}/fated/{i}")
 
     def gone(self, r: int) -> str:
         return self._k(f"r/{r}/gone")
@@ -580,11 +586,16 @@ def read_fates(store: dist.Store, keys: RunKeys, r: int, size: int, *, first: bo
     What the counters ``accounted`` and ``gone`` claim, checked: anyone may add to a counter.
     """
     node_keys = [keys.node(r, i) for i in range(size)]
-    if size < 1 or not store.check(node_keys):
+    if size < 1:
         return []
-    records = [node_record(keys, r, i, raw) for i, raw in enumerate(store.multi_get(node_keys))]
-    # A record that is not the member's own (a stranger's): that member's fate cannot be looked up.
-    names = [str(rec["name"]) for rec in records if rec is not None]
+    if store.check(node_keys):
+        records = [node_record(keys, r, i, raw) for i, raw in enumerate(store.multi_get(node_keys))]
+        # A record that is not the member's own (a stranger's): that member's fate cannot be looked up.
+        names = [str(rec["name"]) for rec in records if rec is not None]
+    else:
+        # A round re-established on a restarted store where a member's join record is not
+        # back (that member never came back, or not yet): the claims name their members.
+        names = _fated_names(store, keys, r, size)
     fates: list[Fate] = []
     for name in names:
         fate = read_fate(store, keys, r, name)
@@ -593,6 +604,37 @@ def read_fates(store: dist.Store, keys: RunKeys, r: int, size: int, *, first: bo
             if first:
                 break
     return fates
+
+
+def _fated_names(store: dist.Store, keys: RunKeys, r: int, size: int) -> list[str]:
+    """The names of round r's members whose fate was claimed, as the claimers signed them in
+    ``r/<R>/fated/<i>`` (i < ``size``: a round has no more members; an entry the job did not
+    sign is none)."""
+    names: list[str] = []
+    for i in range(size):
+        key = keys.fated(r, i)
+        value = keys.verify(key, read_optional(store, key))
+        if value is not None and value.decode() not in names:
+            names.append(value.decode())
+    return names
+
+
+def _index_fated(store: dist.Store, keys: RunKeys, r: int, name: str) -> None:
+    """Put ``name`` in the first entry of ``r/<R>/fated/<i>`` that is free or not the job's
+    (a stranger's bytes count as free, as for a fate); at most one entry per member, so the
+    round's members fit below its size; bounded, should a job without a secret find every
+    entry taken by names a stranger wrote)."""
+    for i in range(1 << 16):
+        key = keys.fated(r, i)
+        mine = keys.sign(key, name)
+        got = _bytes(store.compare_set(key, "", mine))
+        if got == mine.encode():
+            return
+        held = keys.verify(key, got)
+        if held is None and _bytes(store.compare_set(key, got, mine)) == mine.encode():  # type: ignore[arg-type]
+            return
+        if held is not None and held.decode() == name:
+            return
 
 
 def claim_fate(store: dist.Store, keys: RunKeys, r: int, name: str, fate: Fate, claimer: str) -> bool:
@@ -612,6 +654,9 @@ def claim_fate(store: dist.Store, keys: RunKeys, r: int, name: str, fate: Fate, 
         or _bytes(store.compare_set(key, got, mine)) != mine.encode()  # type: ignore[arg-type]
     ):
         return False
+    # The member's name, indexed: a round re-established on a restarted store lacks the join
+    # record of a member that never came back, which is where readers find names otherwise.
+    _index_fated(store, keys, r, name)
     # A loss is counted in ``gone`` before ``accounted``, so that whoever reads
     # ``accounted`` and then ``gone`` sees every loss the first count includes.
     if fate is not Fate.REJOIN:

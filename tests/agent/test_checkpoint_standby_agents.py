@@ -107,7 +107,7 @@ def test_the_standby_that_replaces_a_killed_member_restores_from_its_own_memory(
         c.wait_for("the standby's restore", lambda: "restored checkpoint" in standby.output(), 120)
         said = standby.output()
         line = next(s for s in said.splitlines() if "restored checkpoint" in s)
-        assert re.search(r"\(\S+ \S+ read from this node's memory, 0 B fetched from others\)", line), line
+        assert re.search(r"\(\S+ \S+ local, 0 B fetched\)", line), line
         assert "(0 B read" not in line, line  # it did read the state, from its own memory
         c.wait_for("rank 0's restore", lambda: any(e["event"] == "restored" for e in events(c.out)), 60)
         restored = next(e for e in events(c.out) if e["event"] == "restored")

@@ -15,9 +15,12 @@ import torch.distributed as dist
 from kelastic.agent.rendezvous import ServerProcess
 from kelastic.agent.rendezvous import memberrecords as mr
 from kelastic.agent.rendezvous.protocol import (
+    Fate,
     RoundClose,
     RunKeys,
+    claim_fate,
     connect_store,
+    count_fates,
     mark_closed,
     open_round,
     read_close,
@@ -166,6 +169,24 @@ def test_a_round_re_established_on_a_restarted_store_is_the_open_one_despite_a_m
     assert restore_round(store, keys, 9, close, 0, '{"name": "a"}', ("a",))
     assert open_round(store, keys) == 10
     assert mr.read_members(store, keys, 9) == ["a"] and mr.read_slot(store, keys, 9, "a") == 0
+
+
+def test_a_loss_in_a_round_re_established_without_the_lost_members_record_is_counted() -> None:
+    """A store restarted while c died: a and b re-establish round 1, c's join record never
+    comes back, and a claims c dead there. b's question "was a member lost?" is answered
+    from the claim's signed name, not from join records that are not all there; a stranger's
+    name in the index (unsigned) adds nothing and takes no claim's place."""
+    store, keys = dist.HashStore(), job_keys()
+    close = RoundClose(3, "c", "t", "h", 1)
+    assert restore_round(store, keys, 1, close, 0, '{"name": "a"}')
+    assert restore_round(store, keys, 1, close, 1, '{"name": "b"}')
+    assert count_fates(store, keys, 1, 3) == (0, False)
+    for i in range(3):  # a stranger's names (unsigned) where the claims' go
+        store.set(keys.fated(1, i), "c")
+    store.add(keys.accounted(1), 1)
+    assert count_fates(store, keys, 1, 3) == (0, False)
+    assert claim_fate(store, keys, 1, "c", Fate.DEAD, "a")
+    assert count_fates(store, keys, 1, 3) == (1, True)
 
 
 @pytest.mark.slow
