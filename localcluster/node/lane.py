@@ -128,6 +128,9 @@ class RealNodeLane:
     timings: dict[str, float] = field(default_factory=dict)
     #: Whether this start built the Debian image (the first lane on a machine: a cold start).
     cold: bool = False
+    #: More images for every node: OCI tars or layouts (:mod:`.imagebuild` makes the kelastic
+    #: and PyTorch images), imported after the lane's own.
+    extra_images: tuple[Path, ...] = ()
     _slot_fd: int | None = None
     _janitor: subprocess.Popen[bytes] | None = None
     _processes: list[_Process] = field(default_factory=list)
@@ -219,7 +222,7 @@ class RealNodeLane:
         self.cold = not images.debian_layer_path().is_file()
         if not (debian / "index.json").is_file():
             images.write_layout(debian, images.DEBIAN_IMAGE, [images.debian_layer(self.progress)])
-        return [pause, debian]
+        return [pause, debian, *self.extra_images]
 
     def _spawn(self, node: NodePlan, name: str, argv: list[str]) -> _Process:
         log = self.logs_dir / f"{node.name}-{name}.log"
@@ -261,7 +264,10 @@ class RealNodeLane:
 
     def _import(self, node: NodePlan, layouts: list[Path]) -> None:
         for layout in layouts:
+            mark = time.monotonic()
             images.import_layout(self.binaries["ctr"], node.containerd_socket, layout)
+            if layout in self.extra_images:
+                self.timings[f"import {layout.name} ({node.name})"] = time.monotonic() - mark
 
     def _start_kubelet(self, node: NodePlan, cp: ControlPlane) -> None:
         pki = cp.pki_dir

@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONTROL_PLANE = REPO / "localcluster" / "controlplane" / "build.sh"
 KUEUE = REPO / "localcluster" / "kueue" / "build.sh"
 NODE = REPO / "localcluster" / "node" / "build.sh"
+BUILDKIT = REPO / "localcluster" / "node" / "buildkit.sh"
 NODE_PINS = "kubernetes v1.37.2 containerd v2.4.2 runc v1.5.3 cni-plugins v1.10.0 kube-router v2.1.0 pause"
 
 
@@ -230,11 +231,11 @@ def test_a_second_build_waits_for_the_first_and_reuses_its_result(
 
 
 def test_the_package_ships_the_build_scripts_and_what_they_share() -> None:
-    """The scripts source localcluster/gobuild.sh: a wheel holds all four or none works."""
+    """The scripts source localcluster/gobuild.sh: a wheel holds all five or none works."""
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {Path(folder): name for name, folder in setuptools["package-dir"].items()}
     data = setuptools["package-data"]
-    for script in (CONTROL_PLANE, KUEUE, NODE, REPO / "localcluster" / "gobuild.sh"):
+    for script in (CONTROL_PLANE, KUEUE, NODE, BUILDKIT, REPO / "localcluster" / "gobuild.sh"):
         rel = script.relative_to(REPO)
         package = (
             f"{folders[Path('localcluster')]}." + ".".join(rel.parent.parts[1:])
@@ -243,7 +244,7 @@ def test_the_package_ships_the_build_scripts_and_what_they_share() -> None:
         )
         assert package in setuptools["packages"], package
         assert any(fnmatch(script.name, pattern) for pattern in data.get(package, [])), (package, script.name)
-    for script in (CONTROL_PLANE, KUEUE, NODE):
+    for script in (CONTROL_PLANE, KUEUE, NODE, BUILDKIT):
         assert 'source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh"' in script.read_text()
 
 

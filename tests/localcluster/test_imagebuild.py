@@ -1,0 +1,49 @@
+"""The lane's image build stays in step with the repository's Dockerfile: the plain PyTorch
+image is the Dockerfile's own torch step on the same base (so BuildKit reuses that layer), and
+the stand-in base image answers to the name the Dockerfile's ``FROM`` uses."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kelastic.localcluster.node import images
+from kelastic.localcluster.node.imagebuild import BuildKit, plain_dockerfile
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = (REPO / "Dockerfile").read_text()
+
+
+def instructions(text: str) -> list[str]:
+    """The Dockerfile's instructions, continuation lines joined, comments dropped."""
+    joined = re.sub(
+        r"\\\n", " ", "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    )
+    return [" ".join(line.split()) for line in joined.splitlines() if line.strip()]
+
+
+def test_the_plain_image_is_the_dockerfiles_torch_step_and_nothing_of_kelastic() -> None:
+    plain = instructions(plain_dockerfile(DOCKERFILE))
+    full = instructions(DOCKERFILE)
+    assert plain[:-1] == full[: len(plain) - 1], "the plain image must repeat the Dockerfile's steps verbatim"
+    assert re.match(r"RUN pip install .*torch==", plain[-2]), plain
+    assert plain[-1] == 'CMD ["python3"]'
+    assert not [step for step in plain if step.startswith(("COPY", "USER"))], plain
+
+
+def test_a_dockerfile_without_a_torch_step_is_refused() -> None:
+    with pytest.raises(ValueError, match="torch"):
+        plain_dockerfile("FROM python:3.11-slim\nRUN pip install numpy\n")
+
+
+def test_the_stand_in_base_answers_to_the_dockerfiles_from() -> None:
+    (base,) = [step.split()[1] for step in instructions(DOCKERFILE) if step.startswith("FROM")]
+    assert images.PYTHON_BASE_IMAGE in (base, f"docker.io/library/{base}")
+    assert "stand-in" in DOCKERFILE, "the Dockerfile's comments say what the lane's stand-in base is"
+
+
+def test_missing_buildkit_names_the_make_target(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="make image"):
+        BuildKit.find(tmp_path)
