@@ -11,8 +11,9 @@
 only, with its OCI worker on ``make node``'s runc and the host's network (RUN steps reach the
 package index as the host does). Its state, the torch layer included, is kept in
 ``~/.cache/kelastic/node/buildkit`` (``$KELASTIC_NODE_CACHE``), so torch is downloaded once per
-machine. Each image is written as an OCI tar beside it, which :meth:`.lane.RealNodeLane.start`
-imports into each node's containerd.
+machine. Each image is written as an OCI image layout (a directory) beside it, which
+:meth:`.lane.RealNodeLane.start` imports into each node's containerd: a later build sends only
+the blobs the layout lacks, so an unchanged torch layer is not copied again.
 
 Why not BuildKit's containerd worker: the lane's containerds live and die with the lane (their
 state is removed when it stops), so a build cache in one would be gone with it, and the torch
@@ -46,6 +47,7 @@ __all__ = [
     "BuiltImages",
     "build_images",
     "plain_dockerfile",
+    "torch_step_ran",
 ]
 
 BUILDKIT_VERSION = "v0.34.2"
@@ -107,16 +109,17 @@ def plain_dockerfile(dockerfile: str) -> str:
 
 @dataclass
 class BuiltImages:
-    """The OCI tars and what making them cost."""
+    """The OCI image layouts and what making them cost."""
 
-    tars: dict[str, Path]
+    layouts: dict[str, Path]
     #: Seconds per step (base image, each build).
     timings: dict[str, float] = field(default_factory=dict)
     #: Whether the torch layer was built now (not found in BuildKit's cache).
     cold: bool = False
 
     def sizes(self) -> dict[str, int]:
-        return {name: tar.stat().st_size for name, tar in self.tars.items()}
+        """Bytes of each image: its manifest's layers and config."""
+        return {name: _image_size(layout) for name, layout in self.layouts.items()}
 
 
 def build_images(
@@ -125,13 +128,13 @@ def build_images(
     progress: Callable[[str], None] = print,
     repo: Path = REPO,
 ) -> BuiltImages:
-    """Build (or bring up to date) :data:`KELASTIC_IMAGE` and :data:`PYTORCH_IMAGE` as OCI tars
+    """Build (or bring up to date) :data:`KELASTIC_IMAGE` and :data:`PYTORCH_IMAGE` as OCI image layouts
     in the cache; one build per machine at a time. ImageFailed with BuildKit's last lines."""
     buildkit = buildkit or BuildKit.find()
     root = _cache_root()
     out_dir = images.cache_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    built = BuiltImages(tars={})
+    built = BuiltImages(layouts={})
     with open(out_dir / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         started = time.monotonic()
@@ -145,20 +148,32 @@ def build_images(
         (plain_dir / "Dockerfile").write_text(plain_dockerfile((repo / "Dockerfile").read_text()))
         with _buildkitd(buildkit, runc, root / "buildkit", progress) as address:
             for name, context in ((PYTORCH_IMAGE, plain_dir), (KELASTIC_IMAGE, repo)):
-                tar = out_dir / (name.rsplit("/", 1)[-1].replace(":", "-") + ".oci.tar")
+                layout = out_dir / (name.rsplit("/", 1)[-1].replace(":", "-") + "-layout")
                 mark = time.monotonic()
-                log = _build(buildkit, address, context, base, manifest, name, tar, progress)
+                log = _build(buildkit, address, context, base, manifest, name, layout, progress)
                 built.timings[name] = time.monotonic() - mark
-                built.cold = built.cold or _ran_torch(log)
-                built.tars[name] = tar
+                built.cold = built.cold or torch_step_ran(log)
+                built.layouts[name] = layout
     return built
 
 
-def _ran_torch(log: str) -> bool:
-    """Whether BuildKit ran the torch step rather than finding it in its cache."""
+def _image_size(layout: Path) -> int:
+    blobs = layout / "blobs" / "sha256"
+    manifest = json.loads((layout / "index.json").read_text())
+    while "manifests" in manifest:  # an index (also one holding attestations): its image
+        (image,) = [m for m in manifest["manifests"] if (m.get("platform") or {}).get("os") != "unknown"]
+        manifest = json.loads((blobs / image["digest"].split(":")[1]).read_text())
+    return int(manifest["config"]["size"]) + sum(int(layer["size"]) for layer in manifest["layers"])
+
+
+def torch_step_ran(log: str) -> bool:
+    """Whether BuildKit ran the torch step rather than finding it in its cache: its plain
+    progress names the step (``#5 [1/2] RUN pip install ... torch==...``), then ``#5 CACHED``
+    when it was reused."""
     for line in log.splitlines():
-        if "pip install" in line and "torch==" in line and "RUN" in line:
-            return "CACHED" not in line
+        step = re.match(r"(#\d+) \[.*\] RUN .*pip install.*torch==", line)
+        if step:
+            return f"{step.group(1)} CACHED" not in log.splitlines()
     return False
 
 
@@ -208,10 +223,9 @@ def _build(
     base: Path,
     manifest: str,
     name: str,
-    tar: Path,
+    layout: Path,
     progress: Callable[[str], None],
 ) -> str:
-    partial = tar.with_suffix(f".partial.{os.getpid()}")
     base_ref = f"oci-layout://python-base@{manifest}"
     argv = [
         str(buildkit.directory / "buildctl"), f"--addr={address}", "build", "--progress=plain",
@@ -220,7 +234,9 @@ def _build(
         # The Dockerfile says `FROM python:3.11-slim`: the stand-in answers to that name
         # (BuildKit looks named contexts up by the familiar name, as the Dockerfile writes it).
         f"--opt=context:{images.PYTHON_BASE_IMAGE.removeprefix('docker.io/library/')}={base_ref}",
-        f"--output=type=oci,dest={partial},name={name},compression=uncompressed,force-compression=true",
+        # A directory, not a tar: blobs it holds already are not sent again. Uncompressed: the
+        # nodes import it at once, and compressing torch's gigabytes would take minutes.
+        f"--output=type=oci,tar=false,dest={layout},name={name},compression=uncompressed,force-compression=true",
     ]  # fmt: skip
     progress(f"building {name} from {context / 'Dockerfile'} with BuildKit")
     lines: list[str] = []
@@ -233,18 +249,16 @@ def _build(
                 progress(f"  {line.rstrip()[:160]}")
                 next_note = time.monotonic() + 30
     if proc.returncode != 0:
-        partial.unlink(missing_ok=True)
         raise images.ImageFailed(
             f"BuildKit could not build {name} ({proc.returncode}); its last lines:\n" + "\n".join(lines[-40:])
         )
-    partial.replace(tar)
-    progress(f"{name}: {tar.stat().st_size / 1e6:.0f} MB ({tar})")
+    progress(f"{name}: {_image_size(layout) / 1e6:.0f} MB ({layout})")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m kelastic.localcluster.node.imagebuild [--buildkit-dir DIR] [--node-dir DIR]``
-    (``make image``): build both images, print what it cost, then each tar on a line of its own."""
+    (``make image``): build both images, print what it cost, then each layout as NAME=DIR."""
     from .lane import NodeBinaries, default_node_dir
 
     parser = argparse.ArgumentParser(
@@ -267,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     steps = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in built.timings.items())
     say(f"{'cold' if built.cold else 'warm'} build {time.monotonic() - started:.1f} s ({steps})")
-    for name, tar in built.tars.items():
-        print(f"{name}={tar}")
+    for name, layout in built.layouts.items():
+        print(f"{name}={layout}")
     return 0
 
 

@@ -241,18 +241,19 @@ def write_layout(out: Path, name: str, layers: Sequence[Path], *, entrypoint: Se
     return out
 
 
-def import_layout(ctr: Path, socket: Path, layout: Path) -> None:
+def import_layout(ctr: Path, socket: Path, layout: Path, *, discard_layers: bool = False) -> None:
     """``ctr -a socket -n k8s.io images import`` of an OCI image layout (a directory, sent as a
-    tar) or of an OCI tar (a file, as BuildKit writes one); ImageFailed with its output."""
+    tar) or of an OCI tar (a file); ``discard_layers`` lets containerd drop the layers' blobs
+    once unpacked (for large images: torch's gigabytes are kept once, as a snapshot).
+    ImageFailed with its output."""
     argv = [str(ctr), "-a", str(socket), "-n", "k8s.io", "images", "import"]
+    if discard_layers:
+        argv.append("--discard-unpacked-layers")
     if layout.is_file():
-        # Built images are large (torch): once unpacked, their layers' blobs may go.
-        done = subprocess.run(
-            [*argv, "--discard-unpacked-layers", str(layout)], capture_output=True, text=True, timeout=1800
-        )
+        done = subprocess.run([*argv, str(layout)], capture_output=True, text=True, timeout=1800)
     else:
         tar = subprocess.Popen(["tar", "-C", str(layout), "-cf", "-", "."], stdout=subprocess.PIPE)
-        done = subprocess.run([*argv, "-"], stdin=tar.stdout, capture_output=True, text=True, timeout=600)
+        done = subprocess.run([*argv, "-"], stdin=tar.stdout, capture_output=True, text=True, timeout=1800)
         if tar.stdout is not None:
             tar.stdout.close()
         tar.wait()

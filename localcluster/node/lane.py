@@ -128,7 +128,7 @@ class RealNodeLane:
     timings: dict[str, float] = field(default_factory=dict)
     #: Whether this start built the Debian image (the first lane on a machine: a cold start).
     cold: bool = False
-    #: More images for every node: OCI tars or layouts (:mod:`.imagebuild` makes the kelastic
+    #: More images for every node: OCI layouts or tars (:mod:`.imagebuild` makes the kelastic
     #: and PyTorch images), imported after the lane's own.
     extra_images: tuple[Path, ...] = ()
     _slot_fd: int | None = None
@@ -265,8 +265,9 @@ class RealNodeLane:
     def _import(self, node: NodePlan, layouts: list[Path]) -> None:
         for layout in layouts:
             mark = time.monotonic()
-            images.import_layout(self.binaries["ctr"], node.containerd_socket, layout)
-            if layout in self.extra_images:
+            extra = layout in self.extra_images
+            images.import_layout(self.binaries["ctr"], node.containerd_socket, layout, discard_layers=extra)
+            if extra:
                 self.timings[f"import {layout.name} ({node.name})"] = time.monotonic() - mark
 
     def _start_kubelet(self, node: NodePlan, cp: ControlPlane) -> None:

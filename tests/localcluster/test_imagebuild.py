@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kelastic.localcluster.node import images
-from kelastic.localcluster.node.imagebuild import BuildKit, plain_dockerfile
+from kelastic.localcluster.node.imagebuild import BuildKit, plain_dockerfile, torch_step_ran
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = (REPO / "Dockerfile").read_text()
@@ -47,3 +47,11 @@ def test_the_stand_in_base_answers_to_the_dockerfiles_from() -> None:
 def test_missing_buildkit_names_the_make_target(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="make image"):
         BuildKit.find(tmp_path)
+
+
+def test_a_cached_torch_step_is_a_warm_build() -> None:
+    ran = '#5 [1/2] RUN pip install --no-cache-dir  "torch==2.13.0"\n#5 37.95 Installing\n#5 DONE 140.2s\n'
+    cached = '#5 [1/11] RUN pip install --no-cache-dir  "torch==2.13.0"\n#5 CACHED\n#6 [2/11] WORKDIR /opt/kelastic\n'
+    assert torch_step_ran(ran)
+    assert not torch_step_ran(cached)
+    assert not torch_step_ran("#1 [internal] load build definition from Dockerfile\n")

@@ -4,7 +4,12 @@
   as uid 10001 under the chart's pod and container security contexts (read-only root
   filesystem, no capabilities, RuntimeDefault seccomp), and cannot write its own files;
 - the plain PyTorch image (the same Dockerfile's torch step, nothing more) has torch and no
-  kelastic.
+  kelastic;
+- the README's main example (``examples/elasticjob.yaml``: three workers of the kelastic image,
+  the agent injected from the same image, the rendezvous store in its own pod, checkpoints on
+  a claim) runs to Succeeded on the two nodes, with the operator running on the host against
+  the lane's control plane (``--no-network-policy``: the host is not one of the operator's
+  pods, which the job's policies admit by their labels).
 
 The images are built (or brought up to date from BuildKit's cache) by the module's fixture,
 which prints the build's cold or warm time and each node's import time. Needs root, ``make
@@ -15,6 +20,9 @@ that says what is missing.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,7 +79,7 @@ def lane(
     built: BuiltImages, control_plane_bin: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Lane]:
     state = tmp_path_factory.mktemp("realnode-image")
-    with running_lane(control_plane_bin, state, images=list(built.tars.values())) as running:
+    with running_lane(control_plane_bin, state, images=list(built.layouts.values())) as running:
         imports = {k: v for k, v in running.nodes.timings.items() if k.startswith("import ")}
         print("imports: " + ", ".join(f"{k} {v:.1f} s" for k, v in imports.items()))
         yield running
@@ -131,3 +139,57 @@ def test_the_plain_pytorch_image_has_torch_and_no_kelastic(lane: Lane) -> None:
     version, no_kelastic = log.split()[-2:]
     assert version.startswith("2.13.0"), log
     assert no_kelastic == "True", log
+
+
+def checkpoint_volume(lane: Lane) -> dict[str, Any]:
+    """A ReadWriteMany hostPath volume for the example's claim: the lane's nodes share the
+    host's filesystem, so every pod of the job sees the same directory (removed with the lane)."""
+    assert lane.nodes.plan is not None
+    path = lane.nodes.plan.root / "volumes" / "checkpoints"
+    path.mkdir(parents=True, exist_ok=True)
+    os.chown(path, 10001, 10001)
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": "example-checkpoints"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": str(path), "type": "Directory"},
+        },
+    }
+
+
+def test_the_readme_example_succeeds_on_two_real_nodes(lane: Lane, tmp_path: Path) -> None:
+    lane.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "elasticjob.yaml"))
+    lane.kubectl("wait", "--for=condition=Established", "crd/elasticjobs.kelastic.dev", "--timeout=60s")
+    lane.apply(checkpoint_volume(lane))
+    operator_log = tmp_path / "operator.log"
+    argv = [
+        str(Path(sys.executable).parent / "kelastic-operator"), f"--kubeconfig={lane.control_plane.admin_kubeconfig}",
+        "-n", "default", "--standalone", f"--agent-image={KELASTIC_IMAGE}", "--no-network-policy",
+    ]  # fmt: skip
+    with open(operator_log, "wb") as log:
+        operator = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        lane.kubectl("apply", "-f", str(REPO / "examples" / "elasticjob.yaml"))
+        deadline = time.monotonic() + 600
+        phase, seen, nodes = "", "", set[str]()
+        while time.monotonic() < deadline and operator.poll() is None:
+            phase = lane.kubectl("get", "ej", "train-example", "-o", "jsonpath={.status.phase}").strip()
+            if phase in ("Succeeded", "Failed"):
+                break
+            nodes.update(lane.kubectl("get", "pods", "-o", "jsonpath={.items[*].spec.nodeName}").split())
+            now = lane.kubectl("get", "pods", "-o", "wide", "--no-headers", check=False)
+            if now != seen:
+                print(f"job {phase or 'pending'}; pods:\n{now}")
+                seen = now
+            time.sleep(2)
+        status = lane.kubectl("get", "ej", "train-example", "-o", "jsonpath={.status}")
+        logs = "\n".join(operator_log.read_text(errors="replace").splitlines()[-30:])
+        assert phase == "Succeeded", f"the example ended {phase or 'never'}: {status}\noperator log:\n{logs}"
+        assert nodes == set(lane.node_names()), f"the job's pods ran on {nodes} only"
+    finally:
+        operator.terminate()
+        operator.wait(30)
