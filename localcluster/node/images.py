@@ -247,12 +247,15 @@ def import_layout(ctr: Path, socket: Path, layout: Path, *, discard_layers: bool
     once unpacked (for large images: torch's gigabytes are kept once, as a snapshot).
     ImageFailed with its output."""
     argv = [str(ctr), "-a", str(socket), "-n", "k8s.io", "images", "import"]
-    if discard_layers:
-        argv.append("--discard-unpacked-layers")
+    if discard_layers:  # which only ctr's own import (--local) offers
+        argv += ["--local", "--discard-unpacked-layers"]
     if layout.is_file():
         done = subprocess.run([*argv, str(layout)], capture_output=True, text=True, timeout=1800)
     else:
-        tar = subprocess.Popen(["tar", "-C", str(layout), "-cf", "-", "."], stdout=subprocess.PIPE)
+        # ingest/: what a writer of the layout (BuildKit) keeps for unfinished blobs.
+        tar = subprocess.Popen(
+            ["tar", "-C", str(layout), "--exclude=./ingest", "-cf", "-", "."], stdout=subprocess.PIPE
+        )
         done = subprocess.run([*argv, "-"], stdin=tar.stdout, capture_output=True, text=True, timeout=1800)
         if tar.stdout is not None:
             tar.stdout.close()

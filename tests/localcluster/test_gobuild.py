@@ -352,3 +352,32 @@ def test_kelastic_node_apt_installs_the_missing_packages_also_before_a_reuse(
     assert "node build: installing Debian packages nftables" in done.stderr
     apt = [line for line in (tmp_path / "apt-calls").read_text().splitlines() if line.startswith("apt-get ")]
     assert apt == ["apt-get update -q", "apt-get install -y -q nftables"]
+
+
+def test_the_buildkit_build_compiles_its_module_source_static_and_publishes_whole(
+    building: dict[str, str],
+) -> None:
+    done = build(BUILDKIT, building)
+    bin_dir = Path(building["KELASTIC_NODE_CACHE"]) / "buildkit-v0.34.2" / "bin"
+    assert_published(done, bin_dir, bin_dir / ".kelastic-complete", "buildkit v0.34.2")
+    for binary in ("buildkitd", "buildctl"):
+        assert os.access(bin_dir / binary, os.X_OK), binary
+    # go.mod's exclude directives rule out `go install`: the module's own source is built.
+    (compile_line,) = calls(building, "build", "./cmd/buildkitd")
+    assert (
+        compile_line.startswith("GOFLAGS=|CGO_ENABLED=0|")
+        and "-X github.com/moby/buildkit/version.Version=v0.34.2" in compile_line
+    )
+    assert not calls(building, "install")
+    # A second run reuses it without Go.
+    building["GO"] = "/nonexistent/go"
+    again = build(BUILDKIT, building)
+    assert again.returncode == 0 and again.stdout.splitlines()[-1] == str(bin_dir) and again.stderr == ""
+
+
+def test_a_refused_buildkit_is_named(env: dict[str, str]) -> None:
+    env["REFUSED"] = "github.com/moby/buildkit@v0.34.2"
+    done = build(BUILDKIT, env)
+    assert done.returncode == 1 and done.stdout == ""
+    assert "refused module github.com/moby/buildkit version v0.34.2 (404 Not Found)" in done.stderr
+    assert not (Path(env["KELASTIC_NODE_CACHE"]) / "buildkit-v0.34.2" / "bin").exists()

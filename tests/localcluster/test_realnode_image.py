@@ -41,7 +41,8 @@ from kelastic.localcluster.node.imagebuild import (
 
 from .realnode_harness import Lane, node_dir_or_skip, report, running_lane
 
-pytestmark = pytest.mark.slow
+# Importing the two images (about 5 GB each, unpacked) into two nodes takes minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 VALUES = yaml.safe_load((REPO / "helm" / "kelastic" / "values.yaml").read_text())
