@@ -33,6 +33,7 @@ __all__ = [
     "debian_layer",
     "debian_layer_path",
     "import_layout",
+    "merge_layouts",
     "pause_layer",
     "python_base_layer",
     "python_base_layer_path",
@@ -238,6 +239,27 @@ def write_layout(out: Path, name: str, layers: Sequence[Path], *, entrypoint: Se
     }
     (out / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
     (out / "index.json").write_text(json.dumps(index))
+    return out
+
+
+def merge_layouts(out: Path, layouts: Sequence[Path]) -> Path:
+    """One OCI image layout in ``out`` holding every image of ``layouts`` (blobs hard-linked,
+    copied across file systems): images that share layers (the kelastic and PyTorch images
+    share torch's) are then imported, hashed and unpacked once."""
+    blobs = out / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+    manifests: list[object] = []
+    for layout in layouts:
+        for blob in (layout / "blobs" / "sha256").iterdir():
+            target = blobs / blob.name
+            if not target.exists():
+                try:
+                    os.link(blob, target)
+                except OSError:
+                    shutil.copyfile(blob, target)
+        manifests += json.loads((layout / "index.json").read_text())["manifests"]
+    (out / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    (out / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": manifests}))
     return out
 
 

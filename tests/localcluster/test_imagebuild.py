@@ -4,6 +4,8 @@ the stand-in base image answers to the name the Dockerfile's ``FROM`` uses."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -55,3 +57,20 @@ def test_a_cached_torch_step_is_a_warm_build() -> None:
     assert torch_step_ran(ran)
     assert not torch_step_ran(cached)
     assert not torch_step_ran("#1 [internal] load build definition from Dockerfile\n")
+
+
+def test_merged_layouts_hold_every_image_and_each_shared_layer_once(tmp_path: Path) -> None:
+    shared, own = tmp_path / "shared.tar", tmp_path / "own.tar"
+    shared.write_bytes(b"torch" * 1000)
+    own.write_bytes(b"kelastic")
+    first = images.write_layout(tmp_path / "a", "docker.io/kelastic/pytorch:2.13.0", [shared])
+    second = images.write_layout(tmp_path / "b", "docker.io/library/kelastic:0.1.0", [shared, own])
+    merged = images.merge_layouts(tmp_path / "merged", [first, second])
+    index = json.loads((merged / "index.json").read_text())
+    names = [m["annotations"]["io.containerd.image.name"] for m in index["manifests"]]
+    assert names == ["docker.io/kelastic/pytorch:2.13.0", "docker.io/library/kelastic:0.1.0"]
+    blobs = {p.name for layout in (first, second) for p in (layout / "blobs" / "sha256").iterdir()}
+    assert {p.name for p in (merged / "blobs" / "sha256").iterdir()} == blobs
+    # Linked, not copied: the layer tar, both layouts and the merged one are one file.
+    layer = merged / "blobs" / "sha256" / hashlib.sha256(shared.read_bytes()).hexdigest()
+    assert layer.stat().st_nlink == 4

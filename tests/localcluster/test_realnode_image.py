@@ -51,8 +51,8 @@ VALUES = yaml.safe_load((REPO / "helm" / "kelastic" / "values.yaml").read_text()
 ENTRYPOINTS = """
 id -u; id -g; pwd
 for command in kelastic-agent kelastic-rendezvous kelastic-operator; do
-    if "$command" --help >/tmp/help 2>&1; then echo "$command ok $(head -c 60 /tmp/help | head -1)"
-    else echo "$command failed:"; cat /tmp/help; fi
+    if help=$("$command" --help 2>&1); then echo "$command ok: $(echo "$help" | head -1)"
+    else echo "$command failed: $help"; fi
 done
 touch /opt/kelastic/written 2>/dev/null && echo "root filesystem writable" || echo "root filesystem read-only"
 """
@@ -127,7 +127,7 @@ def test_the_kelastic_image_runs_its_entrypoints_as_10001_on_a_read_only_root(la
     lines = log.splitlines()
     assert lines[:3] == ["10001", "10001", "/opt/kelastic"], log
     for command in ("kelastic-agent", "kelastic-rendezvous", "kelastic-operator"):
-        assert any(line.startswith(f"{command} ok") for line in lines), log
+        assert any(line.startswith(f"{command} ok: usage: {command}") for line in lines), log
     assert lines[-1] == "root filesystem read-only", log
 
 
@@ -140,6 +140,15 @@ def test_the_plain_pytorch_image_has_torch_and_no_kelastic(lane: Lane) -> None:
     version, no_kelastic = log.split()[-2:]
     assert version.startswith("2.13.0"), log
     assert no_kelastic == "True", log
+
+
+#: Each container that ended: pod, container, reason, exit code, message (its log's tail).
+ENDED = (
+    "{range .items[*]}{range .status.initContainerStatuses[*]}{.name} {.state.terminated.reason} "
+    '{.state.terminated.exitCode} {.state.terminated.message}{"\\n"}{end}'
+    "{range .status.containerStatuses[*]}{.name} {.state.terminated.reason} {.state.terminated.exitCode} "
+    '{.state.terminated.message}{"\\n"}{end}{end}'
+)
 
 
 def checkpoint_volume(lane: Lane) -> dict[str, Any]:
@@ -182,14 +191,20 @@ def test_the_readme_example_succeeds_on_two_real_nodes(lane: Lane, tmp_path: Pat
             if phase in ("Succeeded", "Failed"):
                 break
             nodes.update(lane.kubectl("get", "pods", "-o", "jsonpath={.items[*].spec.nodeName}").split())
-            now = lane.kubectl("get", "pods", "-o", "wide", "--no-headers", check=False)
+            now = lane.kubectl("get", "pods", "-o", "wide", "--no-headers", check=False) + lane.kubectl(
+                "get", "pods", "-o", "jsonpath=" + ENDED, check=False
+            )
             if now != seen:
                 print(f"job {phase or 'pending'}; pods:\n{now}")
                 seen = now
             time.sleep(2)
         status = lane.kubectl("get", "ej", "train-example", "-o", "jsonpath={.status}")
+        events = lane.kubectl("get", "events", "--sort-by=.lastTimestamp", check=False).splitlines()[-25:]
         logs = "\n".join(operator_log.read_text(errors="replace").splitlines()[-30:])
-        assert phase == "Succeeded", f"the example ended {phase or 'never'}: {status}\noperator log:\n{logs}"
+        assert phase == "Succeeded", (
+            f"the example ended {phase or 'never'}: {status}\noperator log:\n{logs}\nevents:\n"
+            + "\n".join(events)
+        )
         assert nodes == set(lane.node_names()), f"the job's pods ran on {nodes} only"
     finally:
         operator.terminate()
