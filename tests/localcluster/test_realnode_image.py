@@ -185,7 +185,7 @@ def test_the_readme_example_succeeds_on_two_real_nodes(lane: Lane, tmp_path: Pat
     try:
         lane.kubectl("apply", "-f", str(REPO / "examples" / "elasticjob.yaml"))
         deadline = time.monotonic() + 600
-        phase, seen, nodes = "", "", set[str]()
+        phase, seen, worker_logs, nodes = "", "", "", set[str]()
         while time.monotonic() < deadline and operator.poll() is None:
             phase = lane.kubectl("get", "ej", "train-example", "-o", "jsonpath={.status.phase}").strip()
             if phase in ("Succeeded", "Failed"):
@@ -194,6 +194,10 @@ def test_the_readme_example_succeeds_on_two_real_nodes(lane: Lane, tmp_path: Pat
             now = lane.kubectl("get", "pods", "-o", "wide", "--no-headers", check=False) + lane.kubectl(
                 "get", "pods", "-o", "jsonpath=" + ENDED, check=False
             )
+            worker_logs = (
+                lane.kubectl("logs", "-l", "kelastic.dev/role=worker", "-c", "trainer", "--prefix", "--tail=40",
+                             check=False) or worker_logs
+            )  # fmt: skip
             if now != seen:
                 print(f"job {phase or 'pending'}; pods:\n{now}")
                 seen = now
