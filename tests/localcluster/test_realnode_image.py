@@ -208,6 +208,7 @@ def test_the_readme_example_succeeds_on_two_real_nodes(lane: Lane, tmp_path: Pat
         assert phase == "Succeeded", (
             f"the example ended {phase or 'never'}: {status}\noperator log:\n{logs}\nevents:\n"
             + "\n".join(events)
+            + f"\nthe workers' last lines:\n{worker_logs}"
         )
         assert nodes == set(lane.node_names()), f"the job's pods ran on {nodes} only"
     finally:
