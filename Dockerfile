@@ -17,6 +17,12 @@
 # not for every cluster that pulls this image. localcluster/ is still copied, as the package
 # lists it (the `kelastic` command lives there); in the image that command only says which
 # extra it needs.
+#
+# The real-node lane (`make image`, docs/real-nodes.md) builds this file as it is with BuildKit
+# and no registry: its `python:3.11-slim` is then a stand-in made from Debian packages
+# (debootstrap bookworm minbase with python3 3.11, python3-pip and python3-venv; `python` and
+# `pip` on PATH, pip allowed to install into the system, the host's CA certificates), named
+# docker.io/library/python:3.11-slim. Its plain PyTorch image is this file up to the torch step.
 FROM python:3.11-slim
 
 ARG TORCH_VERSION=2.13.0

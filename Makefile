@@ -5,7 +5,7 @@ PYTHON ?= python3
 #   make install TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_PIP_ARGS ?=
 
-.PHONY: install test test-fast test-gpu lint typecheck import-rules docs-rules format bench control-plane kueue node
+.PHONY: install test test-fast test-gpu lint typecheck import-rules docs-rules format bench control-plane kueue node image
 
 # The control plane `make control-plane` builds from the Go module proxy (docs/kelastic-local.md).
 K8S_VERSION ?= v1.37.2
@@ -15,6 +15,8 @@ CONTAINERD_VERSION ?= v2.4.2
 RUNC_VERSION ?= v1.5.3
 CNI_PLUGINS_VERSION ?= v1.10.0
 KUBE_ROUTER_VERSION ?= v2.1.0
+# BuildKit, which `make image` builds from the Go module proxy to build the Dockerfile (docs/real-nodes.md).
+BUILDKIT_VERSION ?= v0.34.2
 # The Kueue manager `make kueue` builds from the Go module proxy (docs/kueue.md).
 KUEUE_VERSION ?= v0.17.0
 
@@ -38,6 +40,10 @@ node:  ## build (or reuse) kubelet, kube-proxy, containerd, runc, the CNI plugin
 	@K8S_VERSION=$(K8S_VERSION) CONTAINERD_VERSION=$(CONTAINERD_VERSION) RUNC_VERSION=$(RUNC_VERSION) \
 		CNI_PLUGINS_VERSION=$(CNI_PLUGINS_VERSION) KUBE_ROUTER_VERSION=$(KUBE_ROUTER_VERSION) \
 		nice -n 10 bash localcluster/node/build.sh
+
+image:  ## build (or reuse) BuildKit, then the kelastic image from the Dockerfile and a plain PyTorch image (OCI tars; needs root and make node)
+	@buildkit=$$(BUILDKIT_VERSION=$(BUILDKIT_VERSION) nice -n 10 bash localcluster/node/buildkit.sh | tail -1) && \
+		nice -n 10 $(PYTHON) -m kelastic.localcluster.node.imagebuild --buildkit-dir "$$buildkit"
 
 kueue:  ## build (or reuse) the Kueue manager and its CRDs; prints their directory last
 	@KUEUE_VERSION=$(KUEUE_VERSION) nice -n 10 bash localcluster/kueue/build.sh

@@ -29,7 +29,11 @@ from pathlib import Path
 
 from kelastic.agent.contract import INJECT_LAUNCHER, INJECT_LIB
 
-__all__ = ["LAUNCHER", "install", "main"]
+__all__ = ["LAUNCHER", "PUBLIC_PACKAGES", "install", "main"]
+
+#: The short public packages workers import (``kelastic.checkpoint``, ``kelastic.data``),
+#: shipped with every injected agent.
+PUBLIC_PACKAGES = ("checkpoint", "data")
 
 #: The launcher script. Written for any Python 3 so that an older interpreter gets the
 #: message instead of a SyntaxError from the agent's modules.
@@ -66,6 +70,22 @@ def _package_root() -> Path:
     return Path(__file__).resolve().parent
 
 
+def _public_packages() -> list[Path]:
+    """The folders of :data:`PUBLIC_PACKAGES`: ``agent/public/NAME`` in a source tree (and an
+    editable install), ``kelastic/NAME`` beside ``kelastic/agent`` once installed from a wheel
+    (pyproject.toml's package-dir), as in the kelastic image. FileNotFoundError naming both
+    places when one is in neither (a broken install)."""
+    root = _package_root()
+    found = []
+    for name in PUBLIC_PACKAGES:
+        places = (root / "public" / name, root.parent / name)
+        folder = next((place for place in places if (place / "__init__.py").is_file()), None)
+        if folder is None:
+            raise FileNotFoundError(f"kelastic.{name} is in neither {places[0]} nor {places[1]}")
+        found.append(folder)
+    return found
+
+
 def install(dest: Path) -> Path:
     """Write the agent and its launcher into ``dest`` (created if needed); return the launcher.
 
@@ -82,9 +102,8 @@ def install(dest: Path) -> Path:
         shutil.copytree(_package_root(), target, ignore=skip)
         # The short public names (kelastic.checkpoint, kelastic.data) that workers import
         # sit beside the agent, as in an installed kelastic.
-        for public in sorted((_package_root() / "public").iterdir()):
-            if public.is_dir() and (public / "__init__.py").exists():
-                shutil.copytree(public, staging / "kelastic" / public.name, ignore=skip)
+        for public in _public_packages():
+            shutil.copytree(public, staging / "kelastic" / public.name, ignore=skip)
         lib = dest / INJECT_LIB
         if lib.exists():
             shutil.rmtree(lib)

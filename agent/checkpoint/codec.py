@@ -62,8 +62,32 @@ class UnsafeMetadata(pickle.UnpicklingError):
     """Metadata that names something a DCP metadata never holds (refused, nothing run)."""
 
 
+#: Python 3.11.0 to 3.11.3 (Debian bookworm's python3 among them) pickle an Enum member as
+#: ``getattr(EnumClass, "NAME")``; the unpicklers answer that global with a lookup of an
+#: allowed Enum's member by name, never with getattr itself.
+_GETATTR = ("builtins", "getattr")
+
+
+def _enum_member(cls: Any, member: Any) -> Any:
+    import enum
+
+    if (
+        isinstance(cls, type)
+        and issubclass(cls, enum.Enum)
+        and isinstance(member, str)
+        and member in cls.__members__
+    ):
+        return cls[member]
+    raise UnsafeMetadata(
+        f"checkpoint metadata calls getattr({getattr(cls, '__name__', type(cls).__name__)}, {member!r}), "
+        "which is no member of an allowed Enum; refused without running it"
+    )
+
+
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == _GETATTR:
+            return _enum_member
         if (module, name) in _ALLOWED:
             return super().find_class(module, name)
         if module == "torch" and "." not in name:
@@ -155,10 +179,25 @@ _CALLABLE_STUBS: dict[tuple[str, str], Any] = {
 _STUBS: dict[tuple[str, str], Any] = {}
 
 
+def _stub_member(cls: Any, member: Any) -> str:
+    """``getattr(_MEM_FORMAT_ENCODING, NAME)`` while a commit is checked: the Enum's stub is
+    ``str``; the member's name stands for it. Anything else is refused."""
+    if cls is _CALLABLE_STUBS[("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING")] and (
+        isinstance(member, str) and member.isidentifier()
+    ):
+        return member
+    raise UnsafeMetadata(
+        f"checkpoint metadata calls getattr on {getattr(cls, '__name__', type(cls).__name__)}, "
+        "which is no allowed Enum; refused without running it"
+    )
+
+
 class _Skeleton(_Unpickler):
     """The allow-list of :class:`_Unpickler`, building stubs instead of DCP's classes."""
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == _GETATTR:
+            return _stub_member
         if (module, name) not in _ALLOWED:
             return super().find_class(module, name)  # torch's dtypes and the like, or UnsafeMetadata
         stub = _STUBS.get((module, name))

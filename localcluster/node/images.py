@@ -28,11 +28,15 @@ from pathlib import Path
 
 __all__ = [
     "DEBIAN_IMAGE",
+    "PYTHON_BASE_IMAGE",
     "ImageFailed",
     "debian_layer",
     "debian_layer_path",
     "import_layout",
+    "merge_layouts",
     "pause_layer",
+    "python_base_layer",
+    "python_base_layer_path",
     "write_layout",
 ]
 
@@ -41,6 +45,11 @@ DEBIAN_IMAGE = "docker.io/kelastic/debian-python:bookworm"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("KELASTIC_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: The name the Dockerfile's ``FROM`` uses; the lane's stand-in (:func:`python_base_layer`)
+#: is made under it, so the Dockerfile builds as it is.
+PYTHON_BASE_IMAGE = "docker.io/library/python:3.11-slim"
+PYTHON_BASE_PACKAGES = ("python3", "python3-pip", "python3-venv", "ca-certificates")
+HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 class ImageFailed(RuntimeError):
@@ -72,10 +81,52 @@ def debian_layer_path() -> Path:
 
 def debian_layer(progress: Callable[[str], None]) -> Path:
     """The cached Debian layer tar (built on first use with debootstrap; needs root)."""
-    cache = cache_dir()
-    layer = debian_layer_path()
+    return _debootstrap_layer(debian_layer_path(), ("python3",), progress)
+
+
+def python_base_layer_path() -> Path:
+    """Where the stand-in ``python:3.11-slim`` layer tar is cached (it may not be built yet)."""
+    return cache_dir() / f"debian-{DEBIAN_SUITE}-python-base.tar"
+
+
+def python_base_layer(progress: Callable[[str], None]) -> Path:
+    """The cached layer tar of :data:`PYTHON_BASE_IMAGE`, the stand-in for the Dockerfile's
+    ``FROM python:3.11-slim`` (built on first use with debootstrap; needs root).
+
+    Debian bookworm's own Python is 3.11: ``python3`` with ``pip`` and ``venv``, ``python`` and
+    ``pip`` on PATH, pip free to install into the system (``EXTERNALLY-MANAGED`` removed, as in
+    the official image), ``groupadd``/``useradd``, and the host's CA bundle, so that a ``RUN pip
+    install`` trusts the package index exactly as the host does (also behind a TLS-inspecting
+    egress proxy whose CA the host trusts).
+    """
+    return _debootstrap_layer(python_base_layer_path(), PYTHON_BASE_PACKAGES, progress, _finish_python_base)
+
+
+def _finish_python_base(rootfs: Path) -> None:
+    for marker in (rootfs / "usr" / "lib").glob("python3*/EXTERNALLY-MANAGED"):
+        marker.unlink()
+    bin_dir = rootfs / "usr" / "local" / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, target in (("python", "/usr/bin/python3"), ("pip", "/usr/bin/pip3")):
+        if not (rootfs / "usr" / "bin" / name).exists() and not (bin_dir / name).exists():
+            (bin_dir / name).symlink_to(target)
+    host_bundle = Path(HOST_CA_BUNDLE)
+    if host_bundle.is_file():
+        shutil.copyfile(host_bundle, rootfs / "etc" / "ssl" / "certs" / "ca-certificates.crt")
+
+
+def _debootstrap_layer(
+    layer: Path,
+    packages: Sequence[str],
+    progress: Callable[[str], None],
+    finish: Callable[[Path], None] | None = None,
+) -> Path:
+    """``layer``, made once: a ``debootstrap --variant=minbase`` Debian with ``packages``,
+    ``finish`` applied to its root, packed as an uncompressed tar. Concurrent callers wait for
+    the first (a lock beside it); an interrupted build leaves only ``*.partial.*`` files."""
     if layer.is_file():
         return layer
+    cache = layer.parent
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -87,12 +138,13 @@ def debian_layer(progress: Callable[[str], None]) -> Path:
         shutil.rmtree(rootfs, ignore_errors=True)
         started = time.monotonic()
         progress(
-            f"building the Debian {DEBIAN_SUITE} image with debootstrap (once per machine, about a minute)"
+            f"building {layer.name} with debootstrap ({DEBIAN_SUITE}, {', '.join(packages)}; "
+            "once per machine, one to two minutes)"
         )
         argv = [
             "debootstrap",
             "--variant=minbase",
-            "--include=python3",
+            f"--include={','.join(packages)}",
             DEBIAN_SUITE,
             str(rootfs),
             DEBIAN_MIRROR,
@@ -106,13 +158,13 @@ def debian_layer(progress: Callable[[str], None]) -> Path:
         for cached in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for entry in (rootfs / cached).glob("*.deb"):
                 entry.unlink()
+        if finish is not None:
+            finish(rootfs)
         partial = layer.with_suffix(f".partial.{os.getpid()}")
         subprocess.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(partial), "."], check=True)
         shutil.rmtree(rootfs, ignore_errors=True)
         partial.replace(layer)
-        progress(
-            f"Debian image layer {layer.stat().st_size / 1e6:.0f} MB in {time.monotonic() - started:.0f} s"
-        )
+        progress(f"{layer.name}: {layer.stat().st_size / 1e6:.0f} MB in {time.monotonic() - started:.0f} s")
     return layer
 
 
@@ -190,19 +242,46 @@ def write_layout(out: Path, name: str, layers: Sequence[Path], *, entrypoint: Se
     return out
 
 
-def import_layout(ctr: Path, socket: Path, layout: Path) -> None:
-    """``tar -C layout . | ctr -a socket -n k8s.io images import -``; ImageFailed with its output."""
-    tar = subprocess.Popen(["tar", "-C", str(layout), "-cf", "-", "."], stdout=subprocess.PIPE)
-    done = subprocess.run(
-        [str(ctr), "-a", str(socket), "-n", "k8s.io", "images", "import", "-"],
-        stdin=tar.stdout,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if tar.stdout is not None:
-        tar.stdout.close()
-    tar.wait()
+def merge_layouts(out: Path, layouts: Sequence[Path]) -> Path:
+    """One OCI image layout in ``out`` holding every image of ``layouts`` (blobs hard-linked,
+    copied across file systems): images that share layers (the kelastic and PyTorch images
+    share torch's) are then imported, hashed and unpacked once."""
+    blobs = out / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+    manifests: list[object] = []
+    for layout in layouts:
+        for blob in (layout / "blobs" / "sha256").iterdir():
+            target = blobs / blob.name
+            if not target.exists():
+                try:
+                    os.link(blob, target)
+                except OSError:
+                    shutil.copyfile(blob, target)
+        manifests += json.loads((layout / "index.json").read_text())["manifests"]
+    (out / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    (out / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": manifests}))
+    return out
+
+
+def import_layout(ctr: Path, socket: Path, layout: Path, *, discard_layers: bool = False) -> None:
+    """``ctr -a socket -n k8s.io images import`` of an OCI image layout (a directory, sent as a
+    tar) or of an OCI tar (a file); ``discard_layers`` lets containerd drop the layers' blobs
+    once unpacked (for large images: torch's gigabytes are kept once, as a snapshot).
+    ImageFailed with its output."""
+    argv = [str(ctr), "-a", str(socket), "-n", "k8s.io", "images", "import"]
+    if discard_layers:  # which only ctr's own import (--local) offers
+        argv += ["--local", "--discard-unpacked-layers"]
+    if layout.is_file():
+        done = subprocess.run([*argv, str(layout)], capture_output=True, text=True, timeout=1800)
+    else:
+        # ingest/: what a writer of the layout (BuildKit) keeps for unfinished blobs.
+        tar = subprocess.Popen(
+            ["tar", "-C", str(layout), "--exclude=./ingest", "-cf", "-", "."], stdout=subprocess.PIPE
+        )
+        done = subprocess.run([*argv, "-"], stdin=tar.stdout, capture_output=True, text=True, timeout=1800)
+        if tar.stdout is not None:
+            tar.stdout.close()
+        tar.wait()
     if done.returncode != 0:
         raise ImageFailed(
             f"ctr images import of {layout} failed ({done.returncode}): {done.stderr.strip()[-1500:]}"

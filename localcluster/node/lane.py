@@ -24,6 +24,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import signal
 import ssl
 import subprocess
@@ -128,6 +129,10 @@ class RealNodeLane:
     timings: dict[str, float] = field(default_factory=dict)
     #: Whether this start built the Debian image (the first lane on a machine: a cold start).
     cold: bool = False
+    #: More images for every node: OCI layouts or tars (:mod:`.imagebuild` makes the kelastic
+    #: and PyTorch images), imported after the lane's own; layouts in one import, merged, so
+    #: that layers they share are unpacked once.
+    extra_images: tuple[Path, ...] = ()
     _slot_fd: int | None = None
     _janitor: subprocess.Popen[bytes] | None = None
     _processes: list[_Process] = field(default_factory=list)
@@ -219,7 +224,11 @@ class RealNodeLane:
         self.cold = not images.debian_layer_path().is_file()
         if not (debian / "index.json").is_file():
             images.write_layout(debian, images.DEBIAN_IMAGE, [images.debian_layer(self.progress)])
-        return [pause, debian]
+        if len(self.extra_images) > 1 and all(p.is_dir() for p in self.extra_images):
+            built = self.plan.root / "images" / "built"
+            shutil.rmtree(built, ignore_errors=True)
+            return [pause, debian, images.merge_layouts(built, self.extra_images)]
+        return [pause, debian, *self.extra_images]
 
     def _spawn(self, node: NodePlan, name: str, argv: list[str]) -> _Process:
         log = self.logs_dir / f"{node.name}-{name}.log"
@@ -261,7 +270,11 @@ class RealNodeLane:
 
     def _import(self, node: NodePlan, layouts: list[Path]) -> None:
         for layout in layouts:
-            images.import_layout(self.binaries["ctr"], node.containerd_socket, layout)
+            mark = time.monotonic()
+            extra = layout not in layouts[:2]  # after the pause and Debian images
+            images.import_layout(self.binaries["ctr"], node.containerd_socket, layout, discard_layers=extra)
+            if extra:
+                self.timings[f"import {layout.name} ({node.name})"] = time.monotonic() - mark
 
     def _start_kubelet(self, node: NodePlan, cp: ControlPlane) -> None:
         pki = cp.pki_dir

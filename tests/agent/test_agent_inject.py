@@ -18,8 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from kelastic.agent import contract
-from kelastic.agent.inject import install
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from kelastic.agent import contract, inject
+from kelastic.agent.inject import PUBLIC_PACKAGES, install
 from kelastic.localcluster.kubelet.images import torch_environment
 
 pytestmark = pytest.mark.slow
@@ -41,6 +46,8 @@ import kelastic.agent
 print(f"rank {dist.get_rank()} sum {int(t.item())} from {kelastic.agent.__path__[0]} extra {loaded}", flush=True)
 dist.destroy_process_group()
 """
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +132,32 @@ def test_inject_cli_usage_and_unwritable_destination(tmp_path: Path) -> None:
     blocker.write_text("")
     failed = subprocess.run([*run, str(blocker / "sub")], capture_output=True, text=True, timeout=60)
     assert failed.returncode == 1 and f"cannot write the agent into {blocker / 'sub'}" in failed.stderr
+
+
+def test_an_installed_kelastic_injects_its_public_packages_from_beside_the_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wheel puts kelastic.checkpoint and kelastic.data beside kelastic/agent (no agent/public/),
+    as in the kelastic image; the injected copy holds them all the same."""
+    installed = tmp_path / "site-packages" / "kelastic"
+    (installed / "agent").mkdir(parents=True)
+    (installed / "agent" / "__init__.py").write_text("")
+    for name in PUBLIC_PACKAGES:
+        (installed / name).mkdir()
+        (installed / name / "__init__.py").write_text(f"NAME = {name!r}\n")
+    monkeypatch.setattr(inject, "_package_root", lambda: installed / "agent")
+    install(tmp_path / "dest")
+    lib = tmp_path / "dest" / contract.INJECT_LIB / "kelastic"
+    assert sorted(p.name for p in lib.iterdir()) == sorted(["agent", *PUBLIC_PACKAGES])
+    (installed / "data" / "__init__.py").unlink()
+    with pytest.raises(FileNotFoundError, match=r"kelastic\.data is in neither"):
+        install(tmp_path / "dest")
+
+
+def test_the_public_packages_are_the_ones_the_package_ships() -> None:
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert sorted(
+        p.name for p in (REPO / "agent" / "public").iterdir() if (p / "__init__.py").exists()
+    ) == sorted(PUBLIC_PACKAGES)
+    for name in PUBLIC_PACKAGES:
+        assert setuptools["package-dir"][f"kelastic.{name}"] == f"agent/public/{name}"

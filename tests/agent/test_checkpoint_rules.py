@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import enum
+import io
 import os
 import pickle
 import shutil
@@ -171,6 +173,42 @@ def test_dcp_metadata_reads_and_code_in_it_does_not_run(tmp_path: Path) -> None:
         codec.loads(b"\x80\x05garbage")
     with pytest.raises(codec.UnsafeMetadata, match=r"builtins\.eval"):
         codec.loads(b"cbuiltins\neval\n(S'1'\ntR.")
+
+
+class _Python311Pickler(pickle.Pickler):
+    """Pickles an Enum member as Python 3.11.0-3.11.3 do (Debian bookworm's python3):
+    ``getattr(EnumClass, "NAME")``."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, enum.Enum):
+            return getattr, (type(obj), obj.name)
+        return NotImplemented
+
+
+def python311_dumps(value: Any) -> bytes:
+    out = io.BytesIO()
+    _Python311Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return out.getvalue()
+
+
+def test_metadata_of_a_python_that_pickles_enums_by_getattr_reads_and_other_getattrs_do_not(
+    tmp_path: Path,
+) -> None:
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    md = pickle.loads(real_metadata(tmp_path / "ckpt"))
+    md.storage_data = {MetadataIndex("model.weight"): MemoryItem("__0.mem", 0, 64)}
+    blob = python311_dumps(md)
+    assert b"getattr" in blob
+    assert codec.loads(blob).state_dict_metadata.keys() == md.state_dict_metadata.keys()
+    codec.check_commit(blob, {"__0.mem": 128})
+    for evil in (
+        b"\x80\x02cbuiltins\ngetattr\ncpathlib\nPosixPath\nX\x04\x00\x00\x00home\x86R.",
+        b"\x80\x02cbuiltins\ngetattr\nctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\n"
+        b"X\x09\x00\x00\x00__class__\x86R.",
+    ):
+        with pytest.raises(codec.UnsafeMetadata, match="getattr"):
+            codec.loads(evil)
 
 
 def test_a_commit_s_items_must_lie_in_its_files() -> None:

@@ -76,11 +76,17 @@ def report(line: str) -> None:
 
 
 @contextmanager
-def running_lane(control_plane_bin: Path, state: Path, nodes: int = 2) -> Iterator[Lane]:
-    """Start the control plane and ``nodes`` real nodes; stop and check the host is clean after."""
+def running_lane(
+    control_plane_bin: Path, state: Path, nodes: int = 2, images: Sequence[Path] = ()
+) -> Iterator[Lane]:
+    """Start the control plane and ``nodes`` real nodes (with ``images``, OCI tars or layouts, in
+    each node's containerd besides the lane's own); stop and check the host is clean after."""
     node_dir = node_dir_or_skip()
     started = time.monotonic()
-    lane = RealNodeLane(NodeBinaries.find(node_dir), nodes=nodes, logs_dir=state / "logs", progress=print)
+    lane = RealNodeLane(
+        NodeBinaries.find(node_dir), nodes=nodes, logs_dir=state / "logs", progress=print,
+        extra_images=tuple(images),
+    )  # fmt: skip
     cp: ControlPlane | None = None
     setup, ready = "", started
     try:

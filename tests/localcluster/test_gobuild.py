@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONTROL_PLANE = REPO / "localcluster" / "controlplane" / "build.sh"
 KUEUE = REPO / "localcluster" / "kueue" / "build.sh"
 NODE = REPO / "localcluster" / "node" / "build.sh"
+BUILDKIT = REPO / "localcluster" / "node" / "buildkit.sh"
 NODE_PINS = "kubernetes v1.37.2 containerd v2.4.2 runc v1.5.3 cni-plugins v1.10.0 kube-router v2.1.0 pause"
 
 
@@ -230,11 +231,11 @@ def test_a_second_build_waits_for_the_first_and_reuses_its_result(
 
 
 def test_the_package_ships_the_build_scripts_and_what_they_share() -> None:
-    """The scripts source localcluster/gobuild.sh: a wheel holds all four or none works."""
+    """The scripts source localcluster/gobuild.sh: a wheel holds all five or none works."""
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {Path(folder): name for name, folder in setuptools["package-dir"].items()}
     data = setuptools["package-data"]
-    for script in (CONTROL_PLANE, KUEUE, NODE, REPO / "localcluster" / "gobuild.sh"):
+    for script in (CONTROL_PLANE, KUEUE, NODE, BUILDKIT, REPO / "localcluster" / "gobuild.sh"):
         rel = script.relative_to(REPO)
         package = (
             f"{folders[Path('localcluster')]}." + ".".join(rel.parent.parts[1:])
@@ -243,7 +244,7 @@ def test_the_package_ships_the_build_scripts_and_what_they_share() -> None:
         )
         assert package in setuptools["packages"], package
         assert any(fnmatch(script.name, pattern) for pattern in data.get(package, [])), (package, script.name)
-    for script in (CONTROL_PLANE, KUEUE, NODE):
+    for script in (CONTROL_PLANE, KUEUE, NODE, BUILDKIT):
         assert 'source "$(dirname "${BASH_SOURCE[0]}")/../gobuild.sh"' in script.read_text()
 
 
@@ -351,3 +352,32 @@ def test_kelastic_node_apt_installs_the_missing_packages_also_before_a_reuse(
     assert "node build: installing Debian packages nftables" in done.stderr
     apt = [line for line in (tmp_path / "apt-calls").read_text().splitlines() if line.startswith("apt-get ")]
     assert apt == ["apt-get update -q", "apt-get install -y -q nftables"]
+
+
+def test_the_buildkit_build_compiles_its_module_source_static_and_publishes_whole(
+    building: dict[str, str],
+) -> None:
+    done = build(BUILDKIT, building)
+    bin_dir = Path(building["KELASTIC_NODE_CACHE"]) / "buildkit-v0.34.2" / "bin"
+    assert_published(done, bin_dir, bin_dir / ".kelastic-complete", "buildkit v0.34.2")
+    for binary in ("buildkitd", "buildctl"):
+        assert os.access(bin_dir / binary, os.X_OK), binary
+    # go.mod's exclude directives rule out `go install`: the module's own source is built.
+    (compile_line,) = calls(building, "build", "./cmd/buildkitd")
+    assert (
+        compile_line.startswith("GOFLAGS=|CGO_ENABLED=0|")
+        and "-X github.com/moby/buildkit/version.Version=v0.34.2" in compile_line
+    )
+    assert not calls(building, "install")
+    # A second run reuses it without Go.
+    building["GO"] = "/nonexistent/go"
+    again = build(BUILDKIT, building)
+    assert again.returncode == 0 and again.stdout.splitlines()[-1] == str(bin_dir) and again.stderr == ""
+
+
+def test_a_refused_buildkit_is_named(env: dict[str, str]) -> None:
+    env["REFUSED"] = "github.com/moby/buildkit@v0.34.2"
+    done = build(BUILDKIT, env)
+    assert done.returncode == 1 and done.stdout == ""
+    assert "refused module github.com/moby/buildkit version v0.34.2 (404 Not Found)" in done.stderr
+    assert not (Path(env["KELASTIC_NODE_CACHE"]) / "buildkit-v0.34.2" / "bin").exists()
