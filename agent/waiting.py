@@ -78,7 +78,7 @@ class Wait:
         if what is not None:
             self.what = what()
         self.said = now
-        self._log.info("waiting for %s (%.0f s so far)", self.what, now - self.started)
+        self._log.info("waiting for %s (%.0f s)", self.what, now - self.started)
         return True
 
     def __enter__(self) -> Wait:

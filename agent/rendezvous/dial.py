@@ -52,11 +52,12 @@ RETRY_EVERY = 0.5
 class Reach(enum.Enum):
     """What answers at an endpoint, as a plain socket sees it."""
 
-    REFUSED = "nothing listens there (connection refused)"
-    SILENT = "nothing answers there (the connection attempt timed out)"
-    UNKNOWN_HOST = "its host name does not resolve"
-    UNREACHABLE = "it cannot be reached"
-    ACCEPTS = "it accepts connections"
+    # Short: they end a progress line that must fit a terminal (with the endpoint before them).
+    REFUSED = "connection refused"
+    SILENT = "connect timed out"
+    UNKNOWN_HOST = "unknown host name"
+    UNREACHABLE = "unreachable"
+    ACCEPTS = "accepts connections"
 
 
 def probe(host: str, port: int, timeout: float) -> tuple[Reach, str]:
@@ -124,7 +125,7 @@ def dial(host: str, port: int, deadline: float, store_timeout: float) -> dist.TC
                 if reach is Reach.ACCEPTS:
                     attempt = _start_attempt(host, port)
                     if not abandoned:
-                        state = "it accepts connections; the store has not answered yet"
+                        state = "accepts, no answer yet"
                 else:
                     state = reach.value
             if attempt is not None:
@@ -135,10 +136,10 @@ def dial(host: str, port: int, deadline: float, store_timeout: float) -> dist.TC
                         attempt.store.set_timeout(datetime.timedelta(seconds=max(store_timeout, 0.1)))
                         return attempt.store
                     error = first_line(attempt.error) if attempt.error is not None else "no client"
-                    state = f"it accepts connections, but the store client failed: {error}"
+                    state = f"accepts, but the client failed: {error}"
                     attempt = None
                 elif time.monotonic() - attempt.started >= ATTEMPT_TIMEOUT:
-                    state = "it accepts connections but never answers (is it a kelastic-rendezvous store?)"
+                    state = "accepts, never answers: a kelastic-rendezvous store?"
                     if abandoned < MAX_ABANDONED:
                         abandoned += 1
                         attempt = None  # left blocked on its daemon thread; a fresh one next pass

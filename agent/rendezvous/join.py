@@ -485,8 +485,8 @@ class Joiner:
         s = self._s
         lo, hi = s.bounds(bounds) or (s.min_nodes, s.max_nodes)
         return (
-            f"peers: {read_counter(store, self._keys.joined(r))} of at least {lo} joined "
-            f"(max {hi}; rendezvous {s.run_id} at {s.endpoint}, round {r})"
+            # The run and the store are in the agent's first line; this one fits a terminal.
+            f"peers: {read_counter(store, self._keys.joined(r))} of at least {lo} joined (max {hi}, round {r})"
         )
 
     def _become_member(
