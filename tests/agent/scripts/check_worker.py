@@ -110,7 +110,7 @@ def main() -> None:
         raise TimeoutError(f"world stayed {world}, never became {a.until_world} within {a.max_wait}s")
     if a.until_file:
         deadline = time.monotonic() + a.max_wait
-        while not os.path.exists(a.until_file):
+        while not _all_see(a.until_file):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{a.until_file} did not appear within {a.max_wait}s")
             step(i)
@@ -120,6 +120,14 @@ def main() -> None:
         i += 1
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _all_see(path: str) -> bool:
+    """Whether any rank sees ``path``, agreed by every rank: each rank looking for itself can
+    stop a step before another, and then waits in a collective the other never joins."""
+    seen = torch.tensor([1.0 if os.path.exists(path) else 0.0])
+    dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+    return bool(seen.item())
 
 
 if __name__ == "__main__":
