@@ -1146,6 +1146,10 @@ class SimpleElasticAgent(ElasticAgent):
                 )
                 if aside is not None:  # this node left its round: re-join (as a standby)
                     verdict = Verdict(Action.RESTART_FREE, aside)
+                    if self._checkpoint_ring is not None:
+                        # Off the ring now: as a standby it takes every member's part, the
+                        # new round's included (a ring it knew would refuse its standby's).
+                        self._checkpoint_ring.set_ring(())
                 elif verdict.action is Action.RESTART_FREE and watching is Watching.LOSSES:
                     verdict = self._at_a_checkpoint(verdict, spec.monitor_interval)
             else:
