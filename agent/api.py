@@ -722,6 +722,14 @@ class ElasticAgent(abc.ABC):
         """The worker group of ``role`` (a single role per agent for now)."""
 
 
+def _leave_ring(ring: CheckpointRing | None) -> None:
+    """This node left its round (a straggler stepping aside): off the checkpoint ring it knew,
+    so that as a standby it takes every member's part, the new round's included (the ring it
+    knew would refuse them as from no node of it)."""
+    if ring is not None:
+        ring.set_ring(())
+
+
 class SimpleElasticAgent(ElasticAgent):
     """The rendezvous/monitor/restart algorithm; subclasses say how workers start and stop.
 
@@ -1146,10 +1154,7 @@ class SimpleElasticAgent(ElasticAgent):
                 )
                 if aside is not None:  # this node left its round: re-join (as a standby)
                     verdict = Verdict(Action.RESTART_FREE, aside)
-                    if self._checkpoint_ring is not None:
-                        # Off the ring now: as a standby it takes every member's part, the
-                        # new round's included (a ring it knew would refuse its standby's).
-                        self._checkpoint_ring.set_ring(())
+                    _leave_ring(self._checkpoint_ring)
                 elif verdict.action is Action.RESTART_FREE and watching is Watching.LOSSES:
                     verdict = self._at_a_checkpoint(verdict, spec.monitor_interval)
             else:
