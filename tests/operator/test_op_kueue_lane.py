@@ -191,6 +191,10 @@ def test_a_queued_job_waits_for_quota_and_grows_when_it_frees(lane: tuple[LocalC
     assert worker_pods(kubectl, "second") == []
     table = kubectl("get", "elasticjobs")
     assert "team: 0 admitted, 2 pending" in table, table
+    # Kueue queues in order of creation time, which the API server keeps to the second: third's
+    # Workloads (its base and its growth) are made in a later second than second's, or Kueue may
+    # take third's growth first when first's quota frees.
+    time.sleep(1.05 - time.time() % 1.0)
     # third asks for 1..3: partial admission at its minimum (one worker of 500m).
     # Long enough to be running still when the group reaches 3 however slow the stages before
     # are (the test deletes it then).
