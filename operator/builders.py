@@ -246,7 +246,7 @@ def agent_command(spec: JobSpec, *, run_id: str, endpoint: str, config: BuildCon
     if spec.hang_timeout_seconds is not None:
         argv += [contract.FLAG_HANG_TIMEOUT, str(spec.hang_timeout_seconds)]
     if spec.stragglers is not None:
-        argv += [contract.FLAG_STRAGGLERS, spec.stragglers.flag()]
+        argv += [contract.FLAG_STRAGGLERS, spec.stragglers.to_text()]
     argv += checkpoint_flags(spec.checkpoint)
     rdzv_conf = dict(spec.rdzv_conf)
     if uses_control(spec):

@@ -22,6 +22,8 @@ from fractions import Fraction
 from typing import Any
 
 from kelastic.agent import contract
+from kelastic.agent.stragglerrule import Policy as StragglerPolicy
+from kelastic.agent.stragglerrule import StragglerRule
 
 __all__ = [
     "API_VERSION",
@@ -196,26 +198,6 @@ CHECKPOINT_DEFAULTS: dict[str, Any] = {
 }
 
 
-class StragglerPolicy(enum.Enum):
-    """``spec.stragglers.policy``: report a straggler, or also swap it for a standby."""
-
-    REPORT = "Report"
-    REPLACE = "Replace"
-
-
-@dataclass(frozen=True)
-class StragglerSpec:
-    """``spec.stragglers``: the rule of ``kelastic-agent --stragglers`` (docs/operations.md)."""
-
-    policy: StragglerPolicy = StragglerPolicy.REPORT
-    ratio: float = 1.5
-    window_seconds: float = 10.0
-
-    def flag(self) -> str:
-        """The value of ``--stragglers``."""
-        return f"policy={self.policy.value},ratio={self.ratio:g},window={self.window_seconds:g}"
-
-
 @dataclass(frozen=True)
 class JobSpec:
     """A validated ElasticJob spec with every default applied."""
@@ -253,7 +235,7 @@ class JobSpec:
     #: Hot standby pods beside the ``replicas`` workers (``spec.standbyReplicas``).
     standby_replicas: int = 0
     #: The straggler rule the agents apply (``spec.stragglers``); None: the agent's default (Report).
-    stragglers: StragglerSpec | None = None
+    stragglers: StragglerRule | None = None
 
     @property
     def pods(self) -> int:
@@ -648,7 +630,7 @@ def _number(spec: Mapping[str, Any], key: str, path: str, default: float) -> flo
     return float(value)
 
 
-def _parse_stragglers(spec: Mapping[str, Any], backend: RdzvBackend) -> StragglerSpec | None:
+def _parse_stragglers(spec: Mapping[str, Any], backend: RdzvBackend) -> StragglerRule | None:
     """``spec.stragglers``: the straggler rule, applied by the agents of kelastic's rendezvous."""
     rule = spec.get("stragglers")
     if rule is None:
@@ -656,25 +638,21 @@ def _parse_stragglers(spec: Mapping[str, Any], backend: RdzvBackend) -> Straggle
     path = "spec.stragglers"
     if not isinstance(rule, Mapping):
         raise SpecError(path, f"must be an object with policy, ratio and windowSeconds, got {rule!r}")
-    base = StragglerSpec()
-    parsed = StragglerSpec(
-        policy=_enum(rule, "policy", f"{path}.policy", StragglerPolicy, base.policy),
-        ratio=_number(rule, "ratio", f"{path}.ratio", base.ratio),
-        window_seconds=_number(rule, "windowSeconds", f"{path}.windowSeconds", base.window_seconds),
-    )
-    if not parsed.ratio > 1.0:
-        raise SpecError(
-            f"{path}.ratio", f"must be above 1 (a member this many times slower), got {parsed.ratio:g}"
-        )
-    if parsed.window_seconds < 0:
-        raise SpecError(f"{path}.windowSeconds", f"must be at least 0, got {parsed.window_seconds:g}")
+    base = StragglerRule()
+    policy = _enum(rule, "policy", f"{path}.policy", StragglerPolicy, base.policy)
+    ratio = _number(rule, "ratio", f"{path}.ratio", base.ratio)
+    window = _number(rule, "windowSeconds", f"{path}.windowSeconds", base.window)
+    if not ratio > 1.0:
+        raise SpecError(f"{path}.ratio", f"must be above 1 (a member this many times slower), got {ratio:g}")
+    if window < 0:
+        raise SpecError(f"{path}.windowSeconds", f"must be at least 0, got {window:g}")
     if backend is not RdzvBackend.KELASTIC:
         raise SpecError(
             path,
             f"needs spec.rdzvBackend kelastic (got {backend.value}): the agents judge stragglers through "
             "kelastic's rendezvous store; remove spec.stragglers or use the kelastic backend",
         )
-    return parsed
+    return StragglerRule(policy=policy, ratio=ratio, window=window)
 
 
 def _parse_replicas(spec: Mapping[str, Any], *, started: bool) -> _Replicas:

@@ -7,10 +7,11 @@ from types import SimpleNamespace
 import pytest
 
 from kelastic.agent import contract
+from kelastic.agent.stragglerrule import Policy, parse_rule
 from kelastic.operator.builders import BuildConfig, worker_pod
 from kelastic.operator.observed import RendezvousView
 from kelastic.operator.reconcile import Emit, reconcile
-from kelastic.operator.spec import RdzvBackend, StragglerPolicy, parse_job
+from kelastic.operator.spec import RdzvBackend, parse_job
 from kelastic.operator.straggler import EVENT_RECOVERED, EVENT_REPLACED, EVENT_STRAGGLER, straggler_status
 
 
@@ -25,10 +26,17 @@ def test_the_agents_get_the_rule_only_when_it_is_set(kit: SimpleNamespace) -> No
     assert cmd[cmd.index(contract.FLAG_STRAGGLERS) + 1] == "policy=Replace,ratio=2,window=5"
     spec = parse_job(kit.job_body(stragglers={})).spec
     assert spec is not None and spec.stragglers is not None
-    assert (spec.stragglers.policy, spec.stragglers.ratio, spec.stragglers.window_seconds) == (
-        StragglerPolicy.REPORT,
+    assert (spec.stragglers.policy, spec.stragglers.ratio, spec.stragglers.window) == (
+        Policy.REPORT,
         1.5,
         10.0,
+    )
+    # One type at both ends: what the operator writes, the agent reads back as the same rule.
+    assert (
+        parse_rule(cmd[cmd.index(contract.FLAG_STRAGGLERS) + 1])
+        == parse_job(
+            kit.job_body(stragglers={"policy": "Replace", "ratio": 2, "windowSeconds": 5})
+        ).spec.stragglers
     )
 
 

@@ -3,8 +3,9 @@
 * ``kelastic.agent`` imports nothing else of ours: it runs in every training pod, beside the
   user's script, and must not pull in the operator's or the local cluster's dependencies.
 * ``kelastic.operator`` imports from the agent only its contract with the agent
-  (``kelastic.agent.contract``) and the rendezvous store's control records
-  (``kelastic.agent.rendezvous.control``).
+  (``kelastic.agent.contract``), the rendezvous store's control records
+  (``kelastic.agent.rendezvous.control``) and the straggler rule both write and read
+  (``kelastic.agent.stragglerrule``).
 * ``kelastic.localcluster`` imports neither: it is a Kubernetes stand-in and knows no
   ElasticJob.
 
@@ -69,7 +70,11 @@ LOCALCLUSTER_OWN = {"__init__.py", "__main__.py", "testing.py"}
 # to kelastic.localcluster.kubelet, kelastic.localcluster.testing to kelastic.localcluster).
 ALLOWED: dict[str, tuple[str, ...]] = {
     "kelastic.agent": (),
-    "kelastic.operator": ("kelastic.agent.contract", "kelastic.agent.rendezvous.control"),
+    "kelastic.operator": (
+        "kelastic.agent.contract",
+        "kelastic.agent.rendezvous.control",
+        "kelastic.agent.stragglerrule",
+    ),
     LC: tuple(LOCALCLUSTER),
     **LOCALCLUSTER,
 }
