@@ -131,3 +131,9 @@ class Cluster:
 def loopback_host() -> str:
     """A random 127.x address, so concurrent test runs do not share a store port."""
     return f"127.{random.randint(64, 250)}.{random.randint(1, 250)}.{random.randint(2, 250)}"
+
+
+def events(out: Path) -> list[dict[str, Any]]:
+    """The events the agents' workers wrote to ``out/events.jsonl`` (scripts/check_worker.py), oldest first."""
+    path = out / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import random
 import secrets
+import shutil
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from kelastic.agent.contract import ENV_JOB_SECRET_FILE
+from kelastic.agent.contract import DEFAULT_RDZV_PORT, ENV_JOB_SECRET_FILE
 from kelastic.agent.rendezvous import ServerProcess, start_server_process
 from kelastic.agent.rendezvous.testing import shutdown_handlers
 
@@ -55,3 +58,23 @@ def _shutdown_handlers() -> Iterator[None]:
 def run_id(request: pytest.FixtureRequest) -> str:
     """A rendezvous id of the test's own."""
     return request.node.name
+
+
+@pytest.fixture
+def store() -> Iterator[ServerProcess]:
+    """A real ``kelastic-rendezvous`` store of the test's own, at the default port of a random
+    127.x address (agents that name no port find it; concurrent runs do not share it)."""
+    host = f"127.{random.randint(64, 250)}.{random.randint(1, 250)}.{random.randint(2, 250)}"
+    proc = start_server_process(host, DEFAULT_RDZV_PORT, timeout=60)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    """A folder on a real tmpfs, as in a pod's /dev/shm; removed after the test."""
+    path = Path("/dev/shm") / f"kelastic-test-{uuid.uuid4().hex[:8]}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

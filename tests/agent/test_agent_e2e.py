@@ -31,13 +31,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def store() -> Iterator[ServerProcess]:
-    server = start_server_process(harness.loopback_host(), 29400, timeout=30)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def cluster(tmp_path: Path, store: ServerProcess) -> Iterator[Any]:
     c = harness.Cluster(tmp_path, store.endpoint, run_id=f"job-{tmp_path.name}")
     yield c

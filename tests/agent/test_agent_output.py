@@ -11,7 +11,6 @@ import logging
 import re
 import runpy
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,7 +23,7 @@ from kelastic.agent.launch import remove_empty_folders
 from kelastic.agent.rendezvous.keepalive import KeepAlive
 from kelastic.agent.rendezvous.protocol import RunKeys
 from kelastic.agent.rendezvous.rounds import Member
-from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
+from kelastic.agent.rendezvous.server import ServerProcess
 from kelastic.agent.rendezvous.settings import settings_from_params
 
 harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
@@ -32,13 +31,6 @@ harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_h
 #: An agent's INFO line, its ``[I 18:58:29] `` prefix included, fits a terminal this wide.
 MAX_INFO_LINE = 100
 _INFO = re.compile(r"^\[I \d\d:\d\d:\d\d\] (.*)$")
-
-
-@pytest.fixture
-def store() -> Iterator[ServerProcess]:
-    server = start_server_process(harness.loopback_host(), 0, timeout=60)
-    yield server
-    server.stop()
 
 
 @pytest.mark.slow

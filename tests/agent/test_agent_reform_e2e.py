@@ -22,19 +22,12 @@ import pytest
 
 from kelastic.agent.rendezvous import control
 from kelastic.agent.rendezvous.protocol import RunKeys
-from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
+from kelastic.agent.rendezvous.server import ServerProcess
 
 harness = runpy.run_path(str(Path(__file__).with_name("agent_harness.py")))
 WORKER = Path(__file__).parent / "scripts" / "slow_stop_worker.py"
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def store() -> Iterator[ServerProcess]:
-    server = start_server_process(harness["loopback_host"](), 29400, timeout=30)
-    yield server
-    server.stop()
 
 
 @pytest.fixture

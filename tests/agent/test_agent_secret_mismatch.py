@@ -9,23 +9,15 @@ from __future__ import annotations
 
 import runpy
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from kelastic.agent.rendezvous.liveness import PeerLink
-from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
+from kelastic.agent.rendezvous.server import ServerProcess
 
 harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
-
-
-@pytest.fixture
-def store() -> Iterator[ServerProcess]:
-    server = start_server_process(harness.loopback_host(), 0, timeout=60)
-    yield server
-    server.stop()
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ import pytest
 from kelastic.agent import waiting
 from kelastic.agent.multiprocessing import SignalException, install_signal_handlers, restore_signal_handlers
 from kelastic.agent.rendezvous.dial import Reach, probe
-from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
+from kelastic.agent.rendezvous.server import ServerProcess
 
 harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
 
@@ -53,13 +53,6 @@ def silent_socket() -> Iterator[str]:
         yield f"{host}:{sock.getsockname()[1]}"
     finally:
         sock.close()
-
-
-@pytest.fixture
-def store() -> Iterator[ServerProcess]:
-    server = start_server_process(harness.loopback_host(), 0, timeout=60)
-    yield server
-    server.stop()
 
 
 def _start(tmp_path: Path, endpoint: str, name: str, nnodes: str, join_timeout: int) -> Any:

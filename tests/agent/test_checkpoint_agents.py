@@ -14,7 +14,6 @@ import runpy
 import shutil
 import signal
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,32 +22,14 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
+from kelastic.agent.rendezvous.server import ServerProcess
 
 harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
 SCRIPT = Path(__file__).parent / "scripts" / "ckpt_worker.py"
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
-
-@pytest.fixture
-def store() -> Iterator[ServerProcess]:
-    server = start_server_process(harness.loopback_host(), 29400, timeout=30)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    """A folder on a real tmpfs, as in a pod's /dev/shm."""
-    path = Path("/dev/shm") / f"kelastic-test-{uuid.uuid4().hex[:8]}"
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def events(out: Path) -> list[dict[str, Any]]:
-    path = out / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+events = harness.events
 
 
 def saved(out: Path) -> dict[int, str]:

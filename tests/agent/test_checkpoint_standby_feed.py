@@ -21,7 +21,7 @@ from kelastic.agent.checkpoint.plan import StandbyHolder
 from kelastic.agent.checkpoint.service import CheckpointService
 from kelastic.agent.checkpoint.settings import CheckpointSettings
 from kelastic.agent.checkpoint.standbys import StandbyBoard
-from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
+from kelastic.agent.rendezvous.server import ServerProcess
 from kelastic.agent.secret import JobSecret, SecretSource
 
 KEY = os.urandom(32).hex().encode()
@@ -153,13 +153,6 @@ def test_a_part_dropped_while_it_is_sent_leaves_the_standby_nothing(folders: Cal
     finally:
         client.close()
         spare.stop()
-
-
-@pytest.fixture
-def store() -> Iterator[ServerProcess]:
-    server = start_server_process("127.0.0.1", 0, timeout=30)
-    yield server
-    server.stop()
 
 
 @pytest.mark.slow  # a store process to start, a connection that times out

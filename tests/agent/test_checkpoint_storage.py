@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -29,13 +28,6 @@ from kelastic.agent.secret import JobSecret, secret_from_file
 from kelastic.checkpoint import MemoryReader, MemoryWriter
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    path = Path("/dev/shm") / f"kelastic-test-{uuid.uuid4().hex[:8]}"
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class Started(list[CheckpointService]):
