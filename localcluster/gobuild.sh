@@ -104,13 +104,15 @@ explain_failure() {
 }
 
 # A Go build prints nothing for minutes; a line every $HEARTBEAT seconds says it is alive
-# and how far the caches have grown. Stopped, it stops its sleep too: an orphaned sleep would
-# hold the caller's pipe open (`make -s kueue | tail -1` would wait for it).
+# and how far the caches have grown. Stopped, it stops its sleep too. The sleep holds none of
+# the caller's pipes: a stop that lands between its start and `sleeper=$!` orphans it, and an
+# orphan holding stdout would keep `make -s kueue | tail -1` (or a caller reading the output
+# to its end) waiting for the whole heartbeat after the build finished.
 heartbeat() {
     local step=$1 sleeper=
     trap 'kill $sleeper 2>/dev/null; exit 0' TERM
     while true; do
-        sleep "$HEARTBEAT" &
+        sleep "$HEARTBEAT" </dev/null >/dev/null 2>&1 &
         sleeper=$!
         wait "$sleeper"
         say "  ... $step, $((SECONDS - START)) s so far (module cache $(du -sh "$("$GO" env GOMODCACHE)" 2>/dev/null | cut -f1), build cache $(du -sh "$("$GO" env GOCACHE)" 2>/dev/null | cut -f1))"

@@ -381,3 +381,20 @@ def test_a_refused_buildkit_is_named(env: dict[str, str]) -> None:
     assert done.returncode == 1 and done.stdout == ""
     assert "refused module github.com/moby/buildkit version v0.34.2 (404 Not Found)" in done.stderr
     assert not (Path(env["KELASTIC_NODE_CACHE"]) / "buildkit-v0.34.2" / "bin").exists()
+
+
+def test_the_heartbeat_sleep_holds_none_of_the_callers_pipes() -> None:
+    """A stop that lands between the heartbeat's ``sleep &`` and ``sleeper=$!`` orphans that
+    sleep (a fast step under load does this); it must not hold the caller's stdout or stderr,
+    or whoever reads the build's output to its end waits out the whole heartbeat."""
+    script = f"""
+source {REPO / "localcluster" / "gobuild.sh"}
+gobuild_name test
+START=$SECONDS GO=true HEARTBEAT=60
+heartbeat step & beat=$!
+for _ in $(seq 50); do sleeper=$(pgrep -P "$beat" -x sleep) && break; sleep 0.1; done
+readlink "/proc/$sleeper/fd/1" "/proc/$sleeper/fd/2"
+kill "$beat"; wait "$beat"
+"""
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["/dev/null", "/dev/null"], (done.stdout, done.stderr)
