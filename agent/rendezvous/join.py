@@ -66,6 +66,7 @@ from .rounds import (
     observe_round,
     read_records,
     try_close,
+    unsigned_note,
 )
 from .server import ServedStore, serve_store
 from .settings import RendezvousSettings
@@ -460,7 +461,7 @@ class Joiner:
                 raise RendezvousTimeoutError(
                     f"rendezvous {s.run_id} at {s.endpoint}: round {r} did not close within "
                     f"join_timeout={s.join_timeout:g}s ({joined} joined, min {s.min_nodes}, max "
-                    f"{s.max_nodes} unless the controller set other bounds)"
+                    f"{s.max_nodes} unless the controller set other bounds){unsigned_note(k)}"
                 )
 
     def _wait_telling(

@@ -298,3 +298,52 @@ def test_counters_and_member_records_a_stranger_moves_steer_no_re_form(job: Job)
     restored = [e for e in job.events() if e["event"] == "restored"][-1]
     assert restored["source"] == "memory" and restored["world"] == 2, restored
     assert all(a.proc.poll() is None for a in job.cluster.agents)
+
+
+def test_a_strangers_slot_and_record_in_the_coming_round_cost_one_round_not_the_job(job: Job) -> None:
+    """The stranger adds to the coming round's count of joiners and writes a join record of
+    its own in the slot that add leaves (slot 0: it would be rank 0, with its own worker
+    store). A worker then dies: the agents see a slot whose record the job did not sign,
+    close that round empty, form the next one without it, restore from memory with both
+    nodes and save on; nobody exits, nothing connects to the stranger, each says what it
+    ignored."""
+    store, keys = job.stranger(), RunKeys(job.run_id)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    evil_port = listener.getsockname()[1]
+    r = current_round(store, keys)
+    for later in (r + 1, r + 2):
+        store.delete_key(keys.node(later, 0))  # an earlier test's record for that round
+    assert store.add(keys.joined(r + 1), 1) == 1, "the coming round had joiners already"
+    forged = {"name": "stranger", "addr": "127.0.0.1", "link": evil_port, "wstore": evil_port}
+    store.set(keys.node(r + 1, 0), json.dumps(forged))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    restores = job.restores()
+    victim = job.cluster.agents[1]
+    workers = [p for p in _children(victim.proc.pid) if b"ckpt_worker.py" in _cmdline(p)]
+    assert workers, "no worker of node-b found"
+    try:
+        os.kill(workers[0], signal.SIGKILL)
+        job.cluster.wait_for("a restore", lambda: job.restores() > restores, 180)
+        job.saves_go_on(5)
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+    outputs = "\n".join(a.output()[-3000:] for a in job.cluster.agents)
+    assert all(a.proc.poll() is None for a in job.cluster.agents), outputs
+    assert accepted == [], "an agent connected to the stranger's endpoint"
+    restored = [e for e in job.events() if e["event"] == "restored"][-1]
+    assert restored["source"] == "memory" and restored["world"] == 2, restored
+    assert "ignored a store record" in outputs, outputs
