@@ -65,6 +65,7 @@ from .rounds import (
     account_previous_round,
     observe_round,
     read_records,
+    successor_from_members,
     try_close,
     unsigned_note,
 )
@@ -512,11 +513,17 @@ class Joiner:
         wanted = {successor_rank} if size > 1 else set()
         if rank != 0 and not close.master_port:
             wanted.add(0)
-        records = read_records(store, k, self._s.run_id, r, sorted(wanted), deadline)
+        # Only rank 0's record, for a worker store the close does not name, is required; the
+        # successor's, a stranger may have deleted or overwritten since the close: that costs
+        # the peer link to it, not the round.
+        required = frozenset({0}) if rank != 0 and not close.master_port else frozenset()
+        records = read_records(store, k, self._s.run_id, r, sorted(wanted), deadline, required)
         successor: str | None = None
         link_target: LinkTarget | None = None
-        if size > 1:
-            record = records[successor_rank]
+        record = records.get(successor_rank)
+        if size > 1 and record is None:
+            successor = successor_from_members(store, k, r, successor_rank)
+        elif size > 1 and record is not None:
             successor = str(record["name"])
             if record.get("link") and self._link() is not None:
                 link_target = (r, successor, str(record["addr"]), int(str(record["link"])))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
 
-from .memberrecords import members_value, read_slot
+from .memberrecords import members_value, read_members, read_slot
 from .protocol import (
     ControllerBounds,
     Fate,
@@ -51,6 +51,7 @@ __all__ = [
     "observe_round",
     "read_records",
     "read_worker_store",
+    "successor_from_members",
     "try_close",
     "unsigned_note",
 ]
@@ -267,6 +268,23 @@ def _member_records(store: dist.TCPStore, keys: RunKeys, r: int, size: int) -> l
         time.sleep(0.5)
 
 
+def successor_from_members(store: dist.TCPStore, keys: RunKeys, r: int, rank: int) -> str | None:
+    """The name of rank ``rank`` of round r from the round's member list (signed by its closer),
+    for a member whose successor's join record is gone or not the job's; None when that list is
+    not there either (the member then watches nobody this round: a lost peer still fails the
+    group's collectives)."""
+    names = read_members(store, keys, r)
+    name = names[rank] if names is not None and 0 <= rank < len(names) else None
+    log.warning(
+        "kelastic rendezvous: the join record of rank %d of round %d is gone or not signed by the job "
+        "(a stranger deleted or overwrote it): %s",
+        rank,
+        r,
+        f"watching {name} by its heartbeat only" if name else "watching no peer this round",
+    )
+    return name
+
+
 def unsigned_note(keys: RunKeys) -> str:
     """What a failed join adds when this node ignored records the job did not sign ("" when none):
     rounds whose members' records it cannot check close empty, so a joiner with another secret
@@ -298,9 +316,19 @@ def read_worker_store(store: dist.TCPStore, keys: RunKeys, r: int) -> tuple[str,
 
 
 def read_records(
-    store: dist.TCPStore, keys: RunKeys, run_id: str, r: int, slots: list[int], deadline: float
+    store: dist.TCPStore,
+    keys: RunKeys,
+    run_id: str,
+    r: int,
+    slots: list[int],
+    deadline: float,
+    required: frozenset[int] = frozenset(),
 ) -> dict[int, dict[str, object]]:
-    """The join records of ``slots`` in round r, waiting (bounded) for ones still on the way."""
+    """The join records of ``slots`` in round r, waiting (bounded) for ones still on the way.
+
+    A record still missing, or not signed by the job, then (a stranger deleted or overwrote
+    it after the round closed) is left out; RendezvousTimeoutError when it is one of
+    ``required``."""
     if not slots:
         return {}
     node_keys = [keys.node(r, i) for i in slots]
@@ -313,15 +341,20 @@ def read_records(
             try:
                 store.wait(node_keys, wait_for)
             except dist.DistStoreError as exc:
-                raise RendezvousTimeoutError(
-                    f"rendezvous {run_id}: ranks {slots} of round {r} did not write their "
-                    f"records within {wait_for.total_seconds():.0f}s"
-                ) from exc
+                if required & set(slots):
+                    raise RendezvousTimeoutError(
+                        f"rendezvous {run_id}: ranks {slots} of round {r} did not write their "
+                        f"records within {wait_for.total_seconds():.0f}s"
+                    ) from exc
+                present = [i for i, key in zip(slots, node_keys, strict=True) if store.check([key])]
+                return read_records(store, keys, run_id, r, present, deadline, required)
         raws = store.multi_get(node_keys)
         records = {i: node_record(keys, r, i, raw) for i, raw in zip(slots, raws, strict=True)}
         if all(rec is not None for rec in records.values()):
             return {i: rec for i, rec in records.items() if rec is not None}
         # A record a stranger wrote over (or before) the member's own: wait for the member's.
+        if time.monotonic() >= until and not required & {i for i, rec in records.items() if rec is None}:
+            return {i: rec for i, rec in records.items() if rec is not None}
         if time.monotonic() >= until:
             raise RendezvousTimeoutError(
                 f"rendezvous {run_id}: the records of ranks {slots} of round {r} are not signed with this "

@@ -285,3 +285,36 @@ def test_a_record_a_stranger_writes_in_the_slot_it_added_is_no_member(
     assert read_close_of(stranger, keys, 2).size == 2
     assert {i.bootstrap_store_info.master_port for i in infos} != {9}
     assert sum(h._keys.signer.refused for h in handlers) >= 1
+
+
+def test_a_successors_record_a_stranger_overwrites_after_the_close_costs_the_peer_link_only(
+    server: ServerProcess, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack: right after a round closed, a stranger overwrites (or deletes) the join records
+    its members read next. A member reads its successor's name from the round's signed member
+    list instead and watches it by its heartbeat, rather than failing its rendezvous (before,
+    the agent exited); rank 0's record, where the close does not name its worker store, is
+    still required: without it the member cannot start its workers."""
+    from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+
+    from kelastic.agent.rendezvous import rounds
+    from kelastic.agent.rendezvous.memberrecords import members_value
+
+    monkeypatch.setattr(rounds, "PEER_KEY_WAIT", 0.5)
+    keys = job_keys(run_id)
+    store = connect_store(server.host, server.port, 5)
+    close_round(store, keys, 1)
+    store.set(keys.members(1), members_value(keys, 1, ["a", "b", "c"]))
+    for slot, name in enumerate("abc"):
+        store.set(keys.node(1, slot), keys.sign(keys.node(1, slot), f'{{"name": "{name}", "addr": "h"}}'))
+    stranger = connect_store(server.host, server.port, 5)
+    stranger.set(keys.node(1, 1), '{"name": "stranger", "addr": "127.0.0.1", "link": 9}')
+    stranger.delete_key(keys.node(1, 2))
+    deadline = time.monotonic() + 30
+    got = rounds.read_records(store, keys, run_id, 1, [0, 1, 2], deadline)
+    assert list(got) == [0] and got[0]["name"] == "a", got
+    assert rounds.successor_from_members(store, keys, 1, 1) == "b"
+    with pytest.raises(RendezvousTimeoutError, match="not signed"):
+        rounds.read_records(store, keys, run_id, 1, [1], deadline, required=frozenset({1}))
+    stranger.set(keys.members(1), '["stranger", "x", "y"]')
+    assert rounds.successor_from_members(store, keys, 1, 1) is None
