@@ -347,3 +347,49 @@ def test_a_strangers_slot_and_record_in_the_coming_round_cost_one_round_not_the_
     restored = [e for e in job.events() if e["event"] == "restored"][-1]
     assert restored["source"] == "memory" and restored["world"] == 2, restored
     assert "ignored a store record" in outputs, outputs
+
+
+def test_a_running_rounds_records_a_stranger_deletes_or_overwrites_cost_no_step(job: Job) -> None:
+    """Every third of a second the stranger deletes or overwrites the records of the round the
+    agents run in: its close, the latest-round mark, its member list, the members' join
+    records and slots. The running group needs none of them again: it keeps saving every
+    step without a re-form; then a worker dies, and the agents still re-form and restore from
+    memory with both nodes."""
+    store, keys = job.stranger(), RunKeys(job.run_id)
+    restores, first = job.restores(), max(job.saved()) + 1
+    stop, rounds = threading.Event(), [0]
+    r = current_round(store, keys)
+
+    def attack() -> None:
+        while not stop.is_set():
+            overwrite = rounds[0] % 2 == 1
+            for key in (keys.size(r), keys.latest, keys.members(r), keys.node(r, 0), keys.node(r, 1)):
+                if overwrite:
+                    store.set(key, "garbage")
+                else:
+                    store.delete_key(key)
+            for name in NODES:
+                store.delete_key(keys.slot(r, name))
+            rounds[0] += 1
+            stop.wait(0.3)
+
+    thread = threading.Thread(target=attack, daemon=True)
+    thread.start()
+    try:
+        job.saves_go_on(10)
+        assert job.restores() == restores, "the stranger's deletes made the group re-form"
+        assert every_step_saved(job.saved(), first, max(job.saved()))
+        victim = job.cluster.agents[1]
+        workers = [p for p in _children(victim.proc.pid) if b"ckpt_worker.py" in _cmdline(p)]
+        assert workers, "no worker of node-b found"
+        os.kill(workers[0], signal.SIGKILL)
+        job.cluster.wait_for("a restore", lambda: job.restores() > restores, 180)
+        job.saves_go_on(5)
+    finally:
+        stop.set()
+        thread.join(10)
+    outputs = "\n".join(a.output()[-3000:] for a in job.cluster.agents)
+    assert rounds[0] >= 5, rounds
+    assert all(a.proc.poll() is None for a in job.cluster.agents), outputs
+    restored = [e for e in job.events() if e["event"] == "restored"][-1]
+    assert restored["source"] == "memory" and restored["world"] == 2, restored
