@@ -83,8 +83,11 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
         for name in NODES:
             c.start(
                 name,
-                ["--nnodes", "2:2", "--nproc-per-node", "1", "--max-restarts", "3",
-                 "--checkpoint-dir", str(shm), "--checkpoint-memory", "128Mi"],
+                ["--nnodes", "2:2", "--nproc-per-node", "1", "--max-restarts", "9",
+                 "--checkpoint-dir", str(shm), "--checkpoint-memory", "128Mi",
+                 # the straggler watch runs (a verdict naming a member swaps it out), but
+                 # judges no real member a straggler
+                 "--stragglers", "policy=Replace,ratio=50,window=3600"],
                 ["--mib", "2", "--step-time", "0.2", "--steps", "100000"],
                 script=SCRIPT,
             )  # fmt: skip
@@ -393,3 +396,40 @@ def test_a_running_rounds_records_a_stranger_deletes_or_overwrites_cost_no_step(
     assert all(a.proc.poll() is None for a in job.cluster.agents), outputs
     restored = [e for e in job.events() if e["event"] == "restored"][-1]
     assert restored["source"] == "memory" and restored["world"] == 2, restored
+
+
+def test_a_strangers_straggler_verdict_gets_no_member_swapped_out(job: Job) -> None:
+    """Every half second the stranger writes the group's straggler verdict naming node-b with
+    ``replace`` in the running round (unsigned, then with a MAC of its own), as rank 0's
+    agent would. node-b never steps aside: the job keeps saving every step without a
+    re-form, and both agents say they ignored the stranger's records."""
+    store, keys = job.stranger(), RunKeys(job.run_id)
+    restores, first = job.restores(), max(job.saved()) + 1
+    stop, written = threading.Event(), [0]
+
+    def attack() -> None:
+        while not stop.is_set():
+            verdict = {"node": NODES[1], "round": current_round(store, keys), "ratio": 9.0,
+                       "since": 0.0, "declared": 0.0, "policy": "Replace", "action": "replace",
+                       "time": 4e9}  # fmt: skip
+            value = json.dumps(verdict)
+            store.set(keys.straggler(), value if written[0] % 2 == 0 else value + "\x1fkmac1:" + "0" * 32)
+            written[0] += 1
+            stop.wait(0.5)
+
+    thread = threading.Thread(target=attack, daemon=True)
+    thread.start()
+    try:
+        job.saves_go_on(15)
+    finally:
+        stop.set()
+        thread.join(10)
+        store.delete_key(keys.straggler())
+    outputs = "\n".join(a.output()[-4000:] for a in job.cluster.agents)
+    assert written[0] >= 5, written
+    assert job.restores() == restores, "the stranger's verdict made the group re-form"
+    assert every_step_saved(job.saved(), first, max(job.saved()))
+    assert "steps aside" not in outputs and "is a straggler" not in outputs, outputs
+    # (which record an agent's log names is rate-limited: an earlier test's may come first)
+    assert f"ignored a store record {job.run_id}:" in outputs, outputs
+    assert all(a.proc.poll() is None for a in job.cluster.agents), outputs
