@@ -252,9 +252,11 @@ class LocalElasticAgent(SimpleElasticAgent):
         #: The latest hang verdict: (global ranks, seconds without progress, when, epoch s).
         self._last_hang: tuple[tuple[int, ...], float, float] | None = None
         handler = spec.rdzv_handler
-        #: Progress goes to the store of a rendezvous that names this node (kelastic's).
+        #: Progress goes to the store of a rendezvous that names this node (kelastic's), with the
+        #: MAC of the job's secret that its handler signs the round's records with.
+        job_key = getattr(getattr(handler, "settings", None), "job_key", None)
         self._publisher = (
-            ProgressPublisher(rdzv_endpoint, handler.get_run_id(), handler.node_name)
+            ProgressPublisher(rdzv_endpoint, handler.get_run_id(), handler.node_name, job_key=job_key)
             if rdzv_endpoint and isinstance(handler, NamedNode)
             else None
         )
@@ -267,6 +269,7 @@ class LocalElasticAgent(SimpleElasticAgent):
                 self._publisher.node,
                 stragglers,
                 commits=checkpoint_commits,
+                job_key=self._publisher.job_key,
             )
             if self._publisher is not None and stragglers is not None
             else None

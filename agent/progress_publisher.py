@@ -3,7 +3,9 @@
 The agent hands its node's progress (the slowest local rank's step) to a
 :class:`ProgressPublisher`; the operator reads the reports back
 (``kelastic.agent.rendezvous.control.read_status``) into the job's status. This is the
-only path by which progress reaches the store.
+only path by which progress reaches the store. With the job's secret (``job_key``) every
+report carries the job's MAC (``control``'s module doc): the operator and the straggler rule
+take no report a stranger wrote.
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ def _publish(store: Any, run_id: str, node: str, **report: Any) -> None:
     control.publish_progress(store, run_id, node, **report)
 
 
+def record_signer(job_key: bytes | None) -> Any:
+    """The signer of the job's store records (``RecordSigner``; imported when first needed)."""
+    from kelastic.agent.rendezvous.records import RecordSigner
+
+    return RecordSigner.for_job(job_key)
+
+
 class ProgressPublisher:
     """Best-effort publisher of one node's progress under ``node`` in run ``run_id``.
 
@@ -45,6 +54,7 @@ class ProgressPublisher:
     for ``pause_after_error`` seconds, so the agent's monitor loop is never held up by a
     store that is restarting. Before the workers of a new attempt report, the last step
     published is repeated: a restarted worker resumes from its checkpoint, not from 0.
+    ``job_key``: the job's secret, whose MAC every report carries (None: unsigned).
     Never raises.
     """
 
@@ -59,8 +69,11 @@ class ProgressPublisher:
         connect: Callable[[str], Any] = _connect,
         publish: Callable[..., None] = _publish,
         clock: Callable[[], float] = time.monotonic,
+        job_key: bytes | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.job_key = job_key
+        self._signer: Any = None
         self.run_id = run_id
         self.node = node
         self._period = period
@@ -100,6 +113,8 @@ class ProgressPublisher:
         try:
             if self._store is None:
                 self._store = self._connect(self.endpoint)
+            if self._signer is None:
+                self._signer = record_signer(self.job_key)
             self._publish(
                 self._store,
                 self.run_id,
@@ -112,6 +127,7 @@ class ProgressPublisher:
                 hang=hang,
                 checkpoint=checkpoint,
                 goodput=goodput,
+                signer=self._signer,
             )
         except Exception as e:  # progress is best effort; the store may be restarting
             self._store = None

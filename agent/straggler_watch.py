@@ -19,6 +19,11 @@ ticks, at most once per ``period``:
   stops its workers and re-joins as a standby. Without a memory checkpoint it steps aside
   at once; a commit that does not come within :data:`COMMIT_WAIT` seconds does not hold it.
 
+Both records carry the job's MAC (``job_key``, as the progress reports do): the leader
+judges from the goodput records the job signed only, and every agent takes only a verdict the
+job signed, and none older than one it already took (a verdict replayed from earlier in the
+round). So a stranger with access to the store cannot get a member swapped out.
+
 Best effort like the progress publisher: a store that cannot be reached pauses the watch,
 never the agent.
 """
@@ -30,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from kelastic.agent.progress_publisher import record_signer
 from kelastic.agent.straggler import Policy, StragglerRule, StragglerState, judge
 
 __all__ = ["COMMIT_WAIT", "StragglerWatch"]
@@ -68,6 +74,11 @@ def work_figures(goodputs: Mapping[str, Mapping[str, object]], now: float) -> di
     return out
 
 
+def _time_of(verdict: Mapping[str, object] | None) -> float | None:
+    made = None if verdict is None else verdict.get("time")
+    return float(made) if isinstance(made, int | float) and not isinstance(made, bool) else None
+
+
 class StragglerWatch:
     """One agent's part (see the module docstring); called from the agent's monitor loop only."""
 
@@ -82,8 +93,11 @@ class StragglerWatch:
         period: float = 1.0,
         connect: Callable[[str], Any] = _connect,
         clock: Callable[[], float] = time.time,
+        job_key: bytes | None = None,
     ) -> None:
         self.endpoint, self.run_id, self.node, self.rule = endpoint, run_id, node, rule
+        self._job_key = job_key
+        self._signer: Any = None  # made with the first connection (it imports the rendezvous)
         self._commits = commits
         self._period = period
         self._connect = connect
@@ -94,6 +108,8 @@ class StragglerWatch:
         self._state = StragglerState()
         self._published: tuple[object, ...] | None = None
         self._verdict: Mapping[str, object] | None = None
+        #: When the newest verdict taken was made: an older one is a verdict written back.
+        self._latest = 0.0
         #: Waiting for a commit after this checkpoint (and until when) before stepping aside.
         self._aside: tuple[int, float] | None = None
 
@@ -124,21 +140,34 @@ class StragglerWatch:
     def _observe(self, leader: bool, round_: int | None, now: float) -> None:
         from kelastic.agent.rendezvous import control
 
-        if self._store is None:
-            self._store = self._connect(self.endpoint)
+        self._connected()
         if not leader:
             self._round = None
-            self._verdict = control.read_straggler(self._store, self.run_id)
+            self._take(control.read_straggler(self._store, self.run_id, self._signer))
             return
-        status = control.read_status(self._store, self.run_id)
+        status = control.read_status(self._store, self.run_id, self._signer)
         if status.round != self._round:
             self._round, self._state, self._published = status.round, StragglerState(), None
         self._state = judge(self._state, work_figures(dict(status.goodputs), now), now, self.rule)
-        self._verdict = status.straggler
+        self._take(status.straggler)
         record = self._record(status.round, bool(status.standbys) or status.parked > 0)
         if record is not None:
-            control.publish_straggler(self._store, self.run_id, record)
-            self._verdict = record
+            control.publish_straggler(self._store, self.run_id, record, self._signer)
+            self._take(record)
+
+    def _connected(self) -> None:
+        if self._store is None:
+            self._store = self._connect(self.endpoint)
+        if self._signer is None:
+            self._signer = record_signer(self._job_key)
+
+    def _take(self, verdict: Mapping[str, object] | None) -> None:
+        """Take ``verdict`` unless it is older than one taken before (a signed verdict written back)."""
+        made = _time_of(verdict)
+        if verdict is not None and (made is None or made < self._latest):
+            return
+        self._verdict = verdict
+        self._latest = max(self._latest, made or 0.0)
 
     def _record(self, round_: int, standby: bool) -> dict[str, object] | None:
         """The verdict to publish now, or None (nothing new to say)."""
@@ -209,9 +238,8 @@ class StragglerWatch:
         v.update(node=self.node, round=round_, action="replaced", time=self._clock())
         self._verdict = v
         try:
-            if self._store is None:
-                self._store = self._connect(self.endpoint)
-            control.publish_straggler(self._store, self.run_id, v)
+            self._connected()
+            control.publish_straggler(self._store, self.run_id, v, self._signer)
         except Exception as e:  # the operator then sees the swap from the membership alone
             self._store = None
             _log.warning("straggler watch: could not record the swap: %s", e)

@@ -21,7 +21,10 @@ operator's master key (:func:`kelastic.operator.jobsecret.derived_value`): agent
 does not derive (its Secret was made with a random value, before the operator derived them)
 is found by its agents' own signed round close: its records are then published unsigned, as
 before, and the operator says so once per job; what its agents do is in docs/security.md.
-Which of the two a job is, once known, does not change while the operator runs.
+Which of the two a job is, once known, does not change while the operator runs. What the
+operator reads back and shows (the agents' progress, goodput and checkpoint reports, the
+straggler verdict, the members) it takes only with the same MAC, for a job of the first kind:
+a report a stranger wrote is ignored (and logged), never shown in the job's status.
 """
 
 from __future__ import annotations
@@ -88,6 +91,9 @@ class StoreClient:
         self._master_key = master_key if master_key is not None else secrets.token_bytes(32)
         #: Per run id: whether its agents hold the derived secret (False: records go unsigned).
         self._derived: dict[str, bool] = {}
+        #: Per run id: the signer its records are read back with (None: unchecked), kept so that
+        #: a stranger's records are logged at its rate, not on every read.
+        self._signers: dict[str, Any] = {}
 
     def job_secret(self, uid: str) -> str:
         """The secret of the job ``uid`` (what its Secret holds): derived from the master key."""
@@ -105,6 +111,7 @@ class StoreClient:
         """Drop what is remembered about a job (it was deleted)."""
         self._published.pop(run_id, None)
         self._derived.pop(run_id, None)
+        self._signers.pop(run_id, None)
 
     async def publish(self, action: PublishMembership) -> bool:
         """Publish ``action``'s membership unless the store already has it. True if published now."""
@@ -123,7 +130,7 @@ class StoreClient:
 
     async def read(self, endpoint: str, run_id: str) -> RendezvousView | None:
         """The store's view of ``run_id``, or None if the store cannot be reached."""
-        return await self._call(endpoint, _read, run_id)
+        return await self._call(endpoint, self._read, run_id)
 
     async def _call(self, endpoint: str, fn: Callable[[Any, _Arg], _Result], arg: _Arg) -> _Result | None:
         """``fn(store, arg)`` in the pool on ``endpoint``'s connection; None if the store is down."""
@@ -164,10 +171,37 @@ class StoreClient:
         hold a secret the master key does not derive (said once per job)."""
         from kelastic.agent.rendezvous import control
 
-        key = self.job_secret(action.run_id).encode()
-        derived = self._derived.get(action.run_id)
+        control.publish_membership(
+            store,
+            action.run_id,
+            nodes=list(action.nodes),
+            min_nodes=action.min_nodes,
+            max_nodes=action.max_nodes,
+            job_key=self._job_key(store, action.run_id),
+        )
+        return True
+
+    def _read(self, store: Any, run_id: str) -> RendezvousView:
+        """The job's view from the records its agents signed (any, for a job whose agents hold a
+        secret the master key does not derive)."""
+        from kelastic.agent.rendezvous import control
+
+        key = self._job_key(store, run_id)
+        signer = self._signers.get(run_id)
+        if signer is None and key is not None:
+            self._signers[run_id] = signer = control.job_signer(key)
+        return _read(store, run_id, None if key is None else signer)
+
+    def _job_key(self, store: Any, run_id: str) -> bytes | None:
+        """The job's secret as its agents hold it: derived from the master key; None for a job
+        whose agents hold another (said once per job; unknown before its first round closed:
+        the derived one)."""
+        from kelastic.agent.rendezvous import control
+
+        key = self.job_secret(run_id).encode()
+        derived = self._derived.get(run_id)
         if derived is None:
-            held = control.agents_hold(store, action.run_id, key)
+            held = control.agents_hold(store, run_id, key)
             if held is False:
                 log.warning(
                     "job with uid %s: its agents hold a job secret that the operator's master key does not "
@@ -175,19 +209,11 @@ class StoreClient:
                     "bounds stay unsigned in its rendezvous store. Agents started with controlled=1 and "
                     "the secret refuse unsigned records; recreate the job to have them signed "
                     "(docs/security.md)",
-                    action.run_id,
+                    run_id,
                 )
             if held is not None:
-                self._derived[action.run_id] = derived = held
-        control.publish_membership(
-            store,
-            action.run_id,
-            nodes=list(action.nodes),
-            min_nodes=action.min_nodes,
-            max_nodes=action.max_nodes,
-            job_key=None if derived is False else key,
-        )
-        return True
+                self._derived[run_id] = derived = held
+        return None if derived is False else key
 
     def _report(self, endpoint: str, conn: _Conn, exc: Exception) -> None:
         """One readable line: rate-limited for "not reachable", every time for anything else."""
@@ -244,10 +270,10 @@ def _import_control() -> None:
         log.debug("rendezvous control unavailable: %s", exc)
 
 
-def _read(store: Any, run_id: str) -> RendezvousView:
+def _read(store: Any, run_id: str, signer: Any) -> RendezvousView:
     from kelastic.agent.rendezvous import control
 
-    status = control.read_status(store, run_id)
+    status = control.read_status(store, run_id, signer)
     progress = status.progress
     return RendezvousView(
         world_size=int(status.world_size or 0),

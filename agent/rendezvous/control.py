@@ -61,6 +61,14 @@ The controller (kelastic's operator) is a client of the same store as the agents
     ``Replace``) and ``action`` (``report``, ``replace``: it steps aside at the next
     checkpoint, ``replaced``: it did). ``read_status`` returns it as ``straggler``.
 
+``signer`` (a :class:`~.records.RecordSigner` of the job's key, as
+``RecordSigner.for_job(job_key)`` makes it): the progress reports and the straggler verdict
+are written with the job's MAC over their key's name (the run, the node) and their value
+(which names the round and the time it was made), and read only with a valid one: a record a
+stranger wrote is counted and ignored, as if absent, so it neither moves the job's status nor
+gets a member swapped out. Without a signer they are written unsigned and read as their text
+before any MAC (an operator that does not hold the job's key).
+
 ``connect(endpoint, timeout)`` opens a client of the store and raises an error
 naming the endpoint if it is unreachable.
 """
@@ -76,7 +84,7 @@ import torch.distributed as dist
 
 from kelastic.agent.contract import DEFAULT_RDZV_PORT
 
-from .memberrecords import read_members, read_standby
+from .memberrecords import member_value, read_members, read_standby
 from .protocol import (
     ControllerBounds,
     ControllerMembership,
@@ -104,6 +112,7 @@ __all__ = [
     "agents_hold",
     "connect",
     "job_progress",
+    "job_signer",
     "publish_membership",
     "publish_progress",
     "publish_straggler",
@@ -275,8 +284,9 @@ def publish_progress(
     hang: tuple[tuple[int, ...], float, float] | None = None,
     checkpoint: Mapping[str, object] | None = None,
     goodput: Mapping[str, object] | None = None,
+    signer: RecordSigner | None = None,
 ) -> None:
-    """Record ``node``'s latest progress (overwrites its previous report).
+    """Record ``node``'s latest progress (overwrites its previous report), signed by ``signer``.
 
     ``checkpoint`` is the node's memory checkpoint state (``CheckpointKeeper.status``:
     latest, step, restored, bytes, limit), published as is under ``"checkpoint"``.
@@ -299,14 +309,24 @@ def publish_progress(
         report["checkpoint"] = dict(checkpoint)
     if goodput is not None:  # the node's goodput record (see the module doc)
         report["goodput"] = dict(goodput)
-    store.set(RunKeys(run_id).progress(node), json.dumps(report))
+    keys = _keys(run_id, signer)
+    store.set(keys.progress(node), keys.sign(keys.progress(node), json.dumps(report)))
 
 
-def read_progress(store: dist.Store, run_id: str, node: str) -> AgentReport | None:
-    raw = read_optional(store, RunKeys(run_id).progress(node))
+def read_progress(
+    store: dist.Store, run_id: str, node: str, signer: RecordSigner | None = None
+) -> AgentReport | None:
+    """``node``'s latest report; None without one, or one ``signer`` finds not signed by the job."""
+    keys = _keys(run_id, signer)
+    raw = member_value(keys, keys.progress(node), read_optional(store, keys.progress(node)))
     if raw is None:
         return None
-    data = json.loads(raw)
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
     rec = data.get("recovery")
     hung = data.get("hang")
     return AgentReport(
@@ -338,13 +358,14 @@ def job_progress(reports: Sequence[AgentReport]) -> JobProgress | None:
     return JobProgress(step=step, total=total, fraction=None if total is None else min(1.0, step / total))
 
 
-def read_status(store: dist.Store, run_id: str) -> RendezvousStatus:
-    """A snapshot of the run (see ``RendezvousStatus``)."""
-    keys = RunKeys(run_id)
+def read_status(store: dist.Store, run_id: str, signer: RecordSigner | None = None) -> RendezvousStatus:
+    """A snapshot of the run (see ``RendezvousStatus``); with ``signer``, from the records the
+    job signed only (members, standbys, reports, the straggler verdict)."""
+    keys = _keys(run_id, signer)
     opened = open_round(store, keys)
     current = opened - 1
     members = _members(store, keys, current)
-    reports = [p for p in (read_progress(store, run_id, m) for m in members) if p is not None]
+    reports = [p for p in (read_progress(store, run_id, m, signer) for m in members) if p is not None]
     by_node = {r.node: r for r in reports}
     joined_with = _local_world_sizes(store, keys, current, len(members))
     world_size = sum(
@@ -364,19 +385,26 @@ def read_status(store: dist.Store, run_id: str) -> RendezvousStatus:
         checkpoints=tuple((r.node, r.checkpoint) for r in reports if r.checkpoint is not None),
         standbys=_standbys(store, keys, members),
         goodputs=tuple((r.node, r.goodput) for r in reports if r.goodput is not None),
-        straggler=read_straggler(store, run_id),
+        straggler=read_straggler(store, run_id, signer),
         parked=read_counter(store, keys.parked(opened)),
     )
 
 
-def publish_straggler(store: dist.Store, run_id: str, record: Mapping[str, object]) -> None:
+def publish_straggler(
+    store: dist.Store, run_id: str, record: Mapping[str, object], signer: RecordSigner | None = None
+) -> None:
     """Record the group's straggler verdict (overwrites the previous one; see the module doc)."""
-    store.set(RunKeys(run_id).straggler(), json.dumps(dict(record)))
+    keys = _keys(run_id, signer)
+    store.set(keys.straggler(), keys.sign(keys.straggler(), json.dumps(dict(record))))
 
 
-def read_straggler(store: dist.Store, run_id: str) -> Mapping[str, object] | None:
-    """The group's straggler verdict, or None without one (or an unreadable one)."""
-    raw = read_optional(store, RunKeys(run_id).straggler())
+def read_straggler(
+    store: dist.Store, run_id: str, signer: RecordSigner | None = None
+) -> Mapping[str, object] | None:
+    """The group's straggler verdict, or None without one (or an unreadable one, or one
+    ``signer`` finds not signed by the job)."""
+    keys = _keys(run_id, signer)
+    raw = member_value(keys, keys.straggler(), read_optional(store, keys.straggler()))
     if raw is None:
         return None
     try:
@@ -384,6 +412,16 @@ def read_straggler(store: dist.Store, run_id: str) -> Mapping[str, object] | Non
     except ValueError:
         return None
     return data if isinstance(data, dict) else None
+
+
+def job_signer(job_key: bytes) -> RecordSigner:
+    """The signer of a job's records under its secret ``job_key``, for the ``signer`` arguments:
+    keep one per job, so that the records it refuses are logged at its rate, not at every read."""
+    return RecordSigner.for_job(job_key)
+
+
+def _keys(run_id: str, signer: RecordSigner | None) -> RunKeys:
+    return RunKeys(run_id) if signer is None else RunKeys(run_id, signer)
 
 
 def _standbys(store: dist.Store, keys: RunKeys, members: Sequence[str]) -> tuple[str, ...]:

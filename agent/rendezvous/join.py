@@ -65,7 +65,9 @@ from .rounds import (
     account_previous_round,
     observe_round,
     read_records,
+    successor_from_members,
     try_close,
+    unsigned_note,
 )
 from .server import ServedStore, serve_store
 from .settings import RendezvousSettings
@@ -176,7 +178,12 @@ class Joiner:
     def _join(self, store: dist.TCPStore, deadline: float, wait: Wait) -> RendezvousInfo:
         """:meth:`join`'s loop; ``wait`` says what it waits for."""
         k, s, name = self._keys, self._s, self._s.node_name
-        next_round = 0
+        # A member knows its round closed: it joins a later one, even where the store says
+        # otherwise (a stranger deleted or overwrote that round's close and the latest mark,
+        # which would have it park for a round that will not close again). A restarted store
+        # has that round re-established first (``protocol.restore_round``).
+        last = self._last_round()
+        next_round = 0 if last is None else last + 1
         while True:
             generation = self._events.generation
             # Read before the open round: from here on every event reaches this node
@@ -460,7 +467,7 @@ class Joiner:
                 raise RendezvousTimeoutError(
                     f"rendezvous {s.run_id} at {s.endpoint}: round {r} did not close within "
                     f"join_timeout={s.join_timeout:g}s ({joined} joined, min {s.min_nodes}, max "
-                    f"{s.max_nodes} unless the controller set other bounds)"
+                    f"{s.max_nodes} unless the controller set other bounds){unsigned_note(k)}"
                 )
 
     def _wait_telling(
@@ -511,11 +518,17 @@ class Joiner:
         wanted = {successor_rank} if size > 1 else set()
         if rank != 0 and not close.master_port:
             wanted.add(0)
-        records = read_records(store, k, self._s.run_id, r, sorted(wanted), deadline)
+        # Only rank 0's record, for a worker store the close does not name, is required; the
+        # successor's, a stranger may have deleted or overwritten since the close: that costs
+        # the peer link to it, not the round.
+        required = frozenset({0}) if rank != 0 and not close.master_port else frozenset()
+        records = read_records(store, k, self._s.run_id, r, sorted(wanted), deadline, required)
         successor: str | None = None
         link_target: LinkTarget | None = None
-        if size > 1:
-            record = records[successor_rank]
+        record = records.get(successor_rank)
+        if size > 1 and record is None:
+            successor = successor_from_members(store, k, r, successor_rank)
+        elif size > 1 and record is not None:
             successor = str(record["name"])
             if record.get("link") and self._link() is not None:
                 link_target = (r, successor, str(record["addr"]), int(str(record["link"])))

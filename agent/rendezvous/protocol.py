@@ -44,7 +44,9 @@ Key layout (all under ``kelastic/<run_id>/``)::
     ctl/membership           JSON from the controller: {"nodes", "min_nodes", "max_nodes"}
     ctl/bounds               JSON {"min_nodes", "max_nodes", "count"}: the same without the names
     ctl/listed/<name>        present while the controller lists ``name``
-    progress/<name>          JSON progress report of a node (see ``control.publish_progress``)
+    progress/<name>          JSON progress report of a node, signed (``control.publish_progress``)
+    straggler                JSON straggler verdict of the group's rank 0, signed
+                             (``control.publish_straggler``)
     agent/<R>/...            keys of the agent's own algorithms for round R (RendezvousInfo.store)
 
 Every node reads O(1) keys of O(1) size per round; only a few nodes (the

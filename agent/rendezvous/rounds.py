@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
 
-from .memberrecords import members_value, read_slot
+from .memberrecords import members_value, read_members, read_slot
 from .protocol import (
     ControllerBounds,
     Fate,
@@ -51,7 +51,9 @@ __all__ = [
     "observe_round",
     "read_records",
     "read_worker_store",
+    "successor_from_members",
     "try_close",
+    "unsigned_note",
 ]
 
 log = logging.getLogger(__name__)
@@ -194,22 +196,27 @@ def try_close(
     record), so that members learn everything from the close event alone. The
     winner reads the members' names (O(N)), lists them for the controller and
     claims ``dropped`` for those the controller no longer lists. Returns those
-    names; None if another node closed the round, or a record is not a member's own.
+    names (none when it closed the round empty); None if another node closed it.
 
-    A slot below ``size`` whose record is still missing after :data:`PEER_KEY_WAIT` (the
-    count of joiners is ``add``-ed: a stranger's add leaves a slot nobody holds) closes the
-    round with no member (size 0): its joiners come too late and go to the next round.
+    A slot below ``size`` whose record is still missing, or not signed by the job, after
+    :data:`PEER_KEY_WAIT` (the count of joiners is ``add``-ed: a stranger's add leaves a slot
+    nobody holds, where it may write a record of its own) closes the round with no member
+    (size 0): its joiners come too late and go to the next round. So a record the job did
+    not sign never becomes a member (nor rank 0, with its worker store), and costs one round.
     """
     k = keys
     records = _member_records(store, k, r, size)
     if records is None:
-        # A slot below the size holds no record: the count of joiners is not theirs
-        # alone (anyone may add to it) or a joiner vanished between its slot and its record.
-        # The round closes with no member, so that its joiners go on to the next round at
-        # once (one round more) rather than form a group with a member that is not there.
+        # A slot below the size holds no record, or one the job did not sign: the count of
+        # joiners is not theirs alone (anyone may add to it, and write in the slot it
+        # leaves), a joiner vanished between its slot and its record, or a joiner holds
+        # another secret. The round closes with no member, so that its joiners go on to
+        # the next round (one round more) rather than form a group with a member that is
+        # not one of the job's.
         log.warning(
-            "kelastic rendezvous: round %d counts %d joiners but not every slot below holds a member's "
-            "record (a count not theirs alone, or a joiner gone): closing it empty, its joiners go to round %d",
+            "kelastic rendezvous: round %d counts %d joiners but not every slot below holds a record "
+            "signed by the job (a count not theirs alone, a joiner gone, or one with another job "
+            "secret): closing it empty, its joiners go to round %d",
             r,
             size,
             r + 1,
@@ -227,12 +234,7 @@ def try_close(
         return None
     mark_closed(store, k, r)
     push_event(store, k, close_event(r, mine))
-    if any(rec is None for rec in records):
-        log.warning(
-            "kelastic rendezvous: a record of round %d is not a member's own (not signed by the job)", r
-        )
-        return None
-    names = tuple(str(rec["name"]) for rec in records if rec is not None)
+    names = tuple(str(rec["name"]) for rec in records)
     store.set(k.members(r), members_value(k, r, names))
     ctl = read_membership(store, k)
     if ctl is not None:
@@ -244,19 +246,57 @@ def try_close(
     return names
 
 
-def _member_records(
-    store: dist.TCPStore, keys: RunKeys, r: int, size: int
-) -> list[dict[str, object] | None] | None:
-    """The join records of slots 0..size-1 of round r (None for one that is not a member's own,
-    not signed by the job), waiting (bounded) for ones on the way; None when one is still
-    missing then."""
+def _member_records(store: dist.TCPStore, keys: RunKeys, r: int, size: int) -> list[dict[str, object]] | None:
+    """The join records of slots 0..size-1 of round r, each signed by the job, waiting (up to
+    :data:`PEER_KEY_WAIT`) for ones on the way; None when one is still missing or not signed
+    by the job (a stranger's, or a joiner's with another secret) then."""
     node_keys = [keys.node(r, i) for i in range(size)]
-    if not store.check(node_keys):
-        try:
-            store.wait(node_keys, datetime.timedelta(seconds=PEER_KEY_WAIT))
-        except dist.DistStoreError:
+    until = time.monotonic() + PEER_KEY_WAIT
+    while True:
+        if not store.check(node_keys):
+            try:
+                store.wait(node_keys, datetime.timedelta(seconds=max(0.1, until - time.monotonic())))
+            except dist.DistStoreError:
+                return None
+        records = [node_record(keys, r, i, raw) for i, raw in enumerate(store.multi_get(node_keys))]
+        if all(rec is not None for rec in records):
+            return [rec for rec in records if rec is not None]
+        # A record the job did not sign: its member's own may still be on the way (a
+        # stranger wrote first); the wait also paces the rounds that close empty for it.
+        if time.monotonic() >= until:
             return None
-    return [node_record(keys, r, i, raw) for i, raw in enumerate(store.multi_get(node_keys))]
+        time.sleep(0.5)
+
+
+def successor_from_members(store: dist.TCPStore, keys: RunKeys, r: int, rank: int) -> str | None:
+    """The name of rank ``rank`` of round r from the round's member list (signed by its closer),
+    for a member whose successor's join record is gone or not the job's; None when that list is
+    not there either (the member then watches nobody this round: a lost peer still fails the
+    group's collectives)."""
+    names = read_members(store, keys, r)
+    name = names[rank] if names is not None and 0 <= rank < len(names) else None
+    log.warning(
+        "kelastic rendezvous: the join record of rank %d of round %d is gone or not signed by the job "
+        "(a stranger deleted or overwrote it): %s",
+        rank,
+        r,
+        f"watching {name} by its heartbeat only" if name else "watching no peer this round",
+    )
+    return name
+
+
+def unsigned_note(keys: RunKeys) -> str:
+    """What a failed join adds when this node ignored records the job did not sign ("" when none):
+    rounds whose members' records it cannot check close empty, so a joiner with another secret
+    (or a stranger who writes in every round) is what keeps its rounds from forming."""
+    n = keys.signer.refused
+    if not n:
+        return ""
+    return (
+        f"; {n} store records it read are not signed with this node's job secret: its --job-secret-file "
+        "is not the one the other agents of the job hold (give every agent of the job the same file), "
+        "or a stranger wrote them"
+    )
 
 
 def read_worker_store(store: dist.TCPStore, keys: RunKeys, r: int) -> tuple[str, int]:
@@ -276,9 +316,19 @@ def read_worker_store(store: dist.TCPStore, keys: RunKeys, r: int) -> tuple[str,
 
 
 def read_records(
-    store: dist.TCPStore, keys: RunKeys, run_id: str, r: int, slots: list[int], deadline: float
+    store: dist.TCPStore,
+    keys: RunKeys,
+    run_id: str,
+    r: int,
+    slots: list[int],
+    deadline: float,
+    required: frozenset[int] = frozenset(),
 ) -> dict[int, dict[str, object]]:
-    """The join records of ``slots`` in round r, waiting (bounded) for ones still on the way."""
+    """The join records of ``slots`` in round r, waiting (bounded) for ones still on the way.
+
+    A record still missing, or not signed by the job, then (a stranger deleted or overwrote
+    it after the round closed) is left out; RendezvousTimeoutError when it is one of
+    ``required``."""
     if not slots:
         return {}
     node_keys = [keys.node(r, i) for i in slots]
@@ -291,15 +341,20 @@ def read_records(
             try:
                 store.wait(node_keys, wait_for)
             except dist.DistStoreError as exc:
-                raise RendezvousTimeoutError(
-                    f"rendezvous {run_id}: ranks {slots} of round {r} did not write their "
-                    f"records within {wait_for.total_seconds():.0f}s"
-                ) from exc
+                if required & set(slots):
+                    raise RendezvousTimeoutError(
+                        f"rendezvous {run_id}: ranks {slots} of round {r} did not write their "
+                        f"records within {wait_for.total_seconds():.0f}s"
+                    ) from exc
+                present = [i for i, key in zip(slots, node_keys, strict=True) if store.check([key])]
+                return read_records(store, keys, run_id, r, present, deadline, required)
         raws = store.multi_get(node_keys)
         records = {i: node_record(keys, r, i, raw) for i, raw in zip(slots, raws, strict=True)}
         if all(rec is not None for rec in records.values()):
             return {i: rec for i, rec in records.items() if rec is not None}
         # A record a stranger wrote over (or before) the member's own: wait for the member's.
+        if time.monotonic() >= until and not required & {i for i, rec in records.items() if rec is None}:
+            return {i: rec for i, rec in records.items() if rec is not None}
         if time.monotonic() >= until:
             raise RendezvousTimeoutError(
                 f"rendezvous {run_id}: the records of ranks {slots} of round {r} are not signed with this "

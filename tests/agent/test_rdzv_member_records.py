@@ -258,3 +258,63 @@ def test_a_count_of_joiners_a_stranger_added_to_costs_one_round_not_the_rendezvo
     assert sorted(i.rank for i in infos) == [0, 1] and {i.world_size for i in infos} == {2}
     assert read_close_of(stranger, keys, 1).size == 0  # the round the stranger's count spoiled
     assert read_close_of(stranger, keys, 2).size == 2
+
+
+@pytest.mark.slow  # waits out the wait for a record the job signed (10 s)
+def test_a_record_a_stranger_writes_in_the_slot_it_added_is_no_member(
+    server: ServerProcess, run_id: str
+) -> None:
+    """Attack: a stranger adds 1 to the open round's count of joiners and writes a join record
+    of its own in slot 0 it so takes (as rank 0, naming its own worker store). The round
+    closes empty once that record is found unsigned, and the two nodes form the next round
+    without it (before, the round closed with the stranger as rank 0 and its members exited,
+    taking its record for an agent's with another secret)."""
+    from kelastic.agent.rendezvous.testing import kelastic_handler, rendezvous_concurrently
+
+    keys = job_keys_of(run_id)
+    stranger = connect_store(server.host, server.port, 5)
+    assert stranger.add(keys.joined(1), 1) == 1
+    stranger.set(keys.node(1, 0), '{"name": "stranger", "addr": "127.0.0.1", "link": 9, "wstore": 9}')
+    handlers = [
+        kelastic_handler(server.endpoint, run_id, f"n{i}", 2, 2, last_call_timeout=0.3, join_timeout=60)
+        for i in range(2)
+    ]
+    infos = rendezvous_concurrently(handlers, timeout=90)
+    assert sorted(i.rank for i in infos) == [0, 1] and {i.world_size for i in infos} == {2}
+    assert read_close_of(stranger, keys, 1).size == 0  # the round the stranger's record spoiled
+    assert read_close_of(stranger, keys, 2).size == 2
+    assert {i.bootstrap_store_info.master_port for i in infos} != {9}
+    assert sum(h._keys.signer.refused for h in handlers) >= 1
+
+
+def test_a_successors_record_a_stranger_overwrites_after_the_close_costs_the_peer_link_only(
+    server: ServerProcess, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack: right after a round closed, a stranger overwrites (or deletes) the join records
+    its members read next. A member reads its successor's name from the round's signed member
+    list instead and watches it by its heartbeat, rather than failing its rendezvous (before,
+    the agent exited); rank 0's record, where the close does not name its worker store, is
+    still required: without it the member cannot start its workers."""
+    from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+
+    from kelastic.agent.rendezvous import rounds
+    from kelastic.agent.rendezvous.memberrecords import members_value
+
+    monkeypatch.setattr(rounds, "PEER_KEY_WAIT", 0.5)
+    keys = job_keys(run_id)
+    store = connect_store(server.host, server.port, 5)
+    close_round(store, keys, 1)
+    store.set(keys.members(1), members_value(keys, 1, ["a", "b", "c"]))
+    for slot, name in enumerate("abc"):
+        store.set(keys.node(1, slot), keys.sign(keys.node(1, slot), f'{{"name": "{name}", "addr": "h"}}'))
+    stranger = connect_store(server.host, server.port, 5)
+    stranger.set(keys.node(1, 1), '{"name": "stranger", "addr": "127.0.0.1", "link": 9}')
+    stranger.delete_key(keys.node(1, 2))
+    deadline = time.monotonic() + 30
+    got = rounds.read_records(store, keys, run_id, 1, [0, 1, 2], deadline)
+    assert list(got) == [0] and got[0]["name"] == "a", got
+    assert rounds.successor_from_members(store, keys, 1, 1) == "b"
+    with pytest.raises(RendezvousTimeoutError, match="not signed"):
+        rounds.read_records(store, keys, run_id, 1, [1], deadline, required=frozenset({1}))
+    stranger.set(keys.members(1), '["stranger", "x", "y"]')
+    assert rounds.successor_from_members(store, keys, 1, 1) is None

@@ -83,8 +83,11 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
         for name in NODES:
             c.start(
                 name,
-                ["--nnodes", "2:2", "--nproc-per-node", "1", "--max-restarts", "3",
-                 "--checkpoint-dir", str(shm), "--checkpoint-memory", "128Mi"],
+                ["--nnodes", "2:2", "--nproc-per-node", "1", "--max-restarts", "9",
+                 "--checkpoint-dir", str(shm), "--checkpoint-memory", "128Mi",
+                 # the straggler watch runs (a verdict naming a member swaps it out), but
+                 # judges no real member a straggler
+                 "--stragglers", "policy=Replace,ratio=50,window=3600"],
                 ["--mib", "2", "--step-time", "0.2", "--steps", "100000"],
                 script=SCRIPT,
             )  # fmt: skip
@@ -298,3 +301,135 @@ def test_counters_and_member_records_a_stranger_moves_steer_no_re_form(job: Job)
     restored = [e for e in job.events() if e["event"] == "restored"][-1]
     assert restored["source"] == "memory" and restored["world"] == 2, restored
     assert all(a.proc.poll() is None for a in job.cluster.agents)
+
+
+def test_a_strangers_slot_and_record_in_the_coming_round_cost_one_round_not_the_job(job: Job) -> None:
+    """The stranger adds to the coming round's count of joiners and writes a join record of
+    its own in the slot that add leaves (slot 0: it would be rank 0, with its own worker
+    store). A worker then dies: the agents see a slot whose record the job did not sign,
+    close that round empty, form the next one without it, restore from memory with both
+    nodes and save on; nobody exits, nothing connects to the stranger, each says what it
+    ignored."""
+    store, keys = job.stranger(), RunKeys(job.run_id)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    evil_port = listener.getsockname()[1]
+    r = current_round(store, keys)
+    for later in (r + 1, r + 2):
+        store.delete_key(keys.node(later, 0))  # an earlier test's record for that round
+    assert store.add(keys.joined(r + 1), 1) == 1, "the coming round had joiners already"
+    forged = {"name": "stranger", "addr": "127.0.0.1", "link": evil_port, "wstore": evil_port}
+    store.set(keys.node(r + 1, 0), json.dumps(forged))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    restores = job.restores()
+    victim = job.cluster.agents[1]
+    workers = [p for p in _children(victim.proc.pid) if b"ckpt_worker.py" in _cmdline(p)]
+    assert workers, "no worker of node-b found"
+    try:
+        os.kill(workers[0], signal.SIGKILL)
+        job.cluster.wait_for("a restore", lambda: job.restores() > restores, 180)
+        job.saves_go_on(5)
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+    outputs = "\n".join(a.output()[-3000:] for a in job.cluster.agents)
+    assert all(a.proc.poll() is None for a in job.cluster.agents), outputs
+    assert accepted == [], "an agent connected to the stranger's endpoint"
+    restored = [e for e in job.events() if e["event"] == "restored"][-1]
+    assert restored["source"] == "memory" and restored["world"] == 2, restored
+    assert "ignored a store record" in outputs, outputs
+
+
+def test_a_running_rounds_records_a_stranger_deletes_or_overwrites_cost_no_step(job: Job) -> None:
+    """Every third of a second the stranger deletes or overwrites the records of the round the
+    agents run in: its close, the latest-round mark, its member list, the members' join
+    records and slots. The running group needs none of them again: it keeps saving every
+    step without a re-form; then a worker dies, and the agents still re-form and restore from
+    memory with both nodes."""
+    store, keys = job.stranger(), RunKeys(job.run_id)
+    restores, first = job.restores(), max(job.saved()) + 1
+    stop, rounds = threading.Event(), [0]
+    r = current_round(store, keys)
+
+    def attack() -> None:
+        while not stop.is_set():
+            overwrite = rounds[0] % 2 == 1
+            for key in (keys.size(r), keys.latest, keys.members(r), keys.node(r, 0), keys.node(r, 1)):
+                if overwrite:
+                    store.set(key, "garbage")
+                else:
+                    store.delete_key(key)
+            for name in NODES:
+                store.delete_key(keys.slot(r, name))
+            rounds[0] += 1
+            stop.wait(0.3)
+
+    thread = threading.Thread(target=attack, daemon=True)
+    thread.start()
+    try:
+        job.saves_go_on(10)
+        assert job.restores() == restores, "the stranger's deletes made the group re-form"
+        assert every_step_saved(job.saved(), first, max(job.saved()))
+        victim = job.cluster.agents[1]
+        workers = [p for p in _children(victim.proc.pid) if b"ckpt_worker.py" in _cmdline(p)]
+        assert workers, "no worker of node-b found"
+        os.kill(workers[0], signal.SIGKILL)
+        job.cluster.wait_for("a restore", lambda: job.restores() > restores, 180)
+        job.saves_go_on(5)
+    finally:
+        stop.set()
+        thread.join(10)
+    outputs = "\n".join(a.output()[-3000:] for a in job.cluster.agents)
+    assert rounds[0] >= 5, rounds
+    assert all(a.proc.poll() is None for a in job.cluster.agents), outputs
+    restored = [e for e in job.events() if e["event"] == "restored"][-1]
+    assert restored["source"] == "memory" and restored["world"] == 2, restored
+
+
+def test_a_strangers_straggler_verdict_gets_no_member_swapped_out(job: Job) -> None:
+    """Every half second the stranger writes the group's straggler verdict naming node-b with
+    ``replace`` in the running round (unsigned, then with a MAC of its own), as rank 0's
+    agent would. node-b never steps aside: the job keeps saving every step without a
+    re-form, and both agents say they ignored the stranger's records."""
+    store, keys = job.stranger(), RunKeys(job.run_id)
+    restores, first = job.restores(), max(job.saved()) + 1
+    stop, written = threading.Event(), [0]
+
+    def attack() -> None:
+        while not stop.is_set():
+            verdict = {"node": NODES[1], "round": current_round(store, keys), "ratio": 9.0,
+                       "since": 0.0, "declared": 0.0, "policy": "Replace", "action": "replace",
+                       "time": 4e9}  # fmt: skip
+            value = json.dumps(verdict)
+            store.set(keys.straggler(), value if written[0] % 2 == 0 else value + "\x1fkmac1:" + "0" * 32)
+            written[0] += 1
+            stop.wait(0.5)
+
+    thread = threading.Thread(target=attack, daemon=True)
+    thread.start()
+    try:
+        job.saves_go_on(15)
+    finally:
+        stop.set()
+        thread.join(10)
+        store.delete_key(keys.straggler())
+    outputs = "\n".join(a.output()[-4000:] for a in job.cluster.agents)
+    assert written[0] >= 5, written
+    assert job.restores() == restores, "the stranger's verdict made the group re-form"
+    assert every_step_saved(job.saved(), first, max(job.saved()))
+    assert "steps aside" not in outputs and "is a straggler" not in outputs, outputs
+    # (which record an agent's log names is rate-limited: an earlier test's may come first)
+    assert f"ignored a store record {job.run_id}:" in outputs, outputs
+    assert all(a.proc.poll() is None for a in job.cluster.agents), outputs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -51,6 +52,23 @@ def membership(endpoint: str, nodes: tuple[str, ...], store_id: str = "s1") -> P
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
+
+
+def closed_with(store: Any, keys: Any, members: list[str]) -> None:
+    """Round 1 closed with ``members``, as the job's agents sign its close and member list."""
+    close = protocol.RoundClose(len(members), members[0], "t", "h", 1).to_value()
+    store.set(keys.size(1), keys.sign(keys.size(1), close))
+    protocol.mark_closed(store, keys, 1)
+    store.set(keys.members(1), keys.sign(keys.members(1), json.dumps(members)))
+
+
+def agents_signer(client: StoreClient, run_id: str) -> tuple[Any, Any]:
+    """The signer and keys of ``run_id``'s records as its agents make them: under the secret
+    the operator derives for the job (its Secret's value)."""
+    from kelastic.agent.rendezvous.records import RecordSigner
+
+    signer = RecordSigner.for_job(client.job_secret(run_id).encode())
+    return signer, protocol.RunKeys(run_id, signer)
 
 
 def test_publish_reaches_the_store_and_is_deduplicated(endpoint: str) -> None:
@@ -175,17 +193,17 @@ def test_an_agents_checkpoint_record_reaches_the_job_status(kit: SimpleNamespace
     view the reconcile turns into status.checkpoint and the CheckpointRestored Event."""
     run_id = "ckpt-run"
     store = control.connect(endpoint, timeout=5)
-    keys = protocol.RunKeys(run_id)
-    store.add(keys.open, 1)  # round 1 closed with members a, b and c
-    store.set(keys.members(1), json.dumps(["a", "b", "c"]))
+    client = StoreClient()
+    signer, keys = agents_signer(client, run_id)
+    closed_with(store, keys, ["a", "b", "c"])
     restored = {"id": 12, "source": "replica", "seconds": 0.4, "time": 1_700_000_000.0}
     record = {"latest": 12, "step": 340, "restored": restored, "bytes": 1 << 20, "limit": 1 << 30}
-    control.publish_progress(store, run_id, "a", step=341, total=None, restarts=1, checkpoint=record)
-    control.publish_progress(store, run_id, "b", step=341, total=None, restarts=1, checkpoint={"latest": 11})
-    control.publish_progress(
-        store, run_id, "c", step=341, total=None, restarts=1
-    )  # an older agent: no record
-    client = StoreClient()
+    publish = functools.partial(
+        control.publish_progress, store, run_id, total=None, restarts=1, signer=signer
+    )
+    publish("a", step=341, checkpoint=record)
+    publish("b", step=341, checkpoint={"latest": 11})
+    publish("c", step=341)  # an older agent: no record
     try:
         view = run(client.read(endpoint, run_id))
     finally:
@@ -202,3 +220,37 @@ def test_an_agents_checkpoint_record_reaches_the_job_status(kit: SimpleNamespace
     assert [a.message for a in d.actions if isinstance(a, Emit) and a.reason == "CheckpointRestored"] == [
         "restored checkpoint 12 (step 340) from a peer's replica in 0.4 s"
     ]
+
+
+def test_reports_and_a_straggler_verdict_a_stranger_wrote_never_reach_the_job_status(endpoint: str) -> None:
+    """The operator shows only what the job's agents signed: a stranger's progress report (a
+    step, a checkpoint and goodput record), written unsigned and with another key, in place of
+    a member's own, and its straggler verdict naming a member, are left out of the view."""
+    from kelastic.agent.rendezvous.records import RecordSigner
+
+    run_id = "forged-run"
+    store = control.connect(endpoint, timeout=5)
+    client = StoreClient()
+    signer, keys = agents_signer(client, run_id)
+    closed_with(store, keys, ["a", "b", "c"])
+    goodput = {"time": time.time(), "step": 40, "work_seconds": 0.1}
+    control.publish_progress(
+        store, run_id, "a", step=40, total=100, restarts=0, goodput=goodput, signer=signer
+    )
+    forged = {"time": time.time(), "step": 1, "work_seconds": 9.0}
+    control.publish_progress(store, run_id, "b", step=1, total=100, restarts=7, goodput=forged)
+    other = RecordSigner.for_job(b"another job's secret " * 2)
+    control.publish_progress(store, run_id, "c", step=2, total=100, restarts=7, goodput=forged, signer=other)
+    verdict = {"node": "a", "round": 1, "ratio": 9.0, "policy": "Replace", "action": "replace", "time": 1.0}
+    control.publish_straggler(store, run_id, verdict)
+    try:
+        view = run(client.read(endpoint, run_id))
+    finally:
+        client.close()
+    assert view is not None
+    assert (view.step, view.restarts, view.straggler) == (40, 0, None), view
+    assert [g.node for g in view.goodputs] == ["a"], view.goodputs
+    # read without the job's key (as for a job whose agents hold a secret the operator does not
+    # derive), the same records are all there: the MAC is what left them out
+    status = control.read_status(store, run_id)
+    assert status.progress is not None and status.progress.step == 1 and status.straggler == verdict
