@@ -152,8 +152,9 @@ class RecordSigner:
             count = r.count
         if due:
             log.warning(
-                "kelastic rendezvous: ignored a store record %s with %s (not written by a holder of "
-                "the job's secret; %d ignored so far, logged at most every %gs)",
+                "kelastic rendezvous: ignored a store record %s with %s (not signed with this node's "
+                "job secret: a stranger's, or an agent's given another --job-secret-file, and every agent "
+                "of a job needs the same one; %d ignored so far, logged at most every %gs)",
                 name,
                 why,
                 count,

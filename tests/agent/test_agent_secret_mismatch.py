@@ -53,6 +53,8 @@ def test_two_agents_with_different_secrets_fail_and_say_so(tmp_path: Path, store
             assert f"peer link to {other}" in outputs[name] and "--job-secret-file" in outputs[name]
         for name in by_records:
             assert "--job-secret-file is not the one the other agents of the job hold" in outputs[name]
+            # said at the first record, too, not only when its join timed out
+            assert "an agent's given another --job-secret-file" in outputs[name], outputs[name]
         assert "watching its heartbeat only" not in everything, everything
     finally:
         for c in clusters:
