@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kelastic.agent.oom import OOM_KILLED, OomWatch, oom_cause, parse_oom_kills, read_oom_kills
+from kelastic.agent.oom import OOM_KILLED, OomWatch, counter_paths, oom_cause, parse_oom_kills, read_oom_kills
 from kelastic.agent.restart_policy import Action, Failure, decide_after_failure
 
 V2 = "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n"
@@ -22,6 +22,21 @@ def test_the_first_file_that_says_wins_and_none_is_none(tmp_path: Path) -> None:
     v1.write_text(V1)
     assert read_oom_kills((missing, v1)) == 5
     assert read_oom_kills((missing,)) is None
+
+
+def test_the_counters_are_the_own_cgroups_first_then_the_mounts_roots() -> None:
+    root = Path("/sys/fs/cgroup")
+    v1 = "12:memory:/kubepods/pod1/abc\n11:cpu,cpuacct:/kubepods/pod1/abc\n0::/kubepods/pod1/abc\n"
+    assert counter_paths(v1, root) == [
+        root / "memory" / "kubepods/pod1/abc" / "memory.oom_control",
+        root / "kubepods/pod1/abc" / "memory.events",
+        root / "memory.events",
+        root / "memory" / "memory.oom_control",
+    ]
+    assert counter_paths("0::/\n", root) == [root / "memory.events"] * 2 + [
+        root / "memory" / "memory.oom_control"
+    ]
+    assert counter_paths("", root) == [root / "memory.events", root / "memory" / "memory.oom_control"]
 
 
 def test_only_a_sigkill_while_the_counter_rose_is_an_oom_kill() -> None:
