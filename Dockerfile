@@ -22,7 +22,8 @@
 # and no registry: its `python:3.11-slim` is then a stand-in made from Debian packages
 # (debootstrap bookworm minbase with python3 3.11, python3-pip and python3-venv; `python` and
 # `pip` on PATH, pip allowed to install into the system, the host's CA certificates), named
-# docker.io/library/python:3.11-slim. Its plain PyTorch image is this file up to the torch step.
+# docker.io/library/python:3.11-slim. Its plain PyTorch image is this file up to the torch step,
+# plus NumPy (as a PyTorch image has it; torch.distributed's object collectives need it).
 FROM python:3.11-slim
 
 ARG TORCH_VERSION=2.13.0

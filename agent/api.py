@@ -92,6 +92,7 @@ from kelastic.agent.events import Event, EventSink, EventSource, default_sink, r
 from kelastic.agent.join_at_checkpoint import CheckpointCommits, JoinAtCheckpoint
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import ProcessFailure, SignalException, Std
+from kelastic.agent.oom import OomWatch
 from kelastic.agent.reform import OverlappedStop
 from kelastic.agent.restart_policy import Action, LossQuestion, Verdict, Watching
 
@@ -765,6 +766,7 @@ class SimpleElasticAgent(ElasticAgent):
             None if checkpoint_commits is None else JoinAtCheckpoint(checkpoint_commits)
         )
         self._group_restart_count = 0  # of the last round (see RankAssignment)
+        self._oom = OomWatch()  # whether a failed worker was killed at the container's memory limit
         self._store: Store | None = None
         self._exit_barrier_timeout = exit_barrier_timeout
         self._membership_grace_override = membership_grace
@@ -1015,8 +1017,7 @@ class SimpleElasticAgent(ElasticAgent):
 
     @property
     def _membership_grace(self) -> float:
-        # Asked at each failure, not once: a handler knows how fast it sees a loss
-        # only once it is connected (kelastic's peer link).
+        # Asked at each failure, not once: a handler knows how fast it sees a loss only once connected.
         if self._membership_grace_override is not None:
             return self._membership_grace_override
         handler = self._worker_group.spec.rdzv_handler
@@ -1125,9 +1126,8 @@ class SimpleElasticAgent(ElasticAgent):
                 return self._after_exit_barrier(self._worker_group, result)
             if state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
                 self._event("kelastic.agent.fault_noticed", cause="workers_" + state.value.lower())
-                # Failed while waiting for a checkpoint to let nodes join: a peer that
-                # re-formed first stopped them (or they failed on their own in that
-                # window; either way the group is re-forming).
+                # Failed while waiting for a checkpoint to let nodes join: a peer that re-formed first
+                # stopped them (or they failed on their own meanwhile); the group is re-forming.
                 deferring = self._join_at_checkpoint is not None and self._join_at_checkpoint.active
                 question = LossQuestion.YES if deferring else self._loss_question(watching, changed)
                 if self._join_at_checkpoint is not None:
@@ -1140,6 +1140,7 @@ class SimpleElasticAgent(ElasticAgent):
                         remaining_restarts=self._remaining_restarts,
                         max_restarts=spec.max_restarts,
                         settled=question is not LossQuestion.AFTER_REJOIN,
+                        cause=self._oom.cause({rank: f.exitcode for rank, f in result.failures.items()}),
                     )
                 )
                 if question is LossQuestion.AFTER_REJOIN and verdict.action is Action.RESTART_SPEND:

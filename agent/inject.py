@@ -7,7 +7,8 @@ writes:
 - ``DEST/lib/kelastic/agent/...``: the ``kelastic.agent`` package (its ``.py`` files
   only), and beside it the short names workers import, ``kelastic.checkpoint`` and
   ``kelastic.data``. It imports nothing but the standard library, torch and NumPy (through
-  torch), so any image with Python >= 3.10 and torch can run it;
+  torch), so any image with Python >= 3.10, torch and NumPy can run it (without NumPy the
+  launcher warns: torch.distributed's object collectives, which checkpoints use, need it);
 - ``DEST/kelastic-agent``: the launcher. A worker runs ``python DEST/kelastic-agent
   <kelastic-agent flags> <training command>`` with the image's own Python. The
   launcher puts ``DEST/lib`` first on ``sys.path`` and on ``PYTHONPATH`` (so the
@@ -58,6 +59,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (lib, os.environ.get("PYTH
 # multiprocessing re-runs this file as __mp_main__ in the processes it starts: only the
 # agent itself may run main().
 if __name__ == "__main__":
+    if find_spec("numpy") is None:
+        # torch's wheels do not require it, but torch.distributed's object collectives
+        # (all_gather_object, and torch.distributed.checkpoint with them) fail without it.
+        print("kelastic-agent: warning: " + where + " cannot import numpy: torch.distributed "
+              "needs it to exchange Python objects, so checkpoints (kelastic.checkpoint, "
+              "torch.distributed.checkpoint) will fail. Install numpy in the worker image.",
+              file=sys.stderr, flush=True)
     sys.argv[0] = "kelastic-agent"
     from kelastic.agent.cli import main
 

@@ -377,6 +377,7 @@ def _local_agent(
         event_sink=telemetry,
         metrics=telemetry.metrics,
         recovery=telemetry.last_recovery,
+        failure=telemetry.last_failure,
         hang_timeout=config.hang_timeout,
         extra_env=checkpoints.worker_env() if checkpoints is not None else None,
         checkpoint_status=checkpoints.keeper.status if checkpoints is not None else None,

@@ -176,7 +176,8 @@ class LocalElasticAgent(SimpleElasticAgent):
     others are redirected to their log files only. ``progress`` turns the
     node's progress display on (default). ``rdzv_endpoint`` is where progress
     is published when the backend is kelastic; ``recovery`` (optional) gives the
-    node's latest recovery ``(seconds, ended)`` published with it. ``hang_timeout``
+    node's latest recovery ``(seconds, ended)`` published with it, ``failure`` (optional) the
+    reason of its latest restart after a failure ``(reason, when)``. ``hang_timeout``
     (seconds, optional) turns on hang detection (:mod:`kelastic.agent.hang`): workers
     whose ranks all stopped reporting progress that long are failed and restarted,
     and the verdict is published with the node's progress. ``extra_env`` is added to
@@ -205,6 +206,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         progress: bool = True,
         rdzv_endpoint: str | None = None,
         recovery: Callable[[], tuple[float, float] | None] | None = None,
+        failure: Callable[[], tuple[str, float] | None] | None = None,
         hang_timeout: float | None = None,
         extra_env: Mapping[str, str] | None = None,
         checkpoint_status: Callable[[], dict[str, Any]] | None = None,
@@ -246,6 +248,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._show_progress = progress
         self._rdzv_endpoint = rdzv_endpoint
         self._recovery = recovery
+        self._failure = failure
         self._hang_timeout = hang_timeout
         self._extra_env = dict(extra_env or {})
         self._checkpoint_status = checkpoint_status
@@ -597,6 +600,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             restarts=self.restart_count,
             local_world_size=self._worker_group.spec.local_world_size,
             recovery=self._recovery() if self._recovery is not None else None,
+            failure=self._failure() if self._failure is not None else None,
             hang=self._last_hang,
             checkpoint=self._checkpoint_status() if self._checkpoint_status is not None else None,
         )

@@ -132,6 +132,8 @@ class Failure:
     ``member_lost``: the answer to :func:`loss_question`'s question; ``settled``:
     False when a loss may still show after the restart
     (:attr:`LossQuestion.AFTER_REJOIN`), which then gives a spent restart back.
+    ``cause``: what is known of why, for the reason (``kelastic.agent.oom``: ``"rank 1 was
+    OOM-killed (...)"``), empty when nothing more than the state is.
     """
 
     state: str
@@ -139,6 +141,7 @@ class Failure:
     remaining_restarts: int
     max_restarts: int
     settled: bool = True
+    cause: str = ""
 
 
 def decide_after_failure(failure: Failure) -> Verdict:
@@ -153,7 +156,8 @@ def decide_after_failure(failure: Failure) -> Verdict:
         unless = "" if failure.settled else " (given back if a member of the round turns out lost)"
         return Verdict(
             Action.RESTART_SPEND,
-            f"workers {failure.state}; {left}/{failure.max_restarts} restarts left after this{unless}",
+            f"workers {failure.state}{f' ({failure.cause})' if failure.cause else ''}; "
+            f"{left}/{failure.max_restarts} restarts left after this{unless}",
         )
     return Verdict(Action.FAIL, "")
 

@@ -113,9 +113,10 @@ class AgentTelemetry:
         self.metrics = Metrics()
         self._world_size: int | None = None
         self._restart_count: int | None = None
-        self._recovering_since: tuple[float, str] | None = None
+        self._recovering_since: tuple[float, str, str] | None = None  # (since, cause, reason)
         self._recoveries: dict[str, list[float]] = {}
         self._last_recovery: tuple[float, float] | None = None
+        self._last_failure: tuple[str, float] | None = None
         self._samples: collections.deque[ProgressSample] = collections.deque()
         self._last_report: float | None = None
         self._progress: Callable[[], Mapping[int, ProgressReport]] | None = None
@@ -134,7 +135,8 @@ class AgentTelemetry:
                 self._steps_aside += 1
             elif event.name == "kelastic.agent.restart":
                 if self._recovering_since is None:
-                    self._recovering_since = (now, _restart_cause(str(event.metadata.get("reason", ""))))
+                    reason = str(event.metadata.get("reason", ""))
+                    self._recovering_since = (now, _restart_cause(reason), reason)
             elif event.name == "kelastic.agent.rendezvous":
                 world = event.metadata.get("world_size")
                 self._world_size = int(world) if isinstance(world, int | float) else self._world_size
@@ -142,10 +144,12 @@ class AgentTelemetry:
                 if isinstance(restarts, int | float):
                     self._restart_count = int(restarts)
                 if self._recovering_since is not None:
-                    since, cause = self._recovering_since
+                    since, cause, reason = self._recovering_since
                     seconds = max(0.0, now - since)
                     self._recoveries.setdefault(cause, []).append(seconds)
                     self._last_recovery = (seconds, now)
+                    if cause == "failure":
+                        self._last_failure = (reason, now)
                     self._recovering_since = None
         if self._forward is not None:
             record(event, self._forward)
@@ -159,6 +163,13 @@ class AgentTelemetry:
         """The latest recovery as ``(seconds, ended)``, ``ended`` in seconds since the epoch; None before one."""
         with self._lock:
             return self._last_recovery
+
+    def last_failure(self) -> tuple[str, float] | None:
+        """The reason of the latest restart a failure caused (``"workers FAILED (rank 1 was
+        OOM-killed ...); 2/3 restarts left"``) and when the group re-formed after it (seconds
+        since the epoch); None before one."""
+        with self._lock:
+            return self._last_failure
 
     # progress ---------------------------------------------------------------------------------
     def sample(self, reports: Mapping[int, ProgressReport]) -> None:

@@ -101,6 +101,9 @@ class RendezvousView:
     total: int | None = None
     #: The current members' latest recoveries as reported by their agents: (node, seconds, ended).
     recoveries: tuple[tuple[str, float, float], ...] = ()
+    #: The current members' latest restarts after a failure as reported by their agents:
+    #: (node, the agent's reason, when the group re-formed after it).
+    failures: tuple[tuple[str, str, float], ...] = ()
     #: The current members' latest hang verdicts: (node, global ranks, seconds without progress, when).
     hangs: tuple[tuple[str, tuple[int, ...], float, float], ...] = ()
     #: The current members' views of the memory checkpoint (members without a record left out).

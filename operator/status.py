@@ -83,6 +83,8 @@ class JobStatus:
     #: The replicas the job last ran at in full; set once it ran, so a later change is Scaling.
     scaled_to: int | None = None
     last_recovery_time: str | None = None
+    #: The latest restart of the group after a failure, as its agent said it (node, reason, time).
+    last_failure: dict[str, Any] | None = None
     #: The members' memory checkpoints (``kelastic.operator.checkpoint``).
     checkpoint: dict[str, Any] | None = None
     #: What Kueue admits of a queued job (``kelastic.operator.reconcile.queue``).

@@ -282,6 +282,7 @@ def _read(store: Any, run_id: str, signer: Any) -> RendezvousView:
         step=progress.step if progress is not None else None,
         total=progress.total if progress is not None else None,
         recoveries=tuple((r.node, r.seconds, r.ended) for r in status.recoveries),
+        failures=tuple((f.node, f.reason, f.at) for f in status.failures),
         hangs=tuple((h.node, h.ranks, h.seconds, h.at) for h in status.hangs),
         checkpoints=tuple(checkpoint.report(node, record) for node, record in status.checkpoints),
         round=int(status.round or 0),

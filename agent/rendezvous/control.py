@@ -40,6 +40,10 @@ The controller (kelastic's operator) is a client of the same store as the agents
     is the node's latest hang verdict (``kelastic.agent.hang``): the global ranks
     that made no progress, for how long, and when; ``read_status`` lists the
     current members' verdicts so the operator can name the stalled ranks.
+    ``failure`` (optional) is the reason of the node's latest restart after a failure
+    (``"workers FAILED (rank 1 was OOM-killed ...); ..."``, :mod:`kelastic.agent.oom`) and
+    when its group re-formed; ``read_status`` lists the current members' so the operator
+    can say why the group restarted.
     ``checkpoint`` (optional) is the node's view of the memory checkpoint
     (``kelastic.checkpoint``), a JSON object: ``latest`` (the newest complete
     checkpoint id it knows, or null), ``step`` (the training step saved with it, or
@@ -105,6 +109,7 @@ from .records import MARK, RecordSigner
 
 __all__ = [
     "AgentReport",
+    "Failure",
     "Hang",
     "JobProgress",
     "Recovery",
@@ -155,6 +160,21 @@ class Hang:
     at: float
 
 
+#: The longest failure reason a report keeps (characters): a reason is one line of the agent's.
+MAX_FAILURE_REASON = 500
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One node's latest restart after a failure: its ``reason`` as the agent logged it
+    (``"workers FAILED (rank 1 was OOM-killed ...); 2/3 restarts left after this"``), and
+    ``at`` (seconds since the epoch) when the group re-formed after it."""
+
+    node: str
+    reason: str
+    at: float
+
+
 @dataclass(frozen=True)
 class AgentReport:
     """One agent's latest report as ``publish_progress`` stored it; ``step`` is None until its
@@ -169,6 +189,8 @@ class AgentReport:
     time: float
     recovery: Recovery | None = None
     hang: Hang | None = None
+    #: The reason of the node's latest restart after a failure, and when its group re-formed.
+    failure: Failure | None = None
     #: The node's checkpoint record as published (see ``publish_progress``), None without one.
     checkpoint: Mapping[str, object] | None = None
     #: The node's goodput record as published (see ``publish_progress``), None without one.
@@ -186,6 +208,7 @@ class RendezvousStatus:
     progress: JobProgress | None
     recoveries: tuple[Recovery, ...] = ()  # the current members' latest recoveries
     hangs: tuple[Hang, ...] = ()  # the current members' latest hang verdicts
+    failures: tuple[Failure, ...] = ()  # the current members' latest restarts after a failure
     #: The current members' checkpoint records, (node, record).
     checkpoints: tuple[tuple[str, Mapping[str, object]], ...] = ()
     #: Listed nodes that wait as standbys, without a slot (``standby/<name>``), by name.
@@ -281,6 +304,7 @@ def publish_progress(
     restarts: int,
     local_world_size: int | None = None,
     recovery: tuple[float, float] | None = None,
+    failure: tuple[str, float] | None = None,
     hang: tuple[tuple[int, ...], float, float] | None = None,
     checkpoint: Mapping[str, object] | None = None,
     goodput: Mapping[str, object] | None = None,
@@ -303,6 +327,8 @@ def publish_progress(
     }
     if recovery is not None:  # (seconds, when the round closed)
         report["recovery"] = [float(recovery[0]), float(recovery[1])]
+    if failure is not None:  # (the restart's reason, when the group re-formed after it)
+        report["failure"] = [str(failure[0])[:MAX_FAILURE_REASON], float(failure[1])]
     if hang is not None:  # (global ranks, seconds without progress, when)
         report["hang"] = [[int(r) for r in hang[0]], float(hang[1]), float(hang[2])]
     if checkpoint is not None:  # the node's checkpoint record (see the module doc)
@@ -329,6 +355,7 @@ def read_progress(
         return None
     rec = data.get("recovery")
     hung = data.get("hang")
+    failed = data.get("failure")
     return AgentReport(
         node=node,
         step=None if data.get("step") is None else int(data["step"]),
@@ -338,6 +365,7 @@ def read_progress(
         time=float(data.get("time", 0.0)),
         recovery=Recovery(node, float(rec[0]), float(rec[1])) if rec else None,
         hang=Hang(node, tuple(int(r) for r in hung[0]), float(hung[1]), float(hung[2])) if hung else None,
+        failure=Failure(node, str(failed[0]), float(failed[1])) if failed else None,
         checkpoint=data["checkpoint"] if isinstance(data.get("checkpoint"), dict) else None,
         goodput=data["goodput"] if isinstance(data.get("goodput"), dict) else None,
     )
@@ -382,6 +410,7 @@ def read_status(store: dist.Store, run_id: str, signer: RecordSigner | None = No
         progress=job_progress(reports),
         recoveries=tuple(r.recovery for r in reports if r.recovery is not None),
         hangs=tuple(r.hang for r in reports if r.hang is not None),
+        failures=tuple(r.failure for r in reports if r.failure is not None),
         checkpoints=tuple((r.node, r.checkpoint) for r in reports if r.checkpoint is not None),
         standbys=_standbys(store, keys, members),
         goodputs=tuple((r.node, r.goodput) for r in reports if r.goodput is not None),

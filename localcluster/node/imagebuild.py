@@ -55,6 +55,8 @@ BUILDKIT_VERSION = "v0.34.2"
 KELASTIC_IMAGE = "docker.io/library/kelastic:0.1.0"
 #: torch on the same base, without kelastic: a user's image for agent injection.
 PYTORCH_IMAGE = "docker.io/kelastic/pytorch:2.13.0"
+#: The NumPy of the plain PyTorch image (:data:`PLAIN_EXTRA`).
+NUMPY_VERSION = "2.4.6"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -88,10 +90,17 @@ class BuildKit:
         return cls(directory)
 
 
+#: What the plain PyTorch image adds to the torch step: NumPy, which a PyTorch image has (the
+#: official ones do) and torch's wheels do not require, but torch.distributed's object
+#: collectives (``all_gather_object``, and ``torch.distributed.checkpoint`` with them) need.
+PLAIN_EXTRA = f'RUN pip install --no-cache-dir "numpy=={NUMPY_VERSION}"'
+
+
 def plain_dockerfile(dockerfile: str) -> str:
     """The Dockerfile's instructions up to and including the ``RUN`` that installs torch, then
-    ``CMD ["python3"]``: the same base, build arguments, environment and torch step, so BuildKit
-    reuses the kelastic image's torch layer. ValueError when no such ``RUN`` is there."""
+    :data:`PLAIN_EXTRA` and ``CMD ["python3"]``: the same base, build arguments, environment
+    and torch step, so BuildKit reuses the kelastic image's torch layer. ValueError when no
+    such ``RUN`` is there."""
     kept: list[str] = []
     logical = ""
     for line in dockerfile.splitlines():
@@ -102,7 +111,7 @@ def plain_dockerfile(dockerfile: str) -> str:
         if line.rstrip().endswith("\\"):
             continue
         if re.match(r"\s*RUN\b.*\bpip install\b.*\btorch==", logical):
-            return "\n".join(kept) + '\n\nCMD ["python3"]\n'
+            return "\n".join(kept) + f'\n{PLAIN_EXTRA}\n\nCMD ["python3"]\n'
         logical = ""
     raise ValueError("the Dockerfile has no `RUN pip install ... torch==...` step")
 

@@ -12,6 +12,11 @@ from kelastic.operator.reconcile.finish import finish
 from kelastic.operator.spec import RestartPolicy
 from kelastic.operator.status import Phase
 
+#: The reason a kubelet gives a container the kernel killed at its memory limit. The
+#: kernel's OOM killer picks the container's largest process: a rank, most often, and not
+#: the agent, which then exits with its own code, 1; the container still ends OOMKilled.
+OOM_KILLED = "OOMKilled"
+
 
 def retryable(pod: PodView, policy: RestartPolicy) -> bool:
     """Whether a failed worker pod is recreated (True) or fails the job (False)."""
@@ -19,21 +24,30 @@ def retryable(pod: PodView, policy: RestartPolicy) -> bool:
         return False
     if policy is RestartPolicy.ON_FAILURE:
         return True
-    # ExitCode: no exit code (evicted, node lost) or a signal is infrastructure, not the program.
-    if pod.exit_code is None or pod.signal:
+    # ExitCode: no exit code (evicted, node lost), a signal or the OOM killer (whichever process
+    # of the container it chose) is infrastructure, not the program's own verdict.
+    if pod.exit_code is None or pod.signal or pod.reason == OOM_KILLED:
         return True
     return pod.exit_code >= 128 or pod.exit_code < 0
 
 
 def describe_failure(pod: PodView) -> str:
+    """``worker pod NAME (index I)``, how it ended, then the gist of its agent's last words.
+
+    A container the kernel killed at its memory limit reads ``was OOM-killed (it exceeded
+    its memory limit) and exited with code N``, whichever process the kernel chose."""
     parts = [f"worker pod {pod.name} (index {pod.index})"]
-    if pod.signal:
+    if pod.reason == OOM_KILLED:
+        parts.append("was OOM-killed (it exceeded its memory limit)")
+        if pod.exit_code is not None:
+            parts.append(f"and exited with code {pod.exit_code}")
+    elif pod.signal:
         parts.append(f"was killed by signal {pod.signal}")
     elif pod.exit_code is not None:
         parts.append(f"exited with code {pod.exit_code}")
     else:
         parts.append("failed")
-    if pod.reason:
+    if pod.reason and pod.reason != OOM_KILLED:
         parts.append(f"({pod.reason})")
     gist = failure_summary(pod.message)
     text = " ".join(parts)

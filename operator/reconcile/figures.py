@@ -1,17 +1,24 @@
 """The figures the status shows every pass: the replica counts, and what the rendezvous
 store reports (world size, standbys, progress, restarts, the memory checkpoints and their
-restores, the goodput, the straggler).
+restores, the goodput, the straggler, why the group last restarted after a failure).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
 
 from kelastic.operator import checkpoint, goodput, straggler
 from kelastic.operator.observed import PodPhase, PodView
 from kelastic.operator.reconcile.actions import Emit
 from kelastic.operator.reconcile.context import Pass
+from kelastic.operator.spec import parse_time
 from kelastic.operator.status import Phase, progress_text
+
+#: The Warning Event of a worker group restarted after a failure, with its agent's reason
+#: (``kelastic.agent.oom`` names a rank killed at its container's memory limit: "OOM-killed").
+EVENT_RESTARTED = "WorkersRestarted"
 
 
 def replica_status(workers: Sequence[PodView], backoff_count: int) -> dict[str, int]:
@@ -32,6 +39,10 @@ def rendezvous_figures(p: Pass) -> None:
     if rdzv is not None and ((spec is not None and spec.standby_replicas) or rdzv.standbys):
         status.standbys = len(rdzv.standbys) if running else 0
     if rdzv is not None:
+        latest, said = failure_restarts(status.last_failure, rdzv.failures)
+        if latest is not None:
+            status.last_failure = latest
+        p.actions.extend(Emit(reason=EVENT_RESTARTED, message=m, warning=True) for m in said)
         status.world_size = rdzv.world_size if running else 0
         text = progress_text(rdzv.step, rdzv.total)
         if text is not None:
@@ -60,3 +71,23 @@ def rendezvous_figures(p: Pass) -> None:
     agent_restarts = rdzv.restarts if rdzv is not None else 0
     rounds = rdzv.round - 1 if rdzv is not None else 0
     status.restarts = max(status.restarts or 0, (status.backoff_count or 0) + agent_restarts, rounds)
+
+
+def failure_restarts(
+    last: Mapping[str, Any] | None, failures: Sequence[tuple[str, str, float]]
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """The agents' restarts after a failure newer than ``last`` (``status.lastFailure``):
+    the new ``lastFailure`` (None when nothing is new) and one Event message each (pure).
+
+    ``lastFailure`` is ``{node, reason, time}``, ``time`` when the group re-formed (RFC 3339,
+    ms), so an operator that restarts or takes over never says a restart twice."""
+    since = parse_time((last or {}).get("time"))
+    floor = since.timestamp() + 0.001 if since is not None else None  # the stored time is cut to ms
+    fresh = sorted((f for f in failures if floor is None or f[2] > floor), key=lambda f: f[2])
+    if not fresh:
+        return None, []
+    node, reason, at = fresh[-1]
+    when = datetime.fromtimestamp(at, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return {"node": node, "reason": reason, "time": when}, [
+        f"{n} restarted its workers: {r}" for n, r, _ in fresh
+    ]

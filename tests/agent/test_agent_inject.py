@@ -124,6 +124,24 @@ def test_a_python_without_torch_gets_a_clear_message(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_a_python_without_numpy_is_warned_that_checkpoints_need_it(tmp_path: Path) -> None:
+    launcher = install(tmp_path / "agent")
+    # torch's wheels do not require NumPy; torch.distributed's object collectives do.
+    program = (
+        "import runpy, sys; sys.modules['numpy'] = None; "
+        f"sys.argv = [{str(launcher)!r}, '--help']; runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, env=_env(), timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    warning = [line for line in proc.stderr.splitlines() if line.startswith("kelastic-agent: warning:")]
+    assert len(warning) == 1 and "cannot import numpy" in warning[0] and "Install numpy" in warning[0], (
+        proc.stderr
+    )
+    assert "usage: kelastic-agent" in proc.stdout
+
+
 def test_inject_cli_usage_and_unwritable_destination(tmp_path: Path) -> None:
     run = [sys.executable, "-m", "kelastic.agent.inject"]
     usage = subprocess.run(run, capture_output=True, text=True, timeout=60)

@@ -142,6 +142,8 @@ def test_telemetry_counts_rounds_restarts_recoveries_and_progress() -> None:
     assert s[("kelastic_agent_steps_per_second", ())] == pytest.approx(5.0)
     assert s[("kelastic_agent_seconds_since_progress", ())] == pytest.approx(3.0)
     assert len(forward.events) == 5  # every event still reaches the wrapped sink
+    # only the restart a failure caused is kept with its reason, for the operator to say
+    assert t.last_failure() == ("workers FAILED; 0/1 left", clock.now)
 
 
 def test_health_server_serves_metrics_with_the_text_content_type() -> None:

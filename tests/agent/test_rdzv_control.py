@@ -92,6 +92,10 @@ def test_status_aggregates_progress(server: ServerProcess, run_id: str) -> None:
     status = control.read_status(store, run_id)
     assert status.restarts == 3
     assert status.progress == control.JobProgress(step=40, total=100, fraction=0.4)
+    # The reason of a node's latest restart after a failure (an OOM kill), as its agent said it.
+    reason = "workers FAILED (rank 1 was OOM-killed (its container reached its memory limit)); 0/1 left"
+    control.publish_progress(store, run_id, "a", step=41, total=100, restarts=2, failure=(reason, 1234.5))
+    assert control.read_status(store, run_id).failures == (control.Failure("a", reason, 1234.5),)
     hs[1].set_closed()
     assert control.read_status(store, run_id).closed
 

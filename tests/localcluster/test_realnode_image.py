@@ -10,6 +10,14 @@
   a claim) runs to Succeeded on the two nodes, with the operator running on the host against
   the lane's control plane (``--no-network-policy``: the host is not one of the operator's
   pods, which the job's policies admit by their labels).
+- the chart, installed with Helm's install action, runs the operator in-cluster (its service
+  account and RBAC, the jobs' NetworkPolicies on); a job of the plain PyTorch image, the
+  agent injected, in a ``restricted`` namespace, trains on both nodes through its policies
+  (enforced by kube-router: the operator pod reaches the workers' health port and the store, a
+  stranger wearing the job's labels does not), a worker force-deleted and a rank OOM-killed
+  (said so in a ``WorkersRestarted`` Event), to Succeeded;
+- a node killed under such a job (last: the node stays dead): the other worker trains on at
+  world size 1 without waiting for the dead pod.
 
 The images are built (or brought up to date from BuildKit's cache) by the module's fixture,
 which prints the build's cold or warm time and each node's import time. Needs root, ``make
@@ -31,6 +39,7 @@ from typing import Any
 import pytest
 import yaml
 
+from kelastic.agent import contract
 from kelastic.localcluster.node.imagebuild import (
     KELASTIC_IMAGE,
     PYTORCH_IMAGE,
@@ -39,7 +48,27 @@ from kelastic.localcluster.node.imagebuild import (
     build_images,
 )
 
-from .realnode_harness import Lane, node_dir_or_skip, report, running_lane
+from .realnode_harness import (
+    LISTENER,
+    Lane,
+    debian_pod,
+    node_dir_or_skip,
+    report,
+    running_lane,
+    wait_pods_ready,
+)
+from .realnode_jobs import (
+    CONNECT,
+    OPERATOR_NS,
+    JobWatch,
+    app_config_map,
+    diagnostics,
+    events,
+    install_operator,
+    plain_pytorch_job,
+    step_of,
+    worker_pods,
+)
 
 # Importing the two images (about 5 GB each, unpacked) into two nodes takes minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -214,3 +243,149 @@ def test_the_readme_example_succeeds_on_two_real_nodes(lane: Lane, tmp_path: Pat
     finally:
         operator.terminate()
         operator.wait(30)
+
+
+def probe_connect(
+    lane: Lane, namespace: str, target: str, targets: list[tuple[str, int]], container: str
+) -> list[bool]:
+    """Which of ``targets`` accept a TCP connection from ``target`` (a pod, or ``deploy/NAME``)."""
+    out = lane.kubectl(
+        "exec", "-n", namespace, target, "-c", container, "--", "python3", "-c", CONNECT, json.dumps(targets)
+    )
+    return list(json.loads(out.strip().splitlines()[-1]))
+
+
+def check_network_policies(lane: Lane, namespace: str, job: str, operator_deployment: str) -> None:
+    """The operator's two policies exist, and kube-router enforces them: the operator pod
+    reaches the workers' health port and the store; a pod of another namespace wearing the
+    job's worker labels reaches neither."""
+    policies = json.loads(lane.kubectl("get", "networkpolicy", "-n", namespace, "-o", "json"))["items"]
+    owned = sorted(
+        p["metadata"]["name"] for p in policies
+        if any(o.get("kind") == "ElasticJob" and o.get("name") == job for o in p["metadata"].get("ownerReferences", []))
+    )  # fmt: skip
+    assert len(owned) == 2, f"the operator made these NetworkPolicies for {job}: {owned} (all: {policies})"
+    targets = [
+        (p["status"]["podIP"], contract.DEFAULT_HEALTH_PORT) for p in worker_pods(lane, namespace, job)
+    ]
+    store = lane.kubectl("get", "pods", "-n", namespace, "-l", f"{contract.LABEL_JOB_NAME}={job},"
+                         f"{contract.LABEL_ROLE}={contract.ROLE_RENDEZVOUS}", "-o", "jsonpath={.items[0].status.podIP}")  # fmt: skip
+    targets.append((store.strip(), contract.DEFAULT_RDZV_PORT))
+    operator = probe_connect(lane, OPERATOR_NS, f"deploy/{operator_deployment}", targets, "operator")
+    assert operator == [True] * len(targets), (
+        f"the operator pod reached {list(zip(targets, operator, strict=True))}"
+    )
+    lane.kubectl("create", "namespace", "outsider")
+    labels = {contract.LABEL_JOB_NAME: job, contract.LABEL_ROLE: contract.ROLE_WORKER}
+    lane.apply(debian_pod("stranger", "outsider", lane.node_names()[0], labels, LISTENER))
+    wait_pods_ready(lane, ["outsider"], timeout=120)
+    stranger = probe_connect(lane, "outsider", "stranger", targets, "main")
+    assert stranger == [False] * len(targets), (
+        f"a stranger reached {list(zip(targets, stranger, strict=True))}"
+    )
+    print(f"NetworkPolicies {owned}: the operator reached {targets}, a stranger none")
+
+
+#: The namespace of the chart's jobs, which enforces the ``restricted`` Pod Security Standard.
+JOBS = "train"
+
+
+@pytest.fixture(scope="module")
+def operator(lane: Lane) -> str:
+    """The chart installed in-cluster, serving :data:`JOBS`; its Deployment's name."""
+    started = time.monotonic()
+    deployment = install_operator(lane, JOBS, lane.node_names()[0])
+    lane.kubectl("label", "namespace", JOBS, "pod-security.kubernetes.io/enforce=restricted")
+    report(f"chart installed, its operator available after {time.monotonic() - started:.1f} s")
+    return deployment
+
+
+def test_the_chart_runs_a_plain_pytorch_job_in_a_restricted_namespace(lane: Lane, operator: str) -> None:
+    """The operator in-cluster (the chart, its RBAC, the jobs' NetworkPolicies on), a job of
+    the plain PyTorch image with the agent injected, in a ``restricted`` namespace, on both
+    nodes: through a worker force-deleted and a rank OOM-killed, to Succeeded."""
+    namespace, job = JOBS, "plain"
+    started = time.monotonic()
+    lane.apply(app_config_map(job, namespace), plain_pytorch_job(job, namespace, PYTORCH_IMAGE, 2, steps=600))
+    watch = JobWatch(lane, namespace, job)
+    status = watch.until("both workers training", lambda s: s.get("worldSize") == 2 and step_of(s) >= 10, 420)
+    report(f"a plain PyTorch job training on two nodes after {time.monotonic() - started:.1f} s")
+    check_network_policies(lane, namespace, job, operator)
+
+    # A worker force-deleted: the group re-forms (with its replacement) and goes on.
+    victim = worker_pods(lane, namespace, job)[-1]["metadata"]["name"]
+    forms, step = status.get("restarts") or 0, step_of(watch.status())
+    deleted = time.monotonic()
+    lane.kubectl("delete", "pod", "-n", namespace, victim, "--grace-period=0", "--force")
+    status = watch.until(
+        f"the group re-formed at 2 past step {step} after {victim} was force-deleted",
+        lambda s: (s.get("restarts") or 0) > forms and s.get("worldSize") == 2 and step_of(s) > step + 5,
+    )  # fmt: skip
+    report(f"force-deleted worker: training again at world size 2 after {time.monotonic() - deleted:.1f} s")
+
+    # A rank past its memory limit: the kernel kills it (the container goes on: its agent is
+    # not the largest process), its agent restarts it as after a crash and says why, and the
+    # operator says so in the job's status and Events.
+    victim = worker_pods(lane, namespace, job)[0]["metadata"]["name"]
+    forms, step = status.get("restarts") or 0, step_of(status)
+    oom = time.monotonic()
+    lane.kubectl("exec", "-n", namespace, victim, "-c", "trainer", "--", "touch", "/tmp/kelastic-oom")
+    said: list[str] = []
+
+    def oom_said(s: dict[str, Any]) -> bool:
+        said[:] = [
+            e for e in events(lane, namespace, last=80) if "WorkersRestarted" in e and "OOM-killed" in e
+        ]
+        return (
+            bool(said)
+            and (s.get("restarts") or 0) > forms
+            and s.get("worldSize") == 2
+            and step_of(s) > step + 5
+        )
+
+    status = watch.until(
+        f"an Event to say a rank of {victim} was OOM-killed, and training at 2 past step {step}", oom_said
+    )
+    print(f"the Event: {said[-1]}\nstatus.lastFailure: {status.get('lastFailure')}")
+    report(
+        f"OOM-killed rank: training again at world size 2 after {time.monotonic() - oom:.1f} s; said: {said[-1]}"
+    )
+
+    watch.until("Succeeded", lambda s: s.get("phase") == "Succeeded", 600)
+    assert watch.nodes == set(lane.node_names()), f"the job's workers ran on {watch.nodes} only"
+    report(f"the chart's job: {time.monotonic() - started:.1f} s in all")
+
+
+def test_a_node_killed_under_a_job_leaves_it_training_at_the_smaller_size(lane: Lane, operator: str) -> None:
+    """A node's kubelet, containerd and containers killed with SIGKILL under a running job:
+    the other worker trains on alone within seconds, without waiting for the dead pod, which
+    the API still shows Running. The node killed holds a worker only (the operator and the
+    store stay on the first node: the lane has two). Last in the module: the node stays dead."""
+    namespace, job = JOBS, "survivor"
+    first, victim = lane.node_names()
+    lane.kubectl("cordon", victim)  # the store pod, created first, goes to the first node
+    lane.apply(app_config_map(job, namespace), plain_pytorch_job(job, namespace, PYTORCH_IMAGE, 2, steps=600))
+    store = f"{contract.LABEL_JOB_NAME}={job},{contract.LABEL_ROLE}={contract.ROLE_RENDEZVOUS}"
+    waited = time.monotonic()
+    while (
+        lane.kubectl("get", "pods", "-n", namespace, "-l", store, "-o", "jsonpath={.items[*].spec.nodeName}")
+        != first
+    ):
+        assert time.monotonic() - waited < 120, f"the store was not placed on {first}.\n" + diagnostics(
+            lane, namespace, job
+        )
+        time.sleep(1)
+    lane.kubectl("uncordon", victim)
+    watch = JobWatch(lane, namespace, job)
+    watch.until("both workers training", lambda s: s.get("worldSize") == 2 and step_of(s) >= 10, 420)
+    step = step_of(watch.status())
+    killed = lane.nodes.kill_node(victim)
+    started = time.monotonic()
+    watch.until(
+        f"the job training at world size 1 past step {step} after node {victim} was killed ({len(killed)} processes)",
+        lambda s: s.get("worldSize") == 1 and step_of(s) > step + 5,
+        timeout=180,
+    )
+    report(
+        f"node killed under a job: training again at world size 1 after {time.monotonic() - started:.1f} s"
+    )

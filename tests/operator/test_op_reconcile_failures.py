@@ -160,3 +160,20 @@ def test_pods_being_removed_decide_nothing(kit: SimpleNamespace) -> None:
     d = harness.run(body, kit.observed(kit.store(), kit.worker(0), kit.worker(1), leaving_bad))
     assert d.status["phase"] != "Failed" and d.status.get("backoffCount", 0) == 0
     assert harness.deleted_names(d) == ["demo-worker-2"]
+
+
+@pytest.mark.parametrize("exit_code", [1, 137])
+def test_an_oom_killed_worker_is_recreated_saying_so_whatever_its_exit_code(
+    kit: SimpleNamespace, exit_code: int
+) -> None:
+    """The kernel kills a container's largest process at its memory limit: a rank, whose
+    agent then exits 1. Under ExitCode that is still the OOM killer's doing, not the program's."""
+    body = kit.job_body(restartPolicy="ExitCode", status={"phase": "Running", "scaledTo": 3})
+    failed = kit.worker(1, PodPhase.FAILED, exit_code=exit_code, reason="OOMKilled")
+    d = harness.run(body, kit.observed(kit.store(), kit.worker(0), failed, kit.worker(2), at=1))
+    assert harness.deleted_names(d) == ["demo-worker-1"] and d.status["phase"] == "Restarting"
+    message = harness.kinds(d, DeletePod)[0].message
+    assert message.startswith(
+        f"worker pod demo-worker-1 (index 1) was OOM-killed (it exceeded its memory limit) "
+        f"and exited with code {exit_code}; recreating it"
+    ), message

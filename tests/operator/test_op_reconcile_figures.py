@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from kelastic.operator.observed import RendezvousView
+from kelastic.operator.reconcile import Emit
 
 harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("reconcile_harness.py"))))
 
@@ -45,3 +46,23 @@ def test_restarts_count_every_group_restart_whatever_its_cause(kit: SimpleNamesp
     # a recreated store counts rounds from 1 again: the count never goes back
     again = harness.run(body, kit.observed(kit.store(), *workers, rendezvous=replace(first, round=2)))
     assert again.status["restarts"] == 4
+
+
+def test_a_restart_after_a_failure_is_said_once_with_the_agents_reason(kit: SimpleNamespace) -> None:
+    """An agent's reason for restarting its workers (a rank OOM-killed) becomes a Warning Event
+    and status.lastFailure, once: a later pass, or another operator, does not say it again."""
+    reason = (
+        "workers FAILED (rank 1 was OOM-killed (its container reached its memory limit)); 0/1 restarts left"
+    )
+    body = kit.job_body(status={"phase": "Running", "scaledTo": 3})
+    rdzv = RendezvousView(
+        world_size=3, restarts=1, members=("a", "b"), failures=(("b", reason, 1700000000.25),)
+    )
+    d = harness.run(body, kit.observed(kit.store(), *(kit.worker(i) for i in range(3)), rendezvous=rdzv))
+    assert d.status["lastFailure"] == {"node": "b", "reason": reason, "time": "2023-11-14T22:13:20.250Z"}
+    said = [e for e in harness.kinds(d, Emit) if e.reason == "WorkersRestarted"]
+    assert [e.message for e in said] == [f"b restarted its workers: {reason}"] and said[0].warning
+    body["status"] = d.status
+    again = harness.run(body, kit.observed(kit.store(), *(kit.worker(i) for i in range(3)), rendezvous=rdzv))
+    assert not [e for e in harness.kinds(again, Emit) if e.reason == "WorkersRestarted"]
+    assert again.status["lastFailure"] == d.status["lastFailure"]
