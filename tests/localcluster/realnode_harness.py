@@ -113,9 +113,10 @@ def running_lane(
         yield Lane(cp, lane, control_plane_bin / "kubectl")
     finally:
         used = time.monotonic()
-        left = lane.stop()
-        if cp is not None:
+        lane.stop_components()  # their watches would hold the API server's shutdown
+        if cp is not None:  # before the bridge, which its own requests on the way out use
             cp.stop()
+        left = lane.stop()
         if setup:
             report(f"{setup}, tests {used - ready:.1f} s, stop {time.monotonic() - used:.1f} s")
     assert not left, f"the lane left behind: {left} (janitor log: {state / 'logs' / 'janitor.log'})"
