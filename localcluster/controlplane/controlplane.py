@@ -298,6 +298,10 @@ class ControlPlane:
     #: Real nodes: the Endpoints and EndpointSlice controllers on, and the ``kubernetes``
     #: Service's endpoints kept by the API server (pods reach it through its ClusterIP).
     endpoint_controllers: bool = False
+    #: Seconds a node may go without a heartbeat (its Lease or status) before the
+    #: controller-manager reads it NotReady (``--node-monitor-grace-period``): patient with a
+    #: busy 2-core machine by default.
+    node_monitor_grace: float = 60.0
     _components: list[_Component] = field(default_factory=list)
 
     # -- paths ----------------------------------------------------------------
@@ -565,7 +569,7 @@ class ControlPlane:
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
                 f"--flex-volume-plugin-dir={self.state_dir / 'flexvolume'}",
                 # The node heartbeats through its Lease; be patient with a busy 2-core machine.
-                "--node-monitor-grace-period=60s",
+                f"--node-monitor-grace-period={self.node_monitor_grace:g}s",
             ]
         return argv
 

@@ -11,7 +11,13 @@ wiring, :mod:`.configs` the files). Use::
     cp.start()
     lane.start(cp)                      # containerd, images, kubelets Ready, kube-router, kube-proxy
     ...
+    lane.stop_components()              # the kubelets, kube-routers, kube-proxies, containerds
+    cp.stop()
     lane.stop()                         # everything removed (also when this process is killed)
+
+The control plane stops in between: kube-apiserver waits on SIGTERM for the components'
+watches to end, and it removes itself from the ``kubernetes`` Service through its address on
+the lane's bridge, which ``stop()`` removes; either way it would be killed after its grace.
 
 :meth:`RealNodeLane.prepare` starts the janitor (:mod:`.janitor`) before it makes anything,
 so whatever happens next, SIGKILL included, the host is left as it was found.
@@ -357,11 +363,11 @@ class RealNodeLane:
         return hostops.kill_cgroup(node.cgroup)
 
     # -- stop ---------------------------------------------------------------------------------
-    def stop(self, grace: float = 10.0) -> list[str]:
-        """Stop the components (SIGTERM, then the janitor's SIGKILL) and remove everything.
-
-        Returns what the janitor could not remove (empty when the host is clean).
-        """
+    def stop_components(self, grace: float = 10.0) -> None:
+        """SIGTERM the nodes' components and wait up to ``grace`` s for them (idempotent): what
+        is left the janitor kills in :meth:`stop`. The control plane stops between the two:
+        the components' watches would hold its shutdown, and the bridge :meth:`stop` removes
+        carries its own requests on the way out."""
         for entry in reversed(self._processes):
             with contextlib.suppress(ProcessLookupError):
                 entry.process.terminate()
@@ -369,6 +375,14 @@ class RealNodeLane:
         for entry in self._processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 entry.process.wait(max(0.0, deadline - time.monotonic()))
+
+    def stop(self, grace: float = 10.0) -> list[str]:
+        """Stop the components (:meth:`stop_components`, then the janitor's SIGKILL) and remove
+        everything.
+
+        Returns what the janitor could not remove (empty when the host is clean).
+        """
+        self.stop_components(grace)
         watcher, self._janitor = self._janitor, None
         left: list[str] = []
         if watcher is not None and watcher.stdin is not None:

@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         return 0
     finally:
-        left = lane.stop()
-        if cp is not None:
+        lane.stop_components()  # their watches would hold the API server's shutdown
+        if cp is not None:  # before the bridge, which its own requests on the way out use
             cp.stop()
+        left = lane.stop()
         say("everything removed" if not left else f"left behind: {left}")

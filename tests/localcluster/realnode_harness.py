@@ -77,10 +77,16 @@ def report(line: str) -> None:
 
 @contextmanager
 def running_lane(
-    control_plane_bin: Path, state: Path, nodes: int = 2, images: Sequence[Path] = ()
+    control_plane_bin: Path,
+    state: Path,
+    nodes: int = 2,
+    images: Sequence[Path] = (),
+    node_monitor_grace: float | None = None,
 ) -> Iterator[Lane]:
     """Start the control plane and ``nodes`` real nodes (with ``images``, OCI tars or layouts, in
-    each node's containerd besides the lane's own); stop and check the host is clean after."""
+    each node's containerd besides the lane's own); stop and check the host is clean after.
+    ``node_monitor_grace``: the control plane's seconds before a silent node reads NotReady
+    (None: its default)."""
     node_dir = node_dir_or_skip()
     started = time.monotonic()
     lane = RealNodeLane(
@@ -96,6 +102,7 @@ def running_lane(
             state_dir=state / "control-plane",
             progress=print,
             **lane.control_plane_settings(),
+            **({} if node_monitor_grace is None else {"node_monitor_grace": node_monitor_grace}),
         )
         cp.start()
         lane.start(cp)
@@ -106,9 +113,10 @@ def running_lane(
         yield Lane(cp, lane, control_plane_bin / "kubectl")
     finally:
         used = time.monotonic()
-        left = lane.stop()
-        if cp is not None:
+        lane.stop_components()  # their watches would hold the API server's shutdown
+        if cp is not None:  # before the bridge, which its own requests on the way out use
             cp.stop()
+        left = lane.stop()
         if setup:
             report(f"{setup}, tests {used - ready:.1f} s, stop {time.monotonic() - used:.1f} s")
     assert not left, f"the lane left behind: {left} (janitor log: {state / 'logs' / 'janitor.log'})"
@@ -287,3 +295,9 @@ def narrow(snapshot: dict[str, Any], slot: int) -> dict[str, Any]:
     if others:  # another lane's kubelets may hold the host's settings changed: not ours to judge
         mine.pop("sysctls")
     return mine
+
+
+def left_behind(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What differs between two :func:`narrow` snapshots, as ``{part: (before, after)}``, over the
+    parts both judged (another lane starting or stopping in between leaves the settings out of one)."""
+    return {k: (before[k], after[k]) for k in before.keys() & after.keys() if before[k] != after[k]}

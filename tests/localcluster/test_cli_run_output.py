@@ -105,6 +105,11 @@ def test_the_readmes_example_runs_as_written_and_prints_what_is_true(tmp_path: P
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
+    # Readable logs and progress reached the terminal: the pods' output is relayed with their
+    # names (the README's command on the emulator lane: e2e/test_e2e_readme.py runs its
+    # control-plane form).
+    assert "[train] done: 300 steps" in output, output[-4000:]
+    assert "train-example-worker-" in output and "Succeeded" in output, output[-4000:]
     lines = output.splitlines()
     # one voice: kelastic's own lines are "kelastic: ...", every other line is a pod's
     assert all(line.startswith(("kelastic:", "[", "  ")) for line in lines), output

@@ -21,7 +21,9 @@ every lane.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import http.client
 import json
 import re
 import socket
@@ -698,7 +700,17 @@ def test_a_preempted_pod_carries_the_schedulers_condition(real: Side, emulator: 
         high = sleeper("high", {"app": "high"}, priorityClassName="fid-high")
         high["spec"]["containers"][0]["resources"] = gpu
         rv = side.call("GET", pods).body["metadata"]["resourceVersion"]
-        with Watch(side, pods, rv) as seen:
+
+        def told(events: list[dict[str, Any]]) -> bool:
+            """The victim's deletion and the preemptor's nomination have come."""
+            return any(
+                e["type"] == "DELETED" and e["object"]["metadata"]["name"] == "low" for e in events
+            ) and any(
+                e["object"]["metadata"]["name"] == "high" and e["object"]["status"].get("nominatedNodeName")
+                for e in events
+            )
+
+        with Watch(side, pods, rv, until=told) as seen:
             side.call("POST", pods, high)
             wait(f"{side.name}: the victim to go", lambda: side.call("GET", f"{pods}/low").code == 404, 90)
         marks = [
@@ -841,15 +853,19 @@ def test_kubectl_get_pods_reads_the_same_in_every_phase(real: Side, emulator: Si
 
 
 class Watch:
-    """The events of a watch on ``path`` from ``rv``, collected by a thread while in the block."""
+    """The events of a watch on ``path`` from ``rv``, collected by a thread while in the block and
+    after it until ``until(events)`` holds (at most 30 s): the block's own waits look at the
+    objects, and a watch's events may come a moment after what a read already shows."""
 
-    def __init__(self, side: Side, path: str, rv: str) -> None:
+    def __init__(self, side: Side, path: str, rv: str, until: Callable[[list[dict[str, Any]]], bool]) -> None:
         import threading
 
         self.events: list[dict[str, Any]] = []
+        self._seen: list[dict[str, Any]] = []
+        self._until = until
         # The server ends the watch after a while: the reading thread never outlives the test.
-        url = f"{side.url}{path}?watch=true&resourceVersion={rv}&timeoutSeconds=20"
-        self._response = urllib.request.urlopen(url, timeout=60, context=side.ssl)
+        url = f"{side.url}{path}?watch=true&resourceVersion={rv}&timeoutSeconds=60"
+        self._response = urllib.request.urlopen(url, timeout=90, context=side.ssl)
         self._thread = threading.Thread(target=self._read, daemon=True)
 
     def _read(self) -> None:
@@ -858,17 +874,27 @@ class Watch:
                 if line.strip():
                     event = json.loads(line)
                     if event.get("type") != "BOOKMARK":
-                        self.events.append(event)
-        except (OSError, ValueError):
-            pass  # closed by __exit__
+                        self._seen.append(event)
+        except (OSError, ValueError, http.client.HTTPException):
+            pass  # shut down by __exit__
+        finally:
+            self._response.close()
 
     def __enter__(self) -> Watch:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._thread.join(30)  # until the server ends the watch
-        self._response.close()
+        deadline = time.monotonic() + 30
+        while not self._until(list(self._seen)) and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.events = list(self._seen)
+        # Shut the stream down under the reading thread, which then closes it (a close from
+        # here would not wake its recv, and would pull the response from under it).
+        raw = getattr(getattr(self._response, "fp", None), "raw", None)
+        with contextlib.suppress(AttributeError, OSError):
+            raw._sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
+        self._thread.join(5)
 
 
 # -- Endpoints and EndpointSlices of the store's Service -------------------------------------

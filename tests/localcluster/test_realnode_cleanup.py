@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .realnode_harness import LISTENER, debian_pod, host_snapshot, narrow, node_dir_or_skip
+from .realnode_harness import LISTENER, debian_pod, host_snapshot, left_behind, narrow, node_dir_or_skip
 
 pytestmark = pytest.mark.slow
 
@@ -84,6 +84,5 @@ def test_sigkill_of_the_lane_leaves_nothing_behind(control_plane_bin: Path, tmp_
     before, after = narrow(before, slot), narrow(host_snapshot(node_dir), slot)
     print(f"SIGKILL to clean host: janitor log:\n{janitor_log.read_text()}")
     assert "left behind" not in janitor_log.read_text()
-    assert after == before, json.dumps(
-        {k: (before[k], after[k]) for k in before if before[k] != after[k]}, indent=1
-    )
+    leftovers = left_behind(before, after)
+    assert not leftovers, json.dumps(leftovers, indent=1)

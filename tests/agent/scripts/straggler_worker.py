@@ -1,12 +1,13 @@
 """A training script for the straggler test: CPU work per step, a collective, a memory checkpoint.
 
-Each step does ``--work`` rounds of pure-Python arithmetic (a fixed amount of CPU work, so a
-process that is stopped part of the time takes longer in wall time), then an all-reduce
-counted as waiting on peers (``progress.waiting()``), reports the step and saves it to
-kelastic's memory checkpoint every ``--save-every`` steps. Every rank writes its pid to
-``OUT/pid_<node>_<local rank>`` at start (the test throttles them) and appends
-``time world rank step node`` to ``OUT/steps.log`` after each step; rank 0 appends JSON lines
-to ``OUT/events.jsonl``: ``saved`` (step) and ``restored`` (step, source).
+Each step does ``--work`` rounds of pure-Python arithmetic (a fixed amount of CPU work), then
+an all-reduce counted as waiting on peers (``progress.waiting()``), reports the step and saves
+it to kelastic's memory checkpoint every ``--save-every`` steps. While the file
+``OUT/slow_<node>`` exists, the ranks of that node do ``--slow-factor`` times the work per
+step: a slower node, as a slower device or a busier host makes one, which nothing but its
+timing tells the agents about. Every rank appends ``time world rank step node`` to
+``OUT/steps.log`` after each step; rank 0 appends JSON lines to ``OUT/events.jsonl``:
+``saved`` (step) and ``restored`` (step, source).
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ p.add_argument("--out", required=True)
 p.add_argument("--steps", type=int, default=100000)
 p.add_argument("--work", type=int, default=200, help="rounds of CPU work per step")
 p.add_argument("--save-every", type=int, default=2)
+p.add_argument("--slow-factor", type=int, default=5, help="work per step while OUT/slow_<node> exists")
 args = p.parse_args()
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 out = Path(args.out)
 node = os.environ.get("KELASTIC_NODE_NAME", "?")
-(out / f"pid_{node}_{os.environ.get('LOCAL_RANK', '0')}").write_text(str(os.getpid()))
+slow = out / f"slow_{node}"
 
 
 def emit(event: str, **fields: object) -> None:
@@ -56,7 +58,7 @@ if reader.exists():
 
 for step in range(int(state["step"]), args.steps):
     acc = 0
-    for i in range(args.work):
+    for i in range(args.work * (args.slow_factor if slow.exists() else 1)):
         acc += sum(range(2000)) % (i + 7)
     t = torch.ones(1)
     with progress.waiting():
