@@ -31,9 +31,10 @@ checkpoints = SimpleNamespace(**runpy.run_path(str(AGENT_TESTS / "test_checkpoin
 pytestmark = [pytest.mark.gpu(gpus=1), pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-# the same store and tmpfs folder as the CPU checkpoint tests
-store = checkpoints.store
-shm = checkpoints.shm
+# the same store and tmpfs folder as the CPU checkpoint tests (the agent tests' fixtures)
+agent_fixtures = SimpleNamespace(**runpy.run_path(str(AGENT_TESTS / "conftest.py")))
+store = agent_fixtures.store
+shm = agent_fixtures.shm
 
 
 def test_an_overlapping_save_of_a_gpu_state_is_staged_in_pinned_memory_and_restores_bit_identical(
