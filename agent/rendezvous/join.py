@@ -178,12 +178,7 @@ class Joiner:
     def _join(self, store: dist.TCPStore, deadline: float, wait: Wait) -> RendezvousInfo:
         """:meth:`join`'s loop; ``wait`` says what it waits for."""
         k, s, name = self._keys, self._s, self._s.node_name
-        # A member knows its round closed: it joins a later one, even where the store says
-        # otherwise (a stranger deleted or overwrote that round's close and the latest mark,
-        # which would have it park for a round that will not close again). A restarted store
-        # has that round re-established first (``protocol.restore_round``).
-        last = self._last_round()
-        next_round = 0 if last is None else last + 1
+        next_round = 0
         while True:
             generation = self._events.generation
             # Read before the open round: from here on every event reaches this node
