@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import json
 import runpy
-import shutil
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,26 +30,12 @@ from typing import Any
 import pytest
 
 from kelastic.agent.rendezvous import control
-from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
+from kelastic.agent.rendezvous.server import ServerProcess
 
 harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
 SCRIPT = Path(__file__).parent / "scripts" / "straggler_worker.py"
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
-
-
-@pytest.fixture
-def store() -> Iterator[ServerProcess]:
-    server = start_server_process(harness.loopback_host(), 29400, timeout=30)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    path = Path("/dev/shm") / f"kelastic-test-{uuid.uuid4().hex[:8]}"
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def slow_down(out: Path, node: str) -> None:
