@@ -279,10 +279,11 @@ class CheckpointService:
             _log.warning("checkpoint connection dropped after an unexpected %s: %s", type(e).__name__, e)
         finally:
             held = self.admission.leave(conn)
-            conn.close()
+            # counted before the close: whoever sees the connection closed sees it counted
             if held and reason is not None and not self._stopped.is_set():
                 auth.REFUSALS.count(SERVICE, reason)
                 _log.debug("checkpoint connection refused: %s", reason.value)
+            conn.close()
 
     def _handle(self, channel: wire.Channel, msg: wire.Message) -> None:
         try:

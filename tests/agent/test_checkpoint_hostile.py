@@ -230,7 +230,9 @@ def test_without_the_secret_every_request_is_refused_before_it_is_parsed(job: Jo
     with the job's certificate, so their bytes fail as a TLS handshake, are never parsed,
     and get nothing back but a TLS alert and a closed connection."""
     node = job.nodes[0]
-    unauthenticated = metric(node, "checkpoint", "unauthenticated")
+    # ten at once from one address: past the handshakes one address may hold, the oldest are cut
+    # off (over_capacity) before their bytes fail as TLS (unauthenticated)
+    refused = metric(node, "checkpoint", "unauthenticated") + metric(node, "checkpoint", "over_capacity")
     sent: list[tuple[str, bytes, socket.socket]] = []
     for what, header, payload in ATTACKS:
         if what == "pickled-metadata commit":
@@ -252,7 +254,8 @@ def test_without_the_secret_every_request_is_refused_before_it_is_parsed(job: Jo
         # nothing but a TLS alert record (content type 21) ever came back
         assert got == b"" or got[:1] == b"\x15", (what, got[:64])
         assert auth.MAGIC not in got, what
-    assert metric(node, "checkpoint", "unauthenticated") >= unauthenticated + len(sent)
+    now = metric(node, "checkpoint", "unauthenticated") + metric(node, "checkpoint", "over_capacity")
+    assert now >= refused + len(sent), (now, refused)
     job.saves_go_on()
     assert not job.marker.exists()
 
@@ -459,7 +462,8 @@ def test_stalled_and_oversized_requests_cost_no_memory_and_are_cut_off(job: Job)
             f"{what}: still open after {time.monotonic() - began:.0f} s"
         )
         s.close()
-    assert not list(job.shm.rglob("*.part")), "a broken-off replica's file was left"
+    # only the strangers' names: the job's own replicas may be in flight as it saves on
+    assert not list(job.shm.rglob(".__9[01].mem.*.part")), "a broken-off replica's file was left"
     # cut off for silence, or sooner: past the handshakes one address may hold, or past the memory limit
     cut = metric(node, "checkpoint", "timeout") + metric(node, "checkpoint", "over_capacity")
     assert cut >= len(held), cut
