@@ -49,6 +49,7 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 import kelastic.agent.rendezvous  # noqa: F401  (registers the "kelastic" backend with torch)
 from kelastic.agent import contract, secret
 from kelastic.agent.api import LossWatcher, NamedNode, RunResult, WorkerSpec
+from kelastic.agent.checkpoint.folder import claim_folder
 from kelastic.agent.checkpoint.plan import StandbyHolder
 from kelastic.agent.checkpoint.service import CheckpointService
 from kelastic.agent.checkpoint.settings import (
@@ -139,14 +140,8 @@ def start_checkpoint_service(
     only clients that prove ``key``; ``flags`` are the settings the command line gave
     every node, placed on this one here (its folder made, an ``auto`` limit derived).
     ``standbys``: the job's standby announcements, whose standbys get copies of its parts."""
-    root = flags.node_folder(run_id, node)
-    for attempt in range(3):
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            break
-        except FileNotFoundError:  # another agent removed an empty parent meanwhile
-            if attempt == 2:
-                raise
+    claim = claim_folder(flags.node_folder(run_id, node))
+    root = claim.path
     if flags.limit is None:
         try:
             st = os.statvfs(root)
@@ -180,6 +175,7 @@ def start_checkpoint_service(
         advertise=advertise,
         on_restore=restored,
         standbys=None if standbys is None else standbys.holders,
+        claim=claim,
     ).start()
 
 

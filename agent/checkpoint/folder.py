@@ -15,6 +15,8 @@ it is not thread-safe on its own (the keeper calls it under its lock).
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import shutil
@@ -28,10 +30,56 @@ from kelastic.agent.checkpoint.errors import CheckpointError
 from kelastic.agent.checkpoint.requests import check_name
 from kelastic.agent.checkpoint.settings import format_bytes
 
-__all__ = ["MANIFEST", "METADATA", "Found", "MemoryFolder"]
+__all__ = ["MANIFEST", "METADATA", "FolderClaim", "Found", "MemoryFolder", "claim_folder"]
 
 METADATA = ".metadata"
 MANIFEST = ".manifest.json"
+
+
+@dataclass(frozen=True)
+class FolderClaim:
+    """A node folder this process holds (an exclusive ``flock`` on the directory itself, which
+    the kernel drops when the process dies: a restarted agent claims its folder back)."""
+
+    path: Path
+    fd: int
+
+    def release(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def claim_folder(wanted: Path, tries: int = 64) -> FolderClaim:
+    """``wanted`` made and held by this process, or, where another live agent holds it (two
+    agents of one run on one host share a host name), the first of ``wanted-2``,
+    ``wanted-3``, ... that no live process holds. CheckpointError after ``tries`` names."""
+    for n in range(1, tries + 1):
+        path = wanted if n == 1 else wanted.with_name(f"{wanted.name}-{n}")
+        for _ in range(3):  # another agent may remove an empty parent, or this folder, meanwhile
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+                break  # held by a live agent: the next name
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                return FolderClaim(path, fd)
+            os.close(fd)  # removed (and perhaps made again) by its last holder: once more
+    raise CheckpointError(
+        f"no free checkpoint folder for this node: {wanted} and {tries - 1} others are held"
+    )
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ from kelastic.agent.checkpoint.admission import Admission
 from kelastic.agent.checkpoint.client import ServiceClient, parse_endpoint
 from kelastic.agent.checkpoint.durable import DurableStore
 from kelastic.agent.checkpoint.errors import CheckpointError
+from kelastic.agent.checkpoint.folder import FolderClaim
 from kelastic.agent.checkpoint.keeper import CheckpointKeeper
 from kelastic.agent.checkpoint.plan import ReplicaPlan, StandbyHolder, replica_refusal
 from kelastic.agent.checkpoint.settings import CheckpointSettings, ServiceLimits, format_bytes
@@ -115,10 +116,12 @@ class CheckpointService:
         on_replicated: Callable[[int, float, int], None] | None = None,
         limits: ServiceLimits = ServiceLimits(),
         standbys: Callable[[], Sequence[StandbyHolder]] | None = None,
+        claim: FolderClaim | None = None,
     ) -> None:
         self._listener = socket.create_server((host, 0), backlog=128, reuse_port=False)
         self.endpoint = format_endpoint(advertise, self._listener.getsockname()[1])
         self.keeper = CheckpointKeeper(settings, self.endpoint)
+        self._claim = claim
         self.settings = settings
         self.limits = limits
         self._own_secret = secret is None
@@ -171,6 +174,8 @@ class CheckpointService:
         if self._feed is not None:
             self._feed.stop()
         self.keeper.close(remove=remove)
+        if self._claim is not None:
+            self._claim.release()
         if self._own_secret:
             self._secret.discard()
 
