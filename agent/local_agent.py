@@ -63,6 +63,7 @@ from kelastic.agent.api import (
     WorkerSpec,
     WorkerState,
 )
+from kelastic.agent.checkpoint.errors import SecretMismatch
 from kelastic.agent.events import EventSink
 from kelastic.agent.goodput import GoodputLedger
 from kelastic.agent.metrics import Metrics
@@ -528,6 +529,9 @@ class LocalElasticAgent(SimpleElasticAgent):
                 os.rmdir(directory)
 
     def _on_monitor_tick(self, worker_group: WorkerGroup) -> None:
+        mismatch = getattr(self._checkpoint_ring, "secret_mismatch", None)
+        if mismatch:  # this node holds another secret than the job's: it must not train on
+            raise SecretMismatch(mismatch)
         if self._publisher is not None and self._publisher.due():
             self._publish_progress()
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from kelastic.agent import auth, tls
 from kelastic.agent.checkpoint import wire
-from kelastic.agent.checkpoint.errors import CheckpointError
+from kelastic.agent.checkpoint.errors import CheckpointError, SecretMismatch
 from kelastic.agent.checkpoint.settings import ServiceLimits
 
 __all__ = ["PEER_TIMEOUT", "ServiceClient", "open_channel", "parse_endpoint"]
@@ -80,18 +80,24 @@ def _open_once(endpoint: str, key: bytes, timeout: float) -> wire.Channel:
             BrokenPipeError) as e:  # fmt: skip
         sock.close()
         raise _CutOff() from e
+    except auth.SecretMismatch as e:
+        sock.close()
+        raise SecretMismatch(f"checkpoint service at {endpoint}: {e}") from None
     except auth.AuthError as e:
         sock.close()
         raise CheckpointError(f"checkpoint service at {endpoint}: {e}") from None
     except ssl.SSLCertVerificationError:
         sock.close()
-        raise CheckpointError(
+        raise SecretMismatch(
             f"checkpoint service at {endpoint}: its TLS certificate is not this job's: {_SECRET_MISMATCH}"
         ) from None
     except ssl.SSLError as e:
         sock.close()
-        why = _SECRET_MISMATCH if "alert" in str(e) else str(e)
-        raise CheckpointError(f"checkpoint service at {endpoint} refused this process: {why}") from None
+        if "alert" in str(e):
+            raise SecretMismatch(
+                f"checkpoint service at {endpoint} refused this process: {_SECRET_MISMATCH}"
+            ) from None
+        raise CheckpointError(f"checkpoint service at {endpoint} refused this process: {e}") from None
     except OSError as e:
         sock.close()
         raise CheckpointError(f"checkpoint service at {endpoint}: handshake failed: {e}") from e

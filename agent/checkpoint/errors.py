@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "CheckpointNotFound", "CheckpointTooLarge", "NotInKelasticWorker"]
+__all__ = [
+    "CheckpointError",
+    "CheckpointNotFound",
+    "CheckpointTooLarge",
+    "NotInKelasticWorker",
+    "SecretMismatch",
+]
 
 
 class CheckpointError(RuntimeError):
@@ -19,3 +25,8 @@ class CheckpointTooLarge(CheckpointError):
 
 class CheckpointNotFound(CheckpointError):
     """No complete checkpoint in the nodes' memory, their peers' replicas or the durable directory."""
+
+
+class SecretMismatch(CheckpointError):
+    """A checkpoint service and this process do not hold the same job secret (one of the two
+    was given another ``--job-secret-file``)."""

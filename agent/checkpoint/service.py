@@ -55,12 +55,13 @@ from kelastic.agent import auth, tls
 from kelastic.agent.checkpoint import codec, wire
 from kelastic.agent.checkpoint import requests as rq
 from kelastic.agent.checkpoint.admission import Admission
-from kelastic.agent.checkpoint.client import ServiceClient, parse_endpoint
+from kelastic.agent.checkpoint.client import ServiceClient, open_channel, parse_endpoint
 from kelastic.agent.checkpoint.durable import DurableStore
-from kelastic.agent.checkpoint.errors import CheckpointError
+from kelastic.agent.checkpoint.errors import CheckpointError, SecretMismatch
 from kelastic.agent.checkpoint.folder import FolderClaim
 from kelastic.agent.checkpoint.keeper import CheckpointKeeper
 from kelastic.agent.checkpoint.plan import ReplicaPlan, StandbyHolder, replica_refusal
+from kelastic.agent.checkpoint.secretcheck import judge_secret
 from kelastic.agent.checkpoint.settings import CheckpointSettings, ServiceLimits, format_bytes
 from kelastic.agent.checkpoint.standbyfeed import STANDBY_TIMEOUT, StandbyFeed
 from kelastic.agent.contract import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_ENDPOINT, format_endpoint
@@ -122,6 +123,9 @@ class CheckpointService:
         self.endpoint = format_endpoint(advertise, self._listener.getsockname()[1])
         self.keeper = CheckpointKeeper(settings, self.endpoint)
         self._claim = claim
+        #: Set (once) when the ring's handshakes show this node holds another secret than
+        #: the job's (:mod:`.secretcheck`): the agent stops with it.
+        self.secret_mismatch: str | None = None
         self.settings = settings
         self.limits = limits
         self._own_secret = secret is None
@@ -443,6 +447,8 @@ class CheckpointService:
                     for name, size in files:
                         client.put_file(cid, name, self.keeper.path_of(cid, name), size, sender=self.endpoint)
                         total += size
+                except SecretMismatch:
+                    self._judge_secret(ring)
                 except CheckpointError as e:
                     _log.warning(
                         "checkpoint %d: no replica of this node's part on %s (%s); the checkpoint is "
@@ -461,6 +467,21 @@ class CheckpointService:
         _log.debug("checkpoint %d: %s replicated to %s in %.3f s", cid, format_bytes(total), targets, seconds)
         if self._on_replicated is not None:
             self._on_replicated(cid, seconds, total)
+
+    def _judge_secret(self, ring: Sequence[str]) -> None:
+        """A peer and this node hold different secrets: find out which (:mod:`.secretcheck`);
+        when it is this node, :attr:`secret_mismatch` says so (its agent stops on it)."""
+        if self.secret_mismatch is not None:
+            return
+
+        def handshake(endpoint: str) -> None:
+            open_channel(endpoint, self._secret.key, self.limits.handshake_timeout).sock.close()
+
+        verdict = judge_secret(ring, self.endpoint, handshake)
+        message = verdict.message(self.endpoint)
+        _log.warning("%s", message)
+        if verdict.odd:
+            self.secret_mismatch = message
 
     def _persist(self, cid: int, ring: list[str]) -> None:
         from kelastic.agent.checkpoint.persist import write_durable

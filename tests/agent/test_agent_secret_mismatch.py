@@ -8,6 +8,7 @@ contents; and the peer link, in process, that tells such a peer from a lost one.
 from __future__ import annotations
 
 import runpy
+import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -87,3 +88,52 @@ def test_a_peer_with_another_secret_is_a_mismatch_not_a_loss() -> None:
     finally:
         for link in (mine, theirs, same):
             link.close()
+
+
+@pytest.mark.slow
+def test_with_torchs_c10d_backend_agents_with_different_secrets_fail_and_say_so(tmp_path: Path) -> None:
+    """torch's ``c10d`` rendezvous has no peer link and no signed records: the checkpoint ring
+    tells. Each node's replica is refused by the other's service, each asks the ring which of
+    them holds another secret, and with two nodes both stop (either may be the wrong one),
+    exit 1; the first to stop says to give every agent the same ``--job-secret-file`` (the
+    other may first lose the store, which torch's ``c10d`` keeps in one of the agents)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    clusters = [harness.Cluster(tmp_path / n) for n in ("a", "b")]
+    script = Path(harness.SCRIPT).with_name("ckpt_worker.py")
+    try:
+        agents = [
+            c.start(
+                n,
+                [
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    f"127.0.0.1:{port}",
+                    "--rdzv-id",
+                    tmp_path.name,
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "1",
+                    "--node-rank",
+                    str(i),
+                ],
+                ["--steps", "400", "--step-time", "0.05", "--mib", "1"],
+                rendezvous=False,
+                script=script,
+            )
+            for i, (c, n) in enumerate(zip(clusters, ("a", "b"), strict=True))
+        ]
+        codes = [a.wait(240) for a in agents]
+        everything = "\n".join(a.output()[-3000:] for a in agents)
+        assert codes == [1, 1], everything
+        said = [a.name for a in agents if "does not hold the job secret of its peers" in a.output()]
+        assert said, everything
+        for agent in agents:
+            if agent.name in said:
+                assert "give every agent of the job the same --job-secret-file" in agent.output()
+    finally:
+        for c in clusters:
+            c.close()
