@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"kelastic-agent inject: cannot write the agent into {args[0]}: {exc}", file=sys.stderr)
         return 1
-    print(f"kelastic-agent inject: installed the agent; workers run: python {launcher} ...")
+    # One short line: the volume's path is the pod's business (on kelastic local a long
+    # host path); the worker command names the launcher there.
+    print(f"kelastic-agent inject: installed the agent ({launcher.name}, {INJECT_LIB}/) for the worker")
     return 0
 
 
