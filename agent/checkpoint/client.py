@@ -10,6 +10,8 @@ request.
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import random
 import socket
 import ssl
@@ -47,15 +49,19 @@ class _CutOff(Exception):
     """The handshake was cut off (closed or reset before it finished): worth another try."""
 
 
-def open_channel(endpoint: str, key: bytes, timeout: float = PEER_TIMEOUT) -> wire.Channel:
+def open_channel(
+    endpoint: str, key: bytes, timeout: float = PEER_TIMEOUT, source: str | None = None
+) -> wire.Channel:
     """A sealed, authenticated connection to the service at ``endpoint`` (which must answer
     as that endpoint); CheckpointError saying why not. A handshake the service cut off (as
     it does to the oldest ones while it is flooded) is tried again, up to
-    :data:`HANDSHAKE_TRIES` times with growing pauses."""
+    :data:`HANDSHAKE_TRIES` times with growing pauses. ``source``: the address to send
+    from (a node sending in its own name sends from its own address, which the other end
+    checks), where it is an IP address of this host; otherwise the kernel's choice."""
     pause = HANDSHAKE_BACKOFF
     for attempt in range(HANDSHAKE_TRIES):
         try:
-            return _open_once(endpoint, key, timeout)
+            return _open_once(endpoint, key, timeout, source)
         except _CutOff as e:
             if attempt == HANDSHAKE_TRIES - 1:
                 raise CheckpointError(
@@ -67,9 +73,25 @@ def open_channel(endpoint: str, key: bytes, timeout: float = PEER_TIMEOUT) -> wi
     raise AssertionError("unreachable")
 
 
-def _open_once(endpoint: str, key: bytes, timeout: float) -> wire.Channel:
+def _connect(address: tuple[str, int], timeout: float, source: str | None) -> socket.socket:
+    """A TCP connection to ``address`` from ``source`` when that is an IP address this host
+    holds (several nodes on one host each hold a loopback address of their own, and the
+    kernel would send from 127.0.0.1), else from the kernel's choice."""
+    if source:
+        try:
+            ipaddress.ip_address(source)
+            return socket.create_connection(address, timeout=timeout, source_address=(source, 0))
+        except ValueError:
+            pass  # a host name: the kernel's choice
+        except OSError as e:
+            if e.errno != errno.EADDRNOTAVAIL:
+                raise
+    return socket.create_connection(address, timeout=timeout)
+
+
+def _open_once(endpoint: str, key: bytes, timeout: float, source: str | None = None) -> wire.Channel:
     try:
-        sock = socket.create_connection(parse_endpoint(endpoint), timeout=timeout)
+        sock = _connect(parse_endpoint(endpoint), timeout, source)
     except OSError as e:
         raise CheckpointError(f"cannot reach the checkpoint service at {endpoint}: {e}") from e
     try:
@@ -111,15 +133,18 @@ class ServiceClient:
     thread (the storage classes keep one per process, thread and endpoint).
     """
 
-    def __init__(self, endpoint: str, key: bytes, timeout: float = PEER_TIMEOUT) -> None:
+    def __init__(
+        self, endpoint: str, key: bytes, timeout: float = PEER_TIMEOUT, source: str | None = None
+    ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
+        self.source = source
         self._key = key
         self._channel: wire.Channel | None = None
 
     def _connect(self) -> wire.Channel:
         if self._channel is None:
-            self._channel = open_channel(self.endpoint, self._key, self.timeout)
+            self._channel = open_channel(self.endpoint, self._key, self.timeout, self.source)
         return self._channel
 
     def close(self) -> None:

@@ -121,6 +121,8 @@ class CheckpointService:
     ) -> None:
         self._listener = socket.create_server((host, 0), backlog=128, reuse_port=False)
         self.endpoint = format_endpoint(advertise, self._listener.getsockname()[1])
+        #: Peers take a replica in this node's name only from its advertised address.
+        self._source = advertise
         self.keeper = CheckpointKeeper(settings, self.endpoint)
         self._claim = claim
         #: Set (once) when the ring's handshakes show this node holds another secret than
@@ -144,7 +146,7 @@ class CheckpointService:
             else StandbyFeed(
                 self.endpoint,
                 self.keeper,
-                lambda e: ServiceClient(e, self._secret.key, STANDBY_TIMEOUT),
+                lambda e: ServiceClient(e, self._secret.key, STANDBY_TIMEOUT, self._source),
                 standbys,
                 settings.replicas,
             )
@@ -194,7 +196,7 @@ class CheckpointService:
 
     def client(self, endpoint: str) -> ServiceClient:
         """A connection to ``endpoint`` (a peer's service) with this node's key."""
-        return ServiceClient(endpoint, self._secret.key)
+        return ServiceClient(endpoint, self._secret.key, source=self._source)
 
     # --- the ring ------------------------------------------------------------------------------
     def set_ring(self, ring: Sequence[str]) -> None:
@@ -475,7 +477,7 @@ class CheckpointService:
             return
 
         def handshake(endpoint: str) -> None:
-            open_channel(endpoint, self._secret.key, self.limits.handshake_timeout).sock.close()
+            open_channel(endpoint, self._secret.key, self.limits.handshake_timeout, self._source).sock.close()
 
         verdict = judge_secret(ring, self.endpoint, handshake)
         message = verdict.message(self.endpoint)

@@ -268,3 +268,36 @@ def test_a_peer_puts_only_the_replicas_the_rounds_ring_assigns_it(node: Checkpoi
         {h["id"]: h for h in node.keeper.status().get("held", [])} if "held" in node.keeper.status() else {}
     )
     assert not node.keeper.path_of(5, "__9.mem").exists() and held is not None
+
+
+def test_nodes_on_loopback_addresses_of_their_own_take_each_others_replicas(tmp_path: Path) -> None:
+    """Several nodes on one host, each on a loopback address of its own (as the pods of
+    ``kelastic local``): a node sends its replica from its own address, not from the
+    kernel's default 127.0.0.1, so its successor takes it as from the node it names."""
+    root = Path("/dev/shm") / f"kelastic-loopbacks-{uuid.uuid4().hex[:8]}"
+    nodes = [
+        CheckpointService(
+            CheckpointSettings(root=root / host, node=host, limit=LIMIT),
+            JobSecret(KEY, SecretSource.FILE),
+            host=host,
+            advertise=host,
+        ).start()
+        for host in ("127.3.0.1", "127.3.0.2")
+    ]
+    try:
+        ring = [n.endpoint for n in nodes]
+        for n in nodes:
+            n.set_ring(ring)
+        part = tmp_path / "part"
+        part.write_bytes(b"y" * 4096)
+        a, b = nodes
+        client = a.client(b.endpoint)
+        try:
+            client.put_file(3, "__0.mem", part, 4096, sender=a.endpoint)
+        finally:
+            client.close()
+        assert b.keeper.path_of(3, "__0.mem").read_bytes() == b"y" * 4096
+    finally:
+        for n in nodes:
+            n.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -111,6 +111,12 @@ def test_the_readmes_example_runs_as_written_and_prints_what_is_true(tmp_path: P
     assert "[train] done: 300 steps" in output, output[-4000:]
     assert "train-example-worker-" in output and "Succeeded" in output, output[-4000:]
     lines = output.splitlines()
+    # a run that succeeds says nothing to worry about: no pod's agent warned (a lost replica,
+    # a refused request), and kelastic warned of nothing
+    warned = [
+        line for line in lines if re.match(r"(\[[^\]]+\] )?\[W \d\d:\d\d:\d\d\]", line) or "WARNING" in line
+    ]
+    assert not warned, "\n".join(warned[:10])
     # one voice: kelastic's own lines are "kelastic: ...", every other line is a pod's
     assert all(line.startswith(("kelastic:", "[", "  ")) for line in lines), output
     assert not [line for line in lines if line.startswith("[kelastic]")], output
