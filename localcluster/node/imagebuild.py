@@ -167,7 +167,11 @@ def build_images(
                 mark = time.monotonic()
                 log = _build(buildkit, address, context, base, manifest, name, layout, progress)
                 built.timings[name] = time.monotonic() - mark
-                built.cold = built.cold or torch_step_ran(log)
+                ran = torch_step_ran(log)
+                progress(
+                    f"{name}: the torch step {'ran' if ran else 'came from the cache'}; {cached_steps(log)}"
+                )
+                built.cold = built.cold or ran
                 built.layouts[name] = layout
             mark = time.monotonic()
             _tidy_layouts(list(built.layouts.values()), progress)
@@ -251,6 +255,13 @@ def torch_step_ran(log: str) -> bool:
         if step:
             return f"{step.group(1)} CACHED" not in log.splitlines()
     return False
+
+
+def cached_steps(log: str) -> str:
+    """How many of the build's steps (``#N [i/n] ...``) BuildKit found in its cache, in words."""
+    steps = {m.group(1) for m in re.finditer(r"^(#\d+) \[\s*\d+/\d+\]", log, re.MULTILINE)}
+    cached = {m.group(1) for m in re.finditer(r"^(#\d+) CACHED$", log, re.MULTILINE)} & steps
+    return f"{len(cached)} of {len(steps)} steps from the cache"
 
 
 @contextlib.contextmanager

@@ -177,3 +177,11 @@ def test_buildkits_sizes_read_as_bytes() -> None:
     assert imagebuild.parse_size("1.5MB") == 1_500_000
     with pytest.raises(ValueError, match="not a size"):
         imagebuild.parse_size("lots")
+
+
+def test_a_builds_cached_steps_are_counted() -> None:
+    log = (
+        '#5 [internal] load build context\n#5 DONE 0.1s\n#6 [ 1/11] RUN pip install "torch==2.13.0"\n#6 CACHED\n'
+        "#7 [ 2/11] WORKDIR /opt/kelastic\n#7 CACHED\n#12 [ 7/11] RUN pip install .\n#12 12.3 Successfully\n#12 DONE\n"
+    )
+    assert imagebuild.cached_steps(log) == "2 of 3 steps from the cache"
