@@ -177,7 +177,7 @@ def build_images(
             _tidy_layouts(list(built.layouts.values()), progress)
             image_bytes = images.unique_blob_bytes(list(built.layouts.values()))
             keep = cache_bound_mb(image_bytes, os.environ.get("KELASTIC_BUILDKIT_KEEP_MB"))
-            _prune(buildkit, address, keep, progress)
+            _prune(buildkit, address, keep, time.monotonic() - started, progress)
             built.timings["cache upkeep"] = time.monotonic() - mark
     return built
 
@@ -192,9 +192,10 @@ def cache_bound_mb(image_bytes: int, override: str | None = None) -> int:
     ``override`` (``$KELASTIC_BUILDKIT_KEEP_MB``) where given, else twice ``image_bytes``
     (the unique bytes of the images just built) and :data:`CACHE_SLACK`. BuildKit holds each
     step's result twice (its snapshot and its layer's blob), and prunes a step only after
-    every step built on it, the least recently used first: at this bound the torch step stays,
-    so a build after a change of kelastic's sources does not install torch again, while the
-    layers of earlier builds go."""
+    every step built on it: at this bound the torch step stays, so a build after a change of
+    kelastic's sources does not install torch again, while the layers of earlier builds go.
+    What a build just made or used is spared (:func:`_prune`), so the cache may stay above
+    the bound by that much until the next build."""
     if override:
         return int(override)
     return -(-(2 * image_bytes + CACHE_SLACK) // 10**6)
@@ -227,9 +228,15 @@ def _buildctl_total(buildkit: BuildKit, address: str, *args: str) -> int:
     return parse_size(totals[-1])
 
 
-def _prune(buildkit: BuildKit, address: str, keep_mb: int, progress: Callable[[str], None]) -> None:
-    """Prune BuildKit's cache to ``keep_mb`` megabytes, least recently used first; say what it freed."""
-    freed = _buildctl_total(buildkit, address, "prune", f"--keep-storage={keep_mb}")
+def _prune(
+    buildkit: BuildKit, address: str, keep_mb: int, build_seconds: float, progress: Callable[[str], None]
+) -> None:
+    """Prune BuildKit's cache to ``keep_mb`` megabytes, least used first, sparing what the
+    build of the last ``build_seconds`` made or used; say what it freed. (BuildKit ranks a
+    step by how recently and how often it was used, so the steps just built, used once, would
+    otherwise go before older ones, and the next build would run them again.)"""
+    spare = f"--keep-duration={int(build_seconds) + 60}s"
+    freed = _buildctl_total(buildkit, address, "prune", f"--keep-storage={keep_mb}", spare)
     kept = _buildctl_total(buildkit, address, "du")
     progress(
         f"BuildKit's cache pruned to its bound of {keep_mb / 1e3:.1f} GB: {freed / 1e9:.2f} GB freed, "
