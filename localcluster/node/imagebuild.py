@@ -15,6 +15,10 @@ machine. Each image is written as an OCI image layout (a directory) beside it, w
 :meth:`.lane.RealNodeLane.start` imports into each node's containerd: a later build sends only
 the blobs the layout lacks, so an unchanged torch layer is not copied again.
 
+After a build the cache is kept bounded: the layouts lose the blobs of earlier builds and
+keep the layers the two images share once (hard links), and BuildKit's cache is pruned to
+:func:`cache_bound_mb` (``$KELASTIC_BUILDKIT_KEEP_MB``), which keeps the torch step.
+
 Why not BuildKit's containerd worker: the lane's containerds live and die with the lane (their
 state is removed when it stops), so a build cache in one would be gone with it, and the torch
 layer would be downloaded again for every lane.
@@ -46,6 +50,8 @@ __all__ = [
     "BuildKit",
     "BuiltImages",
     "build_images",
+    "cache_bound_mb",
+    "parse_size",
     "plain_dockerfile",
     "torch_step_ran",
 ]
@@ -161,9 +167,81 @@ def build_images(
                 mark = time.monotonic()
                 log = _build(buildkit, address, context, base, manifest, name, layout, progress)
                 built.timings[name] = time.monotonic() - mark
-                built.cold = built.cold or torch_step_ran(log)
+                ran = torch_step_ran(log)
+                progress(
+                    f"{name}: the torch step {'ran' if ran else 'came from the cache'}; {cached_steps(log)}"
+                )
+                built.cold = built.cold or ran
                 built.layouts[name] = layout
+            mark = time.monotonic()
+            _tidy_layouts(list(built.layouts.values()), progress)
+            image_bytes = images.unique_blob_bytes(list(built.layouts.values()))
+            keep = cache_bound_mb(image_bytes, os.environ.get("KELASTIC_BUILDKIT_KEEP_MB"))
+            _prune(buildkit, address, keep, time.monotonic() - started, progress)
+            built.timings["cache upkeep"] = time.monotonic() - mark
     return built
+
+
+#: BuildKit's cache beyond twice the images' bytes (:func:`cache_bound_mb`): the base image's
+#: record, the frontend's and the build contexts'.
+CACHE_SLACK = 10**9
+
+
+def cache_bound_mb(image_bytes: int, override: str | None = None) -> int:
+    """The megabytes BuildKit's cache keeps after a build (``buildctl prune --keep-storage``):
+    ``override`` (``$KELASTIC_BUILDKIT_KEEP_MB``) where given, else twice ``image_bytes``
+    (the unique bytes of the images just built) and :data:`CACHE_SLACK`. BuildKit holds each
+    step's result twice (its snapshot and its layer's blob), and prunes a step only after
+    every step built on it: at this bound the torch step stays, so a build after a change of
+    kelastic's sources does not install torch again, while the layers of earlier builds go.
+    What a build just made or used is spared (:func:`_prune`), so the cache may stay above
+    the bound by that much until the next build."""
+    if override:
+        return int(override)
+    return -(-(2 * image_bytes + CACHE_SLACK) // 10**6)
+
+
+def _tidy_layouts(layouts: list[Path], progress: Callable[[str], None]) -> None:
+    """Drop the blobs of earlier builds from ``layouts`` and keep the blobs they share once."""
+    freed = sum(images.collect_garbage(layout) for layout in layouts) + images.share_blobs(layouts)
+    progress(f"image layouts: {freed / 1e9:.2f} GB freed (blobs of earlier builds, copies of shared layers)")
+
+
+def parse_size(text: str) -> int:
+    """Bytes of BuildKit's human-readable size (``18.6GB``, ``512.3kB``, ``0B``; decimal units).
+    ValueError when it is not one."""
+    found = re.fullmatch(r"\s*([0-9.]+)\s*([kKMGTP]?)B\s*", text)
+    if not found:
+        raise ValueError(f"not a size: {text!r}")
+    return round(float(found.group(1)) * 1000 ** "_KMGTP".find(found.group(2).upper() or "_"))
+
+
+def _buildctl_total(buildkit: BuildKit, address: str, *args: str) -> int:
+    """The ``Total:`` of ``buildctl prune`` or ``du`` (bytes); ImageFailed with its output."""
+    argv = [str(buildkit.directory / "buildctl"), f"--addr={address}", *args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    totals = [line.split(":", 1)[1] for line in done.stdout.splitlines() if line.startswith("Total:")]
+    if done.returncode != 0 or not totals:
+        raise images.ImageFailed(
+            f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()[-1500:]}"
+        )
+    return parse_size(totals[-1])
+
+
+def _prune(
+    buildkit: BuildKit, address: str, keep_mb: int, build_seconds: float, progress: Callable[[str], None]
+) -> None:
+    """Prune BuildKit's cache to ``keep_mb`` megabytes, least used first, sparing what the
+    build of the last ``build_seconds`` made or used; say what it freed. (BuildKit ranks a
+    step by how recently and how often it was used, so the steps just built, used once, would
+    otherwise go before older ones, and the next build would run them again.)"""
+    spare = f"--keep-duration={int(build_seconds) + 60}s"
+    freed = _buildctl_total(buildkit, address, "prune", f"--keep-storage={keep_mb}", spare)
+    kept = _buildctl_total(buildkit, address, "du")
+    progress(
+        f"BuildKit's cache pruned to its bound of {keep_mb / 1e3:.1f} GB: {freed / 1e9:.2f} GB freed, "
+        f"{kept / 1e9:.2f} GB kept"
+    )
 
 
 def _image_size(layout: Path) -> int:
@@ -184,6 +262,13 @@ def torch_step_ran(log: str) -> bool:
         if step:
             return f"{step.group(1)} CACHED" not in log.splitlines()
     return False
+
+
+def cached_steps(log: str) -> str:
+    """How many of the build's steps (``#N [i/n] ...``) BuildKit found in its cache, in words."""
+    steps = {m.group(1) for m in re.finditer(r"^(#\d+) \[\s*\d+/\d+\]", log, re.MULTILINE)}
+    cached = {m.group(1) for m in re.finditer(r"^(#\d+) CACHED$", log, re.MULTILINE)} & steps
+    return f"{len(cached)} of {len(steps)} steps from the cache"
 
 
 @contextlib.contextmanager

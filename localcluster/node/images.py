@@ -30,6 +30,7 @@ __all__ = [
     "DEBIAN_IMAGE",
     "PYTHON_BASE_IMAGE",
     "ImageFailed",
+    "collect_garbage",
     "debian_layer",
     "debian_layer_path",
     "import_layout",
@@ -37,6 +38,9 @@ __all__ = [
     "pause_layer",
     "python_base_layer",
     "python_base_layer_path",
+    "reachable_blobs",
+    "share_blobs",
+    "unique_blob_bytes",
     "write_layout",
 ]
 
@@ -242,25 +246,121 @@ def write_layout(out: Path, name: str, layers: Sequence[Path], *, entrypoint: Se
     return out
 
 
+#: Media types whose blob lists other manifests (an image index, a Docker manifest list).
+INDEX_TYPES = frozenset(
+    {"application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json"}
+)
+#: Media types whose blob names a config and layers (an image or attestation manifest).
+MANIFEST_TYPES = frozenset(
+    {"application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"}
+)
+
+
+def reachable_blobs(layout: Path) -> dict[str, int]:
+    """Every blob an OCI image layout's ``index.json`` reaches (through image indexes and
+    manifests to configs and layers): hex digest -> size in bytes, as the descriptors say.
+    A builder that writes into an existing layout (BuildKit) leaves the blobs of earlier
+    builds beside these; only these are part of its images. ImageFailed when a manifest or
+    index it names is missing (the layout is incomplete: build it again)."""
+    blobs = layout / "blobs" / "sha256"
+    found: dict[str, int] = {}
+    pending: list[dict[str, object]] = list(json.loads((layout / "index.json").read_text())["manifests"])
+    while pending:
+        descriptor = pending.pop()
+        digest = str(descriptor["digest"]).removeprefix("sha256:")
+        if digest in found:
+            continue
+        found[digest] = int(str(descriptor["size"]))
+        media_type = descriptor.get("mediaType")
+        if media_type not in INDEX_TYPES and media_type not in MANIFEST_TYPES:
+            continue
+        try:
+            body = json.loads((blobs / digest).read_text())
+        except FileNotFoundError:
+            raise ImageFailed(
+                f"{layout} names {media_type} sha256:{digest}, which it lacks: build it again"
+            ) from None
+        if media_type in INDEX_TYPES:
+            pending += body.get("manifests", [])
+        else:
+            pending += [body["config"], *body.get("layers", [])]
+    return found
+
+
+def collect_garbage(layout: Path) -> int:
+    """Remove the blobs of ``layout`` that its ``index.json`` does not reach
+    (:func:`reachable_blobs`); the bytes freed."""
+    keep = reachable_blobs(layout)
+    freed = 0
+    for blob in (layout / "blobs" / "sha256").iterdir():
+        if blob.name not in keep:
+            stat = blob.stat()
+            blob.unlink()
+            # A blob also linked elsewhere frees nothing yet.
+            freed += stat.st_size if stat.st_nlink == 1 else 0
+    return freed
+
+
+def share_blobs(layouts: Sequence[Path]) -> int:
+    """Make each blob that several ``layouts`` hold one file (hard links; each layout on the same
+    file system as the first that holds it): two images built with the same torch layer keep
+    it on disk once. The bytes freed."""
+    first: dict[str, Path] = {}
+    freed = 0
+    for layout in layouts:
+        for blob in sorted((layout / "blobs" / "sha256").iterdir()):
+            kept = first.setdefault(blob.name, blob)
+            if kept == blob:
+                continue
+            kept_stat, stat = kept.stat(), blob.stat()
+            if (kept_stat.st_dev, kept_stat.st_ino) == (
+                stat.st_dev,
+                stat.st_ino,
+            ) or kept_stat.st_dev != stat.st_dev:
+                continue
+            spare = blob.with_name(f".{blob.name}.link")
+            spare.unlink(missing_ok=True)
+            os.link(kept, spare)
+            spare.replace(blob)  # atomic: the layout never lacks the blob
+            freed += stat.st_size if stat.st_nlink == 1 else 0
+    return freed
+
+
 def merge_layouts(out: Path, layouts: Sequence[Path]) -> Path:
-    """One OCI image layout in ``out`` holding every image of ``layouts`` (blobs hard-linked,
-    copied across file systems): images that share layers (the kelastic and PyTorch images
-    share torch's) are then imported, hashed and unpacked once."""
+    """One OCI image layout in ``out`` holding every image of ``layouts`` and the blobs they
+    reach, no others (hard-linked, copied across file systems): images that share layers (the
+    kelastic and PyTorch images share torch's) are then imported, hashed and unpacked once,
+    and blobs of earlier builds left in a layout are not imported at all."""
     blobs = out / "blobs" / "sha256"
     blobs.mkdir(parents=True, exist_ok=True)
     manifests: list[object] = []
     for layout in layouts:
-        for blob in (layout / "blobs" / "sha256").iterdir():
-            target = blobs / blob.name
+        for digest in reachable_blobs(layout):
+            blob, target = layout / "blobs" / "sha256" / digest, blobs / digest
             if not target.exists():
                 try:
                     os.link(blob, target)
+                except FileNotFoundError:
+                    raise ImageFailed(f"{layout} lacks its blob sha256:{digest}: build it again") from None
                 except OSError:
                     shutil.copyfile(blob, target)
         manifests += json.loads((layout / "index.json").read_text())["manifests"]
     (out / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
     (out / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": manifests}))
     return out
+
+
+def unique_blob_bytes(layouts: Sequence[Path]) -> int:
+    """The bytes of the distinct blobs ``layouts`` (directories) reach, or of the files given
+    (OCI tars): what importing them all writes into a content store."""
+    seen: dict[str, int] = {}
+    total = 0
+    for layout in layouts:
+        if layout.is_file():
+            total += layout.stat().st_size
+        else:
+            seen.update(reachable_blobs(layout))
+    return total + sum(seen.values())
 
 
 def import_layout(ctr: Path, socket: Path, layout: Path, *, discard_layers: bool = False) -> None:

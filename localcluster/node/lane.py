@@ -44,7 +44,7 @@ from typing import Any
 
 from ..controlplane.controlplane import ControlPlane, die_with_parent, write_kubeconfig
 from ..controlplane.pki import ensure_ca, ensure_leaf
-from . import configs, hostops, images, janitor, network
+from . import configs, diskspace, hostops, images, janitor, network
 from .plan import SLOTS, LanePlan, NodePlan
 
 __all__ = ["LaneFailed", "NodeBinaries", "RealNodeLane", "default_node_dir"]
@@ -202,10 +202,11 @@ class RealNodeLane:
         started = time.monotonic()
         layouts = self._image_layouts()
         self.timings["images"] = time.monotonic() - started
+        imports = self._plan_imports(layouts)
         for node in self.plan.nodes:
             self._start_runtime(node)
-        # Imports are mostly I/O: the nodes' run side by side.
-        with concurrent.futures.ThreadPoolExecutor(len(self.plan.nodes)) as pool:
+        # Imports are mostly I/O: the nodes' run side by side, as many as the disk holds.
+        with concurrent.futures.ThreadPoolExecutor(imports.side_by_side) as pool:
             for done in [pool.submit(self._import, node, layouts) for node in self.plan.nodes]:
                 done.result()
         self.timings["containerd and imports"] = time.monotonic() - started - self.timings["images"]
@@ -235,6 +236,21 @@ class RealNodeLane:
             shutil.rmtree(built, ignore_errors=True)
             return [pause, debian, images.merge_layouts(built, self.extra_images)]
         return [pause, debian, *self.extra_images]
+
+    def _plan_imports(self, layouts: list[Path]) -> diskspace.ImportPlan:
+        """How many nodes import at once, from the images' bytes and the free space where
+        the nodes' containerd roots are (at most ``$KELASTIC_NODE_IMPORTS_AT_ONCE`` where set);
+        NotEnoughSpace when even one at a time does not fit."""
+        assert self.plan is not None
+        image_bytes = images.unique_blob_bytes(layouts)
+        free = shutil.disk_usage(self.plan.root).free
+        most = int(os.environ.get("KELASTIC_NODE_IMPORTS_AT_ONCE") or 0) or None
+        plan = diskspace.plan_imports(image_bytes, len(self.plan.nodes), free, self.plan.root, most=most)
+        self.progress(
+            f"importing {image_bytes / 1e9:.1f} GB of images into {len(self.plan.nodes)} nodes, "
+            f"{plan.side_by_side} at a time: {plan.peak / 1e9:.1f} GB at the peak, {free / 1e9:.1f} GB free"
+        )
+        return plan
 
     def _spawn(self, node: NodePlan, name: str, argv: list[str]) -> _Process:
         log = self.logs_dir / f"{node.name}-{name}.log"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kelastic.localcluster.controlplane.controlplane import ComponentHelp, component_flags
-from kelastic.localcluster.node import configs, network
+from kelastic.localcluster.node import configs, diskspace, network
 from kelastic.localcluster.node.checks import missing
 from kelastic.localcluster.node.images import write_layout
 from kelastic.localcluster.node.plan import LanePlan
@@ -113,3 +113,28 @@ def test_missing_names_what_to_build_and_run_as(tmp_path: Path, monkeypatch: pyt
     why = missing(tmp_path)
     assert why is not None and "run it as root" in why
     assert "apt-get install -y conntrack iproute2 ipset iptables mount nftables tar" in why
+
+
+GB = 10**9
+
+
+def test_imports_run_side_by_side_when_the_disk_holds_their_peak() -> None:
+    # Two nodes importing 5 GB at once: each holds blobs and unpacked layers, 20 GB.
+    plan = diskspace.plan_imports(5 * GB, 2, 30 * GB, ROOT, headroom=2 * GB)
+    assert (plan.side_by_side, plan.peak) == (2, 20 * GB)
+    assert diskspace.plan_imports(5 * GB, 2, 30 * GB, ROOT, most=1, headroom=2 * GB).side_by_side == 1
+
+
+def test_imports_go_one_node_at_a_time_when_only_that_fits() -> None:
+    # One after the other: the first keeps its 5 GB unpacked while the second peaks at 10.
+    plan = diskspace.plan_imports(5 * GB, 2, 18 * GB, ROOT, headroom=2 * GB)
+    assert (plan.side_by_side, plan.peak) == (1, 15 * GB)
+    assert diskspace.import_peak(5 * GB, 4, 2) == 30 * GB  # two waves of two
+
+
+def test_imports_that_cannot_fit_say_what_they_need_and_what_to_delete() -> None:
+    with pytest.raises(diskspace.NotEnoughSpace) as failed:
+        diskspace.plan_imports(5 * GB, 2, 16 * GB, ROOT, headroom=2 * GB)
+    message = str(failed.value)
+    assert "needs 17.0 GB free" in message and "16.0 GB is free" in message and str(ROOT) in message
+    assert "free 1.0 GB" in message and "buildkit" in message
