@@ -6,7 +6,10 @@ closed or the job finished, the job's ``closed`` mark, the round's rank assignme
 checkpoint ring) carry a MAC under a key derived from the job's secret, and a reader
 takes a record only when its MAC holds; one that fails is ignored as if it were absent,
 counted (``kelastic_agent_refused_total{service="store_record",reason="unauthenticated"}``
-on the agent's ``/metrics``), and logged at most once per :data:`LOG_INTERVAL` seconds. A stranger with store
+on the agent's ``/metrics``), and logged at most once per :data:`LOG_INTERVAL` seconds. A
+record whose MAC holds but that its reader finds written for another round (a replay of
+the job's own, :meth:`RecordSigner.refuse_replayed`) is ignored and counted so too, with
+reason ``bad_request``. A stranger with store
 access can then delete records or write garbage (which stalls, at worst, what waits for
 the record), never put words in a member's mouth.
 
@@ -140,8 +143,14 @@ class RecordSigner:
     def valid(self, name: str, stored: bytes | str | None) -> bool:
         return self.open(name, stored) is not None
 
-    def _refuse(self, name: str, why: str) -> None:
-        REFUSALS.count(SERVICE, Reason.UNAUTHENTICATED)
+    def refuse_replayed(self, name: str, why: str) -> None:
+        """Count and log a record whose MAC holds but which belongs elsewhere (``why``: written
+        in another round, a replay of the job's own record), ignored as if absent; counted
+        with reason ``bad_request``."""
+        self._refuse(name, why, Reason.BAD_REQUEST)
+
+    def _refuse(self, name: str, why: str, reason: Reason = Reason.UNAUTHENTICATED) -> None:
+        REFUSALS.count(SERVICE, reason)
         r = self._refusals
         now = time.monotonic()
         with r.lock:
@@ -150,7 +159,16 @@ class RecordSigner:
             if due:
                 r.logged = now
             count = r.count
-        if due:
+        if due and reason is Reason.BAD_REQUEST:
+            log.warning(
+                "kelastic rendezvous: ignored a store record %s %s (the job's own, written back by "
+                "someone who can reach the store; %d ignored so far, logged at most every %gs)",
+                name,
+                why,
+                count,
+                LOG_INTERVAL,
+            )
+        elif due:
             log.warning(
                 "kelastic rendezvous: ignored a store record %s with %s (not signed with this node's "
                 "job secret: a stranger's, or an agent's given another --job-secret-file, and every agent "
