@@ -307,6 +307,9 @@ def test_a_successors_record_a_stranger_overwrites_after_the_close_costs_the_pee
     store.set(keys.members(1), members_value(keys, 1, ["a", "b", "c"]))
     for slot, name in enumerate("abc"):
         store.set(keys.node(1, slot), keys.sign(keys.node(1, slot), f'{{"name": "{name}", "addr": "h"}}'))
+    # A set has no reply: a request that has one makes sure the store took the job's records
+    # before the stranger's writes, which come on another connection.
+    assert store.check([keys.node(1, 2)])
     stranger = connect_store(server.host, server.port, 5)
     stranger.set(keys.node(1, 1), '{"name": "stranger", "addr": "127.0.0.1", "link": 9}')
     stranger.delete_key(keys.node(1, 2))
