@@ -63,6 +63,7 @@ from .rounds import (
     Joining,
     Member,
     account_previous_round,
+    first_signed_joiner,
     observe_round,
     read_records,
     successor_from_members,
@@ -232,7 +233,7 @@ class Joiner:
                 self.joining = Joining(r, slot)
             if self._timings is not None:
                 self._timings.joined = time.time()
-            if slot == 0 and r > 1:
+            if r > 1 and first_signed_joiner(store, k, r, slot):
                 push_event(store, k, f"join {r}")  # running members learn that nodes wait
             account_previous_round(store, k, name, r)
             try:
