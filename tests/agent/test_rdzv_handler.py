@@ -121,7 +121,10 @@ def test_spare_node_waits_while_round_is_full(server: ServerProcess, handlers: l
     spare = make_handler(server.endpoint, "spare", 1, 2, run_id=run_id)
     handlers.append(spare)
     thread, out = in_thread(spare.next_rendezvous)
-    # A full round is not disturbed by a spare node.
+    # A full round is not disturbed by a spare node, which parks behind it (waited for: a
+    # spare still on its way when the member leaves comes too late for the round that
+    # replaces the member, which the survivor then closes alone).
+    wait_for(lambda: spare._joiner.parked is not None, timeout=20, what="the spare parked")
     assert not handlers[0].wait_membership_change(1.0)
     assert handlers[0].num_nodes_waiting() == 0
     assert not out
