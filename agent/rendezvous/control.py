@@ -353,7 +353,8 @@ def read_progress(
     ``round_`` (with a signing ``signer``): the round whose members' reports are read; a report
     the job signed in another round (the node's report of an earlier round written back by
     someone who can reach the store, or one not re-published since the round changed) is
-    none either, counted as a refused record."""
+    none either; counted as a refused record where it is older than a report the signer took
+    from the node before (``RecordSigner.other_round``)."""
     keys = _keys(run_id, signer)
     raw = member_value(keys, keys.progress(node), read_optional(store, keys.progress(node)))
     if raw is None:
@@ -364,9 +365,11 @@ def read_progress(
         return None
     if not isinstance(data, dict):
         return None
-    if signer is not None and signer.signing and round_ is not None and data.get("round") != round_:
-        signer.refuse_replayed(keys.progress(node), f"of round {data.get('round')} in round {round_}")
-        return None
+    if signer is not None and signer.signing and round_ is not None:
+        if data.get("round") != round_:
+            signer.other_round(keys.progress(node), data.get("round"), round_)
+            return None
+        signer.took(keys.progress(node), round_)
     rec = data.get("recovery")
     hung = data.get("hang")
     failed = data.get("failure")

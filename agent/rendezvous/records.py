@@ -8,8 +8,8 @@ takes a record only when its MAC holds; one that fails is ignored as if it were 
 counted (``kelastic_agent_refused_total{service="store_record",reason="unauthenticated"}``
 on the agent's ``/metrics``), and logged at most once per :data:`LOG_INTERVAL` seconds. A
 record whose MAC holds but that its reader finds written for another round (a replay of
-the job's own, :meth:`RecordSigner.refuse_replayed`) is ignored and counted so too, with
-reason ``bad_request``. A stranger with store
+the job's own after a later one was read, :meth:`RecordSigner.other_round`) is ignored and
+counted so too, with reason ``bad_request``. A stranger with store
 access can then delete records or write garbage (which stalls, at worst, what waits for
 the record), never put words in a member's mouth.
 
@@ -62,11 +62,13 @@ def _bytes(value: bytes | str) -> bytes:
 
 @dataclass
 class _Refusals:
-    """How many records failed their MAC, and when that was last logged (shared, thread-safe)."""
+    """How many records failed their MAC, and when that was last logged (shared, thread-safe);
+    per key of a record bound to a round, the latest round of one taken (:meth:`RecordSigner.took`)."""
 
     count: int = 0
     logged: float = float("-inf")
     lock: threading.Lock = field(default_factory=threading.Lock)
+    rounds: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -143,11 +145,26 @@ class RecordSigner:
     def valid(self, name: str, stored: bytes | str | None) -> bool:
         return self.open(name, stored) is not None
 
-    def refuse_replayed(self, name: str, why: str) -> None:
-        """Count and log a record whose MAC holds but which belongs elsewhere (``why``: written
-        in another round, a replay of the job's own record), ignored as if absent; counted
-        with reason ``bad_request``."""
-        self._refuse(name, why, Reason.BAD_REQUEST)
+    def took(self, name: str, r: int) -> None:
+        """A record of round r was taken from ``name`` (see :meth:`other_round`)."""
+        with self._refusals.lock:
+            self._refusals.rounds[name] = max(r, self._refusals.rounds.get(name, r))
+
+    def other_round(self, name: str, written_in: object, r: int) -> None:
+        """A record of ``name`` whose MAC holds was written in round ``written_in``, not in
+        round r that its reader reads (the reader ignores it as if absent). Written in a round
+        below one of which a record was taken from ``name`` before, it is a replay of the job's
+        own record (its writer never goes back): counted and logged with reason
+        ``bad_request``. Otherwise it is one its writer has not written again since the round
+        changed: ignored, not counted."""
+        with self._refusals.lock:
+            newest = self._refusals.rounds.get(name)
+        if newest is not None and (not isinstance(written_in, int) or written_in < newest):
+            self._refuse(
+                name,
+                f"of round {written_in} read in round {r}, after one of round {newest}",
+                Reason.BAD_REQUEST,
+            )
 
     def _refuse(self, name: str, why: str, reason: Reason = Reason.UNAUTHENTICATED) -> None:
         REFUSALS.count(SERVICE, reason)

@@ -108,7 +108,7 @@ def test_a_report_of_an_earlier_round_written_back_counts_as_none(server: Server
     report there. The MAC holds, but the report names round 1: the leader takes it for no
     report (b is no straggler), counts it refused (``store_record``, ``bad_request``), and the
     operator's view of the run shows no figures of it; b's report of round 2 is taken."""
-    from kelastic.agent.auth import REFUSALS
+    from kelastic.agent.auth import REFUSALS, Reason
 
     store, signer = signed_round(server, run_id)
     keys = protocol.RunKeys(run_id, signer)
@@ -123,7 +123,7 @@ def test_a_report_of_an_earlier_round_written_back_counts_as_none(server: Server
     leader = watch(server, run_id, "a")
     assert leader.tick(leader=True, round_=2) is None and leader.verdict is None  # the control
     assert control.read_progress(store, run_id, "b", signer, 2) is not None
-    before = REFUSALS.snapshot().get(("store_record", "bad_request"), 0)
+    before = REFUSALS.total("store_record", Reason.BAD_REQUEST)
     store.set(keys.progress("b"), captured)  # written back: the job's own bytes, valid MAC
     assert control.read_progress(store, run_id, "b", signer, 1) is not None, "not the job's own bytes"
     for _ in range(3):
@@ -131,4 +131,4 @@ def test_a_report_of_an_earlier_round_written_back_counts_as_none(server: Server
     assert leader.verdict is None, leader.verdict
     status = control.read_status(store, run_id, signer)
     assert status.round == 2 and [node for node, _ in status.goodputs] == ["a", "c"], status.goodputs
-    assert REFUSALS.snapshot().get(("store_record", "bad_request"), 0) > before
+    assert REFUSALS.total("store_record", Reason.BAD_REQUEST) > before
