@@ -91,8 +91,8 @@ Cost at scale
 A node's join, wait and start take O(1) store operations on O(1)-sized values
 (its own listing key and the controller's bounds, never the full list): six
 calls to join and wait in the first round (reading ``open`` and the bounds,
-taking a slot, writing the record, a heartbeat, the close rule's ``joined``),
-then two (check, read) for its ring successor's record once the round closed,
+taking a slot, writing the record, a heartbeat, the close rule's ``joined``; in a
+later round, past slot 0, one more: whether slot 0 holds the job's record), then two (check, read) for its ring successor's record once the round closed,
 plus the watcher's one per event. The job's ``closed`` key is read once per
 watcher connection, the round's size only when its close event may have been
 missed.
