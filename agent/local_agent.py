@@ -607,4 +607,14 @@ class LocalElasticAgent(SimpleElasticAgent):
             failure=self._failure() if self._failure is not None else None,
             hang=self._last_hang,
             checkpoint=self._checkpoint_status() if self._checkpoint_status is not None else None,
+            round_=self._rdzv_round(),
         )
+
+    def _rdzv_round(self) -> int | None:
+        """The round of kelastic's rendezvous this node is a member of (None: another backend)."""
+        from kelastic.agent.rendezvous import handler as kelastic_rdzv  # only with the kelastic backend
+
+        handler = self._worker_group.spec.rdzv_handler
+        if not isinstance(handler, kelastic_rdzv.KelasticRendezvousHandler):
+            return None
+        return kelastic_rdzv.current_round(handler)

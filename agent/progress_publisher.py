@@ -102,8 +102,12 @@ class ProgressPublisher:
         hang: tuple[tuple[int, ...], float, float] | None = None,
         checkpoint: dict[str, Any] | None = None,
         goodput: dict[str, Any] | None = None,
+        round_: int | None = None,
     ) -> bool:
-        """Publish now (unless paused after an error); True if the store took the report."""
+        """Publish now (unless paused after an error); True if the store took the report.
+
+        ``round_``: the rendezvous round this node is a member of (signed with the report:
+        readers of another round take it for none)."""
         now = self._clock()
         self._last_publish = now
         if now < self._paused_until:
@@ -130,6 +134,7 @@ class ProgressPublisher:
                 checkpoint=checkpoint,
                 goodput=goodput,
                 signer=self._signer,
+                round_=round_,
             )
         except Exception as e:  # progress is best effort; the store may be restarting
             self._store = None

@@ -309,8 +309,13 @@ def publish_progress(
     checkpoint: Mapping[str, object] | None = None,
     goodput: Mapping[str, object] | None = None,
     signer: RecordSigner | None = None,
+    round_: int | None = None,
 ) -> None:
     """Record ``node``'s latest progress (overwrites its previous report), signed by ``signer``.
+
+    ``round_``: the rendezvous round the node is a member of, under the MAC with the rest, so
+    that a reader of round R takes no report signed in another round (a replay; see
+    :func:`read_progress`).
 
     ``checkpoint`` is the node's memory checkpoint state (``CheckpointKeeper.status``:
     latest, step, restored, bytes, limit), published as is under ``"checkpoint"``.
@@ -324,6 +329,7 @@ def publish_progress(
         "restarts": int(restarts),
         "local_world_size": None if local_world_size is None else int(local_world_size),
         "time": time.time(),
+        "round": None if round_ is None else int(round_),
     }
     if recovery is not None:  # (seconds, when the round closed)
         report["recovery"] = [float(recovery[0]), float(recovery[1])]
@@ -340,9 +346,15 @@ def publish_progress(
 
 
 def read_progress(
-    store: dist.Store, run_id: str, node: str, signer: RecordSigner | None = None
+    store: dist.Store, run_id: str, node: str, signer: RecordSigner | None = None, round_: int | None = None
 ) -> AgentReport | None:
-    """``node``'s latest report; None without one, or one ``signer`` finds not signed by the job."""
+    """``node``'s latest report; None without one, or one ``signer`` finds not signed by the job.
+
+    ``round_`` (with a signing ``signer``): the round whose members' reports are read; a report
+    the job signed in another round (the node's report of an earlier round written back by
+    someone who can reach the store, or one not re-published since the round changed) is
+    none either; counted as a refused record where it is older than a report the signer took
+    from the node before (``RecordSigner.other_round``)."""
     keys = _keys(run_id, signer)
     raw = member_value(keys, keys.progress(node), read_optional(store, keys.progress(node)))
     if raw is None:
@@ -353,6 +365,11 @@ def read_progress(
         return None
     if not isinstance(data, dict):
         return None
+    if signer is not None and signer.signing and round_ is not None:
+        if data.get("round") != round_:
+            signer.other_round(keys.progress(node), data.get("round"), round_)
+            return None
+        signer.took(keys.progress(node), round_)
     rec = data.get("recovery")
     hung = data.get("hang")
     failed = data.get("failure")
@@ -393,7 +410,9 @@ def read_status(store: dist.Store, run_id: str, signer: RecordSigner | None = No
     opened = open_round(store, keys)
     current = opened - 1
     members = _members(store, keys, current)
-    reports = [p for p in (read_progress(store, run_id, m, signer) for m in members) if p is not None]
+    reports = [
+        p for p in (read_progress(store, run_id, m, signer, current) for m in members) if p is not None
+    ]
     by_node = {r.node: r for r in reports}
     joined_with = _local_world_sizes(store, keys, current, len(members))
     world_size = sum(

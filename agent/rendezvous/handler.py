@@ -80,16 +80,19 @@ so the other waiters of the open round read nothing when woken: one store call
 per node (the watcher's) tells every waiter the outcome. They read the size key
 only when the event may have been missed (before the first event, after the
 watcher reconnected) and on their fall-back evaluation. Events are rare: first
-join of a round after the first, ``min`` reached, round closed, a fate other than
-rejoin (plus the first fate of a round), controller publication, job closed.
+join of a round after the first (slot 0's joiner, or a later one that finds no signed
+record in slot 0: a stranger's add took it), ``min`` reached, round closed, a fate other
+than rejoin (plus the first fate of a round), controller publication, job closed. A
+running group below its maximum re-forms for nodes that wait only when the coming round
+holds a join record the job signed (``rounds.nodes_waiting``), never for its count alone.
 
 Cost at scale
 -------------
 A node's join, wait and start take O(1) store operations on O(1)-sized values
 (its own listing key and the controller's bounds, never the full list): six
 calls to join and wait in the first round (reading ``open`` and the bounds,
-taking a slot, writing the record, a heartbeat, the close rule's ``joined``),
-then two (check, read) for its ring successor's record once the round closed,
+taking a slot, writing the record, a heartbeat, the close rule's ``joined``; in a
+later round, past slot 0, one more: whether slot 0 holds the job's record), then two (check, read) for its ring successor's record once the round closed,
 plus the watcher's one per event. The job's ``closed`` key is read once per
 watcher connection, the round's size only when its close event may have been
 missed.
@@ -218,7 +221,7 @@ from .protocol import (
     set_job_closed,
 )
 from .records import RecordSigner
-from .rounds import Joining, Member
+from .rounds import Joining, Member, nodes_waiting
 from .settings import RendezvousSettings, settings_from_params
 from .watcher import EventWatcher
 
@@ -632,7 +635,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
             # size to judge the round by (its own --nnodes may be above the controller's).
             return False
         max_nodes = limits[1]
-        waiting = read_counter(store, k.joined(r + 1)) > 0
+        waiting = nodes_waiting(store, k, r + 1, max_nodes)  # signed join records, not the count
         # Over max (the controller lowered it): re-form at max; the nodes past it park.
         return member.size > max_nodes or (waiting and member.size < max_nodes)
 

@@ -63,6 +63,7 @@ from .rounds import (
     Joining,
     Member,
     account_previous_round,
+    first_signed_joiner,
     observe_round,
     read_records,
     successor_from_members,
@@ -201,7 +202,7 @@ class Joiner:
                 self._events.wait_event(generation, until - time.monotonic())
                 continue
             self._awaiting_since = None
-            r = max(open_round(store, k), next_round)
+            r = max(self._round_to_join(store), next_round)
             claimed = self._place(store, r, limits[1])
             if claimed is None:  # parked: no place for this node in round r yet
                 wait.update(f"a place in round {r} of rendezvous {s.run_id} (a standby, without a rank)")
@@ -232,7 +233,7 @@ class Joiner:
                 self.joining = Joining(r, slot)
             if self._timings is not None:
                 self._timings.joined = time.time()
-            if slot == 0 and r > 1:
+            if r > 1 and first_signed_joiner(store, k, r, slot):
                 push_event(store, k, f"join {r}")  # running members learn that nodes wait
             account_previous_round(store, k, name, r)
             try:
@@ -246,6 +247,22 @@ class Joiner:
                 self.close_worker_store()
             log.info("kelastic rendezvous: %s is late for round %d; waits for round %d", name, r, r + 1)
             next_round = r + 1
+
+    def _round_to_join(self, store: dist.TCPStore) -> int:
+        """The store's open round, or the one after this node's own when the store lost the
+        close of that (``standby.round_to_join``; one read more only then)."""
+        opened, last = open_round(store, self._keys), self._last_round()
+        lost_close = last is not None and opened <= last and read_close(store, self._keys, last) is None
+        r = standby.round_to_join(opened, last, not lost_close)
+        if r != opened:
+            log.warning(
+                "kelastic rendezvous: the store holds no close of round %d that the job signed (deleted or "
+                "overwritten) and says it is open; %s, a member of it, joins round %d",
+                last,
+                self._s.node_name,
+                r,
+            )
+        return r
 
     def _raise_closed(self) -> NoReturn:
         """The job is finished: a parked standby exits gracefully (it had no rank), a joiner fails."""

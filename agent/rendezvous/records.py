@@ -6,7 +6,10 @@ closed or the job finished, the job's ``closed`` mark, the round's rank assignme
 checkpoint ring) carry a MAC under a key derived from the job's secret, and a reader
 takes a record only when its MAC holds; one that fails is ignored as if it were absent,
 counted (``kelastic_agent_refused_total{service="store_record",reason="unauthenticated"}``
-on the agent's ``/metrics``), and logged at most once per :data:`LOG_INTERVAL` seconds. A stranger with store
+on the agent's ``/metrics``), and logged at most once per :data:`LOG_INTERVAL` seconds. A
+record whose MAC holds but that its reader finds written for another round (a replay of
+the job's own after a later one was read, :meth:`RecordSigner.other_round`) is ignored and
+counted so too, with reason ``bad_request``. A stranger with store
 access can then delete records or write garbage (which stalls, at worst, what waits for
 the record), never put words in a member's mouth.
 
@@ -59,11 +62,13 @@ def _bytes(value: bytes | str) -> bytes:
 
 @dataclass
 class _Refusals:
-    """How many records failed their MAC, and when that was last logged (shared, thread-safe)."""
+    """How many records failed their MAC, and when that was last logged (shared, thread-safe);
+    per key of a record bound to a round, the latest round of one taken (:meth:`RecordSigner.took`)."""
 
     count: int = 0
     logged: float = float("-inf")
     lock: threading.Lock = field(default_factory=threading.Lock)
+    rounds: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -140,8 +145,29 @@ class RecordSigner:
     def valid(self, name: str, stored: bytes | str | None) -> bool:
         return self.open(name, stored) is not None
 
-    def _refuse(self, name: str, why: str) -> None:
-        REFUSALS.count(SERVICE, Reason.UNAUTHENTICATED)
+    def took(self, name: str, r: int) -> None:
+        """A record of round r was taken from ``name`` (see :meth:`other_round`)."""
+        with self._refusals.lock:
+            self._refusals.rounds[name] = max(r, self._refusals.rounds.get(name, r))
+
+    def other_round(self, name: str, written_in: object, r: int) -> None:
+        """A record of ``name`` whose MAC holds was written in round ``written_in``, not in
+        round r that its reader reads (the reader ignores it as if absent). Written in a round
+        below one of which a record was taken from ``name`` before, it is a replay of the job's
+        own record (its writer never goes back): counted and logged with reason
+        ``bad_request``. Otherwise it is one its writer has not written again since the round
+        changed: ignored, not counted."""
+        with self._refusals.lock:
+            newest = self._refusals.rounds.get(name)
+        if newest is not None and (not isinstance(written_in, int) or written_in < newest):
+            self._refuse(
+                name,
+                f"of round {written_in} read in round {r}, after one of round {newest}",
+                Reason.BAD_REQUEST,
+            )
+
+    def _refuse(self, name: str, why: str, reason: Reason = Reason.UNAUTHENTICATED) -> None:
+        REFUSALS.count(SERVICE, reason)
         r = self._refusals
         now = time.monotonic()
         with r.lock:
@@ -150,7 +176,16 @@ class RecordSigner:
             if due:
                 r.logged = now
             count = r.count
-        if due:
+        if due and reason is Reason.BAD_REQUEST:
+            log.warning(
+                "kelastic rendezvous: ignored a store record %s %s (the job's own, written back by "
+                "someone who can reach the store; %d ignored so far, logged at most every %gs)",
+                name,
+                why,
+                count,
+                LOG_INTERVAL,
+            )
+        elif due:
             log.warning(
                 "kelastic rendezvous: ignored a store record %s with %s (not signed with this node's "
                 "job secret: a stranger's, or an agent's given another --job-secret-file, and every agent "

@@ -37,6 +37,7 @@ from .protocol import (
     read_close,
     read_counter,
     read_membership,
+    read_optional,
     round_close,
 )
 from .settings import RendezvousSettings
@@ -48,6 +49,8 @@ __all__ = [
     "Member",
     "Unread",
     "account_previous_round",
+    "first_signed_joiner",
+    "nodes_waiting",
     "observe_round",
     "read_records",
     "read_worker_store",
@@ -266,6 +269,32 @@ def _member_records(store: dist.TCPStore, keys: RunKeys, r: int, size: int) -> l
         if time.monotonic() >= until:
             return None
         time.sleep(0.5)
+
+
+def nodes_waiting(store: dist.TCPStore, keys: RunKeys, r: int, limit: int) -> bool:
+    """Whether a node of the job waits in round r: one of its first ``limit`` slots (the most a
+    round takes) holds a join record the job signed.
+
+    The count of joiners is only a hint: anyone may add to it, which leaves slots that nobody
+    holds, so a count alone would have a running group re-form for joiners that never come.
+    One read while nobody joined, one or two more while the first slot holds its joiner's
+    record (the common case), up to ``limit`` where a stranger's adds left slots empty.
+    """
+    joined = read_counter(store, keys.joined(r))
+    for slot in range(min(joined, limit)):
+        if node_record(keys, r, slot, read_optional(store, keys.node(r, slot))) is not None:
+            return True
+    return False
+
+
+def first_signed_joiner(store: dist.TCPStore, keys: RunKeys, r: int, slot: int) -> bool:
+    """Whether the joiner of ``slot`` in round r tells the running members that nodes wait (the
+    ``join`` event): the joiner of slot 0, or a later one where slot 0 holds no join record the
+    job signed (a stranger's add took it), whose own record the members would otherwise find
+    only at the next event. One read for a joiner past slot 0."""
+    if slot == 0:
+        return True
+    return node_record(keys, r, 0, read_optional(store, keys.node(r, 0))) is None
 
 
 def successor_from_members(store: dist.TCPStore, keys: RunKeys, r: int, rank: int) -> str | None:

@@ -19,7 +19,8 @@ the lost member's place in the round they re-form, and the group re-forms once a
 its old size instead of shrinking and growing again.
 
 A member of R (re-joining after its workers failed or the membership changed) always
-takes its slot at once. Before the first round closed there is no group: a node
+takes its slot at once, in the store's open round, or in R+1 when the store says R is
+still open and holds no close of R the job signed (:func:`round_to_join`). Before the first round closed there is no group: a node
 joins the first round (extra nodes come too late and park behind it), but a node
 started as a standby waits for the group to form without it.
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["GroupView", "Move", "claim_won", "decide", "places"]
+__all__ = ["GroupView", "Move", "claim_won", "decide", "places", "round_to_join"]
 
 
 class Move(enum.Enum):
@@ -79,3 +80,20 @@ def decide(view: GroupView) -> Move:
 def claim_won(view: GroupView, ordinal: int) -> bool:
     """Whether the claim that got ``ordinal`` (1-based, from ``add``) holds one of the places."""
     return 1 <= ordinal <= places(view)
+
+
+def round_to_join(opened: int, last: int | None, last_closed: bool) -> int:
+    """The round a node about to join takes: the store's open round ``opened``, or the one
+    after ``last`` (the latest round this node was a member of, None: none) when the store
+    says ``last`` is still open (``opened <= last``) and holds no close of it that the job
+    signed (``last_closed`` False: deleted, overwritten, or never there in a restarted store).
+
+    The node knows ``last`` closed (it was a member): a store that says otherwise lost that
+    round's close and the job's ``latest`` mark to a stranger (who may delete any key), and
+    its open round would park the node behind a round that never closes again. Whenever the
+    store holds the close, or opens a later round, the node goes where the store says, as
+    every other joiner does: the nodes of a group never split on their own memories.
+    """
+    if last is not None and opened <= last and not last_closed:
+        return last + 1
+    return opened

@@ -116,12 +116,18 @@ def test_after_a_rejoin_the_round_left_tells_whether_it_lost_a_member(
 
 
 def test_spare_node_waits_while_round_is_full(server: ServerProcess, handlers: list, run_id: str) -> None:
-    handlers += [make_handler(server.endpoint, f"n{i}", 1, 2, run_id=run_id) for i in range(2)]
-    rendezvous_concurrently(handlers)
-    spare = make_handler(server.endpoint, "spare", 1, 2, run_id=run_id)
+    # A last call long enough for both to make the first round on a loaded machine (it
+    # closes at once when both joined): with one of them late, the first round closed without it.
+    conf = {"last_call_timeout": 5.0}
+    handlers += [make_handler(server.endpoint, f"n{i}", 1, 2, run_id=run_id, **conf) for i in range(2)]
+    assert {i.world_size for i in rendezvous_concurrently(handlers)} == {2}
+    spare = make_handler(server.endpoint, "spare", 1, 2, run_id=run_id, **conf)
     handlers.append(spare)
     thread, out = in_thread(spare.next_rendezvous)
-    # A full round is not disturbed by a spare node.
+    # A full round is not disturbed by a spare node, which parks behind it (waited for: a
+    # spare still on its way when the member leaves comes too late for the round that
+    # replaces the member, which the survivor then closes alone).
+    wait_for(lambda: spare._joiner.parked is not None, timeout=20, what="the spare parked")
     assert not handlers[0].wait_membership_change(1.0)
     assert handlers[0].num_nodes_waiting() == 0
     assert not out

@@ -23,6 +23,7 @@ from kelastic.agent.rendezvous.protocol import (
     count_fates,
     mark_closed,
     open_round,
+    push_event,
     read_close,
     restore_round,
 )
@@ -307,6 +308,9 @@ def test_a_successors_record_a_stranger_overwrites_after_the_close_costs_the_pee
     store.set(keys.members(1), members_value(keys, 1, ["a", "b", "c"]))
     for slot, name in enumerate("abc"):
         store.set(keys.node(1, slot), keys.sign(keys.node(1, slot), f'{{"name": "{name}", "addr": "h"}}'))
+    # A set has no reply: a request that has one makes sure the store took the job's records
+    # before the stranger's writes, which come on another connection.
+    assert store.check([keys.node(1, 2)])
     stranger = connect_store(server.host, server.port, 5)
     stranger.set(keys.node(1, 1), '{"name": "stranger", "addr": "127.0.0.1", "link": 9}')
     stranger.delete_key(keys.node(1, 2))
@@ -318,3 +322,32 @@ def test_a_successors_record_a_stranger_overwrites_after_the_close_costs_the_pee
         rounds.read_records(store, keys, run_id, 1, [1], deadline, required=frozenset({1}))
     stranger.set(keys.members(1), '["stranger", "x", "y"]')
     assert rounds.successor_from_members(store, keys, 1, 1) is None
+
+
+def test_a_count_of_joiners_a_stranger_added_to_makes_no_running_group_re_form(
+    server: ServerProcess, run_id: str
+) -> None:
+    """Attack: a group of two below its maximum (3) runs; a stranger adds 1 to the coming
+    round's count of joiners and pushes an event to wake its members. Nobody's join record is
+    there: the group does not re-form (before, a count above 0 alone made it). The control: a
+    node of the job then joins, in the slot after the stranger's, and the group learns at
+    once that it waits (the join event comes from the first joiner whose slot 0 is empty)."""
+    from kelastic.agent.rendezvous.testing import in_thread, kelastic_handler, rendezvous_concurrently
+
+    handlers = [
+        kelastic_handler(server.endpoint, run_id, f"n{i}", 2, 3, last_call_timeout=0.3, join_timeout=30)
+        for i in range(2)
+    ]
+    infos = rendezvous_concurrently(handlers)
+    assert {i.world_size for i in infos} == {2}
+    stranger, keys = connect_store(server.host, server.port, 5), RunKeys(run_id)
+    assert stranger.add(keys.joined(2), 1) == 1
+    push_event(stranger, keys, "join 2")  # unsigned: it only wakes the watchers
+    assert not handlers[0].wait_membership_change(1.0), "a stranger's count made the group re-form"
+    assert not handlers[1].membership_changed()
+    assert handlers[0].num_nodes_waiting() == 0
+    joiner = kelastic_handler(server.endpoint, run_id, "n2", 2, 3, last_call_timeout=0.3, join_timeout=30)
+    in_thread(joiner.next_rendezvous)
+    assert handlers[0].wait_membership_change(10), "a node of the job joined, unseen by the group"
+    assert handlers[1].wait_membership_change(10)
+    assert handlers[0].num_nodes_waiting() >= 1

@@ -70,6 +70,28 @@ def test_refusals_are_logged_at_most_once_per_interval_and_counted_in_the_metric
     assert refusals()[(("service", "store_record"), ("reason", "unauthenticated"))] == before + 50
 
 
+def test_a_record_of_an_earlier_round_counts_only_once_a_later_one_was_taken() -> None:
+    """A record bound to a round and read in another is none; it is counted as refused (a
+    replay) only when older than one taken from that key, never for a record its writer has
+    not written again since the round changed."""
+    from kelastic.agent.auth import REFUSALS, Reason
+
+    signer = RecordSigner.for_job(KEY)
+
+    def refused() -> int:
+        return REFUSALS.total("store_record", Reason.BAD_REQUEST)
+
+    before = refused()
+    signer.other_round("run:progress/b", 1, 2)  # b has not published in round 2 yet
+    assert refused() == before and signer.refused == 0
+    signer.took("run:progress/b", 2)
+    signer.took("run:progress/b", 1)  # an earlier reader's view: the latest stays 2
+    signer.other_round("run:progress/b", 1, 2)  # round 1's record after round 2's: a replay
+    signer.other_round("run:progress/b", None, 2)  # one of no round, likewise
+    signer.other_round("run:progress/c", 1, 2)  # another key: nothing taken from it yet
+    assert refused() == before + 2 and signer.refused == 2
+
+
 def test_without_a_secret_records_are_written_and_read_as_they_are() -> None:
     plain = RecordSigner.for_job(None)
     assert not plain.signing and plain.sign("run:closed", "1") == "1"

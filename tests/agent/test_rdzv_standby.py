@@ -67,6 +67,23 @@ def test_where_a_node_that_is_no_member_goes(kw: dict[str, Any], places: int, mo
     assert standby.decide(view) is move
 
 
+@pytest.mark.parametrize(
+    ("opened", "last", "last_closed", "joins"),
+    [
+        (5, 4, True, 5),  # the common re-join: the store opens the round after one's own
+        (5, None, False, 5),  # no round of its own: where the store says
+        (9, 4, False, 9),  # later rounds closed without it: where the store says
+        (4, 4, False, 5),  # one's own round's close and the latest mark deleted: the round after it
+        (2, 4, False, 5),  # ... with rounds before it passed over as well
+        (4, 4, True, 4),  # the close is there (its count not in yet): where the store says
+    ],
+)
+def test_a_member_joins_the_round_after_its_own_only_when_the_store_lost_its_close(
+    opened: int, last: int | None, last_closed: bool, joins: int
+) -> None:
+    assert standby.round_to_join(opened, last, last_closed) == joins
+
+
 def test_a_claim_past_the_places_is_lost() -> None:
     view = group(gone=1)
     assert standby.claim_won(view, 1)

@@ -85,13 +85,17 @@ def test_values_over_the_cap_are_refused_unread_and_the_store_does_not_grow(serv
     job = client(server)
     job.set("kelastic/run/progress/a", "{}")
     before = rss_mib(server.pid)
+    started = time.monotonic()
     for i in range(24):
         assert refused_write(server, f"kelastic/run/junk/{i}", b"x" * (4 * MiB))
     assert refused_write(server, "kelastic/run/junk/big", b"x" * (64 * MiB))
     assert rss_mib(server.pid) - before < 16, (before, rss_mib(server.pid))
     wait_output(server, "refused a value of 4194304 bytes (--max-value-bytes 1048576), unread from 127.0.0.1")
     assert not job.check(["kelastic/run/junk/0"]) and job.get("kelastic/run/progress/a") == b"{}"
-    assert output(server).count("refused a value") == 1, "each kind of refusal is logged at most every 10 s"
+    # 25 refusals, one line per 10 s of them (more than one only on a machine slow enough to
+    # take longer than that over them)
+    lines, allowed = output(server).count("refused a value"), 1 + int((time.monotonic() - started) // 10)
+    assert 1 <= lines <= allowed, f"{lines} lines for 25 refusals: each kind is logged at most every 10 s"
 
 
 def test_the_keys_and_the_total_are_capped_and_freed_by_deletes(small: ServerProcess) -> None:

@@ -32,7 +32,9 @@ import torch.distributed as dist
 from kelastic.agent.api import RankAssignment, RoleInstanceInfo
 from kelastic.agent.rendezvous import protocol
 from kelastic.agent.rendezvous.protocol import JOB_CLOSED_EVENT, Fate, RoundClose, RunKeys
+from kelastic.agent.rendezvous.records import RecordSigner
 from kelastic.agent.rendezvous.server import ServerProcess, start_server_process
+from kelastic.agent.secret import read_secret_file
 
 harness = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("agent_harness.py"))))
 SCRIPT = Path(__file__).parent / "scripts" / "ckpt_worker.py"
@@ -394,6 +396,44 @@ def test_a_running_rounds_records_a_stranger_deletes_or_overwrites_cost_no_step(
     outputs = "\n".join(a.output()[-3000:] for a in job.cluster.agents)
     assert rounds[0] >= 5, rounds
     assert all(a.proc.poll() is None for a in job.cluster.agents), outputs
+    restored = [e for e in job.events() if e["event"] == "restored"][-1]
+    assert restored["source"] == "memory" and restored["world"] == 2, restored
+
+
+def _kill_a_worker(job: Job) -> None:
+    victim = job.cluster.agents[1]
+    workers = [p for p in _children(victim.proc.pid) if b"ckpt_worker.py" in _cmdline(p)]
+    assert workers, "no worker of node-b found"
+    os.kill(workers[0], signal.SIGKILL)
+
+
+def test_a_running_rounds_close_and_latest_mark_deleted_before_a_re_join_send_nobody_back(job: Job) -> None:
+    """The stranger deletes the running round's close and the latest-round mark right before
+    its members re-join (a worker dies), after a round that closed full (so the store's open
+    round, which is then the running one, has no place for a node that is no member of the
+    round before it). The members know their round closed: they join the round after it,
+    re-form with both nodes and restore from memory, rather than park for a round that will
+    not close again."""
+    store, keys = job.stranger(), RunKeys(job.run_id)
+    restores = job.restores()
+    # A round that follows a full one: an ordinary re-form first.
+    _kill_a_worker(job)
+    job.cluster.wait_for("a restore", lambda: job.restores() > restores, 180)
+    job.saves_go_on(3)
+    # the running round as the job sees it (the agents' secret: an earlier test moved ``open``)
+    signed = RunKeys(job.run_id, RecordSigner.for_job(read_secret_file(job.cluster.secret)))
+    r = protocol.open_round(store, signed) - 1
+    assert protocol.read_size(store, signed, r - 1) == 2, "the round before the running one was not full"
+    restores = job.restores()
+    for key in (keys.size(r), keys.latest):
+        assert store.delete_key(key), f"{key} was not there to delete"
+    _kill_a_worker(job)
+    job.cluster.wait_for("a restore after the deletes", lambda: job.restores() > restores, 120)
+    job.saves_go_on(3)
+    outputs = "\n".join(a.output()[-3000:] for a in job.cluster.agents)
+    assert all(a.proc.poll() is None for a in job.cluster.agents), outputs
+    assert "is a standby" not in outputs, outputs
+    assert protocol.read_size(store, signed, r + 1) == 2, "the members formed no round after theirs"
     restored = [e for e in job.events() if e["event"] == "restored"][-1]
     assert restored["source"] == "memory" and restored["world"] == 2, restored
 

@@ -6,6 +6,7 @@ stranger writes a goodput record of its own for b (nine times the work) and a st
 verdict naming b with ``replace``, unsigned and under another key, and writes back a verdict
 the job did sign but has since taken back. The leader names nobody, b never steps aside, and
 each forged record is counted; the job's own verdict does make b step aside (the control).
+A member's own signed report of an earlier round, written back in the next, is none either.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ def signed_round(server: ServerProcess, run_id: str) -> tuple[dist.Store, Record
     return store, signer
 
 
-def publish_goodput(store: dist.Store, run_id: str, node: str, work: float, signer: Any) -> None:
+def publish_goodput(store: dist.Store, run_id: str, node: str, work: float, signer: Any, r: int = 1) -> None:
     record = {"time": time.time(), "step": 10, "work_seconds": work}
     control.publish_progress(
-        store, run_id, node, step=10, total=None, restarts=0, goodput=record, signer=signer
+        store, run_id, node, step=10, total=None, restarts=0, goodput=record, signer=signer, round_=r
     )
 
 
@@ -99,3 +100,35 @@ def test_a_strangers_verdict_gets_no_member_swapped_out(server: ServerProcess, r
     control.publish_straggler(store, run_id, verdict("b", time.time() + 2), signer)
     reason = b.tick(leader=False, round_=1)
     assert reason is not None and "b is a straggler" in reason, reason
+
+
+def test_a_report_of_an_earlier_round_written_back_counts_as_none(server: ServerProcess, run_id: str) -> None:
+    """The stranger keeps the bytes of b's signed report of round 1 (nine times the others'
+    work) and writes them back once the group re-formed as round 2 and b published its own
+    report there. The MAC holds, but the report names round 1: the leader takes it for no
+    report (b is no straggler), counts it refused (``store_record``, ``bad_request``), and the
+    operator's view of the run shows no figures of it; b's report of round 2 is taken."""
+    from kelastic.agent.auth import REFUSALS, Reason
+
+    store, signer = signed_round(server, run_id)
+    keys = protocol.RunKeys(run_id, signer)
+    publish_goodput(store, run_id, "b", 9.0, signer)  # round 1: slow
+    captured = store.get(keys.progress("b"))  # as anyone who reaches the store reads it
+    close = protocol.RoundClose(3, "a", "t", "h", 1).to_value()
+    store.set(keys.size(2), keys.sign(keys.size(2), close))
+    protocol.mark_closed(store, keys, 2)
+    store.set(keys.members(2), keys.sign(keys.members(2), json.dumps(MEMBERS)))
+    for name in MEMBERS:
+        publish_goodput(store, run_id, name, 1.0, signer, r=2)
+    leader = watch(server, run_id, "a")
+    assert leader.tick(leader=True, round_=2) is None and leader.verdict is None  # the control
+    assert control.read_progress(store, run_id, "b", signer, 2) is not None
+    before = REFUSALS.total("store_record", Reason.BAD_REQUEST)
+    store.set(keys.progress("b"), captured)  # written back: the job's own bytes, valid MAC
+    assert control.read_progress(store, run_id, "b", signer, 1) is not None, "not the job's own bytes"
+    for _ in range(3):
+        assert leader.tick(leader=True, round_=2) is None
+    assert leader.verdict is None, leader.verdict
+    status = control.read_status(store, run_id, signer)
+    assert status.round == 2 and [node for node, _ in status.goodputs] == ["a", "c"], status.goodputs
+    assert REFUSALS.total("store_record", Reason.BAD_REQUEST) > before

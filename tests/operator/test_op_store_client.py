@@ -199,7 +199,7 @@ def test_an_agents_checkpoint_record_reaches_the_job_status(kit: SimpleNamespace
     restored = {"id": 12, "source": "replica", "seconds": 0.4, "time": 1_700_000_000.0}
     record = {"latest": 12, "step": 340, "restored": restored, "bytes": 1 << 20, "limit": 1 << 30}
     publish = functools.partial(
-        control.publish_progress, store, run_id, total=None, restarts=1, signer=signer
+        control.publish_progress, store, run_id, total=None, restarts=1, signer=signer, round_=1
     )
     publish("a", step=341, checkpoint=record)
     publish("b", step=341, checkpoint={"latest": 11})
@@ -235,7 +235,7 @@ def test_reports_and_a_straggler_verdict_a_stranger_wrote_never_reach_the_job_st
     closed_with(store, keys, ["a", "b", "c"])
     goodput = {"time": time.time(), "step": 40, "work_seconds": 0.1}
     control.publish_progress(
-        store, run_id, "a", step=40, total=100, restarts=0, goodput=goodput, signer=signer
+        store, run_id, "a", step=40, total=100, restarts=0, goodput=goodput, signer=signer, round_=1
     )
     forged = {"time": time.time(), "step": 1, "work_seconds": 9.0}
     control.publish_progress(store, run_id, "b", step=1, total=100, restarts=7, goodput=forged)
