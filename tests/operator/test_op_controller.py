@@ -71,7 +71,9 @@ class RecordingKube:
         self.calls.append(f"POST {plural} (dry run)")
         return copy.deepcopy(manifest)
 
-    def delete(self, namespace: str, plural: str, name: str, uid: str | None = None) -> None:
+    def delete(
+        self, namespace: str, plural: str, name: str, uid: str | None = None, grace_seconds: int | None = None
+    ) -> None:
         self.calls.append(f"DELETE {plural}")
 
     def patch(self, namespace: str, plural: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
