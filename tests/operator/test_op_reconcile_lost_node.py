@@ -100,3 +100,32 @@ def test_the_controller_reads_only_the_nodes_of_pods_the_taint_manager_deleted(k
     ]
     assert nodes_to_read(pods) == {"n2", "n4"}
     assert nodes_to_read([kit.worker(0, node="n1")]) == set()
+
+
+def test_the_executor_force_deletes_on_the_api_server_and_says_so(kit: SimpleNamespace, kube: object) -> None:
+    """The decision carried out by the real executor on the API server emulator: the pod, bound
+    to a node whose kubelet never answers, is gone at once, with one ``ForceDeleted`` Event."""
+    from kelastic.operator.kube import ApiError
+    from kelastic.operator.spec import parse_job
+
+    body = running(kit)
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "demo-worker-1"},
+        "spec": {"nodeName": "n2", "containers": [{"name": "trainer", "image": "x"}]},
+    }
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns"}}
+    kube.request("POST", "/api/v1/namespaces", namespace)  # type: ignore[attr-defined]
+    uid = kube.create("ns", "pods", manifest)["metadata"]["uid"]  # type: ignore[attr-defined]
+    alive = [kit.worker(0, node="n1"), kit.worker(2, node="n1"), kit.store(node="n1")]
+    dead = kit.worker(1, uid=uid, **EVICTED)
+    decision = harness.run(body, kit.observed(*alive, dead, lost_nodes={"n2": "unreachable"}))
+    executor, posted = harness.apply_decision(kube, parse_job(body), body, decision)
+    assert [reason for reason, _ in posted if reason == REASON] == [REASON], posted
+    assert not executor.failed
+    try:
+        kube.request("GET", kube.core_path("ns", "pods", "demo-worker-1"))  # type: ignore[attr-defined]
+        raise AssertionError("the force-deleted pod is still there")
+    except ApiError as err:
+        assert err.status == 404, err
