@@ -19,7 +19,8 @@
 - a node killed under such a job (last: the node stays dead): the other worker trains on at
   world size 1 without waiting for the dead pod; the control plane evicts the dead pod after
   its short toleration, the operator force-deletes it (its kubelet cannot end it), and its
-  replacement joins on the node left: the job trains at world size 2 again.
+  replacement joins on the node left: the job trains at world size 2 again. Another job's
+  store pod on that node is replaced the same way while its worker trains on.
 
 The images are built (or brought up to date from BuildKit's cache) by the module's fixture,
 which prints the build's cold or warm time and each node's import time. Needs root, ``make
@@ -365,6 +366,82 @@ def test_the_chart_runs_a_plain_pytorch_job_in_a_restricted_namespace(lane: Lane
     report(f"the chart's job: {time.monotonic() - started:.1f} s in all")
 
 
+def store_pod(lane: Lane, namespace: str, job: str) -> dict[str, Any] | None:
+    """The job's rendezvous store pod (the newest, when a replacement is starting), or None."""
+    selector = f"{contract.LABEL_JOB_NAME}={job},{contract.LABEL_ROLE}={contract.ROLE_RENDEZVOUS}"
+    items = json.loads(lane.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json"))["items"]
+    items.sort(key=lambda p: p["metadata"]["creationTimestamp"])
+    return items[-1] if items else None
+
+
+def start_with_the_store_apart(lane: Lane, namespace: str, job: str, store_node: str, node: str) -> JobWatch:
+    """A job of one worker training on ``node`` whose store pod runs on ``store_node`` (both
+    created while ``node`` is cordoned; then the other is, and the worker is deleted: its
+    replacement goes to ``node``). Leaves ``store_node`` cordoned."""
+    lane.kubectl("cordon", node)
+    lane.apply(
+        app_config_map(job, namespace), plain_pytorch_job(job, namespace, PYTORCH_IMAGE, 1, steps=4000)
+    )
+    waited = time.monotonic()
+    while (
+        len(worker_pods(lane, namespace, job)) != 1
+        or (store_pod(lane, namespace, job) or {}).get("spec", {}).get("nodeName") != store_node
+    ):
+        assert time.monotonic() - waited < 120, f"{job}'s pods were not created.\n" + diagnostics(
+            lane, namespace, job
+        )
+        time.sleep(1)
+    lane.kubectl("uncordon", node)
+    lane.kubectl("cordon", store_node)
+    lane.kubectl("delete", "pod", "-n", namespace, f"{job}-worker-0", "--wait=false")
+    watch = JobWatch(lane, namespace, job)
+    watch.until(
+        f"{job}'s worker training on {node}, its store on {store_node}",
+        lambda s: (
+            s.get("worldSize") == 1
+            and step_of(s) >= 5
+            and [p["spec"].get("nodeName") for p in worker_pods(lane, namespace, job)] == [node]
+        ),
+        300,
+    )
+    return watch
+
+
+def check_the_store_replaced(
+    lane: Lane, watch: JobWatch, dead: dict[str, Any], worker_uid: str, node: str, killed_at: float
+) -> None:
+    """The store pod ``dead`` of ``watch``'s job, on the node killed at ``killed_at``, is
+    force-deleted and replaced on ``node``; the job's one worker (``worker_uid``) trained on
+    meanwhile, and reports its progress through the new store."""
+    namespace, job = watch.namespace, watch.name
+    step = step_of(watch.status())
+
+    def replaced(s: dict[str, Any]) -> bool:
+        store = store_pod(lane, namespace, job) or {}
+        return (
+            store.get("metadata", {}).get("uid") not in (None, dead["metadata"]["uid"])
+            and store["spec"].get("nodeName") == node
+            and store["status"].get("phase") == "Running"
+            and step_of(s) > step + 5
+        )
+
+    watch.until(f"{job}'s store replaced on {node} and its progress read from there", replaced, GRACE_S + 240)
+    replaced_after = time.monotonic() - killed_at
+    workers = worker_pods(lane, namespace, job)
+    assert [p["metadata"]["uid"] for p in workers] == [worker_uid], (
+        f"{job}'s worker was replaced while its store was: {[p['metadata']['name'] for p in workers]}"
+    )
+    name = dead["metadata"]["name"]
+    said = [e for e in events(lane, namespace, last=120) if "ForceDeleted" in e and name in e]
+    assert said, f"no ForceDeleted Event names the store pod {name}\n" + diagnostics(lane, namespace, job)
+    line = (
+        f"store pod on the node killed: replaced on {node}, the job's progress read from the new store, "
+        f"after {replaced_after:.1f} s; its worker trained on"
+    )
+    print(f"{line}\nthe Event: {said[-1]}")
+    report(line)
+
+
 def test_a_node_killed_under_a_job_leaves_it_training_at_the_smaller_size_then_grows_back(
     lane: Lane, operator: str
 ) -> None:
@@ -374,13 +451,19 @@ def test_a_node_killed_under_a_job_leaves_it_training_at_the_smaller_size_then_g
     (the operator's 5 s) ran out, the control plane evicts the pod, which stays Terminating
     (its kubelet is dead) until the operator force-deletes it, saying so in a ``ForceDeleted``
     Event; its replacement starts on the node left and the job trains at world size 2 again.
-    The node killed holds a worker only (the operator and the store stay on the first node:
-    the lane has two). Last in the module: the node stays dead."""
+    The job's store and the operator stay on the first node (the lane has two); another job,
+    of one worker on the first node, has its store pod on the node killed: that store is
+    force-deleted and replaced on the first node, and its worker trains on throughout. Last in
+    the module: the node stays dead."""
     namespace, job = JOBS, "survivor"
     first, victim = lane.node_names()
+    # Another job's store pod on the node to be killed, its worker on the first node.
+    apart = start_with_the_store_apart(lane, namespace, "apart", victim, first)
+    (apart_worker,) = worker_pods(lane, namespace, "apart")
+    apart_store = store_pod(lane, namespace, "apart")
+    assert apart_store is not None
     # The store pod and the first worker go to the first node (the other one cordoned); the
     # second worker, once the job is scaled to 2, to the other (the workers' spread).
-    lane.kubectl("cordon", victim)
     manifest = plain_pytorch_job(job, namespace, PYTORCH_IMAGE, 2, steps=900)
     manifest["spec"]["replicaSpecs"]["Worker"]["replicas"] = 1
     lane.apply(app_config_map(job, namespace), manifest)
@@ -428,8 +511,10 @@ def test_a_node_killed_under_a_job_leaves_it_training_at_the_smaller_size_then_g
         timeout=GRACE_S + 240,
     )
     grown = time.monotonic() - started
-    said = [e for e in events(lane, namespace, last=80) if "ForceDeleted" in e]
-    assert said and dead["metadata"]["name"] in said[-1] and victim in said[-1], (
+    said = [
+        e for e in events(lane, namespace, last=80) if "ForceDeleted" in e and dead["metadata"]["name"] in e
+    ]
+    assert said and victim in said[-1], (
         f"no ForceDeleted Event names {dead['metadata']['name']} and node {victim}: {said}\n"
         + diagnostics(lane, namespace, job)
     )
@@ -440,3 +525,4 @@ def test_a_node_killed_under_a_job_leaves_it_training_at_the_smaller_size_then_g
     )
     print(line)
     report(line)
+    check_the_store_replaced(lane, apart, apart_store, apart_worker["metadata"]["uid"], first, started)
