@@ -24,6 +24,11 @@ sets ``automountServiceAccountToken`` itself: training needs no access to the AP
 Everything the operator adds itself (the store pod, the injection init container)
 passes the ``restricted`` Pod Security Standard, carries small requests and limits,
 and mounts no service-account token, so a locked-down namespace accepts it.
+
+Worker and store pods tolerate the taints of a lost node for ``BuildConfig.node_loss_toleration``
+seconds (a few), not the API server's 300, unless their template names those taints itself
+(:mod:`kelastic.operator.nodeloss`): the control plane then evicts them from a dead node soon,
+and the operator replaces them.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kelastic.agent import contract
-from kelastic.operator import jobsecret, podgroup
+from kelastic.operator import jobsecret, nodeloss, podgroup
 from kelastic.operator.spec import (
     API_VERSION,
     CHECKPOINT_DEFAULTS,
@@ -142,6 +147,10 @@ class BuildConfig:
     #: too), which a running container already says, and every probe that finds the agent
     #: still starting (a busy node) would be an Unhealthy Warning event.
     readiness_probe: bool = False
+    #: Seconds a worker or store pod stays bound to a node the control plane gave up
+    #: (``kelastic.operator.nodeloss``) unless its template tolerates the node-loss taints
+    #: itself; None leaves the API server's default (300 s).
+    node_loss_toleration: int | None = nodeloss.DEFAULT_TOLERATION_SECONDS
 
 
 #: Seconds from a worker container's start to its first readiness probe: what an agent
@@ -376,6 +385,7 @@ def worker_pod(job: Job, index: int, *, endpoint: str, config: BuildConfig) -> d
     containers[0] = main
     pod_spec["containers"] = containers
     pod_spec["restartPolicy"] = "Never"
+    _tolerate_node_loss(pod_spec, config)
     labels = _labels(job, contract.ROLE_WORKER, index)
     # A gang-scheduled worker names its PodGroup (named after the job) by a label, an
     # annotation or its schedulingGroup.
@@ -396,6 +406,15 @@ def worker_pod(job: Job, index: int, *, endpoint: str, config: BuildConfig) -> d
             **(metadata.get("annotations") or {}),
         }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _tolerate_node_loss(pod_spec: dict[str, Any], config: BuildConfig) -> None:
+    """A pod on a lost node is evicted after ``config.node_loss_toleration`` seconds, not the
+    API server's 300, so that the operator can replace it (``kelastic.operator.nodeloss``)."""
+    if config.node_loss_toleration is not None:
+        pod_spec["tolerations"] = nodeloss.with_node_loss_tolerations(
+            pod_spec.get("tolerations") or [], config.node_loss_toleration
+        )
 
 
 def scrape_annotations(port: int) -> dict[str, str]:
@@ -473,6 +492,7 @@ def store_pod(job: Job, *, config: BuildConfig) -> dict[str, Any]:
     pod_spec["restartPolicy"] = "Always"
     pod_spec["automountServiceAccountToken"] = False
     pod_spec["securityContext"] = _restricted_pod_context(config)
+    _tolerate_node_loss(pod_spec, config)
     labels = _labels(job, contract.ROLE_RENDEZVOUS)
     return {
         "apiVersion": "v1",

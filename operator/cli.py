@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from kelastic.agent.contract import DEFAULT_HEALTH_PORT
 from kelastic.operator.builders import DEFAULT_OPERATOR_IMAGE
+from kelastic.operator.nodeloss import DEFAULT_TOLERATION_SECONDS
 
 if TYPE_CHECKING:
     from kelastic.operator.controller import Controller, ControllerOptions
@@ -126,6 +127,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=False,
         help="add a readiness probe on the agent's /readyz to workers (default: none, a worker is ready "
         "while its container runs; every probe that finds the agent still starting is a Warning event)",
+    )
+    p.add_argument(
+        "--node-loss-toleration",
+        type=int,
+        default=DEFAULT_TOLERATION_SECONDS,
+        metavar="SECONDS",
+        help="how long worker and store pods stay bound to a node that stopped reporting before the control "
+        "plane evicts them and the operator replaces them, unless their template tolerates the "
+        "node.kubernetes.io/unreachable and not-ready taints itself (default "
+        f"{DEFAULT_TOLERATION_SECONDS}); -1 leaves the API server's default (300)",
     )
     p.add_argument(
         "--coscheduling-scheduler-name",
@@ -425,6 +436,7 @@ def _controller_options(
                 **({"inject_resources": args.inject_resources} if args.inject_resources else {}),
                 health_port=args.health_port or None,
                 readiness_probe=args.readiness_probe,
+                node_loss_toleration=None if args.node_loss_toleration < 0 else args.node_loss_toleration,
                 **(
                     {"coscheduling_scheduler": args.coscheduling_scheduler_name}
                     if args.coscheduling_scheduler_name

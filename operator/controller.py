@@ -40,7 +40,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from kelastic.operator import validation
+from kelastic.operator import nodeloss, validation
 from kelastic.operator.clock import SYSTEM, Clock
 from kelastic.operator.events import EventEmitter, EventRecorder
 from kelastic.operator.executor import ActionExecutor
@@ -51,7 +51,14 @@ from kelastic.operator.kueue import queue_name
 from kelastic.operator.kueuesync import QueueSync
 from kelastic.operator.metrics import OperatorMetrics, count_recoveries
 from kelastic.operator.observed import Observed, PodView, ServiceView
-from kelastic.operator.reconcile import Decision, DeleteJob, ReconcileConfig, external_store, reconcile
+from kelastic.operator.reconcile import (
+    Decision,
+    DeleteJob,
+    ReconcileConfig,
+    external_store,
+    lost_node,
+    reconcile,
+)
 from kelastic.operator.spec import parse_job
 from kelastic.operator.status import merge_patch
 from kelastic.operator.store_client import StoreClient
@@ -278,6 +285,26 @@ class Controller:
 
     # ------------------------------------------------------------------ one pass
 
+    async def _lost_nodes(self, key: JobKey, pods: Iterable[PodView]) -> dict[str, str]:
+        """The nodes of the pods the taint manager deleted that the control plane gave up, with why
+        (``kelastic.operator.nodeloss``). One GET per such node; none for a job without such pods.
+        A node that cannot be read counts as held: its pods wait for it, said in the log."""
+        lost: dict[str, str] = {}
+        for node in sorted(lost_node.nodes_to_read(pods)):
+            try:
+                why = nodeloss.node_lost(await self._io(self.kube.get_node, node))
+            except ApiError as err:
+                job_log(
+                    key,
+                    logging.WARNING,
+                    f"cannot read node {node} ({err}): the job's pods the control plane evicted from it "
+                    "stay Terminating until it returns (the operator needs get on nodes to replace them)",
+                )
+                continue
+            if why is not None:
+                lost[node] = why
+        return lost
+
     async def reconcile_once(self, key: JobKey) -> Decision | None:
         """Observe, decide and apply for one job. Returns the decision (None if not acting)."""
         if not self.is_leader():
@@ -307,6 +334,7 @@ class Controller:
         # only to stores it may (reconcile applies the same rule again, purely).
         job = external_store.admitted(await self.templates.check(parse_job(body)), self.options.reconcile)
         rdzv = self.stores.observe(key, job, pods)
+        lost_nodes = await self._lost_nodes(key, pods)
         original_status = dict(body.get("status") or {})
         decision: Decision | None = None
         queued = self.queues is not None and queue_name(job) is not None and job.spec is not None
@@ -319,7 +347,12 @@ class Controller:
                 before = self.queues.plan(job, pods, job.status.get("phase"), priority, self.clock.now())
                 grant = before.grant if before is not None else None
             observed = Observed(
-                now=self.clock.now(), pods=tuple(pods), services=tuple(services), rendezvous=rdzv, queue=grant
+                now=self.clock.now(),
+                pods=tuple(pods),
+                services=tuple(services),
+                rendezvous=rdzv,
+                queue=grant,
+                lost_nodes=lost_nodes,
             )
             decision = reconcile(job, observed, self.options.reconcile)
             applied = await self.executor.apply(job, body, decision, pods, services)

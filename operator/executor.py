@@ -267,7 +267,9 @@ class ActionExecutor:
                 event=False,
                 failures=failed_creates,
             )
-        return await self._change(body, action, self.kube.delete, ns, "pods", action.name, action.uid)
+        return await self._change(
+            body, action, self.kube.delete, ns, "pods", action.name, action.uid, action.grace_seconds
+        )
 
     async def _change(
         self,

@@ -171,8 +171,11 @@ class Kube:
             "PATCH", self.core_path(namespace, plural, name), dict(patch), content_type=MERGE_PATCH
         )
 
-    def delete(self, namespace: str, plural: str, name: str, uid: str | None = None) -> None:
-        """Delete ``name``; with ``uid``, only that incarnation (a replacement of the same name is kept)."""
+    def delete(
+        self, namespace: str, plural: str, name: str, uid: str | None = None, grace_seconds: int | None = None
+    ) -> None:
+        """Delete ``name``; with ``uid``, only that incarnation (a replacement of the same name is
+        kept); with ``grace_seconds``, that grace period (0: at once, a force delete)."""
         body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "DeleteOptions",
@@ -180,6 +183,8 @@ class Kube:
         }
         if uid:
             body["preconditions"] = {"uid": uid}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
         self.request("DELETE", self.core_path(namespace, plural, name), body)
 
     def serves(self, group_version: str, plural: str) -> bool:
@@ -196,6 +201,15 @@ class Kube:
     def get_namespace(self, name: str) -> dict[str, Any]:
         """The Namespace ``name`` (the operator reads its own, to learn its labels)."""
         return self.request("GET", f"/api/v1/namespaces/{quote(name)}")
+
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        """The Node ``name``, None when it does not exist."""
+        try:
+            return self.request("GET", f"/api/v1/nodes/{quote(name)}")
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -62,7 +62,7 @@ __all__ = [
 JobKey = tuple[str, str]
 
 #: Action reasons that replace a pod (counted in kelastic_pod_recreations_total).
-RECREATION_REASONS = frozenset({"RecreateWorker", "StoreDied", "RecreateEvicted"})
+RECREATION_REASONS = frozenset({"RecreateWorker", "StoreDied", "RecreateEvicted", "ForceDeleted"})
 #: Buckets (seconds) of the recovery histogram.
 RECOVERY_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 #: Recovery reports of one job ending this close together (seconds) are one recovery.

@@ -74,6 +74,8 @@ class PodView:
     disruption: str | None = None
     #: The pod mounts the job's secret (kelastic.operator.jobsecret): its agent holds the job's key.
     holds_secret: bool = False
+    #: The node the pod is bound to (``spec.nodeName``), None before it is scheduled.
+    node: str | None = None
 
     @property
     def active(self) -> bool:
@@ -129,6 +131,9 @@ class Observed:
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: What Kueue admits of a queued job (kelastic.operator.kueue); None when Kueue does not manage it.
     queue: Grant | None = None
+    #: The nodes of the job's pods that the control plane gave up, with why
+    #: (``kelastic.operator.nodeloss.node_lost``): read only for the pods the taint manager deleted.
+    lost_nodes: Mapping[str, str] = field(default_factory=dict)
 
 
 def _owner_uid(metadata: Mapping[str, Any]) -> str | None:
@@ -192,6 +197,7 @@ def pod_view(body: Mapping[str, Any], worker_container: str | None = None) -> Po
         message=message,
         container=worker_container,
         disruption=disruption_reason(status),
+        node=(body.get("spec") or {}).get("nodeName") or None,
     )
 
 

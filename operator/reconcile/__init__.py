@@ -12,7 +12,7 @@ The handlers apply ``Decision.actions`` in order (Service before pods), post an
 Event for each, then write ``Decision.status`` when it differs from the old one.
 
 One module per policy: a pass over an active job runs the ``step`` of each in the
-order of ``_ACTIVE_STEPS`` (``deadline``, ``success``, ``disrupted``, ``failures``,
+order of ``_ACTIVE_STEPS`` (``lost_node``, ``deadline``, ``success``, ``disrupted``, ``failures``,
 ``replica_range``, ``store``, ``network_policy``, ``gang``, ``scaling``, ``job_secret``, ``membership``,
 ``stalled``, ``below_min``, ``ongoing_phase``); ``finish`` ends a job, ``figures`` fills
 in the counts every pass; ``context`` is what they share, ``actions`` what they decide.
@@ -34,6 +34,7 @@ from kelastic.operator.reconcile import (
     failures,
     gang,
     job_secret,
+    lost_node,
     membership,
     network_policy,
     ongoing_phase,
@@ -153,6 +154,7 @@ def _active(p: Pass, spec: JobSpec, workers: list[PodView]) -> None:
 #: The steps of a pass over an active job, in order. A step that finishes the job or must
 #: wait returns ``Next.STOP``; the later steps then do not run.
 _ACTIVE_STEPS: tuple[Callable[[Pass, ActiveJob], Next], ...] = (
+    lost_node.step,
     deadline.step,
     success.step,
     disrupted.step,

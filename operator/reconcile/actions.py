@@ -44,8 +44,13 @@ class CreateSecret(Action):
 
 @dataclass(frozen=True)
 class DeletePod(Action):
+    """Delete pod ``name``, only the incarnation ``uid``. ``grace_seconds`` 0 removes it from the
+    API at once, without its kubelet's confirmation that its containers stopped (a force
+    delete; for a pod whose node is lost); None keeps the pod's own grace period."""
+
     name: str = ""
     uid: str = ""
+    grace_seconds: int | None = None
 
 
 @dataclass(frozen=True)

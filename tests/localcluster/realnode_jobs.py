@@ -75,7 +75,8 @@ def install_operator(lane: Lane, watch: str, node: str) -> str:
 
 def plain_pytorch_job(name: str, namespace: str, image: str, replicas: int, steps: int) -> dict[str, Any]:
     """An ElasticJob of ``replicas`` workers of the plain PyTorch ``image`` (the agent
-    injected), restricted-ready, one per node, training examples/train.py for ``steps``.
+    injected), restricted-ready, one per node while the nodes are Ready, training
+    examples/train.py for ``steps``.
 
     A rank killed at the container's memory limit (1536Mi) is restarted in place by its
     agent, as after a crash (``maxRestarts: 3``)."""
@@ -96,9 +97,12 @@ def plain_pytorch_job(name: str, namespace: str, image: str, replicas: int, step
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationGracePeriodSeconds": 5,
+        # Honor: a node tainted NotReady is no domain to spread over, so that a dead node's
+        # replacement worker may join its peer on the node left (with the default, Ignore, it
+        # would wait for the dead node: one node holding 2 and the dead one 0 is a skew of 2).
         "topologySpreadConstraints": [{
             "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
-            "labelSelector": {"matchLabels": worker},
+            "labelSelector": {"matchLabels": worker}, "nodeTaintsPolicy": "Honor",
         }],
         "containers": [container],
         "volumes": [{"name": "app", "configMap": {"name": f"{name}-app"}}],

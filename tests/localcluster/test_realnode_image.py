@@ -17,7 +17,10 @@
   stranger wearing the job's labels does not), a worker force-deleted and a rank OOM-killed
   (said so in a ``WorkersRestarted`` Event), to Succeeded;
 - a node killed under such a job (last: the node stays dead): the other worker trains on at
-  world size 1 without waiting for the dead pod.
+  world size 1 without waiting for the dead pod; the control plane evicts the dead pod after
+  its short toleration, the operator force-deletes it (its kubelet cannot end it), and its
+  replacement joins on the node left: the job trains at world size 2 again. Another job's
+  store pod on that node is replaced the same way while its worker trains on.
 
 The images are built (or brought up to date from BuildKit's cache) by the module's fixture,
 which prints the build's cold or warm time and each node's import time. Needs root, ``make
@@ -70,6 +73,11 @@ from .realnode_jobs import (
     worker_pods,
 )
 
+#: The control plane's grace for a silent node in this lane (``--node-monitor-grace-period``):
+#: the node-kill test waits this long for the dead node's pods to be evicted (the lane's
+#: default waits 60 s). The kubelets post their status every 5 s: a live node misses four.
+GRACE_S = 20.0
+
 # Importing the two images (about 5 GB each, unpacked) into two nodes takes minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -109,7 +117,9 @@ def lane(
     built: BuiltImages, control_plane_bin: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Lane]:
     state = tmp_path_factory.mktemp("realnode-image")
-    with running_lane(control_plane_bin, state, images=list(built.layouts.values())) as running:
+    with running_lane(
+        control_plane_bin, state, images=list(built.layouts.values()), node_monitor_grace=GRACE_S
+    ) as running:
         imports = {k: v for k, v in running.nodes.timings.items() if k.startswith("import ")}
         print("imports: " + ", ".join(f"{k} {v:.1f} s" for k, v in imports.items()))
         yield running
@@ -356,15 +366,107 @@ def test_the_chart_runs_a_plain_pytorch_job_in_a_restricted_namespace(lane: Lane
     report(f"the chart's job: {time.monotonic() - started:.1f} s in all")
 
 
-def test_a_node_killed_under_a_job_leaves_it_training_at_the_smaller_size(lane: Lane, operator: str) -> None:
+def store_pod(lane: Lane, namespace: str, job: str) -> dict[str, Any] | None:
+    """The job's rendezvous store pod (the newest, when a replacement is starting), or None."""
+    selector = f"{contract.LABEL_JOB_NAME}={job},{contract.LABEL_ROLE}={contract.ROLE_RENDEZVOUS}"
+    items = json.loads(lane.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json"))["items"]
+    items.sort(key=lambda p: p["metadata"]["creationTimestamp"])
+    return items[-1] if items else None
+
+
+def start_with_the_store_apart(lane: Lane, namespace: str, job: str, store_node: str, node: str) -> JobWatch:
+    """A job of one worker training on ``node`` whose store pod runs on ``store_node`` (both
+    created while ``node`` is cordoned; then the other is, and the worker is deleted: its
+    replacement goes to ``node``). Leaves ``store_node`` cordoned."""
+    lane.kubectl("cordon", node)
+    lane.apply(
+        app_config_map(job, namespace), plain_pytorch_job(job, namespace, PYTORCH_IMAGE, 1, steps=4000)
+    )
+    waited = time.monotonic()
+    while (
+        len(worker_pods(lane, namespace, job)) != 1
+        or (store_pod(lane, namespace, job) or {}).get("spec", {}).get("nodeName") != store_node
+    ):
+        assert time.monotonic() - waited < 120, f"{job}'s pods were not created.\n" + diagnostics(
+            lane, namespace, job
+        )
+        time.sleep(1)
+    lane.kubectl("uncordon", node)
+    lane.kubectl("cordon", store_node)
+    lane.kubectl("delete", "pod", "-n", namespace, f"{job}-worker-0", "--wait=false")
+    watch = JobWatch(lane, namespace, job)
+    watch.until(
+        f"{job}'s worker training on {node}, its store on {store_node}",
+        lambda s: (
+            s.get("worldSize") == 1
+            and step_of(s) >= 5
+            and [p["spec"].get("nodeName") for p in worker_pods(lane, namespace, job)] == [node]
+        ),
+        300,
+    )
+    return watch
+
+
+def check_the_store_replaced(
+    lane: Lane, watch: JobWatch, dead: dict[str, Any], worker_uid: str, node: str, killed_at: float
+) -> None:
+    """The store pod ``dead`` of ``watch``'s job, on the node killed at ``killed_at``, is
+    force-deleted and replaced on ``node``; the job's one worker (``worker_uid``) trained on
+    meanwhile, and reports its progress through the new store."""
+    namespace, job = watch.namespace, watch.name
+    step = step_of(watch.status())
+
+    def replaced(s: dict[str, Any]) -> bool:
+        store = store_pod(lane, namespace, job) or {}
+        return (
+            store.get("metadata", {}).get("uid") not in (None, dead["metadata"]["uid"])
+            and store["spec"].get("nodeName") == node
+            and store["status"].get("phase") == "Running"
+            and step_of(s) > step + 5
+        )
+
+    watch.until(f"{job}'s store replaced on {node} and its progress read from there", replaced, GRACE_S + 240)
+    replaced_after = time.monotonic() - killed_at
+    workers = worker_pods(lane, namespace, job)
+    assert [p["metadata"]["uid"] for p in workers] == [worker_uid], (
+        f"{job}'s worker was replaced while its store was: {[p['metadata']['name'] for p in workers]}"
+    )
+    name = dead["metadata"]["name"]
+    said = [e for e in events(lane, namespace, last=120) if "ForceDeleted" in e and name in e]
+    assert said, f"no ForceDeleted Event names the store pod {name}\n" + diagnostics(lane, namespace, job)
+    line = (
+        f"store pod on the node killed: replaced on {node}, the job's progress read from the new store, "
+        f"after {replaced_after:.1f} s; its worker trained on"
+    )
+    print(f"{line}\nthe Event: {said[-1]}")
+    report(line)
+
+
+def test_a_node_killed_under_a_job_leaves_it_training_at_the_smaller_size_then_grows_back(
+    lane: Lane, operator: str
+) -> None:
     """A node's kubelet, containerd and containers killed with SIGKILL under a running job:
     the other worker trains on alone within seconds, without waiting for the dead pod, which
-    the API still shows Running. The node killed holds a worker only (the operator and the
-    store stay on the first node: the lane has two). Last in the module: the node stays dead."""
+    the API still shows Running. Once the node reads NotReady and the worker's toleration
+    (the operator's 5 s) ran out, the control plane evicts the pod, which stays Terminating
+    (its kubelet is dead) until the operator force-deletes it, saying so in a ``ForceDeleted``
+    Event; its replacement starts on the node left and the job trains at world size 2 again.
+    The job's store and the operator stay on the first node (the lane has two); another job,
+    of one worker on the first node, has its store pod on the node killed: that store is
+    force-deleted and replaced on the first node, and its worker trains on throughout. Last in
+    the module: the node stays dead."""
     namespace, job = JOBS, "survivor"
     first, victim = lane.node_names()
-    lane.kubectl("cordon", victim)  # the store pod, created first, goes to the first node
-    lane.apply(app_config_map(job, namespace), plain_pytorch_job(job, namespace, PYTORCH_IMAGE, 2, steps=600))
+    # Another job's store pod on the node to be killed, its worker on the first node.
+    apart = start_with_the_store_apart(lane, namespace, "apart", victim, first)
+    (apart_worker,) = worker_pods(lane, namespace, "apart")
+    apart_store = store_pod(lane, namespace, "apart")
+    assert apart_store is not None
+    # The store pod and the first worker go to the first node (the other one cordoned); the
+    # second worker, once the job is scaled to 2, to the other (the workers' spread).
+    manifest = plain_pytorch_job(job, namespace, PYTORCH_IMAGE, 2, steps=900)
+    manifest["spec"]["replicaSpecs"]["Worker"]["replicas"] = 1
+    lane.apply(app_config_map(job, namespace), manifest)
     store = f"{contract.LABEL_JOB_NAME}={job},{contract.LABEL_ROLE}={contract.ROLE_RENDEZVOUS}"
     waited = time.monotonic()
     while (
@@ -375,17 +477,52 @@ def test_a_node_killed_under_a_job_leaves_it_training_at_the_smaller_size(lane: 
             lane, namespace, job
         )
         time.sleep(1)
-    lane.kubectl("uncordon", victim)
     watch = JobWatch(lane, namespace, job)
+    watch.until("the first worker training", lambda s: s.get("worldSize") == 1 and step_of(s) >= 1, 420)
+    lane.kubectl("uncordon", victim)
+    scale = {"spec": {"replicaSpecs": {"Worker": {"replicas": 2}}}}
+    lane.kubectl("patch", "ej", "-n", namespace, job, "--type=merge", "-p", json.dumps(scale))
     watch.until("both workers training", lambda s: s.get("worldSize") == 2 and step_of(s) >= 10, 420)
+    (dead,) = [p for p in worker_pods(lane, namespace, job) if p["spec"].get("nodeName") == victim]
     step = step_of(watch.status())
     killed = lane.nodes.kill_node(victim)
     started = time.monotonic()
-    watch.until(
+    status = watch.until(
         f"the job training at world size 1 past step {step} after node {victim} was killed ({len(killed)} processes)",
         lambda s: s.get("worldSize") == 1 and step_of(s) > step + 5,
         timeout=180,
     )
-    report(
-        f"node killed under a job: training again at world size 1 after {time.monotonic() - started:.1f} s"
+    shrunk = time.monotonic() - started
+
+    def replaced(s: dict[str, Any]) -> bool:
+        pods = worker_pods(lane, namespace, job)
+        return (
+            s.get("worldSize") == 2
+            and step_of(s) > step_of(status) + 5
+            and len(pods) == 2
+            and all(p["spec"].get("nodeName") == first for p in pods)
+            and dead["metadata"]["uid"] not in {p["metadata"]["uid"] for p in pods}
+        )
+
+    watch.until(
+        f"the job training at world size 2 again, both workers on {first}, after the dead pod "
+        f"{dead['metadata']['name']} was evicted and force-deleted",
+        replaced,
+        timeout=GRACE_S + 240,
     )
+    grown = time.monotonic() - started
+    said = [
+        e for e in events(lane, namespace, last=80) if "ForceDeleted" in e and dead["metadata"]["name"] in e
+    ]
+    assert said and victim in said[-1], (
+        f"no ForceDeleted Event names {dead['metadata']['name']} and node {victim}: {said}\n"
+        + diagnostics(lane, namespace, job)
+    )
+    print(f"the Event: {said[-1]}")
+    line = (
+        f"node killed under a job: world size 1 after {shrunk:.1f} s, world size 2 again (the dead pod "
+        f"force-deleted, its replacement on {first}) after {grown:.1f} s (node grace {GRACE_S:g} s)"
+    )
+    print(line)
+    report(line)
+    check_the_store_replaced(lane, apart, apart_store, apart_worker["metadata"]["uid"], first, started)

@@ -33,6 +33,8 @@ class RecordingKube:
         self.event_messages: list[str] = []
         self.fail_status_writes = 0
         self.fail_pod_creates = 0
+        #: The Nodes by name; None: reading them is forbidden.
+        self.nodes: dict[str, dict[str, Any]] | None = {}
         self._rv = itertools.count(100)
 
     def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -71,8 +73,18 @@ class RecordingKube:
         self.calls.append(f"POST {plural} (dry run)")
         return copy.deepcopy(manifest)
 
-    def delete(self, namespace: str, plural: str, name: str, uid: str | None = None) -> None:
-        self.calls.append(f"DELETE {plural}")
+    def delete(
+        self, namespace: str, plural: str, name: str, uid: str | None = None, grace_seconds: int | None = None
+    ) -> None:
+        self.calls.append(
+            f"DELETE {plural}" + ("" if grace_seconds is None else f" {name} grace {grace_seconds}")
+        )
+
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        self.calls.append(f"GET node {name}")
+        if self.nodes is None:
+            raise ApiError(403, "Forbidden", f'nodes "{name}" is forbidden')
+        return copy.deepcopy(self.nodes.get(name))
 
     def patch(self, namespace: str, plural: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(f"PATCH {plural}")
@@ -331,3 +343,36 @@ def test_a_new_job_gets_its_pods_and_one_status_write_that_counts_them(
     # One pass: the Service, then (with its cluster IP) the store and the workers, then the status.
     assert kube.calls.count("POST pods") == 5 and kube.job_calls() == ["PATCH job/status"], kube.calls
     assert kube.job["status"]["replicaStatuses"]["Worker"]["active"] == 4
+
+
+def test_a_pod_the_taint_manager_deleted_is_forced_only_after_its_node_reads_lost(
+    loop: asyncio.AbstractEventLoop, kit: Any
+) -> None:
+    """The controller reads the Node of a pod the taint manager deleted, and only that one; the
+    pod is force-deleted when the node is NotReady, not when it is Ready or cannot be read."""
+    body = kit.job_body(replicas=2, status={"phase": "Running", "rdzvEndpoint": "127.2.0.9:29400"})
+    pods = [
+        kit.store(node="n1"),
+        kit.worker(0, node="n1"),
+        kit.worker(1, terminating=True, disruption="DeletionByTaintManager", node="n2"),
+    ]
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    lost = {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
+
+    def calls(nodes: dict[str, dict[str, Any]] | None) -> list[str]:
+        kube = RecordingKube(copy.deepcopy(body))
+        kube.nodes = nodes
+
+        async def scenario(controller: Controller) -> None:
+            controller.bind_indexes({KEY: pods}, {KEY: [kit.service()]})
+            controller.job_seen(KEY, None, copy.deepcopy(kube.job))
+            await settle(controller)
+
+        run(loop, kube, scenario)
+        return kube.calls
+
+    forced = "DELETE pods demo-worker-1 grace 0"
+    done = calls({"n1": ready, "n2": lost})
+    assert forced in done and [c for c in done if c.startswith("GET node")] == ["GET node n2"], done
+    assert forced not in calls({"n1": ready, "n2": ready})
+    assert forced not in calls(None)  # forbidden: the pod waits for its node, said in the log

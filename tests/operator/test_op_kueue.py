@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kelastic.operator import kueue
+from kelastic.operator import kueue, nodeloss
 from kelastic.operator.kueue import (
     ClearReservation,
     CreateWorkload,
@@ -381,6 +381,8 @@ def test_the_workers_kueue_admitted_are_created_with_their_placement(kit: Any) -
     }
     assert sorted(created) == ["train-worker-1", "train-worker-2"]
     assert created["train-worker-1"]["nodeSelector"] == {"pool": "on-demand"}
-    assert "tolerations" not in created["train-worker-1"]
+    # Besides the node-loss tolerations every worker gets (kelastic.operator.nodeloss).
+    lost = nodeloss.with_node_loss_tolerations([], nodeloss.DEFAULT_TOLERATION_SECONDS)
+    assert created["train-worker-1"]["tolerations"] == lost
     assert created["train-worker-2"]["nodeSelector"] == {"pool": "spot"}
-    assert created["train-worker-2"]["tolerations"] == list(SPOT.tolerations)
+    assert created["train-worker-2"]["tolerations"] == lost + list(SPOT.tolerations)

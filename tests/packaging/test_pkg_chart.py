@@ -112,8 +112,11 @@ def test_default_render_is_namespaced_least_privilege() -> None:
     kinds = sorted(o["kind"] for o in objects)
     # the Service exposes the operator's /metrics (metrics.enabled, default true); a Role and its
     # binding let the operator read its own Namespace and a NetworkPolicy guards its pod
-    # (networkPolicy.enabled, default true); another, its master key
+    # (networkPolicy.enabled, default true); another, its master key; a ClusterRole and its
+    # binding let it read Nodes (rbac.readNodes, default true)
     assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
         "Deployment",
         "NetworkPolicy",
         *["Role"] * 4,
@@ -178,9 +181,11 @@ def test_watch_namespaces_get_one_role_each_bound_to_the_release_service_account
 def test_cluster_wide_render_uses_a_cluster_role_and_watches_all_namespaces() -> None:
     objects = render({"clusterWide": True})
     assert operator_roles(objects) == [] and operator_roles(objects, "RoleBinding") == []
-    (role,) = by_kind(objects, "ClusterRole")
+    (role,) = [r for r in by_kind(objects, "ClusterRole") if not r["metadata"]["name"].endswith("-nodes")]
     assert_least_privilege(role["rules"])
-    (binding,) = by_kind(objects, "ClusterRoleBinding")
+    (binding,) = [
+        b for b in by_kind(objects, "ClusterRoleBinding") if not b["metadata"]["name"].endswith("-nodes")
+    ]
     assert "namespace" not in role["metadata"]
     assert (
         binding["roleRef"]["kind"] == "ClusterRole" and binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -319,3 +324,27 @@ def test_kueue_enabled_grants_exactly_what_the_queue_needs() -> None:
         ("kueue.x-k8s.io", "resourceflavors", "get"),
     }
     assert "--kueue" not in operator_container(render())["args"]
+
+
+def test_the_operator_reads_nodes_and_nothing_else_cluster_wide_unless_told_not_to() -> None:
+    """rbac.readNodes (default): in every mode a ClusterRole grants get on nodes, bound to the
+    operator's ServiceAccount (it force-deletes a pod evicted from a lost node only after
+    reading that the node is NotReady); off, no such role. The operator's pods tolerate a
+    lost node for operator.nodeLossToleration seconds."""
+    for values in ({}, {"watchNamespaces": ["team-a"]}, {"clusterWide": True}):
+        objects = render(values)
+        (reader,) = [r for r in by_kind(objects, "ClusterRole") if r["metadata"]["name"].endswith("-nodes")]
+        assert granted(reader["rules"]) == {("", "nodes", "get")}
+        (binding,) = [
+            b
+            for b in by_kind(objects, "ClusterRoleBinding")
+            if b["roleRef"]["name"] == reader["metadata"]["name"]
+        ]
+        (sa,) = by_kind(objects, "ServiceAccount")
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+        ]
+        assert "--node-loss-toleration=5" in operator_container(objects)["args"]
+    objects = render({"rbac": {"readNodes": False}, "operator": {"nodeLossToleration": 30}})
+    assert not [r for r in by_kind(objects, "ClusterRole") if r["metadata"]["name"].endswith("-nodes")]
+    assert "--node-loss-toleration=30" in operator_container(objects)["args"]
