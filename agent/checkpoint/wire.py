@@ -37,6 +37,7 @@ import mmap
 import socket
 import struct
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
@@ -157,6 +158,12 @@ class Channel:
                 for at in range(offset, last, _CHUNK):
                     self.sock.sendall(view[at : min(at + _CHUNK, last)])
                 tail = bytes(view[last:end])
+            except BaseException as exc:
+                # A send the peer cut off leaves slices of the mapping in the locals of its
+                # frames (ssl's ``sendall`` holds one): the mapping could not close, and a
+                # BufferError would replace the connection's error.
+                traceback.clear_frames(exc.__traceback__)
+                raise
             finally:
                 view.release()
         if guard is not None and not guard():

@@ -10,7 +10,9 @@ one. Three places it can take:
 * **on the path** to the service meant (a relay the connection was routed through): the
   replica goes through, and the relay saw none of its bytes in clear;
 * on the path, **changing one byte**, either way: the request fails, nothing altered is
-  kept or handed on.
+  kept or handed on;
+* on the path, **cutting the connection off** in the middle of a replica (a reset to the
+  sender): the upload fails with the connection's error, nothing is kept.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import shutil
 import socket
 import ssl
+import struct
 import threading
 import time
 import uuid
@@ -43,11 +46,14 @@ PATTERN = (b"kelastic-weights-in-clear:" + bytes(range(38))) * 16384
 
 class Relay:
     """Forwards every connection to ``target``, records both directions, and flips the
-    byte at ``flip`` (client->server, or server->client with ``back``) of each stream."""
+    byte at ``flip`` (client->server, or server->client with ``back``) of each stream; with
+    ``cut``, stops reading the client after that many bytes and resets its connection."""
 
-    def __init__(self, target: str, flip: int | None = None, back: bool = False) -> None:
+    def __init__(
+        self, target: str, flip: int | None = None, back: bool = False, cut: int | None = None
+    ) -> None:
         self.target = parse_endpoint(target)
-        self.flip, self.back = flip, back
+        self.flip, self.back, self.cut = flip, back, cut
         self.seen = bytearray()
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -63,13 +69,13 @@ class Relay:
             b = socket.create_connection(self.target)
             flip_fwd = self.flip if not self.back else None
             flip_back = self.flip if self.back else None
-            threading.Thread(target=self._pump, args=(a, b, flip_fwd), daemon=True).start()
+            threading.Thread(target=self._pump, args=(a, b, flip_fwd, self.cut), daemon=True).start()
             threading.Thread(target=self._pump, args=(b, a, flip_back), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, flip: int | None) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, flip: int | None, cut: int | None = None) -> None:
         at = 0
         try:
-            while data := src.recv(65536):
+            while data := src.recv(65536 if cut is None else min(65536, cut - at)):
                 if flip is not None and at <= flip < at + len(data):
                     data = bytearray(data)
                     data[flip - at] ^= 0x01
@@ -78,6 +84,11 @@ class Relay:
                 with self._lock:
                     self.seen += data
                 dst.sendall(data)
+                if cut is not None and at >= cut:
+                    # Unread bytes and no linger: closing resets the connection.
+                    src.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    src.close()
+                    break
         except OSError:
             pass
         finally:
@@ -182,6 +193,22 @@ def test_a_relay_that_changes_one_byte_of_an_upload_fails_the_request(nodes: Nod
         client.put_file(1, "__0.mem", part, len(PATTERN))
     relay.close()
     assert not holds(b, "__0.mem")
+    assert wait_until(lambda: not list(b.keeper.root.rglob("*.part")), 10), "a broken-off replica was left"
+    assert not holds(b, "__0.mem")
+
+
+def test_a_relay_that_cuts_an_upload_off_fails_it_with_the_connections_error(nodes: Nodes) -> None:
+    """The connection reset in the middle of a replica the client is still sending (a peer
+    that stopped, a relay that cut it off): the upload fails with the connection's error,
+    as the callers expect it, and the service keeps nothing of it."""
+    _, b, part = nodes
+    big = part.with_name("big")
+    big.write_bytes(PATTERN * 16)  # more than the sockets on the way buffer: the client still sends
+    relay = Relay(b.endpoint, cut=len(PATTERN))
+    client = via(relay, b.endpoint)
+    with pytest.raises(CheckpointError, match=r"sending __0\.mem of checkpoint 1"):
+        client.put_file(1, "__0.mem", big, 16 * len(PATTERN))
+    relay.close()
     assert wait_until(lambda: not list(b.keeper.root.rglob("*.part")), 10), "a broken-off replica was left"
     assert not holds(b, "__0.mem")
 

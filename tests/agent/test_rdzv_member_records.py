@@ -321,6 +321,7 @@ def test_a_successors_record_a_stranger_overwrites_after_the_close_costs_the_pee
     with pytest.raises(RendezvousTimeoutError, match="not signed"):
         rounds.read_records(store, keys, run_id, 1, [1], deadline, required=frozenset({1}))
     stranger.set(keys.members(1), '["stranger", "x", "y"]')
+    assert stranger.check([keys.members(1)])  # the store took the stranger's list (as above)
     assert rounds.successor_from_members(store, keys, 1, 1) is None
 
 
