@@ -6,6 +6,7 @@ lines). Importing this module does not start anything."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -219,3 +220,121 @@ def step_of(status: dict[str, Any]) -> int:
     text = str(status.get("progress") or "").replace("step ", "")
     head = text.split("/")[0].strip()
     return int(head) if head.isdigit() else 0
+
+
+def elastic_job(
+    name: str,
+    namespace: str,
+    image: str,
+    replicas: int,
+    steps: int,
+    *,
+    max_replicas: int = 0,
+    standby: int = 0,
+    queue: str = "",
+) -> dict[str, Any]:
+    """:func:`plain_pytorch_job`, with room to grow to ``max_replicas``, ``standby`` hot
+    standbys beside the members, and queued in Kueue's LocalQueue ``queue`` when given."""
+    job = plain_pytorch_job(name, namespace, image, replicas, steps)
+    job["spec"]["maxReplicas"] = max(max_replicas, replicas)
+    if standby:
+        job["spec"]["standbyReplicas"] = standby
+    if queue:
+        job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue}
+    return job
+
+
+def trainer_logs(lane: Lane, namespace: str, job: str, tail: int = 400) -> dict[str, str]:
+    """Each live worker pod's ``trainer`` log (the agent's lines and its ranks'), by pod name."""
+    return {
+        pod["metadata"]["name"]: lane.kubectl(
+            "logs", "-n", namespace, pod["metadata"]["name"], "-c", "trainer", f"--tail={tail}", check=False
+        )
+        for pod in worker_pods(lane, namespace, job)
+        if not pod["metadata"].get("deletionTimestamp")
+    }
+
+
+#: Rank 0 of examples/train.py, when its group (re)starts from a checkpoint.
+RESUMED = re.compile(r"\[train\] world size (\d+), restart (\d+): resumed from the (.+?) at step (\d+)")
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """One ``[train] ... resumed from ... at step S`` line of rank 0."""
+
+    world_size: int
+    restart: int
+    source: str
+    step: int
+
+
+def resumes(logs: dict[str, str]) -> list[Resumed]:
+    """Every resume rank 0 printed in ``logs`` (see :func:`trainer_logs`)."""
+    return [
+        Resumed(int(m[1]), int(m[2]), m[3], int(m[4])) for log in logs.values() for m in RESUMED.finditer(log)
+    ]
+
+
+def event_messages(lane: Lane, namespace: str, job: str, reason: str) -> list[str]:
+    """The messages of the Events of ``reason`` about ElasticJob ``job``, oldest first."""
+    out = lane.kubectl(
+        "get", "events", "-n", namespace, "--field-selector",
+        f"involvedObject.kind=ElasticJob,involvedObject.name={job},reason={reason}",
+        "--sort-by=.lastTimestamp", "-o", "json", check=False,
+    )  # fmt: skip
+    return [str(e.get("message")) for e in (json.loads(out).get("items") if out else None) or []]
+
+
+def kueue_queues(namespace: str, local_queue: str, cpu: str, memory: str) -> list[dict[str, Any]]:
+    """A ResourceFlavor, a ClusterQueue of ``cpu`` and ``memory`` and a LocalQueue in
+    ``namespace`` that feeds it, as examples/kueue.yaml makes them (memory covered too: the
+    plain PyTorch job's workers ask for it, and Kueue admits no request it does not cover)."""
+    flavor = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": "default-flavor"},
+    }
+    cluster_queue = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": "cluster-queue"},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [{
+                "coveredResources": ["cpu", "memory"],
+                "flavors": [{"name": "default-flavor", "resources": [
+                    {"name": "cpu", "nominalQuota": cpu}, {"name": "memory", "nominalQuota": memory},
+                ]}],
+            }],
+        },
+    }  # fmt: skip
+    local = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "LocalQueue",
+        "metadata": {"name": local_queue, "namespace": namespace},
+        "spec": {"clusterQueue": "cluster-queue"},
+    }
+    return [flavor, cluster_queue, local]
+
+
+def reinstall_operator(lane: Lane, watch: str, node: str, *, kueue: bool) -> str:
+    """The chart of :func:`install_operator` upgraded in place with ``kueue.enabled`` set to
+    ``kueue`` (the operator's ``--kueue`` and its Kueue RBAC), as ``kelastic local up --kueue``
+    installs it; its Deployment's name, once the new operator is available."""
+    from kelastic.localcluster.cli.chart import install_chart
+
+    started = time.monotonic()
+    release = install_chart(
+        lane.control_plane.admin_kubeconfig, CHART, OPERATOR_NS,
+        {"nodeSelector": {"kubernetes.io/hostname": node}, "kueue": {"enabled": kueue}},
+        release=RELEASE, watch_namespaces=[watch], wait=240, progress=print,
+    )  # fmt: skip
+    deployment = str(release.deployment)
+    lane.kubectl(
+        "rollout", "status", "-n", OPERATOR_NS, f"deploy/{deployment}", "--timeout=240s", timeout=260
+    )
+    print(
+        f"chart upgraded (kueue.enabled={kueue}), operator available after {time.monotonic() - started:.1f} s"
+    )
+    return deployment

@@ -21,6 +21,12 @@
   its short toleration, the operator force-deletes it (its kubelet cannot end it), and its
   replacement joins on the node left: the job trains at world size 2 again. Another job's
   store pod on that node is replaced the same way while its worker trains on.
+- under the same chart: a hot standby (``standbyReplicas: 1``) takes a force-deleted member's
+  place in one re-form, at the same world size; a job scaled 2 -> 3 -> 2 resumes each time
+  from the memory checkpoint at the step it reached (scaled down, from a peer's replica);
+  Kueue's manager against the lane's control plane queues a job until its LocalQueue
+  exists, then admits it onto both nodes, to Succeeded (the chart upgraded with
+  ``kueue.enabled`` meanwhile).
 
 The images are built (or brought up to date from BuildKit's cache) by the module's fixture,
 which prints the build's cold or warm time and each node's import time. Needs root, ``make
@@ -64,12 +70,19 @@ from .realnode_jobs import (
     CONNECT,
     OPERATOR_NS,
     JobWatch,
+    Resumed,
     app_config_map,
     diagnostics,
+    elastic_job,
+    event_messages,
     events,
     install_operator,
+    kueue_queues,
     plain_pytorch_job,
+    reinstall_operator,
+    resumes,
     step_of,
+    trainer_logs,
     worker_pods,
 )
 
@@ -442,6 +455,204 @@ def check_the_store_replaced(
     report(line)
 
 
+def figure(line: str) -> None:
+    """Print a scenario's figure and add it to the lane's report."""
+    print(line)
+    report(line)
+
+
+def test_a_hot_standby_takes_a_lost_members_place_at_the_same_world_size(lane: Lane, operator: str) -> None:
+    """``spec.standbyReplicas: 1``: two members train on the two nodes, a third pod waits in
+    the rendezvous without a rank. A member force-deleted: the standby takes its place in the
+    one re-form the loss causes (no shrink to 1 and growth back), the job trains on at world
+    size 2, and the deleted pod's replacement waits as the next standby."""
+    namespace, job = JOBS, "standby"
+    started = time.monotonic()
+    lane.apply(
+        app_config_map(job, namespace), elastic_job(job, namespace, PYTORCH_IMAGE, 2, steps=5000, standby=1)
+    )
+    watch = JobWatch(lane, namespace, job)
+    status = watch.until(
+        "two members training and a standby waiting",
+        lambda s: s.get("worldSize") == 2 and (s.get("standbys") or 0) == 1 and step_of(s) >= 20,
+        420,
+    )
+    figure(f"a job of 2 members and 1 standby training after {time.monotonic() - started:.1f} s")
+    logs = trainer_logs(lane, namespace, job)
+    # A pod that waited as a standby while the group first formed may have become a member
+    # since; a pod that never said so has been a member throughout.
+    standbys = [pod for pod, log in logs.items() if "is a standby, waiting" in log]
+    assert standbys and len(standbys) < len(logs), (
+        f"pods that said they wait as a standby: {standbys} of {list(logs)}\n"
+        + diagnostics(lane, namespace, job)
+    )
+    victim = next(pod for pod in logs if pod not in standbys)
+    forms, step = status.get("restarts") or 0, step_of(status)
+    deleted = time.monotonic()
+    lane.kubectl("delete", "pod", "-n", namespace, victim, "--grace-period=0", "--force")
+    status = watch.until(
+        f"training at world size 2 past step {step} after member {victim} was force-deleted",
+        lambda s: (s.get("restarts") or 0) > forms and s.get("worldSize") == 2 and step_of(s) > step,
+    )
+    took = time.monotonic() - deleted
+    assert status.get("restarts") == forms + 1, (
+        f"the group re-formed {status.get('restarts', 0) - forms} times to train at 2 again, not once "
+        f"(the standby should take the lost member's place in the loss's re-form): {status}"
+    )
+    figure(
+        f"hot standby: a standby took {victim}'s place, training again at world size 2 "
+        f"(one re-form) after {took:.1f} s"
+    )
+    watch.until(
+        "the deleted member's replacement waiting as the next standby",
+        lambda s: (s.get("standbys") or 0) == 1 and s.get("worldSize") == 2,
+        300,
+    )
+    lane.kubectl("delete", "ej", "-n", namespace, job, "--wait=false")
+
+
+def rescale(lane: Lane, watch: JobWatch, replicas: int, source: str) -> tuple[Resumed, dict[str, Any], float]:
+    """Scale the running job of ``watch`` to ``replicas`` (``kubectl scale``) and wait until it
+    trains at that world size and the operator has the restore the re-form made, which read
+    from ``source`` (``status.checkpoint.restoredFrom``); rank 0's resume at that size,
+    ``status.checkpoint``, and the seconds from the scale to training."""
+    status = watch.status()
+    forms, step = status.get("restarts") or 0, step_of(status)
+    before = (status.get("checkpoint") or {}).get("restoredTime")
+    scaled = time.monotonic()
+    lane.kubectl("scale", "ej", "-n", watch.namespace, watch.name, f"--replicas={replicas}")
+    watch.until(
+        f"training at world size {replicas} past step {step}",
+        lambda s: (s.get("restarts") or 0) > forms and s.get("worldSize") == replicas and step_of(s) > step,
+    )
+    took = time.monotonic() - scaled
+    status = watch.until(
+        "the operator to have the re-form's restore",
+        lambda s: (s.get("checkpoint") or {}).get("restoredTime") not in (None, before),
+        120,
+    )
+    logs = trainer_logs(lane, watch.namespace, watch.name)
+    resumed = [r for r in resumes(logs) if r.world_size == replicas]
+    assert resumed, (
+        f"rank 0 at world size {replicas} said no resume (it started from scratch?)\n"
+        + diagnostics(lane, watch.namespace, watch.name)
+    )
+    # A checkpoint every 10 steps: the one restored is at most a checkpoint (and the one then
+    # being saved) behind the step last reported before the scale.
+    assert resumed[-1].source == "memory checkpoint" and resumed[-1].step >= step - 20, (
+        f"rank 0 resumed at world size {replicas} from the {resumed[-1].source} at step {resumed[-1].step}; "
+        f"the job had reached step {step} before the scale"
+    )
+    checkpoint = dict(status.get("checkpoint") or {})
+    agents = [line for log in logs.values() for line in log.splitlines() if "restored checkpoint" in line]
+    print(f"status.checkpoint: {checkpoint}\nthe agents: {agents[-replicas:]}")
+    assert checkpoint.get("restoredFrom") == source, (
+        f"the restore at world size {replicas} read from {checkpoint.get('restoredFrom')}, not {source}: "
+        f"status.checkpoint {checkpoint}; the agents said {agents[-replicas:]}"
+    )
+    return resumed[-1], checkpoint, took
+
+
+def test_a_job_rescaled_resumes_from_the_memory_checkpoint_at_the_step_it_reached(
+    lane: Lane, operator: str
+) -> None:
+    """A job of two workers scaled to three, then back to two (``kubectl scale``): each time
+    the group re-forms at the new world size and rank 0 resumes from the memory checkpoint at
+    the step the job had reached (to a checkpoint), not from scratch. Scaled up, every part
+    is read from the memory of the pod that wrote it (the new pod fetches the parts it lacks
+    from them); scaled down, the parts of the pod that left are read from a peer's replica.
+    ``status.checkpoint.restoredFrom`` (and a ``CheckpointRestored`` Event) says which."""
+    namespace, job = JOBS, "rescale"
+    lane.apply(
+        app_config_map(job, namespace),
+        elastic_job(job, namespace, PYTORCH_IMAGE, 2, steps=5000, max_replicas=3),
+    )
+    watch = JobWatch(lane, namespace, job)
+    watch.until(
+        "two workers training past two checkpoints",
+        lambda s: (
+            s.get("worldSize") == 2 and step_of(s) >= 25 and bool((s.get("checkpoint") or {}).get("latest"))
+        ),
+        420,
+    )
+    for replicas, source in ((3, "memory"), (2, "replica")):
+        resumed, checkpoint, took = rescale(lane, watch, replicas, source)
+        figure(
+            f"scaled to {replicas}: training again at world size {replicas} after {took:.1f} s, resumed at "
+            f"step {resumed.step}; restored checkpoint {checkpoint.get('restoredId')} from "
+            f"{checkpoint.get('restoredFrom')} in {checkpoint.get('restoredSeconds')} s"
+        )
+    print("the Events: " + "; ".join(event_messages(lane, namespace, job, "CheckpointRestored")))
+    lane.kubectl("delete", "ej", "-n", namespace, job, "--wait=false")
+
+
+def test_kueue_queues_a_job_then_admits_it_onto_the_real_nodes(
+    lane: Lane, operator: str, tmp_path: Path
+) -> None:
+    """Kueue's manager against the lane's control plane and the chart upgraded with
+    ``kueue.enabled``: a job labelled for a LocalQueue that does not exist yet stays Queued,
+    without pods; once the queues exist (as examples/kueue.yaml makes them), Kueue admits
+    its two workers, they are placed on the two real nodes and the job runs to Succeeded.
+    The chart is put back as it was afterwards."""
+    from kelastic.localcluster.kueue import KueueBinaries, KueueManager, find_kueue_dir
+
+    directory = find_kueue_dir()
+    if directory is None:
+        pytest.skip(
+            "no Kueue build: run `make kueue` (sigs.k8s.io/kueue into ~/.cache/kelastic/kueue/<version>)"
+        )
+    namespace, job, queue = JOBS, "queued", "team-a"
+    node = lane.node_names()[0]
+    started = time.monotonic()
+    with KueueManager(
+        KueueBinaries.find(directory), lane.control_plane, tmp_path / "kueue", progress=print
+    ) as kueue:
+        report(f"Kueue {kueue.binaries.version} ready after {time.monotonic() - started:.1f} s")
+        try:
+            reinstall_operator(lane, namespace, node, kueue=True)
+            lane.apply(
+                app_config_map(job, namespace),
+                elastic_job(job, namespace, PYTORCH_IMAGE, 2, steps=100, queue=queue),
+            )
+            watch = JobWatch(lane, namespace, job)
+            watch.until(
+                "the job Queued (its LocalQueue does not exist yet)",
+                lambda s: s.get("phase") == "Queued",
+                120,
+            )
+            assert worker_pods(lane, namespace, job) == [], (
+                "a queued job has worker pods before Kueue admits it"
+            )
+            queued = time.monotonic()
+            lane.apply(*kueue_queues(namespace, queue, cpu="1", memory="2Gi"))
+            status = watch.until(
+                "Kueue admitting both workers and the job training",
+                lambda s: (
+                    (s.get("queue") or {}).get("admitted") == 2 and s.get("worldSize") == 2 and step_of(s) > 0
+                ),
+                420,
+            )
+            admitted = time.monotonic() - queued
+            print(f"status.queue: {status.get('queue')}")
+            workloads = lane.kubectl(
+                "get", "workloads.kueue.x-k8s.io", "-n", namespace, "-o", "wide", check=False
+            )
+            print(f"Kueue's Workloads:\n{workloads}")
+            watch.until("Succeeded", lambda s: s.get("phase") == "Succeeded", 420)
+            assert watch.nodes == set(lane.node_names()), (
+                f"the admitted job's workers ran on {watch.nodes} only"
+            )
+            figure(
+                f"Kueue: admitted and training {admitted:.1f} s after its queue was made, "
+                f"Succeeded {time.monotonic() - queued:.1f} s after"
+            )
+        finally:
+            lane.kubectl("delete", "ej", "-n", namespace, job, "--wait=false", check=False)
+            reinstall_operator(lane, namespace, node, kueue=False)
+
+
+# A node killed stays dead: its test is the module's last (pytest runs a module's tests in
+# the order of their definitions).
 def test_a_node_killed_under_a_job_leaves_it_training_at_the_smaller_size_then_grows_back(
     lane: Lane, operator: str
 ) -> None:
