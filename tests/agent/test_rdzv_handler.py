@@ -134,6 +134,25 @@ def test_spare_node_waits_while_round_is_full(server: ServerProcess, handlers: l
     assert info.world_size == 2 and out[0].world_size == 2
 
 
+def test_a_join_ends_when_its_handler_is_shut_down_from_another_thread(
+    server: ServerProcess, handlers: list, run_id: str
+) -> None:
+    """A node waiting for peers that never come stops joining once its handler is shut down:
+    it neither polls the store until its join_timeout nor becomes a member afterwards."""
+    handlers.append(make_handler(server.endpoint, "alone", 2, 2, run_id=run_id, join_timeout=600))
+    waiting, out = in_thread(handlers[0].next_rendezvous)
+
+    def joined() -> bool:
+        timings = handlers[0].last_timings
+        return timings is not None and timings.joined is not None
+
+    wait_for(joined, 30, "the node joined its round")
+    assert handlers[0].shutdown()
+    waiting.join(30)
+    assert not waiting.is_alive(), "next_rendezvous went on after the handler was shut down"
+    assert isinstance(out[0], RendezvousClosedError) and "was shut down" in str(out[0]), out
+
+
 def test_closed_rendezvous_rejects_joins_and_wakes_waiters(
     server: ServerProcess, handlers: list, run_id: str
 ) -> None:
