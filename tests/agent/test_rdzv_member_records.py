@@ -275,6 +275,7 @@ def test_a_record_a_stranger_writes_in_the_slot_it_added_is_no_member(
     stranger = connect_store(server.host, server.port, 5)
     assert stranger.add(keys.joined(1), 1) == 1
     stranger.set(keys.node(1, 0), '{"name": "stranger", "addr": "127.0.0.1", "link": 9, "wstore": 9}')
+    assert stranger.check([keys.node(1, 0)])  # stored before the nodes join
     handlers = [
         kelastic_handler(server.endpoint, run_id, f"n{i}", 2, 2, last_call_timeout=0.3, join_timeout=60)
         for i in range(2)
@@ -307,6 +308,9 @@ def test_a_successors_record_a_stranger_overwrites_after_the_close_costs_the_pee
     store.set(keys.members(1), members_value(keys, 1, ["a", "b", "c"]))
     for slot, name in enumerate("abc"):
         store.set(keys.node(1, slot), keys.sign(keys.node(1, slot), f'{{"name": "{name}", "addr": "h"}}'))
+    # A set has no reply: a request that has one makes sure the records are stored before the
+    # stranger's writes, which come on a connection of its own and would otherwise race them.
+    assert store.check([keys.node(1, 2)])
     stranger = connect_store(server.host, server.port, 5)
     stranger.set(keys.node(1, 1), '{"name": "stranger", "addr": "127.0.0.1", "link": 9}')
     stranger.delete_key(keys.node(1, 2))
@@ -317,4 +321,5 @@ def test_a_successors_record_a_stranger_overwrites_after_the_close_costs_the_pee
     with pytest.raises(RendezvousTimeoutError, match="not signed"):
         rounds.read_records(store, keys, run_id, 1, [1], deadline, required=frozenset({1}))
     stranger.set(keys.members(1), '["stranger", "x", "y"]')
+    assert stranger.check([keys.members(1)])  # stored before the member reads it
     assert rounds.successor_from_members(store, keys, 1, 1) is None
