@@ -116,9 +116,13 @@ def test_after_a_rejoin_the_round_left_tells_whether_it_lost_a_member(
 
 
 def test_spare_node_waits_while_round_is_full(server: ServerProcess, handlers: list, run_id: str) -> None:
-    handlers += [make_handler(server.endpoint, f"n{i}", 1, 2, run_id=run_id) for i in range(2)]
+    # Every round here closes at max_nodes, at once; the last call only has to outlast a
+    # busy machine's delay between the first two joins (at 0.3 s one node at times closed
+    # the first round alone, and the other waited alone in the next).
+    conf = {"last_call_timeout": 5.0}
+    handlers += [make_handler(server.endpoint, f"n{i}", 1, 2, run_id=run_id, **conf) for i in range(2)]
     rendezvous_concurrently(handlers)
-    spare = make_handler(server.endpoint, "spare", 1, 2, run_id=run_id)
+    spare = make_handler(server.endpoint, "spare", 1, 2, run_id=run_id, **conf)
     handlers.append(spare)
     thread, out = in_thread(spare.next_rendezvous)
     # A full round is not disturbed by a spare node.
