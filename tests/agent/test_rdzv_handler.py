@@ -101,7 +101,12 @@ def test_after_a_rejoin_the_round_left_tells_whether_it_lost_a_member(
 ) -> None:
     """What settles a restart an agent spent before knowing its cause (a crash: every
     member re-joins; a leave: one member is gone)."""
-    handlers += [make_handler(server.endpoint, f"n{i}", 1, 3, run_id=run_id) for i in range(3)]
+    # The rounds close at max_nodes or, after the leave, once every remaining member re-joined:
+    # the last call only has to outlast a busy machine's delay between the joins (at 0.3 s
+    # a node at times closed the first round alone, and the others waited in the next).
+    handlers += [
+        make_handler(server.endpoint, f"n{i}", 1, 3, run_id=run_id, last_call_timeout=5.0) for i in range(3)
+    ]
     assert handlers[0].wait_previous_round_lost(0.1) is False, "no round before the first"
     rendezvous_concurrently(handlers)
     rendezvous_concurrently(handlers)  # all three re-joined: no loss
