@@ -102,11 +102,10 @@ def test_after_a_rejoin_the_round_left_tells_whether_it_lost_a_member(
     """What settles a restart an agent spent before knowing its cause (a crash: every
     member re-joins; a leave: one member is gone)."""
     # The rounds close at max_nodes or, after the leave, once every remaining member re-joined:
-    # the last call only has to outlast a busy machine's delay between the joins (at 0.3 s
-    # a node at times closed the first round alone, and the others waited in the next).
-    handlers += [
-        make_handler(server.endpoint, f"n{i}", 1, 3, run_id=run_id, last_call_timeout=5.0) for i in range(3)
-    ]
+    # the last call only has to outlast a busy machine's delay between the joins (at 0.3 s,
+    # and at times at 5 s, two nodes closed the first round, and the third waited in the next).
+    conf = {"last_call_timeout": 30.0, "join_timeout": 60}
+    handlers += [make_handler(server.endpoint, f"n{i}", 1, 3, run_id=run_id, **conf) for i in range(3)]
     assert handlers[0].wait_previous_round_lost(0.1) is False, "no round before the first"
     rendezvous_concurrently(handlers)
     rendezvous_concurrently(handlers)  # all three re-joined: no loss
@@ -124,7 +123,7 @@ def test_spare_node_waits_while_round_is_full(server: ServerProcess, handlers: l
     # Every round here closes at max_nodes, at once; the last call only has to outlast a
     # busy machine's delay between the first two joins (at 0.3 s one node at times closed
     # the first round alone, and the other waited alone in the next).
-    conf = {"last_call_timeout": 5.0}
+    conf = {"last_call_timeout": 30.0, "join_timeout": 60}
     handlers += [make_handler(server.endpoint, f"n{i}", 1, 2, run_id=run_id, **conf) for i in range(2)]
     rendezvous_concurrently(handlers)
     spare = make_handler(server.endpoint, "spare", 1, 2, run_id=run_id, **conf)
