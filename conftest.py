@@ -24,6 +24,13 @@ tests that stop the API server's process group would stop the wrong processes).
 Tests marked ``gpu`` (tests/gpu/, e2e/test_e2e_gpu.py) need CUDA, NCCL and at least
 :data:`GPUS_NEEDED` GPUs (or the ``gpus=`` of their marker); elsewhere they are skipped with a
 reason that says so (see docs/gpus.md). The GPUs are counted without initialising CUDA in the test process.
+
+torch's ``TCPStore`` looks up the name of each address it connects to or accepts from (a
+loopback address in its IPv4-mapped form is not in /etc/hosts, so the query goes to the DNS
+server): where that server loses a query now and then, the lookup waits out the resolver's
+timeout, 5 s by default, and a store connect with a timeout of 5 s or less fails. The tests
+take 1 s (``$RES_OPTIONS``, unless set already; their processes inherit it): such a loss costs
+a second, not a failed or 5 s slower test.
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ _from_environment: dict[str, str] = {}
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:2")
     for variable in VARIABLES:
         value = os.environ.pop(variable, None)
         if value is not None:

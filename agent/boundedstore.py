@@ -119,6 +119,12 @@ class BoundedStore:
     _waiters: dict[str, list[_Waiter]] = field(default_factory=dict)
     _waiting: dict[asyncio.StreamWriter, _Waiter] = field(default_factory=dict)
     connections: int = 0
+    #: The clients being served, so that a stop can cut them off (:meth:`close_connections`).
+    _clients: set[asyncio.StreamWriter] = field(default_factory=set)
+    #: Set while no client is being served.
+    _none_served: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set by :meth:`close_connections`: the server stops and serves no one more.
+    _stopping: bool = False
     #: Bytes of the buffer held by requests in flight and waits (``limits.buffer_bytes``).
     buffered: int = 0
 
@@ -201,9 +207,30 @@ class BoundedStore:
                 LOG_INTERVAL,
             )
 
-    # -- the connection ---------------------------------------------------------------------
+    # -- the connections --------------------------------------------------------------------
+    def close_connections(self) -> None:
+        """Cut every client off and serve no new one: the server stops.
+
+        Each :meth:`serve` then returns at its next read or write (:meth:`served` waits for
+        that). Closing the connections, rather than cancelling their tasks, is what makes a
+        stop prompt: a cancellation that reaches a task as its ``wait_for`` completes is lost
+        (Python 3.11), and that task would go on serving a busy client until SIGKILL.
+        """
+        self._stopping = True
+        for writer in list(self._clients):
+            writer.transport.abort()
+
+    async def served(self) -> None:
+        """Return once no client is being served (after :meth:`close_connections`: promptly)."""
+        while self.connections:
+            self._none_served.clear()
+            await self._none_served.wait()
+
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One client: validate, then requests until it closes or is refused."""
+        if self._stopping:
+            writer.transport.abort()
+            return
         host, port = (writer.get_extra_info("peername") or ("?", "?"))[:2]
         peer = f"{host}:{port}"
         if self.connections >= self.limits.connections:
@@ -213,6 +240,7 @@ class BoundedStore:
             writer.close()
             return
         self.connections += 1
+        self._clients.add(writer)
         held = _Held()
         # Read at most READ_CHUNK at a time (asyncio reads 256 KiB): with the reader's limit,
         # a connection buffers some 3 READ_CHUNKs beside what its request holds.
@@ -246,9 +274,12 @@ class BoundedStore:
             pass  # the server stops: nothing more to serve this client
         finally:
             self.connections -= 1
+            self._clients.discard(writer)
             self._release(held)
             self._cancel(writer)
             writer.close()
+            if not self.connections:
+                self._none_served.set()
 
     async def _within(self, reader: asyncio.StreamReader, fn, *args):  # type: ignore[no-untyped-def]
         return await asyncio.wait_for(fn(reader, *args), self.limits.request_timeout)

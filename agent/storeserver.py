@@ -121,8 +121,15 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         f"{limits.buffer_bytes} bytes of requests in flight",
         flush=True,
     )
-    async with server:
+    try:
         await stop.wait()
+    finally:
+        # Stop listening, then cut the clients off: busy ones would otherwise keep their
+        # connections served past the stop (BoundedStore.close_connections).
+        server.close()
+        store.close_connections()
+        await store.served()
+        await server.wait_closed()
     return 0
 
 

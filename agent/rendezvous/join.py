@@ -181,6 +181,7 @@ class Joiner:
         k, s, name = self._keys, self._s, self._s.node_name
         next_round = 0
         while True:
+            self._raise_if_shut_down()
             generation = self._events.generation
             # Read before the open round: from here on every event reaches this node
             # (unless the epoch changes), the job's and the round's close included.
@@ -263,6 +264,14 @@ class Joiner:
                 r,
             )
         return r
+
+    def _raise_if_shut_down(self) -> None:
+        """End a join whose handler was shut down meanwhile (from another thread): its waits
+        return at once from then on, and it would poll the store until its deadline."""
+        if self._events.stopped:
+            raise RendezvousClosedError(
+                f"this node's handler for rendezvous {self._s.run_id} was shut down while it joined"
+            )
 
     def _raise_closed(self) -> NoReturn:
         """The job is finished: a parked standby exits gracefully (it had no rank), a joiner fails."""
@@ -440,6 +449,7 @@ class Joiner:
         opened: int | None = None
         observed: RoundView | None = None
         while True:
+            self._raise_if_shut_down()
             # The generation first: an event after it wakes the wait this pass ends in.
             generation = self._events.generation
             epoch = self._events.epoch()

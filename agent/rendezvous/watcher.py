@@ -72,6 +72,11 @@ class EventWatcher:
         """Bumped by every event and every local change a waiter must look at."""
         return self._generation
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the handler was shut down: every :meth:`wait_event` returns at once from then on."""
+        return self._stop.is_set()
+
     def bump(self) -> None:
         """Wake every waiter (they re-evaluate what they wait for)."""
         with self._wake:

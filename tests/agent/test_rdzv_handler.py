@@ -101,7 +101,11 @@ def test_after_a_rejoin_the_round_left_tells_whether_it_lost_a_member(
 ) -> None:
     """What settles a restart an agent spent before knowing its cause (a crash: every
     member re-joins; a leave: one member is gone)."""
-    handlers += [make_handler(server.endpoint, f"n{i}", 1, 3, run_id=run_id) for i in range(3)]
+    # The rounds close at max_nodes or, after the leave, once every remaining member re-joined:
+    # the last call only has to outlast a busy machine's delay between the joins (at 0.3 s,
+    # and at times at 5 s, two nodes closed the first round, and the third waited in the next).
+    conf = {"last_call_timeout": 30.0, "join_timeout": 60}
+    handlers += [make_handler(server.endpoint, f"n{i}", 1, 3, run_id=run_id, **conf) for i in range(3)]
     assert handlers[0].wait_previous_round_lost(0.1) is False, "no round before the first"
     rendezvous_concurrently(handlers)
     rendezvous_concurrently(handlers)  # all three re-joined: no loss
@@ -116,9 +120,10 @@ def test_after_a_rejoin_the_round_left_tells_whether_it_lost_a_member(
 
 
 def test_spare_node_waits_while_round_is_full(server: ServerProcess, handlers: list, run_id: str) -> None:
-    # A last call long enough for both to make the first round on a loaded machine (it
-    # closes at once when both joined): with one of them late, the first round closed without it.
-    conf = {"last_call_timeout": 5.0}
+    # Every round here closes at max_nodes, at once; the last call only has to outlast a
+    # busy machine's delay between the first two joins (at 0.3 s one node at times closed
+    # the first round alone, and the other waited alone in the next).
+    conf = {"last_call_timeout": 30.0, "join_timeout": 60}
     handlers += [make_handler(server.endpoint, f"n{i}", 1, 2, run_id=run_id, **conf) for i in range(2)]
     assert {i.world_size for i in rendezvous_concurrently(handlers)} == {2}
     spare = make_handler(server.endpoint, "spare", 1, 2, run_id=run_id, **conf)
@@ -138,6 +143,25 @@ def test_spare_node_waits_while_round_is_full(server: ServerProcess, handlers: l
     thread.join(10)
     assert isinstance(out[0], RendezvousInfo)
     assert info.world_size == 2 and out[0].world_size == 2
+
+
+def test_a_join_ends_when_its_handler_is_shut_down_from_another_thread(
+    server: ServerProcess, handlers: list, run_id: str
+) -> None:
+    """A node waiting for peers that never come stops joining once its handler is shut down:
+    it neither polls the store until its join_timeout nor becomes a member afterwards."""
+    handlers.append(make_handler(server.endpoint, "alone", 2, 2, run_id=run_id, join_timeout=600))
+    waiting, out = in_thread(handlers[0].next_rendezvous)
+
+    def joined() -> bool:
+        timings = handlers[0].last_timings
+        return timings is not None and timings.joined is not None
+
+    wait_for(joined, 30, "the node joined its round")
+    assert handlers[0].shutdown()
+    waiting.join(30)
+    assert not waiting.is_alive(), "next_rendezvous went on after the handler was shut down"
+    assert isinstance(out[0], RendezvousClosedError) and "was shut down" in str(out[0]), out
 
 
 def test_closed_rendezvous_rejects_joins_and_wakes_waiters(

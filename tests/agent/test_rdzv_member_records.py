@@ -276,6 +276,7 @@ def test_a_record_a_stranger_writes_in_the_slot_it_added_is_no_member(
     stranger = connect_store(server.host, server.port, 5)
     assert stranger.add(keys.joined(1), 1) == 1
     stranger.set(keys.node(1, 0), '{"name": "stranger", "addr": "127.0.0.1", "link": 9, "wstore": 9}')
+    assert stranger.check([keys.node(1, 0)])  # stored before the nodes join
     handlers = [
         kelastic_handler(server.endpoint, run_id, f"n{i}", 2, 2, last_call_timeout=0.3, join_timeout=60)
         for i in range(2)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,3 +169,37 @@ def test_torchs_client_sees_the_store_it_knows(server: ServerProcess) -> None:
     s.append("ap", "x")
     s.append("ap", "y")
     assert s.get("ap") == b"xy" and s.num_keys() == 6  # a, c, n, y, after, ap
+
+
+def test_sigterm_stops_the_store_at_once_though_its_clients_are_busy(server: ServerProcess) -> None:
+    """Clients that send request after request (agents polling a round) do not keep the store
+    serving past SIGTERM: it cuts them off and exits by itself, not by the SIGKILL that
+    ``stop`` sends after its grace period (as it did when only its tasks were cancelled)."""
+    connected, served = threading.Semaphore(0), threading.Semaphore(0)
+    cut_off: list[BaseException] = []
+
+    def busy(name: str) -> None:
+        s = client(server)
+        connected.release()
+        try:
+            while True:
+                s.add(f"kelastic/run/hb/{name}", 1)
+                s.check(["kelastic/run/closed"])
+                served.release()
+        except dist.DistError as exc:
+            cut_off.append(exc)
+
+    threads = [threading.Thread(target=busy, args=(f"n{i}",), daemon=True) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for _ in threads:
+        assert connected.acquire(timeout=30), "a client could not connect"
+    for _ in range(30):  # the clients are served again and again: they are busy when the signal comes
+        assert served.acquire(timeout=30), "a client was not served"
+    # The grace is long: a store that waits for its busy clients is killed only after it, and
+    # its exit code then says so (-9), whatever the machine's load.
+    assert server.stop(grace=30) == 0, "\n".join(server.output[-10:])
+    assert "kelastic-rendezvous: stopped after" in output(server)
+    for thread in threads:
+        thread.join(30)
+    assert len(cut_off) == 8, f"{8 - len(cut_off)} of 8 clients were not cut off: {cut_off}"

@@ -11,6 +11,7 @@ saving every step, re-forms only for a real loss, and never talks to the strange
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -20,7 +21,7 @@ import signal
 import socket
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -110,38 +111,48 @@ def every_step_saved(steps: list[int], first: int, last: int) -> bool:
     return set(range(first, last + 1)) <= set(steps)
 
 
+@contextlib.contextmanager
+def _attacking(attack: Callable[[int], None], every: float = 0.3) -> Iterator[list[int]]:
+    """Run ``attack(n)`` (n: the passes before it) on a thread every ``every`` s while the block
+    runs; yields a list whose one item counts the passes made."""
+    stop, passes = threading.Event(), [0]
+
+    def run() -> None:
+        while not stop.is_set():
+            attack(passes[0])
+            passes[0] += 1
+            stop.wait(every)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield passes
+    finally:
+        stop.set()
+        thread.join(10)
+
+
 def test_fate_claims_and_closed_events_every_half_second_do_not_stall_the_job(job: Job) -> None:
     """The stall attack: every half second the stranger claims a fate for each member (each
     kind, the controller's too), pushes a closed-job event and a round's close naming its own
     worker store, and marks the job closed. The job keeps saving every step, never re-forms."""
     store, keys = job.stranger(), RunKeys(job.run_id)
     restores, first = job.restores(), max(job.saved()) + 1
-    stop, attacks = threading.Event(), [0]
+    kinds = [Fate.REJOIN, Fate.DEAD, Fate.LEFT, Fate.DROPPED]
 
-    def attack() -> None:
-        kinds = [Fate.REJOIN, Fate.DEAD, Fate.LEFT, Fate.DROPPED]
-        while not stop.is_set():
-            r = current_round(store, keys)
-            for name in NODES:
-                kind = kinds[attacks[0] % len(kinds)]
-                claimer = "controller" if kind is Fate.DROPPED else "stranger"
-                store.delete_key(keys.fate(r, name))  # a fresh claim each time
-                protocol.claim_fate(store, keys, r, name, kind, claimer)
-            protocol.push_event(store, keys, JOB_CLOSED_EVENT)
-            protocol.push_event(
-                store, keys, protocol.close_event(r + 1, RoundClose(2, "x", "t", "10.6.6.6", 1))
-            )
-            store.set(keys.closed, "1")
-            attacks[0] += 1
-            stop.wait(0.5)
+    def attack(n: int) -> None:
+        r = current_round(store, keys)
+        for name in NODES:
+            kind = kinds[n % len(kinds)]
+            claimer = "controller" if kind is Fate.DROPPED else "stranger"
+            store.delete_key(keys.fate(r, name))  # a fresh claim each time
+            protocol.claim_fate(store, keys, r, name, kind, claimer)
+        protocol.push_event(store, keys, JOB_CLOSED_EVENT)
+        protocol.push_event(store, keys, protocol.close_event(r + 1, RoundClose(2, "x", "t", "10.6.6.6", 1)))
+        store.set(keys.closed, "1")
 
-    thread = threading.Thread(target=attack, daemon=True)
-    thread.start()
-    try:
+    with _attacking(attack, every=0.5) as attacks:
         job.saves_go_on(20)
-    finally:
-        stop.set()
-        thread.join(10)
     last = max(job.saved())
     assert attacks[0] >= 5, attacks
     assert job.restores() == restores, "the stranger's claims made the group re-form"
@@ -159,19 +170,34 @@ def test_a_strangers_ring_and_ranks_are_ignored_and_a_real_loss_still_re_forms(j
     still see the loss (after the closed-job events above), re-form, take only their own
     records, restore from memory and save on; nothing ever connects to the stranger."""
     store, keys = job.stranger(), RunKeys(job.run_id)
+    with _strangers_endpoint() as (evil_port, accepted):
+        evil = f"127.0.0.1:{evil_port}"
+        r = current_round(store, keys)
+        for later in range(r + 1, r + 6):
+            # the round closed before it did, and rank 0's record, both naming its own worker store
+            store.set(keys.size(later), RoundClose(2, "x", "t", "127.0.0.1", evil_port).to_value())
+            store.set(
+                keys.node(later, 0), json.dumps({"name": "x", "addr": "127.0.0.1", "wstore": evil_port})
+            )
+            prefix = keys.agent_prefix(later) + "/kelastic/"
+            for rank in range(2):
+                store.set(
+                    f"{prefix}role_info/{rank}", RoleInstanceInfo("default", rank, 1, 0, evil).to_json()
+                )
+                store.set(
+                    f"{prefix}assigned_ranks/{rank}", RankAssignment(0, 1, 0, 1, 0, (evil, evil)).to_json()
+                )
+        _a_worker_dies_and_the_job_restores(job)
+    assert accepted == [], "an agent connected to the stranger's endpoint"
+
+
+@contextlib.contextmanager
+def _strangers_endpoint() -> Iterator[tuple[int, list[socket.socket]]]:
+    """A port of the stranger's own on 127.0.0.1 (for the records it forges), and the list of
+    the connections made to it, accepted on a thread until the block ends: an agent that
+    connects there trusted a forged record."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.2)
-    evil = f"127.0.0.1:{listener.getsockname()[1]}"
-    r = current_round(store, keys)
-    evil_port = int(evil.rsplit(":", 1)[1])
-    for later in range(r + 1, r + 6):
-        # the round closed before it did, and rank 0's record, both naming its own worker store
-        store.set(keys.size(later), RoundClose(2, "x", "t", "127.0.0.1", evil_port).to_value())
-        store.set(keys.node(later, 0), json.dumps({"name": "x", "addr": "127.0.0.1", "wstore": evil_port}))
-        prefix = keys.agent_prefix(later) + "/kelastic/"
-        for rank in range(2):
-            store.set(f"{prefix}role_info/{rank}", RoleInstanceInfo("default", rank, 1, 0, evil).to_json())
-            store.set(f"{prefix}assigned_ranks/{rank}", RankAssignment(0, 1, 0, 1, 0, (evil, evil)).to_json())
     accepted: list[socket.socket] = []
     stop = threading.Event()
 
@@ -184,19 +210,24 @@ def test_a_strangers_ring_and_ranks_are_ignored_and_a_real_loss_still_re_forms(j
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    restores = job.restores()
-    victim = job.cluster.agents[1]
-    workers = [p for p in _children(victim.proc.pid) if b"ckpt_worker.py" in _cmdline(p)]
-    assert workers, "no worker of node-b found"
     try:
-        os.kill(workers[0], signal.SIGKILL)
-        job.cluster.wait_for("a restore", lambda: job.restores() > restores, 180)
-        job.saves_go_on(5)
+        yield listener.getsockname()[1], accepted
     finally:
         stop.set()
         thread.join(5)
         listener.close()
-    assert accepted == [], "an agent connected to the stranger's endpoint"
+
+
+def _a_worker_dies_and_the_job_restores(job: Job) -> None:
+    """SIGKILL node-b's worker; return once the agents restored from memory with both nodes
+    and the job saves on."""
+    restores = job.restores()
+    victim = job.cluster.agents[1]
+    workers = [p for p in _children(victim.proc.pid) if b"ckpt_worker.py" in _cmdline(p)]
+    assert workers, "no worker of node-b found"
+    os.kill(workers[0], signal.SIGKILL)
+    job.cluster.wait_for("a restore", lambda: job.restores() > restores, 180)
+    job.saves_go_on(5)
     restored = [e for e in job.events() if e["event"] == "restored"][-1]
     assert restored["source"] == "memory" and restored["world"] == 2, restored
 
@@ -227,32 +258,23 @@ def test_keys_a_stranger_deletes_or_overwrites_cost_no_step(job: Job) -> None:
     worth a re-form, keep saving every step, and the store's bounds hold its garbage."""
     store, keys = job.stranger(), RunKeys(job.run_id)
     restores, first = job.restores(), max(job.saved()) + 1
-    stop, rounds = threading.Event(), [0]
 
-    def attack() -> None:
-        while not stop.is_set():
-            r = current_round(store, keys)
-            store.delete_key(keys.heartbeat(NODES[0]))
-            store.set(keys.heartbeat(NODES[1]), "not a number")
-            for rank in range(2):
-                for what in ("role_info", "assigned_ranks"):
-                    store.delete_key(f"{keys.agent_prefix(r)}/kelastic/{what}/{rank}")
-            for name in NODES:
-                store.set(keys.fate(r, name), "dead|stranger")
-            latest = protocol.read_counter(store, keys.events)
-            store.delete_key(keys.event(latest))
-            store.set(keys.event(latest + 1), "garbage \xff")
-            store.delete_key(keys.closed)
-            rounds[0] += 1
-            stop.wait(0.3)
+    def attack(_: int) -> None:
+        r = current_round(store, keys)
+        store.delete_key(keys.heartbeat(NODES[0]))
+        store.set(keys.heartbeat(NODES[1]), "not a number")
+        for rank in range(2):
+            for what in ("role_info", "assigned_ranks"):
+                store.delete_key(f"{keys.agent_prefix(r)}/kelastic/{what}/{rank}")
+        for name in NODES:
+            store.set(keys.fate(r, name), "dead|stranger")
+        latest = protocol.read_counter(store, keys.events)
+        store.delete_key(keys.event(latest))
+        store.set(keys.event(latest + 1), "garbage \xff")
+        store.delete_key(keys.closed)
 
-    thread = threading.Thread(target=attack, daemon=True)
-    thread.start()
-    try:
+    with _attacking(attack) as rounds:
         job.saves_go_on(15)
-    finally:
-        stop.set()
-        thread.join(10)
     assert rounds[0] >= 5, rounds
     assert job.restores() == restores, "the stranger's deletes made the group re-form"
     assert every_step_saved(job.saved(), first, max(job.saved()))
@@ -269,39 +291,23 @@ def test_counters_and_member_records_a_stranger_moves_steer_no_re_form(job: Job)
     node alive.)"""
     store, keys = job.stranger(), RunKeys(job.run_id)
     restores, first = job.restores(), max(job.saved()) + 1
-    stop, rounds = threading.Event(), [0]
     r = current_round(store, keys)
     store.delete_key(keys.node(r + 1, 0))  # an earlier test's record for that round
     store.add(keys.joined(r + 1), 1)  # a slot of the coming round that nobody holds
 
-    def attack() -> None:
-        while not stop.is_set():
-            store.add(keys.open, 1)
-            for i, name in enumerate(NODES):
-                store.set(keys.slot(r + i, name), "0")
-                store.set(keys.standby(name), json.dumps({"round": r + 1, "since": 0}))
-            store.set(keys.members(r), json.dumps(["stranger-1", "stranger-2"]))
-            rounds[0] += 1
-            stop.wait(0.3)
+    def attack(_: int) -> None:
+        store.add(keys.open, 1)
+        for i, name in enumerate(NODES):
+            store.set(keys.slot(r + i, name), "0")
+            store.set(keys.standby(name), json.dumps({"round": r + 1, "since": 0}))
+        store.set(keys.members(r), json.dumps(["stranger-1", "stranger-2"]))
 
-    thread = threading.Thread(target=attack, daemon=True)
-    thread.start()
-    try:
+    with _attacking(attack) as rounds:
         job.saves_go_on(10)
         assert job.restores() == restores, "the stranger's counters made the group re-form"
         assert every_step_saved(job.saved(), first, max(job.saved()))
-        victim = job.cluster.agents[1]
-        workers = [p for p in _children(victim.proc.pid) if b"ckpt_worker.py" in _cmdline(p)]
-        assert workers, "no worker of node-b found"
-        os.kill(workers[0], signal.SIGKILL)
-        job.cluster.wait_for("a restore", lambda: job.restores() > restores, 180)
-        job.saves_go_on(5)
-    finally:
-        stop.set()
-        thread.join(10)
+        _a_worker_dies_and_the_job_restores(job)
     assert rounds[0] >= 5, rounds
-    restored = [e for e in job.events() if e["event"] == "restored"][-1]
-    assert restored["source"] == "memory" and restored["world"] == 2, restored
     assert all(a.proc.poll() is None for a in job.cluster.agents)
 
 
@@ -313,44 +319,17 @@ def test_a_strangers_slot_and_record_in_the_coming_round_cost_one_round_not_the_
     nodes and save on; nobody exits, nothing connects to the stranger, each says what it
     ignored."""
     store, keys = job.stranger(), RunKeys(job.run_id)
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.2)
-    evil_port = listener.getsockname()[1]
-    r = current_round(store, keys)
-    for later in (r + 1, r + 2):
-        store.delete_key(keys.node(later, 0))  # an earlier test's record for that round
-    assert store.add(keys.joined(r + 1), 1) == 1, "the coming round had joiners already"
-    forged = {"name": "stranger", "addr": "127.0.0.1", "link": evil_port, "wstore": evil_port}
-    store.set(keys.node(r + 1, 0), json.dumps(forged))
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                accepted.append(listener.accept()[0])
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    restores = job.restores()
-    victim = job.cluster.agents[1]
-    workers = [p for p in _children(victim.proc.pid) if b"ckpt_worker.py" in _cmdline(p)]
-    assert workers, "no worker of node-b found"
-    try:
-        os.kill(workers[0], signal.SIGKILL)
-        job.cluster.wait_for("a restore", lambda: job.restores() > restores, 180)
-        job.saves_go_on(5)
-    finally:
-        stop.set()
-        thread.join(5)
-        listener.close()
+    with _strangers_endpoint() as (evil_port, accepted):
+        r = current_round(store, keys)
+        for later in (r + 1, r + 2):
+            store.delete_key(keys.node(later, 0))  # an earlier test's record for that round
+        assert store.add(keys.joined(r + 1), 1) == 1, "the coming round had joiners already"
+        forged = {"name": "stranger", "addr": "127.0.0.1", "link": evil_port, "wstore": evil_port}
+        store.set(keys.node(r + 1, 0), json.dumps(forged))
+        _a_worker_dies_and_the_job_restores(job)
     outputs = "\n".join(a.output()[-3000:] for a in job.cluster.agents)
     assert all(a.proc.poll() is None for a in job.cluster.agents), outputs
     assert accepted == [], "an agent connected to the stranger's endpoint"
-    restored = [e for e in job.events() if e["event"] == "restored"][-1]
-    assert restored["source"] == "memory" and restored["world"] == 2, restored
     assert "ignored a store record" in outputs, outputs
 
 
@@ -362,42 +341,25 @@ def test_a_running_rounds_records_a_stranger_deletes_or_overwrites_cost_no_step(
     memory with both nodes."""
     store, keys = job.stranger(), RunKeys(job.run_id)
     restores, first = job.restores(), max(job.saved()) + 1
-    stop, rounds = threading.Event(), [0]
     r = current_round(store, keys)
 
-    def attack() -> None:
-        while not stop.is_set():
-            overwrite = rounds[0] % 2 == 1
-            for key in (keys.size(r), keys.latest, keys.members(r), keys.node(r, 0), keys.node(r, 1)):
-                if overwrite:
-                    store.set(key, "garbage")
-                else:
-                    store.delete_key(key)
-            for name in NODES:
-                store.delete_key(keys.slot(r, name))
-            rounds[0] += 1
-            stop.wait(0.3)
+    def attack(n: int) -> None:
+        for key in (keys.size(r), keys.latest, keys.members(r), keys.node(r, 0), keys.node(r, 1)):
+            if n % 2 == 1:
+                store.set(key, "garbage")
+            else:
+                store.delete_key(key)
+        for name in NODES:
+            store.delete_key(keys.slot(r, name))
 
-    thread = threading.Thread(target=attack, daemon=True)
-    thread.start()
-    try:
+    with _attacking(attack) as rounds:
         job.saves_go_on(10)
         assert job.restores() == restores, "the stranger's deletes made the group re-form"
         assert every_step_saved(job.saved(), first, max(job.saved()))
-        victim = job.cluster.agents[1]
-        workers = [p for p in _children(victim.proc.pid) if b"ckpt_worker.py" in _cmdline(p)]
-        assert workers, "no worker of node-b found"
-        os.kill(workers[0], signal.SIGKILL)
-        job.cluster.wait_for("a restore", lambda: job.restores() > restores, 180)
-        job.saves_go_on(5)
-    finally:
-        stop.set()
-        thread.join(10)
+        _a_worker_dies_and_the_job_restores(job)
     outputs = "\n".join(a.output()[-3000:] for a in job.cluster.agents)
     assert rounds[0] >= 5, rounds
     assert all(a.proc.poll() is None for a in job.cluster.agents), outputs
-    restored = [e for e in job.events() if e["event"] == "restored"][-1]
-    assert restored["source"] == "memory" and restored["world"] == 2, restored
 
 
 def _kill_a_worker(job: Job) -> None:
@@ -445,25 +407,18 @@ def test_a_strangers_straggler_verdict_gets_no_member_swapped_out(job: Job) -> N
     re-form, and both agents say they ignored the stranger's records."""
     store, keys = job.stranger(), RunKeys(job.run_id)
     restores, first = job.restores(), max(job.saved()) + 1
-    stop, written = threading.Event(), [0]
 
-    def attack() -> None:
-        while not stop.is_set():
-            verdict = {"node": NODES[1], "round": current_round(store, keys), "ratio": 9.0,
-                       "since": 0.0, "declared": 0.0, "policy": "Replace", "action": "replace",
-                       "time": 4e9}  # fmt: skip
-            value = json.dumps(verdict)
-            store.set(keys.straggler(), value if written[0] % 2 == 0 else value + "\x1fkmac1:" + "0" * 32)
-            written[0] += 1
-            stop.wait(0.5)
+    def attack(n: int) -> None:
+        verdict = {"node": NODES[1], "round": current_round(store, keys), "ratio": 9.0,
+                   "since": 0.0, "declared": 0.0, "policy": "Replace", "action": "replace",
+                   "time": 4e9}  # fmt: skip
+        value = json.dumps(verdict)
+        store.set(keys.straggler(), value if n % 2 == 0 else value + "\x1fkmac1:" + "0" * 32)
 
-    thread = threading.Thread(target=attack, daemon=True)
-    thread.start()
     try:
-        job.saves_go_on(15)
+        with _attacking(attack, every=0.5) as written:
+            job.saves_go_on(15)
     finally:
-        stop.set()
-        thread.join(10)
         store.delete_key(keys.straggler())
     outputs = "\n".join(a.output()[-4000:] for a in job.cluster.agents)
     assert written[0] >= 5, written

@@ -227,22 +227,29 @@ def test_watch_bookmarks_and_initial_events(tmp_path: Path) -> None:
     import json
     import urllib.request
 
+    def until_bookmark(url: str) -> list[dict]:
+        """The watch's events up to its first BOOKMARK (the watch is left then, not waited out)."""
+        events = []
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            for line in resp:
+                events.append(json.loads(line))
+                if events[-1]["type"] == "BOOKMARK":
+                    break
+        return events
+
     server = ApiServer(data_dir=tmp_path, bookmark_interval=0.3)
     server.start()
     try:
-        url = f"{server.url}/api/v1/namespaces?watch=true&allowWatchBookmarks=true&timeoutSeconds=1"
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            events = [json.loads(line) for line in resp]
+        events = until_bookmark(f"{server.url}/api/v1/namespaces?watch=true&allowWatchBookmarks=true")
         kinds = [e["type"] for e in events]
         assert kinds[:4] == ["ADDED"] * 4 and "BOOKMARK" in kinds
         bookmark = next(e for e in events if e["type"] == "BOOKMARK")["object"]
         assert bookmark["kind"] == "Namespace" and int(bookmark["metadata"]["resourceVersion"]) > 0
         url = (
             f"{server.url}/api/v1/namespaces?watch=true&sendInitialEvents=true&allowWatchBookmarks=true"
-            "&resourceVersionMatch=NotOlderThan&resourceVersion=&timeoutSeconds=1"
+            "&resourceVersionMatch=NotOlderThan&resourceVersion="
         )
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            events = [json.loads(line) for line in resp]
+        events = until_bookmark(url)
         end = next(i for i, e in enumerate(events) if e["type"] == "BOOKMARK")
         assert end == 4
         assert events[end]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
