@@ -345,6 +345,20 @@ def test_a_new_job_gets_its_pods_and_one_status_write_that_counts_them(
     assert kube.job["status"]["replicaStatuses"]["Worker"]["active"] == 4
 
 
+class UnreachableStore(StoreClient):
+    """A job's store that answers nothing, at once (the real client's connects to an address
+    nobody serves would run past the test's scenario into the operator's stop)."""
+
+    async def read(self, endpoint: str, run_id: str) -> RendezvousView | None:
+        return None
+
+    async def connect(self, endpoint: str) -> bool:
+        return False
+
+    async def publish(self, action: Any) -> bool:
+        return False
+
+
 def test_a_pod_the_taint_manager_deleted_is_forced_only_after_its_node_reads_lost(
     loop: asyncio.AbstractEventLoop, kit: Any
 ) -> None:
@@ -368,7 +382,7 @@ def test_a_pod_the_taint_manager_deleted_is_forced_only_after_its_node_reads_los
             controller.job_seen(KEY, None, copy.deepcopy(kube.job))
             await settle(controller)
 
-        run(loop, kube, scenario)
+        run(loop, kube, scenario, store=UnreachableStore())
         return kube.calls
 
     forced = "DELETE pods demo-worker-1 grace 0"
