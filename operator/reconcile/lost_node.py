@@ -52,18 +52,20 @@ def step(p: Pass, job: ActiveJob) -> Next:
     return Next.CONTINUE
 
 
+def _evicted_from(pod: PodView) -> str | None:
+    """The node the taint manager deleted ``pod`` from, or None (not deleted by it, or unbound)."""
+    if pod.node and pod.terminating and pod.disruption == nodeloss.TAINT_MANAGER_REASON:
+        return pod.node
+    return None
+
+
 def abandoned(pod: PodView, lost_nodes: Mapping[str, str]) -> str | None:
     """Why ``pod`` may be force-deleted (its node's state, from ``lost_nodes``), or None."""
-    if pod.node is None or not (pod.terminating and pod.disruption == nodeloss.TAINT_MANAGER_REASON):
-        return None
-    return lost_nodes.get(pod.node)
+    node = _evicted_from(pod)
+    return None if node is None else lost_nodes.get(node)
 
 
 def nodes_to_read(pods: Iterable[PodView]) -> set[str]:
     """The nodes whose state decides about ``pods``: those of the pods the taint manager
     deleted (the controller reads them into ``Observed.lost_nodes``)."""
-    return {
-        pod.node
-        for pod in pods
-        if pod.node and pod.terminating and pod.disruption == nodeloss.TAINT_MANAGER_REASON
-    }
+    return {node for node in map(_evicted_from, pods) if node is not None}
