@@ -313,11 +313,8 @@ def share_blobs(layouts: Sequence[Path]) -> int:
             if kept == blob:
                 continue
             kept_stat, stat = kept.stat(), blob.stat()
-            if (kept_stat.st_dev, kept_stat.st_ino) == (
-                stat.st_dev,
-                stat.st_ino,
-            ) or kept_stat.st_dev != stat.st_dev:
-                continue
+            if kept_stat.st_dev != stat.st_dev or kept_stat.st_ino == stat.st_ino:
+                continue  # another file system, or one file already
             spare = blob.with_name(f".{blob.name}.link")
             spare.unlink(missing_ok=True)
             os.link(kept, spare)
