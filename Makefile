@@ -27,8 +27,8 @@ install:  ## torch first and pinned (see TORCH_PIP_ARGS for a CPU-only machine),
 test:  ## the whole suite, end-to-end scenarios included (what CI runs)
 	$(PYTHON) -m pytest -q
 
-test-fast:  ## skip the slow multi-process and end-to-end scenarios
-	$(PYTHON) -m pytest -q -m "not slow"
+test-fast:  ## skip the slow multi-process and end-to-end scenarios; two test processes side by side
+	$(PYTHON) -m pytest -q -m "not slow" -n 2
 
 test-gpu:  ## the gpu lane: NCCL scenarios, needs CUDA and 2+ GPUs (docs/gpus.md); skipped elsewhere
 	$(PYTHON) -m pytest -q -m gpu
