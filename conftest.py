@@ -31,6 +31,10 @@ server): where that server loses a query now and then, the lookup waits out the 
 timeout, 5 s by default, and a store connect with a timeout of 5 s or less fails. The tests
 take 1 s (``$RES_OPTIONS``, unless set already; their processes inherit it): such a loss costs
 a second, not a failed or 5 s slower test.
+
+At its end a run prints what its tests not marked ``slow`` (the fast subset) took, setup and
+teardown included, one after the other: so the full run's log (CI's) also says what the fast
+subset costs, which ``-m "not slow" -n 2`` spreads over two processes.
 """
 
 from __future__ import annotations
@@ -76,6 +80,22 @@ def pytest_configure(config: pytest.Config) -> None:
     found = _named_or_built()
     if found is not None and (found / "kubectl").is_file():
         os.environ["PATH"] = f"{found}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+_fast_subset: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "slow" not in report.keywords:
+        _fast_subset[report.nodeid] = _fast_subset.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _fast_subset:
+        terminalreporter.write_line(
+            f"the fast subset (tests not marked slow) in this run: {len(_fast_subset)} tests, "
+            f"{sum(_fast_subset.values()):.1f} s one after the other"
+        )
 
 
 def built_control_plane() -> Path | None:
