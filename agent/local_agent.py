@@ -47,7 +47,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from string import Template
 from typing import Any
@@ -188,7 +188,8 @@ class LocalElasticAgent(SimpleElasticAgent):
     the group's next checkpoint (see :func:`kelastic.agent.restart_policy.defer_join`);
     ``checkpoint_ring`` (optional) is told each round's ring of checkpoint services;
     ``stragglers`` (optional, with the kelastic backend) is the straggler rule the node
-    applies (:mod:`kelastic.agent.straggler_watch`).
+    applies (:mod:`kelastic.agent.straggler_watch`). ``warm_imports`` names the script's
+    modules a ``forkserver`` start has the fork server import after torch.
     """
 
     def __init__(
@@ -214,6 +215,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         checkpoint_commits: CheckpointCommits | None = None,
         checkpoint_ring: CheckpointRing | None = None,
         stragglers: StragglerRule | None = None,
+        warm_imports: Sequence[str] = (),
     ) -> None:
         super().__init__(
             spec,
@@ -233,7 +235,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             # torch reads OMP_NUM_THREADS when the fork server imports it, before any worker env exists
             if spec.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
                 os.environ["OMP_NUM_THREADS"] = "1"
-            prewarm_forkserver()
+            prewarm_forkserver(script_modules=warm_imports)
         base = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="kelastic_"))
         #: The temporary directory the agent made for want of a log_dir: removed at exit once
         #: nothing but its own scratch (progress files) is in it.
