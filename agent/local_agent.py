@@ -231,6 +231,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._logs_specs = logs_specs
         self._log_line_prefix_template = log_line_prefix_template
         self._start_method = start_method
+        self._warm_imports = tuple(warm_imports)
         if start_method == "forkserver":
             # torch reads OMP_NUM_THREADS when the fork server imports it, before any worker env exists
             if spec.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
@@ -324,9 +325,10 @@ class LocalElasticAgent(SimpleElasticAgent):
             return  # no server of ours to wait for, or waited already
         while ready is False and time.monotonic() - began < WARM_WAIT:
             _log.info(
-                "[%s] the fork server is still importing %s (%.0fs); joining after it",
+                "[%s] the fork server is still importing %s%s (%.0fs); joining after it",
                 role,
                 warm.PRELOAD[len(warm.AGENT_IMPORTS)],
+                " and the script's modules" if self._warm_imports else "",
                 time.monotonic() - began,
             )
             ready = warm.wait_ready(WARM_PROGRESS_EVERY)

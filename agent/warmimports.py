@@ -27,10 +27,13 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import cast
 
-__all__ = ["LIMIT", "module_source", "script_imports", "top_level_imports"]
+__all__ = ["LIMIT", "MAX_SCRIPT_BYTES", "module_source", "script_imports", "top_level_imports"]
 
 #: At most this many modules are named (a script's first ones, in the order it imports them).
 LIMIT = 64
+
+#: A script larger than this (bytes) is not read: no script is, and reading it would cost the agent.
+MAX_SCRIPT_BYTES = 16 * 1024 * 1024
 
 #: Never worth importing early: no module (``__future__`` is a compiler directive) or the script itself.
 _SKIP = frozenset({"__future__", "__main__"})
@@ -102,7 +105,8 @@ def script_imports(
     a module name run from ``cwd`` as ``python -m`` would): :func:`top_level_imports` of
     modules whose top-level package is found, without importing it, outside the script's
     directory (for ``-m``: outside ``cwd``, and not the package being run), minus
-    ``exclude``, at most ``limit``. Empty when the script cannot be found, read or parsed:
+    ``exclude``, at most ``limit``. Empty when the script cannot be found, read or parsed
+    (or is over :data:`MAX_SCRIPT_BYTES`):
     the workers then run (or fail) exactly as they would without this."""
     cwd = os.path.abspath(cwd or os.getcwd())
     if module:
@@ -120,7 +124,10 @@ def script_imports(
         return []
     try:
         with open(os.path.join(cwd, path), "rb") as f:
-            names = top_level_imports(f.read())  # bytes: the parser honours a coding cookie
+            source = f.read(MAX_SCRIPT_BYTES + 1)
+        if len(source) > MAX_SCRIPT_BYTES:
+            return []
+        names = top_level_imports(source)  # bytes: the parser honours a coding cookie
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     found: dict[str, bool] = {}

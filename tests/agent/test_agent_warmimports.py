@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kelastic.agent.warmimports import script_imports, top_level_imports
+from kelastic.agent.warmimports import MAX_SCRIPT_BYTES, script_imports, top_level_imports
 
 SCRIPT = textwrap.dedent(
     """
@@ -136,6 +136,9 @@ def test_a_script_that_does_not_parse_gives_nothing(tmp_path: Path, source: str)
 def test_a_script_that_cannot_be_read_gives_nothing(tmp_path: Path) -> None:
     assert script_imports(str(tmp_path / "missing.py")) == []
     assert script_imports(str(tmp_path)) == []  # a folder
+    huge = tmp_path / "huge.py"
+    huge.write_bytes(b"import json\n" + b"#" * MAX_SCRIPT_BYTES)
+    assert script_imports(str(huge)) == []
     latin = tmp_path / "latin.py"
     latin.write_bytes(b"import json\nname = '\xe9'\n")  # not UTF-8: python refuses it too
     assert script_imports(str(latin)) == []
