@@ -65,6 +65,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any
@@ -153,18 +154,22 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
 
 def _import_within(name: str, timeout: float) -> None:
     """Import ``name``, interrupted by SIGALRM after ``timeout`` s where this thread can set
-    a signal handler (the main thread; a fork server runs no other)."""
+    a signal handler (the main thread; a fork server runs no other). A timer and handler
+    set before are put back after, the timer less the time the import took."""
     try:
         previous = signal.signal(signal.SIGALRM, _on_alarm)
     except ValueError:  # not the main thread: no time limit
         importlib.import_module(name)
         return
+    began, delay, interval = time.monotonic(), 0.0, 0.0
     try:
-        signal.setitimer(signal.ITIMER_REAL, timeout)
+        delay, interval = signal.setitimer(signal.ITIMER_REAL, timeout)
         importlib.import_module(name)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if delay > 0:  # someone else's alarm: still due, at the latest now
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, delay - (time.monotonic() - began)), interval)
 
 
 def import_guarded(names: Sequence[str], log: logging.Logger, timeout: float = IMPORT_TIMEOUT) -> list[str]:

@@ -192,6 +192,10 @@ def test_import_guarded_skips_what_raises_anything_or_hangs(
         (tmp_path / f"{name}.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
     before = signal.getsignal(signal.SIGALRM)
+    timer = signal.setitimer(signal.ITIMER_REAL, 0)  # pytest-timeout's, if it uses SIGALRM
+    # A timer of its own (its handler ignores it), which import_guarded must leave set.
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    signal.setitimer(signal.ITIMER_REAL, 600)
     log = logging.getLogger("kelastic.test.warm_imports")
     with caplog.at_level(logging.INFO, logger=log.name):
         done = warm.import_guarded(["kw_raises", "kw_exits", "kw_hangs", "json", "kw_fine"], log, timeout=0.5)
@@ -207,5 +211,8 @@ def test_import_guarded_skips_what_raises_anything_or_hangs(
     # json was imported already: only what the server imported itself is named.
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert infos == ["warm start: the fork server imported the script's modules kw_fine"]
-    assert signal.getsignal(signal.SIGALRM) == before
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    # The handler and the timer that were there before are back (less the time it took).
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_IGN
+    assert 0 < signal.setitimer(signal.ITIMER_REAL, 0)[0] < 600
+    signal.signal(signal.SIGALRM, before)
+    signal.setitimer(signal.ITIMER_REAL, *timer)
