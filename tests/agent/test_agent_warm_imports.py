@@ -8,6 +8,7 @@ file when imported, so the test sees which process ran its module-level code.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -158,8 +159,6 @@ PROBE = textwrap.dedent(
 
 @pytest.mark.slow  # a fresh fork server imports torch
 def test_the_fallback_fork_server_imports_them_too_and_survives_a_failing_one(tmp_path: Path) -> None:
-    import json
-
     _, _, env = _layout(tmp_path)
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
