@@ -30,7 +30,9 @@ anything imported inside a function, a class or an ``if`` (``if __name__ ==
 :data:`IMPORT_TIMEOUT` seconds (interrupted by SIGALRM), is skipped with one warning
 naming it and the error, and each worker imports it itself, failing or not as it would
 have (:func:`import_guarded`). The agent joins its first rendezvous once the server is
-done (:func:`wait_ready`), and logs at INFO which modules the server imported.
+done (:func:`wait_ready`; multiprocessing's own server serves no worker before), and
+the server logs at INFO which modules it imported. A fork server that dies is started
+again by multiprocessing, fresh, without the script's modules.
 
 What that changes for a package that does work at import time: it runs once, in the
 fork server, before any worker exists and so before any rank's variable (``RANK``,
