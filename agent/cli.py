@@ -21,8 +21,9 @@ Beyond torchrun: ``--warm-start`` (or ``PET_WARM_START=1``) forks workers from a
 server that has already imported torch instead of starting a fresh interpreter
 for every (re)start, which turns a recovery from a lost or added node from
 seconds of ``import torch`` into a fork (see :mod:`kelastic.agent.warm` for
-what a script may notice). ``$KELASTIC_EVENTS_FILE`` receives the agent's
-structured events as JSON lines.
+what a script may notice); the server also imports the installed packages the script
+imports at module level, unless ``--warm-imports torch`` (``PET_WARM_IMPORTS=torch``).
+``$KELASTIC_EVENTS_FILE`` receives the agent's structured events as JSON lines.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from kelastic.agent.launch_config import LaunchConfig, resolve_job_secret
 from kelastic.agent.multiprocessing import Std
 from kelastic.agent.process_exit import exit_process
 from kelastic.agent.straggler import parse_rule
+from kelastic.agent.warmimports import script_imports
 
 __all__ = [
     "LaunchConfig",
@@ -152,6 +154,10 @@ def parse_ranks_filter(text: str) -> set[int] | None:
     return ranks
 
 
+#: ``--warm-imports``: what the warm start's fork server imports ahead of the workers.
+WARM_IMPORTS = ("script", "torch")
+
+
 def _env_default(dest: str, default: Any) -> Any:
     return os.environ.get(f"{contract.PET_PREFIX}{dest.upper()}", default)
 
@@ -229,6 +235,15 @@ def build_parser() -> argparse.ArgumentParser:
     flag(
         contract.FLAG_WARM_START,
         help="fork workers from a server that already imported torch (much faster restarts; see kelastic.agent.warm)",
+    )
+    opt(
+        contract.FLAG_WARM_IMPORTS,
+        default="script",
+        type=str,
+        choices=list(WARM_IMPORTS),
+        help="with --warm-start, what the fork server imports ahead of the workers: script (default: torch "
+        "and the installed packages the script imports at module level) or torch (torch only, for packages "
+        "that read RANK or initialise CUDA when imported)",
     )
     opt(
         "log-dir",
@@ -394,6 +409,9 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
 
     script = args.training_script
     entrypoint, cmd_args, start_method = _entrypoint(args)
+    warm_imports: list[str] = []
+    if args.warm_start and args.warm_imports == "script":
+        warm_imports = script_imports(script, module=bool(args.module), exclude=warm.PRELOAD)
 
     return LaunchConfig(
         min_nodes=min_nodes,
@@ -424,6 +442,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         entrypoint=entrypoint,
         args=tuple(cmd_args),
         entrypoint_name=os.path.basename(script),
+        warm_imports=tuple(warm_imports),
     )
 
 
@@ -439,6 +458,10 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError("--run-path cannot be combined with -m/--module or --no-python")
     if args.no_python and shutil.which(args.training_script) is None:
         raise ValueError(f"--no-python: program {args.training_script!r} was not found or is not executable")
+    if args.warm_imports not in WARM_IMPORTS:  # PET_WARM_IMPORTS escapes argparse's choices
+        raise ValueError(
+            f"--warm-imports must be one of {', '.join(WARM_IMPORTS)}, got {args.warm_imports!r}"
+        )
     if args.warm_start and args.no_python:
         raise ValueError(
             "--warm-start runs Python scripts and modules; it cannot be combined with --no-python"
@@ -513,7 +536,7 @@ def run(config: LaunchConfig) -> int:
             if config.start_method == "forkserver":
                 # The agent needs torch anyway: import it once, then fork the fork server from
                 # here, while this process still runs a single thread (see kelastic.agent.warm).
-                forked = warm.fork_forkserver()
+                forked = warm.fork_forkserver(script_modules=config.warm_imports)
             from torch.distributed.elastic.rendezvous import RendezvousError
 
             from kelastic.agent.launch import launch_agent

@@ -110,6 +110,10 @@ FLAG_HANG_TIMEOUT = "--hang-timeout"
 FLAG_STRAGGLERS = "--stragglers"
 FLAG_NO_PYTHON = "--no-python"
 FLAG_WARM_START = "--warm-start"
+#: What the warm start's fork server imports ahead of the workers: ``script`` (the
+#: default: torch, then the installed modules the script imports at module level) or
+#: ``torch`` (torch only).
+FLAG_WARM_IMPORTS = "--warm-imports"
 #: Start this node as a standby: it waits in the rendezvous without a rank and only
 #: takes the place of a lost member (the rendezvous setting ``standby=1``).
 FLAG_STANDBY = "--standby"

@@ -380,4 +380,5 @@ def _local_agent(
         checkpoint_commits=checkpoints.keeper if checkpoints is not None else None,
         checkpoint_ring=checkpoints,
         stragglers=config.stragglers,
+        warm_imports=config.warm_imports,
     )

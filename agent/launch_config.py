@@ -60,6 +60,9 @@ class LaunchConfig:
     entrypoint: Callable[..., Any] | str = ""
     args: tuple[Any, ...] = ()
     entrypoint_name: str = ""
+    #: The script's modules the warm start's fork server imports after torch
+    #: (``--warm-imports script``: :func:`kelastic.agent.warmimports.script_imports`).
+    warm_imports: tuple[str, ...] = ()
 
 
 def resolve_job_secret(config: LaunchConfig) -> secret.JobSecret | None:

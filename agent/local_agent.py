@@ -47,7 +47,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from string import Template
 from typing import Any
@@ -188,7 +188,8 @@ class LocalElasticAgent(SimpleElasticAgent):
     the group's next checkpoint (see :func:`kelastic.agent.restart_policy.defer_join`);
     ``checkpoint_ring`` (optional) is told each round's ring of checkpoint services;
     ``stragglers`` (optional, with the kelastic backend) is the straggler rule the node
-    applies (:mod:`kelastic.agent.straggler_watch`).
+    applies (:mod:`kelastic.agent.straggler_watch`). ``warm_imports`` names the script's
+    modules a ``forkserver`` start has the fork server import after torch.
     """
 
     def __init__(
@@ -214,6 +215,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         checkpoint_commits: CheckpointCommits | None = None,
         checkpoint_ring: CheckpointRing | None = None,
         stragglers: StragglerRule | None = None,
+        warm_imports: Sequence[str] = (),
     ) -> None:
         super().__init__(
             spec,
@@ -229,11 +231,12 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._logs_specs = logs_specs
         self._log_line_prefix_template = log_line_prefix_template
         self._start_method = start_method
+        self._warm_imports = tuple(warm_imports)
         if start_method == "forkserver":
             # torch reads OMP_NUM_THREADS when the fork server imports it, before any worker env exists
             if spec.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
                 os.environ["OMP_NUM_THREADS"] = "1"
-            prewarm_forkserver()
+            prewarm_forkserver(script_modules=warm_imports)
         base = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="kelastic_"))
         #: The temporary directory the agent made for want of a log_dir: removed at exit once
         #: nothing but its own scratch (progress files) is in it.
@@ -322,9 +325,10 @@ class LocalElasticAgent(SimpleElasticAgent):
             return  # no server of ours to wait for, or waited already
         while ready is False and time.monotonic() - began < WARM_WAIT:
             _log.info(
-                "[%s] the fork server is still importing %s (%.0fs); joining after it",
+                "[%s] the fork server is still importing %s%s (%.0fs); joining after it",
                 role,
                 warm.PRELOAD[len(warm.AGENT_IMPORTS)],
+                " and the script's modules" if self._warm_imports else "",
                 time.monotonic() - began,
             )
             ready = warm.wait_ready(WARM_PROGRESS_EVERY)

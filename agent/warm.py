@@ -18,9 +18,33 @@ Python whose fork server works differently, CUDA initialised in the agent: see
 :mod:`kelastic.agent.devices`) it falls back to :func:`prewarm_forkserver`,
 multiprocessing's own fresh server, a new interpreter whose workers can use CUDA.
 
-Differences from a fresh interpreter a script may notice: torch is already
-imported (so environment variables that torch reads at import time come from
-the agent's environment; the agent sets ``OMP_NUM_THREADS=1`` in its own
+The script's own imports. After torch the server also imports the modules the script
+imports at its module level that are installed outside the script's folder (the
+standard library, numpy, torchvision, transformers, ...; with ``-m``, outside the working
+directory), so a worker (re)start does not pay for them either. The script has nothing
+to do for it: the agent reads it with :mod:`ast` (:mod:`kelastic.agent.warmimports`),
+never runs it. Not imported early: the script's own modules (its folder's files and
+packages, which may read ``RANK`` or open files when imported), relative imports, and
+anything imported inside a function, a class or an ``if`` (``if __name__ ==
+"__main__":`` above all). A module whose import raises anything, or takes over
+:data:`IMPORT_TIMEOUT` seconds (interrupted by SIGALRM), is skipped with one warning
+naming it and the error, and each worker imports it itself, failing or not as it would
+have (:func:`import_guarded`). The agent joins its first rendezvous once the server is
+done (:func:`wait_ready`; multiprocessing's own server serves no worker before), and
+the server logs at INFO which modules it imported. A fork server that dies is started
+again by multiprocessing, fresh, without the script's modules.
+
+What that changes for a package that does work at import time: it runs once, in the
+fork server, before any worker exists and so before any rank's variable (``RANK``,
+``LOCAL_RANK``, ``MASTER_ADDR``) is set, and every worker inherits its result. A package
+that reads those variables, starts threads or initialises CUDA when imported (a fork of
+a process that did cannot use CUDA; the server warns when it sees the CUDA driver
+loaded) must be kept out: ``kelastic-agent --warm-imports torch`` (``PET_WARM_IMPORTS=torch``)
+has the server import torch only.
+
+Differences from a fresh interpreter a script may notice: torch and its installed
+imports are already imported (so environment variables that torch reads at import
+time come from the agent's environment; the agent sets ``OMP_NUM_THREADS=1`` in its own
 environment first when several ranks share the node, as for regular starts),
 and the ``__main__`` module is runpy's. Scripts that need a pristine
 interpreter should not use ``--warm-start``.
@@ -39,18 +63,24 @@ import multiprocessing.forkserver
 import os
 import runpy
 import select
+import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
+from types import FrameType
 from typing import Any
 
 from kelastic.agent import devices
 
 __all__ = [
     "AGENT_IMPORTS",
+    "ENV_SCRIPT_IMPORTS",
+    "IMPORT_TIMEOUT",
     "PRELOAD",
     "fork_forkserver",
+    "import_guarded",
     "paused_gc",
     "preload",
     "prewarm_forkserver",
@@ -71,6 +101,14 @@ PRELOAD: tuple[str, ...] = (
 #: What the agent itself needs of :data:`PRELOAD` (its rendezvous uses torch's store): it
 #: imports these before :func:`fork_forkserver` forks, the server imports the rest after.
 AGENT_IMPORTS: tuple[str, ...] = ("torch", "torch.distributed")
+#: Seconds one of the script's modules may take to import in the server before it is
+#: interrupted and left to the workers (:func:`import_guarded`).
+IMPORT_TIMEOUT = 60.0
+#: How the script's modules reach multiprocessing's own fork server (the fallback of
+#: :func:`prewarm_forkserver`), comma-separated; :mod:`kelastic.agent.warm_preload` reads it.
+ENV_SCRIPT_IMPORTS = "KELASTIC_WARM_IMPORTS"
+#: The module that fallback server imports after :data:`PRELOAD` for the script's modules.
+_FALLBACK_PRELOAD = "kelastic.agent.warm_preload"
 
 
 def run_script(script: str, *args: str) -> None:
@@ -87,10 +125,97 @@ def run_module(module: str, *args: str) -> None:
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
-def prewarm_forkserver(preload: tuple[str, ...] = PRELOAD) -> None:
-    """Start the fork server now and have it import ``preload`` (idempotent; returns at once)."""
-    multiprocessing.set_forkserver_preload(list(preload))
-    multiprocessing.forkserver.ensure_running()
+def prewarm_forkserver(preload: tuple[str, ...] = PRELOAD, script_modules: Sequence[str] = ()) -> None:
+    """Start the fork server now and have it import ``preload``, then ``script_modules``
+    through :func:`import_guarded` (idempotent; returns at once)."""
+    if not script_modules:
+        multiprocessing.set_forkserver_preload(list(preload))
+        multiprocessing.forkserver.ensure_running()
+        return
+    # multiprocessing's server gives up on any error of a preload but ImportError: the
+    # script's modules are imported by a module of ours that skips what fails.
+    multiprocessing.set_forkserver_preload([*preload, _FALLBACK_PRELOAD])
+    before = os.environ.get(ENV_SCRIPT_IMPORTS)
+    os.environ[ENV_SCRIPT_IMPORTS] = ",".join(script_modules)  # the server inherits it
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if before is None:
+            os.environ.pop(ENV_SCRIPT_IMPORTS, None)
+        else:
+            os.environ[ENV_SCRIPT_IMPORTS] = before
+
+
+class _TookTooLong(BaseException):
+    """Raised by SIGALRM in an import that ran past its time (no ``except Exception`` stops it)."""
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    raise _TookTooLong
+
+
+def _import_within(name: str, timeout: float) -> None:
+    """Import ``name``, interrupted by SIGALRM after ``timeout`` s where this thread can set
+    a signal handler (the main thread; a fork server runs no other). A timer and handler
+    set before are put back after, the timer less the time the import took."""
+    try:
+        previous = signal.signal(signal.SIGALRM, _on_alarm)
+    except ValueError:  # not the main thread: no time limit
+        importlib.import_module(name)
+        return
+    began, delay, interval = time.monotonic(), 0.0, 0.0
+    try:
+        delay, interval = signal.setitimer(signal.ITIMER_REAL, timeout)
+        importlib.import_module(name)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if delay > 0:  # someone else's alarm: still due, at the latest now
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, delay - (time.monotonic() - began)), interval)
+
+
+def import_guarded(names: Sequence[str], log: logging.Logger, timeout: float = IMPORT_TIMEOUT) -> list[str]:
+    """Import each of ``names`` (the script's modules, :mod:`kelastic.agent.warmimports`),
+    skipping, with one warning naming it and the error, one whose import raises anything
+    (but KeyboardInterrupt) or takes over ``timeout`` s: each worker then imports it
+    itself, and fails or succeeds as it would have. Returns the names imported (or there
+    already) and logs at INFO those it imported."""
+    done: list[str] = []
+    already = {name for name in names if name in sys.modules}
+    for name in names:
+        try:
+            _import_within(name, timeout)
+        except _TookTooLong:  # also an alarm that came as the import returned
+            log.warning(
+                "warm start: importing %s took over %gs; the workers import it themselves", name, timeout
+            )
+            continue
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # SystemExit too: a module's import must not end the server
+            message = " ".join(str(e).split())[:200]  # one line, whatever the module raised
+            what = f"{type(e).__name__}: {message}" if message else type(e).__name__
+            log.warning("warm start: importing %s failed (%s); the workers import it themselves", name, what)
+            continue
+        done.append(name)
+    if new := [name for name in done if name not in already]:
+        log.info("warm start: the fork server imported the script's modules %s", ", ".join(new))
+        if devices.cuda_touched():
+            log.warning(
+                "warm start: importing the script's modules initialised CUDA in the fork server, "
+                "so the workers forked from it cannot use CUDA; run the agent with --warm-imports torch"
+            )
+    return done
+
+
+def server_logger(handlers: Sequence[logging.Handler], level: int) -> logging.Logger:
+    """The fork server's own logger, writing to ``handlers`` at ``level`` whatever becomes of
+    the root logger's set-up (the server gives it back to the script: _as_fresh_interpreter)."""
+    log = logging.getLogger(f"{__name__}.server")
+    log.handlers = list(handlers)
+    log.propagate = False
+    log.setLevel(level)
+    return log
 
 
 def preload(modules: tuple[str, ...] = PRELOAD) -> None:
@@ -144,11 +269,16 @@ def _forkable() -> str | None:
     return None
 
 
-def fork_forkserver(modules: tuple[str, ...] = PRELOAD, *, here: tuple[str, ...] = AGENT_IMPORTS) -> bool:
+def fork_forkserver(
+    modules: tuple[str, ...] = PRELOAD,
+    *,
+    here: tuple[str, ...] = AGENT_IMPORTS,
+    script_modules: Sequence[str] = (),
+) -> bool:
     """Import ``here`` in this process, then make multiprocessing's fork server a fork of it
-    that imports the rest of ``modules`` on its own, while this process goes on (the
-    agent to its rendezvous); the server serves its first worker once they are imported,
-    which :func:`wait_ready` tells.
+    that imports the rest of ``modules``, then ``script_modules`` (:func:`import_guarded`),
+    on its own, while this process goes on (the agent to its rendezvous); the server
+    serves its first worker once they are imported, which :func:`wait_ready` tells.
 
     Call it while this process runs a single thread (before any server, watcher or
     signal handler of the agent starts). Returns True when the server was forked (it
@@ -164,10 +294,10 @@ def fork_forkserver(modules: tuple[str, ...] = PRELOAD, *, here: tuple[str, ...]
     (a few thousand objects) is kept with it.
     """
     with paused_gc():
-        return _fork_forkserver(modules, here)
+        return _fork_forkserver(modules, here, script_modules)
 
 
-def _fork_forkserver(modules: tuple[str, ...], here: tuple[str, ...]) -> bool:
+def _fork_forkserver(modules: tuple[str, ...], here: tuple[str, ...], script_modules: Sequence[str]) -> bool:
     multiprocessing.set_forkserver_preload(list(modules))
     # Private state of CPython's fork server, checked by _forkable() before it is used.
     server: Any = getattr(multiprocessing.forkserver, "_forkserver", None)
@@ -177,7 +307,7 @@ def _fork_forkserver(modules: tuple[str, ...], here: tuple[str, ...]) -> bool:
     why = _forkable()
     if why is not None:
         logging.getLogger(__name__).info("starting a fresh fork server: %s", why)
-        prewarm_forkserver(modules)
+        prewarm_forkserver(modules, script_modules)
         return False
     from multiprocessing import resource_tracker, util
 
@@ -220,10 +350,13 @@ def _fork_forkserver(modules: tuple[str, ...], here: tuple[str, ...]) -> bool:
                     # Held by the parent at the fork: a script's own forkserver use in a
                     # worker must not find it taken forever.
                     server._lock = threading.Lock()
+                    root = logging.getLogger()
+                    log = server_logger(root.handlers, root.getEffectiveLevel())
                     _as_fresh_interpreter()
                     for name in modules:  # with the collector still paused
                         with contextlib.suppress(ImportError):  # as multiprocessing's preload
                             importlib.import_module(name)
+                    import_guarded(script_modules, log)
                     # The workers are forks of this server: same reasoning as above, and
                     # they start with the collector on, as a fresh interpreter does.
                     gc.freeze()

@@ -49,6 +49,23 @@ def test_every_contract_flag_is_a_flag_of_the_agent() -> None:
     assert {name: flag for name, flag in flags.items() if flag not in known} == {}
 
 
+def test_warm_imports_name_the_scripts_installed_imports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nimport json\nimport helper\nimport torch.nn\n")
+    (tmp_path / "helper.py").write_text("")
+    # torch is PRELOAD's; the script's own helper is never imported early.
+    assert _config(["--warm-start", str(script)]).warm_imports == ("json", "torch.nn")
+    assert _config(["--warm-start", "--warm-imports", "torch", str(script)]).warm_imports == ()
+    assert _config(["--warm_imports", "script", str(script)]).warm_imports == ()  # no warm start
+    monkeypatch.setenv("PET_WARM_IMPORTS", "torch")
+    assert _config(["--warm-start", str(script)]).warm_imports == ()
+    monkeypatch.setenv("PET_WARM_IMPORTS", "everything")
+    with pytest.raises(ValueError, match="--warm-imports must be one of script, torch, got 'everything'"):
+        _config(["--warm-start", str(script)])
+
+
 def test_underscore_spellings_and_short_flags() -> None:
     c = _config(
         ["--nproc_per_node", "3", "--max_restarts", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", "h:1",
@@ -146,6 +163,7 @@ def test_parsers(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--nnodes", "2:4", "t.py"], "--rdzv-endpoint"),
         (["-m", "--no-python", "t.py"], "mutually exclusive"),
         (["--warm-start", "--no-python", "/bin/echo"], "--warm-start"),
+        (["--warm-start", "--warm-imports", "all", "t.py"], "--warm-imports"),
         (["--no-python", "/nonexistent/prog"], "was not found"),
         (["-r", "7", "t.py"], "std stream mask"),
         (["--rdzv-conf", "novalue", "t.py"], "--rdzv-conf"),
