@@ -31,6 +31,16 @@ What a caller may rely on:
   read from its memory and fetched from other nodes (``MemoryReader.local_bytes``,
   ``MemoryReader.fetched_bytes``). A hot standby that took a lost member's place holds
   every member's part already, and fetches nothing.
+* **How a restore reads.** The parts on this node's tmpfs are copied once, from a mapping of
+  their files into the state's tensors. The parts this node lacks are fetched from their
+  holders on threads of the reader's own (a lane per peer, its connection kept for the
+  process's life) while the local parts are copied: a part that several nodes hold (its
+  owner, its replica) comes from all of them at once, item by item, and a holder that fails
+  an item hands it to the next. A whole stored tensor whose target is that tensor as stored
+  (contiguous, on the CPU, of its dtype and shape) is received straight into the target;
+  others go through a buffer of their own. The planner (``resolve_tensor``,
+  ``commit_tensor``, ``load_bytes``) is called only on the thread that called ``dcp.load``,
+  and a load that fails raises only once every fetch has stopped writing into the state.
 * **Too large.** A save that does not fit in a node's checkpoint memory writes nothing and
   leaves the previous checkpoint standing; it prints one error naming the sizes and training
   goes on. ``MemoryWriter(strict=True)`` raises :class:`CheckpointTooLarge` instead.
@@ -297,6 +307,74 @@ class _Mappings:
 
 
 _mappings = _Mappings()
+
+
+@dataclass(frozen=True)
+class _Fetch:
+    """One item to fetch from a peer: from ``holders`` in turn, into ``into`` (the target's
+    own memory, or ``buffer``'s when it cannot be received in place)."""
+
+    name: str
+    holders: tuple[str, ...]
+    req: ReadItem
+    where: MemoryItem
+    into: memoryview
+    target: torch.Tensor | None
+    buffer: bytearray | None
+
+
+#: Threads that fetch parts from peers during a restore; a lane per first holder.
+_FETCH_LANES = 8
+_fetchers: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _fetch_pool() -> ThreadPoolExecutor:
+    """The threads that fetch a restore's missing parts, kept for the process's life (per pid),
+    so are their connections to the peers."""
+    global _fetchers
+    if _fetchers is None or _fetchers[0] != os.getpid():
+        _fetchers = (
+            os.getpid(),
+            ThreadPoolExecutor(max_workers=_FETCH_LANES, thread_name_prefix="kelastic-fetch"),
+        )
+    return _fetchers[1]
+
+
+def _start_fetches(cid: int, jobs: Sequence[_Fetch]) -> list[Any]:
+    """Start ``jobs``, one lane (a thread, its connections) per first holder; each lane's
+    future gives its jobs with the error of each (None when it was received whole)."""
+    lanes: dict[str, list[_Fetch]] = {}
+    for job in jobs:
+        lanes.setdefault(job.holders[0] if job.holders else "", []).append(job)
+    return [_fetch_pool().submit(_fetch_lane, cid, lane) for lane in lanes.values()]
+
+
+def _fetch_lane(cid: int, jobs: Sequence[_Fetch]) -> list[tuple[_Fetch, CheckpointError | None]]:
+    out: list[tuple[_Fetch, CheckpointError | None]] = []
+    for job in jobs:
+        try:
+            _fetch_into(cid, job)
+            out.append((job, None))
+        except CheckpointError as e:
+            out.append((job, e))
+    return out
+
+
+def _fetch_into(cid: int, job: _Fetch) -> None:
+    last: Exception | None = None
+    where = job.where
+    for endpoint in job.holders:
+        try:
+            _client(endpoint).call(
+                {"op": "get", "id": cid, "name": job.name, "offset": where.offset, "length": where.length},
+                into=job.into,
+            )
+            return
+        except CheckpointError as e:
+            last = e
+    raise CheckpointError(
+        f"no node could give {job.name} of checkpoint {cid} (held by {list(job.holders)}): {last}"
+    )
 
 
 class MemoryWriter(StorageWriter):
@@ -611,65 +689,74 @@ class MemoryReader(StorageReader):
         return fut
 
     def _read(self, choice: RestoreChoice, items: Sequence[ReadItem], planner: LoadPlanner) -> None:
+        """Start the fetches of the parts this node lacks on threads of their own, copy the
+        node's own parts meanwhile, then hand the fetched items to the planner (on this
+        thread: the planner is never called from another)."""
         per_file: dict[str, list[ReadItem]] = {}
         for req in items:
             per_file.setdefault(self._storage[req.storage_index].relative_path, []).append(req)
         local_dir = Path(self._dir) / CheckpointKeeper.dir_name(choice.id)
+        local: list[tuple[Path, list[ReadItem]]] = []
+        remote: list[_Fetch] = []
         for name, reqs in per_file.items():
-            holders = choice.holders.get(name, ())
-            local = local_dir / name
-            if self._endpoint in holders and local.exists():
-                with open(local, "rb") as f:
-                    size = os.fstat(f.fileno()).st_size
-                    mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
-                try:
-                    for req in reqs:
-                        self._apply(req, mm, self._storage[req.storage_index], planner)
-                        self.local_bytes += self._storage[req.storage_index].length
-                finally:
-                    mm.close()
+            holders = tuple(choice.holders.get(name, ()))
+            path = local_dir / name
+            if self._endpoint in holders and path.exists():
+                local.append((path, reqs))
             else:
-                for req in reqs:
-                    where: MemoryItem = self._storage[req.storage_index]
-                    if self._fetch_in_place(choice.id, name, where, holders, req, planner):
-                        continue
-                    buf = bytearray(where.length)
-                    self._fetch(choice.id, name, where, holders, memoryview(buf))
-                    self._apply(req, buf, dataclasses.replace(where, offset=0), planner)
+                remote.extend(self._fetch_job(name, holders, req, i, planner) for i, req in enumerate(reqs))
+        running = _start_fetches(choice.id, remote)
+        try:
+            for path, reqs in local:
+                self._read_local(path, reqs, planner)
+        finally:
+            outcomes = [f.result() for f in running]  # every lane done before any error is raised
+        errors = [e for lane in outcomes for _, e in lane if e is not None]
+        if errors:
+            raise errors[0]
+        for lane in outcomes:
+            for job, _ in lane:
+                self.fetched_bytes += job.where.length
+                if job.buffer is None:
+                    assert job.target is not None
+                    planner.commit_tensor(job.req, job.target)
+                else:
+                    self._apply(job.req, job.buffer, dataclasses.replace(job.where, offset=0), planner)
 
-    def _fetch(
-        self, cid: int, name: str, where: MemoryItem, holders: Sequence[str], into: memoryview
-    ) -> None:
-        last: Exception | None = None
-        for endpoint in holders:
-            try:
-                _client(endpoint).call(
-                    {"op": "get", "id": cid, "name": name, "offset": where.offset, "length": where.length},
-                    into=into,
-                )
-                self.fetched_bytes += where.length
-                return
-            except CheckpointError as e:
-                last = e
-        raise CheckpointError(
-            f"no node could give {name} of checkpoint {cid} (held by {list(holders)}): {last}"
-        )
+    def _read_local(self, path: Path, reqs: Sequence[ReadItem], planner: LoadPlanner) -> None:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+        try:
+            for req in reqs:
+                self._apply(req, mm, self._storage[req.storage_index], planner)
+                self.local_bytes += self._storage[req.storage_index].length
+        finally:
+            mm.close()
 
-    def _fetch_in_place(
-        self,
-        cid: int,
-        name: str,
-        where: MemoryItem,
-        holders: Sequence[str],
-        req: ReadItem,
-        planner: LoadPlanner,
-    ) -> bool:
-        """Receive a whole stored tensor straight into its target (no intermediate buffer) when
-        the target is that tensor as stored: a contiguous CPU tensor of its dtype and shape."""
+    def _fetch_job(
+        self, name: str, holders: tuple[str, ...], req: ReadItem, index: int, planner: LoadPlanner
+    ) -> _Fetch:
+        """How to fetch one item: straight into its target when that is the tensor as stored
+        (a contiguous CPU tensor of its dtype and shape), else into a buffer of its own; from
+        its holders in turn, starting at a different one for each item of a part (so a part
+        several nodes hold comes from all of them at once)."""
+        where: MemoryItem = self._storage[req.storage_index]
+        k = index % len(holders) if holders else 0
+        order = holders[k:] + holders[:k]
+        target = self._in_place_target(req, where, planner)
+        if target is not None:
+            view = target.reshape(-1).view(torch.uint8).numpy().data
+            return _Fetch(name, order, req, where, view, target, None)
+        buffer = bytearray(where.length)
+        return _Fetch(name, order, req, where, memoryview(buffer), None, buffer)
+
+    @staticmethod
+    def _in_place_target(req: ReadItem, where: MemoryItem, planner: LoadPlanner) -> torch.Tensor | None:
         if req.type == LoadItemType.BYTE_IO or where.dtype is None or where.size is None or not where.length:
-            return False
+            return None
         if any(req.storage_offsets) or tuple(req.lengths) != tuple(where.size):
-            return False
+            return None
         target = planner.resolve_tensor(req).detach()
         if (
             target.device.type != "cpu"
@@ -678,11 +765,8 @@ class MemoryReader(StorageReader):
             or tuple(target.shape) != tuple(where.size)
             or target.numel() * target.element_size() != where.length
         ):
-            return False
-        view = target.reshape(-1).view(torch.uint8).numpy().data
-        self._fetch(cid, name, where, holders, view)
-        planner.commit_tensor(req, target)
-        return True
+            return None
+        return target
 
     @staticmethod
     def _apply(req: ReadItem, buf: Any, where: MemoryItem, planner: LoadPlanner) -> None:

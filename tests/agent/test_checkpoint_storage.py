@@ -511,6 +511,78 @@ def test_a_node_that_holds_nothing_reads_every_part_from_its_peers(
     assert not any((shm / "b").glob("ckpt-*/__*")), "b held no part: everything came over the network"
 
 
+class _AllOf(MemoryReader):
+    """A reader that chooses from the inventories of ``nodes`` (gathered by
+    all_gather_object in a real group)."""
+
+    nodes: tuple[CheckpointService, ...] = ()
+
+    @property
+    def choice(self) -> Any:
+        if not self._chosen:
+            self._began = time.monotonic()
+            from kelastic.agent.checkpoint.plan import choose_restore
+
+            self._choice = choose_restore([s.keeper.inventory() for s in self.nodes])
+            self._chosen = True
+        return self._choice
+
+
+def test_a_part_two_nodes_hold_is_fetched_from_both_and_a_failing_holder_hands_over(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node c lacks node a's part, which a holds and b holds as a replica: the items come from
+    a and b at once; when b fails after the choice they all come from a, bit-identical
+    either way."""
+    a, b, c = (service(services, shm, n) for n in "abc")
+    ring = [a.endpoint, b.endpoint, c.endpoint]
+    for s in (a, b, c):
+        s.set_ring(ring)
+
+    class OnRing(MemoryWriter):
+        def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+            import dataclasses
+
+            out = super().prepare_global_plan(plans)
+            return [
+                dataclasses.replace(p, storage_data=dataclasses.replace(p.storage_data, ring=tuple(ring)))
+                for p in out
+            ]
+
+    worker_of(a, monkeypatch)
+    dcp.save(state(9), storage_writer=OnRing(step=90), no_dist=True)
+    wait_background(a)
+    assert b.keeper.inventory().held[0].replicas == frozenset({"__0.mem"})
+
+    served: list[str] = []
+    send_range = CheckpointService._send_range
+
+    def counted(self: CheckpointService, channel: Any, req: Any) -> None:
+        served.append(self.endpoint)
+        send_range(self, channel, req)
+
+    monkeypatch.setattr(CheckpointService, "_send_range", counted)
+
+    class Group(_AllOf):
+        nodes = (a, b, c)
+
+    worker_of(c, monkeypatch)
+    target, reader = blank(), Group()
+    dcp.load(target, storage_reader=reader, no_dist=True)
+    assert same(target, state(9))
+    assert reader.local_bytes == 0 and reader.fetched_bytes > 0
+    assert set(served) == {a.endpoint, b.endpoint}, f"items served by {served}: expected both holders"
+
+    target, reader = blank(), Group()
+    assert reader.exists()  # chosen while b holds the replica ...
+    b.stop(remove=True)  # ... which fails then: what b would have served comes from a
+    services.remove(b)
+    served.clear()
+    dcp.load(target, storage_reader=reader, no_dist=True)
+    assert same(target, state(9))
+    assert set(served) == {a.endpoint}
+
+
 class _Pwn:
     """Unpickling this runs code: it creates the marker file."""
 
