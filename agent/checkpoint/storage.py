@@ -31,14 +31,16 @@ What a caller may rely on:
   read from its memory and fetched from other nodes (``MemoryReader.local_bytes``,
   ``MemoryReader.fetched_bytes``). A hot standby that took a lost member's place holds
   every member's part already, and fetches nothing.
-* **How a restore reads.** The parts on this node's tmpfs are copied once, from a mapping of
-  their files into the state's tensors. The parts this node lacks are fetched from their
+* **How a restore reads.** The parts on this node's tmpfs are copied once into the state's
+  tensors: a whole stored tensor whose target is that tensor as stored (contiguous, on the
+  CPU, of its dtype and shape) is read from the file straight into the target, the rest
+  through a private mapping of the file; a file shorter than its metadata says is refused
+  (CheckpointError naming it), never read past its end. The parts this node lacks are fetched from their
   holders on threads of the reader's own (a lane per peer, its connection kept for the
   process's life) while the local parts are copied: a part that several nodes hold (its
   owner, its replica) comes from all of them at once, item by item, and a holder that fails
   an item hands it to the next. A whole stored tensor whose target is that tensor as stored
-  (contiguous, on the CPU, of its dtype and shape) is received straight into the target;
-  others go through a buffer of their own. The planner (``resolve_tensor``,
+  is received straight into the target; others go through a buffer of their own. The planner (``resolve_tensor``,
   ``commit_tensor``, ``load_bytes``) is called only on the thread that called ``dcp.load``,
   and a load that fails raises only once every fetch has stopped writing into the state.
 * **Too large.** A save that does not fit in a node's checkpoint memory writes nothing and
@@ -307,6 +309,18 @@ class _Mappings:
 
 
 _mappings = _Mappings()
+
+
+def _pread_into(fd: int, view: memoryview, offset: int, path: Path) -> None:
+    """Fill ``view`` from ``fd`` at ``offset`` (CheckpointError when the file ends first)."""
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            raise CheckpointError(
+                f"{path.name} of this node ended at byte {offset + got}: the part is damaged"
+            )
+        got += n
 
 
 @dataclass(frozen=True)
@@ -724,11 +738,32 @@ class MemoryReader(StorageReader):
                     self._apply(job.req, job.buffer, dataclasses.replace(job.where, offset=0), planner)
 
     def _read_local(self, path: Path, reqs: Sequence[ReadItem], planner: LoadPlanner) -> None:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
-        try:
+        """Read this node's file ``path``: a whole stored tensor whose target is that tensor as
+        stored straight into the target (one copy, by the kernel: no mapping to fault in),
+        everything else from a private mapping of the file."""
+        rest: list[ReadItem] = []
+        with open(path, "rb", buffering=0) as f:
+            fd = f.fileno()
+            size = os.fstat(fd).st_size
             for req in reqs:
+                where: MemoryItem = self._storage[req.storage_index]
+                if where.offset + where.length > size:
+                    raise CheckpointError(
+                        f"{path.name} of this node has {size} bytes; {req.storage_index.fqn} is stored at "
+                        f"bytes {where.offset}..{where.offset + where.length}: the part is damaged"
+                    )
+                target = self._in_place_target(req, where, planner)
+                if target is None:
+                    rest.append(req)
+                    continue
+                _pread_into(fd, target.reshape(-1).view(torch.uint8).numpy().data, where.offset, path)
+                planner.commit_tensor(req, target)
+                self.local_bytes += where.length
+            if not rest:
+                return
+            mm = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+        try:
+            for req in rest:
                 self._apply(req, mm, self._storage[req.storage_index], planner)
                 self.local_bytes += self._storage[req.storage_index].length
         finally:

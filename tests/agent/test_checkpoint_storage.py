@@ -511,6 +511,30 @@ def test_a_node_that_holds_nothing_reads_every_part_from_its_peers(
     assert not any((shm / "b").glob("ckpt-*/__*")), "b held no part: everything came over the network"
 
 
+def test_a_local_part_is_read_in_place_bit_identical_and_a_short_one_is_refused(
+    services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whole tensors are read from the node's file straight into their targets (the targets
+    keep their storage), the rest through a mapping; a file cut short is refused by name."""
+    a = service(services, shm, "a")
+    worker_of(a, monkeypatch)
+    save(state(10), step=100)
+    target = blank()
+    storage = target["w"].untyped_storage().data_ptr()
+    reader = MemoryReader()
+    dcp.load(target, storage_reader=reader, no_dist=True)
+    assert same(target, state(10))
+    assert target["w"].untyped_storage().data_ptr() == storage, "read into the target itself"
+    assert reader.local_bytes > 0 and reader.fetched_bytes == 0
+
+    (part,) = (shm / "a").glob("ckpt-*/__0.mem")
+    with open(part, "r+b") as f:
+        f.truncate(os.fstat(f.fileno()).st_size // 2)
+    with pytest.raises(CheckpointException) as e:
+        dcp.load(blank(), storage_reader=MemoryReader(), no_dist=True)
+    assert "__0.mem" in str(original(e.value)) and "damaged" in str(original(e.value))
+
+
 class _AllOf(MemoryReader):
     """A reader that chooses from the inventories of ``nodes`` (gathered by
     all_gather_object in a real group)."""
