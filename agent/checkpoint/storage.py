@@ -36,8 +36,8 @@ What a caller may rely on:
   CPU, of its dtype and shape) is read from the file straight into the target, the rest
   through a private mapping of the file; a file shorter than its metadata says is refused
   (CheckpointError naming it), never read past its end. The parts this node lacks are fetched from their
-  holders on threads of the reader's own (a lane per peer, its connection kept for the
-  process's life) while the local parts are copied: a part that several nodes hold (its
+  holders on threads of the reader's own (a lane per peer, its connections closed when the
+  restore is done) while the local parts are read: a part that several nodes hold (its
   owner, its replica) comes from all of them at once, item by item, and a holder that fails
   an item hands it to the next. A whole stored tensor whose target is that tensor as stored
   is received straight into the target; others go through a buffer of their own. The planner (``resolve_tensor``,
@@ -337,14 +337,14 @@ class _Fetch:
     buffer: bytearray | None
 
 
-#: Threads that fetch parts from peers during a restore; a lane per first holder.
+#: Threads that fetch parts from peers during a restore (a lane per first holder, at most
+#: this many at once).
 _FETCH_LANES = 8
 _fetchers: tuple[int, ThreadPoolExecutor] | None = None
 
 
 def _fetch_pool() -> ThreadPoolExecutor:
-    """The threads that fetch a restore's missing parts, kept for the process's life (per pid),
-    so are their connections to the peers."""
+    """The threads that fetch a restore's missing parts, kept for the process's life (per pid)."""
     global _fetchers
     if _fetchers is None or _fetchers[0] != os.getpid():
         _fetchers = (
@@ -364,22 +364,32 @@ def _start_fetches(cid: int, jobs: Sequence[_Fetch]) -> list[Any]:
 
 
 def _fetch_lane(cid: int, jobs: Sequence[_Fetch]) -> list[tuple[_Fetch, CheckpointError | None]]:
+    """Fetch ``jobs`` in turn on connections of the lane's own, closed once it is done (a
+    restore is once per worker: no idle connection is left on a peer's service)."""
+    clients: dict[str, ServiceClient] = {}
     out: list[tuple[_Fetch, CheckpointError | None]] = []
-    for job in jobs:
-        try:
-            _fetch_into(cid, job)
-            out.append((job, None))
-        except CheckpointError as e:
-            out.append((job, e))
+    try:
+        for job in jobs:
+            try:
+                _fetch_into(cid, job, clients)
+                out.append((job, None))
+            except CheckpointError as e:
+                out.append((job, e))
+    finally:
+        for client in clients.values():
+            client.close()
     return out
 
 
-def _fetch_into(cid: int, job: _Fetch) -> None:
+def _fetch_into(cid: int, job: _Fetch, clients: dict[str, ServiceClient]) -> None:
     last: Exception | None = None
     where = job.where
     for endpoint in job.holders:
         try:
-            _client(endpoint).call(
+            client = clients.get(endpoint)
+            if client is None:
+                client = clients[endpoint] = ServiceClient(endpoint, _job_key())
+            client.call(
                 {"op": "get", "id": cid, "name": job.name, "offset": where.offset, "length": where.length},
                 into=job.into,
             )
