@@ -35,14 +35,15 @@ What a caller may rely on:
   tensors: a whole stored tensor whose target is that tensor as stored (contiguous, on the
   CPU, of its dtype and shape) is read from the file straight into the target, the rest
   through a private mapping of the file; a file shorter than its metadata says is refused
-  (CheckpointError naming it), never read past its end. The parts this node lacks are fetched from their
-  holders on threads of the reader's own (a lane per peer, its connections closed when the
-  restore is done) while the local parts are read: a part that several nodes hold (its
-  owner, its replica) comes from all of them at once, item by item, and a holder that fails
-  an item hands it to the next. A whole stored tensor whose target is that tensor as stored
-  is received straight into the target; others go through a buffer of their own. The planner (``resolve_tensor``,
-  ``commit_tensor``, ``load_bytes``) is called only on the thread that called ``dcp.load``,
-  and a load that fails raises only once every fetch has stopped writing into the state.
+  (CheckpointError naming it), never read past its end. The parts this node lacks are
+  fetched from their holders on threads of the reader's own (a lane per peer, its
+  connections closed when the restore is done) while the local parts are read: a part that
+  several nodes hold (its owner, its replica) comes from all of them at once, item by item,
+  and a holder that fails an item hands it to the next. A whole stored tensor whose target
+  is that tensor as stored is received straight into the target; others go through a
+  buffer of their own. The planner (``resolve_tensor``, ``commit_tensor``, ``load_bytes``)
+  is called only on the thread that called ``dcp.load``, and a load that fails raises only
+  once every fetch has stopped writing into the state.
 * **Too large.** A save that does not fit in a node's checkpoint memory writes nothing and
   leaves the previous checkpoint standing; it prints one error naming the sizes and training
   goes on. ``MemoryWriter(strict=True)`` raises :class:`CheckpointTooLarge` instead.
