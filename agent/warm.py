@@ -91,11 +91,16 @@ __all__ = [
 
 #: Modules the fork server imports once, so that workers do not. ``torch._dynamo`` is what a
 #: script's first ``torch.optim`` optimizer imports (over a second of CPU, about as much as
-#: ``import torch``), so a forked worker reaches its first step without it.
+#: ``import torch``), so a forked worker reaches its first step without it. The checkpoint
+#: modules (``torch.distributed.checkpoint`` and ``kelastic.checkpoint``, about 0.1 s together)
+#: are what a restarted rank imports before its restore, often inside a function, where the
+#: script's own imports (:mod:`kelastic.agent.warmimports`) do not look.
 PRELOAD: tuple[str, ...] = (
     "torch",
     "torch.distributed",
     "torch._dynamo",
+    "torch.distributed.checkpoint",
+    "kelastic.checkpoint",
     "kelastic.agent.multiprocessing.child",
 )
 #: What the agent itself needs of :data:`PRELOAD` (its rendezvous uses torch's store): it

@@ -102,6 +102,8 @@ def test_the_fork_server_is_a_fork_of_the_agent_and_preloads_the_rest(tmp_path: 
         "torch",
         "torch.distributed",
         "torch._dynamo",
+        "torch.distributed.checkpoint",
+        "kelastic.checkpoint",
         "kelastic.agent.multiprocessing.child",
     ]
     # The agent's logging set-up is not the script's: basicConfig() in a script takes effect.
