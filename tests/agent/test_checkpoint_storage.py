@@ -5,6 +5,7 @@ that play the other nodes of a group.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import threading
@@ -312,6 +313,22 @@ def wait_background(s: CheckpointService, timeout: float = 30) -> None:
     assert not s.keeper._outgoing and not s.keeper._pinned
 
 
+class OnRing(MemoryWriter):
+    """A writer whose plan names ``ring`` as the ring its commit replicates on (the ring of
+    the rendezvous round, which each agent tells its service), as a worker's would."""
+
+    def __init__(self, ring: list[str], **kw: Any) -> None:
+        super().__init__(**kw)
+        self._ring = tuple(ring)
+
+    def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+        out = super().prepare_global_plan(plans)
+        return [
+            dataclasses.replace(p, storage_data=dataclasses.replace(p.storage_data, ring=self._ring))
+            for p in out
+        ]
+
+
 def test_a_lost_node_s_part_is_restored_from_its_successor_s_replica(
     services: list[CheckpointService], shm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -324,17 +341,7 @@ def test_a_lost_node_s_part_is_restored_from_its_successor_s_replica(
     for s in (a, b):
         s.set_ring(ring)
 
-    class OnRing(MemoryWriter):
-        def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
-            import dataclasses
-
-            out = super().prepare_global_plan(plans)
-            return [
-                dataclasses.replace(p, storage_data=dataclasses.replace(p.storage_data, ring=tuple(ring)))
-                for p in out
-            ]
-
-    dcp.save(state(7), storage_writer=OnRing(step=70), no_dist=True)
+    dcp.save(state(7), storage_writer=OnRing(ring, step=70), no_dist=True)
     wait_background(a)
     held_b = b.keeper.inventory().held
     assert (
@@ -563,18 +570,8 @@ def test_a_part_two_nodes_hold_is_fetched_from_both_and_a_failing_holder_hands_o
     for s in (a, b, c):
         s.set_ring(ring)
 
-    class OnRing(MemoryWriter):
-        def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
-            import dataclasses
-
-            out = super().prepare_global_plan(plans)
-            return [
-                dataclasses.replace(p, storage_data=dataclasses.replace(p.storage_data, ring=tuple(ring)))
-                for p in out
-            ]
-
     worker_of(a, monkeypatch)
-    dcp.save(state(9), storage_writer=OnRing(step=90), no_dist=True)
+    dcp.save(state(9), storage_writer=OnRing(ring, step=90), no_dist=True)
     wait_background(a)
     assert b.keeper.inventory().held[0].replicas == frozenset({"__0.mem"})
 
