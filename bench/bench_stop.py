@@ -19,10 +19,13 @@ of ``--ranks`` local ranks. Printed per round, in ms after the call: when the la
 SIGTERM (the first ``signal_trees``), when the last rank had exited (its pidfd, read by a thread
 of the bench: the kernel's exit, memory freed, is over), when the launcher had seen the last
 exit status, when it sent its closing SIGKILL pass, and when ``close()`` returned; and the
-median over rounds. ``--state-mib 0`` shows what the state's memory costs the exit. Figures
-only, nothing is asserted.
+median over rounds. ``--state-mib 0`` shows what the state's memory costs the exit; ``--maps N``
+has each rank keep ``N`` files of the state's size in ``/dev/shm`` mapped (shared, populated),
+as a rank's ``MemoryWriter`` keeps the files of its last checkpoints (up to 4), whose unmapping
+is part of its exit too. "exited" is when the bench's own thread saw it, so it may come a
+fraction of a millisecond after "seen". Figures only, nothing is asserted.
 
-    python bench/bench_stop.py [--state-mib 512] [--ranks 1] [--rounds 5] [--scenario crash]
+    python bench/bench_stop.py [--state-mib 512] [--ranks 1] [--rounds 5] [--scenario crash] [--maps 0]
 """
 
 from __future__ import annotations
