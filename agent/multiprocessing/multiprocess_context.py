@@ -118,8 +118,13 @@ class MultiprocessContext(PContext):
         proc = self._procs.get(rank)
         return None if proc is None else proc.exitcode
 
+    def _exit_fds(self) -> list[int]:
+        # A fork server writes a rank's status to its sentinel once it reaped it; a forked
+        # or spawned rank's sentinel reads EOF when it (and whatever inherited it) exited.
+        return [p.sentinel for p in self._procs.values() if p.exitcode is None]
+
     def _sentinels(self) -> list[int]:
-        fds = [p.sentinel for p in self._procs.values() if p.exitcode is None]
+        fds = self._exit_fds()
         reports = self._handshake.fileno()
         if reports is not None and not self._handshake.released:
             fds.append(reports)

@@ -21,6 +21,7 @@ from threading import Event
 from typing import IO, Any
 
 from .errors import ERROR_FILE_ENV, ProcessFailure, RunProcsResult
+from .exitwait import ExitWatch
 from .logs_specs import LogsDest, LogsSpecs
 from .proctree import descendants, is_alive, signal_trees
 from .signals import install_signal_handlers, restore_signal_handlers
@@ -380,9 +381,13 @@ class PContext(abc.ABC):
     def close(self, death_sig: signal.Signals | int = signal.SIGTERM, timeout: float = 30) -> None:
         """Stop every rank and its whole process tree; idempotent.
 
-        Sends ``death_sig`` to each rank's process group and every descendant, waits up to
-        ``timeout`` s, then SIGKILLs whatever is left, reaps the ranks, and drains the
-        console tailers (every line the ranks wrote is printed before this returns).
+        Sends ``death_sig`` to each rank's process group and every descendant, all ranks
+        at once (a rank's own handler of the signal runs, side by side with its peers'),
+        waits up to ``timeout`` s for them to exit, then SIGKILLs whatever is left (always:
+        also what ignored ``death_sig`` or started since), reaps the ranks, and drains the
+        console tailers (every line the ranks wrote is printed before this returns). The
+        wait ends as soon as the last of them exited: it wakes on their exits
+        (:mod:`.exitwait`), with no poll period of its own. Callable from any thread.
         """
         if self._closed:
             return
@@ -402,33 +407,42 @@ class PContext(abc.ABC):
     def _live_ranks(self) -> list[int]:
         return [pid for rank, pid in self.pids().items() if self._exitcode(rank) is None]
 
+    def _exit_fds(self) -> list[int]:
+        """Descriptors that become readable when a live rank's exit status can be read."""
+        return self._sentinels()
+
     def _terminate(self, sig: int, timeout: float) -> None:
+        """``sig`` to every rank's tree, up to ``timeout`` s for them to exit, then SIGKILL to
+        what is left; returns once every rank is reaped (or 10 s after the SIGKILL).
+
+        All ranks are signalled at once and waited for together; the waits wake when a
+        rank or a descendant exits (:class:`~.exitwait.ExitWatch`), not on a poll period.
+        """
         leaders = list(self.pids().values())
         live = self._live_ranks()
-        tree = descendants(live) | set(live)
+        tree = descendants(live) | set(live) if live else set()
         signal_trees(leaders, tree, sig)
-        deadline = time.monotonic() + max(timeout, 0)
-        while time.monotonic() < deadline:
-            if not self._live_ranks() and not any(is_alive(p) for p in tree):
-                break
-            time.sleep(0.02)
-        else:
-            live = self._live_ranks()
-            if live:
+        with ExitWatch(tree, is_alive) as watch:
+
+            def gone() -> bool:
+                return not self._live_ranks() and not any(is_alive(p) for p in tree)
+
+            if (
+                not watch.wait(gone, self._exit_fds, time.monotonic() + max(timeout, 0))
+                and self._live_ranks()
+            ):
                 logger.warning(
                     "%s: ranks with pids %s did not exit within %.1f s of %s; sending SIGKILL",
                     self.name,
-                    live,
+                    self._live_ranks(),
                     timeout,
                     signal.Signals(sig).name,
                 )
-        # Always finish with SIGKILL on what remains of the trees (including processes
-        # started after the first scan and ones that ignored death_sig).
-        tree |= descendants(self._live_ranks() + [p for p in tree if is_alive(p)])
-        signal_trees(leaders, [p for p in tree if is_alive(p)] + self._live_ranks(), signal.SIGKILL)
-        kill_deadline = time.monotonic() + 10
-        while self._live_ranks():
-            if time.monotonic() > kill_deadline:
+            # Always finish with SIGKILL on what remains of the trees (including processes
+            # started after the first scan and ones that ignored death_sig).
+            left = self._live_ranks() + [p for p in tree if is_alive(p)]
+            tree |= descendants(left) if left else set()
+            signal_trees(leaders, [p for p in tree if is_alive(p)] + self._live_ranks(), signal.SIGKILL)
+            watch.add(tree)
+            if not watch.wait(lambda: not self._live_ranks(), self._exit_fds, time.monotonic() + 10):
                 logger.error("%s: ranks %s still alive 10 s after SIGKILL", self.name, self._live_ranks())
-                break
-            time.sleep(0.01)
