@@ -8,6 +8,7 @@ import sys
 from typing import IO, Any
 
 from .child import BINARY_TRAMPOLINE
+from .exitwait import pidfd
 from .pcontext import PContext
 from .spawner import run_on_forking_thread
 
@@ -63,10 +64,9 @@ class SubprocessContext(PContext):
         def start_all() -> None:
             for rank in range(self.nprocs):
                 self._procs[rank] = self._start_one(rank, launcher_pid)
-                try:
-                    self._pidfds[rank] = os.pidfd_open(self._procs[rank].pid)
-                except (AttributeError, OSError):
-                    pass  # no pidfd support: wait() falls back to short sleeps
+                fd = pidfd(self._procs[rank].pid)
+                if fd is not None:  # else no pidfd support: wait() falls back to short sleeps
+                    self._pidfds[rank] = fd
 
         run_on_forking_thread(start_all)
 
