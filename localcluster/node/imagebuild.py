@@ -352,7 +352,8 @@ def _build(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m kelastic.localcluster.node.imagebuild [--buildkit-dir DIR] [--node-dir DIR]``
-    (``make image``): build both images, print what it cost, then each layout as NAME=DIR."""
+    (``make image``): make every image the real-node lane imports (its Debian image, then both
+    BuildKit images), print what it cost, then each BuildKit layout as NAME=DIR."""
     from .lane import NodeBinaries, default_node_dir
 
     parser = argparse.ArgumentParser(
@@ -369,11 +370,15 @@ def main(argv: list[str] | None = None) -> int:
         runc = NodeBinaries.find(args.node_dir or default_node_dir())["runc"]
         buildkit = BuildKit.find(args.buildkit_dir)
         started = time.monotonic()
+        images.debian_layer(say)
+        debian_s = time.monotonic() - started
         built = build_images(runc, buildkit, say)
     except (FileNotFoundError, images.ImageFailed) as exc:
         say(f"ERROR: {exc}")
         return 1
-    steps = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in built.timings.items())
+    steps = ", ".join(
+        f"{name} {seconds:.1f} s" for name, seconds in {"Debian image": debian_s, **built.timings}.items()
+    )
     say(f"{'cold' if built.cold else 'warm'} build {time.monotonic() - started:.1f} s ({steps})")
     for name, layout in built.layouts.items():
         print(f"{name}={layout}")
