@@ -175,6 +175,12 @@ def observe_round(
             parked = read_counter(store, k.parked(r))
             claimed = read_counter(store, k.claimed(r))
             arrived = read_counter(store, k.arrived(r))
+    if prev_size:
+        # Every joiner adds its slot to ``joined`` before it counts anywhere else (a member's
+        # rejoin in ``accounted``, a claimer in ``arrived``): read again after those, the count
+        # holds each node they include. The first read may predate one of them, and a round
+        # closed at that count would leave it out: late, and a second re-form right after.
+        joined = read_counter(store, k.joined(r))
     return RoundView(
         joined=joined,
         min_nodes=min_nodes,

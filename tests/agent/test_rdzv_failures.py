@@ -13,7 +13,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -208,6 +208,76 @@ def test_a_standby_takes_a_killed_members_place_in_one_reform(controlled: bool) 
     finally:
         shutdown_handlers()
         server.stop()
+
+
+LOOPING_NODE = """
+    import sys
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from kelastic.agent.rendezvous import get_rendezvous_handler
+    endpoint, run_id, name, lo, hi = sys.argv[1:6]
+    handler = get_rendezvous_handler(RendezvousParameters(
+        "kelastic", endpoint, run_id, int(lo), int(hi), local_addr="127.0.0.1", node_name=name,
+        last_call_timeout=30, join_timeout=60))
+    while True:
+        info = handler.next_rendezvous()
+        print(f"rank {info.rank} world {info.world_size}", flush=True)
+        while not handler.wait_membership_change(1.0):
+            pass
+"""
+
+
+@pytest.mark.slow
+def test_a_restarted_member_parked_behind_the_group_the_standby_completed_takes_the_next_place() -> None:
+    """Two faults in a row, as a job lives them: a member leaves and the standby takes its
+    place; the member comes back and parks (the group is full); then another member is
+    SIGKILLed. The parked node takes that place in the survivors' very re-form: one round
+    per fault, never a round without it followed by a second re-form."""
+    server = start_server_process("127.0.0.1", 0)
+    run, keys = "two-faults", RunKeys("two-faults")
+    try:
+        store = control.connect(server.endpoint)
+        victim = spawn(LOOPING_NODE, server.endpoint, run, "victim", "2", "3")
+        a, b = (node(server.endpoint, run, n, 2, 3, last_call_timeout=30) for n in ("a", "b"))
+        rendezvous_concurrently([a, b], timeout=60)
+        assert victim.stdout is not None and victim.stdout.readline().startswith("rank ")
+        spare = node(server.endpoint, run, "spare", 2, 3, standby=True)
+        spare_thread, spare_out = in_thread(spare.next_rendezvous)
+        wait_for(lambda: store.check([keys.standby("spare")]), "the standby to park")
+        b.shutdown()  # the first fault: a member leaves (its pod deleted)
+        assert a.wait_membership_change(10)
+        rendezvous_concurrently([a], timeout=30)
+        spare_thread.join(30)
+        assert [i.world_size for i in spare_out] == [3], spare_out
+        assert victim.stdout.readline().startswith("rank ")
+        first = control.read_status(store, run)
+        assert (first.round, sorted(first.members)) == (2, ["a", "spare", "victim"])
+        back = node(server.endpoint, run, "b", 2, 3)  # its pod again, with the group full
+        back_thread, back_out = in_thread(back.next_rendezvous)
+        wait_for(lambda: read_counter(store, keys.parked(3)) == 1, "the restarted member to park")
+        os.killpg(victim.pid, signal.SIGKILL)  # the second fault
+        killed = time.monotonic()
+        # The survivors re-join at once, as agents whose workers failed with the victim's do:
+        # before anyone found the victim dead.
+        again = rendezvous_concurrently([a, spare], timeout=30)
+        back_thread.join(30)
+        took = time.monotonic() - killed
+        assert not isinstance(back_out[0], BaseException), back_out
+        assert {i.world_size for i in [*again, back_out[0]]} == {3}
+        time.sleep(0.5)
+        status = control.read_status(store, run)
+        assert (read_counter(store, keys.open), status.round) == (3, 3), "a second re-form followed"
+        assert sorted(status.members) == ["a", "b", "spare"]
+        print(f"two faults: round 3 closed with the parked member {took:.2f}s after SIGKILL")
+    finally:
+        shutdown_handlers()
+        server.stop()
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} in {timeout:.0f} s"
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
