@@ -167,9 +167,25 @@ def _env_flag(dest: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
+class _AgentParser(argparse.ArgumentParser):
+    """argparse holds a flag's value to its ``choices``, never its default; a ``PET_*`` variable is
+    a default here, so its value is held to them after parsing (a usage error, exit 2, naming the
+    variable), not found wrong after the rendezvous."""
+
+    env_choices: dict[str, tuple[str, tuple[str, ...]]]
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        namespace, rest = super().parse_known_args(*args, **kwargs)
+        for dest, (env, choices) in self.env_choices.items():
+            value = getattr(namespace, dest, None)
+            if value not in choices:
+                self.error(f"{env}={value!r}: invalid choice (choose from {', '.join(map(repr, choices))})")
+        return namespace, rest
+
+
 def build_parser() -> argparse.ArgumentParser:
     """torchrun's flags (dash and underscore spellings, ``PET_*`` fallbacks) plus ``--health-port``."""
-    p = argparse.ArgumentParser(
+    p = _AgentParser(
         prog="kelastic-agent",
         description="Start and supervise this node's workers of an elastic PyTorch job (torchrun-compatible).",
     )
@@ -182,8 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
         flags = ([short] if short else []) + [f"--{name}"] + ([f"--{dest}"] if dest != name else [])
         return dest, flags
 
+    p.env_choices = {}
+
     def opt(name: str, *, default: Any, help: str, short: str | None = None, **kw: Any) -> None:
         dest, flags = names(name, short)
+        env = f"{contract.PET_PREFIX}{dest.upper()}"
+        if "choices" in kw and env in os.environ:
+            p.env_choices[dest] = (env, tuple(kw["choices"]))
         p.add_argument(*flags, dest=dest, default=_env_default(dest, default), help=help, **kw)
 
     def flag(name: str, *, help: str, short: str | None = None) -> None:

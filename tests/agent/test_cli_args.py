@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,7 +63,7 @@ def test_warm_imports_name_the_scripts_installed_imports(
     monkeypatch.setenv("PET_WARM_IMPORTS", "torch")
     assert _config(["--warm-start", str(script)]).warm_imports == ()
     monkeypatch.setenv("PET_WARM_IMPORTS", "everything")
-    with pytest.raises(ValueError, match="--warm-imports must be one of script, torch, got 'everything'"):
+    with pytest.raises(SystemExit):  # a usage error: test_a_pet_variable_out_of_its_choices_...
         _config(["--warm-start", str(script)])
 
 
@@ -177,6 +178,28 @@ def test_bad_flags_are_usage_errors(argv: list[str], needle: str) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "usage: kelastic-agent" in proc.stderr
     assert needle in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "value"), [("PET_START_METHOD", "bogus"), ("PET_WARM_IMPORTS", "everything")]
+)
+def test_a_pet_variable_out_of_its_choices_is_a_usage_error(env: str, value: str) -> None:
+    """Before the rendezvous: found wrong after it, the agent used to fail late and exit 0."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "kelastic.agent", "--standalone", "t.py"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, env: value},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "usage: kelastic-agent" in proc.stderr
+    assert f"{env}={value!r}: invalid choice" in proc.stderr
+
+
+def test_a_flag_on_the_command_line_overrides_a_bad_pet_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PET_START_METHOD", "bogus")
+    assert build_parser().parse_args(["--start-method", "fork", "t.py"]).start_method == "fork"
 
 
 def test_the_checkpoint_flags_are_the_settings_the_keeper_takes(tmp_path: Path) -> None:
