@@ -106,7 +106,8 @@ class Put:
 
 @dataclass(frozen=True)
 class InventoryRequest:
-    pass
+    #: a worker's restore: after this node's pulls under way (``prefetch``)
+    wait: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ _FIELDS: dict[str, frozenset[str]] = {
     "done": frozenset({"rank"}),
     "commit": frozenset({"id", "required", "step"}),
     "put": frozenset({"id", "name", "from"}),
-    "inventory": frozenset(),
+    "inventory": frozenset({"wait"}),
     "metadata": frozenset({"id"}),
     "get": frozenset({"id", "name", "offset", "length"}),
     "restored": frozenset({"id", "source", "seconds", "step", "pid", "local", "fetched"}),
@@ -248,7 +249,10 @@ def parse(
     if op == "done":
         return Done(_int(header, "rank", 0, MAX_RANK - 1))
     if op == "inventory":
-        return InventoryRequest()
+        wait = header.get("wait", False)
+        if type(wait) is not bool:
+            raise BadRequest(f"wait must be true or false, got {type(wait).__name__}")
+        return InventoryRequest(wait)
     if op == "metadata":
         return MetadataRequest(_int(header, "id", 1, MAX_ID))
     if op == "get":

@@ -25,7 +25,8 @@ and counted. Operations
                :class:`~kelastic.agent.checkpoint.plan.ReplicaPlan` assigns them
                (:mod:`.standbyfeed`), and, on the ring's first node when due, the durable copy
 ``put``        a peer's part (payload), kept as a replica (never replacing a file held)
-``inventory``  what this node holds (:class:`~kelastic.agent.checkpoint.plan.Inventory`)
+``inventory``  what this node holds (:class:`~kelastic.agent.checkpoint.plan.Inventory`); with
+               ``wait`` (a worker's restore), after the parts :mod:`.prefetch` is pulling
 ``metadata``   a checkpoint's metadata (sealed payload)
 ``get``        a byte range of a held file (payload)
 ``restored``   a rank of this node restored checkpoint N from a source in S seconds (recorded;
@@ -36,7 +37,9 @@ Bad input gets an error reply, or a closed connection when the stream cannot be 
 any more; the service logs it in one line and goes on serving. Connections are bounded
 (:class:`~kelastic.agent.checkpoint.settings.ServiceLimits`, :mod:`.admission`).
 
-Replication and durable copies run on one background thread, off the training path.
+Replication and durable copies run on one background thread, off the training path. After
+every rendezvous (``set_ring``) the parts of the checkpoint the group will restore that this
+node lacks are pulled into its memory beside the workers' start (:mod:`.prefetch`).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from kelastic.agent.checkpoint.errors import CheckpointError, SecretMismatch
 from kelastic.agent.checkpoint.folder import FolderClaim
 from kelastic.agent.checkpoint.keeper import CheckpointKeeper
 from kelastic.agent.checkpoint.plan import ReplicaPlan, StandbyHolder, replica_refusal
+from kelastic.agent.checkpoint.prefetch import Prefetch
 from kelastic.agent.checkpoint.secretcheck import judge_secret
 from kelastic.agent.checkpoint.settings import CheckpointSettings, ServiceLimits, format_bytes
 from kelastic.agent.checkpoint.standbyfeed import STANDBY_TIMEOUT, StandbyFeed
@@ -140,6 +144,7 @@ class CheckpointService:
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
         self.admission = Admission(limits.connections, limits.handshakes)
+        self._prefetch = Prefetch(self.endpoint, self.keeper, self.client)
         self._feed = (
             None
             if standbys is None
@@ -167,6 +172,7 @@ class CheckpointService:
     def stop(self, *, remove: bool = True) -> None:
         """Stop serving; with ``remove`` the node's checkpoint memory is freed."""
         self._stopped.set()
+        self._prefetch.stop()
         self._jobs.put(None)
         try:
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
@@ -210,6 +216,8 @@ class CheckpointService:
                 checked.append(endpoint)
         self._ring = tuple(checked)
         _log.debug("checkpoint ring of this round: %s", checked)
+        # The group restores next (a new group, or the same one after a worker failed).
+        self._prefetch.start(self._ring)
 
     @property
     def ring(self) -> tuple[str, ...]:
@@ -348,6 +356,8 @@ class CheckpointService:
             k.done(req.rank)
             channel.send({"ok": True})
         elif isinstance(req, rq.InventoryRequest):
+            if req.wait:
+                self._prefetch.wait()
             channel.send({"ok": True, "inventory": k.inventory().to_json()})
         elif isinstance(req, rq.MetadataRequest):
             channel.send({"ok": True}, k.metadata(req.id))

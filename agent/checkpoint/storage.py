@@ -613,7 +613,8 @@ class MemoryReader(StorageReader):
         """The checkpoint a load restores (chosen on first use, the same on every rank)."""
         if not self._chosen:
             self._began = time.monotonic()
-            local, _ = _client(self._endpoint).call({"op": "inventory"})
+            # After the parts its agent is pulling for this restore (checkpoint.prefetch).
+            local, _ = _client(self._endpoint).call({"op": "inventory", "wait": True})
             mine = local["inventory"]
             if dist.is_available() and dist.is_initialized() and dist.get_world_size(self._group) > 1:
                 gathered: list[Any] = [None] * dist.get_world_size(self._group)

@@ -1,0 +1,194 @@
+"""The parts a group will restore, pulled into a node's memory at the ring, before its workers ask.
+
+The choice of what to pull in a table (pure), then real checkpoint services on loopback with
+a job secret: a save on one node, the ring told to both, and a restore on the other node that
+fetches nothing; a part that does not fit, a holder that is gone and a malformed ``wait``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from kelastic.agent.checkpoint.client import ServiceClient
+from kelastic.agent.checkpoint.errors import CheckpointError
+from kelastic.agent.checkpoint.plan import Inventory, RestoreChoice, Source, choose_restore
+from kelastic.agent.checkpoint.prefetch import Pull, missing_parts
+from kelastic.agent.checkpoint.service import CheckpointService
+from kelastic.agent.checkpoint.settings import CheckpointSettings
+from kelastic.agent.secret import JobSecret, secret_from_file
+from kelastic.checkpoint import MemoryReader, MemoryWriter
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+A, B, C = "10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"
+
+
+@pytest.mark.parametrize(
+    ("holders", "me", "pulls"),
+    [
+        # The node holds every file: nothing to pull.
+        ({"__0.mem": (A,), "__1.mem": (B, A)}, A, []),
+        # It lacks one: from its holder.
+        ({"__0.mem": (A,), "__1.mem": (B,)}, A, [Pull(5, "__1.mem", 11, (B,))]),
+        # Two files, each held by two nodes: each pull starts at a different holder.
+        (
+            {"__0.mem": (A, B), "__1.mem": (B, A)},
+            C,
+            [Pull(5, "__0.mem", 10, (A, B)), Pull(5, "__1.mem", 11, (A, B))],
+        ),
+    ],
+)
+def test_what_a_node_pulls_is_each_file_of_the_choice_it_does_not_hold(
+    holders: dict[str, tuple[str, ...]], me: str, pulls: list[Pull]
+) -> None:
+    choice = RestoreChoice(5, Source.REPLICA, holders, (A,))
+    assert missing_parts(choice, me, {"__0.mem": 10, "__1.mem": 11}) == pulls
+
+
+def test_nothing_is_pulled_without_a_memory_choice() -> None:
+    assert missing_parts(None, A, {}) == []
+    durable = RestoreChoice(5, Source.DURABLE, durable_path="/ckpt/5")
+    assert missing_parts(durable, A, {"__0.mem": 10}) == []
+    # A file of unknown size (no manifest read) is left to the workers.
+    assert missing_parts(RestoreChoice(5, Source.MEMORY, {"__0.mem": (B,)}), A, {}) == []
+
+
+# -- real services ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> JobSecret:
+    path = tmp_path / "job-secret"
+    path.write_text(uuid.uuid4().hex * 2)
+    return secret_from_file(str(path))
+
+
+@pytest.fixture
+def services(shm: Path, secret: JobSecret) -> Iterator[list[CheckpointService]]:
+    started: list[CheckpointService] = []
+    yield started
+    for s in started:
+        s.stop(remove=True)
+
+
+def start(
+    started: list[CheckpointService], shm: Path, secret: JobSecret, name: str, **kw: Any
+) -> CheckpointService:
+    settings = CheckpointSettings(root=shm / name, node=name, **{"limit": 64 * 2**20, "replicas": 0, **kw})
+    s = CheckpointService(settings, secret, host="127.0.0.1", advertise="127.0.0.1").start()
+    started.append(s)
+    return s
+
+
+def weights() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(3)
+    return {"w": torch.randn(512, 1024, generator=g), "b": torch.randn(1024, generator=g)}
+
+
+def saved_on(s: CheckpointService, monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as m:
+        for k, v in s.worker_env().items():
+            m.setenv(k, v)
+        dcp.save(weights(), storage_writer=MemoryWriter(step=9), no_dist=True)
+
+
+class GroupReader(MemoryReader):
+    """A restore on one node of a group (the inventories all_gather_object would bring in a
+    real one), each asked as a worker asks: after the pulls under way."""
+
+    def __init__(self, group: list[CheckpointService]) -> None:
+        super().__init__()
+        self._group = group
+
+    @property
+    def choice(self) -> Any:
+        if not self._chosen:
+            self._began = time.monotonic()
+            inventories = []
+            for s in self._group:
+                client = s.client(s.endpoint)
+                header, _ = client.call({"op": "inventory", "wait": True})
+                client.close()
+                inventories.append(Inventory.from_json(header["inventory"]))
+            self._choice, self._chosen = choose_restore(inventories), True
+        return self._choice
+
+
+def restore_on(
+    s: CheckpointService, group: list[CheckpointService], monkeypatch: pytest.MonkeyPatch
+) -> GroupReader:
+    target = {"w": torch.zeros(512, 1024), "b": torch.zeros(1024)}
+    with monkeypatch.context() as m:
+        for k, v in s.worker_env().items():
+            m.setenv(k, v)
+        reader = GroupReader(group)
+        dcp.load(target, storage_reader=reader, no_dist=True)
+    assert all(torch.equal(target[k], v) for k, v in weights().items())
+    return reader
+
+
+def test_at_the_ring_a_node_pulls_what_it_lacks_and_its_restore_fetches_nothing(
+    services: list[CheckpointService], shm: Path, secret: JobSecret, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = start(services, shm, secret, "a")
+    b = start(services, shm, secret, "b")
+    saved_on(a, monkeypatch)  # no replicas: only node a holds the part
+    assert not b.keeper.inventory().held
+    for s in (a, b):
+        s.set_ring([a.endpoint, b.endpoint])  # a rendezvous round of the two
+    reader = restore_on(b, [a, b], monkeypatch)
+    assert reader.fetched_bytes == 0 and reader.local_bytes > 2 * 2**20
+    (held,) = b.keeper.inventory().held
+    assert held.replicas == frozenset({"__0.mem"}), "kept as a replica, dropped with its checkpoint"
+
+
+def test_a_part_that_does_not_fit_is_left_to_the_workers_to_fetch(
+    services: list[CheckpointService], shm: Path, secret: JobSecret, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = start(services, shm, secret, "a")
+    b = start(services, shm, secret, "b", limit=2**20)  # smaller than the part
+    saved_on(a, monkeypatch)
+    for s in (a, b):
+        s.set_ring([a.endpoint, b.endpoint])
+    reader = restore_on(b, [a, b], monkeypatch)
+    assert reader.fetched_bytes > 2 * 2**20 and reader.local_bytes == 0
+    assert not b.keeper.inventory().held
+
+
+def test_a_holder_gone_before_the_pull_costs_the_restore_no_wait(
+    services: list[CheckpointService], shm: Path, secret: JobSecret, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = start(services, shm, secret, "a")
+    b = start(services, shm, secret, "b")
+    saved_on(a, monkeypatch)
+    ring = [a.endpoint, b.endpoint]
+    a.stop(remove=True)
+    services.remove(a)
+    b.set_ring(ring)
+    client = b.client(b.endpoint)
+    began = time.monotonic()
+    header, _ = client.call({"op": "inventory", "wait": True})
+    client.close()
+    assert time.monotonic() - began < 5, "the inventory waited for a pull that cannot happen"
+    assert not header["inventory"]["held"]
+
+
+@pytest.mark.parametrize("wait", ["yes", 1, None, [True]])
+def test_an_inventory_request_with_a_wait_that_is_no_boolean_is_refused(
+    services: list[CheckpointService], shm: Path, secret: JobSecret, wait: Any
+) -> None:
+    a = start(services, shm, secret, "a")
+    client = ServiceClient(a.endpoint, secret.key)
+    with pytest.raises(CheckpointError, match="wait must be true or false"):
+        client.call({"op": "inventory", "wait": wait})
+    client.close()
+    header, _ = a.client(a.endpoint).call({"op": "inventory"})  # the service goes on serving
+    assert header["ok"]
