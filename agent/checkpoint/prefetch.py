@@ -36,7 +36,7 @@ from .errors import CheckpointError
 from .keeper import CheckpointKeeper
 from .plan import Inventory, RestoreChoice, Source, choose_restore
 
-__all__ = ["WAIT", "Prefetch", "Pull", "missing_parts"]
+__all__ = ["PREFETCH_TIMEOUT", "WAIT", "Prefetch", "Pull", "missing_parts"]
 
 _log = logging.getLogger(__name__)
 
@@ -45,6 +45,9 @@ _log = logging.getLogger(__name__)
 WAIT = 10.0
 #: Files pulled at once (from different holders where there are several).
 PULLS = 4
+#: A peer's connection, and each read on it: a frozen or unreachable node of the new ring
+#: holds the pull (and the workers' restore behind it) this long, not a peer's whole timeout.
+PREFETCH_TIMEOUT = 2.0
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ from kelastic.agent.checkpoint.errors import CheckpointError, SecretMismatch
 from kelastic.agent.checkpoint.folder import FolderClaim
 from kelastic.agent.checkpoint.keeper import CheckpointKeeper
 from kelastic.agent.checkpoint.plan import ReplicaPlan, StandbyHolder, replica_refusal
-from kelastic.agent.checkpoint.prefetch import Prefetch
+from kelastic.agent.checkpoint.prefetch import PREFETCH_TIMEOUT, Prefetch
 from kelastic.agent.checkpoint.secretcheck import judge_secret
 from kelastic.agent.checkpoint.settings import CheckpointSettings, ServiceLimits, format_bytes
 from kelastic.agent.checkpoint.standbyfeed import STANDBY_TIMEOUT, StandbyFeed
@@ -144,7 +144,11 @@ class CheckpointService:
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
         self.admission = Admission(limits.connections, limits.handshakes)
-        self._prefetch = Prefetch(self.endpoint, self.keeper, self.client)
+        self._prefetch = Prefetch(
+            self.endpoint,
+            self.keeper,
+            lambda e: ServiceClient(e, self._secret.key, PREFETCH_TIMEOUT, self._source),
+        )
         self._feed = (
             None
             if standbys is None

@@ -7,6 +7,7 @@ fetches nothing; a part that does not fit, a holder that is gone and a malformed
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from kelastic.agent.checkpoint.client import ServiceClient
 from kelastic.agent.checkpoint.errors import CheckpointError
 from kelastic.agent.checkpoint.plan import Inventory, RestoreChoice, Source, choose_restore
-from kelastic.agent.checkpoint.prefetch import Pull, missing_parts
+from kelastic.agent.checkpoint.prefetch import WAIT, Pull, missing_parts
 from kelastic.agent.checkpoint.service import CheckpointService
 from kelastic.agent.checkpoint.settings import CheckpointSettings
 from kelastic.agent.secret import JobSecret, secret_from_file
@@ -179,6 +180,28 @@ def test_a_holder_gone_before_the_pull_costs_the_restore_no_wait(
     client.close()
     assert time.monotonic() - began < 5, "the inventory waited for a pull that cannot happen"
     assert not header["inventory"]["held"]
+
+
+@pytest.mark.slow  # PREFETCH_TIMEOUT, 2 s
+def test_a_frozen_node_on_the_ring_holds_the_pull_for_its_timeout_only(
+    services: list[CheckpointService], shm: Path, secret: JobSecret, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node of the new ring that accepts connections and then says nothing (a frozen
+    process: the kernel still completes the handshake) costs the pull PREFETCH_TIMEOUT,
+    never the workers' whole wait, and the part still comes from the node that answers."""
+    a = start(services, shm, secret, "a")
+    b = start(services, shm, secret, "b")
+    saved_on(a, monkeypatch)
+    with socket.create_server(("127.0.0.1", 0)) as frozen:
+        b.set_ring([a.endpoint, b.endpoint, f"127.0.0.1:{frozen.getsockname()[1]}"])
+        client = b.client(b.endpoint)
+        began = time.monotonic()
+        header, _ = client.call({"op": "inventory", "wait": True})
+        took = time.monotonic() - began
+        client.close()
+    assert took < WAIT / 2, f"the restore waited {took:.1f} s on a frozen node"
+    (held,) = Inventory.from_json(header["inventory"]).held
+    assert held.replicas == frozenset({"__0.mem"})
 
 
 @pytest.mark.parametrize("wait", ["yes", 1, None, [True]])
