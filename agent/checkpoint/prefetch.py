@@ -40,9 +40,11 @@ __all__ = ["PREFETCH_TIMEOUT", "WAIT", "Prefetch", "Pull", "missing_parts"]
 
 _log = logging.getLogger(__name__)
 
-#: How long a worker's ``inventory`` request waits for a pull under way (seconds): longer
-#: than a pull of a part takes, short enough that a stuck holder costs the restore little.
-WAIT = 10.0
+#: How long a worker's ``inventory`` request waits for a pull under way, at most (seconds). A
+#: pull ends when its bytes are in or when a read stalls for PREFETCH_TIMEOUT, so the wait
+#: is what the transfer takes, which the restore would spend fetching the same bytes; the
+#: bound only keeps a pathological transfer (a trickle) from holding the restore forever.
+WAIT = 120.0
 #: Files pulled at once (from different holders where there are several).
 PULLS = 4
 #: A peer's connection, and each read on it: a frozen or unreachable node of the new ring
