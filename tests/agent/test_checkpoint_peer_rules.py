@@ -23,6 +23,7 @@ import pytest
 
 from kelastic.agent import auth, tls
 from kelastic.agent.checkpoint import codec, wire
+from kelastic.agent.checkpoint.admission import State
 from kelastic.agent.checkpoint.client import ServiceClient, open_channel, parse_endpoint
 from kelastic.agent.checkpoint.keeper import MAX_ID_JUMP
 from kelastic.agent.checkpoint.service import CheckpointService
@@ -38,8 +39,12 @@ LIMIT = 16 * MiB
 
 @pytest.fixture
 def node() -> Iterator[CheckpointService]:
-    root = Path("/dev/shm") / f"kelastic-peers-{uuid.uuid4().hex[:8]}"
     limits = ServiceLimits(connections=8, handshakes=8, handshake_timeout=2, io_timeout=1.0, idle_timeout=30)
+    yield from _service(limits)
+
+
+def _service(limits: ServiceLimits) -> Iterator[CheckpointService]:
+    root = Path("/dev/shm") / f"kelastic-peers-{uuid.uuid4().hex[:8]}"
     s = CheckpointService(
         CheckpointSettings(root=root, node="n", limit=LIMIT),
         JobSecret(KEY, SecretSource.FILE),
@@ -301,3 +306,43 @@ def test_nodes_on_loopback_addresses_of_their_own_take_each_others_replicas(tmp_
         for n in nodes:
             n.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def patient() -> Iterator[CheckpointService]:
+    """A service that waits a minute for a handshake: a connection cut sooner was replaced."""
+    limits = ServiceLimits(connections=8, handshakes=8, handshake_timeout=60, io_timeout=1.0, idle_timeout=30)
+    yield from _service(limits)
+
+
+def test_silent_handshakes_from_many_addresses_give_way_to_the_node_s_own_rank(
+    patient: CheckpointService,
+) -> None:
+    """Silence spread over addresses: 48 connections that never say a word, from 16 loopback
+    addresses (within one address's share of the handshakes each), hold at most the
+    service's handshake places; past them the oldest is cut off at once (the handshake
+    timeout is a minute), and the node's own rank still saves."""
+    silent: list[socket.socket] = []
+    for i in range(48):
+        raw = socket.socket()
+        raw.bind((f"127.0.0.{2 + i % 16}", 0))
+        raw.connect(parse_endpoint(patient.endpoint))
+        silent.append(raw)
+    held = len(silent)
+    deadline = time.monotonic() + 20
+    while held > patient.limits.handshakes and time.monotonic() < deadline:
+        held = 0
+        for s in silent:
+            s.settimeout(0.01)
+            try:
+                held += s.recv(1) != b""
+            except TimeoutError:
+                held += 1
+            except OSError:
+                pass
+    assert held <= patient.limits.handshakes, f"{held} silent connections held"
+    assert patient.admission.states()[State.PROVING] <= patient.limits.handshakes
+    save(patient, 1)
+    assert latest(patient) == 1
+    for s in silent:
+        s.close()
