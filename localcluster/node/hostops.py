@@ -14,13 +14,16 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 __all__ = [
+    "FIXED_PATHS",
     "STATE_DIR",
     "SYSCTLS",
     "HostCommandFailed",
@@ -33,14 +36,17 @@ __all__ = [
     "make_cgroup",
     "mounts_under",
     "remove_cgroup",
+    "remove_fixed_paths",
     "restore_sysctls",
     "run",
+    "save_fixed_paths",
     "save_sysctls",
     "sysctl",
     "unmount_under",
 ]
 
-#: Where lanes keep their slot locks and the host's original kernel settings.
+#: Where lanes keep their slot locks, the host's original kernel settings and which of
+#: :data:`FIXED_PATHS` were absent.
 STATE_DIR = Path(os.environ.get("KELASTIC_NODE_STATE", "/run/kelastic-node"))
 #: Host-wide kernel settings a lane changes (the kubelet writes the first four at start);
 #: recorded before the first lane starts and restored when the last one ends.
@@ -52,6 +58,16 @@ SYSCTLS = (
     "kernel.keys.root_maxkeys",
     "kernel.keys.root_maxbytes",
     "net.ipv4.ip_forward",
+)
+#: Host paths the nodes' components make whatever their configuration says: the kubelet's
+#: device plugin socket directory (a constant of the kubelet) and the CNI plugins' result
+#: cache (libcni's default, which containerd does not expose). Shallowest first; those absent
+#: before the first lane starts are removed when the last one ends.
+FIXED_PATHS = (
+    "/var/lib/kubelet",
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/cni",
+    "/var/lib/cni/results",
 )
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CLONE_NEWNET = 0x40000000
@@ -119,14 +135,20 @@ def sysctl(name: str) -> str:
 
 def save_sysctls() -> dict[str, str]:
     """Record the host's settings of :data:`SYSCTLS` unless a running lane already did."""
-    path = STATE_DIR / "sysctl-originals.json"
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
     values = {name: sysctl(name) for name in SYSCTLS if _sysctl_path(name).exists()}
+    return dict(_record_once("sysctl-originals.json", values))
+
+
+def _record_once(name: str, value: object) -> Any:
+    """Write ``value`` to ``STATE_DIR/name`` unless it is there (a running lane wrote it
+    first: the host as it was before any lane); what the file holds."""
+    path = STATE_DIR / name
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump(values, f)
-    return dict(json.loads(path.read_text()))
+            json.dump(value, f)
+    return json.loads(path.read_text())
 
 
 def restore_sysctls() -> list[str]:
@@ -144,6 +166,33 @@ def restore_sysctls() -> list[str]:
                 changed.append(name)
     path.unlink(missing_ok=True)
     return changed
+
+
+def save_fixed_paths() -> list[str]:
+    """Record which of :data:`FIXED_PATHS` are absent, unless a running lane already did;
+    the recorded ones."""
+    return list(_record_once("absent-paths.json", [p for p in FIXED_PATHS if not os.path.lexists(p)]))
+
+
+def remove_fixed_paths() -> list[str]:
+    """Remove those of :data:`FIXED_PATHS` that were absent before the first lane and forget
+    them (no lane may be running); the ones that could not be removed."""
+    path = STATE_DIR / "absent-paths.json"
+    try:
+        absent = [p for p in json.loads(path.read_text()) if p in FIXED_PATHS]
+    except (OSError, ValueError):
+        return []
+    left = []
+    for made in absent:  # the shallowest first: its tree takes the deeper ones with it
+        if os.path.isdir(made) and not os.path.islink(made):
+            shutil.rmtree(made, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(made)
+        if os.path.lexists(made):
+            left.append(made)
+    path.unlink(missing_ok=True)
+    return left
 
 
 # -- cgroups (v1) --------------------------------------------------------------------------

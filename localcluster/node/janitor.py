@@ -13,7 +13,8 @@ closes it when the lane dies, SIGKILL included. It then removes, in this order:
    veths, the host bridge (its routes go with it) and the host's guard table;
 4. the lane's cgroups in every hierarchy (v1, and the v2 one of a hybrid layout), the
    kubelets' links in ``/var/log/containers``, and the lane's directory;
-5. the host's kernel settings the kubelets changed, once no other lane is running.
+5. once no other lane is running, the host's kernel settings the kubelets changed, and the
+   fixed host paths the components make (``hostops.FIXED_PATHS``) that were absent before.
 
 :func:`clean` is the same work as a function (idempotent); it returns what it could not
 remove, which the janitor prints as its last lines.
@@ -55,6 +56,7 @@ def clean(lane: LanePlan) -> list[str]:
         left.append(f"directory {lane.root}")
     if not hostops.other_slots_held(SLOTS, lane.slot):
         hostops.restore_sysctls()
+        left += [f"path {p}" for p in hostops.remove_fixed_paths()]
     return left
 
 

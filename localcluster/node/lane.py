@@ -163,6 +163,7 @@ class RealNodeLane:
                 f"slot {slot} holds what an earlier lane left and cannot be removed: {leftovers}"
             )
         hostops.save_sysctls()
+        hostops.save_fixed_paths()
         plan.root.mkdir(parents=True, exist_ok=True)
         for node in plan.nodes:
             hostops.make_cgroup(node.runtime_cgroup)

@@ -138,3 +138,26 @@ def test_imports_that_cannot_fit_say_what_they_need_and_what_to_delete() -> None
     message = str(failed.value)
     assert "needs 17.0 GB free" in message and "16.0 GB is free" in message and str(ROOT) in message
     assert "free 1.0 GB" in message and "buildkit" in message
+
+
+def test_fixed_host_paths_absent_before_the_first_lane_are_removed_after_the_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kelastic.localcluster.node import hostops
+
+    kubelet, plugins = tmp_path / "kubelet", tmp_path / "kubelet" / "device-plugins"
+    cni, results = tmp_path / "cni", tmp_path / "cni" / "results"
+    monkeypatch.setattr(hostops, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(hostops, "FIXED_PATHS", tuple(map(str, (kubelet, plugins, cni, results))))
+    kubelet.mkdir()
+    (kubelet / "host's own").write_text("kept")
+    assert hostops.save_fixed_paths() == [str(plugins), str(cni), str(results)]
+    plugins.mkdir()  # what the lane's components make
+    results.mkdir(parents=True)
+    (results / "kelastic-pod-eth0").write_text("{}")
+    assert hostops.save_fixed_paths() == [str(plugins), str(cni), str(results)]  # a second lane: unchanged
+    assert hostops.remove_fixed_paths() == []
+    assert not plugins.exists() and not cni.exists()
+    assert (kubelet / "host's own").read_text() == "kept"
+    assert hostops.remove_fixed_paths() == []  # forgotten: nothing more is removed
+    assert kubelet.exists()
