@@ -151,12 +151,18 @@ def _record_once(name: str, value: object) -> Any:
     return json.loads(path.read_text())
 
 
+def _recorded(name: str) -> Any:
+    """What ``STATE_DIR/name`` holds; None when there is no such record or it is unreadable."""
+    try:
+        return json.loads((STATE_DIR / name).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def restore_sysctls() -> list[str]:
     """Write back the recorded settings and forget them; the names of those that had changed."""
-    path = STATE_DIR / "sysctl-originals.json"
-    try:
-        values = json.loads(path.read_text())
-    except (OSError, ValueError):
+    values = _recorded("sysctl-originals.json")
+    if not isinstance(values, dict):
         return []
     changed = []
     for name, value in values.items():
@@ -164,7 +170,7 @@ def restore_sysctls() -> list[str]:
             if sysctl(name) != value:
                 _sysctl_path(name).write_text(value)
                 changed.append(name)
-    path.unlink(missing_ok=True)
+    (STATE_DIR / "sysctl-originals.json").unlink(missing_ok=True)
     return changed
 
 
@@ -177,11 +183,10 @@ def save_fixed_paths() -> list[str]:
 def remove_fixed_paths() -> list[str]:
     """Remove those of :data:`FIXED_PATHS` that were absent before the first lane and forget
     them (no lane may be running); the ones that could not be removed."""
-    path = STATE_DIR / "absent-paths.json"
-    try:
-        absent = [p for p in json.loads(path.read_text()) if p in FIXED_PATHS]
-    except (OSError, ValueError):
+    recorded = _recorded("absent-paths.json")
+    if not isinstance(recorded, list):
         return []
+    absent = [p for p in recorded if p in FIXED_PATHS]
     left = []
     for made in absent:  # the shallowest first: its tree takes the deeper ones with it
         if os.path.isdir(made) and not os.path.islink(made):
@@ -191,7 +196,7 @@ def remove_fixed_paths() -> list[str]:
                 os.unlink(made)
         if os.path.lexists(made):
             left.append(made)
-    path.unlink(missing_ok=True)
+    (STATE_DIR / "absent-paths.json").unlink(missing_ok=True)
     return left
 
 
