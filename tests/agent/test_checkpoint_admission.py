@@ -31,6 +31,16 @@ def new(made: list[socket.socket]) -> socket.socket:
     return s
 
 
+def admitted(
+    table: Admission, made: list[socket.socket], source: str, *, preferred: bool = True
+) -> socket.socket:
+    """A new connection from ``source`` that proves the key and is served (idle)."""
+    s = new(made)
+    table.arrive(s, source)
+    assert table.authenticated(s, wait=0, preferred=preferred)[0]
+    return s
+
+
 def test_a_flood_of_silent_handshakes_from_many_addresses_is_bounded_and_the_oldest_goes(
     made: list[socket.socket],
 ) -> None:
@@ -69,24 +79,15 @@ def test_a_stranger_address_holds_an_eighth_of_the_connections(made: list[socket
         table.arrive(s, "10.0.0.7")
         results.append(table.authenticated(s, wait=0, preferred=False)[0])
     assert results == [True, True, False, False]
-    s = new(made)  # a preferred address is not held to the share
-    table.arrive(s, "10.0.0.1")
-    assert table.authenticated(s, wait=0, preferred=True)[0]
+    admitted(table, made, "10.0.0.1")  # a preferred address is not held to the share
 
 
 def test_a_full_table_replaces_a_stranger_s_idle_connection_before_a_preferred_one(
     made: list[socket.socket],
 ) -> None:
     table = Admission(connections=4, handshakes=8)
-    ring = []
-    for i in range(3):
-        s = new(made)
-        table.arrive(s, f"10.0.1.{i}")
-        assert table.authenticated(s, wait=0, preferred=True)[0]
-        ring.append(s)
-    stranger = new(made)
-    table.arrive(stranger, "10.0.9.9")
-    assert table.authenticated(stranger, wait=0, preferred=False)[0]
+    ring = [admitted(table, made, f"10.0.1.{i}") for i in range(3)]
+    stranger = admitted(table, made, "10.0.9.9", preferred=False)
     table.busy(ring[0])
     table.idle(ring[0])  # ring[1] and ring[2] have been idle longer than the stranger
     late = new(made)
@@ -99,13 +100,8 @@ def test_a_preferred_connection_busy_is_never_replaced_and_a_newcomer_waits_for_
     made: list[socket.socket],
 ) -> None:
     table = Admission(connections=2, handshakes=8)
-    busy = []
-    for i in range(2):
-        s = new(made)
-        table.arrive(s, f"10.0.1.{i}")
-        assert table.authenticated(s, wait=0, preferred=True)[0]
-        assert table.busy(s)
-        busy.append(s)
+    busy = [admitted(table, made, f"10.0.1.{i}") for i in range(2)]
+    assert all(table.busy(s) for s in busy)
     waiting = new(made)
     table.arrive(waiting, "10.0.1.7")
     assert table.authenticated(waiting, wait=0.05, preferred=True) == (False, [])
@@ -122,11 +118,8 @@ def test_a_preferred_newcomer_replaces_a_stranger_s_busy_connection_when_none_is
     made: list[socket.socket],
 ) -> None:
     table = Admission(connections=2, handshakes=8)
-    ring, stranger = new(made), new(made)
-    table.arrive(ring, "10.0.1.1")
-    table.arrive(stranger, "10.0.9.9")
-    assert table.authenticated(ring, wait=0, preferred=True)[0]
-    assert table.authenticated(stranger, wait=0, preferred=False)[0]
+    ring = admitted(table, made, "10.0.1.1")
+    stranger = admitted(table, made, "10.0.9.9", preferred=False)
     table.busy(ring)
     table.busy(stranger)
     rank = new(made)

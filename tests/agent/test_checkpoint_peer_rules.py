@@ -81,6 +81,17 @@ def from_stranger_address(s: CheckpointService) -> wire.Channel:
     return wire.Channel(sock, session, io_timeout=10, max_header=ServiceLimits().max_header)
 
 
+def still_open(sock: socket.socket, wait: float) -> bool:
+    """Whether the service still holds ``sock`` (silent within ``wait`` s, or it sent a byte)."""
+    sock.settimeout(wait)
+    try:
+        return sock.recv(1) != b""
+    except TimeoutError:
+        return True
+    except OSError:
+        return False
+
+
 def save(s: CheckpointService, cid: int, size: int = MiB) -> None:
     """One rank's save as MemoryWriter makes it (this process is the node's rank 0)."""
     client = ServiceClient(s.endpoint, KEY, timeout=10)
@@ -199,7 +210,6 @@ def test_slow_peers_cannot_hold_the_slots_of_the_node_s_own_ranks(node: Checkpoi
     """Attack 10: peers that trickle a request are cut off once behind pace, at most an
     eighth of the connections is a stranger address's, and the node's own ranks get in."""
     held: list[socket.socket] = []
-    kept = 0
     node.set_ring([])  # no ring told: replicas are taken from anyone, so the trickles are read
     for i in range(node.limits.connections):
         try:
@@ -210,14 +220,7 @@ def test_slow_peers_cannot_hold_the_slots_of_the_node_s_own_ranks(node: Checkpoi
             continue  # refused: its address holds its share
         held.append(ch.sock)
     time.sleep(0.3)
-    for s in held:
-        s.settimeout(0.05)
-        try:
-            kept += s.recv(1) != b""
-        except TimeoutError:
-            kept += 1  # still open
-        except OSError:
-            pass
+    kept = sum(still_open(s, 0.05) for s in held)
     assert kept <= node.admission.per_peer, f"{kept} connections of one stranger address held"
     began = time.monotonic()
     save(node, 1)  # the node's own rank, at once
@@ -323,26 +326,20 @@ def test_silent_handshakes_from_many_addresses_give_way_to_the_node_s_own_rank(
     service's handshake places; past them the oldest is cut off at once (the handshake
     timeout is a minute), and the node's own rank still saves."""
     silent: list[socket.socket] = []
-    for i in range(48):
-        raw = socket.socket()
-        raw.bind((f"127.0.0.{2 + i % 16}", 0))
-        raw.connect(parse_endpoint(patient.endpoint))
-        silent.append(raw)
-    held = len(silent)
-    deadline = time.monotonic() + 20
-    while held > patient.limits.handshakes and time.monotonic() < deadline:
-        held = 0
+    try:
+        for i in range(48):
+            raw = socket.socket()
+            silent.append(raw)
+            raw.bind((f"127.0.0.{2 + i % 16}", 0))
+            raw.connect(parse_endpoint(patient.endpoint))
+        held = len(silent)
+        deadline = time.monotonic() + 20
+        while held > patient.limits.handshakes and time.monotonic() < deadline:
+            held = sum(still_open(s, 0.01) for s in silent)
+        assert held <= patient.limits.handshakes, f"{held} silent connections held"
+        assert patient.admission.states()[State.PROVING] <= patient.limits.handshakes
+        save(patient, 1)
+        assert latest(patient) == 1
+    finally:
         for s in silent:
-            s.settimeout(0.01)
-            try:
-                held += s.recv(1) != b""
-            except TimeoutError:
-                held += 1
-            except OSError:
-                pass
-    assert held <= patient.limits.handshakes, f"{held} silent connections held"
-    assert patient.admission.states()[State.PROVING] <= patient.limits.handshakes
-    save(patient, 1)
-    assert latest(patient) == 1
-    for s in silent:
-        s.close()
+            s.close()
