@@ -637,7 +637,11 @@ def test_eviction_marks_the_pod_and_a_disruption_budget_refuses_it(real: Side, e
         ns = side.namespace("fid-evict")
         pods = f"/api/v1/namespaces/{ns}/pods"
         policy = "policy/v1" if side.call("GET", "/apis/policy/v1").code == 200 else "policy/v1beta1"
-        side.call("POST", pods, sleeper("guarded", {"app": "guarded"}))
+        # The finalizer holds the evicted pod until its condition and deletion mark are read:
+        # a sleeper stops at once on SIGTERM, and under load the pod could be gone before that.
+        guarded = sleeper("guarded", {"app": "guarded"})
+        guarded["metadata"]["finalizers"] = ["fidelity.kelastic.dev/hold"]
+        side.call("POST", pods, guarded)
         running(side, ns, "guarded")
         budget = {
             "apiVersion": policy,
@@ -669,6 +673,9 @@ def test_eviction_marks_the_pod_and_a_disruption_budget_refuses_it(real: Side, e
         after = side.call("GET", f"{pods}/guarded").body
         out["evicted pod's condition"] = condition(after, "DisruptionTarget")
         out["evicted pod is being deleted"] = bool(after["metadata"].get("deletionTimestamp"))
+        side.call(
+            "PATCH", f"{pods}/guarded", {"metadata": {"finalizers": None}}, "application/merge-patch+json"
+        )
         wait(f"{side.name}: the evicted pod to go", lambda: side.call("GET", f"{pods}/guarded").code == 404)
         out["missing pod"] = status(
             side.call("POST", f"{pods}/nobody/eviction", {**evict, "metadata": {"name": "nobody"}})
