@@ -5,7 +5,7 @@ PYTHON ?= python3
 #   make install TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_PIP_ARGS ?=
 
-.PHONY: install test test-fast test-gpu lint typecheck import-rules docs-rules format bench control-plane kueue node image
+.PHONY: install test test-durations test-fast test-gpu lint typecheck import-rules docs-rules format bench control-plane kueue node image
 
 # The control plane `make control-plane` builds from the Go module proxy (docs/kelastic-local.md).
 K8S_VERSION ?= v1.37.2
@@ -24,8 +24,11 @@ install:  ## torch first and pinned (see TORCH_PIP_ARGS for a CPU-only machine),
 	$(PYTHON) -m pip install torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(PYTHON) -m pip install -e ".[local,dev]"
 
-test:  ## the whole suite, end-to-end scenarios included (what CI runs)
-	$(PYTHON) -m pytest -q
+test:  ## the whole suite, as CI runs it: the fast subset, then the slow scenarios, in test processes side by side
+	$(PYTHON) -m pytest -q -m "not slow" -n 2; fast=$$?; $(PYTHON) -m pytest -q -m slow -n 3 && exit $$fast
+
+test-durations:  ## the whole suite, recording what each module took (the order in which test processes take them)
+	$(PYTHON) -m pytest -q -n 3 --record-module-seconds tests/module_seconds.json
 
 test-fast:  ## skip the slow multi-process and end-to-end scenarios; two test processes side by side
 	$(PYTHON) -m pytest -q -m "not slow" -n 2

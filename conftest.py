@@ -35,10 +35,16 @@ a second, not a failed or 5 s slower test.
 At its end a run prints what its tests not marked ``slow`` (the fast subset) took, setup and
 teardown included, one after the other: so the full run's log (CI's) also says what the fast
 subset costs, which ``-m "not slow" -n 2`` spreads over two processes.
+
+With ``-n`` (pytest-xdist) each test process takes whole modules (``--dist loadfile`` unless
+``--dist`` is given), the longest first by ``tests/module_seconds.json``, which
+``--record-module-seconds`` writes: a module's fixtures start once, and the suite does not end
+on a long module started last. The lane variables above reach the test processes too.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -68,6 +74,9 @@ MARKER = ".kelastic-complete"
 
 
 VARIABLES = ("KELASTIC_CONTROL_PLANE", "KUBEBUILDER_ASSETS")
+#: The variables' values pass to pytest-xdist's test processes, which start after the
+#: variables were removed, under this prefix, which nothing in kelastic reads.
+KEPT = "KELASTIC_TESTS_KEPT_"
 _from_environment: dict[str, str] = {}
 
 
@@ -75,19 +84,98 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:2")
     for variable in VARIABLES:
         value = os.environ.pop(variable, None)
+        if value is None:
+            value = os.environ.get(KEPT + variable)
         if value is not None:
             _from_environment.setdefault(variable, value)
+            os.environ[KEPT + variable] = value
     found = _named_or_built()
     if found is not None and (found / "kubectl").is_file():
         os.environ["PATH"] = f"{found}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 _fast_subset: dict[str, float] = {}
+_module_seconds: dict[str, float] = {}
+
+#: What each test module took in a full run, setup and teardown included (written by
+#: ``--record-module-seconds``): the order in which test processes take modules.
+MODULE_SECONDS = REPO / "tests" / "module_seconds.json"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-module-seconds",
+        metavar="PATH",
+        help=f"write what each test module took in this run to PATH (JSON); {MODULE_SECONDS.relative_to(REPO)} "
+        "holds a full run's, and runs with -n take the longest modules first",
+    )
+
+
+#: Modules whose tests share one test process, one module after another: each real-node module
+#: starts a lane, and test_realnode_cleanup.py checks that the host holds nothing of any lane
+#: once its own is gone, which is only true where no other lane runs meanwhile.
+ONE_PROCESS = {"tests/localcluster/test_realnode_": "the real-node lane's modules"}
+
+
+def test_process_scope(nodeid: str) -> str:
+    """What one test process takes whole with ``-n``: the test's module, or its group in :data:`ONE_PROCESS`."""
+    module = nodeid.split("::")[0]
+    return next((group for prefix, group in ONE_PROCESS.items() if module.startswith(prefix)), module)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    if config.option.dist != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return test_process_scope(nodeid)
+
+    return ModuleScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """With ``-n``, whole modules go to a test process, longest first.
+
+    A module's fixtures (a control plane, a Kueue manager, a real-node lane) then start once,
+    in one process, and the long modules do not end the run alone; the modules of
+    :data:`ONE_PROCESS` go to one process together. ``--dist`` given on the command line is kept.
+    """
+    option = config.option
+    if getattr(option, "numprocesses", None) and getattr(option, "dist", "no") == "no":
+        option.dist = "loadfile"
+        option.loadscopereorder = False
+
+
+def longest_modules_first(items: list[pytest.Item]) -> None:
+    """Modules longest first by :data:`MODULE_SECONDS`; a module it does not name goes first.
+
+    The sort is stable, so each module's tests keep the order pytest gave them (its
+    fixtures' scopes and parameters). Every test process sorts alike, as pytest-xdist needs.
+    """
+    try:
+        known: dict[str, float] = json.loads(MODULE_SECONDS.read_text())
+    except (OSError, ValueError):
+        known = {}
+    unknown = max(known.values(), default=0.0) + 1.0
+    items.sort(key=lambda item: -known.get(item.nodeid.split("::")[0], unknown))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if "slow" not in report.keywords:
         _fast_subset[report.nodeid] = _fast_subset.get(report.nodeid, 0.0) + report.duration
+    module = report.nodeid.split("::")[0]
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = session.config.getoption("record_module_seconds")
+    if path and not hasattr(session.config, "workerinput"):  # the controller has every report
+        seconds = {module: round(value, 1) for module, value in sorted(_module_seconds.items())}
+        Path(path).write_text(json.dumps(seconds, indent=1) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -194,7 +282,9 @@ def gpu_lane_missing(needed: int = GPUS_NEEDED) -> str | None:
     return None
 
 
+@pytest.hookimpl(trylast=True)  # after pytest ordered each module's tests by fixture
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    longest_modules_first(items)
     reasons: dict[int, str | None] = {}
     for item in items:
         marker = item.get_closest_marker("gpu")
