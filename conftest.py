@@ -117,9 +117,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 ONE_PROCESS = {"tests/localcluster/test_realnode_": "the real-node lane's modules"}
 
 
-def test_process_scope(nodeid: str) -> str:
+def module_of(nodeid: str) -> str:
+    """The path of the module a test's node id names."""
+    return nodeid.split("::")[0]
+
+
+def process_scope(nodeid: str) -> str:
     """What one test process takes whole with ``-n``: the test's module, or its group in :data:`ONE_PROCESS`."""
-    module = nodeid.split("::")[0]
+    module = module_of(nodeid)
     return next((group for prefix, group in ONE_PROCESS.items() if module.startswith(prefix)), module)
 
 
@@ -131,7 +136,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return test_process_scope(nodeid)
+            return process_scope(nodeid)
 
     return ModuleScheduling(config, log)
 
@@ -161,13 +166,13 @@ def longest_modules_first(items: list[pytest.Item]) -> None:
     except (OSError, ValueError):
         known = {}
     unknown = max(known.values(), default=0.0) + 1.0
-    items.sort(key=lambda item: -known.get(item.nodeid.split("::")[0], unknown))
+    items.sort(key=lambda item: -known.get(module_of(item.nodeid), unknown))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if "slow" not in report.keywords:
         _fast_subset[report.nodeid] = _fast_subset.get(report.nodeid, 0.0) + report.duration
-    module = report.nodeid.split("::")[0]
+    module = module_of(report.nodeid)
     _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
 
 

@@ -29,9 +29,9 @@ def test_every_module_the_file_names_exists() -> None:
     )
 
 
-def _collected_modules(*modules: str, extra: tuple[str, ...] = ()) -> list[str]:
+def _collected_modules(*modules: str) -> list[str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *extra, *modules],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *modules],
         cwd=REPO,
         capture_output=True,
         text=True,
