@@ -90,6 +90,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousGracefulExitError
 from kelastic.agent import restart_policy, warm
 from kelastic.agent.events import Event, EventSink, EventSource, default_sink, record
 from kelastic.agent.join_at_checkpoint import CheckpointCommits, JoinAtCheckpoint
+from kelastic.agent.keep import KeptWorkers
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import ProcessFailure, SignalException, Std
 from kelastic.agent.oom import OomWatch
@@ -707,6 +708,30 @@ def _default_grace(handler: RendezvousHandler, *, final: bool = False) -> float:
     return 3.0
 
 
+def _final_event(
+    wg: WorkerGroup,
+    agent: dict[str, Any],
+    state: str,
+    raw_error: str | None,
+    *,
+    total_run_time: float,
+    restarts: int,
+) -> Event:
+    """The agent's SUCCEEDED or FAILED event (torch's), from what every agent event says
+    about the agent (``agent``) and how the run ended."""
+    md = {
+        **agent,
+        "group_world_size": wg.group_world_size,
+        "state": state,
+        "total_run_time": round(total_run_time, 3),
+        "raw_error": raw_error,
+        "entry_point": wg.spec.get_entrypoint_name(),
+        "agent_restarts": restarts,
+    }
+    name = "kelastic.agent.succeeded" if state == "SUCCEEDED" else "kelastic.agent.failed"
+    return Event(name=name, source=EventSource.AGENT, metadata=md)
+
+
 class ElasticAgent(abc.ABC):
     """Runs one node's workers of a distributed job; ``run`` blocks until they finish."""
 
@@ -774,7 +799,8 @@ class SimpleElasticAgent(ElasticAgent):
         self.metrics = metrics if metrics is not None else Metrics()
         self._total_execution_time = 0.0
         self._attempt = -1  # bumped on every start, restarts of either kind included
-        self._stopping = OverlappedStop(lambda: None, lambda *_: None, overlap=False)  # a restart's stop
+        self._stopping: OverlappedStop | KeptWorkers = OverlappedStop(lambda: None, lambda *_: None, False)
+        self._keep_allowed = False  # may this restart keep the workers (kelastic.agent.keep)
 
     # subclass interface -----------------------------------------------------------
     @abc.abstractmethod
@@ -868,18 +894,10 @@ class SimpleElasticAgent(ElasticAgent):
         return self._agent_event("SUCCEEDED")
 
     def _agent_event(self, state: str, raw_error: str | None = None) -> Event:
-        wg = self._worker_group
-        md = {
-            **self._agent_metadata(),
-            "group_world_size": wg.group_world_size,
-            "state": state,
-            "total_run_time": round(self._total_execution_time, 3),
-            "raw_error": raw_error,
-            "entry_point": wg.spec.get_entrypoint_name(),
-            "agent_restarts": self.restarts_spent,
-        }
-        name = "kelastic.agent.succeeded" if state == "SUCCEEDED" else "kelastic.agent.failed"
-        return Event(name=name, source=EventSource.AGENT, metadata=md)
+        return _final_event(
+            self._worker_group, self._agent_metadata(), state, raw_error,
+            total_run_time=self._total_execution_time, restarts=self.restarts_spent,
+        )  # fmt: skip
 
     # the algorithm --------------------------------------------------------------------
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
@@ -974,13 +992,17 @@ class SimpleElasticAgent(ElasticAgent):
     def _restart_workers(self, worker_group: WorkerGroup, reason: str) -> None:
         _log.info("[%s] restarting workers: %s", worker_group.spec.role, reason)
         self._event("kelastic.agent.restart", reason=reason, restart_count=self.restart_count)
-        # The old workers stop while this node joins the next round (kelastic.agent.reform).
-        self._stopping = OverlappedStop(lambda: self._stop_workers(worker_group), self._workers_stopped)
+        # The old workers stop (or park) while this node joins the next round (.reform, .keep).
+        self._stopping = self._begin_stop(worker_group)
         worker_group.state = WorkerState.STOPPED
         try:
             self._initialize_workers(worker_group)
         finally:
             self._stopping.wait()
+
+    def _begin_stop(self, worker_group: WorkerGroup) -> OverlappedStop | KeptWorkers:
+        """Start a restart's stop of the workers, beside the join (the local agent may keep them)."""
+        return OverlappedStop(lambda: self._stop_workers(worker_group), self._workers_stopped)
 
     def _workers_stopped(self, seconds: float, ended: float) -> None:
         self.metrics.observe("agent", "stop_workers", seconds)
@@ -1114,6 +1136,7 @@ class SimpleElasticAgent(ElasticAgent):
             result = self._monitor_workers(self._worker_group)
             state = result.state
             self._worker_group.state = state
+            self._keep_allowed = state is not WorkerState.UNHEALTHY  # never hung workers
             self.metrics.put(f"workers.{spec.role}", "remaining_restarts", self._remaining_restarts)
 
             if state == WorkerState.SUCCEEDED:
@@ -1155,6 +1178,7 @@ class SimpleElasticAgent(ElasticAgent):
                 )
                 if aside is not None:  # this node left its round: re-join (as a standby)
                     verdict = Verdict(Action.RESTART_FREE, aside)
+                    self._keep_allowed = False  # a standby has no workers to keep
                     _leave_ring(self._checkpoint_ring)
                 elif verdict.action is Action.RESTART_FREE and watching is Watching.LOSSES:
                     verdict = self._at_a_checkpoint(verdict, spec.monitor_interval)

@@ -32,9 +32,10 @@ from kelastic.agent.contract import INJECT_LAUNCHER, INJECT_LIB
 
 __all__ = ["LAUNCHER", "PUBLIC_PACKAGES", "install", "main"]
 
-#: The short public packages workers import (``kelastic.checkpoint``, ``kelastic.data``),
+#: The short public packages workers import (``kelastic.checkpoint``, ``kelastic.data``,
+#: ``kelastic.inprocess``),
 #: shipped with every injected agent.
-PUBLIC_PACKAGES = ("checkpoint", "data")
+PUBLIC_PACKAGES = ("checkpoint", "data", "inprocess")
 
 #: The launcher script. Written for any Python 3 so that an older interpreter gets the
 #: message instead of a SyntaxError from the agent's modules.

@@ -52,7 +52,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from kelastic.agent import contract, hang, warm
+from kelastic.agent import contract, handoff, hang, warm
 from kelastic.agent.api import (
     CheckpointCommits,
     CheckpointRing,
@@ -66,6 +66,7 @@ from kelastic.agent.api import (
 from kelastic.agent.checkpoint.errors import SecretMismatch
 from kelastic.agent.events import EventSink
 from kelastic.agent.goodput import GoodputLedger
+from kelastic.agent.keep import Keeper, KeptWorkers
 from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import (
     LogsSpecs,
@@ -84,6 +85,7 @@ from kelastic.agent.progress import (
     read_report,
 )
 from kelastic.agent.progress_publisher import ProgressPublisher
+from kelastic.agent.reform import OverlappedStop
 from kelastic.agent.straggler import StragglerRule
 from kelastic.agent.straggler_watch import StragglerWatch
 from kelastic.agent.warm import prewarm_forkserver
@@ -248,6 +250,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         #: The workers all returned and are held alive until the exit barrier is over.
         self._held = False
         self._progress_files: dict[int, str] = {}
+        #: The running workers' hand-off (kelastic.agent.keep), unless KELASTIC_KEEP_WORKERS=0.
+        self._keeper = Keeper(handoff.keep_enabled(os.environ))
         self._display: ProgressDisplay | None = None
         self._show_progress = progress
         self._rdzv_endpoint = rdzv_endpoint
@@ -354,6 +358,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         if self._progress_files:  # a restart: where the ended attempt stopped, for the goodput
             self._goodput.restarted(self.rank_progress())
         self._progress_files = {lr: str(progress_file(attempt_dir, lr)) for lr in range(n)}
+        kept = isinstance(self._stopping, KeptWorkers) and self._stopping.kept and self._pcontext is not None
         envs = {
             lr: worker_env(
                 spec,
@@ -368,6 +373,10 @@ class LocalElasticAgent(SimpleElasticAgent):
             | self._extra_env
             for lr in range(n)
         }
+        if kept:
+            return self._hand_over(worker_group, envs)
+        for lr, extra in self._keeper.started(attempt_dir, n).items():
+            envs[lr] |= extra
         args = {lr: _substitute_local_rank(spec.args, lr) for lr in range(n)}
         display = self._ensure_display()
         assert spec.entrypoint is not None  # WorkerSpec refuses a spec without one
@@ -402,6 +411,30 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._publish_progress()
         return dict(self._pcontext.pids())
 
+    def _begin_stop(self, worker_group: WorkerGroup) -> OverlappedStop | KeptWorkers:
+        """Park the workers when they can be kept (:mod:`kelastic.agent.keep`), else stop them."""
+        if self._keep_allowed and self._keeper.enabled and self._pcontext is not None:
+            pids = self._pcontext.pids()
+            kept = self._keeper.begin(pids, lambda: self._stop_workers(worker_group), self._workers_stopped)
+            if kept is not None:
+                return kept
+        return super()._begin_stop(worker_group)
+
+    def _hand_over(self, worker_group: WorkerGroup, envs: Mapping[int, Mapping[str, str]]) -> dict[int, Any]:
+        """The kept workers join the new group: each gets its new variables (its progress
+        file among them), as a started worker would; the processes are the same."""
+        assert isinstance(self._stopping, KeptWorkers) and self._pcontext is not None
+        self._keeper.hand_over(self._stopping, envs)
+        self._point_display(self._ensure_display())
+        self._publish_progress()
+        self._event("kelastic.agent.workers_kept", generation=self._keeper.gen)
+        _log.info(
+            "[%s] kept the workers (generation %d): in their processes",
+            worker_group.spec.role,
+            self._keeper.gen,
+        )
+        return dict(self._pcontext.pids())
+
     def _log_line_prefixes(self, worker_group: WorkerGroup) -> dict[int, str] | None:
         """Console headers from ``log_line_prefix_template``; None keeps the default."""
         if not self._log_line_prefix_template:
@@ -415,6 +448,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         }
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        if self._pcontext is not None:
+            self._keeper.release(self._pcontext.pids())
         self._close_workers(signal.SIGTERM)
 
     def _close_workers(self, death_sig: signal.Signals) -> None:
@@ -426,6 +461,14 @@ class LocalElasticAgent(SimpleElasticAgent):
         if self._pcontext is None:
             return RunResult(state=WorkerState.UNKNOWN)
         result = self._pcontext.wait(0)
+        parked = self._keeper.parked_failures(self._pcontext.pids()) if result is None else {}
+        if parked:  # kept workers whose training raised: the ranks' failures, the processes live on
+            by_local = {w.local_rank: w.global_rank for w in worker_group.workers}
+            failures = {
+                by_local[lr]: ProcessFailure(local_rank=lr, pid=pid, exitcode=1, error_file="", message=why)
+                for lr, (pid, why) in parked.items()
+            }
+            return RunResult(state=WorkerState.FAILED, failures=failures)
         if result is None:
             # Callable workers that all returned are held alive until the exit barrier is
             # over (see _after_exit_barrier): for the group they have succeeded.
@@ -525,9 +568,10 @@ class LocalElasticAgent(SimpleElasticAgent):
         which stay. A ``log_dir`` the caller named keeps its directories."""
         if self._owned_log_dir is None or not self._run_log_dir.is_dir():
             return
-        for scratch in self._run_log_dir.glob("attempt_*/*/progress.json"):
-            with contextlib.suppress(OSError):
-                scratch.unlink()
+        for pattern in ("attempt_*/*/progress.json", "handoff_attempt_*/*/*.json"):
+            for scratch in self._run_log_dir.glob(pattern):
+                with contextlib.suppress(OSError):
+                    scratch.unlink()
         for directory, _, _ in sorted(os.walk(self._owned_log_dir), key=lambda w: -len(w[0])):
             with contextlib.suppress(OSError):  # not empty: it holds logs
                 os.rmdir(directory)

@@ -72,6 +72,7 @@ __all__ = [
     "ProgressReport",
     "aggregate",
     "flush",
+    "new_incarnation",
     "plain_line_due",
     "progress_file",
     "read_report",
@@ -188,6 +189,18 @@ def update(step: int, total: int | None = None, **metrics: float) -> None:
 def flush() -> None:
     """Write the latest report now (e.g. before a long evaluation pause)."""
     _reporter.flush()
+
+
+def new_incarnation() -> None:
+    """Start the counts over, as a new process would: the worker now reports to the next
+    group's progress file (:func:`kelastic.inprocess.run`, after a re-form that kept the
+    process). Whatever was not written yet belonged to the old group, and is dropped."""
+    with _reporter.lock:
+        _reporter.pending = None
+        _reporter.written_at = float("-inf")
+        _reporter.first = None
+        _reporter.stall = 0.0
+        _reporter.wait = 0.0
 
 
 def stalled(seconds: float) -> None:

@@ -21,7 +21,9 @@ One job, run in one invocation under three configurations:
     rendezvous without a rank, takes a lost node's place in the same re-form (the lost node's
     replacement then waits as the next standby). Faults strike members only.
 (e) (d) and (s) together: overlapping saves every step and one hot standby, where a fault
-    should cost less than a step.
+    should cost less than a step; the worker trains under ``kelastic.inprocess.run``, so a
+    re-form keeps the surviving nodes' worker processes, state and imports
+    (``--restart-processes``: without it, every re-form stops and starts every worker).
 (t) a straggler: (e) (overlapping saves every step, one hot standby) with steps of CPU work
     (the rank spins for ``--step-time`` seconds of its own CPU time, so a process stopped part
     of the time takes longer; three ranks then need three cores' worth, so on fewer cores the
@@ -267,9 +269,6 @@ def worker(a: argparse.Namespace) -> None:
 
     import torch
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-
-    from kelastic.agent import progress
 
     began = time.time()
     node = os.environ.get("BENCH_NODE", "?")
@@ -282,9 +281,68 @@ def worker(a: argparse.Namespace) -> None:
             f.write(json.dumps({"e": name, "t": time.time(), "node": node, "pid": os.getpid()}) + "\n")
 
     phase("began")
-    dist.init_process_group("gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    phase("pg")
+    # four layers' weights and Adam's two moments, replicated on every rank (as with DDP);
+    # allocated once per process: a worker kept across a re-form keeps them
+    per = a.state_mib * 2**20 // (3 * LAYERS)
+    rows = max(1, per // 4096)
+    tensors: dict[str, Any] = {}
+    for i in range(LAYERS):
+        tensors[f"model.layer{i}.weight"] = torch.zeros(rows, 1024)
+        tensors[f"optim.layer{i}.exp_avg"] = torch.zeros(rows, 1024)
+        tensors[f"optim.layer{i}.exp_avg_sq"] = torch.zeros(rows, 1024)
+    names = sorted(tensors)
+    state: dict[str, Any] = {"tensors": tensors, "step": torch.zeros((), dtype=torch.int64)}
+    end = time.monotonic() + a.duration
+    crash = out / f"crash_{node}"
+
+    def crash_when_told() -> None:
+        while True:
+            if crash.exists():
+                crash.unlink(missing_ok=True)
+                os._exit(1)  # a failing rank: the others block in the all-reduce until it is gone
+            time.sleep(0.01)
+
+    crashing: list[threading.Thread] = []
+
+    def train() -> None:
+        if crashing:  # a kept worker in its next group: its main and its process group are now
+            phase("began")
+        phase("pg")
+        train_in_group(a, state, tensors, names, phase, began, node, end, crash_when_told, crashing)
+
+    if a.in_process:
+        import kelastic.inprocess
+
+        kelastic.inprocess.run(train, backend="gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    else:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        train()
+        dist.destroy_process_group()
+
+
+def train_in_group(
+    a: argparse.Namespace,
+    state: dict[str, Any],
+    tensors: dict[str, Any],
+    names: list[str],
+    phase: Callable[[str], None],
+    began: float,
+    node: str,
+    end: float,
+    crash_when_told: Callable[[], None],
+    crashing: list[threading.Thread],
+) -> None:
+    """One group's training (the whole run, or one generation of a kept worker): restore,
+    calibrate once per job, then steps until ``end``."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from kelastic.agent import progress
+
+    out: Path = a.out
     rank, world = dist.get_rank(), dist.get_world_size()
+    rows = next(iter(tensors.values())).shape[0]
 
     def emit(event: str, **fields: object) -> None:
         if rank == 0:
@@ -298,17 +356,6 @@ def worker(a: argparse.Namespace) -> None:
             }
             with open(out / "events.jsonl", "a") as f:
                 f.write(json.dumps(line) + "\n")
-
-    # four layers' weights and Adam's two moments, replicated on every rank (as with DDP)
-    per = a.state_mib * 2**20 // (3 * LAYERS)
-    rows = max(1, per // 4096)
-    tensors: dict[str, Any] = {}
-    for i in range(LAYERS):
-        tensors[f"model.layer{i}.weight"] = torch.zeros(rows, 1024)
-        tensors[f"optim.layer{i}.exp_avg"] = torch.zeros(rows, 1024)
-        tensors[f"optim.layer{i}.exp_avg_sq"] = torch.zeros(rows, 1024)
-    names = sorted(tensors)
-    state: dict[str, Any] = {"tensors": tensors, "step": torch.zeros((), dtype=torch.int64)}
 
     def update(s: int) -> None:
         """The state after step s is a pure function of s: row (s-1) of tensor i holds s*16+i."""
@@ -389,18 +436,10 @@ def worker(a: argparse.Namespace) -> None:
         if saver is not None:
             saver.wait()  # the calibration's last save is over before the state changes
     x = torch.ones(1)
-    crash = out / f"crash_{node}"
-
-    def crash_when_told() -> None:
-        while True:
-            if crash.exists():
-                crash.unlink(missing_ok=True)
-                os._exit(1)  # a failing rank: the others block in the all-reduce until it is gone
-            time.sleep(0.01)
-
-    threading.Thread(target=crash_when_told, daemon=True).start()
+    if not crashing:
+        crashing.append(threading.Thread(target=crash_when_told, daemon=True))
+        crashing[0].start()
     s = int(state["step"])
-    end = time.monotonic() + a.duration
     inflight: tuple[int, float] | None = None  # (d): the save in flight and its stall so far
     first_step = True
     while time.monotonic() < end:
@@ -433,7 +472,6 @@ def worker(a: argparse.Namespace) -> None:
             t1 = time.monotonic()
             save(s)
             emit("saved", step=s, seconds=time.monotonic() - t1)
-    dist.destroy_process_group()
 
 
 def spin(cpu_seconds: float) -> None:
@@ -531,6 +569,8 @@ class Config:
     #: ``kelastic-agent --stragglers`` (empty: the agent's default); a step of CPU work (``busy``)
     stragglers: str = ""
     busy: bool = False
+    #: the worker trains under ``kelastic.inprocess.run``: a re-form keeps the survivors' processes
+    in_process: bool = False
 
     @property
     def in_memory(self) -> bool:
@@ -544,7 +584,7 @@ CONFIGS = (
     Config("(c) kelastic + memory", Launcher.KELASTIC, "memory"),
     Config("(d) kelastic + overlapping", Launcher.KELASTIC, "overlap"),
     Config("(s) (c) + 1 standby", Launcher.KELASTIC, "memory", standbys=1),
-    Config("(e) (d) + 1 standby", Launcher.KELASTIC, "overlap", standbys=1),
+    Config("(e) (d) + 1 standby", Launcher.KELASTIC, "overlap", standbys=1, in_process=True),
     Config(
         "(t) a straggler: (e) with steps of CPU work, one node at 1/3 speed",
         Launcher.KELASTIC,
@@ -601,6 +641,7 @@ class Job:
             "--state-mib", str(a.state_mib), "--step-time", str(self.step_time),
             "--disk-dir", str(self.disk), "--mtbf", str(a.fault_every), "--calibrate", str(a.calibrate),
             "--duration", str(a.window * 4 + 600), *(["--busy"] if self.cfg.busy else []),
+            *(["--in-process"] if self.cfg.in_process and not a.restart_processes else []),
         ]  # fmt: skip
         restarts = str(4 * max(1, int(a.window / a.fault_every)) + 10)
         if self.cfg.launcher is Launcher.TORCHRUN:
@@ -1195,6 +1236,9 @@ def main() -> None:
     p.add_argument("--mtbf", type=float, default=120.0, help=argparse.SUPPRESS)
     p.add_argument("--duration", type=float, default=3600.0, help=argparse.SUPPRESS)
     p.add_argument("--busy", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--restart-processes", action="store_true",
+                   help="(e): train without kelastic.inprocess, every re-form restarting every worker process")  # fmt: skip
     p.add_argument("--state-mib", type=int, default=512, help="model + optimizer state, MiB (default 512)")
     p.add_argument("--nodes", type=int, default=3, help="nodes of one rank each (default 3)")
     p.add_argument("--step-time", type=float, action="append",

@@ -240,6 +240,13 @@ log = logging.getLogger(__name__)
 BACKEND = "kelastic"
 
 
+#: Seconds between re-reads of the fates while a verdict waits (``_wait_verdict``), events or
+#: not: a member's re-join pushes an event only when it is the first of its round, so the
+#: re-joins that complete the count may come without one (when the next round closed at
+#: ``max`` before they claimed their fates).
+VERDICT_POLL = 0.05
+
+
 class KelasticRendezvousHandler(RendezvousHandler):
     """Rendezvous handler of the ``kelastic`` backend (see the module docstring).
 
@@ -538,7 +545,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
         return fastpath.previous_loss_verdict(accounted, lost, before.size)
 
     def _wait_verdict(self, verdict: Callable[[], bool | None], timeout: float) -> bool:
-        """Re-evaluate ``verdict`` on every store event until it is not None; False after ``timeout`` s."""
+        """Re-evaluate ``verdict`` on every store event (and poll) until not None; False after ``timeout`` s."""
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
             _check_secret(self._link, self._s)
@@ -549,7 +556,7 @@ class KelasticRendezvousHandler(RendezvousHandler):
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._stop.is_set():
                 return False
-            self._events.wait_event(generation, remaining)
+            self._events.wait_event(generation, min(remaining, VERDICT_POLL))
 
     def _member_lost_now(self) -> bool | None:
         """True: a member was lost; False: a peer re-joined without a loss, or not a member; None: neither yet."""

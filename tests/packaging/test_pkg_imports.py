@@ -121,8 +121,12 @@ def _read_imports(rel: Path, source: str) -> Iterator[tuple[int, str]]:
 
 
 # Installed names whose source lives inside another part's folder (pyproject.toml package-dir):
-# kelastic.checkpoint and kelastic.data are the agent's (agent/public/).
-ALIASES = {"kelastic.checkpoint": "kelastic.agent", "kelastic.data": "kelastic.agent"}
+# kelastic.checkpoint, kelastic.data and kelastic.inprocess are the agent's (agent/public/).
+ALIASES = {
+    "kelastic.checkpoint": "kelastic.agent",
+    "kelastic.data": "kelastic.agent",
+    "kelastic.inprocess": "kelastic.agent",
+}
 
 
 def part_of(module: str) -> str | None:
@@ -299,6 +303,7 @@ def import_graph(sources: Iterable[tuple[Path, str]]) -> dict[str, dict[str, str
     aliases = {
         "kelastic.checkpoint": "kelastic.agent.public.checkpoint",
         "kelastic.data": "kelastic.agent.public.data",
+        "kelastic.inprocess": "kelastic.agent.public.inprocess",
     }
 
     def resolve(target: str) -> str | None:

@@ -1,0 +1,239 @@
+"""Training that outlives a re-form in the same process (public name ``kelastic.inprocess``).
+
+Inside a worker that ``kelastic-agent`` started::
+
+    import kelastic.inprocess
+    from kelastic.checkpoint import MemoryReader, OverlappingSaver
+
+    model, optimizer = build()                    # once per process: imports, allocation
+
+    def train() -> None:                          # once per group the process is a member of
+        state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
+        reader = MemoryReader()
+        if reader.exists():
+            dcp.load(state, storage_reader=reader)
+        with OverlappingSaver() as saver:
+            for step in range(start, total):
+                ...
+
+    kelastic.inprocess.run(train)
+
+When a peer is lost or a standby takes its place, the workers of the surviving nodes are not
+stopped: :func:`run` leaves the process group, waits for its agent to hand it its rank in
+the next group, joins it and calls ``train`` again. The process, its imports, its CUDA
+context and the tensors it allocated stay; only the process group is new. What a caller may
+rely on:
+
+* **When ``fn`` is called.** After ``torch.distributed.init_process_group`` of each group
+  (``backend``, ``timeout``; the variables ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and the
+  rest are the new group's when it is called). ``fn`` restores its state at its start, every
+  time: it may have been interrupted anywhere, and the group's newest checkpoint is what the
+  members agree on. Its return value is :func:`run`'s.
+* **How a call ends early.** A peer's loss usually breaks a collective (the exception
+  propagates out of ``fn``); when the agent asks for a re-form while ``fn`` computes, a
+  :class:`Reform` exception is raised in the main thread (from a ``SIGUSR2`` handler, only when
+  the script has none of its own; else at the next :func:`check` or failed collective).
+  Objects ``fn`` made over the old group (an ``OverlappingSaver``, a DDP wrapper, new groups)
+  are left with it: make them inside ``fn``.
+* **Any other exception out of ``fn``** parks the worker too, and its agent takes it as the
+  rank's failure, as it takes a worker's exit: it spends one of ``--max-restarts`` (given back
+  when a lost peer caused it), re-forms the group and hands the parked worker its rank in the
+  next one, where ``fn`` is called again in the same process. When the agent gives up (no
+  restart left) the exception is re-raised and the process ends with it, its traceback in the
+  rank's error file as without this wrapper. Exceptions of the types in ``restart_process_on``
+  are re-raised at once: the process ends and the agent starts a new one (for an error that
+  leaves the process unusable). A worker that exits, crashes or is killed is started again,
+  as without this wrapper.
+* **Elsewhere.** Under ``torchrun`` or plain ``python`` (no agent to hand anything over),
+  :func:`run` initializes the process group if needed, calls ``fn`` once and returns.
+
+The module imports only the standard library and torch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+from typing import TypeVar
+
+import torch.distributed as dist
+
+from kelastic.agent import progress
+from kelastic.agent.handoff import (
+    ENV_HANDOFF_DIR,
+    Action,
+    Report,
+    Request,
+    Stage,
+    read_request,
+    request_path,
+    write_report,
+)
+
+__all__ = ["Reform", "check", "generation", "run"]
+
+T = TypeVar("T")
+
+#: The signal the agent sends to interrupt training for a re-form (when the script leaves it free).
+REFORM_SIGNAL = signal.SIGUSR2
+#: Seconds between looks at the request while parked.
+POLL = 0.002
+
+
+class Reform(Exception):
+    """The agent re-forms the group: the current call of ``fn`` ends, the process stays."""
+
+
+@dataclass
+class _Session:
+    folder: Path
+    gen: int
+    agent: int
+    signal: int
+    in_fn: bool = False
+    #: the request file's identity when last read (inode, mtime): re-read only when it changed
+    seen: tuple[int, int] | None = None
+    request: Request | None = None
+
+    def report(self, stage: Stage, reason: str = "") -> None:
+        write_report(self.folder, Report(self.gen, os.getpid(), stage, self.signal, reason))
+
+    def current(self) -> Request | None:
+        try:
+            st = os.stat(request_path(self.folder))
+        except FileNotFoundError:
+            return None
+        ident = (st.st_ino, st.st_mtime_ns)
+        if ident != self.seen:
+            self.seen, self.request = ident, read_request(self.folder)
+        return self.request
+
+    def reform_asked(self) -> bool:
+        request = self.current()
+        return request is not None and request.gen > self.gen and request.action is not Action.EXIT
+
+
+_session: _Session | None = None
+
+
+def generation() -> int:
+    """How many re-forms this process has been through (0 before the first, and outside
+    :func:`run`)."""
+    return _session.gen if _session is not None else 0
+
+
+def check() -> None:
+    """Raise :class:`Reform` when the agent asks this worker's group to re-form; cheap (a
+    ``stat``) otherwise. Call it between steps where the script blocks the re-form signal or
+    has a ``SIGUSR2`` handler of its own."""
+    if _session is not None and _session.in_fn and _session.reform_asked():
+        raise Reform(f"the agent re-forms the group (generation {_session.request.gen})")  # type: ignore[union-attr]
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    check()
+
+
+def _install_signal() -> int:
+    try:
+        if signal.getsignal(REFORM_SIGNAL) is not signal.SIG_DFL:
+            return 0  # the script's own: never taken over
+        signal.signal(REFORM_SIGNAL, _on_signal)
+    except ValueError:  # not the main thread
+        return 0
+    return int(REFORM_SIGNAL)
+
+
+def _join(backend: str | None, timeout: timedelta | None) -> None:
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=timeout)
+
+
+def _leave() -> None:
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # a group whose peer is gone may fail to say goodbye: it is left anyway
+            pass
+
+
+def _await(session: _Session) -> Request | None:
+    """The request that moves a parked worker on: GO for the next generation; None for EXIT
+    or for an agent that is gone. REFORM (the agent forms the next group) waits on."""
+    while True:
+        request = session.current()
+        if request is not None and request.gen > session.gen:
+            if request.action is Action.GO:
+                return request
+            if request.action is Action.EXIT:
+                return None
+        if os.getppid() != session.agent:
+            return None
+        time.sleep(POLL)
+
+
+def run(
+    fn: Callable[[], T],
+    *,
+    backend: str | None = None,
+    timeout: timedelta | None = None,
+    restart_process_on: tuple[type[BaseException], ...] = (),
+) -> T:
+    """Call ``fn`` in every group this process is a member of, until it returns; see the
+    module docstring for the contract."""
+    global _session
+    folder = os.environ.get(ENV_HANDOFF_DIR)
+    if not folder:
+        _join(backend, timeout)
+        try:
+            return fn()
+        finally:
+            _leave()
+    session = _session = _Session(Path(folder), 0, os.getppid(), _install_signal())
+    try:
+        while True:
+            _join(backend, timeout)
+            session.report(Stage.RUNNING)
+            session.in_fn = True
+            try:
+                result = fn()
+            except Exception as exc:
+                session.in_fn = False
+                if isinstance(exc, restart_process_on):
+                    raise
+                _leave()
+                reason = ""
+                if not isinstance(exc, Reform):
+                    # The rank's failure, told where a crash would tell it (its stderr), before
+                    # the agent decides whether the group re-forms around it.
+                    traceback.print_exc()
+                    print(
+                        f"kelastic.inprocess: the training raised {type(exc).__name__}; this rank waits "
+                        "for its agent to re-form the group (or to end it)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    reason = f"{type(exc).__name__}: {exc}"[:500]
+                session.report(Stage.PARKED, reason)
+                request = _await(session)
+                if request is None:
+                    raise
+                os.environ.update(request.env)
+                session.gen = request.gen
+                progress.new_incarnation()
+                continue
+            session.in_fn = False
+            session.report(Stage.DONE)
+            return result
+    finally:
+        session.in_fn = False
+        _session = None
+        _leave()

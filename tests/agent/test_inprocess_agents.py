@@ -1,0 +1,123 @@
+"""End-to-end: workers under ``kelastic.inprocess.run`` keep their processes across re-forms.
+
+Real ``python -m kelastic.agent`` processes, a real ``kelastic-rendezvous`` store, real gloo
+(tests/agent/scripts/inprocess_worker.py). What is asserted is who ran where, read from the
+records each call of the training function writes: never a duration.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kelastic.agent.rendezvous.server import ServerProcess
+
+harness = runpy.run_path(str(Path(__file__).with_name("agent_harness.py")))
+WORKER = Path(__file__).parent / "scripts" / "inprocess_worker.py"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, store: ServerProcess) -> Iterator[Any]:
+    c = harness["Cluster"](tmp_path, store.endpoint, run_id="inprocess")
+    yield c
+    c.close()
+
+
+def _records(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("g*_*.json"))]
+
+
+def _events(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    return [json.loads(line)["name"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def _start(cluster: Any, name: str, nnodes: str, *extra: str) -> Any:
+    common = ["--nnodes", nnodes, "--nproc-per-node", "1", "--max-restarts", "3", "--warm-start"]
+    env = {"KELASTIC_EVENTS_FILE": str(cluster.tmp / f"{name}.events.jsonl")}
+    return cluster.start(name, [*common, *extra], [], env=env, script=WORKER)
+
+
+def test_survivors_keep_their_processes_when_a_node_is_killed(cluster: Any) -> None:
+    out = cluster.out
+    a, b, c = (_start(cluster, n, "2:3") for n in "abc")
+    cluster.wait_for("the first group", lambda: len([r for r in _records(out) if r["world"] == 3]) == 3, 120)
+    first = {r["node"]: r["pid"] for r in _records(out) if r["gen"] == 0}
+
+    c.kill_group(signal.SIGKILL)
+    cluster.wait_for(
+        "the group of the two survivors",
+        lambda: {r["node"] for r in _records(out) if r["world"] == 2} == {"a", "b"},
+        60,
+    )
+    second = [r for r in _records(out) if r["world"] == 2]
+    # The same processes, in their second group, with the state they built in the first.
+    assert {r["node"]: r["pid"] for r in second} == {"a": first["a"], "b": first["b"]}
+    assert all(r["gen"] == 1 and r["env_world"] == 2 for r in second), second
+    assert all(r["steps_before"] > 0 for r in second), second
+    assert sorted(r["rank"] for r in second) == [0, 1]
+    for name in "ab":
+        names = _events(cluster.tmp / f"{name}.events.jsonl")
+        assert "kelastic.agent.workers_kept" in names, names
+
+    (out / "stop").touch()
+    assert cluster.wait_all(60, [a, b]) == [0, 0]
+    assert {p.name.split("_")[1] for p in out.glob("done_*")} == {"a", "b"}
+
+
+def test_a_rank_that_raises_is_retried_in_its_process_and_one_that_exits_is_started_again(
+    cluster: Any,
+) -> None:
+    out = cluster.out
+    a, b = (_start(cluster, n, "2:2") for n in "ab")
+    cluster.wait_for("the first group", lambda: len(_records(out)) == 2, 120)
+    first = {r["node"]: r["pid"] for r in _records(out)}
+
+    # b's training raises: the exception is b's failure (a restart spent), and both processes
+    # live on into the next group
+    (out / "crash_b").write_text("raise")
+    cluster.wait_for("the second group", lambda: len(_records(out)) == 4, 60)
+    second = {r["node"]: r for r in _records(out) if r["gen"] == 1}
+    assert {n: r["pid"] for n, r in second.items()} == first, second
+    assert "b fails on its own" in b.output()
+
+    # b's process exits: b starts a new one, a keeps its own
+    (out / "crash_b").write_text("exit")
+    cluster.wait_for("the third group", lambda: len(_records(out)) == 6, 60)
+    later = [r for r in _records(out) if r["gen"] == 2 or (r["gen"] == 0 and r["pid"] != first[r["node"]])]
+    assert {r["node"]: (r["gen"], r["pid"] == first[r["node"]]) for r in later} == {
+        "a": (2, True),
+        "b": (0, False),
+    }, later
+
+    (out / "stop").touch()
+    assert cluster.wait_all(60, [a, b]) == [0, 0]
+
+
+def test_the_last_restart_spent_ends_the_worker_with_its_exception(cluster: Any) -> None:
+    out = cluster.out
+    a, b = (
+        cluster.start(
+            n,
+            ["--nnodes", "2:2", "--nproc-per-node", "1", "--max-restarts", "0", "--warm-start"],
+            [],
+            script=WORKER,
+        )
+        for n in "ab"
+    )
+    cluster.wait_for("the first group", lambda: len(_records(out)) == 2, 120)
+    (out / "crash_b").write_text("raise")
+    codes = cluster.wait_all(60, [a, b])
+    assert codes[1] != 0, b.output()
+    # the failure names the exception the training raised, from the rank's own traceback
+    assert "b fails on its own" in b.output()
+    assert len(_records(out)) == 2  # nothing was retried
