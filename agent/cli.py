@@ -48,7 +48,7 @@ from kelastic.agent.launch_config import LaunchConfig, resolve_job_secret
 from kelastic.agent.multiprocessing import Std
 from kelastic.agent.process_exit import exit_process
 from kelastic.agent.straggler import parse_rule
-from kelastic.agent.warmimports import script_imports
+from kelastic.agent.warmimports import module_source, script_imports, script_uses
 
 __all__ = [
     "LaunchConfig",
@@ -464,7 +464,21 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         args=tuple(cmd_args),
         entrypoint_name=os.path.basename(script),
         warm_imports=tuple(warm_imports),
+        # A standby's workers run the script up to kelastic.inprocess.run while it waits.
+        start_early=bool(args.standby) and _uses_inprocess(script, bool(args.module)),
     )
+
+
+def _uses_inprocess(script: str, module: bool) -> bool:
+    """Whether the training script (a path, or with ``module`` a module name) imports
+    ``kelastic.inprocess``: its workers can wait parked for their first group."""
+    path = script
+    if module:
+        try:
+            path = module_source(script, os.getcwd()) or ""
+        except (ImportError, ValueError, OSError):
+            return False
+    return bool(path) and script_uses(path, "kelastic.inprocess")
 
 
 def _check_flags(args: argparse.Namespace) -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 __all__ = [
     "ENV_HANDOFF_DIR",
+    "ENV_HANDOFF_PARKED",
     "ENV_KEEP_WORKERS",
     "Action",
     "Report",
@@ -51,6 +52,9 @@ __all__ = [
 
 #: Set by the agent for each worker: the directory of the hand-off files.
 ENV_HANDOFF_DIR = "KELASTIC_HANDOFF_DIR"
+#: Set by the agent for the workers it starts before they have a group (a standby's): they
+#: park at once, before their first group, and wait to be handed one.
+ENV_HANDOFF_PARKED = "KELASTIC_HANDOFF_PARKED"
 #: Environment variable of the agent: ``0`` stops and restarts every worker at a re-form,
 #: also those that could be kept.
 ENV_KEEP_WORKERS = "KELASTIC_KEEP_WORKERS"

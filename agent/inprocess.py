@@ -44,6 +44,14 @@ rely on:
   are re-raised at once: the process ends and the agent starts a new one (for an error that
   leaves the process unusable). A worker that exits, crashes or is killed is started again,
   as without this wrapper.
+* **A standby's workers start early.** A hot standby (``kelastic-agent --standby``) whose
+  script imports ``kelastic.inprocess`` starts its workers while it waits for a place, with
+  ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` but no ``RANK``, ``WORLD_SIZE`` or ``MASTER_ADDR``:
+  the script runs up to :func:`run` (its imports, building the model) and parks there, so
+  that taking a place costs only the process group and the restore. What the script does
+  before :func:`run` must not need the group; a worker that exits meanwhile is started
+  again, the usual way, when the standby gets its place. When the agent stops before that,
+  :func:`run` returns None without calling ``fn``.
 * **Elsewhere.** Under ``torchrun`` or plain ``python`` (no agent to hand anything over),
   :func:`run` initializes the process group if needed, calls ``fn`` once and returns.
 
@@ -69,6 +77,7 @@ import torch.distributed as dist
 from kelastic.agent import progress
 from kelastic.agent.handoff import (
     ENV_HANDOFF_DIR,
+    ENV_HANDOFF_PARKED,
     Action,
     Report,
     Request,
@@ -199,6 +208,14 @@ def run(
             _leave()
     session = _session = _Session(Path(folder), 0, os.getppid(), _install_signal())
     try:
+        if os.environ.get(ENV_HANDOFF_PARKED) == "1":  # a standby's worker: no group yet
+            session.report(Stage.PARKED)
+            request = _await(session)
+            if request is None:
+                return None  # type: ignore[return-value]  # the agent ended it before any group
+            os.environ.update(request.env)
+            os.environ.pop(ENV_HANDOFF_PARKED, None)
+            session.gen = request.gen
         while True:
             _join(backend, timeout)
             session.report(Stage.RUNNING)

@@ -146,10 +146,13 @@ class Keeper:
         self.enabled = enabled
         self.folders: dict[int, Path] = {}
         self.gen = 0
+        #: the workers were started before the node had a group (:meth:`started_early`)
+        self.early = False
 
     def started(self, attempt_dir: Path, local_ranks: int) -> dict[int, dict[str, str]]:
         """New worker processes are about to start for ``attempt_dir``: their (empty) hand-off
         directories beside it, and the variable each worker gets naming its own."""
+        self.early = False
         if not self.enabled:
             self.folders = {}
             return {lr: {} for lr in range(local_ranks)}
@@ -160,6 +163,28 @@ class Keeper:
         for folder in self.folders.values():
             folder.mkdir(parents=True, exist_ok=True)
         return {lr: {handoff.ENV_HANDOFF_DIR: str(folder)} for lr, folder in self.folders.items()}
+
+    def started_early(self, attempt_dir: Path, local_ranks: int) -> dict[int, dict[str, str]]:
+        """As :meth:`started`, for workers started before the node has a group (a standby's):
+        they park before their first group and wait for :meth:`take_early`."""
+        envs = self.started(attempt_dir, local_ranks)
+        for env in envs.values():
+            env[handoff.ENV_HANDOFF_PARKED] = "1"
+        self.early = self.enabled
+        return envs
+
+    def take_early(self, pids: Mapping[int, int], envs: Mapping[int, Mapping[str, str]]) -> bool:
+        """Hand the workers started early their first group (``envs``), when every one of them
+        is alive and parked waiting for it; False (and they are no longer counted on) otherwise."""
+        early, self.early = self.early, False
+        reports = {lr: read_report(folder) for lr, folder in self.folders.items()}
+        if not (early and all(alive(p) for p in pids.values()) and parked(reports, len(self.folders), 0)):
+            return False
+        if any(r is None or r.pid != pids.get(lr) for lr, r in reports.items()):
+            return False
+        self.gen = 1
+        hand_over(self.folders, self.gen, envs)
+        return True
 
     def begin(
         self, pids: Mapping[int, int], stop: Callable[[], None], done: Callable[[float, float], None]

@@ -381,4 +381,5 @@ def _local_agent(
         checkpoint_ring=checkpoints,
         stragglers=config.stragglers,
         warm_imports=config.warm_imports,
+        start_early=config.start_early,
     )

@@ -63,6 +63,9 @@ class LaunchConfig:
     #: The script's modules the warm start's fork server imports after torch
     #: (``--warm-imports script``: :func:`kelastic.agent.warmimports.script_imports`).
     warm_imports: tuple[str, ...] = ()
+    #: A standby starts its workers while it waits for a place (its script imports
+    #: ``kelastic.inprocess``: :func:`kelastic.agent.warmimports.script_uses`).
+    start_early: bool = False
 
 
 def resolve_job_secret(config: LaunchConfig) -> secret.JobSecret | None:

@@ -45,14 +45,13 @@ import os
 import re
 import signal
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from string import Template
 from typing import Any
 
-from kelastic.agent import contract, handoff, hang, warm
+from kelastic.agent import contract, handoff, hang, run_results, warm
 from kelastic.agent.api import (
     CheckpointCommits,
     CheckpointRing,
@@ -71,7 +70,6 @@ from kelastic.agent.metrics import Metrics
 from kelastic.agent.multiprocessing import (
     LogsSpecs,
     PContext,
-    ProcessFailure,
     Std,
     start_processes,
     to_std_map,
@@ -133,21 +131,31 @@ def worker_env(
     worker = group.workers[local_rank]
     env = {
         "RANK": str(worker.global_rank),
-        "LOCAL_RANK": str(local_rank),
         "GROUP_RANK": str(group.group_rank),
         "ROLE_RANK": str(worker.role_rank),
-        "ROLE_NAME": spec.role,
-        "LOCAL_WORLD_SIZE": str(spec.local_world_size),
         "WORLD_SIZE": str(worker.world_size),
         "GROUP_WORLD_SIZE": str(group.group_world_size),
         "ROLE_WORLD_SIZE": str(worker.role_world_size),
         "MASTER_ADDR": str(group.master_addr),
         "MASTER_PORT": str(group.master_port),
         "TORCHELASTIC_RESTART_COUNT": str(restart_count),
-        "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
-        "TORCHELASTIC_RUN_ID": run_id,
         "TORCHELASTIC_USE_AGENT_STORE": str(use_agent_store),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": base_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
+    return env | local_env(spec, local_rank, run_id=run_id, progress_file=progress_file, base_env=base_env)
+
+
+def local_env(
+    spec: WorkerSpec, local_rank: int, *, run_id: str, progress_file: str, base_env: Mapping[str, str]
+) -> dict[str, str]:
+    """The part of :func:`worker_env` that does not depend on the group (pure): all that a
+    worker started before its node has a group (a standby's) gets."""
+    env = {
+        "LOCAL_RANK": str(local_rank),
+        "ROLE_NAME": spec.role,
+        "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+        "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+        "TORCHELASTIC_RUN_ID": run_id,
         contract.ENV_PROGRESS_FILE: progress_file,
     }
     if spec.virtual_local_rank:
@@ -165,6 +173,19 @@ def worker_env(
     elif spec.local_world_size > 1:
         env["OMP_NUM_THREADS"] = "1"
     return env
+
+
+def log_line_prefixes(template: str | None, worker_group: WorkerGroup) -> dict[int, str] | None:
+    """Each local rank's console header from ``log_line_prefix_template`` (pure); None keeps
+    the default."""
+    if not template:
+        return None
+    return {
+        w.local_rank: Template(template).safe_substitute(
+            role_name=worker_group.spec.role, rank=w.global_rank, local_rank=w.local_rank
+        )
+        for w in worker_group.workers
+    }
 
 
 def _substitute_local_rank(args: tuple[Any, ...], local_rank: int) -> tuple[Any, ...]:
@@ -190,7 +211,9 @@ class LocalElasticAgent(SimpleElasticAgent):
     the group's next checkpoint (see :func:`kelastic.agent.restart_policy.defer_join`);
     ``checkpoint_ring`` (optional) is told each round's ring of checkpoint services;
     ``stragglers`` (optional, with the kelastic backend) is the straggler rule the node
-    applies (:mod:`kelastic.agent.straggler_watch`). ``warm_imports`` names the script's
+    applies (:mod:`kelastic.agent.straggler_watch`). ``start_early``: a standby starts its
+    workers before it has a place, and they wait for it (:mod:`kelastic.agent.keep`; only for a
+    script under :func:`kelastic.inprocess.run`). ``warm_imports`` names the script's
     modules a ``forkserver`` start has the fork server import after torch.
     """
 
@@ -218,6 +241,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         checkpoint_ring: CheckpointRing | None = None,
         stragglers: StragglerRule | None = None,
         warm_imports: Sequence[str] = (),
+        start_early: bool = False,
     ) -> None:
         super().__init__(
             spec,
@@ -252,6 +276,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._progress_files: dict[int, str] = {}
         #: The running workers' hand-off (kelastic.agent.keep), unless KELASTIC_KEEP_WORKERS=0.
         self._keeper = Keeper(handoff.keep_enabled(os.environ))
+        self._start_early_workers = start_early
         self._display: ProgressDisplay | None = None
         self._show_progress = progress
         self._rdzv_endpoint = rdzv_endpoint
@@ -290,7 +315,7 @@ class LocalElasticAgent(SimpleElasticAgent):
     def run_log_dir(self) -> Path:
         return self._run_log_dir
 
-    def _attempt_dir(self) -> Path:
+    def _attempt_dir(self, ahead: int = 0) -> Path:
         if self._attempt_base is None:
             used = [
                 int(m.group(1))
@@ -298,7 +323,7 @@ class LocalElasticAgent(SimpleElasticAgent):
                 if (m := re.fullmatch(r"attempt_(\d+)", p.name))
             ]
             self._attempt_base = max(used) + 1 if used else 0
-        return self._run_log_dir / f"attempt_{self._attempt_base + self.attempt}"
+        return self._run_log_dir / f"attempt_{self._attempt_base + self.attempt + ahead}"
 
     def _std_maps(self, nprocs: int) -> tuple[dict[int, Std], dict[int, Std]]:
         spec = self._worker_group.spec
@@ -315,6 +340,8 @@ class LocalElasticAgent(SimpleElasticAgent):
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         if self._start_method == "forkserver":
             self._await_warm(worker_group.spec.role)
+        if self._start_early_workers and self._pcontext is None and self._keeper.enabled and self.attempt < 0:
+            self._start_early(worker_group)
         super()._rendezvous(worker_group)
 
     def _await_warm(self, role: str) -> None:
@@ -358,7 +385,6 @@ class LocalElasticAgent(SimpleElasticAgent):
         if self._progress_files:  # a restart: where the ended attempt stopped, for the goodput
             self._goodput.restarted(self.rank_progress())
         self._progress_files = {lr: str(progress_file(attempt_dir, lr)) for lr in range(n)}
-        kept = isinstance(self._stopping, KeptWorkers) and self._stopping.kept and self._pcontext is not None
         envs = {
             lr: worker_env(
                 spec,
@@ -373,10 +399,42 @@ class LocalElasticAgent(SimpleElasticAgent):
             | self._extra_env
             for lr in range(n)
         }
-        if kept:
-            return self._hand_over(worker_group, envs)
+        if isinstance(self._stopping, KeptWorkers) and self._stopping.kept and self._pcontext is not None:
+            self._keeper.hand_over(self._stopping, envs)
+            return self._handed_over(worker_group)
+        if self._pcontext is not None and self._keeper.take_early(self._pcontext.pids(), envs):
+            return self._handed_over(worker_group)
+        if self._pcontext is not None:  # started early, and one of them did not wait for its group
+            _log.warning(
+                "[%s] the workers started early did not wait for a place; starting them again", spec.role
+            )
+            self._close_workers(signal.SIGTERM)
         for lr, extra in self._keeper.started(attempt_dir, n).items():
             envs[lr] |= extra
+        return self._launch(worker_group, envs, attempt_dir)
+
+    def _start_early(self, worker_group: WorkerGroup) -> None:
+        """A standby's workers, started while it waits for a place (see kelastic.inprocess)."""
+        spec = worker_group.spec
+        self._attempt_dir()  # numbers the attempts; this one is the first start's
+        attempt_dir = self._attempt_dir(ahead=1)
+        attempt_dir.parent.mkdir(parents=True, exist_ok=True)
+        run_id, base_env, n = spec.rdzv_handler.get_run_id(), dict(os.environ), spec.local_world_size
+        envs = {
+            lr: local_env(
+                spec, lr, run_id=run_id, progress_file=str(progress_file(attempt_dir, lr)), base_env=base_env
+            )
+            | self._extra_env
+            | extra
+            for lr, extra in self._keeper.started_early(attempt_dir, n).items()
+        }
+        self._launch(worker_group, envs, attempt_dir)
+        _log.info("[%s] standby: workers started early; they wait for a place", spec.role)
+
+    def _launch(
+        self, worker_group: WorkerGroup, envs: Mapping[int, dict[str, str]], attempt_dir: Path
+    ) -> dict[int, Any]:
+        spec, n = worker_group.spec, worker_group.spec.local_world_size
         args = {lr: _substitute_local_rank(spec.args, lr) for lr in range(n)}
         display = self._ensure_display()
         assert spec.entrypoint is not None  # WorkerSpec refuses a spec without one
@@ -392,10 +450,10 @@ class LocalElasticAgent(SimpleElasticAgent):
             name=spec.role,
             entrypoint=spec.entrypoint,
             args=args,
-            envs=envs,
+            envs=dict(envs),
             start_method=self._start_method,
-            progbar_events=self._progbar_events(display),
-            log_line_prefixes=self._log_line_prefixes(worker_group),
+            progbar_events=None if display is None else display.events,
+            log_line_prefixes=log_line_prefixes(self._log_line_prefix_template, worker_group),
             duplicate_stdout_filters=spec.duplicate_stdout_filters,
             duplicate_stderr_filters=spec.duplicate_stderr_filters,
             hold=True,  # released after the exit barrier: see _after_exit_barrier
@@ -420,11 +478,9 @@ class LocalElasticAgent(SimpleElasticAgent):
                 return kept
         return super()._begin_stop(worker_group)
 
-    def _hand_over(self, worker_group: WorkerGroup, envs: Mapping[int, Mapping[str, str]]) -> dict[int, Any]:
-        """The kept workers join the new group: each gets its new variables (its progress
-        file among them), as a started worker would; the processes are the same."""
-        assert isinstance(self._stopping, KeptWorkers) and self._pcontext is not None
-        self._keeper.hand_over(self._stopping, envs)
+    def _handed_over(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        """The running workers were handed the new group (kept, or started early)."""
+        assert self._pcontext is not None
         self._point_display(self._ensure_display())
         self._publish_progress()
         self._event("kelastic.agent.workers_kept", generation=self._keeper.gen)
@@ -434,18 +490,6 @@ class LocalElasticAgent(SimpleElasticAgent):
             self._keeper.gen,
         )
         return dict(self._pcontext.pids())
-
-    def _log_line_prefixes(self, worker_group: WorkerGroup) -> dict[int, str] | None:
-        """Console headers from ``log_line_prefix_template``; None keeps the default."""
-        if not self._log_line_prefix_template:
-            return None
-        template = Template(self._log_line_prefix_template)
-        return {
-            w.local_rank: template.safe_substitute(
-                role_name=worker_group.spec.role, rank=w.global_rank, local_rank=w.local_rank
-            )
-            for w in worker_group.workers
-        }
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         if self._pcontext is not None:
@@ -460,15 +504,11 @@ class LocalElasticAgent(SimpleElasticAgent):
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         if self._pcontext is None:
             return RunResult(state=WorkerState.UNKNOWN)
+        by_local = {w.local_rank: w.global_rank for w in worker_group.workers}
         result = self._pcontext.wait(0)
         parked = self._keeper.parked_failures(self._pcontext.pids()) if result is None else {}
         if parked:  # kept workers whose training raised: the ranks' failures, the processes live on
-            by_local = {w.local_rank: w.global_rank for w in worker_group.workers}
-            failures = {
-                by_local[lr]: ProcessFailure(local_rank=lr, pid=pid, exitcode=1, error_file="", message=why)
-                for lr, (pid, why) in parked.items()
-            }
-            return RunResult(state=WorkerState.FAILED, failures=failures)
+            return run_results.parked(parked, by_local)
         if result is None:
             # Callable workers that all returned are held alive until the exit barrier is
             # over (see _after_exit_barrier): for the group they have succeeded.
@@ -476,19 +516,11 @@ class LocalElasticAgent(SimpleElasticAgent):
             if result is None:
                 return self._judge_hang(worker_group) or RunResult(state=WorkerState.HEALTHY)
             self._held = True
-        by_local = {w.local_rank: w.global_rank for w in worker_group.workers}
-        if result.is_failed():
-            return RunResult(
-                state=WorkerState.FAILED,
-                failures={by_local[lr]: f for lr, f in result.failures.items()},
-            )
-        # The workers' last steps, published before the agent waits at the exit barrier and
-        # its pod ends: otherwise the job's status would keep the previous tick's progress.
-        self._publish_progress(final=True)
-        return RunResult(
-            state=WorkerState.SUCCEEDED,
-            return_values={by_local[lr]: v for lr, v in result.return_values.items()},
-        )
+        if not result.is_failed():
+            # The workers' last steps, published before the agent waits at the exit barrier
+            # and its pod ends: otherwise the job's status would keep the previous tick's.
+            self._publish_progress(final=True)
+        return run_results.ended(result, by_local)
 
     def _after_exit_barrier(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
         """Release the workers held since they returned, and wait until they exited.
@@ -518,11 +550,12 @@ class LocalElasticAgent(SimpleElasticAgent):
             )
         if not done.is_failed():
             return result
-        by_local = {w.local_rank: w.global_rank for w in worker_group.workers}
-        failures = {by_local[lr]: f for lr, f in done.failures.items()}
-        _log.error("[%s] workers failed while exiting after they returned: ranks %s", role, sorted(failures))
+        failed = run_results.ended(done, {w.local_rank: w.global_rank for w in worker_group.workers})
+        _log.error(
+            "[%s] workers failed while exiting after they returned: ranks %s", role, sorted(failed.failures)
+        )
         worker_group.state = WorkerState.FAILED
-        return RunResult(state=WorkerState.FAILED, failures=failures)
+        return failed
 
     def _judge_hang(self, worker_group: WorkerGroup) -> RunResult | None:
         """With a hang timeout: a FAILED result naming the stalled ranks when the workers hang
@@ -536,18 +569,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         message = verdict.describe(by_local, self._hang_timeout)
         _log.error("[%s] %s", worker_group.spec.role, message)
         self._last_hang = (tuple(by_local[lr] for lr in verdict.local_ranks), verdict.seconds, verdict.at)
-        pids = self._pcontext.pids()
-        failures = {
-            by_local[lr]: ProcessFailure(
-                local_rank=lr,
-                pid=int(pids.get(lr, 0) or 0),
-                exitcode=-int(signal.SIGTERM),  # what stopping it will do
-                error_file="",
-                error_file_data={"message": message, "timestamp": verdict.at},
-            )
-            for lr in verdict.local_ranks
-        }
-        return RunResult(state=WorkerState.FAILED, failures=failures)
+        return run_results.hung(verdict, by_local, self._pcontext.pids(), message)
 
     @property
     def last_hang(self) -> tuple[tuple[int, ...], float, float] | None:
@@ -613,10 +635,6 @@ class LocalElasticAgent(SimpleElasticAgent):
         if self._display is None:
             self._display = ProgressDisplay(name=self._worker_group.spec.role).start()
         return self._display
-
-    @staticmethod
-    def _progbar_events(display: ProgressDisplay | None) -> dict[str, threading.Event] | None:
-        return None if display is None else display.events
 
     def _point_display(self, display: ProgressDisplay | None) -> None:
         if display is not None:

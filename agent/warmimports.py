@@ -27,7 +27,15 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import cast
 
-__all__ = ["LIMIT", "MAX_SCRIPT_BYTES", "module_source", "script_imports", "top_level_imports"]
+__all__ = [
+    "LIMIT",
+    "MAX_SCRIPT_BYTES",
+    "imports_anywhere",
+    "module_source",
+    "script_imports",
+    "script_uses",
+    "top_level_imports",
+]
 
 #: At most this many modules are named (a script's first ones, in the order it imports them).
 LIMIT = 64
@@ -163,3 +171,35 @@ def _installed_elsewhere(top: str, home: str) -> bool:
 def _inside(path: str, folder: str) -> bool:
     path, folder = os.path.realpath(path), os.path.realpath(folder)
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def imports_anywhere(source: str | bytes, module: str) -> bool:
+    """Whether ``source`` imports ``module`` (or a name from it) anywhere, inside functions
+    too (pure; False when it does not parse)."""
+    parent, _, leaf = module.rpartition(".")
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(
+            a.name == module or a.name.startswith(module + ".") for a in node.names
+        ):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
+            if node.module == module or node.module.startswith(module + "."):
+                return True
+            if parent and node.module == parent and any(a.name == leaf for a in node.names):
+                return True
+    return False
+
+
+def script_uses(script: str, module: str, *, cwd: str | None = None) -> bool:
+    """Whether the training script at path ``script`` imports ``module`` anywhere
+    (:func:`imports_anywhere`); False when it cannot be read."""
+    try:
+        with open(os.path.join(os.path.abspath(cwd or os.getcwd()), script), "rb") as f:
+            source = f.read(MAX_SCRIPT_BYTES + 1)
+    except OSError:
+        return False
+    return len(source) <= MAX_SCRIPT_BYTES and imports_anywhere(source, module)

@@ -417,61 +417,63 @@ def train_in_group(
             return "disk"
         return None
 
-    t = time.monotonic()
-    copied: list[Any] = []  # per node: [name, bytes read from its memory, bytes fetched]
-    source = restore()
-    phase("restored")
-    if source is not None:
-        emit("restored", step=int(state["step"]), seconds=time.monotonic() - t, source=source,
-             check=consistent(), copied=copied)  # fmt: skip
+    # Leaving by an exception (the group broke) abandons the save in flight: see OverlappingSaver.
+    with saver if saver is not None else contextlib.nullcontext():
+        t = time.monotonic()
+        copied: list[Any] = []  # per node: [name, bytes read from its memory, bytes fetched]
+        source = restore()
+        phase("restored")
+        if source is not None:
+            emit("restored", step=int(state["step"]), seconds=time.monotonic() - t, source=source,
+                 check=consistent(), copied=copied)  # fmt: skip
 
-    calibration = out / "calibration.json"
-    if a.mode == "none":
-        every = 0
-    elif calibration.exists():
-        every = json.loads(calibration.read_text())["steps"]
-    else:
-        staged = None if saver is None else saver.wait_staged
-        every = calibrate(a, tensors, names, save, staged, rank, world, calibration)
-        if saver is not None:
-            saver.wait()  # the calibration's last save is over before the state changes
-    x = torch.ones(1)
-    if not crashing:
-        crashing.append(threading.Thread(target=crash_when_told, daemon=True))
-        crashing[0].start()
-    s = int(state["step"])
-    inflight: tuple[int, float] | None = None  # (d): the save in flight and its stall so far
-    first_step = True
-    while time.monotonic() < end:
-        t0 = time.monotonic()
-        # (t): what a rank waits on its peers is not its own work (how a straggler shows)
-        with progress.waiting() if a.busy else contextlib.nullcontext():
-            dist.all_reduce(x)
-        s += 1
-        if a.busy:  # forward and backward as CPU work: slower when the process is stopped at times
-            spin(a.step_time)
+        calibration = out / "calibration.json"
+        if a.mode == "none":
+            every = 0
+        elif calibration.exists():
+            every = json.loads(calibration.read_text())["steps"]
         else:
-            time.sleep(max(0.0, a.step_time - (time.monotonic() - t0)))  # forward and backward
-        if saver is not None and inflight is not None:
-            t1 = time.monotonic()
-            saver.wait_staged()  # the update changes the state next
-            inflight = (inflight[0], inflight[1] + time.monotonic() - t1)
-        update(s)
-        emit("step", step=s)
-        if first_step:
-            first_step = False
-            phase("step")
-        progress.update(s)  # what the agent's goodput record (and so the job's status) is made of
-        if every and s % every == 0 and saver is not None:
-            t1 = time.monotonic()
-            committed = saver.save(state, step=s)  # waits for the previous save first
-            if inflight is not None and committed == inflight[0]:
-                emit("saved", step=committed, seconds=inflight[1])
-            inflight = (s, time.monotonic() - t1)
-        elif every and s % every == 0:
-            t1 = time.monotonic()
-            save(s)
-            emit("saved", step=s, seconds=time.monotonic() - t1)
+            staged = None if saver is None else saver.wait_staged
+            every = calibrate(a, tensors, names, save, staged, rank, world, calibration)
+            if saver is not None:
+                saver.wait()  # the calibration's last save is over before the state changes
+        x = torch.ones(1)
+        if not crashing:
+            crashing.append(threading.Thread(target=crash_when_told, daemon=True))
+            crashing[0].start()
+        s = int(state["step"])
+        inflight: tuple[int, float] | None = None  # (d): the save in flight and its stall so far
+        first_step = True
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            # (t): what a rank waits on its peers is not its own work (how a straggler shows)
+            with progress.waiting() if a.busy else contextlib.nullcontext():
+                dist.all_reduce(x)
+            s += 1
+            if a.busy:  # forward and backward as CPU work: slower when the process is stopped at times
+                spin(a.step_time)
+            else:
+                time.sleep(max(0.0, a.step_time - (time.monotonic() - t0)))  # forward and backward
+            if saver is not None and inflight is not None:
+                t1 = time.monotonic()
+                saver.wait_staged()  # the update changes the state next
+                inflight = (inflight[0], inflight[1] + time.monotonic() - t1)
+            update(s)
+            emit("step", step=s)
+            if first_step:
+                first_step = False
+                phase("step")
+            progress.update(s)  # what the agent's goodput record (and so the job's status) is made of
+            if every and s % every == 0 and saver is not None:
+                t1 = time.monotonic()
+                committed = saver.save(state, step=s)  # waits for the previous save first
+                if inflight is not None and committed == inflight[0]:
+                    emit("saved", step=committed, seconds=inflight[1])
+                inflight = (s, time.monotonic() - t1)
+            elif every and s % every == 0:
+                t1 = time.monotonic()
+                save(s)
+                emit("saved", step=s, seconds=time.monotonic() - t1)
 
 
 def spin(cpu_seconds: float) -> None:

@@ -13,6 +13,10 @@ Inside a worker that ``kelastic-agent`` started::
         saver.save(state, step=step + 1)         # returns at once
     saver.close()                                # the last save is committed
 
+As a context manager, leaving the ``with`` block closes the saver, and leaving it by an
+exception (a lost peer's broken collective, :class:`kelastic.inprocess.Reform`) abandons it:
+the save in flight is not waited for.
+
 It is the same ``torch.distributed.checkpoint`` save into the same storage
 (:class:`~kelastic.agent.checkpoint.storage.MemoryWriter`), run on a thread of the saver's
 own over a process group of its own, so the training loop's collectives and the save's never
@@ -294,11 +298,24 @@ class OverlappingSaver:
             if self._pinned is not None:
                 self._pinned.close()
 
+    def abandon(self) -> None:
+        """Stop taking saves without waiting for the one in flight: for a group that broke
+        (its collectives may never finish). That save commits or not as it would have; the
+        background thread ends after it."""
+        if not self._closed:
+            self._closed, self._current = True, None
+            self._jobs.put(None)
+
     def __enter__(self) -> OverlappingSaver:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """Leaving the block closes the saver (waiting for the last save); leaving it by an
+        exception abandons it instead: the exception may be the group's loss."""
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()
 
     @staticmethod
     def _await(event: threading.Event, job: _Save, what: str) -> None:

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from kelastic.agent.warmimports import MAX_SCRIPT_BYTES, script_imports, top_level_imports
+from kelastic.agent.warmimports import (
+    MAX_SCRIPT_BYTES,
+    imports_anywhere,
+    script_imports,
+    script_uses,
+    top_level_imports,
+)
 
 SCRIPT = textwrap.dedent(
     """
@@ -144,3 +150,32 @@ def test_a_script_that_cannot_be_read_gives_nothing(tmp_path: Path) -> None:
     assert script_imports(str(latin)) == []
     latin.write_bytes(b"# -*- coding: latin-1 -*-\nimport json\nname = '\xe9'\n")
     assert script_imports(str(latin)) == ["json"]
+
+
+@pytest.mark.parametrize(
+    ("source", "uses"),
+    [
+        ("import kelastic.inprocess\n", True),
+        ("import kelastic.inprocess as kip\n", True),
+        ("from kelastic import inprocess\n", True),
+        ("from kelastic.inprocess import run\n", True),
+        ("def main():\n    from kelastic.inprocess import run\n", True),  # inside a function
+        ("import kelastic\n", False),  # the package alone does not name it
+        ("from kelastic import agent\n", False),
+        ("import kelastic.inprocessing\n", False),  # a longer name is another module
+        ("from .kelastic import inprocess\n", False),  # relative: the script's own package
+        ("s = 'import kelastic.inprocess'\n", False),  # in a string only
+        ("import kelastic.inprocess\ndef broken(:\n", False),  # does not parse
+    ],
+)
+def test_whether_a_script_imports_a_module_anywhere(source: str, uses: bool) -> None:
+    assert imports_anywhere(source, "kelastic.inprocess") is uses
+
+
+def test_script_uses_reads_the_file_relative_to_the_working_directory(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("def main():\n    import kelastic.inprocess\n")
+    assert script_uses("train.py", "kelastic.inprocess", cwd=str(tmp_path))
+    assert not script_uses("missing.py", "kelastic.inprocess", cwd=str(tmp_path))
+    huge = tmp_path / "huge.py"
+    huge.write_bytes(b"import kelastic.inprocess\n" + b"#" * MAX_SCRIPT_BYTES)
+    assert not script_uses(str(huge), "kelastic.inprocess")

@@ -172,6 +172,30 @@ def test_a_failed_save_raises_on_the_training_thread_and_the_previous_one_stands
         saver.save(small, step=6)
 
 
+def test_an_exception_out_of_the_block_does_not_wait_for_the_save_in_flight(agent: CheckpointService) -> None:
+    planner, saver = HeldPlanner(), OverlappingSaver()
+    left: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            with saver:
+                saver.save(model(1), step=1, planner=planner)
+                assert planner.reached.wait(10)
+                raise KeyError("the group broke")  # as a collective over a lost peer would
+        except KeyError as e:
+            left.append(e)
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    trainer.join(30)  # the save stays held until released below: waiting for it would not end
+    assert not trainer.is_alive() and left, "leaving the block by an exception waited for the held save"
+    with pytest.raises(RuntimeError, match="after close"):
+        saver.save(model(2), step=2)
+    planner.release.set()  # the abandoned save goes on by itself, and its thread ends
+    saver._thread.join(30)
+    assert not saver._thread.is_alive()
+
+
 def test_snapshot_copies_containers_and_values_and_keeps_tensors() -> None:
     t = torch.ones(3)
     value = {"t": t, "l": [t, {"x": [1, 2]}], "tup": (t, "s")}

@@ -67,6 +67,24 @@ def test_warm_imports_name_the_scripts_installed_imports(
         _config(["--warm-start", str(script)])
 
 
+def test_a_standby_starts_its_workers_early_only_for_a_script_under_kelastic_inprocess(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kept = tmp_path / "kept.py"
+    kept.write_text("import kelastic.inprocess\n")
+    plain = tmp_path / "plain.py"
+    plain.write_text("import torch\n")
+    standby = ["--rdzv-backend", "kelastic", "--rdzv-endpoint", "127.0.0.1:29400", "--standby"]
+    assert _config([*standby, str(kept)]).start_early
+    assert not _config([*standby, str(plain)]).start_early
+    assert not _config(["--rdzv-backend", "kelastic", "--rdzv-endpoint", "h:1", str(kept)]).start_early
+    (tmp_path / "mytrain.py").write_text("from kelastic.inprocess import run\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _config([*standby, "-m", "mytrain"]).start_early  # -m: the module's file
+    assert not _config([*standby, "-m", "no_such_module_kelastic"]).start_early
+
+
 def test_underscore_spellings_and_short_flags() -> None:
     c = _config(
         ["--nproc_per_node", "3", "--max_restarts", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", "h:1",

@@ -121,3 +121,27 @@ def test_the_last_restart_spent_ends_the_worker_with_its_exception(cluster: Any)
     # the failure names the exception the training raised, from the rank's own traceback
     assert "b fails on its own" in b.output()
     assert len(_records(out)) == 2  # nothing was retried
+
+
+def test_a_standbys_workers_wait_started_and_take_the_lost_members_place(cluster: Any) -> None:
+    out = cluster.out
+    a, b = (_start(cluster, n, "2:2") for n in "ab")
+    cluster.wait_for("the first group", lambda: len(_records(out)) == 2, 120)
+    standby = _start(cluster, "reserve", "2:2", "--standby")
+    # The standby's worker ran the script up to kelastic.inprocess.run, with no group.
+    cluster.wait_for("the standby's worker", lambda: list(out.glob("before_reserve_*")), 90)
+    (early,) = [int(p.name.rsplit("_", 1)[1]) for p in out.glob("before_reserve_*")]
+    assert not [r for r in _records(out) if r["node"] == "reserve"]
+
+    b.kill_group(signal.SIGKILL)
+    cluster.wait_for(
+        "the group of a and the standby",
+        lambda: {r["node"] for r in _records(out) if r["gen"] >= 1} == {"a", "reserve"},
+        60,
+    )
+    (taken,) = [r for r in _records(out) if r["node"] == "reserve"]
+    assert taken["pid"] == early and taken["gen"] == 1 and taken["world"] == 2, taken
+    assert "workers started early" in standby.output()
+
+    (out / "stop").touch()
+    assert cluster.wait_all(60, [a, standby]) == [0, 0]

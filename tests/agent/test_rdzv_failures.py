@@ -124,7 +124,10 @@ def test_lost_node_is_detected_and_survivors_reform(how: signal.Signals) -> None
         assert not any(h.membership_changed() for h in survivors)
         os.killpg(victim.pid, how)
         lost = time.monotonic()
-        assert all(h.wait_membership_change(6.0) for h in survivors), "the lost node went unnoticed"
+        # Noticed by the sweep after 5 s without heartbeats (at once when killed); the bound
+        # leaves a loaded machine its scheduling delays and stays well under last_call_timeout,
+        # the wait a node that goes unnoticed would end on. The time itself is printed.
+        assert all(h.wait_membership_change(15.0) for h in survivors), "the lost node went unnoticed"
         print(f"{how.name}: lost node noticed after {time.monotonic() - lost:.2f}s")
         infos = rendezvous_concurrently(survivors, timeout=20)
         assert {i.world_size for i in infos} == {2}

@@ -646,6 +646,21 @@ def test_virtual_local_rank_env() -> None:
     assert (env["LOCAL_RANK"], env["CUDA_VISIBLE_DEVICES"]) == ("0", "6")
 
 
+def test_the_local_env_is_the_group_independent_part_of_the_worker_env() -> None:
+    spec = k_agent_api.WorkerSpec(role="w", local_world_size=2, rdzv_handler=None, entrypoint="/bin/true")
+    group = k_agent_api.WorkerGroup(spec)
+    kwargs: dict[str, Any] = {"run_id": "r", "progress_file": "p", "base_env": {}}
+    local = k_local_agent.local_env(spec, 1, **kwargs)
+    full = k_local_agent.worker_env(spec, group, 1, restart_count=3, use_agent_store=False, **kwargs)
+    assert local.items() <= full.items()
+    assert local["LOCAL_RANK"] == "1" and local["LOCAL_WORLD_SIZE"] == "2"
+    # what a worker started before its group (a standby's) cannot know yet
+    assert (
+        not {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"} & local.keys()
+    )
+    assert full["TORCHELASTIC_RESTART_COUNT"] == "3"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -61,6 +61,7 @@ def main() -> None:
             steps_taken.add_(1)
             time.sleep(0.05)
 
+    (a.out / f"before_{node}_{os.getpid()}").touch()  # what ran before any group (a standby's, early)
     result = kelastic.inprocess.run(train, backend="gloo", timeout=timedelta(seconds=60))
     (a.out / f"done_{node}_{os.getpid()}").write_text(result)
 
