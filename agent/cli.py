@@ -464,8 +464,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         args=tuple(cmd_args),
         entrypoint_name=os.path.basename(script),
         warm_imports=tuple(warm_imports),
-        # A standby's workers run the script up to kelastic.inprocess.run while it waits.
-        start_early=bool(args.standby) and _uses_inprocess(script, bool(args.module)),
+        # The workers run the script up to kelastic.inprocess.run while the first rendezvous waits.
+        start_early=_uses_inprocess(script, bool(args.module)),
     )
 
 

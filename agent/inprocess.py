@@ -44,14 +44,15 @@ rely on:
   are re-raised at once: the process ends and the agent starts a new one (for an error that
   leaves the process unusable). A worker that exits, crashes or is killed is started again,
   as without this wrapper.
-* **A standby's workers start early.** A hot standby (``kelastic-agent --standby``) whose
-  script imports ``kelastic.inprocess`` starts its workers while it waits for a place, with
-  ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` but no ``RANK``, ``WORLD_SIZE`` or ``MASTER_ADDR``:
-  the script runs up to :func:`run` (its imports, building the model) and parks there, so
-  that taking a place costs only the process group and the restore. What the script does
-  before :func:`run` must not need the group; a worker that exits meanwhile is started
-  again, the usual way, when the standby gets its place. When the agent stops before that,
-  :func:`run` returns None without calling ``fn``.
+* **Workers start early.** An agent whose script imports ``kelastic.inprocess`` starts its
+  workers while its first rendezvous waits (a hot standby's, ``kelastic-agent --standby``,
+  or a replacement's, while it waits for a place), with ``LOCAL_RANK`` and
+  ``LOCAL_WORLD_SIZE`` but no ``RANK``, ``WORLD_SIZE`` or ``MASTER_ADDR``: the script runs up
+  to :func:`run` (its imports, building the model) and parks there, so that taking a place
+  costs only the process group and the restore. What the script does before :func:`run`
+  must not need the group; a worker that exits meanwhile (one that reads ``RANK`` at import,
+  say) is started again, the usual way, once the node has its group. When the agent stops
+  before that, :func:`run` returns None without calling ``fn``.
 * **Elsewhere.** Under ``torchrun`` or plain ``python`` (no agent to hand anything over),
   :func:`run` initializes the process group if needed, calls ``fn`` once and returns.
 
@@ -108,6 +109,8 @@ class _Session:
     agent: int
     signal: int
     in_fn: bool = False
+    #: the generation of the first group (1 for a worker started before its node had a group)
+    first: int = 0
     #: the request file's identity when last read (inode, mtime): re-read only when it changed
     seen: tuple[int, int] | None = None
     request: Request | None = None
@@ -134,9 +137,9 @@ _session: _Session | None = None
 
 
 def generation() -> int:
-    """How many re-forms this process has been through (0 before the first, and outside
+    """How many re-forms this process has been through (0 in its first group, and outside
     :func:`run`)."""
-    return _session.gen if _session is not None else 0
+    return _session.gen - _session.first if _session is not None else 0
 
 
 def check() -> None:
@@ -208,14 +211,16 @@ def run(
             _leave()
     session = _session = _Session(Path(folder), 0, os.getppid(), _install_signal())
     try:
-        if os.environ.get(ENV_HANDOFF_PARKED) == "1":  # a standby's worker: no group yet
+        if (
+            os.environ.get(ENV_HANDOFF_PARKED) == "1"
+        ):  # started early (see Keeper.started_early): no group yet
             session.report(Stage.PARKED)
             request = _await(session)
             if request is None:
                 return None  # type: ignore[return-value]  # the agent ended it before any group
             os.environ.update(request.env)
             os.environ.pop(ENV_HANDOFF_PARKED, None)
-            session.gen = request.gen
+            session.gen = session.first = request.gen
         while True:
             _join(backend, timeout)
             session.report(Stage.RUNNING)

@@ -211,9 +211,10 @@ class LocalElasticAgent(SimpleElasticAgent):
     the group's next checkpoint (see :func:`kelastic.agent.restart_policy.defer_join`);
     ``checkpoint_ring`` (optional) is told each round's ring of checkpoint services;
     ``stragglers`` (optional, with the kelastic backend) is the straggler rule the node
-    applies (:mod:`kelastic.agent.straggler_watch`). ``start_early``: a standby starts its
-    workers before it has a place, and they wait for it (:mod:`kelastic.agent.keep`; only for a
-    script under :func:`kelastic.inprocess.run`). ``warm_imports`` names the script's
+    applies (:mod:`kelastic.agent.straggler_watch`). ``start_early``: the node starts its
+    workers before its first rendezvous is over (a standby's, before it has a place), and they
+    wait for their group (:mod:`kelastic.agent.keep`; only for a script under
+    :func:`kelastic.inprocess.run`). ``warm_imports`` names the script's
     modules a ``forkserver`` start has the fork server import after torch.
     """
 
@@ -374,31 +375,10 @@ class LocalElasticAgent(SimpleElasticAgent):
         )
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        spec = worker_group.spec
-        attempt_dir = self._attempt_dir()
-        attempt_dir.parent.mkdir(parents=True, exist_ok=True)
-        handler = spec.rdzv_handler
-        run_id = handler.get_run_id()
-        use_agent_store = bool(handler.use_agent_store)
-        base_env = dict(os.environ)
-        n = spec.local_world_size
+        spec, n = worker_group.spec, worker_group.spec.local_world_size
         if self._progress_files:  # a restart: where the ended attempt stopped, for the goodput
             self._goodput.restarted(self.rank_progress())
-        self._progress_files = {lr: str(progress_file(attempt_dir, lr)) for lr in range(n)}
-        envs = {
-            lr: worker_env(
-                spec,
-                worker_group,
-                lr,
-                restart_count=self.restart_count,
-                run_id=run_id,
-                use_agent_store=use_agent_store,
-                progress_file=self._progress_files[lr],
-                base_env=base_env,
-            )
-            | self._extra_env
-            for lr in range(n)
-        }
+        envs = self._group_envs(worker_group, self._attempt_dir())
         if isinstance(self._stopping, KeptWorkers) and self._stopping.kept and self._pcontext is not None:
             self._keeper.hand_over(self._stopping, envs)
             return self._handed_over(worker_group)
@@ -406,15 +386,44 @@ class LocalElasticAgent(SimpleElasticAgent):
             return self._handed_over(worker_group)
         if self._pcontext is not None:  # started early, and one of them did not wait for its group
             _log.warning(
-                "[%s] the workers started early did not wait for a place; starting them again", spec.role
+                "[%s] a worker started early ended before it reached kelastic.inprocess.run (its "
+                "output says why; a script that needs its group before run() can set "
+                "KELASTIC_KEEP_WORKERS=0); starting the workers again",
+                spec.role,
             )
             self._close_workers(signal.SIGTERM)
+            self._attempt_base = (self._attempt_base or 0) + 1  # their attempt's logs stay as they are
+            envs = self._group_envs(worker_group, self._attempt_dir())
+        attempt_dir = self._attempt_dir()
         for lr, extra in self._keeper.started(attempt_dir, n).items():
             envs[lr] |= extra
         return self._launch(worker_group, envs, attempt_dir)
 
+    def _group_envs(self, worker_group: WorkerGroup, attempt_dir: Path) -> dict[int, dict[str, str]]:
+        """Each local rank's variables in ``worker_group``; its progress file in ``attempt_dir``."""
+        spec, handler = worker_group.spec, worker_group.spec.rdzv_handler
+        attempt_dir.parent.mkdir(parents=True, exist_ok=True)
+        self._progress_files = {
+            lr: str(progress_file(attempt_dir, lr)) for lr in range(spec.local_world_size)
+        }
+        base_env = dict(os.environ)
+        return {
+            lr: worker_env(
+                spec,
+                worker_group,
+                lr,
+                restart_count=self.restart_count,
+                run_id=handler.get_run_id(),
+                use_agent_store=bool(handler.use_agent_store),
+                progress_file=self._progress_files[lr],
+                base_env=base_env,
+            )
+            | self._extra_env
+            for lr in range(spec.local_world_size)
+        }
+
     def _start_early(self, worker_group: WorkerGroup) -> None:
-        """A standby's workers, started while it waits for a place (see kelastic.inprocess)."""
+        """The workers, started while the node's first rendezvous waits (see kelastic.inprocess)."""
         spec = worker_group.spec
         self._attempt_dir()  # numbers the attempts; this one is the first start's
         attempt_dir = self._attempt_dir(ahead=1)
@@ -429,7 +438,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             for lr, extra in self._keeper.started_early(attempt_dir, n).items()
         }
         self._launch(worker_group, envs, attempt_dir)
-        _log.info("[%s] standby: workers started early; they wait for a place", spec.role)
+        _log.info("[%s] workers started early; they wait for the node's group", spec.role)
 
     def _launch(
         self, worker_group: WorkerGroup, envs: Mapping[int, dict[str, str]], attempt_dir: Path

@@ -304,11 +304,16 @@ def worker(a: argparse.Namespace) -> None:
 
     crashing: list[threading.Thread] = []
 
+    # A standby's worker started early waits in kelastic.inprocess.run for its first group.
+    waited = os.environ.get("KELASTIC_HANDOFF_PARKED") == "1"
+
     def train() -> None:
-        if crashing:  # a kept worker in its next group: its main and its process group are now
+        incarnation = began
+        if crashing or waited:  # a kept worker, or one started early: its group begins now
+            incarnation = time.time()
             phase("began")
         phase("pg")
-        train_in_group(a, state, tensors, names, phase, began, node, end, crash_when_told, crashing)
+        train_in_group(a, state, tensors, names, phase, incarnation, node, end, crash_when_told, crashing)
 
     if a.in_process:
         import kelastic.inprocess
@@ -686,6 +691,9 @@ class Job:
             # the agent's events, for the per-fault breakdown (bench/goodput_phases.py)
             "KELASTIC_EVENTS_FILE": str(self.dir / "agent-events" / f"{name}.{self.incarnations}.jsonl"),
         }
+        if not (self.cfg.in_process and not self.a.restart_processes):
+            # the worker inits its group itself: workers started before their group would fail
+            env["KELASTIC_KEEP_WORKERS"] = "0"
         env.pop("OMP_NUM_THREADS", None)
         with (self.dir / f"{name}.log").open("ab") as f:
             proc = subprocess.Popen(

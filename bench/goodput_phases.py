@@ -14,8 +14,8 @@ seconds) and ``node``:
 
 :func:`breakdown` takes, for a fault at ``T``, each phase's first record per node after ``T``
 (and before the next fault) and reports the phase's instant as milliseconds after ``T``: the
-earliest node for what one node starts (noticed, re-form started, first step), the latest node for
-what the whole group waits on (workers stopped, joined, group decided, ranks, workers started, main,
+earliest node for what one node starts (noticed, re-form started, first step), the latest node
+of the group that stepped after the fault for what the whole group waits on (workers stopped, joined, group decided, ranks, workers started, main,
 process group, restore). The old workers stop while their node joins the next round
 (``kelastic.agent.reform``), so "stopped" may come after "joined".
 """
@@ -55,7 +55,9 @@ PHASES: tuple[Phase, ...] = (
 )
 
 
-def _instants(records: Iterable[Mapping[str, Any]], phase: Phase, after: float, before: float) -> list[float]:
+def _instants(
+    records: Iterable[Mapping[str, Any]], phase: Phase, after: float, before: float
+) -> dict[str, float]:
     """Each node's first instant of ``phase`` in (after, before)."""
     per_node: dict[str, float] = {}
     for rec in sorted(records, key=lambda r: float(r["t"])):
@@ -65,7 +67,7 @@ def _instants(records: Iterable[Mapping[str, Any]], phase: Phase, after: float, 
         if not isinstance(value, (int, float)) or not after < rec["t"] < before or value <= after:
             continue
         per_node.setdefault(str(rec.get("node", "?")), float(value))
-    return list(per_node.values())
+    return per_node
 
 
 def breakdown(
@@ -77,8 +79,12 @@ def breakdown(
     for i, at in enumerate(faults):
         until = faults[i + 1] if i + 1 < len(faults) else end
         row: dict[str, float | None] = {}
+        # The group the fault's re-form made: the nodes that stepped after it (a replacement
+        # that starts its workers to wait as a standby is not waited on).
+        group = set(_instants(records, PHASES[-1], at, until))
         for phase in PHASES:
-            seen = _instants(records, phase, at, until)
+            instants = _instants(records, phase, at, until)
+            seen = [t for node, t in instants.items() if phase.first or not group or node in group]
             if seen:
                 row[phase.label] = round(1000 * ((min(seen) if phase.first else max(seen)) - at))
             else:

@@ -67,7 +67,7 @@ def test_warm_imports_name_the_scripts_installed_imports(
         _config(["--warm-start", str(script)])
 
 
-def test_a_standby_starts_its_workers_early_only_for_a_script_under_kelastic_inprocess(
+def test_workers_start_early_only_for_a_script_under_kelastic_inprocess(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     kept = tmp_path / "kept.py"
@@ -77,7 +77,7 @@ def test_a_standby_starts_its_workers_early_only_for_a_script_under_kelastic_inp
     standby = ["--rdzv-backend", "kelastic", "--rdzv-endpoint", "127.0.0.1:29400", "--standby"]
     assert _config([*standby, str(kept)]).start_early
     assert not _config([*standby, str(plain)]).start_early
-    assert not _config(["--rdzv-backend", "kelastic", "--rdzv-endpoint", "h:1", str(kept)]).start_early
+    assert _config(["--rdzv-backend", "kelastic", "--rdzv-endpoint", "h:1", str(kept)]).start_early
     (tmp_path / "mytrain.py").write_text("from kelastic.inprocess import run\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -35,6 +35,11 @@ def _records(out: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(out.glob("g*_*.json"))]
 
 
+def _before(out: Path, node: str) -> list[int]:
+    """The pids of ``node``'s workers that reached kelastic.inprocess.run."""
+    return sorted(int(p.name.rsplit("_", 1)[1]) for p in out.glob(f"before_{node}_*"))
+
+
 def _events(path: Path) -> list[str]:
     if not path.exists():
         return []
@@ -42,9 +47,15 @@ def _events(path: Path) -> list[str]:
 
 
 def _start(cluster: Any, name: str, nnodes: str, *extra: str) -> Any:
-    common = ["--nnodes", nnodes, "--nproc-per-node", "1", "--max-restarts", "3", "--warm-start"]
+    return _start_with(cluster, name, [], "--nnodes", nnodes, *extra)
+
+
+def _start_with(cluster: Any, name: str, script_args: list[str], *extra: str) -> Any:
+    common = ["--nproc-per-node", "1", "--max-restarts", "3", "--warm-start"]
+    if "--nnodes" not in extra:
+        common += ["--nnodes", "2"]
     env = {"KELASTIC_EVENTS_FILE": str(cluster.tmp / f"{name}.events.jsonl")}
-    return cluster.start(name, [*common, *extra], [], env=env, script=WORKER)
+    return cluster.start(name, [*common, *extra], script_args, env=env, script=WORKER)
 
 
 def test_survivors_keep_their_processes_when_a_node_is_killed(cluster: Any) -> None:
@@ -52,6 +63,9 @@ def test_survivors_keep_their_processes_when_a_node_is_killed(cluster: Any) -> N
     a, b, c = (_start(cluster, n, "2:3") for n in "abc")
     cluster.wait_for("the first group", lambda: len([r for r in _records(out) if r["world"] == 3]) == 3, 120)
     first = {r["node"]: r["pid"] for r in _records(out) if r["gen"] == 0}
+    # Started while the first rendezvous waited: the process that ran the script before it had
+    # a group is the one that trained in it.
+    assert {n: _before(out, n) for n in "abc"} == {n: [first[n]] for n in "abc"}
 
     c.kill_group(signal.SIGKILL)
     cluster.wait_for(
@@ -130,18 +144,36 @@ def test_a_standbys_workers_wait_started_and_take_the_lost_members_place(cluster
     standby = _start(cluster, "reserve", "2:2", "--standby")
     # The standby's worker ran the script up to kelastic.inprocess.run, with no group.
     cluster.wait_for("the standby's worker", lambda: list(out.glob("before_reserve_*")), 90)
-    (early,) = [int(p.name.rsplit("_", 1)[1]) for p in out.glob("before_reserve_*")]
+    (early,) = _before(out, "reserve")
     assert not [r for r in _records(out) if r["node"] == "reserve"]
 
     b.kill_group(signal.SIGKILL)
     cluster.wait_for(
         "the group of a and the standby",
-        lambda: {r["node"] for r in _records(out) if r["gen"] >= 1} == {"a", "reserve"},
+        lambda: (
+            {r["node"] for r in _records(out) if r["gen"] >= 1 or r["node"] == "reserve"} == {"a", "reserve"}
+        ),
         60,
     )
     (taken,) = [r for r in _records(out) if r["node"] == "reserve"]
-    assert taken["pid"] == early and taken["gen"] == 1 and taken["world"] == 2, taken
+    # its first group (generation 0 for the process), in the process that waited for it
+    assert taken["pid"] == early and taken["gen"] == 0 and taken["world"] == 2, taken
     assert "workers started early" in standby.output()
 
     (out / "stop").touch()
     assert cluster.wait_all(60, [a, standby]) == [0, 0]
+
+
+def test_a_script_that_needs_its_rank_before_run_is_started_again_once_the_group_is_known(
+    cluster: Any,
+) -> None:
+    out = cluster.out
+    nodes = [_start_with(cluster, n, ["--rank-at-import"]) for n in "ab"]
+    cluster.wait_for("the first group", lambda: len(_records(out)) == 2, 120)
+    for node in nodes:
+        # the early worker's KeyError is in the output, then a warning that says what to do
+        assert "KeyError: 'RANK'" in node.output()
+        assert "KELASTIC_KEEP_WORKERS=0" in node.output()
+    assert {r["gen"] for r in _records(out)} == {0}
+    (out / "stop").touch()
+    assert cluster.wait_all(60, nodes) == [0, 0]

@@ -130,6 +130,9 @@ def test_the_breakdown_takes_the_first_node_to_notice_and_the_last_to_be_ready()
         {"e": "restored", "t": 101.3, "node": "standby0"},
         {"e": "step", "t": 102.0, "node": "node2"},
         {"e": "step", "t": 102.1, "node": "standby0"},
+        # the lost node's replacement: it starts its workers to wait as a standby, outside the group
+        {"e": "workers_started", "t": 104.7, "node": "node1"},
+        {"e": "began", "t": 104.8, "node": "node1"},
         # before the fault, and after the next one: neither counts for the first
         {"e": "pg", "t": 99.0, "node": "node0"},
         {"e": "pg", "t": 130.5, "node": "node0"},
@@ -144,7 +147,8 @@ def test_the_breakdown_takes_the_first_node_to_notice_and_the_last_to_be_ready()
         and first["ranks"] == 700
     )
     assert first["pg ready"] == 1100 and first["restored"] == 1300 and first["step"] == 2000
-    assert first["main"] is None  # not recorded: shown as '-'
+    assert first["main"] is None  # not recorded by the group's nodes: shown as '-'
+    assert first["started"] == 800  # the replacement's start, at 4700, is not the group's
     assert rows[1]["pg ready"] == 500 and rows[1]["noticed"] is None
     lines = phases.table(["crash", "node kill"], rows)
     assert len(lines) == 3 and "1 crash" in lines[1] and "-" in lines[2]

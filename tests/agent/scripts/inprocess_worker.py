@@ -6,7 +6,8 @@ Each call of ``train`` (one per group the process is a member of) writes
 handed), then steps: an all-reduce of ones (every rank sees the world size) and a short
 sleep, until a rank sees ``<out>/stop`` (all stop at that step); then it returns and the process exits 0.
 ``<out>/crash_<node>`` makes the rank fail on its own: it raises, or, when the file says
-``exit``, its process exits with code 3.
+``exit``, its process exits with code 3. ``--rank-at-import`` reads ``RANK`` before
+``run()`` (a worker started early has none: it fails there).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import kelastic.inprocess
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--rank-at-import", action="store_true", help="read RANK before run(), as some scripts do")
     a = p.parse_args()
     node = os.environ.get("KELASTIC_NODE_NAME", "?")
     steps_taken = torch.zeros((), dtype=torch.int64)  # outlives every group of this process
@@ -61,6 +63,8 @@ def main() -> None:
             steps_taken.add_(1)
             time.sleep(0.05)
 
+    if a.rank_at_import:
+        print(f"this script's rank, read before run(): {os.environ['RANK']}")
     (a.out / f"before_{node}_{os.getpid()}").touch()  # what ran before any group (a standby's, early)
     result = kelastic.inprocess.run(train, backend="gloo", timeout=timedelta(seconds=60))
     (a.out / f"done_{node}_{os.getpid()}").write_text(result)
