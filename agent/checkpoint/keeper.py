@@ -253,6 +253,13 @@ class CheckpointKeeper:
                 self._drop(cid)
 
     # --- a save ------------------------------------------------------------------------------
+    def new_group(self) -> None:
+        """The workers are in a new group: the saves the old one began are void (a kept worker's
+        may stay blocked on the broken group); their reservations go, a late ``open`` is refused."""
+        with self._cond:
+            self._pending.clear()
+            self._cond.notify_all()
+
     def _prune_pending(self, rank: int, pid: int) -> None:
         for r, (owner, _) in list(self._pending.items()):
             if (r == rank and owner != pid) or not self.local.holds(owner):
@@ -298,13 +305,7 @@ class CheckpointKeeper:
             need = memory_needed(kept, new_part, self.settings.replicas)
             if need > self.limit:
                 self._refused += 1
-                return self._newest, Refusal(
-                    f"node {self.settings.node} needs {format_bytes(need)} of checkpoint memory for it "
-                    f"({format_bytes(new_part)} of its ranks' parts, x{1 + self.settings.replicas} with "
-                    f"{self.settings.replicas} replica(s), plus {format_bytes(kept)} of the previous "
-                    f"checkpoint kept meanwhile) but its limit is {format_bytes(self.limit)} "
-                    f"({self.settings.limit_reason})"
-                )
+                return self._newest, _over_limit(self.settings, self.limit, need, new_part, kept)
             newest = self._newest_committed()
             reusable = self.pool_bytes() + sum(
                 c.nbytes() for c in self._ckpts.values() if c.id not in self._pinned and c is not newest
@@ -669,6 +670,16 @@ def _standby_copies(ckpts: Iterable[_Ckpt], pinned: Container[int], cid: int, na
         for c in ckpts
         if c.id < cid and not c.committed and not c.own and name in c.files and c.id not in pinned
     ]
+
+
+def _over_limit(settings: CheckpointSettings, limit: int, need: int, new_part: int, kept: int) -> Refusal:
+    """Why a save that needs ``need`` bytes of checkpoint memory does not fit (pure)."""
+    return Refusal(
+        f"node {settings.node} needs {format_bytes(need)} of checkpoint memory for it "
+        f"({format_bytes(new_part)} of its ranks' parts, x{1 + settings.replicas} with "
+        f"{settings.replicas} replica(s), plus {format_bytes(kept)} of the previous "
+        f"checkpoint kept meanwhile) but its limit is {format_bytes(limit)} ({settings.limit_reason})"
+    )
 
 
 def _tmpfs_short(root: Path, reusable: int, rank: int, nbytes: int) -> Refusal | None:

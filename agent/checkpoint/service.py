@@ -212,7 +212,8 @@ class CheckpointService:
     def set_ring(self, ring: Sequence[str]) -> None:
         """The group's nodes of the current rendezvous round, in group rank order: where
         this node's parts are replicated and which node writes the durable copy. The agent
-        calls it after every rendezvous; a commit never names it."""
+        calls it after every rendezvous, once the old workers are stopped or parked (the saves
+        they began are void then: :meth:`CheckpointKeeper.new_group`); a commit never names it."""
         checked: list[str] = []
         for endpoint in ring:
             parse_endpoint(endpoint)  # ValueError for anything that is not HOST:PORT
@@ -220,6 +221,7 @@ class CheckpointService:
                 checked.append(endpoint)
         self._ring = tuple(checked)
         _log.debug("checkpoint ring of this round: %s", checked)
+        self.keeper.new_group()  # the old workers are stopped or parked: their saves are void
         # The group restores next (a new group, or the same one after a worker failed).
         self._prefetch.start(self._ring)
 

@@ -289,6 +289,18 @@ def test_reservations_name_a_live_process_of_the_node(keeper: CheckpointKeeper) 
     assert refusal is None
 
 
+def test_a_new_group_voids_the_saves_the_previous_group_began(keeper: CheckpointKeeper) -> None:
+    """A worker kept across a re-form (the same live pid) whose old save stays blocked on the
+    broken group: its new group's save does not wait for the old one."""
+    _, refusal = keeper.begin(0, 1024, 5, os.getpid())
+    assert refusal is None
+    _, refusal = keeper.begin(0, 1024, 0.1, os.getpid())  # the same rank and process, in the same group
+    assert refusal is not None and "previous save is still being written" in refusal.reason
+    keeper.new_group()
+    _, refusal = keeper.begin(0, 1024, 0.1, os.getpid())  # the new group's first save
+    assert refusal is None
+
+
 def test_memory_is_counted_for_opens_incoming_replicas_and_metadata(keeper: CheckpointKeeper) -> None:
     save(keeper, 1, size=300 * 1024)
     incoming = keeper.replica_target(2, "__1.mem", 500 * 1024)  # announced, nothing sent yet
