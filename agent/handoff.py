@@ -19,12 +19,21 @@ private to the node: one per local rank), each replaced atomically by its one wr
 Generations count the groups a worker process has been a member of, from 0 for the group it
 was started into; the agent asks for generation ``g + 1`` when it re-forms. The decisions are
 pure functions (:func:`keepable`, :func:`parked`); the file I/O is at the bottom.
+
+**Only the agent's user writes there.** A request names the group a worker joins next (its
+``MASTER_ADDR``): whoever could write one could point the worker's training at a host of
+theirs. So the agent makes the folders itself, mode 0700 (:func:`make_private`), and keeps no
+worker when it cannot (the folder was there before, of another user, or open to others);
+the worker checks its folder again before it trusts it (:func:`unsafe`), and a file that is
+not its user's, that others may write or that is a symbolic link is read as no file at all.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -41,11 +50,14 @@ __all__ = [
     "failed_on_its_own",
     "keep_enabled",
     "keepable",
+    "make_private",
     "parked",
     "read_report",
     "read_request",
     "report_path",
     "request_path",
+    "unsafe",
+    "unsafe_mode",
     "write_report",
     "write_request",
 ]
@@ -157,11 +169,72 @@ def _write(path: Path, value: Mapping[str, object]) -> None:
     os.replace(tmp, path)
 
 
+def unsafe_mode(mode: int, uid: int, euid: int, *, directory: bool) -> str | None:
+    """Why a hand-off folder (``directory``) or file of ``mode`` owned by ``uid`` cannot be
+    trusted by a process of user ``euid``; None when it can (pure). Trusted: this user's,
+    not a symbolic link, of the right kind, writable by nobody else."""
+    if stat.S_ISLNK(mode):
+        return "is a symbolic link"
+    if directory and not stat.S_ISDIR(mode):
+        return "is not a directory"
+    if not directory and not stat.S_ISREG(mode):
+        return "is not a regular file"
+    if uid != euid:
+        return f"belongs to uid {uid}, not to this process's user ({euid})"
+    if mode & 0o022:
+        return f"is writable by other users (mode {stat.S_IMODE(mode):o})"
+    return None
+
+
+def unsafe(folder: str | os.PathLike[str]) -> str | None:
+    """Why the hand-off ``folder`` or the folder holding it cannot be trusted (see
+    :func:`unsafe_mode`); None when both can."""
+    for path in (Path(folder), Path(folder).parent):
+        try:
+            st = os.lstat(path)
+        except OSError as e:
+            return f"{path} cannot be read ({e.strerror})"
+        if (why := unsafe_mode(st.st_mode, st.st_uid, os.geteuid(), directory=True)) is not None:
+            return f"{path} {why}"
+    return None
+
+
+def make_private(folder: Path) -> str | None:
+    """Make ``folder`` and its parent (the attempt's hand-off folder) mode 0700, creating
+    them; why they cannot be trusted when that fails (another user's, a symbolic link)."""
+    for path in (folder.parent, folder):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as e:
+            return f"{path} cannot be opened as a folder ({e.strerror})"
+        try:
+            os.fchmod(fd, 0o700)  # the umask may have left it open (a container's umask 0)
+        except PermissionError:
+            pass  # another user's: unsafe() says so
+        finally:
+            os.close(fd)
+    return unsafe(folder)
+
+
 def _read(path: Path) -> dict[str, object] | None:
     try:
-        text = path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return None  # a symbolic link is nothing the agent or the worker wrote
+        raise
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if unsafe_mode(st.st_mode, st.st_uid, os.geteuid(), directory=False) is not None:
+            return None
+        text = f.read()
     try:
         value = json.loads(text)
     except ValueError:

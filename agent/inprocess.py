@@ -53,6 +53,9 @@ rely on:
   must not need the group; a worker that exits meanwhile (one that reads ``RANK`` at import,
   say) is started again, the usual way, once the node has its group. When the agent stops
   before that, :func:`run` returns None without calling ``fn``.
+* **Only the agent hands out groups.** The hand-off folder must be the agent's user's and
+  writable by no one else (the agent makes it so); otherwise ``run`` says so and trains
+  as it would elsewhere, once per process (a worker started early ends with that error).
 * **Elsewhere.** Under ``torchrun`` or plain ``python`` (no agent to hand anything over),
   :func:`run` initializes the process group if needed, calls ``fn`` once and returns.
 
@@ -85,6 +88,7 @@ from kelastic.agent.handoff import (
     Stage,
     read_request,
     request_path,
+    unsafe,
     write_report,
 )
 
@@ -203,6 +207,13 @@ def run(
     module docstring for the contract."""
     global _session
     folder = os.environ.get(ENV_HANDOFF_DIR)
+    if folder and (why := unsafe(folder)) is not None:
+        # A request names the group to join: one from a folder others can write is not the agent's.
+        message = f"kelastic.inprocess: the hand-off folder {why}; this worker takes no group from it"
+        if os.environ.get(ENV_HANDOFF_PARKED) == "1":
+            raise RuntimeError(f"{message}, and was started before its group: it ends")
+        print(f"{message} and is restarted at each re-form, not kept", file=sys.stderr, flush=True)
+        folder = None
     if not folder:
         _join(backend, timeout)
         try:

@@ -17,6 +17,7 @@ any re-form (``stop``), :attr:`KeptWorkers.kept` is False and new workers are st
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -26,6 +27,8 @@ from pathlib import Path
 
 from kelastic.agent import handoff
 from kelastic.agent.handoff import Action, Request, Stage, parked, read_report, write_request
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["KEEP_TIMEOUT", "RELEASE_WAIT", "Keeper", "KeptWorkers", "alive", "hand_over"]
 
@@ -161,13 +164,24 @@ class Keeper:
         self.folders = {lr: base / str(lr) for lr in range(local_ranks)}
         self.gen = 0
         for folder in self.folders.values():
-            folder.mkdir(parents=True, exist_ok=True)
+            if (why := handoff.make_private(folder)) is not None:
+                # A request names the group the worker joins: no one else may write one.
+                _log.error(
+                    "the workers' hand-off folder %s; these workers are restarted at each re-form, "
+                    "not kept (give the agent a --log-dir of its own)",
+                    why,
+                )
+                self.folders = {}
+                return {lr: {} for lr in range(local_ranks)}
         return {lr: {handoff.ENV_HANDOFF_DIR: str(folder)} for lr, folder in self.folders.items()}
 
     def started_early(self, attempt_dir: Path, local_ranks: int) -> dict[int, dict[str, str]]:
         """As :meth:`started`, for workers started before the node has a group (a standby's):
-        they park before their first group and wait for :meth:`take_early`."""
+        they park before their first group and wait for :meth:`take_early`. Empty (start
+        none) when their hand-off folders could not be made private."""
         envs = self.started(attempt_dir, local_ranks)
+        if not self.folders:  # no private hand-off folder: nothing to hand them their group by
+            return {}
         for env in envs.values():
             env[handoff.ENV_HANDOFF_PARKED] = "1"
         self.early = self.enabled

@@ -346,11 +346,10 @@ class LocalElasticAgent(SimpleElasticAgent):
         super()._rendezvous(worker_group)
 
     def _await_warm(self, role: str) -> None:
-        """Join the first round only once the fork server has imported its preload
-        (:func:`kelastic.agent.warm.wait_ready`): a node that joins a running group earlier
-        would stop the group's workers and keep them waiting for that import. Bounded by
-        :data:`WARM_WAIT` seconds (then the node joins anyway); recorded as the event
-        ``kelastic.agent.warm_ready`` with the seconds waited."""
+        """Join the first round only after the fork server's preload import (see
+        :func:`kelastic.agent.warm.wait_ready`): a node joining a running group earlier would
+        stop its workers and keep them waiting for it. At most :data:`WARM_WAIT` seconds;
+        recorded as the event ``kelastic.agent.warm_ready`` with the seconds waited."""
         began = time.monotonic()
         ready = warm.wait_ready(WARM_PROGRESS_EVERY)
         if ready is None:
@@ -437,8 +436,9 @@ class LocalElasticAgent(SimpleElasticAgent):
             | extra
             for lr, extra in self._keeper.started_early(attempt_dir, n).items()
         }
-        self._launch(worker_group, envs, attempt_dir)
-        _log.info("[%s] workers started early; they wait for the node's group", spec.role)
+        if envs:  # else the keeper said why: the workers start with their group
+            self._launch(worker_group, envs, attempt_dir)
+            _log.info("[%s] workers started early; they wait for the node's group", spec.role)
 
     def _launch(
         self, worker_group: WorkerGroup, envs: Mapping[int, dict[str, str]], attempt_dir: Path

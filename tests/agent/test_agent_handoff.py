@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -115,6 +116,97 @@ def test_workers_that_park_are_handed_the_next_group(tmp_path: Path) -> None:
     assert keeper.begin({0: proc.pid}, lambda: None, lambda s, e: None) is None  # gone: not kept
 
 
+def test_only_the_agents_user_may_write_a_hand_off_file() -> None:
+    me, other = 1000, 1001
+    assert handoff.unsafe_mode(stat.S_IFDIR | 0o700, me, me, directory=True) is None
+    assert handoff.unsafe_mode(stat.S_IFREG | 0o644, me, me, directory=False) is None
+    assert "uid 1001" in str(handoff.unsafe_mode(stat.S_IFDIR | 0o700, other, me, directory=True))
+    assert "mode 777" in str(handoff.unsafe_mode(stat.S_IFDIR | 0o777, me, me, directory=True))
+    assert "mode 664" in str(handoff.unsafe_mode(stat.S_IFREG | 0o664, me, me, directory=False))
+    assert "symbolic link" in str(handoff.unsafe_mode(stat.S_IFLNK | 0o777, me, me, directory=True))
+    assert "not a directory" in str(handoff.unsafe_mode(stat.S_IFREG | 0o700, me, me, directory=True))
+
+
+def test_a_request_someone_else_could_have_written_reads_as_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "handoff_attempt_0" / "0"
+    assert handoff.make_private(folder) is None
+    request = Request(1, Action.GO, {"MASTER_ADDR": "10.0.0.9"})
+    path = handoff.request_path(folder)
+    handoff.write_request(folder, request)
+    assert handoff.read_request(folder) == request
+    path.chmod(0o666)
+    assert handoff.read_request(folder) is None, "a world-writable request was taken"
+    path.chmod(0o644)
+    if os.geteuid() == 0:  # root can give the file away, as another user's would be
+        os.chown(path, 65534, 65534)
+        assert handoff.read_request(folder) is None, "another user's request was taken"
+    path.unlink()
+    forged = tmp_path / "forged.json"
+    forged.write_text('{"gen": 1, "action": "go", "env": {}}')
+    path.symlink_to(forged)
+    assert handoff.read_request(folder) is None, "a symbolic link was followed"
+
+
+def test_the_agent_keeps_no_worker_whose_hand_off_folder_it_cannot_make_private(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = os.umask(0)  # a container's umask: new folders open to everyone unless made private
+    try:
+        envs = Keeper().started(tmp_path / "attempt_0", 1)
+    finally:
+        os.umask(old)
+    folder = Path(envs[0][handoff.ENV_HANDOFF_DIR])
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(folder.parent.stat().st_mode) == 0o700
+    assert handoff.unsafe(folder) is None
+
+    planted = tmp_path / "handoff_attempt_1"  # made before the agent, by someone else
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)
+    if os.geteuid() == 0:
+        os.chown(planted, 65534, 65534)
+    keeper = Keeper()
+    with caplog.at_level("ERROR"):
+        assert keeper.started_early(tmp_path / "attempt_1", 2) == {}
+        assert keeper.started(tmp_path / "attempt_1", 2) == {0: {}, 1: {}}
+    assert not keeper.folders and not keeper.early
+    assert "handoff_attempt_1" in caplog.text and "not kept" in caplog.text
+
+
+def _one_rank_env(ports: int) -> dict[str, str]:
+    """This environment without the agent's variables, for a group of one (a port from ``ports``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KELASTIC_", "TORCHELASTIC_"))}
+    return env | {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(ports + os.getpid() % 1000),
+    }
+
+
+def test_a_worker_trains_without_being_kept_when_its_hand_off_folder_is_open_to_others(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import kelastic.inprocess\n"
+        "print('result', kelastic.inprocess.run(lambda: kelastic.inprocess.generation(), backend='gloo'))\n"
+    )
+    open_folder = tmp_path / "open" / "0"
+    open_folder.mkdir(parents=True)
+    open_folder.chmod(0o777)
+    env = _one_rank_env(30000) | {handoff.ENV_HANDOFF_DIR: str(open_folder)}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "result 0" in out.stdout
+    assert "writable by other users (mode 777)" in out.stderr and "not kept" in out.stderr, out.stderr
+    assert not handoff.report_path(open_folder).exists(), "it reported into a folder others can write"
+
+    env[handoff.ENV_HANDOFF_PARKED] = "1"  # started before its group: it has none to train in
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "started before its group" in out.stderr, out.stderr
+
+
 def test_outside_an_agent_run_calls_the_function_once_in_its_group(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(
@@ -131,13 +223,7 @@ def test_outside_an_agent_run_calls_the_function_once_in_its_group(tmp_path: Pat
             """
         )
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KELASTIC_", "TORCHELASTIC_"))}
-    env |= {
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(29000 + os.getpid() % 1000),
-    }
+    env = _one_rank_env(29000)
     began = time.monotonic()
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
