@@ -193,12 +193,14 @@ class ServiceClient:
         size: int,
         guard: Callable[[], bool] | None = None,
         sender: str | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> None:
         """Send a whole file as a replica (encrypted with the connection, like every byte).
 
         ``guard`` (see :meth:`wire.Channel.send_file`): when it says the file no longer held
         the checkpoint's bytes once they were read, the connection is closed before the
-        message is complete (the peer keeps nothing) and CheckpointError says so.
+        message is complete (the peer keeps nothing) and CheckpointError says so; so when
+        ``stop`` says the file is no longer wanted, asked before every piece.
         ``sender``: this node's endpoint as on the round's ring (the receiver takes replicas
         only from the nodes the ring assigns to it)."""
         channel = self._connect()
@@ -208,10 +210,12 @@ class ServiceClient:
         try:
             channel.send_header(header, size)
             with open(path, "rb") as f:
-                whole = channel.send_file(f, 0, size, guard)
+                whole = channel.send_file(f, 0, size, guard, stop)
             if not whole:
                 self.close()
-                raise CheckpointError(f"{name} of checkpoint {cid} was dropped while it was sent; not sent")
+                raise CheckpointError(
+                    f"{name} of checkpoint {cid} was dropped, or no longer wanted, while it was sent; not sent"
+                )
             reply = channel.recv_header()
             if reply is None:
                 raise wire.ProtocolError("the peer closed the connection")

@@ -22,7 +22,8 @@ Rules it enforces (the contract ``MemoryWriter`` relies on), whoever asks:
   alone drop checkpoints: no request names one to drop.
 * **A save waits for the previous replica.** ``begin`` returns only when no replication of
   this node's parts is in flight (so a lost node costs at most one checkpoint) and no
-  durable copy of an older checkpoint is still being written.
+  durable copy of an older checkpoint is still being written; with a timeout of 0 it
+  refuses at once instead (``Refusal.busy``): the caller skips that save.
 * **Bounded memory.** ``begin`` refuses a save that would not fit in ``settings.limit``
   (:func:`~kelastic.agent.checkpoint.plan.memory_needed`), naming the sizes; ``open``,
   incoming replicas (counted while they arrive) and metadata never take the files held past
@@ -101,9 +102,11 @@ class _Ckpt:
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why ``begin`` refused a save (the message names the sizes)."""
+    """Why ``begin`` refused a save (the message names the sizes). ``busy``: the save would
+    have had to wait (longer than its timeout) for this node's earlier work, not too large."""
 
     reason: str
+    busy: bool = False
 
 
 @dataclass
@@ -294,7 +297,7 @@ class CheckpointKeeper:
             while (busy := self._busy(rank)) is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return self._newest, Refusal(f"waited {timeout:g} s: {busy}")
+                    return self._newest, Refusal(f"waited {timeout:g} s: {busy}", busy=True)
                 self._cond.wait(min(left, 1.0))
                 self._prune_pending(rank, pid)
             new_part = sum(b for _, b in self._pending.values()) + nbytes

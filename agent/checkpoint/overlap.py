@@ -43,9 +43,18 @@ meet. What a caller may rely on:
   ``wait_staged`` then only makes the caller's current stream wait for that copy, without
   blocking the host, and the background thread writes the pinned copy into the agent's memory.
   The pinned buffers (the size of the rank's CUDA state) are kept for the next saves.
+* **As often as replicas keep up.** A save that finds a node still sending the previous
+  checkpoint's replica to its peer (or writing an older one's durable copy) is skipped, by
+  every rank together before anything is copied (:attr:`OverlappingSaver.skipped` counts
+  them): a checkpoint lost with its node would have cost as much as waiting, and waiting
+  would stop the step. So with saves every step and replicas slower than a step, the
+  checkpoints that count come every few steps, and the step never waits for the network.
+  ``skip_if_busy=False`` waits instead (up to ``timeout``), as :class:`MemoryWriter` does.
+  While saves have been skipped for :data:`PROGRESS_EVERY` seconds on end, the training
+  thread prints a line saying so, every :data:`PROGRESS_EVERY` seconds.
 * **What became of a save.** The next ``save``, ``wait`` or ``close`` returns the ``step`` of
-  the save before it once that one is committed (None if it was skipped as too large), or
-  raises what it failed with, on the training thread.
+  the save before it once that one is committed (None if it was skipped, as too large or as
+  busy), or raises what it failed with, on the training thread.
 * Outside a kelastic worker the constructor raises
   :class:`~kelastic.agent.checkpoint.errors.NotInKelasticWorker`.
 
@@ -96,7 +105,8 @@ class _CopySignallingWriter(MemoryWriter):
 
     @property
     def refused(self) -> bool:
-        """Whether a node refused this save (too large): then ``finish`` committed nothing."""
+        """Whether a node refused this save (too large, or busy: :attr:`skipped`): then
+        ``finish`` committed nothing."""
         return self._save is not None and self._save.refused is not None
 
 
@@ -114,8 +124,10 @@ class _Save:
     #: the pinned copy of the CUDA tensors is complete once this CUDA event is
     cuda_ready: Any = None
     error: BaseException | None = None
-    #: whether the save ended committed (not failed, nor skipped as too large)
+    #: whether the save ended committed (not failed, nor skipped as too large or busy)
     committed: bool = False
+    #: whether it was skipped because a node was still busy with the previous one (``skip_if_busy``)
+    skipped: bool = False
     began: float = field(default_factory=time.monotonic)
 
 
@@ -179,7 +191,8 @@ class OverlappingSaver:
 
     ``process_group``: the group the saves' collectives use (default: a new gloo group of
     every rank, made here, so every rank constructs its saver at the same point, after
-    ``init_process_group``). ``strict`` and ``timeout`` are :class:`MemoryWriter`'s.
+    ``init_process_group``). ``strict``, ``timeout`` and ``skip_if_busy`` are
+    :class:`MemoryWriter`'s, but here a save skips a busy node by default.
     """
 
     def __init__(
@@ -188,10 +201,16 @@ class OverlappingSaver:
         process_group: dist.ProcessGroup | None = None,
         strict: bool = False,
         timeout: float = 300.0,
+        skip_if_busy: bool = True,
     ) -> None:
         _agent()  # NotInKelasticWorker outside a kelastic worker, here rather than at the first save
         self.strict = strict
         self.timeout = timeout
+        self.skip_if_busy = skip_if_busy
+        #: saves skipped because a node was still busy with the previous one's replica
+        self.skipped = 0
+        self._skipping_since: float | None = None  # when the saves began to be skipped, on end
+        self._skip_told = 0.0
         self._no_dist = not (dist.is_available() and dist.is_initialized())
         self._group = process_group
         if self._group is None and not self._no_dist:
@@ -270,7 +289,27 @@ class OverlappingSaver:
         self._await(job.done, job, "committed")
         if job.error is not None:
             raise job.error
+        self._count(job)
         return job.step if job.committed else None
+
+    def _count(self, job: _Save) -> None:
+        """Count a skipped save; say so while saves have been skipped for a while on end."""
+        if not job.skipped:
+            self._skipping_since = None
+            return
+        self.skipped += 1
+        now = time.monotonic()
+        if self._skipping_since is None:
+            self._skipping_since = job.began
+        elif now - self._skipping_since >= PROGRESS_EVERY and now - self._skip_told >= PROGRESS_EVERY:
+            self._skip_told = now
+            print(
+                f"kelastic.checkpoint: no checkpoint for {now - self._skipping_since:.0f} s (step {job.step} "
+                "skipped too): a node is still sending the previous checkpoint's replica (or writing a "
+                "durable copy); the newest committed checkpoint stands",
+                file=sys.stderr,
+                flush=True,
+            )
 
     @property
     def staged(self) -> bool:
@@ -337,7 +376,11 @@ class OverlappingSaver:
             if job.cuda_ready is not None:
                 job.cuda_ready.synchronize()
             writer = _CopySignallingWriter(
-                job.copied, step=job.step, strict=self.strict, timeout=self.timeout
+                job.copied,
+                step=job.step,
+                strict=self.strict,
+                timeout=self.timeout,
+                skip_if_busy=self.skip_if_busy,
             )
             dcp.save(
                 job.state,
@@ -347,6 +390,7 @@ class OverlappingSaver:
                 no_dist=self._no_dist,
             )
             job.committed = not writer.refused
+            job.skipped = writer.skipped
         except BaseException as e:  # handed to the training thread, which raises it
             job.error = e
         finally:

@@ -14,7 +14,8 @@ and counted. Operations
 
 =============  ===========================================================================
 ``begin``      reserve memory for a rank's part of the next save (waits for the previous
-               replica); answers the newest checkpoint number seen, or why not
+               replica, up to its timeout; 0: refuses at once, ``busy``); answers the newest
+               checkpoint number seen, or why not
 ``open``       allocate the file a rank writes its part into (a path on this node's tmpfs)
 ``done``       the rank finished writing
 ``commit``     the checkpoint is complete: its metadata (sealed payload; a DCP metadata whose
@@ -140,6 +141,7 @@ class CheckpointService:
         self._on_restore = on_restore
         self._on_replicated = on_replicated
         self._ring: tuple[str, ...] = ()
+        self._round = 0  # counts set_ring(): the replicas and copies begun in an older round stop
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -220,6 +222,9 @@ class CheckpointService:
             if endpoint not in checked:
                 checked.append(endpoint)
         self._ring = tuple(checked)
+        self._round += 1  # the copies in flight for the old round stop: the CPU is the restore's
+        if self._feed is not None:
+            self._feed.new_round()
         _log.debug("checkpoint ring of this round: %s", checked)
         self.keeper.new_group()  # the old workers are stopped or parked: their saves are void
         # The group restores next (a new group, or the same one after a worker failed).
@@ -352,8 +357,13 @@ class CheckpointService:
             newest, refusal = k.begin(req.rank, req.nbytes, req.timeout, req.pid)
             reply: dict[str, Any] = {"ok": True, "newest": newest, "node": k.settings.node}
             if refusal is not None:
-                _log.error("checkpoint refused for rank %s: %s", req.rank, refusal.reason)
+                # A save that asked not to wait (timeout 0) and found this node busy is skipped
+                # by design, every step while a replica is slower than a step: not an error.
+                quiet = refusal.busy and req.timeout == 0
+                _log.log(logging.DEBUG if quiet else logging.ERROR, "checkpoint refused for rank %s: %s",
+                         req.rank, refusal.reason)  # fmt: skip
                 reply["refused"] = refusal.reason
+                reply["busy"] = refusal.busy
             channel.send(reply)
         elif isinstance(req, rq.Open):
             path = k.open(req.id, req.name, req.size, req.rank)
@@ -426,7 +436,8 @@ class CheckpointService:
         files = self.keeper.own_files(cid)
         if targets and files:
             self.keeper.outgoing(+1)
-            self._jobs.put(lambda: self._replicate(cid, files, targets, ring))
+            round_ = self._round
+            self._jobs.put(lambda: self._replicate(cid, files, targets, ring, round_))
         elif self._feed is not None and files:
             self._feed.offer(cid, files, ring)
         if ring[0] == self.endpoint and self.keeper.persist_due(cid):
@@ -453,21 +464,36 @@ class CheckpointService:
             except Exception:
                 _log.exception("checkpoint background work failed")
 
-    def _replicate(self, cid: int, files: list[tuple[str, int]], targets: list[str], ring: list[str]) -> None:
+    def _replicate(
+        self, cid: int, files: list[tuple[str, int]], targets: list[str], ring: list[str], round_: int
+    ) -> None:
         """Send this node's ``files`` of ``cid`` to its ring ``targets``; then, once the next
-        save may begin, hand them to the standbys' feed (the ring's replica goes first)."""
+        save may begin, hand them to the standbys' feed (the ring's replica goes first). A new
+        round (:meth:`set_ring`) stops it between two pieces: the group restores, and saves
+        again on the new ring."""
         began = time.monotonic()
         total = 0
+
+        def stop() -> bool:
+            return self._round != round_
+
         try:
             for target in targets:
+                if stop():
+                    break
                 client = self.client(target)
                 try:
                     for name, size in files:
-                        client.put_file(cid, name, self.keeper.path_of(cid, name), size, sender=self.endpoint)
+                        client.put_file(
+                            cid, name, self.keeper.path_of(cid, name), size, sender=self.endpoint, stop=stop
+                        )
                         total += size
                 except SecretMismatch:
                     self._judge_secret(ring)
                 except CheckpointError as e:
+                    if stop():
+                        _log.debug("checkpoint %d: a new round stopped its replica to %s", cid, target)
+                        break
                     _log.warning(
                         "checkpoint %d: no replica of this node's part on %s (%s); the checkpoint is "
                         "complete but would not survive the loss of this node",
@@ -479,8 +505,10 @@ class CheckpointService:
                     client.close()
         finally:
             self.keeper.outgoing(-1)
-            if self._feed is not None:
+            if self._feed is not None and not stop():
                 self._feed.offer(cid, files, ring)
+        if stop():
+            return  # not a replica's time: a new round cut it short
         seconds = time.monotonic() - began
         _log.debug("checkpoint %d: %s replicated to %s in %.3f s", cid, format_bytes(total), targets, seconds)
         if self._on_replicated is not None:

@@ -17,7 +17,11 @@ restores it from its own memory.
   waiting: a standby needs the newest, not each one.
 * **Bounded waits.** A standby gets :data:`STANDBY_TIMEOUT` seconds per connection and
   request; one that could not be reached or refused is skipped for :data:`RETRY_AFTER`
-  seconds.
+  seconds (within the round: a new round tries every standby again).
+* **Not while the group restores.** A new round (:meth:`StandbyFeed.new_round`) stops the
+  copy in flight between two pieces and drops the one waiting: they were meant for the old
+  round's standbys (one of which may be a member now), and the CPU goes to the restore.
+  The new group's first commit is sent to the new round's standbys.
 * **Whole or nothing.** A file is sent only while this node still holds it as that
   checkpoint's (a newer save may reuse a dropped file's pages): checked once every byte has
   been read, before the last piece goes; otherwise the connection is closed short and the
@@ -42,8 +46,9 @@ __all__ = ["RETRY_AFTER", "STANDBY_TIMEOUT", "StandbyFeed"]
 
 _log = logging.getLogger(__name__)
 
-#: Seconds a standby that could not be reached (or refused a copy) is left out.
-RETRY_AFTER = 60.0
+#: Seconds a standby that could not be reached (or refused a copy) is left out: a replacement
+#: announced a moment before its service listens is fed again soon.
+RETRY_AFTER = 10.0
 #: Seconds a standby may take to accept a connection or answer a request.
 STANDBY_TIMEOUT = 5.0
 
@@ -78,7 +83,9 @@ class StandbyFeed:
         self._cond = threading.Condition()
         self._next: _Job | None = None
         self._stopped = False
-        self._unreachable: dict[str, float] = {}
+        self._round = 0  # counts new_round(): a copy of an older round is stopped
+        #: standby -> (the round, when it may be tried again)
+        self._unreachable: dict[str, tuple[int, float]] = {}
         self._thread = threading.Thread(target=self._run, name="kelastic-checkpoint-standbys", daemon=True)
 
     def start(self) -> StandbyFeed:
@@ -90,6 +97,13 @@ class StandbyFeed:
             self._stopped = True
             self._cond.notify_all()
         self._thread.join(timeout=5)
+
+    def new_round(self) -> None:
+        """The group re-forms: the copy in flight stops before its next piece, the one waiting
+        goes; what is committed next is sent to the new round's standbys."""
+        with self._cond:
+            self._round += 1
+            self._next = None
 
     def offer(self, cid: int, files: Sequence[tuple[str, int]], ring: Sequence[str]) -> None:
         """Checkpoint ``cid`` was committed here: send ``files`` (this node's) once the feed is
@@ -115,21 +129,25 @@ class StandbyFeed:
                     self._cond.wait()
                 if self._stopped:
                     return
-                job, self._next = self._next, None
+                job, self._next, round_ = self._next, None, self._round
             assert job is not None
             try:
-                self._send(job)
+                self._send(job, round_)
             except Exception:
                 _log.exception("checkpoint %d: sending this node's part to the standbys failed", job.cid)
 
-    def _send(self, job: _Job) -> None:
+    def _send(self, job: _Job, round_: int) -> None:
         part = sum(size for _, size in job.files)
         now = time.monotonic()
         targets = [
             t
             for t in self.plan(job.ring, part).standbys_of(self.endpoint)
-            if self._unreachable.get(t, 0.0) <= now
+            if not _left_out(self._unreachable.get(t), round_, now)
         ]
+
+        def stop() -> bool:
+            return self._round != round_
+
         if not targets:
             return
         began, sent = time.monotonic(), 0
@@ -144,14 +162,18 @@ class StandbyFeed:
                         size,
                         guard=lambda held=(name, size): self._held(job.cid, held),  # type: ignore[misc]
                         sender=self.endpoint,
+                        stop=stop,
                     )
                     sent += size
                 self._unreachable.pop(target, None)
             except (CheckpointError, OSError) as e:
+                if stop():
+                    _log.debug("checkpoint %d: a new round stopped its copy to standby %s", job.cid, target)
+                    return
                 if not self._held(job.cid, job.files[0]):
                     _log.debug("checkpoint %d: superseded while sent to standby %s", job.cid, target)
                     return
-                self._unreachable[target] = time.monotonic() + RETRY_AFTER
+                self._unreachable[target] = (round_, time.monotonic() + RETRY_AFTER)
                 _log.warning(
                     "checkpoint %d: standby %s holds no copy of this node's part (%s); tried again in %g s",
                     job.cid,
@@ -167,3 +189,9 @@ class StandbyFeed:
         )
         if self._on_sent is not None:
             self._on_sent(job.cid, seconds, sent, targets)
+
+
+def _left_out(entry: tuple[int, float] | None, round_: int, now: float) -> bool:
+    """Whether a standby that failed (``entry``: in which round, until when) is skipped in
+    round ``round_`` at ``now`` (pure)."""
+    return entry is not None and entry[0] == round_ and now < entry[1]

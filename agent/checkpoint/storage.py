@@ -132,6 +132,8 @@ class _LocalInfo:
     node: str
     newest: int
     refused: str | None
+    #: refused only because the node was still busy with earlier work (see ``skip_if_busy``)
+    busy: bool = False
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,8 @@ class _SaveInfo:
     file: str
     refused: str | None
     coordinator_endpoint: str
+    #: every refusal was a busy node's: the save is skipped without a word (``skip_if_busy``)
+    busy: bool = False
 
 
 def _agent() -> tuple[str, str]:
@@ -408,15 +412,27 @@ class MemoryWriter(StorageWriter):
     ``step`` (optional) is recorded with the checkpoint and reported back on restore;
     ``strict`` makes a save that does not fit raise :class:`CheckpointTooLarge` instead of
     being skipped with an error message; ``timeout`` bounds the wait for the previous
-    checkpoint's replica before a save (seconds). See the module docstring for the contract.
+    checkpoint's replica before a save (seconds). ``skip_if_busy``: instead of waiting, the
+    save is skipped (every rank's, as one collective decision, before anything is copied;
+    :attr:`skipped` says so afterwards) when a node is still sending the previous checkpoint's
+    replica or writing an older one's durable copy, so saves come as often as replicas keep up.
+    See the module docstring for the contract.
     """
 
-    def __init__(self, *, step: int | None = None, strict: bool = False, timeout: float = 300.0) -> None:
+    def __init__(
+        self,
+        *,
+        step: int | None = None,
+        strict: bool = False,
+        timeout: float = 300.0,
+        skip_if_busy: bool = False,
+    ) -> None:
         super().__init__()
         self._endpoint, self._dir = _agent()
         self.step = step
         self.strict = strict
         self.timeout = timeout
+        self.skip_if_busy = skip_if_busy
         self._rank = 0
         self._is_coordinator = True
         self._save: _SaveInfo | None = None
@@ -436,6 +452,11 @@ class MemoryWriter(StorageWriter):
     def checkpoint_id(self) -> str | None:
         return self._label
 
+    @property
+    def skipped(self) -> bool:
+        """Whether the last save was skipped because a node was busy (``skip_if_busy``)."""
+        return self._save is not None and self._save.busy and self._save.refused is not None
+
     def storage_meta(self) -> StorageMeta | None:
         return None
 
@@ -447,15 +468,19 @@ class MemoryWriter(StorageWriter):
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         nbytes = sum(_align(_item_bytes(i)) for i in plan.items)
         reply, _ = _client(self._endpoint).call(
-            {"op": "begin", "rank": self._rank, "bytes": nbytes, "timeout": self.timeout, "pid": os.getpid()},
+            {
+                "op": "begin", "rank": self._rank, "bytes": nbytes, "pid": os.getpid(),
+                "timeout": 0 if self.skip_if_busy else self.timeout,
+            },
             timeout=self.timeout + 30,
-        )
+        )  # fmt: skip
         refused = reply.get("refused")
         info = _LocalInfo(
             self._endpoint,
             str(reply["node"]),
             int(reply["newest"]),
             refused and f"rank {self._rank}: {refused}",
+            bool(refused) and reply.get("busy") is True,
         )
         return dataclasses.replace(plan, storage_data=info)
 
@@ -463,9 +488,14 @@ class MemoryWriter(StorageWriter):
         infos: list[_LocalInfo] = [p.storage_data for p in plans]
         ring = tuple(dict.fromkeys(i.endpoint for i in infos))
         cid = next_id([i.newest for i in infos])
-        refused = next((i.refused for i in infos if i.refused), None)
+        # A node out of memory is news; one still busy (the first refusal when all are) is not.
+        refusals = sorted((i for i in infos if i.refused), key=lambda i: i.busy)
+        refused = refusals[0].refused if refusals else None
+        busy = bool(refusals) and refusals[0].busy
         return [
-            dataclasses.replace(p, storage_data=_SaveInfo(cid, ring, f"__{r}.mem", refused, self._endpoint))
+            dataclasses.replace(
+                p, storage_data=_SaveInfo(cid, ring, f"__{r}.mem", refused, self._endpoint, busy)
+            )
             for r, p in enumerate(plans)
         ]
 
@@ -538,6 +568,8 @@ class MemoryWriter(StorageWriter):
     def _finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         info = self._save
         assert info is not None, "finish() before write_data()"
+        if info.refused and info.busy and self.skip_if_busy:
+            return  # skipped by request: the caller counts it (OverlappingSaver.skipped)
         if info.refused:
             message = f"kelastic.checkpoint: checkpoint {info.id} not saved: {info.refused}"
             if self.strict:

@@ -138,7 +138,12 @@ class Channel:
             self.sock.sendall(tail)
 
     def send_file(
-        self, f: BinaryIO, offset: int, length: int, guard: Callable[[], bool] | None = None
+        self,
+        f: BinaryIO,
+        offset: int,
+        length: int,
+        guard: Callable[[], bool] | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> bool:
         """Send ``length`` bytes of ``f`` from ``offset`` (after :meth:`send_header`), from a
         read-only mapping of the file, in pieces (``sendfile`` cannot encrypt).
@@ -146,7 +151,9 @@ class Channel:
         ``guard`` (for a file whose owner may reuse it meanwhile): its last piece is copied,
         then ``guard()`` is asked whether the file still held what was meant when every byte
         had been read; False sends nothing more and returns False (the message is left
-        short: the caller closes the connection, and the receiver drops what it got)."""
+        short: the caller closes the connection, and the receiver drops what it got).
+        ``stop``, asked before every piece: True leaves the message short the same way (the
+        bytes are no longer wanted)."""
         if not length:
             return guard is None or guard()
         self._wait(self._io_timeout)
@@ -156,6 +163,8 @@ class Channel:
             view = memoryview(mm)
             try:
                 for at in range(offset, last, _CHUNK):
+                    if stop is not None and stop():
+                        return False
                     self.sock.sendall(view[at : min(at + _CHUNK, last)])
                 tail = bytes(view[last:end])
             except BaseException as exc:

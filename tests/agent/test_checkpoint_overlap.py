@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,14 +18,16 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 
+from kelastic.agent.checkpoint import overlap
 from kelastic.agent.checkpoint.errors import CheckpointTooLarge, NotInKelasticWorker
 from kelastic.agent.checkpoint.overlap import snapshot
 from kelastic.agent.checkpoint.service import CheckpointService
 from kelastic.agent.checkpoint.settings import CheckpointSettings
+from kelastic.agent.checkpoint.storage import _LocalInfo
 from kelastic.agent.contract import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_ENDPOINT
-from kelastic.checkpoint import MemoryReader, OverlappingSaver
+from kelastic.checkpoint import MemoryReader, MemoryWriter, OverlappingSaver
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -202,3 +205,67 @@ def test_snapshot_copies_containers_and_values_and_keeps_tensors() -> None:
     copied = snapshot(value)
     assert copied["t"] is t and copied["l"][0] is t and copied["tup"][0] is t
     assert copied["l"][1] == {"x": [1, 2]} and copied["l"][1]["x"] is not value["l"][1]["x"]
+
+
+def test_a_save_that_finds_the_previous_replica_still_going_is_skipped_not_waited_for(
+    agent: CheckpointService, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(overlap, "PROGRESS_EVERY", 0.2)
+    first = model(1)
+    with OverlappingSaver() as saver:
+        saver.save(first, step=1)
+        assert saver.wait() == 1
+        agent.keeper.outgoing(1)  # step 1's replica is still being sent to the peer
+        try:
+            for step in (2, 3, 4):
+                saver.save(model(step), step=step)
+                assert saver.wait() is None, f"step {step} was saved while the replica was still going"
+                time.sleep(0.15)
+            assert saver.skipped == 3
+            assert same(restored() or {}, first)
+            told = capsys.readouterr().err
+            assert "no checkpoint for" in told and "replica" in told, told
+            assert "not saved" not in told, "a skip by request printed as a refusal"
+        finally:
+            agent.keeper.outgoing(-1)
+        saver.save(model(5), step=5)
+        assert saver.wait() == 5
+        assert same(restored() or {}, model(5))
+
+
+def test_a_saver_that_waits_for_the_replica_saves_once_it_is_in_place(agent: CheckpointService) -> None:
+    with OverlappingSaver(skip_if_busy=False) as saver:
+        saver.save(model(1), step=1)
+        assert saver.wait() == 1
+        agent.keeper.outgoing(1)
+        saver.save(model(2), step=2)
+        time.sleep(0.5)
+        assert saver.pending, "the save did not wait for the replica in flight"
+        agent.keeper.outgoing(-1)
+        assert saver.wait() == 2 and saver.skipped == 0
+
+
+def _plan(refused: str | None, busy: bool) -> SavePlan:
+    return SavePlan([], storage_data=_LocalInfo("127.0.0.1:1", "n", 3, refused, busy))
+
+
+@pytest.mark.parametrize(
+    ("locals_", "refused", "busy"),
+    [
+        ([(None, False), (None, False)], None, False),
+        ([(None, False), ("rank 1: waited 0 s: replica", True)], "rank 1: waited 0 s: replica", True),
+        (
+            [("rank 0: waited 0 s: replica", True), ("rank 1: needs 9 GiB", False)],
+            "rank 1: needs 9 GiB",
+            False,
+        ),
+    ],
+)
+def test_one_busy_node_skips_the_save_on_every_rank_and_too_large_is_never_hidden_as_busy(
+    agent: CheckpointService, locals_: list[tuple[str | None, bool]], refused: str | None, busy: bool
+) -> None:
+    writer = MemoryWriter(skip_if_busy=True)
+    plans = writer.prepare_global_plan([_plan(r, b) for r, b in locals_])
+    infos = [p.storage_data for p in plans]
+    assert {(i.refused, i.busy) for i in infos} == {(refused, busy)}
+    assert len({i.id for i in infos}) == 1

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from kelastic.agent.checkpoint.keeper import CheckpointKeeper
 from kelastic.agent.checkpoint.plan import StandbyHolder
 from kelastic.agent.checkpoint.service import CheckpointService
 from kelastic.agent.checkpoint.settings import CheckpointSettings
+from kelastic.agent.checkpoint.standbyfeed import _left_out
 from kelastic.agent.checkpoint.standbys import StandbyBoard
 from kelastic.agent.rendezvous.server import ServerProcess
 from kelastic.agent.secret import JobSecret, SecretSource
@@ -144,7 +146,7 @@ def test_a_part_dropped_while_it_is_sent_leaves_the_standby_nothing(folders: Cal
     (source / "part").write_bytes(b"x" * (3 * MiB))
     client = ServiceClient(spare.endpoint, KEY, timeout=10)
     try:
-        with pytest.raises(CheckpointError, match="dropped while it was sent"):
+        with pytest.raises(CheckpointError, match="dropped, or no longer wanted, while it was sent"):
             client.put_file(1, "__0.mem", source / "part", 3 * MiB, guard=lambda: False)
         wait_for("the broken-off copy to be dropped", lambda: spare.keeper.status()["bytes"] == 0)
         assert held(spare.keeper) == {}
@@ -153,6 +155,71 @@ def test_a_part_dropped_while_it_is_sent_leaves_the_standby_nothing(folders: Cal
     finally:
         client.close()
         spare.stop()
+
+
+def test_a_copy_no_longer_wanted_stops_between_two_pieces_and_leaves_nothing(
+    folders: Callable[[str], Path],
+) -> None:
+    spare = service(folders("standby"))
+    source = folders("source")
+    source.mkdir(parents=True)
+    (source / "part").write_bytes(b"x" * (8 * MiB))
+    asked: list[int] = []
+
+    def stop() -> bool:  # a new round begins once the first piece went
+        asked.append(1)
+        return len(asked) > 1
+
+    client = ServiceClient(spare.endpoint, KEY, timeout=10)
+    try:
+        with pytest.raises(CheckpointError, match="no longer wanted"):
+            client.put_file(1, "__0.mem", source / "part", 8 * MiB, stop=stop)
+        assert len(asked) == 2, "the copy did not stop at the piece after the new round"
+        wait_for("the broken-off copy to be dropped", lambda: spare.keeper.status()["bytes"] == 0)
+        assert held(spare.keeper) == {}
+    finally:
+        client.close()
+        spare.stop()
+
+
+def test_a_replica_begun_in_an_older_round_is_not_sent(
+    folders: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    peer = service(folders("peer"))
+    replicated: list[int] = []
+    member = service(folders("member"), on_replicated=lambda cid, s, n: replicated.append(n))
+    sent: list[str] = []
+    put_file = ServiceClient.put_file
+
+    def counted(self: ServiceClient, cid: int, name: str, *a: Any, **kw: Any) -> None:
+        sent.append(name)
+        put_file(self, cid, name, *a, **kw)
+
+    monkeypatch.setattr(ServiceClient, "put_file", counted)
+    try:
+        member.set_ring([member.endpoint])  # a ring of one: the commit sends no replica
+        save(member, 1)
+        ring = [member.endpoint, peer.endpoint]
+        member.set_ring(ring)  # a new round: a replica begun before it is stopped
+        peer.set_ring(ring)
+        files = member.keeper.own_files(1)
+        for round_, expected in ((member._round - 1, []), (member._round, ["__0.mem"])):
+            sent.clear()
+            member.keeper.outgoing(+1)  # as _commit counts it
+            member._replicate(1, files, [peer.endpoint], ring, round_)
+            assert member.keeper._outgoing == 0, "the replica still holds the next save back"
+            assert sent == expected, f"round {round_} of {member._round}"
+        assert len(replicated) == 1, "a stopped replica was reported as one"  # (the peer prefetched it)
+    finally:
+        member.stop()
+        peer.stop()
+
+
+def test_a_standby_that_failed_is_left_out_for_a_while_within_its_round() -> None:
+    assert not _left_out(None, 3, 100.0)
+    assert _left_out((3, 110.0), 3, 100.0)
+    assert not _left_out((3, 110.0), 3, 110.0)
+    assert not _left_out((2, 110.0), 3, 100.0), "a new round tries every standby again"
 
 
 @pytest.mark.slow  # a store process to start, a connection that times out

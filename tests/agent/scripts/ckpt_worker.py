@@ -133,7 +133,8 @@ def restore(kept: list[torch.Tensor]) -> None:
 
 args_step = [0]
 hold_rank = args.hold_rank if args.hold_rank >= 0 else world - 1
-saver = OverlappingSaver() if args.overlap else None
+# A save held on purpose must happen: a save may not skip a node still sending a replica then.
+saver = OverlappingSaver(skip_if_busy=args.hold_step == 0) if args.overlap else None
 
 reader = MemoryReader()
 began = time.monotonic()
@@ -173,8 +174,8 @@ for step in range(int(state["step"]), args.steps):
     if saver is not None and (step + 1) % args.save_every == 0:
         hold = step + 1 == args.hold_step and rank == hold_rank and not (out / "holding.json").exists()
         args_step[0] = step + 1
-        saver.save(state, step=step + 1, planner=HoldingPlanner() if hold else None)
-        if pending is not None:  # save() waited for it: committed
+        committed = saver.save(state, step=step + 1, planner=HoldingPlanner() if hold else None)
+        if pending is not None and committed == pending:  # save() waited for it: committed
             emit("saved", step=pending, hash=pending_hash)
         elif device.type == "cuda":  # the first save here: what it staged (the saver's own record)
             job = saver._current
@@ -186,10 +187,9 @@ for step in range(int(state["step"]), args.steps):
         saved = time.monotonic()
         dcp.save(state, storage_writer=MemoryWriter(step=step + 1))
         emit("saved", step=step + 1, hash=digest(), seconds=time.monotonic() - saved)
-if saver is not None:
-    saver.close()
-    if pending is not None:
-        emit("saved", step=pending, hash=digest())
+last = saver.close() if saver is not None else None
+if pending is not None and last == pending:
+    emit("saved", step=pending, hash=digest())
 emit("finished", step=int(state["step"]), hash=digest())
 dist.barrier()  # DCP's last broadcast released before the group goes (see examples/train.py)
 dist.destroy_process_group()
