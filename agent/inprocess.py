@@ -52,7 +52,9 @@ rely on:
   costs only the process group and the restore. What the script does before :func:`run`
   must not need the group; a worker that exits meanwhile (one that reads ``RANK`` at import,
   say) is started again, the usual way, once the node has its group. When the agent stops
-  before that, :func:`run` returns None without calling ``fn``.
+  before that, :func:`run` returns None without calling ``fn``. Spare workers
+  (``KELASTIC_SPARE_WORKERS=1``, :mod:`kelastic.agent.spare`) start and wait the same way,
+  to take the place of workers that crash.
 * **Only the agent hands out groups.** The hand-off folder must be the agent's user's and
   writable by no one else (the agent makes it so); otherwise ``run`` says so and trains
   as it would elsewhere, once per process (a worker started early ends with that error).

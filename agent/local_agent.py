@@ -84,6 +84,7 @@ from kelastic.agent.progress import (
 )
 from kelastic.agent.progress_publisher import ProgressPublisher
 from kelastic.agent.reform import OverlappedStop
+from kelastic.agent.spare import Spares, spares_enabled
 from kelastic.agent.straggler import StragglerRule
 from kelastic.agent.straggler_watch import StragglerWatch
 from kelastic.agent.warm import prewarm_forkserver
@@ -193,6 +194,48 @@ def _substitute_local_rank(args: tuple[Any, ...], local_rank: int) -> tuple[Any,
     return tuple(a.replace("${local_rank}", str(local_rank)) if isinstance(a, str) else a for a in args)
 
 
+def await_warm(role: str, script_modules: bool) -> tuple[float, bool] | None:
+    """Wait until the fork server has imported its preload (see
+    :func:`kelastic.agent.warm.wait_ready`), at most :data:`WARM_WAIT` seconds, saying so
+    every :data:`WARM_PROGRESS_EVERY` seconds: a node that joined a running group earlier
+    would stop its workers and keep them waiting for that import. Returns the seconds
+    waited and whether it is ready; None when there is no server of the agent's to wait for."""
+    began = time.monotonic()
+    ready = warm.wait_ready(WARM_PROGRESS_EVERY)
+    if ready is None:
+        return None  # no server of ours to wait for, or waited already
+    while ready is False and time.monotonic() - began < WARM_WAIT:
+        _log.info(
+            "[%s] the fork server is still importing %s%s (%.0fs); joining after it",
+            role,
+            warm.PRELOAD[len(warm.AGENT_IMPORTS)],
+            " and the script's modules" if script_modules else "",
+            time.monotonic() - began,
+        )
+        ready = warm.wait_ready(WARM_PROGRESS_EVERY)
+    if not ready:
+        _log.warning(
+            "[%s] the fork server is not ready after %.0fs; joining the rendezvous anyway", role, WARM_WAIT
+        )
+    return time.monotonic() - began, bool(ready)
+
+
+def remove_scratch(owned_log_dir: Path | None, run_log_dir: Path) -> None:
+    """Remove the workers' progress files and hand-off files (the agent's scratch, read only
+    while they run) and, in a log directory the agent made itself (``owned_log_dir``), every
+    directory left empty: a run without ``log_dir`` leaves nothing behind unless it wrote logs
+    there (redirects), which stay. A ``log_dir`` the caller named keeps its directories."""
+    if owned_log_dir is None or not run_log_dir.is_dir():
+        return
+    for pattern in ("attempt_*/*/progress.json", "spare_*/*/progress.json", "handoff_*/*/*.json"):
+        for scratch in run_log_dir.glob(pattern):
+            with contextlib.suppress(OSError):
+                scratch.unlink()
+    for directory, _, _ in sorted(os.walk(owned_log_dir), key=lambda w: -len(w[0])):
+        with contextlib.suppress(OSError):  # not empty: it holds logs
+            os.rmdir(directory)
+
+
 class LocalElasticAgent(SimpleElasticAgent):
     """Starts the workers with :func:`~kelastic.agent.multiprocessing.start_processes`.
 
@@ -278,6 +321,10 @@ class LocalElasticAgent(SimpleElasticAgent):
         #: The running workers' hand-off (kelastic.agent.keep), unless KELASTIC_KEEP_WORKERS=0.
         self._keeper = Keeper(handoff.keep_enabled(os.environ))
         self._start_early_workers = start_early
+        #: The node's next workers, started ahead (kelastic.agent.spare), with KELASTIC_SPARE_WORKERS=1.
+        self._spares = Spares(
+            start_early and logs_specs is None and self._keeper.enabled and spares_enabled(os.environ)
+        )
         self._display: ProgressDisplay | None = None
         self._show_progress = progress
         self._rdzv_endpoint = rdzv_endpoint
@@ -340,38 +387,12 @@ class LocalElasticAgent(SimpleElasticAgent):
     # SimpleElasticAgent ---------------------------------------------------------------------
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         if self._start_method == "forkserver":
-            self._await_warm(worker_group.spec.role)
+            waited = await_warm(worker_group.spec.role, bool(self._warm_imports))
+            if waited is not None:
+                self._event("kelastic.agent.warm_ready", seconds=round(waited[0], 3), ready=waited[1])
         if self._start_early_workers and self._pcontext is None and self._keeper.enabled and self.attempt < 0:
             self._start_early(worker_group)
         super()._rendezvous(worker_group)
-
-    def _await_warm(self, role: str) -> None:
-        """Join the first round only after the fork server's preload import (see
-        :func:`kelastic.agent.warm.wait_ready`): a node joining a running group earlier would
-        stop its workers and keep them waiting for it. At most :data:`WARM_WAIT` seconds;
-        recorded as the event ``kelastic.agent.warm_ready`` with the seconds waited."""
-        began = time.monotonic()
-        ready = warm.wait_ready(WARM_PROGRESS_EVERY)
-        if ready is None:
-            return  # no server of ours to wait for, or waited already
-        while ready is False and time.monotonic() - began < WARM_WAIT:
-            _log.info(
-                "[%s] the fork server is still importing %s%s (%.0fs); joining after it",
-                role,
-                warm.PRELOAD[len(warm.AGENT_IMPORTS)],
-                " and the script's modules" if self._warm_imports else "",
-                time.monotonic() - began,
-            )
-            ready = warm.wait_ready(WARM_PROGRESS_EVERY)
-        if not ready:
-            _log.warning(
-                "[%s] the fork server is not ready after %.0fs; joining the rendezvous anyway",
-                role,
-                WARM_WAIT,
-            )
-        self._event(
-            "kelastic.agent.warm_ready", seconds=round(time.monotonic() - began, 3), ready=bool(ready)
-        )
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         spec, n = worker_group.spec, worker_group.spec.local_world_size
@@ -382,6 +403,9 @@ class LocalElasticAgent(SimpleElasticAgent):
             self._keeper.hand_over(self._stopping, envs)
             return self._handed_over(worker_group)
         if self._pcontext is not None and self._keeper.take_early(self._pcontext.pids(), envs):
+            return self._handed_over(worker_group)
+        if self._pcontext is None and (spares := self._spares.take(envs)) is not None:
+            self._pcontext, self._keeper = spares  # no process start: they parked long ago
             return self._handed_over(worker_group)
         if self._pcontext is not None:  # started early, and one of them did not wait for its group
             _log.warning(
@@ -427,22 +451,42 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._attempt_dir()  # numbers the attempts; this one is the first start's
         attempt_dir = self._attempt_dir(ahead=1)
         attempt_dir.parent.mkdir(parents=True, exist_ok=True)
-        run_id, base_env, n = spec.rdzv_handler.get_run_id(), dict(os.environ), spec.local_world_size
-        envs = {
-            lr: local_env(
-                spec, lr, run_id=run_id, progress_file=str(progress_file(attempt_dir, lr)), base_env=base_env
-            )
-            | self._extra_env
-            | extra
-            for lr, extra in self._keeper.started_early(attempt_dir, n).items()
-        }
+        envs = self._early_envs(
+            spec, attempt_dir, self._keeper.started_early(attempt_dir, spec.local_world_size)
+        )
         if envs:  # else the keeper said why: the workers start with their group
             self._launch(worker_group, envs, attempt_dir)
             _log.info("[%s] workers started early; they wait for the node's group", spec.role)
 
+    def _early_envs(
+        self, spec: WorkerSpec, attempt_dir: Path, extra: Mapping[int, dict[str, str]]
+    ) -> dict[int, dict[str, str]]:
+        """The variables of workers started before they have a group (no rank yet)."""
+        run_id, base_env = spec.rdzv_handler.get_run_id(), dict(os.environ)
+        return {
+            lr: local_env(
+                spec, lr, run_id=run_id, progress_file=str(progress_file(attempt_dir, lr)), base_env=base_env
+            )
+            | self._extra_env
+            | more
+            for lr, more in extra.items()
+        }
+
     def _launch(
         self, worker_group: WorkerGroup, envs: Mapping[int, dict[str, str]], attempt_dir: Path
     ) -> dict[int, Any]:
+        self._pcontext = self._spawn(worker_group, envs, attempt_dir)
+        self._held = False
+        self._point_display(self._ensure_display())
+        self._spares.running()
+        # Published at every (re)start, not only on monitor ticks: workers that crash at
+        # once never reach a tick, and the operator would show no restarts at all.
+        self._publish_progress()
+        return dict(self._pcontext.pids())
+
+    def _spawn(
+        self, worker_group: WorkerGroup, envs: Mapping[int, dict[str, str]], attempt_dir: Path
+    ) -> PContext:
         spec, n = worker_group.spec, worker_group.spec.local_world_size
         args = {lr: _substitute_local_rank(spec.args, lr) for lr in range(n)}
         display = self._ensure_display()
@@ -455,7 +499,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         else:
             redirects, tee = self._std_maps(n)
             where = {"log_dir": str(attempt_dir), "redirects": redirects, "tee": tee}
-        self._pcontext = start_processes(
+        return start_processes(
             name=spec.role,
             entrypoint=spec.entrypoint,
             args=args,
@@ -471,15 +515,10 @@ class LocalElasticAgent(SimpleElasticAgent):
             failure_grace=spec.monitor_interval,
             **where,
         )
-        self._held = False
-        self._point_display(display)
-        # Published at every (re)start, not only on monitor ticks: workers that crash at
-        # once never reach a tick, and the operator would show no restarts at all.
-        self._publish_progress()
-        return dict(self._pcontext.pids())
 
     def _begin_stop(self, worker_group: WorkerGroup) -> OverlappedStop | KeptWorkers:
         """Park the workers when they can be kept (:mod:`kelastic.agent.keep`), else stop them."""
+        self._spares.stopped()
         if self._keep_allowed and self._keeper.enabled and self._pcontext is not None:
             pids = self._pcontext.pids()
             kept = self._keeper.begin(pids, lambda: self._stop_workers(worker_group), self._workers_stopped)
@@ -492,6 +531,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         assert self._pcontext is not None
         self._point_display(self._ensure_display())
         self._publish_progress()
+        self._spares.running()
         self._event("kelastic.agent.workers_kept", generation=self._keeper.gen)
         _log.info(
             "[%s] kept the workers (generation %d): in their processes",
@@ -586,26 +626,12 @@ class LocalElasticAgent(SimpleElasticAgent):
         return self._last_hang
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM) -> None:
+        self._spares.close()
         self._close_workers(death_sig)
         self._stop_display()
         if self._publisher is not None:
             self._publisher.close()
-        self._remove_scratch()
-
-    def _remove_scratch(self) -> None:
-        """Remove the workers' progress files (the agent's scratch, read only while they run)
-        and, in a log directory the agent made itself, every directory left empty: a run
-        without ``log_dir`` leaves nothing behind unless it wrote logs there (redirects),
-        which stay. A ``log_dir`` the caller named keeps its directories."""
-        if self._owned_log_dir is None or not self._run_log_dir.is_dir():
-            return
-        for pattern in ("attempt_*/*/progress.json", "handoff_attempt_*/*/*.json"):
-            for scratch in self._run_log_dir.glob(pattern):
-                with contextlib.suppress(OSError):
-                    scratch.unlink()
-        for directory, _, _ in sorted(os.walk(self._owned_log_dir), key=lambda w: -len(w[0])):
-            with contextlib.suppress(OSError):  # not empty: it holds logs
-                os.rmdir(directory)
+        remove_scratch(self._owned_log_dir, self._run_log_dir)
 
     def _on_monitor_tick(self, worker_group: WorkerGroup) -> None:
         mismatch = getattr(self._checkpoint_ring, "secret_mismatch", None)
@@ -613,6 +639,13 @@ class LocalElasticAgent(SimpleElasticAgent):
             raise SecretMismatch(mismatch)
         if self._publisher is not None and self._publisher.due():
             self._publish_progress()
+        spec = worker_group.spec
+        self._spares.tick(
+            self._run_log_dir,
+            spec.local_world_size,
+            lambda at: self._early_envs(spec, at, {lr: {} for lr in range(spec.local_world_size)}),
+            lambda envs, at: self._spawn(worker_group, envs, at),
+        )
 
     def _step_aside(self, worker_group: WorkerGroup) -> str | None:
         """A straggler named for replacement leaves its round at the checkpoint (see

@@ -23,7 +23,9 @@ One job, run in one invocation under three configurations:
 (e) (d) and (s) together: overlapping saves every step and one hot standby, where a fault
     should cost less than a step; the worker trains under ``kelastic.inprocess.run``, so a
     re-form keeps the surviving nodes' worker processes, state and imports
-    (``--restart-processes``: without it, every re-form stops and starts every worker).
+    (``--restart-processes``: without it, every re-form stops and starts every worker), and
+    each node holds a spare worker process (``KELASTIC_SPARE_WORKERS=1``) that takes the
+    place of one that crashed (``--no-spares``: a crashed worker's node starts a new one).
 (t) a straggler: (e) (overlapping saves every step, one hot standby) with steps of CPU work
     (the rank spins for ``--step-time`` seconds of its own CPU time, so a process stopped part
     of the time takes longer; three ranks then need three cores' worth, so on fewer cores the
@@ -694,6 +696,8 @@ class Job:
         if not (self.cfg.in_process and not self.a.restart_processes):
             # the worker inits its group itself: workers started before their group would fail
             env["KELASTIC_KEEP_WORKERS"] = "0"
+        elif not self.a.no_spares:
+            env["KELASTIC_SPARE_WORKERS"] = "1"
         env.pop("OMP_NUM_THREADS", None)
         with (self.dir / f"{name}.log").open("ab") as f:
             proc = subprocess.Popen(
@@ -1249,6 +1253,8 @@ def main() -> None:
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--restart-processes", action="store_true",
                    help="(e): train without kelastic.inprocess, every re-form restarting every worker process")  # fmt: skip
+    p.add_argument("--no-spares", action="store_true",
+                   help="(e): no spare worker process: a node whose worker crashed starts a new one")  # fmt: skip
     p.add_argument("--state-mib", type=int, default=512, help="model + optimizer state, MiB (default 512)")
     p.add_argument("--nodes", type=int, default=3, help="nodes of one rank each (default 3)")
     p.add_argument("--step-time", type=float, action="append",

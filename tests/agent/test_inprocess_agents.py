@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from kelastic.agent.keep import alive
 from kelastic.agent.rendezvous.server import ServerProcess
 
 harness = runpy.run_path(str(Path(__file__).with_name("agent_harness.py")))
@@ -177,3 +178,37 @@ def test_a_script_that_needs_its_rank_before_run_is_started_again_once_the_group
     assert {r["gen"] for r in _records(out)} == {0}
     (out / "stop").touch()
     assert cluster.wait_all(60, nodes) == [0, 0]
+
+
+def test_a_spare_takes_the_place_of_a_worker_that_crashed_without_a_process_start(cluster: Any) -> None:
+    out = cluster.out
+    env = {"KELASTIC_SPARE_WORKERS": "1"}
+    a, b = (
+        cluster.start(
+            n,
+            ["--nnodes", "2:2", "--nproc-per-node", "1", "--max-restarts", "3", "--warm-start"],
+            [],
+            env=env | {"KELASTIC_EVENTS_FILE": str(cluster.tmp / f"{n}.events.jsonl")},
+            script=WORKER,
+        )
+        for n in "ab"
+    )
+    cluster.wait_for("the first group", lambda: len(_records(out)) == 2, 120)
+    first = {r["node"]: r["pid"] for r in _records(out)}
+    # Once the group trained a while, each node holds a spare, parked before any group.
+    cluster.wait_for("b's spare", lambda: len(_before(out, "b")) == 2, 60)
+    (spare,) = [p for p in _before(out, "b") if p != first["b"]]
+    assert "spare workers started" in b.output()
+
+    (out / "crash_b").write_text("exit")  # b's process exits: its spare takes its place
+    cluster.wait_for("the second group", lambda: len(_records(out)) == 4, 60)
+    second = {r["node"]: r for r in _records(out) if r["pid"] != first[r["node"]] or r["gen"] == 1}
+    assert second["b"]["pid"] == spare and second["b"]["gen"] == 0, second  # started before the crash
+    assert second["a"]["pid"] == first["a"] and second["a"]["gen"] == 1, second  # kept
+    # and b holds a new spare for the next crash
+    cluster.wait_for("b's next spare", lambda: len(_before(out, "b")) == 3, 60)
+
+    (out / "stop").touch()
+    assert cluster.wait_all(60, [a, b]) == [0, 0]
+    leftover = [p for p in _before(out, "b") + _before(out, "a") if alive(p)]
+    assert not leftover, f"processes outlived their agents: {leftover}"
