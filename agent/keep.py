@@ -34,6 +34,12 @@ __all__ = ["KEEP_TIMEOUT", "RELEASE_WAIT", "Keeper", "KeptWorkers", "alive", "ha
 
 #: Seconds the workers get to park before the agent stops them instead.
 KEEP_TIMEOUT = 5.0
+#: Seconds the agent waits for workers started early (a standby's, spares) to reach
+#: kelastic.inprocess.run when their group is known, before it starts new ones instead.
+EARLY_PARK_WAIT = 300.0
+#: Seconds between the lines that say the agent still waits for them, and between its looks.
+EARLY_PROGRESS_EVERY = 10.0
+EARLY_POLL = 0.02
 #: Seconds between looks at the workers' reports while they park.
 POLL = 0.002
 #: Seconds the workers parked on a failure of their own get to end with it when stopped.
@@ -187,12 +193,34 @@ class Keeper:
         self.early = self.enabled
         return envs
 
-    def take_early(self, pids: Mapping[int, int], envs: Mapping[int, Mapping[str, str]]) -> bool:
-        """Hand the workers started early their first group (``envs``), when every one of them
-        is alive and parked waiting for it; False (and they are no longer counted on) otherwise."""
+    def take_early(
+        self, pids: Mapping[int, int], envs: Mapping[int, Mapping[str, str]], wait: float = EARLY_PARK_WAIT
+    ) -> bool:
+        """Hand the workers started early their first group (``envs``) once every one of them
+        is parked waiting for it: one still on its way there (importing, building the model)
+        is waited for, up to ``wait`` seconds, since a new process would have that way to go
+        too. False (and they are no longer counted on) when one ended or the wait ran out."""
         early, self.early = self.early, False
-        reports = {lr: read_report(folder) for lr, folder in self.folders.items()}
-        if not (early and all(alive(p) for p in pids.values()) and parked(reports, len(self.folders), 0)):
+        if not early:
+            return False
+        began = told = time.monotonic()
+        while not parked(
+            reports := {lr: read_report(f) for lr, f in self.folders.items()}, len(self.folders), 0
+        ):
+            if not all(alive(p) for p in pids.values()):
+                return False
+            now = time.monotonic()
+            if now - began >= wait:
+                _log.warning("workers started early did not reach kelastic.inprocess.run in %.0f s", wait)
+                return False
+            if now - told >= EARLY_PROGRESS_EVERY:
+                told = now
+                _log.info(
+                    "waiting for the workers started early to reach kelastic.inprocess.run (%.0f s)",
+                    now - began,
+                )
+            time.sleep(EARLY_POLL)
+        if not all(alive(p) for p in pids.values()):
             return False
         if any(r is None or r.pid != pids.get(lr) for lr, r in reports.items()):
             return False

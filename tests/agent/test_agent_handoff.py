@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -228,3 +229,27 @@ def test_outside_an_agent_run_calls_the_function_once_in_its_group(tmp_path: Pat
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "result 0 False" in out.stdout, (out.stdout, time.monotonic() - began)
+
+
+def test_workers_started_early_are_waited_for_until_they_park_not_replaced(tmp_path: Path) -> None:
+    keeper = Keeper()
+    folder = Path(keeper.started_early(tmp_path / "attempt_0", 1)[0][handoff.ENV_HANDOFF_DIR])
+    proc = _sleeper()
+    try:
+        # still importing when its group is known: it parks 0.3 s later
+        timer = threading.Timer(0.3, lambda: handoff.write_report(folder, Report(0, proc.pid, Stage.PARKED)))
+        timer.start()
+        began = time.monotonic()
+        assert keeper.take_early({0: proc.pid}, {0: {"RANK": "0"}}, wait=30)
+        assert time.monotonic() - began >= 0.25
+        assert handoff.read_request(folder) == Request(1, Action.GO, {"RANK": "0"})
+    finally:
+        proc.kill()
+        proc.wait()
+
+    keeper = Keeper()
+    keeper.started_early(tmp_path / "attempt_1", 1)
+    began = time.monotonic()
+    assert not keeper.take_early({0: proc.pid}, {0: {}}, wait=30), "a worker that ended was counted on"
+    assert time.monotonic() - began < 5, "a worker that ended was waited for"
+    assert not keeper.take_early({0: proc.pid}, {0: {}}), "taken twice"
