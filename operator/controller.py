@@ -238,13 +238,13 @@ class Controller:
         whose create or delete failed, is logged and retried with the job's back-off."""
         async with self._limit:
             try:
-                self.executor.failed.discard(key)
+                self.executor.failed.pop(key, None)
                 await self.reconcile_once(key)
-                if key in self.executor.failed:
+                if (failure := self.executor.failed.get(key)) is not None:
                     # A create or delete failed (its Event says why): nothing else
                     # would bring the job back soon, so retry as for a failed pass.
                     delay = self.queue.retry(key)
-                    job_log(key, logging.INFO, f"retrying the failed change in {delay:g}s")
+                    job_log(key, logging.INFO, f"retrying the failed change in {delay:g}s ({failure})")
                 else:
                     self.queue.forget(key)
             except asyncio.CancelledError:

@@ -98,8 +98,9 @@ class ActionExecutor:
         self.cache = cache
         self._publish = publish
         self._job_secret = job_secret
-        #: Jobs whose last :meth:`apply` had a create or delete fail (cleared by the controller).
-        self.failed: set[JobKey] = set()
+        #: Jobs whose last :meth:`apply` had a create or delete fail, and what failed (cleared by
+        #: the controller, which names it when it retries).
+        self.failed: dict[JobKey, str] = {}
         self._ensured: dict[str, str] = {}  # EnsureObject key -> the manifest last made true (JSON)
         self._ensure_retry: dict[str, float] = {}  # key -> when to try again after a failure (monotonic)
 
@@ -139,7 +140,7 @@ class ActionExecutor:
                 and action.workers_wait
             ):
                 workers_wait = True
-                self.failed.add(key)
+                self.failed.setdefault(key, f"the worker pods wait for this: {action.message}")
         # The membership goes first: survivors of a scale-down re-form before their peer is stopped.
         for action in decision.actions:
             if isinstance(action, PublishMembership):
@@ -226,7 +227,8 @@ class ActionExecutor:
                 predecessor = _predecessor(current, action.manifest)
                 if predecessor:
                     self._ensure_retry[action.key] = time.monotonic() + ENSURE_PREDECESSOR_SECONDS
-                    self.failed.add(key_of(body))  # the pass is retried soon (back-off from 1 s)
+                    # the pass is retried soon (back-off from 1 s)
+                    self.failed.setdefault(key_of(body), f"{name} {predecessor}")
                     job_log(key_of(body), logging.INFO, f"{action.message}: waiting, {name} {predecessor}")
                     return False
                 found = True
@@ -294,7 +296,7 @@ class ActionExecutor:
                 return None
             verb = "FailedCreate" if isinstance(action, CreatePod | CreateService) else "FailedDelete"
             message = f"{action.message} failed: {err}"
-            self.failed.add(key_of(body))
+            self.failed.setdefault(key_of(body), message)
             job_log(key_of(body), logging.WARNING, message)
             if failures is not None:
                 failures.append(message)
