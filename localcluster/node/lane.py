@@ -62,6 +62,9 @@ BINARIES = (
     "pause",
 )
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
+#: Seconds :meth:`Lane.stop` waits for its janitor, and between the lines that say it still does.
+JANITOR_WAIT = 600.0
+JANITOR_PROGRESS_EVERY = 30.0
 
 
 class LaneFailed(RuntimeError):
@@ -404,7 +407,18 @@ class RealNodeLane:
         left: list[str] = []
         if watcher is not None and watcher.stdin is not None:
             watcher.stdin.close()
-            watcher.wait(120)
+            began = time.monotonic()
+            while True:
+                # Removing the containers' root filesystems (an image of several GB per node)
+                # takes minutes on a loaded machine: wait, saying so, rather than leave it mid-way.
+                try:
+                    watcher.wait(JANITOR_PROGRESS_EVERY)
+                    break
+                except subprocess.TimeoutExpired:
+                    waited = time.monotonic() - began
+                    if waited >= JANITOR_WAIT:
+                        raise
+                    self.progress(f"the janitor still cleans the lane up ({waited:.0f} s)")
             for p in self._processes:  # reaped: the janitor killed what SIGTERM left
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.process.wait(1)
