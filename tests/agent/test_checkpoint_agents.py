@@ -97,11 +97,12 @@ def test_a_joining_node_waits_for_the_next_checkpoint_and_the_grown_group_redoes
         trained = max(e["step"] for e in events(c.out) if e["event"] == "trained" and e["world"] == 2)
         restored = next(e for e in events(c.out) if e["event"] == "restored" and e["world"] == 3)
         assert restored["step"] == trained, f"steps {restored['step'] + 1}..{trained} were trained twice"
-        # (the restart follows the commit so closely that rank 0 may not have logged the save)
-        said = c.agents[0].output()
-        assert "restarting after the next checkpoint" in said and "at the checkpoint after" in said, said[
-            -3000:
-        ]
+        # The agent that saw node-c first deferred; the other may have restarted only because
+        # that one's workers left (a failed collective), never seeing node-c at a healthy tick.
+        said = [a.output() for a in c.agents[:2]]
+        assert any(
+            "restarting after the next checkpoint" in out and "at the checkpoint after" in out for out in said
+        ), [out[-3000:] for out in said]
         # A re-form's INFO lines fit a terminal of 100 columns, like a plain run's.
         for agent in c.agents:
             long = [
