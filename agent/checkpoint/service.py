@@ -141,7 +141,6 @@ class CheckpointService:
         self._on_restore = on_restore
         self._on_replicated = on_replicated
         self._ring: tuple[str, ...] = ()
-        self._round = 0  # counts set_ring(): the replicas and copies begun in an older round stop
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -222,7 +221,9 @@ class CheckpointService:
             if endpoint not in checked:
                 checked.append(endpoint)
         self._ring = tuple(checked)
-        self._round += 1  # the copies in flight for the old round stop: the CPU is the restore's
+        # The standbys' copies in flight stop: the CPU is the restore's. The ring replica goes on:
+        # a node that leaves the group (a straggler stepping aside, a scale-down) leaves its part
+        # of the newest checkpoint only there.
         if self._feed is not None:
             self._feed.new_round()
         _log.debug("checkpoint ring of this round: %s", checked)
@@ -436,8 +437,7 @@ class CheckpointService:
         files = self.keeper.own_files(cid)
         if targets and files:
             self.keeper.outgoing(+1)
-            round_ = self._round
-            self._jobs.put(lambda: self._replicate(cid, files, targets, ring, round_))
+            self._jobs.put(lambda: self._replicate(cid, files, targets, ring))
         elif self._feed is not None and files:
             self._feed.offer(cid, files, ring)
         if ring[0] == self.endpoint and self.keeper.persist_due(cid):
@@ -464,36 +464,21 @@ class CheckpointService:
             except Exception:
                 _log.exception("checkpoint background work failed")
 
-    def _replicate(
-        self, cid: int, files: list[tuple[str, int]], targets: list[str], ring: list[str], round_: int
-    ) -> None:
+    def _replicate(self, cid: int, files: list[tuple[str, int]], targets: list[str], ring: list[str]) -> None:
         """Send this node's ``files`` of ``cid`` to its ring ``targets``; then, once the next
-        save may begin, hand them to the standbys' feed (the ring's replica goes first). A new
-        round (:meth:`set_ring`) stops it between two pieces: the group restores, and saves
-        again on the new ring."""
+        save may begin, hand them to the standbys' feed (the ring's replica goes first)."""
         began = time.monotonic()
         total = 0
-
-        def stop() -> bool:
-            return self._round != round_
-
         try:
             for target in targets:
-                if stop():
-                    break
                 client = self.client(target)
                 try:
                     for name, size in files:
-                        client.put_file(
-                            cid, name, self.keeper.path_of(cid, name), size, sender=self.endpoint, stop=stop
-                        )
+                        client.put_file(cid, name, self.keeper.path_of(cid, name), size, sender=self.endpoint)
                         total += size
                 except SecretMismatch:
                     self._judge_secret(ring)
                 except CheckpointError as e:
-                    if stop():
-                        _log.debug("checkpoint %d: a new round stopped its replica to %s", cid, target)
-                        break
                     _log.warning(
                         "checkpoint %d: no replica of this node's part on %s (%s); the checkpoint is "
                         "complete but would not survive the loss of this node",
@@ -505,10 +490,8 @@ class CheckpointService:
                     client.close()
         finally:
             self.keeper.outgoing(-1)
-            if self._feed is not None and not stop():
+            if self._feed is not None:
                 self._feed.offer(cid, files, ring)
-        if stop():
-            return  # not a replica's time: a new round cut it short
         seconds = time.monotonic() - began
         _log.debug("checkpoint %d: %s replicated to %s in %.3f s", cid, format_bytes(total), targets, seconds)
         if self._on_replicated is not None:

@@ -11,7 +11,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -193,39 +192,6 @@ def test_a_copy_no_longer_wanted_stops_between_two_pieces_and_leaves_nothing(
     finally:
         client.close()
         spare.stop()
-
-
-def test_a_replica_begun_in_an_older_round_is_not_sent(
-    folders: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    peer = service(folders("peer"))
-    replicated: list[int] = []
-    member = service(folders("member"), on_replicated=lambda cid, s, n: replicated.append(n))
-    sent: list[str] = []
-    put_file = ServiceClient.put_file
-
-    def counted(self: ServiceClient, cid: int, name: str, *a: Any, **kw: Any) -> None:
-        sent.append(name)
-        put_file(self, cid, name, *a, **kw)
-
-    monkeypatch.setattr(ServiceClient, "put_file", counted)
-    try:
-        member.set_ring([member.endpoint])  # a ring of one: the commit sends no replica
-        save(member, 1)
-        ring = [member.endpoint, peer.endpoint]
-        member.set_ring(ring)  # a new round: a replica begun before it is stopped
-        peer.set_ring(ring)
-        files = member.keeper.own_files(1)
-        for round_, expected in ((member._round - 1, []), (member._round, ["__0.mem"])):
-            sent.clear()
-            member.keeper.outgoing(+1)  # as _commit counts it
-            member._replicate(1, files, [peer.endpoint], ring, round_)
-            assert member.keeper._outgoing == 0, "the replica still holds the next save back"
-            assert sent == expected, f"round {round_} of {member._round}"
-        assert len(replicated) == 1, "a stopped replica was reported as one"  # (the peer prefetched it)
-    finally:
-        member.stop()
-        peer.stop()
 
 
 def test_a_standby_that_failed_is_left_out_for_a_while_within_its_round() -> None:
