@@ -149,8 +149,14 @@ def test_both_metrics_endpoints_during_a_run_with_a_lost_worker(env: Any) -> Non
     pod_ip = env.get("pod", "mx-worker-0")["status"]["podIP"]
     agent_url = f"http://{pod_ip}:{HEALTH_PORT}/metrics"
     agent = env.wait(
-        "the agent's step",
-        lambda: (s := try_scrape(agent_url)) and s.get(("kelastic_agent_step", ()), 0) > 5 and s,
+        "the agent's step and rate",
+        # the rate is over the last window's samples: two of the same step (a loaded machine) read 0
+        lambda: (
+            (s := try_scrape(agent_url))
+            and s.get(("kelastic_agent_step", ()), 0) > 5
+            and s.get(("kelastic_agent_steps_per_second", ()), 0) > 0
+            and s
+        ),
         60,
     )
     assert agent[("kelastic_agent_world_size", ())] == 3
