@@ -204,11 +204,12 @@ class Keeper:
         if not early:
             return False
         began = told = time.monotonic()
-        while not parked(
-            reports := {lr: read_report(f) for lr, f in self.folders.items()}, len(self.folders), 0
-        ):
+        while True:
             if not all(alive(p) for p in pids.values()):
                 return False
+            reports = {lr: read_report(f) for lr, f in self.folders.items()}
+            if parked(reports, len(self.folders), 0):
+                break
             now = time.monotonic()
             if now - began >= wait:
                 _log.warning("workers started early did not reach kelastic.inprocess.run in %.0f s", wait)
@@ -220,8 +221,6 @@ class Keeper:
                     now - began,
                 )
             time.sleep(EARLY_POLL)
-        if not all(alive(p) for p in pids.values()):
-            return False
         if any(r is None or r.pid != pids.get(lr) for lr, r in reports.items()):
             return False
         self.gen = 1

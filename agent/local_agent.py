@@ -639,6 +639,8 @@ class LocalElasticAgent(SimpleElasticAgent):
             raise SecretMismatch(mismatch)
         if self._publisher is not None and self._publisher.due():
             self._publish_progress()
+        if not self._spares.enabled:
+            return  # no closures to build on every tick
         spec = worker_group.spec
         self._spares.tick(
             self._run_log_dir,
