@@ -748,6 +748,26 @@ class ElasticAgent(abc.ABC):
         """The worker group of ``role`` (a single role per agent for now)."""
 
 
+def _announce_leaving(handler: RendezvousHandler) -> None:
+    """Before stopping on a signal: let peers judge what their workers see next a loss."""
+    if isinstance(handler, LossWatcher):
+        try:
+            handler.announce_leaving()
+        except Exception as e:  # best effort: stopping matters more
+            _log.warning("could not announce leaving the rendezvous: %s", e)
+
+
+def _leave_now(handler: RendezvousHandler) -> None:
+    """After a signal, once the workers are stopped: leave the round now (fate ``left``, the
+    survivors re-form at once) rather than after the rest of the shutdown (spares, logs, the
+    last progress); the launcher's later leave then finds nothing to do."""
+    if isinstance(handler, LossWatcher):
+        try:
+            handler.shutdown()
+        except Exception as e:  # best effort: the launcher tries again
+            _log.warning("could not leave the rendezvous: %s", e)
+
+
 def _leave_ring(ring: CheckpointRing | None) -> None:
     """This node left its round (a straggler stepping aside): off the checkpoint ring it knew,
     so that as a standby it takes every member's part, the new round's included (the ring it
@@ -795,6 +815,8 @@ class SimpleElasticAgent(ElasticAgent):
         self._store: Store | None = None
         self._exit_barrier_timeout = exit_barrier_timeout
         self._membership_grace_override = membership_grace
+        #: Set on a signal: the node leaves its round as soon as its workers are stopped.
+        self._leave_once_stopped = False
         self._event_sink: EventSink = event_sink if event_sink is not None else default_sink()
         self.metrics = metrics if metrics is not None else Metrics()
         self._total_execution_time = 0.0
@@ -874,8 +896,9 @@ class SimpleElasticAgent(ElasticAgent):
         except SignalException as e:
             if WorkerState.is_running(self._worker_group.state):  # else the agent says what it waited for
                 _log.warning("agent received %s, stopping workers with it", signal.Signals(e.sigval).name)
-            self._announce_leaving()
+            _announce_leaving(self._worker_group.spec.rdzv_handler)
             self._event("kelastic.agent.signal", signal=signal.Signals(e.sigval).name)
+            self._leave_once_stopped = True
             self._shutdown(e.sigval)
             shutdown_called = True
             raise
@@ -1008,14 +1031,9 @@ class SimpleElasticAgent(ElasticAgent):
         self.metrics.observe("agent", "stop_workers", seconds)
         self._event("kelastic.agent.workers_stopped", seconds=round(seconds, 3), stopped_at=ended)
 
-    def _announce_leaving(self) -> None:
-        """Before stopping on a signal: let peers judge what their workers see next a loss."""
-        handler = self._worker_group.spec.rdzv_handler
-        if isinstance(handler, LossWatcher):
-            try:
-                handler.announce_leaving()
-            except Exception as e:  # best effort: stopping matters more
-                _log.warning("could not announce leaving the rendezvous: %s", e)
+    def _leave_round(self) -> None:
+        """After a signal, once the workers are stopped (see :func:`_leave_now`)."""
+        _leave_now(self._worker_group.spec.rdzv_handler)
 
     def _watcher(self) -> MembershipWatcher | None:
         """The rendezvous handler, if it can watch the membership (see :class:`MembershipWatcher`)."""

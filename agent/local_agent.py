@@ -626,8 +626,10 @@ class LocalElasticAgent(SimpleElasticAgent):
         return self._last_hang
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM) -> None:
-        self._spares.close()
         self._close_workers(death_sig)
+        if self._leave_once_stopped:  # a signal: the group re-forms without this node now
+            self._leave_round()
+        self._spares.close()
         self._stop_display()
         if self._publisher is not None:
             self._publisher.close()

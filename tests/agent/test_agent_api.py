@@ -404,6 +404,28 @@ def test_a_signal_announces_leaving_before_the_workers_stop() -> None:
     with pytest.raises(SignalException):
         agent.run()
     assert getattr(handler, "announced", False) and agent.shutdown_signals == [signal.SIGTERM]
+    assert agent._leave_once_stopped, "the shutdown leaves the round once the workers stopped"
+
+
+def test_after_a_signal_the_node_leaves_its_round_once_its_workers_stopped_not_at_the_end(
+    tmp_path: Any,
+) -> None:
+    """A pod deleted: the survivors re-form once its workers are gone, not after its spares,
+    logs and last progress (the launcher's leave afterwards finds nothing to do)."""
+    from kelastic.agent.local_agent import LocalElasticAgent
+
+    order: list[str] = []
+    handler = PeerHandler(losses=[])
+    handler.shutdown = lambda: order.append("left") or True  # type: ignore[method-assign]
+    agent = LocalElasticAgent(_spec(handler), log_dir=tmp_path, event_sink=MemorySink(), progress=False)
+    agent._close_workers = lambda sig: order.append(f"workers {sig.name}")  # type: ignore[method-assign]
+    agent._spares.close = lambda: order.append("spares")  # type: ignore[method-assign]
+    agent._shutdown(signal.SIGTERM)
+    assert order == ["workers SIGTERM", "spares"], "no signal: the launcher leaves (or closes the job)"
+    order.clear()
+    agent._leave_once_stopped = True  # what run() sets on a signal
+    agent._shutdown(signal.SIGTERM)
+    assert order == ["workers SIGTERM", "left", "spares"]
 
 
 def test_workers_get_the_groups_restart_count() -> None:
