@@ -58,6 +58,10 @@ rely on:
 * **Only the agent hands out groups.** The hand-off folder must be the agent's user's and
   writable by no one else (the agent makes it so); otherwise ``run`` says so and trains
   as it would elsewhere, once per process (a worker started early ends with that error).
+* **What a process holds.** :func:`updating` marks the block in which the state becomes the
+  state after a step; a process that ended one normally holds that step (:func:`held_step`),
+  and ``kelastic.checkpoint.restore(state, replicated=True)`` copies a held state to the
+  ranks of the next group that lack it instead of restoring a checkpoint.
 * **Elsewhere.** Under ``torchrun`` or plain ``python`` (no agent to hand anything over),
   :func:`run` initializes the process group if needed, calls ``fn`` once and returns.
 
@@ -71,7 +75,8 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -94,7 +99,7 @@ from kelastic.agent.handoff import (
     write_report,
 )
 
-__all__ = ["Reform", "check", "generation", "run"]
+__all__ = ["Reform", "check", "generation", "held_step", "run", "updating"]
 
 T = TypeVar("T")
 
@@ -140,6 +145,10 @@ class _Session:
 
 
 _session: _Session | None = None
+#: The step this process's training state is at, when the script said so (see updating).
+_held: int | None = None
+#: Inside an updating block: a re-form asked meanwhile is raised when the block ends.
+_updating = False
 
 
 def generation() -> int:
@@ -151,9 +160,44 @@ def generation() -> int:
 def check() -> None:
     """Raise :class:`Reform` when the agent asks this worker's group to re-form; cheap (a
     ``stat``) otherwise. Call it between steps where the script blocks the re-form signal or
-    has a ``SIGUSR2`` handler of its own."""
+    has a ``SIGUSR2`` handler of its own. Inside :func:`updating` it waits for the block's end."""
+    if _updating:
+        return
     if _session is not None and _session.in_fn and _session.reform_asked():
         raise Reform(f"the agent re-forms the group (generation {_session.request.gen})")  # type: ignore[union-attr]
+
+
+def held_step() -> int | None:
+    """The step this process's training state is at: that of the last :func:`updating` block
+    that ended normally (or of the last roll-forward this process received); None before
+    one, and from the start of a block until it ends normally."""
+    return _held
+
+
+def _hold(step: int | None) -> None:
+    global _held
+    _held = step
+
+
+@contextmanager
+def updating(step: int) -> Iterator[None]:
+    """The block in which the training state changes into the state after ``step`` (the
+    optimizer's step): when it ends normally the process holds that step
+    (:func:`held_step`), which lets ``kelastic.checkpoint.restore(state, replicated=True)``
+    copy this state to the ranks of the next group that lack it instead of restoring a
+    checkpoint. A re-form asked meanwhile is raised as :class:`Reform` once the block ended
+    (the signal never interrupts an update halfway); an exception out of the block leaves the
+    process holding no step. Keep collectives a lost peer could block out of it where the
+    script can (a data-parallel all-reduce belongs to the backward, before the block)."""
+    global _updating
+    _hold(None)
+    _updating = True
+    try:
+        yield
+    finally:
+        _updating = False
+    _hold(step)
+    check()
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:

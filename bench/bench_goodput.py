@@ -26,6 +26,9 @@ One job, run in one invocation under three configurations:
     (``--restart-processes``: without it, every re-form stops and starts every worker), and
     each node holds a spare worker process (``KELASTIC_SPARE_WORKERS=1``) that takes the
     place of one that crashed (``--no-spares``: a crashed worker's node starts a new one).
+    The worker restores with ``kelastic.checkpoint.restore(state, replicated=True)``: after a
+    fault the ranks whose process was kept hand their live state to the others, no checkpoint
+    read and no step redone (``--no-roll-forward``: every rank restores the newest checkpoint).
 (t) a straggler: (e) (overlapping saves every step, one hot standby) with steps of CPU work
     (the rank spins for ``--step-time`` seconds of its own CPU time, so a process stopped part
     of the time takes longer; three ranks then need three cores' worth, so on fewer cores the
@@ -218,6 +221,10 @@ def analyse(
 ) -> Figures:
     """Fill ``fig`` from the worker's events (rank 0's ``events.jsonl``) and its faults."""
     steps = [(e["t"], e["step"]) for e in events if e["e"] == "step"]
+    # A roll-forward restores the step the survivors completed, which the rank 0 that wrote
+    # these events may not have (it was lost, or was one step behind): the link that says the
+    # state descends from that step's completion.
+    steps += [(e["t"], e["step"]) for e in events if e["e"] == "restored" and e.get("source") == "live"]
     saves = [e for e in events if e["e"] == "saved"]
     if fig.failed is not None:
         # a failed job keeps what its last checkpoint holds
@@ -402,6 +409,18 @@ def train_in_group(
                     shutil.rmtree(old, ignore_errors=True)
 
     def restore() -> str | None:
+        if a.mode in ("memory", "overlap") and a.in_process and not a.no_roll_forward:
+            from kelastic.checkpoint import restore as roll_or_restore
+
+            done = roll_or_restore(state, replicated=True)
+            if done is None:
+                return None
+            gathered = [None] * world
+            dist.all_gather_object(
+                gathered, [node, done.local_bytes, done.fetched_bytes + done.received_bytes]
+            )
+            copied.extend(gathered)
+            return done.source
         if a.mode in ("memory", "overlap"):
             from kelastic.checkpoint import MemoryReader
 
@@ -465,7 +484,13 @@ def train_in_group(
                 t1 = time.monotonic()
                 saver.wait_staged()  # the update changes the state next
                 inflight = (inflight[0], inflight[1] + time.monotonic() - t1)
-            update(s)
+            if a.in_process:
+                import kelastic.inprocess
+
+                with kelastic.inprocess.updating(s):  # the state a survivor can hand on
+                    update(s)
+            else:
+                update(s)
             emit("step", step=s)
             if first_step:
                 first_step = False
@@ -651,6 +676,7 @@ class Job:
             "--disk-dir", str(self.disk), "--mtbf", str(a.fault_every), "--calibrate", str(a.calibrate),
             "--duration", str(a.window * 4 + 600), *(["--busy"] if self.cfg.busy else []),
             *(["--in-process"] if self.cfg.in_process and not a.restart_processes else []),
+            *(["--no-roll-forward"] if a.no_roll_forward else []),
         ]  # fmt: skip
         restarts = str(4 * max(1, int(a.window / a.fault_every)) + 10)
         if self.cfg.launcher is Launcher.TORCHRUN:
@@ -1255,6 +1281,8 @@ def main() -> None:
                    help="(e): train without kelastic.inprocess, every re-form restarting every worker process")  # fmt: skip
     p.add_argument("--no-spares", action="store_true",
                    help="(e): no spare worker process: a node whose worker crashed starts a new one")  # fmt: skip
+    p.add_argument("--no-roll-forward", action="store_true",
+                   help="(e): restore the checkpoint after every fault, not a survivor's live state")  # fmt: skip
     p.add_argument("--state-mib", type=int, default=512, help="model + optimizer state, MiB (default 512)")
     p.add_argument("--nodes", type=int, default=3, help="nodes of one rank each (default 3)")
     p.add_argument("--step-time", type=float, action="append",

@@ -3,7 +3,9 @@
 Training scripts use :class:`MemoryWriter` and :class:`MemoryReader` as
 torch.distributed.checkpoint storage (``dcp.save(state, storage_writer=MemoryWriter())``,
 ``dcp.load(state, storage_reader=MemoryReader())``; see :mod:`.storage` for the contract), or
-:class:`OverlappingSaver`, whose saves copy while the next step computes (:mod:`.overlap`).
+:class:`OverlappingSaver`, whose saves copy while the next step computes (:mod:`.overlap`), and
+:func:`restore`, which rolls a replicated state forward from a survivor's live memory when
+it can and restores the newest checkpoint otherwise (:mod:`.rollforward`).
 The agent side is :class:`CheckpointService` (:mod:`.service`) over a
 :class:`CheckpointKeeper` (:mod:`.keeper`); the decisions are pure functions in
 :mod:`.plan`; :mod:`.persist` writes the durable copy in DCP's own layout.
@@ -27,6 +29,8 @@ __all__ = [
     "MemoryWriter",
     "NotInKelasticWorker",
     "OverlappingSaver",
+    "Restored",
+    "restore",
 ]
 
 _HOME = {
@@ -39,6 +43,8 @@ _HOME = {
     "MemoryReader": "storage",
     "MemoryWriter": "storage",
     "OverlappingSaver": "overlap",
+    "Restored": "rollforward",
+    "restore": "rollforward",
 }
 
 

@@ -108,6 +108,9 @@ class Put:
 class InventoryRequest:
     #: a worker's restore: after this node's pulls under way (``prefetch``)
     wait: bool = False
+    #: a worker's word on pulls ahead of its restores: False when its restores copy a peer's
+    #: live state (a roll-forward) and need none; None says nothing
+    pull: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ _FIELDS: dict[str, frozenset[str]] = {
     "done": frozenset({"rank"}),
     "commit": frozenset({"id", "required", "step"}),
     "put": frozenset({"id", "name", "from"}),
-    "inventory": frozenset({"wait"}),
+    "inventory": frozenset({"wait", "pull"}),
     "metadata": frozenset({"id"}),
     "get": frozenset({"id", "name", "offset", "length"}),
     "restored": frozenset({"id", "source", "seconds", "step", "pid", "local", "fetched"}),
@@ -252,7 +255,10 @@ def parse(
         wait = header.get("wait", False)
         if type(wait) is not bool:
             raise BadRequest(f"wait must be true or false, got {type(wait).__name__}")
-        return InventoryRequest(wait)
+        pull = header.get("pull")
+        if pull is not None and type(pull) is not bool:
+            raise BadRequest(f"pull must be true or false, got {type(pull).__name__}")
+        return InventoryRequest(wait, pull)
     if op == "metadata":
         return MetadataRequest(_int(header, "id", 1, MAX_ID))
     if op == "get":

@@ -27,7 +27,9 @@ and counted. Operations
                (:mod:`.standbyfeed`), and, on the ring's first node when due, the durable copy
 ``put``        a peer's part (payload), kept as a replica (never replacing a file held)
 ``inventory``  what this node holds (:class:`~kelastic.agent.checkpoint.plan.Inventory`); with
-               ``wait`` (a worker's restore), after the parts :mod:`.prefetch` is pulling
+               ``wait`` (a worker's restore), after the parts :mod:`.prefetch` is pulling;
+               ``pull`` false (a worker that rolls forward from a peer's live state): the
+               pulls under way stop, and later rounds pull nothing ahead until ``pull`` true
 ``metadata``   a checkpoint's metadata (sealed payload)
 ``get``        a byte range of a held file (payload)
 ``restored``   a rank of this node restored checkpoint N from a source in S seconds (recorded;
@@ -40,7 +42,9 @@ any more; the service logs it in one line and goes on serving. Connections are b
 
 Replication and durable copies run on one background thread, off the training path. After
 every rendezvous (``set_ring``) the parts of the checkpoint the group will restore that this
-node lacks are pulled into its memory beside the workers' start (:mod:`.prefetch`).
+node lacks are pulled into its memory beside the workers' start (:mod:`.prefetch`), unless
+its workers said they roll forward instead (``pull`` false): then the bytes a roll-forward
+copies between the workers would share the CPU with a pull they never read.
 """
 
 from __future__ import annotations
@@ -141,6 +145,9 @@ class CheckpointService:
         self._on_restore = on_restore
         self._on_replicated = on_replicated
         self._ring: tuple[str, ...] = ()
+        #: Whether a new round pulls ahead the parts the group's restore will read (the
+        #: node's workers' last word, ``inventory``'s ``pull``).
+        self._pull_ahead = True
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -229,7 +236,8 @@ class CheckpointService:
         _log.debug("checkpoint ring of this round: %s", checked)
         self.keeper.new_group()  # the old workers are stopped or parked: their saves are void
         # The group restores next (a new group, or the same one after a worker failed).
-        self._prefetch.start(self._ring)
+        if self._pull_ahead:
+            self._prefetch.start(self._ring)
 
     @property
     def ring(self) -> tuple[str, ...]:
@@ -373,6 +381,10 @@ class CheckpointService:
             k.done(req.rank)
             channel.send({"ok": True})
         elif isinstance(req, rq.InventoryRequest):
+            if req.pull is not None:
+                self._pull_ahead = req.pull
+                if not req.pull:
+                    self._prefetch.stop()
             if req.wait:
                 self._prefetch.wait()
             channel.send({"ok": True, "inventory": k.inventory().to_json()})

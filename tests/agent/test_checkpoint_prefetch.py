@@ -204,14 +204,48 @@ def test_a_frozen_node_on_the_ring_holds_the_pull_for_its_timeout_only(
     assert held.replicas == frozenset({"__0.mem"})
 
 
-@pytest.mark.parametrize("wait", ["yes", 1, None, [True]])
-def test_an_inventory_request_with_a_wait_that_is_no_boolean_is_refused(
-    services: list[CheckpointService], shm: Path, secret: JobSecret, wait: Any
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("wait", "yes"),
+        ("wait", 1),
+        ("wait", None),
+        ("wait", [True]),
+        ("pull", "no"),
+        ("pull", 0),
+        ("pull", [False]),
+    ],
+)
+def test_an_inventory_request_with_a_wait_or_pull_that_is_no_boolean_is_refused(
+    services: list[CheckpointService], shm: Path, secret: JobSecret, field: str, value: Any
 ) -> None:
     a = start(services, shm, secret, "a")
     client = ServiceClient(a.endpoint, secret.key)
-    with pytest.raises(CheckpointError, match="wait must be true or false"):
-        client.call({"op": "inventory", "wait": wait})
+    with pytest.raises(CheckpointError, match=f"{field} must be true or false"):
+        client.call({"op": "inventory", field: value})
     client.close()
     header, _ = a.client(a.endpoint).call({"op": "inventory"})  # the service goes on serving
     assert header["ok"]
+
+
+def test_a_node_whose_workers_roll_forward_pulls_nothing_ahead_until_they_ask_again(
+    services: list[CheckpointService], shm: Path, secret: JobSecret, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = start(services, shm, secret, "a")
+    b = start(services, shm, secret, "b")
+    saved_on(a, monkeypatch)  # only node a holds the part
+    client = b.client(b.endpoint)
+    client.call({"op": "inventory", "pull": False})  # what kelastic.checkpoint.restore says
+    for s in (a, b):
+        s.set_ring([a.endpoint, b.endpoint])
+    client.call({"op": "inventory", "wait": True})
+    assert not b.keeper.inventory().held, "pulled ahead of a restore that copies live state"
+    # a restore from the checkpoint fetches the part itself
+    reader = restore_on(b, [a, b], monkeypatch)
+    assert reader.fetched_bytes > 2 * 2**20
+    client.call({"op": "inventory", "pull": True})
+    for s in (a, b):
+        s.set_ring([a.endpoint, b.endpoint])
+    client.call({"op": "inventory", "wait": True})
+    assert [h.replicas for h in b.keeper.inventory().held] == [frozenset({"__0.mem"})]
+    client.close()

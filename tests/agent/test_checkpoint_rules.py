@@ -52,6 +52,7 @@ def test_well_formed_requests_parse_into_their_types() -> None:
     restored = {"op": "restored", "id": 2, "source": "replica", "seconds": 0.5, "step": 9, "pid": 7}
     assert parse(restored) == rq.Restored(2, Source.REPLICA, 0.5, 9, 7)
     assert parse({"op": "inventory"}) == rq.InventoryRequest()
+    assert parse({"op": "inventory", "wait": True, "pull": False}) == rq.InventoryRequest(True, False)
 
 
 @pytest.mark.parametrize(

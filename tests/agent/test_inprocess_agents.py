@@ -212,3 +212,51 @@ def test_a_spare_takes_the_place_of_a_worker_that_crashed_without_a_process_star
     assert cluster.wait_all(60, [a, b]) == [0, 0]
     leftover = [p for p in _before(out, "b") + _before(out, "a") if alive(p)]
     assert not leftover, f"processes outlived their agents: {leftover}"
+
+
+ROLLING = Path(__file__).parent / "scripts" / "rollforward_worker.py"
+
+
+def _restores(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("r*_*.json"))]
+
+
+def test_the_standby_that_replaces_a_killed_member_receives_the_survivors_live_state(
+    cluster: Any, shm: Path
+) -> None:
+    out = cluster.out
+
+    def start(name: str, *extra: str) -> Any:
+        return cluster.start(
+            name,
+            ["--nnodes", "2:2", "--nproc-per-node", "1", "--max-restarts", "3", "--warm-start",
+             "--checkpoint-dir", str(shm / name), *extra],
+            [],
+            script=ROLLING,
+        )  # fmt: skip
+
+    a, b = start("a"), start("b")
+    cluster.wait_for("the first group", lambda: len(_restores(out)) == 2, 120)
+    assert {r["source"] for r in _restores(out)} == {None}  # nothing to restore yet
+    standby = start("reserve", "--standby")
+    cluster.wait_for("the standby's worker", lambda: list(out.glob("before_reserve_*")), 90)
+
+    # a few checkpoints (every 4 steps) and steps past the newest
+    def reached() -> int:
+        f = out / "step_a"
+        return int(f.read_text() or 0) if f.exists() else 0
+
+    cluster.wait_for("a checkpoint and steps past it", lambda: reached() >= 6, 60)
+    b.kill_group(signal.SIGKILL)
+    cluster.wait_for("the group of a and the standby", lambda: len(_restores(out)) == 4, 90)
+    second = {r["node"]: r for r in _restores(out) if r["gen"] == 1 or r["node"] == "reserve"}
+    assert set(second) == {"a", "reserve"}, second
+    # a kept its process and its state: it sent it, copied nothing, redid nothing
+    assert second["a"]["source"] == "live" and second["a"]["received"] == 0, second
+    # the standby's early worker got a's state at a's step, not the checkpoint's
+    assert second["reserve"]["source"] == "live" and second["reserve"]["received"] >= 2**20, second
+    assert second["a"]["step"] == second["reserve"]["step"] > 0, second
+    assert second["a"]["consistent"] and second["reserve"]["consistent"], second
+
+    (out / "stop").touch()
+    assert cluster.wait_all(60, [a, standby]) == [0, 0]

@@ -79,6 +79,20 @@ def test_a_fault_costs_the_steps_redone_since_the_checkpoint_and_the_restart() -
     assert fig.faults[0].restarts == ["+1.5 s: step 5 from memory in 0.40 s at world 3, 5 redone"]
 
 
+def test_a_roll_forward_keeps_the_step_the_survivors_completed_that_rank_0_never_wrote() -> None:
+    # rank 0 wrote steps 1..9 and was lost; the survivors had completed step 10, which the
+    # new group (its rank 0 another node) rolls forward to and goes on from
+    events = [{"e": "step", "t": float(s), "step": s, "began": 0.0} for s in range(1, 10)]
+    events.append(
+        {"e": "restored", "t": 10.8, "step": 10, "source": "live", "check": True, "seconds": 0.2, "world": 3}
+    )
+    events += [{"e": "step", "t": 1.0 + s, "step": s, "began": 10.6} for s in range(11, 15)]
+    fig = bench.Figures("x", faults=[bench.Fault("crash", "node0", 10.5)])
+    bench.analyse(fig, events, 0.5, 15.5, 1.0)
+    assert fig.kept == 14 and fig.redone == 0
+    assert fig.sources == {"live": 1}
+
+
 def test_a_failed_job_keeps_only_its_last_checkpoint() -> None:
     events = [{"e": "step", "t": float(s), "step": s, "began": 0.0} for s in range(1, 11)]
     events.append({"e": "saved", "t": 4.1, "step": 4, "seconds": 0.1})
