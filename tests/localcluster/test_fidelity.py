@@ -26,9 +26,11 @@ import copy
 import http.client
 import json
 import re
+import shutil
 import socket
 import ssl
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -806,8 +808,14 @@ def test_kubectl_get_pods_reads_the_same_in_every_phase(real: Side, emulator: Si
             return pod
 
         stubborn = sleeper("deleting", {"app": "deleting"}, terminationGracePeriodSeconds=60)
+        # Running is not yet ignoring: a SIGTERM before the handler is set ends the pod at once
+        # (a loaded machine's python takes a second to get there). The container says when it
+        # ignores it in a file of the host's (the process kubelet runs it on the host's files).
+        ignoring = Path(tempfile.mkdtemp(prefix="kelastic-fidelity-")) / "ignoring"
         stubborn["spec"]["containers"][0]["command"] = [
-            "python", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)",
+            "python", "-c",
+            "import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            f"pathlib.Path({str(ignoring)!r}).touch(); time.sleep(600)",
         ]  # fmt: skip
         initializing = sleeper("initializing", {"app": "initializing"})
         initializing["spec"]["initContainers"] = [
@@ -826,6 +834,7 @@ def test_kubectl_get_pods_reads_the_same_in_every_phase(real: Side, emulator: Si
             assert side.call("POST", pods, made).code == 201, (side.name, made["metadata"]["name"])
         running(side, ns, "running")
         running(side, ns, "deleting")
+        wait(f"{side.name}: pod deleting to ignore SIGTERM", ignoring.exists)
         wait(f"{side.name}: pod succeeded to succeed", phase_is("succeeded", "Succeeded"))
         wait(f"{side.name}: pod failed to fail", phase_is("failed", "Failed"))
         wait(
@@ -854,6 +863,7 @@ def test_kubectl_get_pods_reads_the_same_in_every_phase(real: Side, emulator: Si
         items = side.call("GET", pods).body["items"]
         out["container states"] = {p["metadata"]["name"]: state_keys(p) for p in items}
         side.call("DELETE", pods, {"gracePeriodSeconds": 0})
+        shutil.rmtree(ignoring.parent, ignore_errors=True)
         return out
 
     compare(real, emulator, scenario)
