@@ -29,7 +29,8 @@ One job, run in one invocation under three configurations:
     The worker restores with ``kelastic.checkpoint.restore(state, replicated=True)``: after a
     fault the ranks whose process was kept hand their live state to the others, no checkpoint
     read and no step redone (``--no-roll-forward``: every rank restores the newest checkpoint).
-(t) a straggler: (e) (overlapping saves every step, one hot standby) with steps of CPU work
+(t) a straggler: (e) (overlapping saves every step, one hot standby, in-process workers that
+    roll forward) with steps of CPU work
     (the rank spins for ``--step-time`` seconds of its own CPU time, so a process stopped part
     of the time takes longer; three ranks then need three cores' worth, so on fewer cores the
     fault-free step is longer) and ``--stragglers policy=Replace,ratio=1.5,window=5``. No fault: after a fault-free stretch
@@ -626,6 +627,7 @@ CONFIGS = (
         standbys=1,
         stragglers="policy=Replace,ratio=1.5,window=5",
         busy=True,
+        in_process=True,
     ),
 )
 BASELINE = Config("fault-free, no checkpoint", Launcher.KELASTIC, "none")
