@@ -203,19 +203,15 @@ def _newest_checkpoint() -> Any:
 
 
 def _roll_forward(state: Any) -> tuple[RollForward, _Leaves] | None:
-    from kelastic.agent.checkpoint.plan import Inventory, choose_restore
+    from kelastic.agent.checkpoint.storage import choose_from
 
     leaves = _flatten(state)
     mine = {"held": inprocess.held_step(), "shape": leaves.shape(), "inventory": _newest_checkpoint()}
     world = dist.get_world_size()
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, mine)
-    inventories = {}
-    for g in gathered:
-        if g["inventory"] is not None:
-            inv = Inventory.from_json(g["inventory"])
-            inventories[inv.endpoint] = inv
-    choice = choose_restore(list(inventories.values())) if inventories else None
+    inventories = [g["inventory"] for g in gathered if g["inventory"] is not None]
+    choice = choose_from(inventories) if inventories else None
     plan = plan_roll_forward(
         [g["held"] for g in gathered],
         [g["shape"] for g in gathered],

@@ -611,6 +611,17 @@ class MemoryWriter(StorageWriter):
                 )
 
 
+def choose_from(inventories: Sequence[Any], *, durable: bool = True) -> RestoreChoice | None:
+    """The checkpoint a group restores from its nodes' inventories as gathered (JSON, one per
+    rank, a node's repeated by each of its ranks); ``durable=False`` leaves the durable
+    directory out."""
+    seen: dict[str, Inventory] = {}
+    for g in inventories:
+        inv = Inventory.from_json(g)
+        seen[inv.endpoint] = inv if durable else dataclasses.replace(inv, durable=())
+    return choose_restore(list(seen.values()))
+
+
 class MemoryReader(StorageReader):
     """torch.distributed.checkpoint storage that restores the newest complete checkpoint
     the group can reach: from the agents' memory, their replicas, or the durable directory.
@@ -653,11 +664,7 @@ class MemoryReader(StorageReader):
                 dist.all_gather_object(gathered, mine, group=self._group)
             else:
                 gathered = [mine]
-            seen: dict[str, Inventory] = {}
-            for g in gathered:
-                inv = Inventory.from_json(g)
-                seen[inv.endpoint] = inv if self._durable else dataclasses.replace(inv, durable=())
-            self._choice = choose_restore(list(seen.values()))
+            self._choice = choose_from(gathered, durable=self._durable)
             self._chosen = True
         return self._choice
 
